@@ -1,0 +1,417 @@
+//! The central configuration: shards, policies and failure behaviour, loaded from a file,
+//! a JSON string or `$SHARDLIMIT_CONFIG`. Every invalid field gets an error naming it.
+
+use crate::duration::duration_from_json;
+use crate::error::{Error, Result};
+use crate::limit::{Algorithm, Limit, OnError, Policy};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The environment variable holding a config path or an inline JSON config.
+pub const CONFIG_ENV: &str = "SHARDLIMIT_CONFIG";
+/// The default Redis key prefix.
+pub const DEFAULT_PREFIX: &str = "sl:";
+/// The default per-call deadline: small enough for a request path.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// One standalone Redis shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardConfig {
+    pub name: String,
+    /// `redis://[user:password@]host:port[/db]` or `rediss://...` for TLS.
+    pub url: String,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `None` runs on the in-memory engine (the embedded default).
+    pub shards: Option<Vec<ShardConfig>>,
+    pub key_prefix: String,
+    pub timeout: Duration,
+    /// The default failure mode of policies that do not set their own.
+    pub on_error: OnError,
+    /// How many service instances share the limits (for `on_error: local`).
+    pub instances: u32,
+    pub policies: BTreeMap<String, Policy>,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            shards: None,
+            key_prefix: DEFAULT_PREFIX.to_string(),
+            timeout: DEFAULT_TIMEOUT,
+            on_error: OnError::Open,
+            instances: 1,
+            policies: BTreeMap::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Parses and validates a JSON config.
+    pub fn from_json(text: &str) -> Result<Config> {
+        let value: Value = serde_json::from_str(text).map_err(|e| {
+            Error::config(
+                "config",
+                format!(
+                    "not valid JSON: {e} (line {}, column {})",
+                    e.line(),
+                    e.column()
+                ),
+            )
+        })?;
+        Config::from_value(&value)
+    }
+
+    /// Reads, parses and validates a JSON config file.
+    pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Config> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Io {
+            path: path.display().to_string(),
+            message: format!("cannot read config: {e}"),
+        })?;
+        Config::from_json(&text).map_err(|e| match e {
+            Error::Config { field, message } => Error::Config {
+                field: format!("{}: {field}", path.display()),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// The config named by `$SHARDLIMIT_CONFIG` (a path, or inline JSON starting with `{`),
+    /// or `None` when the variable is unset or empty.
+    pub fn from_env() -> Result<Option<Config>> {
+        match std::env::var(CONFIG_ENV) {
+            Ok(v) if v.trim().starts_with('{') => Config::from_json(&v).map(Some),
+            Ok(v) if !v.trim().is_empty() => Config::from_file(v.trim()).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// Validates an already parsed JSON value.
+    pub fn from_value(value: &Value) -> Result<Config> {
+        let obj = value
+            .as_object()
+            .ok_or_else(|| Error::config("config", "expected a JSON object"))?;
+        check_fields(
+            obj,
+            "",
+            &[
+                "shards",
+                "key_prefix",
+                "timeout_ms",
+                "on_error",
+                "instances",
+                "policies",
+                "$schema",
+                "description",
+            ],
+        )?;
+        let mut cfg = Config::default();
+        if let Some(v) = obj.get("key_prefix") {
+            let p = v.as_str().ok_or_else(|| {
+                Error::config("key_prefix", format!("expected a string, got {v}"))
+            })?;
+            if p.len() > 64 || p.contains(['{', '}']) {
+                return Err(Error::config(
+                    "key_prefix",
+                    "must be at most 64 characters without '{' or '}' (they would break hash tags)",
+                ));
+            }
+            cfg.key_prefix = p.to_string();
+        }
+        if let Some(v) = obj.get("timeout_ms") {
+            let us = duration_from_json("timeout_ms", v)?;
+            if !(1_000..=60_000_000).contains(&us) {
+                return Err(Error::config(
+                    "timeout_ms",
+                    format!("must be between 1 ms and 60 s, got {} ms", us / 1000),
+                ));
+            }
+            cfg.timeout = Duration::from_micros(us);
+        }
+        if let Some(v) = obj.get("on_error") {
+            cfg.on_error = on_error("on_error", v)?;
+        }
+        if let Some(v) = obj.get("instances") {
+            cfg.instances = match v.as_u64() {
+                Some(n) if (1..=100_000).contains(&n) => n as u32,
+                _ => {
+                    return Err(Error::config(
+                        "instances",
+                        format!("expected an integer between 1 and 100000, got {v}"),
+                    ))
+                }
+            };
+        }
+        if let Some(v) = obj.get("shards") {
+            cfg.shards = Some(shards(v)?);
+        }
+        if let Some(v) = obj.get("policies") {
+            let map = v.as_object().ok_or_else(|| {
+                Error::config(
+                    "policies",
+                    format!("expected an object of named policies, got {v}"),
+                )
+            })?;
+            for (name, p) in map {
+                let policy = policy(name, p, cfg.on_error)?;
+                cfg.policies.insert(name.clone(), policy);
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+fn check_fields(obj: &Map<String, Value>, path: &str, known: &[&str]) -> Result<()> {
+    for k in obj.keys() {
+        if !known.contains(&k.as_str()) {
+            return Err(Error::config(
+                format!("{path}{k}"),
+                format!("unknown field; expected one of: {}", known.join(", ")),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn on_error(field: &str, v: &Value) -> Result<OnError> {
+    v.as_str().and_then(OnError::from_name).ok_or_else(|| {
+        Error::config(
+            field,
+            format!("expected \"open\", \"closed\" or \"local\", got {v}"),
+        )
+    })
+}
+
+fn shards(v: &Value) -> Result<Vec<ShardConfig>> {
+    let list = v.as_array().ok_or_else(|| {
+        Error::config(
+            "shards",
+            format!("expected a list of {{name, url}}, got {v}"),
+        )
+    })?;
+    if list.is_empty() {
+        return Err(Error::config(
+            "shards",
+            "is empty; list at least one shard, or leave `shards` out to use the in-memory engine",
+        ));
+    }
+    let mut out: Vec<ShardConfig> = Vec::with_capacity(list.len());
+    for (i, s) in list.iter().enumerate() {
+        let field = format!("shards[{i}]");
+        let obj = s.as_object().ok_or_else(|| {
+            Error::config(&field, format!("expected an object {{name, url}}, got {s}"))
+        })?;
+        check_fields(obj, &format!("{field}."), &["name", "url"])?;
+        let name = match obj.get("name").and_then(Value::as_str) {
+            Some(n) if !n.trim().is_empty() => n.to_string(),
+            _ => {
+                return Err(Error::config(
+                    format!("{field}.name"),
+                    "expected a non-empty string",
+                ))
+            }
+        };
+        let url = obj.get("url").and_then(Value::as_str).ok_or_else(|| {
+            Error::config(
+                format!("{field}.url"),
+                "expected a redis:// or rediss:// URL",
+            )
+        })?;
+        validate_url(&format!("{field}.url"), url)?;
+        if out.iter().any(|o| o.name == name) {
+            return Err(Error::config(
+                format!("{field}.name"),
+                format!("duplicate shard name {name:?}"),
+            ));
+        }
+        out.push(ShardConfig {
+            name,
+            url: url.to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// Checks a shard URL without connecting.
+pub(crate) fn validate_url(field: &str, url: &str) -> Result<()> {
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        return Err(Error::config(
+            field,
+            format!("expected a redis:// or rediss:// URL, got {url:?}"),
+        ));
+    }
+    redis::Client::open(url)
+        .map(|_| ())
+        .map_err(|e| Error::config(field, format!("invalid Redis URL {url:?}: {e}")))
+}
+
+fn count(field: String, v: Option<&Value>) -> Result<u64> {
+    match v {
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| Error::config(&field, format!("expected a positive integer, got {v}"))),
+        None => Err(Error::config(field, "is required")),
+    }
+}
+
+fn dur(field: String, v: Option<&Value>) -> Result<Duration> {
+    match v {
+        Some(v) => duration_from_json(&field, v).map(Duration::from_micros),
+        None => Err(Error::config(field, "is required")),
+    }
+}
+
+fn rate(field: String, v: Option<&Value>) -> Result<f64> {
+    match v {
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| Error::config(&field, format!("expected a positive number, got {v}"))),
+        None => Err(Error::config(field, "is required")),
+    }
+}
+
+fn policy(name: &str, v: &Value, default_on_error: OnError) -> Result<Policy> {
+    let field = format!("policies.{name}");
+    let obj = v
+        .as_object()
+        .ok_or_else(|| Error::config(&field, format!("expected an object, got {v}")))?;
+    let algo_name = obj
+        .get("algorithm")
+        .ok_or_else(|| Error::config(format!("{field}.algorithm"), "is required"))?;
+    let algorithm = algo_name
+        .as_str()
+        .and_then(Algorithm::from_name)
+        .ok_or_else(|| {
+            Error::config(
+                format!("{field}.algorithm"),
+                format!(
+                    "unknown algorithm {algo_name}; expected one of: {}",
+                    Algorithm::ALL
+                        .iter()
+                        .map(|a| a.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+        })?;
+    let f = |k: &str| format!("{field}.{k}");
+    let (params, limit) = match algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => {
+            let limit = count(f("limit"), obj.get("limit"))?;
+            let window = dur(f("window"), obj.get("window"))?;
+            let l = match algorithm {
+                Algorithm::FixedWindow => Limit::fixed_window(limit, window),
+                Algorithm::SlidingWindow => Limit::sliding_window(limit, window),
+                _ => Limit::sliding_log(limit, window),
+            };
+            (["limit", "window"], l)
+        }
+        Algorithm::TokenBucket => (
+            ["capacity", "refill_per_sec"],
+            Limit::token_bucket(
+                count(f("capacity"), obj.get("capacity"))?,
+                rate(f("refill_per_sec"), obj.get("refill_per_sec"))?,
+            ),
+        ),
+        Algorithm::LeakyBucket => (
+            ["capacity", "leak_per_sec"],
+            Limit::leaky_bucket(
+                count(f("capacity"), obj.get("capacity"))?,
+                rate(f("leak_per_sec"), obj.get("leak_per_sec"))?,
+            ),
+        ),
+        Algorithm::Concurrency => (
+            ["max", "lease_ttl"],
+            Limit::concurrency(
+                count(f("max"), obj.get("max"))?,
+                dur(f("lease_ttl"), obj.get("lease_ttl"))?,
+            ),
+        ),
+    };
+    let mut known = vec!["algorithm", "on_error", "description"];
+    known.extend(params);
+    check_fields(obj, &format!("{field}."), &known)?;
+    let on_error = match obj.get("on_error") {
+        Some(v) => on_error(&f("on_error"), v)?,
+        None => default_on_error,
+    };
+    Policy::build(name, limit, on_error, &field)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(json: &str) -> String {
+        Config::from_json(json).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn parses_the_example() {
+        let text =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../shard-config.json"))
+                .unwrap();
+        let cfg = Config::from_json(&text).unwrap();
+        assert_eq!(cfg.shards.as_ref().unwrap().len(), 3);
+        assert!(cfg.policies.contains_key("login"));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        assert_eq!(
+            err(r#"{"policies":{"login":{"algorithm":"fixed_window","limit":5,"window":"abc"}}}"#),
+            "policies.login.window: expected a duration like \"1m\", \"500ms\" or an integer of milliseconds, got \"abc\""
+        );
+        assert!(
+            err(r#"{"policies":{"a":{"algorithm":"fixed_window","limit":0,"window":"1s"}}}"#)
+                .starts_with("policies.a.limit: must be between 1")
+        );
+        assert!(
+            err(r#"{"policies":{"a":{"algorithm":"fixed_window","limit":-5,"window":"1s"}}}"#)
+                .starts_with("policies.a.limit: expected a positive integer")
+        );
+        assert!(
+            err(r#"{"policies":{"a":{"algorithm":"fixed_window","limit":5,"window":"0s"}}}"#)
+                .starts_with("policies.a.window: must be between 1ms")
+        );
+        assert!(err(r#"{"policies":{"a":{"algorithm":"token_bucket","capacity":9223372036854775808,"refill_per_sec":1}}}"#)
+            .starts_with("policies.a.capacity: must be between 1"));
+        assert!(err(r#"{"policies":{"a":{"algorithm":"magic","limit":5}}}"#)
+            .starts_with("policies.a.algorithm: unknown algorithm \"magic\""));
+        assert!(err(
+            r#"{"policies":{"a":{"algorithm":"fixed_window","limit":5,"window":"1s","burst":3}}}"#
+        )
+        .starts_with("policies.a.burst: unknown field"));
+        assert!(
+            err(r#"{"policies":{"a":{"algorithm":"fixed_window","window":"1s"}}}"#)
+                .starts_with("policies.a.limit: is required")
+        );
+        assert!(err(r#"{"shards":[]}"#).starts_with("shards: is empty"));
+        assert!(err(r#"{"shards":[{"name":"a","url":"redis://127.0.0.1:1"},{"name":"a","url":"redis://127.0.0.1:2"}]}"#)
+            .starts_with("shards[1].name: duplicate shard name"));
+        assert!(err(r#"{"shards":[{"name":"a","url":"http://x"}]}"#)
+            .starts_with("shards[0].url: expected a redis://"));
+        assert!(err(r#"{"shardz":[]}"#).starts_with("shardz: unknown field"));
+        assert!(err(r#"{"timeout_ms":0}"#).starts_with("timeout_ms: must be between"));
+        assert!(err(r#"{"on_error":"maybe"}"#).starts_with("on_error: expected"));
+        assert!(err(r#"{"key_prefix":"a{b}"}"#).starts_with("key_prefix: must be"));
+        assert!(err("{not json").starts_with("config: not valid JSON"));
+        assert!(err("[]").starts_with("config: expected a JSON object"));
+    }
+
+    #[test]
+    fn no_shards_means_memory() {
+        let cfg = Config::from_json(
+            r#"{"policies":{"a":{"algorithm":"sliding_log","limit":5,"window":60000}}}"#,
+        )
+        .unwrap();
+        assert!(cfg.shards.is_none());
+        assert_eq!(cfg.policies["a"].max(), 5);
+    }
+}

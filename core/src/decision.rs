@@ -1,0 +1,194 @@
+//! The answer to a check, and how it renders as HTTP headers and a 429 body.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Who made a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// A Redis shard ran the algorithm.
+    Redis,
+    /// The in-memory engine (no shards configured).
+    Memory,
+    /// Admitted locally from units leased in advance from Redis.
+    Local,
+    /// The shard failed and the policy's `on_error` mode decided.
+    Fallback,
+    /// The key is on the block list.
+    Block,
+}
+
+impl Source {
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Redis => "redis",
+            Source::Memory => "memory",
+            Source::Local => "local",
+            Source::Fallback => "fallback",
+            Source::Block => "block",
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The outcome of one check.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// Whether the request may proceed. A denied check consumed nothing.
+    pub allowed: bool,
+    /// The effective limit (units per window, bucket capacity, or max concurrent).
+    pub limit: u64,
+    /// Units still available after this check.
+    pub remaining: u64,
+    /// Time until the limit is back to its full budget with no further traffic.
+    pub reset_after: Duration,
+    /// When denied: the earliest time the same check would pass with no other traffic.
+    /// `None` when allowed, and when the cost can never fit (cost > limit).
+    pub retry_after: Option<Duration>,
+    /// Leaky bucket: how long the caller must wait before sending. Zero otherwise.
+    pub delay: Duration,
+    /// The policy that decided (for an ad-hoc limit, its [`crate::Limit::id`]).
+    pub policy: Arc<str>,
+    /// Who decided.
+    pub source: Source,
+    /// The shard index that decided, when a Redis shard did.
+    pub shard: Option<u32>,
+    /// The window the limit is measured over (for `RateLimit-Policy`'s `w`).
+    pub window: Duration,
+}
+
+fn ceil_secs(d: Duration) -> u64 {
+    let us = d.as_micros();
+    us.div_ceil(1_000_000) as u64
+}
+
+impl Decision {
+    /// The standard rate-limit response headers, in a stable order:
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (seconds until the
+    /// budget is full again), `RateLimit-Policy` and `RateLimit` (IETF
+    /// draft-ietf-httpapi-ratelimit-headers structured fields), and `Retry-After` (seconds)
+    /// when denied and a retry can succeed.
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        let reset = ceil_secs(self.reset_after);
+        let window = ceil_secs(self.window).max(1);
+        let mut h = vec![
+            ("X-RateLimit-Limit", self.limit.to_string()),
+            ("X-RateLimit-Remaining", self.remaining.to_string()),
+            ("X-RateLimit-Reset", reset.to_string()),
+            (
+                "RateLimit-Policy",
+                format!("\"{}\";q={};w={}", self.policy, self.limit, window),
+            ),
+            (
+                "RateLimit",
+                format!("\"{}\";r={};t={}", self.policy, self.remaining, reset),
+            ),
+        ];
+        if let Some(retry) = self.retry_after.filter(|_| !self.allowed) {
+            h.push(("Retry-After", ceil_secs(retry).to_string()));
+        }
+        h
+    }
+
+    /// The JSON body of a 429 response:
+    /// `{"error":"rate_limited","policy","limit","remaining","retry_after","message"}` with
+    /// `retry_after` in whole seconds (null when the request can never fit).
+    pub fn body(&self) -> serde_json::Value {
+        let retry = self.retry_after.map(ceil_secs);
+        let message = match retry {
+            Some(s) => format!(
+                "Rate limit exceeded for policy \"{}\": retry in {s} second{}.",
+                self.policy,
+                if s == 1 { "" } else { "s" }
+            ),
+            None if self.source == Source::Block => {
+                format!("Blocked by policy \"{}\".", self.policy)
+            }
+            None => format!(
+                "Rate limit exceeded for policy \"{}\": the request costs more than the limit allows.",
+                self.policy
+            ),
+        };
+        serde_json::json!({
+            "error": "rate_limited",
+            "policy": &*self.policy,
+            "limit": self.limit,
+            "remaining": self.remaining,
+            "retry_after": retry,
+            "message": message,
+        })
+    }
+
+    /// The decision as one JSON object with durations in milliseconds, as the CLI prints it
+    /// and as the bindings' test vectors compare it.
+    pub fn to_json(&self) -> serde_json::Value {
+        let ms = |d: Duration| d.as_micros() as f64 / 1000.0;
+        serde_json::json!({
+            "allowed": self.allowed,
+            "limit": self.limit,
+            "remaining": self.remaining,
+            "reset_after_ms": ms(self.reset_after),
+            "retry_after_ms": self.retry_after.map(ms),
+            "delay_ms": ms(self.delay),
+            "policy": &*self.policy,
+            "source": self.source.name(),
+            "shard": self.shard,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    fn d(allowed: bool, retry: Option<u64>) -> Decision {
+        Decision {
+            allowed,
+            limit: 100,
+            remaining: if allowed { 42 } else { 0 },
+            reset_after: Duration::from_millis(30_500),
+            retry_after: retry.map(Duration::from_millis),
+            delay: Duration::ZERO,
+            policy: Arc::from("api"),
+            source: Source::Redis,
+            shard: Some(1),
+            window: Duration::from_secs(60),
+        }
+    }
+    #[test]
+    fn headers_when_allowed() {
+        let h = d(true, None).headers();
+        assert_eq!(
+            h,
+            vec![
+                ("X-RateLimit-Limit", "100".to_string()),
+                ("X-RateLimit-Remaining", "42".to_string()),
+                ("X-RateLimit-Reset", "31".to_string()),
+                ("RateLimit-Policy", "\"api\";q=100;w=60".to_string()),
+                ("RateLimit", "\"api\";r=42;t=31".to_string()),
+            ]
+        );
+    }
+    #[test]
+    fn headers_and_body_when_denied() {
+        let dec = d(false, Some(1_001));
+        let h = dec.headers();
+        assert_eq!(h.last().unwrap(), &("Retry-After", "2".to_string()));
+        let b = dec.body();
+        assert_eq!(b["retry_after"], 2);
+        assert_eq!(b["error"], "rate_limited");
+        assert_eq!(b["policy"], "api");
+        assert!(b["message"]
+            .as_str()
+            .unwrap()
+            .contains("retry in 2 seconds"));
+        let never = d(false, None);
+        assert!(never.headers().iter().all(|(k, _)| *k != "Retry-After"));
+        assert!(never.body()["retry_after"].is_null());
+    }
+}

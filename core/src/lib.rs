@@ -1,0 +1,42 @@
+//! # shardlimit
+//!
+//! Distributed rate limiting as a library: the algorithms, the Redis scripts and the
+//! client-side shard routing that every shardlimit binding (C, Python, Node) shares.
+//!
+//! ```
+//! use shardlimit::{Limiter, Limit, Policy};
+//! use std::time::Duration;
+//!
+//! let limiter = Limiter::memory();
+//! let login = Policy::new("login", Limit::fixed_window(5, Duration::from_secs(60))).unwrap();
+//! let d = limiter.check_blocking("user:42", &login, 1).unwrap();
+//! assert!(d.allowed);
+//! assert_eq!(d.remaining, 4);
+//! ```
+//!
+//! With a config that lists Redis `shards`, the same calls run on Redis, one round trip
+//! per decision; see `DESIGN.md` for the contracts.
+
+mod algo;
+pub mod clock;
+pub mod config;
+mod decision;
+mod duration;
+mod error;
+mod limit;
+mod limiter;
+mod memory;
+mod redis_engine;
+pub mod routing;
+pub mod scripts;
+
+pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use config::{Config, ShardConfig};
+pub use decision::{Decision, Source};
+pub use duration::parse_duration_us;
+pub use error::{Error, ErrorKind, Result};
+pub use limit::{Algorithm, Limit, OnError, Policy, MAX_LIMIT};
+pub use limiter::{Lease, Limiter, MAX_KEY_LEN};
+
+/// The crate version, shared by every binding.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,413 @@
+//! Limits (an algorithm with its parameters) and policies (a named, validated limit).
+
+use crate::error::{Error, Result};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The largest limit, capacity or cost shardlimit accepts. Redis scripts compute in IEEE
+/// doubles, so every quantity they handle must stay an exact integer (< 2^53).
+pub const MAX_LIMIT: u64 = 1_000_000_000_000;
+/// The longest window, lease or refill period accepted: 366 days.
+pub const MAX_PERIOD_US: u64 = 366 * 86_400_000_000;
+/// The shortest window or lease accepted: one millisecond.
+pub const MIN_PERIOD_US: u64 = 1_000;
+/// The longest time a bucket may take to refill completely (about 35 years, in µs):
+/// keeps `capacity × interval` exact in a double.
+pub const MAX_BUCKET_SPAN_US: u64 = 1 << 50;
+
+/// A rate-limiting algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    FixedWindow,
+    SlidingWindow,
+    SlidingLog,
+    TokenBucket,
+    LeakyBucket,
+    Concurrency,
+}
+
+impl Algorithm {
+    pub const ALL: &'static [Algorithm] = &[
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Concurrency,
+    ];
+    /// The config name (`"token_bucket"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::Concurrency => "concurrency",
+        }
+    }
+    /// Short code used in Redis key names, so that changing a policy's algorithm never
+    /// reads state of another shape (no WRONGTYPE after a config change).
+    pub fn code(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fw",
+            Algorithm::SlidingWindow => "sw",
+            Algorithm::SlidingLog => "sl",
+            Algorithm::TokenBucket => "tb",
+            Algorithm::LeakyBucket => "lb",
+            Algorithm::Concurrency => "cc",
+        }
+    }
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL.iter().copied().find(|a| a.name() == name)
+    }
+    /// True for algorithms whose state is per-window counters (`key:index`).
+    pub fn is_windowed(self) -> bool {
+        matches!(self, Algorithm::FixedWindow | Algorithm::SlidingWindow)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An algorithm plus its parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Limit {
+    /// At most `limit` units per aligned window.
+    FixedWindow { limit: u64, window: Duration },
+    /// Two-counter estimate of a sliding window (Cloudflare).
+    SlidingWindow { limit: u64, window: Duration },
+    /// Exact sliding window: one log entry per admitted unit.
+    SlidingLog { limit: u64, window: Duration },
+    /// Starts full with `capacity` tokens, refills continuously.
+    TokenBucket { capacity: u64, refill_per_sec: f64 },
+    /// A shaper: admitted requests are told how long to wait; denied when the queue
+    /// (of `capacity` units) is full.
+    LeakyBucket { capacity: u64, leak_per_sec: f64 },
+    /// At most `max` units held at once; leases expire after `lease_ttl`.
+    Concurrency { max: u64, lease_ttl: Duration },
+}
+
+impl Limit {
+    pub fn fixed_window(limit: u64, window: Duration) -> Limit {
+        Limit::FixedWindow { limit, window }
+    }
+    pub fn sliding_window(limit: u64, window: Duration) -> Limit {
+        Limit::SlidingWindow { limit, window }
+    }
+    pub fn sliding_log(limit: u64, window: Duration) -> Limit {
+        Limit::SlidingLog { limit, window }
+    }
+    pub fn token_bucket(capacity: u64, refill_per_sec: f64) -> Limit {
+        Limit::TokenBucket {
+            capacity,
+            refill_per_sec,
+        }
+    }
+    pub fn leaky_bucket(capacity: u64, leak_per_sec: f64) -> Limit {
+        Limit::LeakyBucket {
+            capacity,
+            leak_per_sec,
+        }
+    }
+    pub fn concurrency(max: u64, lease_ttl: Duration) -> Limit {
+        Limit::Concurrency { max, lease_ttl }
+    }
+
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            Limit::FixedWindow { .. } => Algorithm::FixedWindow,
+            Limit::SlidingWindow { .. } => Algorithm::SlidingWindow,
+            Limit::SlidingLog { .. } => Algorithm::SlidingLog,
+            Limit::TokenBucket { .. } => Algorithm::TokenBucket,
+            Limit::LeakyBucket { .. } => Algorithm::LeakyBucket,
+            Limit::Concurrency { .. } => Algorithm::Concurrency,
+        }
+    }
+
+    /// Validates the parameters and compiles them to the integer form both engines use.
+    /// `field` prefixes error messages (`policies.login`).
+    pub(crate) fn compile(&self, field: &str) -> Result<Compiled> {
+        let algorithm = self.algorithm();
+        let (count, count_name) = match self {
+            Limit::FixedWindow { limit, .. }
+            | Limit::SlidingWindow { limit, .. }
+            | Limit::SlidingLog { limit, .. } => (*limit, "limit"),
+            Limit::TokenBucket { capacity, .. } | Limit::LeakyBucket { capacity, .. } => {
+                (*capacity, "capacity")
+            }
+            Limit::Concurrency { max, .. } => (*max, "max"),
+        };
+        if count == 0 || count > MAX_LIMIT {
+            return Err(Error::config(
+                format!("{field}.{count_name}"),
+                format!("must be between 1 and {MAX_LIMIT}, got {count}"),
+            ));
+        }
+        let period_us = match self {
+            Limit::FixedWindow { window, .. }
+            | Limit::SlidingWindow { window, .. }
+            | Limit::SlidingLog { window, .. } => period(field, "window", *window)?,
+            Limit::Concurrency { lease_ttl, .. } => period(field, "lease_ttl", *lease_ttl)?,
+            Limit::TokenBucket { refill_per_sec, .. } => {
+                rate(field, "refill_per_sec", *refill_per_sec, count)?
+            }
+            Limit::LeakyBucket { leak_per_sec, .. } => {
+                rate(field, "leak_per_sec", *leak_per_sec, count)?
+            }
+        };
+        Ok(Compiled {
+            algorithm,
+            limit: count,
+            period_us,
+        })
+    }
+
+    /// A stable identifier of the limit's parameters, used as the policy name (and so in
+    /// Redis key names) of limits passed directly to a check rather than by name.
+    pub fn id(&self) -> String {
+        match self {
+            Limit::FixedWindow { limit, window }
+            | Limit::SlidingWindow { limit, window }
+            | Limit::SlidingLog { limit, window } => {
+                format!("{}-{}-{}ms", self.algorithm(), limit, window.as_millis())
+            }
+            Limit::TokenBucket {
+                capacity,
+                refill_per_sec,
+            } => format!("token_bucket-{capacity}-{refill_per_sec}ps"),
+            Limit::LeakyBucket {
+                capacity,
+                leak_per_sec,
+            } => format!("leaky_bucket-{capacity}-{leak_per_sec}ps"),
+            Limit::Concurrency { max, lease_ttl } => {
+                format!("concurrency-{max}-{}ms", lease_ttl.as_millis())
+            }
+        }
+    }
+}
+
+fn period(field: &str, name: &str, d: Duration) -> Result<u64> {
+    let us = d.as_micros();
+    if us < MIN_PERIOD_US as u128 || us > MAX_PERIOD_US as u128 {
+        return Err(Error::config(
+            format!("{field}.{name}"),
+            format!("must be between 1ms and 366d, got {}ms", d.as_millis()),
+        ));
+    }
+    if us % 1_000 != 0 {
+        return Err(Error::config(
+            format!("{field}.{name}"),
+            "must be a whole number of milliseconds",
+        ));
+    }
+    Ok(us as u64)
+}
+
+/// Converts a rate (units per second) to the emission interval in whole µs per unit.
+fn rate(field: &str, name: &str, per_sec: f64, capacity: u64) -> Result<u64> {
+    if !per_sec.is_finite() || per_sec <= 0.0 {
+        return Err(Error::config(
+            format!("{field}.{name}"),
+            format!("must be a positive number, got {per_sec}"),
+        ));
+    }
+    let interval = (1_000_000.0 / per_sec).round();
+    if interval < 1.0 {
+        return Err(Error::config(
+            format!("{field}.{name}"),
+            format!("must be at most 1000000 per second, got {per_sec}"),
+        ));
+    }
+    if interval > MAX_PERIOD_US as f64 {
+        return Err(Error::config(
+            format!("{field}.{name}"),
+            format!("must be at least one unit per 366 days, got {per_sec}"),
+        ));
+    }
+    let interval = interval as u64;
+    if capacity.saturating_mul(interval) > MAX_BUCKET_SPAN_US {
+        return Err(Error::config(
+            format!("{field}.{name}"),
+            format!("refilling {capacity} units at {per_sec}/s would take more than 35 years"),
+        ));
+    }
+    Ok(interval)
+}
+
+/// The integer form of a limit that both engines run: `limit` units and a `period_us`
+/// that is the window, the lease TTL, or the emission interval (µs per unit) of a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Compiled {
+    pub algorithm: Algorithm,
+    pub limit: u64,
+    pub period_us: u64,
+}
+
+impl Compiled {
+    /// The window the limit is measured over, for `RateLimit-Policy` (`w`).
+    pub fn window_us(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => self.limit * self.period_us,
+            _ => self.period_us,
+        }
+    }
+}
+
+/// What a policy does when its Redis shard fails or does not answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnError {
+    /// Allow the request (availability over strictness). The default.
+    #[default]
+    Open,
+    /// Deny the request (strictness over availability).
+    Closed,
+    /// Decide with an in-process limiter holding `limit / instances`.
+    Local,
+}
+
+impl OnError {
+    pub fn name(self) -> &'static str {
+        match self {
+            OnError::Open => "open",
+            OnError::Closed => "closed",
+            OnError::Local => "local",
+        }
+    }
+    pub fn from_name(s: &str) -> Option<OnError> {
+        match s {
+            "open" => Some(OnError::Open),
+            "closed" => Some(OnError::Closed),
+            "local" => Some(OnError::Local),
+            _ => None,
+        }
+    }
+}
+
+/// A named, validated limit: what a check is made against. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Policy(pub(crate) Arc<PolicyInner>);
+
+#[derive(Debug)]
+pub(crate) struct PolicyInner {
+    pub name: Arc<str>,
+    pub limit: Limit,
+    pub compiled: Compiled,
+    pub on_error: OnError,
+    /// `name:code:`, the part of Redis key names after the configured prefix.
+    pub key_scope: String,
+}
+
+impl Policy {
+    /// A policy named `name` enforcing `limit`. Names may use letters, digits and
+    /// `_ - .`; they appear in Redis key names and in headers.
+    pub fn new(name: &str, limit: Limit) -> Result<Policy> {
+        Policy::build(name, limit, OnError::default(), &format!("policies.{name}"))
+    }
+
+    /// The same policy with another failure mode.
+    pub fn with_on_error(&self, on_error: OnError) -> Policy {
+        Policy(Arc::new(PolicyInner {
+            name: self.0.name.clone(),
+            limit: self.0.limit.clone(),
+            compiled: self.0.compiled,
+            on_error,
+            key_scope: self.0.key_scope.clone(),
+        }))
+    }
+
+    pub(crate) fn build(
+        name: &str,
+        limit: Limit,
+        on_error: OnError,
+        field: &str,
+    ) -> Result<Policy> {
+        validate_policy_name(name, field)?;
+        let compiled = limit.compile(field)?;
+        Ok(Policy(Arc::new(PolicyInner {
+            name: Arc::from(name),
+            key_scope: format!("{name}:{}:", compiled.algorithm.code()),
+            limit,
+            compiled,
+            on_error,
+        })))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+    pub fn limit(&self) -> &Limit {
+        &self.0.limit
+    }
+    pub fn algorithm(&self) -> Algorithm {
+        self.0.compiled.algorithm
+    }
+    pub fn on_error(&self) -> OnError {
+        self.0.on_error
+    }
+    /// The effective limit (units per window, capacity, or max concurrent).
+    pub fn max(&self) -> u64 {
+        self.0.compiled.limit
+    }
+}
+
+impl TryFrom<Limit> for Policy {
+    type Error = Error;
+    /// An anonymous policy named after the limit's parameters ([`Limit::id`]).
+    fn try_from(limit: Limit) -> Result<Policy> {
+        let id = limit.id();
+        Policy::build(&id, limit, OnError::default(), "limit")
+    }
+}
+
+pub(crate) fn validate_policy_name(name: &str, field: &str) -> Result<()> {
+    if name.is_empty() || name.len() > 128 {
+        return Err(Error::config(
+            field,
+            "policy names must be 1 to 128 characters long",
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        return Err(Error::config(
+            field,
+            format!("policy name {name:?} contains {c:?}; use letters, digits, '_', '-' and '.'"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn rejects_absurd_values() {
+        let ms = Duration::from_millis;
+        assert!(Policy::new("a", Limit::fixed_window(0, ms(1000))).is_err());
+        assert!(Policy::new("a", Limit::fixed_window(1, ms(0))).is_err());
+        let e = Policy::new("a", Limit::token_bucket(1 << 63, 1.0)).unwrap_err();
+        assert_eq!(e.field_for_test(), "policies.a.capacity");
+        assert!(Policy::new("a", Limit::token_bucket(10, f64::NAN)).is_err());
+        assert!(Policy::new("a", Limit::token_bucket(10, -1.0)).is_err());
+        assert!(Policy::new("a", Limit::token_bucket(10, 1e9)).is_err());
+        assert!(Policy::new("a", Limit::leaky_bucket(1_000_000_000, 0.001)).is_err());
+        assert!(Policy::new("bad name", Limit::fixed_window(1, ms(1000))).is_err());
+        assert!(Policy::new("ok", Limit::concurrency(3, ms(1500))).is_ok());
+    }
+}
+
+#[cfg(test)]
+impl Error {
+    fn field_for_test(&self) -> &str {
+        match self {
+            Error::Config { field, .. } => field,
+            _ => "",
+        }
+    }
+}

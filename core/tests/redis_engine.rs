@@ -1,0 +1,415 @@
+//! The Redis engine against real redis-server processes (and, where the property is
+//! engine-independent, the in-memory engine too).
+
+mod support;
+
+use shardlimit::{ErrorKind, Limit, Limiter, ManualClock, Policy};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use support::RedisServer;
+
+const T0: u64 = 1_800_000_000_123_457;
+
+fn policies(limit: u64) -> Vec<Policy> {
+    let s = Duration::from_secs;
+    vec![
+        Policy::new("fw", Limit::fixed_window(limit, s(3600))).unwrap(),
+        Policy::new("sw", Limit::sliding_window(limit, s(3600))).unwrap(),
+        Policy::new("sl", Limit::sliding_log(limit, s(3600))).unwrap(),
+        Policy::new("tb", Limit::token_bucket(limit, 1.0 / 3600.0)).unwrap(),
+        Policy::new("lb", Limit::leaky_bucket(limit, 1.0 / 3600.0)).unwrap(),
+        Policy::new("cc", Limit::concurrency(limit, s(3600))).unwrap(),
+    ]
+}
+
+fn redis_limiter(server: &RedisServer) -> Limiter {
+    Limiter::from_json(&support::config(&[server], "{}")).unwrap()
+}
+
+fn with_clock(l: Limiter, t: u64) -> (Limiter, Arc<ManualClock>) {
+    let c = ManualClock::new(t);
+    (l.with_clock(c.clone()).unwrap(), c)
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// 64 tasks, 3 attempts each, on one key: exactly `limit` admitted.
+async fn hammer(limiter: &Limiter, policy: &Policy, key: &str) -> u64 {
+    let allowed = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (l, p, a, k) = (
+            limiter.clone(),
+            policy.clone(),
+            allowed.clone(),
+            key.to_string(),
+        );
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..3 {
+                let d = l.check(&k, &p, 1).await.unwrap();
+                if d.allowed {
+                    a.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    allowed.load(Ordering::SeqCst)
+}
+
+#[test]
+fn exact_admission_under_64_concurrent_callers() {
+    let server = RedisServer::start();
+    let rt = rt();
+    rt.block_on(async {
+        // server clock (TIME) with limits that cannot refill during the test
+        let limiter = redis_limiter(&server);
+        for p in policies(50) {
+            assert_eq!(
+                hammer(&limiter, &p, "user:1").await,
+                50,
+                "{} on redis TIME",
+                p.name()
+            );
+        }
+        // injected clock, the memory engine too
+        for limiter in [
+            with_clock(redis_limiter(&server), T0).0,
+            with_clock(Limiter::memory(), T0).0,
+        ] {
+            for p in policies(37) {
+                assert_eq!(
+                    hammer(&limiter, &p, "user:2").await,
+                    37,
+                    "{} on {limiter:?}",
+                    p.name()
+                );
+            }
+        }
+    });
+}
+
+fn engines(server: &RedisServer) -> Vec<(Limiter, Arc<ManualClock>)> {
+    redis::cmd("FLUSHALL").exec(&mut server.conn()).unwrap();
+    vec![
+        with_clock(redis_limiter(server), T0),
+        with_clock(Limiter::memory(), T0),
+    ]
+}
+
+#[test]
+fn denied_checks_consume_nothing_and_costs_add_up() {
+    let server = RedisServer::start();
+    for (limiter, _clock) in engines(&server) {
+        for p in policies(10) {
+            let c = |cost| limiter.check_blocking("k", &p, cost).unwrap();
+            let a = c(7);
+            assert!(a.allowed && a.remaining == 3, "{}: {a:?}", p.name());
+            let d = c(4);
+            assert!(!d.allowed && d.remaining == 3, "{}: {d:?}", p.name());
+            assert!(d.retry_after.is_some());
+            let big = c(11);
+            assert!(
+                !big.allowed && big.retry_after.is_none(),
+                "{}: {big:?}",
+                p.name()
+            );
+            let huge = c(u64::MAX);
+            assert!(!huge.allowed && huge.retry_after.is_none());
+            let b = c(3);
+            assert!(b.allowed && b.remaining == 0, "{}: {b:?}", p.name());
+            assert!(!c(1).allowed);
+        }
+    }
+}
+
+#[test]
+fn retry_after_is_exact() {
+    let server = RedisServer::start();
+    let ms = Duration::from_millis;
+    let cases = [
+        Limit::fixed_window(5, ms(1000)),
+        Limit::sliding_window(5, ms(1000)),
+        Limit::sliding_log(5, ms(1000)),
+        Limit::token_bucket(5, 3.0),
+        Limit::leaky_bucket(5, 7.0),
+        Limit::concurrency(5, ms(1500)),
+    ];
+    for (limiter, clock) in engines(&server) {
+        for limit in &cases {
+            let p = Policy::new(limit.algorithm().name(), limit.clone()).unwrap();
+            for cost in [1, 3, 5] {
+                // a clean key, some admissions spread over time, then fill it up
+                let start = T0 + 470_004;
+                for t in [start + 2_000_000, start, T0] {
+                    clock.set_us(t);
+                    limiter.reset_blocking("k", &p).unwrap();
+                }
+                for (dt, c) in [(0, 2), (170_003, 1), (300_001, 1)] {
+                    clock.advance_us(dt);
+                    assert!(
+                        limiter.check_blocking("k", &p, c).unwrap().allowed,
+                        "{limit:?}"
+                    );
+                }
+                while limiter.check_blocking("k", &p, 1).unwrap().allowed {}
+                let d = limiter.check_blocking("k", &p, cost).unwrap();
+                assert!(!d.allowed, "{limit:?} cost {cost}: {d:?}");
+                let r = d.retry_after.unwrap().as_micros() as u64;
+                clock.set_us(start + r - 1);
+                let before = limiter.check_blocking("k", &p, cost).unwrap();
+                assert!(
+                    !before.allowed,
+                    "{limit:?} cost {cost}: passed 1µs before retry_after {r}"
+                );
+                let peek_before = limiter.peek_blocking("k", &p).unwrap();
+                clock.set_us(start + r);
+                if cost == 1 {
+                    // peek (one unit) agrees with a check of one unit
+                    assert!(!peek_before.allowed);
+                    assert!(limiter.peek_blocking("k", &p).unwrap().allowed);
+                }
+                let at = limiter.check_blocking("k", &p, cost).unwrap();
+                assert!(
+                    at.allowed,
+                    "{limit:?} cost {cost}: denied at retry_after {r}: {at:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn reset_after_and_peek() {
+    let server = RedisServer::start();
+    for (limiter, clock) in engines(&server) {
+        let p = Policy::new("login", Limit::fixed_window(5, Duration::from_secs(60))).unwrap();
+        clock.set_us(1_800_000_000_000_000 + 15_000_000); // 15 s into a minute
+        let d = limiter.check_blocking("u", &p, 2).unwrap();
+        assert_eq!(d.reset_after, Duration::from_secs(45));
+        assert_eq!(d.limit, 5);
+        let peek = limiter.peek_blocking("u", &p).unwrap();
+        assert!(peek.allowed && peek.remaining == 3);
+        assert_eq!(
+            limiter.peek_blocking("u", &p).unwrap().remaining,
+            3,
+            "peek consumed"
+        );
+        limiter.reset_blocking("u", &p).unwrap();
+        assert_eq!(limiter.peek_blocking("u", &p).unwrap().remaining, 5);
+        let tb = Policy::new("api", Limit::token_bucket(10, 2.0)).unwrap();
+        let d = limiter.check_blocking("u", &tb, 4).unwrap();
+        assert_eq!(
+            d.reset_after,
+            Duration::from_secs(2),
+            "time until the bucket is full again"
+        );
+        assert_eq!(d.remaining, 6);
+        assert_eq!(d.headers()[0], ("X-RateLimit-Limit", "10".to_string()));
+    }
+}
+
+#[test]
+fn every_key_written_has_a_ttl() {
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server);
+    let ms = Duration::from_millis;
+    let ps = [
+        Limit::fixed_window(3, ms(60_000)),
+        Limit::sliding_window(3, ms(60_000)),
+        Limit::sliding_log(3, ms(60_000)),
+        Limit::token_bucket(3, 1.0),
+        Limit::leaky_bucket(3, 1.0),
+        Limit::concurrency(3, ms(60_000)),
+    ];
+    for (i, l) in ps.iter().enumerate() {
+        let p = Policy::new(&format!("p{i}"), l.clone()).unwrap();
+        for k in ["a", "{t}:b", "c"] {
+            for cost in [1, 2, 1] {
+                limiter.check_blocking(k, &p, cost).unwrap();
+            }
+        }
+    }
+    let mut c = server.conn();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+    assert!(keys.len() >= 18, "{keys:?}");
+    for k in keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(&k).query(&mut c).unwrap();
+        assert!(ttl > 0, "key {k} has no TTL ({ttl})");
+        assert!(k.starts_with("sl:p"), "{k}");
+        assert!(
+            k.contains("{a}") || k.contains("{t}:b") || k.contains("{c}"),
+            "hash tag missing: {k}"
+        );
+    }
+}
+
+#[test]
+fn embedded_script_sha1_equals_script_load() {
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    for (file, src, sha) in shardlimit::scripts::all() {
+        let loaded: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(src)
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(loaded, sha, "{file}");
+        let mut h = sha1_smol::Sha1::new();
+        h.update(src.as_bytes());
+        assert_eq!(h.digest().to_string(), sha, "{file}");
+    }
+}
+
+#[test]
+fn scripts_reload_after_script_flush() {
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server);
+    let p = Policy::new("x", Limit::token_bucket(5, 1.0)).unwrap();
+    assert!(limiter.check_blocking("k", &p, 1).unwrap().allowed);
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .exec(&mut server.conn())
+        .unwrap();
+    let d = limiter.check_blocking("k", &p, 1).unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.remaining, 3);
+}
+
+#[test]
+fn keys_land_on_the_routed_shard() {
+    let (a, b, c) = (
+        RedisServer::start(),
+        RedisServer::start(),
+        RedisServer::start(),
+    );
+    let limiter = Limiter::from_json(&support::config(&[&a, &b, &c], "{}")).unwrap();
+    let p = Policy::new("r", Limit::token_bucket(5, 1.0)).unwrap();
+    let servers = [&a, &b, &c];
+    let mut used = [0; 3];
+    for i in 0..60 {
+        let key = format!("user:{i}");
+        let d = limiter.check_blocking(&key, &p, 1).unwrap();
+        let (shard, name) = limiter.route(&key).unwrap();
+        assert_eq!(d.shard, Some(shard));
+        assert_eq!(name, format!("s{shard}"));
+        used[shard as usize] += 1;
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(format!("sl:r:tb:{{{key}}}"))
+            .query(&mut servers[shard as usize].conn())
+            .unwrap();
+        assert!(exists, "{key} not on shard {shard}");
+    }
+    assert!(used.iter().all(|n| *n > 5), "{used:?}");
+    // a hash tag keeps a tenant's keys together
+    let s1 = limiter.route("{acme}:user:1").unwrap().0;
+    assert_eq!(limiter.route("{acme}:user:2").unwrap().0, s1);
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let server = RedisServer::start();
+    for limiter in [redis_limiter(&server), Limiter::memory()] {
+        let p = Policy::new("x", Limit::token_bucket(5, 1.0)).unwrap();
+        let e = limiter.check_blocking("", &p, 1).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("key"), "{e}");
+        let big = "k".repeat(1 << 20);
+        let e = limiter.check_blocking(&big, &p, 1).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("1048576 bytes"), "{e}");
+        let e = limiter.check_blocking("k", &p, 0).unwrap_err();
+        assert!(e.to_string().contains("cost"), "{e}");
+        let e = limiter.check_named_blocking("nope", "k", 1).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::UnknownPolicy);
+    }
+}
+
+#[test]
+fn unreachable_shard_is_a_connection_error_not_a_panic() {
+    // port 1 on loopback: nothing listens there
+    let limiter = Limiter::from_json(
+        r#"{"timeout_ms": 300, "shards":[{"name":"dead","url":"redis://127.0.0.1:1"}],
+            "policies":{"api":{"algorithm":"token_bucket","capacity":5,"refill_per_sec":1}}}"#,
+    )
+    .unwrap();
+    let e = limiter.check_named_blocking("api", "k", 1).unwrap_err();
+    assert!(e.is_backend(), "{e:?}");
+    assert!(
+        e.to_string().contains("dead"),
+        "the error names the shard: {e}"
+    );
+    // and again (no cached broken state, no panic)
+    assert!(limiter.check_named_blocking("api", "k", 1).is_err());
+    // from inside an async runtime as well
+    rt().block_on(async {
+        assert!(limiter.check_named("api", "k", 1).await.is_err());
+        // the blocking call from inside a runtime does not panic either
+        assert!(limiter.check_named_blocking("api", "k", 1).is_err());
+    });
+}
+
+#[test]
+fn redis_memory_per_active_key() {
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server);
+    let mut c = server.conn();
+    let usage = |c: &mut redis::Connection, pattern: &str| -> u64 {
+        let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query(c).unwrap();
+        assert!(!keys.is_empty(), "{pattern}");
+        keys.iter()
+            .map(|k| {
+                redis::cmd("MEMORY")
+                    .arg("USAGE")
+                    .arg(k)
+                    .query::<u64>(c)
+                    .unwrap()
+            })
+            .sum()
+    };
+    let s = Duration::from_secs;
+    let tb = Policy::new("api", Limit::token_bucket(100, 10.0)).unwrap();
+    let fw = Policy::new("api", Limit::fixed_window(100, s(60))).unwrap();
+    let sw = Policy::new("api", Limit::sliding_window(100, s(1))).unwrap();
+    limiter.check_blocking("user:12345", &tb, 1).unwrap();
+    limiter.check_blocking("user:12345", &fw, 1).unwrap();
+    // two counters: admit in one window, then in the next
+    let (swl, clock) = with_clock(redis_limiter(&server), T0);
+    swl.check_blocking("user:12345", &sw, 1).unwrap();
+    clock.advance_us(1_000_000);
+    swl.check_blocking("user:12345", &sw, 1).unwrap();
+    let (tbu, fwu, swu) = (
+        usage(&mut c, "sl:api:tb:*"),
+        usage(&mut c, "sl:api:fw:*"),
+        usage(&mut c, "sl:api:sw:*"),
+    );
+    println!("MEMORY USAGE: token_bucket {tbu} B, fixed_window {fwu} B, sliding_window (2 counters) {swu} B");
+    assert!(tbu <= 96, "token bucket {tbu}");
+    assert!(fwu <= 96, "fixed window {fwu}");
+    assert!(swu <= 192, "sliding window {swu}");
+}
+
+#[test]
+fn memory_engine_is_bounded() {
+    let (limiter, clock) = with_clock(Limiter::memory(), T0);
+    let p = Policy::new("m", Limit::fixed_window(5, Duration::from_millis(10))).unwrap();
+    for round in 0..20u64 {
+        for i in 0..10_000 {
+            limiter
+                .check_blocking(&format!("k{round}:{i}"), &p, 1)
+                .unwrap();
+        }
+        clock.advance_us(20_000); // every earlier window is over
+    }
+    let held = limiter.memory_keys().unwrap();
+    assert!(held <= 40_000, "200k keys written, {held} still held");
+}
