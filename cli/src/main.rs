@@ -1,1 +1,418 @@
-fn main() {}
+//! `shardlimit`: validate a config, route keys, check limits and benchmark, from a shell.
+
+use clap::{Args, Parser, Subcommand};
+use shardlimit::{Config, Decision, Limiter, Policy};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(
+    name = "shardlimit",
+    version,
+    about = "Distributed rate limiting: validate configs, route keys, check limits, benchmark."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Work with config files.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Print `key<TAB>shard index<TAB>shard name` for each key.
+    Route {
+        #[command(flatten)]
+        target: Target,
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
+    /// Check one key and print the decision as JSON. Exit code 0 allowed, 1 denied, 2 error.
+    Check {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        policy: PolicyArg,
+        /// Units this request costs.
+        #[arg(long, default_value_t = 1)]
+        cost: u64,
+        key: String,
+    },
+    /// Show a key's state without consuming (same JSON as check).
+    Peek {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        policy: PolicyArg,
+        key: String,
+    },
+    /// Forget a key's state under a policy.
+    Reset {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        policy: PolicyArg,
+        key: String,
+    },
+    /// Measure decisions per second and latency.
+    Bench {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        policy: PolicyArg,
+        /// Checks in flight at once.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// Total checks.
+        #[arg(long, default_value_t = 100_000)]
+        requests: u64,
+        /// Distinct keys, used round-robin.
+        #[arg(long, default_value_t = 1_000)]
+        keys: u64,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Validate a config file; prints a summary, or the first error naming its field.
+    Validate { file: String },
+}
+
+#[derive(Args)]
+struct Target {
+    /// Config file (default: $SHARDLIMIT_CONFIG; with neither, the in-memory engine).
+    #[arg(long)]
+    config: Option<String>,
+}
+
+#[derive(Args)]
+struct PolicyArg {
+    /// A policy name from the config.
+    #[arg(long, conflicts_with = "limit")]
+    policy: Option<String>,
+    /// An ad-hoc limit as JSON, e.g. '{"algorithm":"token_bucket","capacity":10,"refill_per_sec":1}'.
+    #[arg(long)]
+    limit: Option<String>,
+}
+
+fn limiter(t: &Target) -> shardlimit::Result<Limiter> {
+    match &t.config {
+        Some(path) => Limiter::from_config_file(path),
+        None => Limiter::from_env(),
+    }
+}
+
+fn policy(l: &Limiter, p: &PolicyArg) -> shardlimit::Result<Policy> {
+    match (&p.policy, &p.limit) {
+        (Some(name), _) => l.policy(name),
+        (None, Some(json)) => {
+            let v: serde_json::Value =
+                serde_json::from_str(json).map_err(|e| shardlimit::Error::Config {
+                    field: "--limit".into(),
+                    message: format!("not valid JSON: {e}"),
+                })?;
+            let cfg = Config::from_value(&serde_json::json!({ "policies": { "adhoc": v } }))
+                .map_err(|e| match e {
+                    shardlimit::Error::Config { field, message } => shardlimit::Error::Config {
+                        field: field.replacen("policies.adhoc", "--limit", 1),
+                        message,
+                    },
+                    other => other,
+                })?;
+            let p = &cfg.policies["adhoc"];
+            Policy::try_from(p.limit().clone())
+        }
+        (None, None) => {
+            let names: Vec<&String> = l.config().policies.keys().collect();
+            Err(missing_policy(&names))
+        }
+    }
+}
+
+fn missing_policy(names: &[&String]) -> shardlimit::Error {
+    let hint = if names.is_empty() {
+        "no config with policies is loaded; pass --config FILE or --limit JSON".to_string()
+    } else {
+        format!(
+            "the config has: {}",
+            names
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    shardlimit::Error::InvalidArgument {
+        what: "--policy".into(),
+        message: format!("no policy given: use --policy NAME or --limit JSON; {hint}"),
+    }
+}
+
+fn decision_json(d: &Decision, l: &Limiter, key: &str) -> serde_json::Value {
+    let mut v = d.to_json();
+    v["shard"] = match l.route(key) {
+        Some((i, name)) => serde_json::json!({ "index": i, "name": name }),
+        None => serde_json::Value::Null,
+    };
+    v
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("shardlimit: error [{}]: {e}", e.kind());
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
+    match cli.command {
+        Command::Config {
+            command: ConfigCommand::Validate { file },
+        } => {
+            let cfg = Config::from_file(&file)?;
+            match &cfg.shards {
+                Some(s) => println!(
+                    "{file}: ok: {} shard(s), {} policies",
+                    s.len(),
+                    cfg.policies.len()
+                ),
+                None => println!(
+                    "{file}: ok: in-memory engine (no shards), {} policies",
+                    cfg.policies.len()
+                ),
+            }
+            for (name, p) in &cfg.policies {
+                println!("  {name}: {}, on_error {}", p.limit(), p.on_error().name());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Route { target, keys } => {
+            let l = limiter(&target)?;
+            for k in keys {
+                match l.route(&k) {
+                    Some((i, name)) => println!("{k}\t{i}\t{name}"),
+                    None => println!("{k}\t0\tmemory"),
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check {
+            target,
+            policy: p,
+            cost,
+            key,
+        } => {
+            let l = limiter(&target)?;
+            let p = policy(&l, &p)?;
+            let d = l.check_blocking(&key, &p, cost)?;
+            println!("{}", decision_json(&d, &l, &key));
+            Ok(if d.allowed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Command::Peek {
+            target,
+            policy: p,
+            key,
+        } => {
+            let l = limiter(&target)?;
+            let p = policy(&l, &p)?;
+            let d = l.peek_blocking(&key, &p)?;
+            println!("{}", decision_json(&d, &l, &key));
+            Ok(if d.allowed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Command::Reset {
+            target,
+            policy: p,
+            key,
+        } => {
+            let l = limiter(&target)?;
+            let p = policy(&l, &p)?;
+            l.reset_blocking(&key, &p)?;
+            println!("reset {key} under {}", p.name());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench {
+            target,
+            policy: p,
+            concurrency,
+            requests,
+            keys,
+            json,
+        } => {
+            let l = limiter(&target)?;
+            let p = policy(&l, &p)?;
+            let r = bench(&l, &p, concurrency.max(1), requests.max(1), keys.max(1))?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "decisions_per_sec": r.per_sec.round(),
+                        "p50_us": r.p50_us,
+                        "p99_us": r.p99_us,
+                        "allowed": r.allowed,
+                        "denied": r.denied,
+                        "errors": r.errors,
+                        "requests": requests,
+                        "concurrency": concurrency,
+                        "keys": keys,
+                        "engine": if l.is_redis() { "redis" } else { "memory" },
+                        "policy": p.name(),
+                    })
+                );
+            } else {
+                println!(
+                    "engine:        {}",
+                    if l.is_redis() { "redis" } else { "memory" }
+                );
+                println!("policy:        {} ({})", p.name(), p.algorithm());
+                println!("decisions/s:   {:.0}", r.per_sec);
+                println!("latency p50:   {:.1} µs", r.p50_us);
+                println!("latency p99:   {:.1} µs", r.p99_us);
+                println!("allowed:       {}", r.allowed);
+                println!("denied:        {}", r.denied);
+                if r.errors > 0 {
+                    println!("errors:        {}", r.errors);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+struct BenchResult {
+    per_sec: f64,
+    p50_us: f64,
+    p99_us: f64,
+    allowed: u64,
+    denied: u64,
+    errors: u64,
+}
+
+#[derive(Default)]
+struct TaskResult {
+    lat_ns: Vec<u32>,
+    allowed: u64,
+    denied: u64,
+    errors: u64,
+}
+
+async fn bench_task(
+    l: Limiter,
+    p: Policy,
+    keys: Arc<Vec<String>>,
+    start: u64,
+    step: u64,
+    count: u64,
+) -> TaskResult {
+    let mut r = TaskResult {
+        lat_ns: Vec::with_capacity(count as usize),
+        ..Default::default()
+    };
+    let mut i = start;
+    for _ in 0..count {
+        let key = &keys[(i % keys.len() as u64) as usize];
+        i += step;
+        let t = Instant::now();
+        match l.check(key, &p, 1).await {
+            Ok(d) if d.allowed => r.allowed += 1,
+            Ok(_) => r.denied += 1,
+            Err(_) => r.errors += 1,
+        }
+        r.lat_ns
+            .push(t.elapsed().as_nanos().min(u32::MAX as u128) as u32);
+    }
+    r
+}
+
+fn bench(
+    l: &Limiter,
+    p: &Policy,
+    concurrency: usize,
+    requests: u64,
+    nkeys: u64,
+) -> shardlimit::Result<BenchResult> {
+    let keys: Arc<Vec<String>> = Arc::new((0..nkeys).map(|i| format!("bench:{i}")).collect());
+    // Redis: run the tasks on the limiter's own runtime, next to its connections.
+    let own;
+    let handle = match l.runtime_handle()? {
+        Some(h) => h,
+        None => {
+            own = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| shardlimit::Error::Internal(e.to_string()))?;
+            own.handle().clone()
+        }
+    };
+    // warm up: connect and load the script
+    let warm = {
+        let (l, p) = (l.clone(), p.clone());
+        handle.block_on(async move { l.check("bench:warmup", &p, 1).await })
+    };
+    warm?;
+    let per_task = requests / concurrency as u64;
+    let extra = requests % concurrency as u64;
+    let started = Instant::now();
+    let results: Vec<TaskResult> = handle.block_on(async {
+        let mut tasks = Vec::with_capacity(concurrency);
+        for t in 0..concurrency as u64 {
+            let count = per_task + u64::from(t < extra);
+            tasks.push(tokio::spawn(bench_task(
+                l.clone(),
+                p.clone(),
+                keys.clone(),
+                t,
+                concurrency as u64,
+                count,
+            )));
+        }
+        let mut out = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            out.push(t.await.unwrap_or_default());
+        }
+        out
+    });
+    let elapsed = started.elapsed();
+    let mut lat: Vec<u32> = Vec::with_capacity(requests as usize);
+    let (mut allowed, mut denied, mut errors) = (0, 0, 0);
+    for r in results {
+        lat.extend_from_slice(&r.lat_ns);
+        allowed += r.allowed;
+        denied += r.denied;
+        errors += r.errors;
+    }
+    lat.sort_unstable();
+    let pct = |q: f64| -> f64 {
+        if lat.is_empty() {
+            return 0.0;
+        }
+        let i = ((lat.len() as f64 * q).ceil() as usize).clamp(1, lat.len()) - 1;
+        lat[i] as f64 / 1000.0
+    };
+    Ok(BenchResult {
+        per_sec: requests as f64 / elapsed.max(Duration::from_nanos(1)).as_secs_f64(),
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+        allowed,
+        denied,
+        errors,
+    })
+}

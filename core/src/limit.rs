@@ -191,6 +191,46 @@ impl Limit {
     }
 }
 
+impl fmt::Display for Limit {
+    /// `fixed_window limit=5 window=60000ms`, `token_bucket capacity=100 refill_per_sec=10`...
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = |d: &Duration| format!("{}ms", d.as_millis());
+        match self {
+            Limit::FixedWindow { limit, window }
+            | Limit::SlidingWindow { limit, window }
+            | Limit::SlidingLog { limit, window } => {
+                write!(
+                    f,
+                    "{} limit={limit} window={}",
+                    self.algorithm(),
+                    ms(window)
+                )
+            }
+            Limit::TokenBucket {
+                capacity,
+                refill_per_sec,
+            } => {
+                write!(
+                    f,
+                    "token_bucket capacity={capacity} refill_per_sec={refill_per_sec}"
+                )
+            }
+            Limit::LeakyBucket {
+                capacity,
+                leak_per_sec,
+            } => {
+                write!(
+                    f,
+                    "leaky_bucket capacity={capacity} leak_per_sec={leak_per_sec}"
+                )
+            }
+            Limit::Concurrency { max, lease_ttl } => {
+                write!(f, "concurrency max={max} lease_ttl={}", ms(lease_ttl))
+            }
+        }
+    }
+}
+
 fn period(field: &str, name: &str, d: Duration) -> Result<u64> {
     let us = d.as_micros();
     if us < MIN_PERIOD_US as u128 || us > MAX_PERIOD_US as u128 {
@@ -384,6 +424,16 @@ pub(crate) fn validate_policy_name(name: &str, field: &str) -> Result<()> {
 }
 
 #[cfg(test)]
+impl Error {
+    fn field_for_test(&self) -> &str {
+        match self {
+            Error::Config { field, .. } => field,
+            _ => "",
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     #[test]
@@ -402,12 +452,3 @@ mod tests {
     }
 }
 
-#[cfg(test)]
-impl Error {
-    fn field_for_test(&self) -> &str {
-        match self {
-            Error::Config { field, .. } => field,
-            _ => "",
-        }
-    }
-}

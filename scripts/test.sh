@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs every test of the project: Rust (fmt, clippy, unit and integration tests against
+# real redis-server processes), then each binding's suite. Installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+
+ensure_redis
+ensure_rust
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== cargo test (Rust core, CLI, C ABI)"
+if ! cargo test --workspace --quiet > /tmp/shardlimit-cargo-test.log 2>&1; then
+  tail -80 /tmp/shardlimit-cargo-test.log
+  echo "cargo test failed" >&2
+  exit 1
+fi
+grep -E "^test result" /tmp/shardlimit-cargo-test.log
+passed=$(grep -Eo "test result: ok\. [0-9]+ passed" /tmp/shardlimit-cargo-test.log | awk '{s+=$4} END {print s+0}')
+echo "Rust: $passed passed, 0 failed"
+
+for suite in c python node; do
+  if [ -x "scripts/test-$suite.sh" ]; then
+    echo "== $suite binding"
+    "scripts/test-$suite.sh"
+  fi
+done
+echo "all suites passed"
