@@ -3,7 +3,10 @@
 
 use crate::duration::duration_from_json;
 use crate::error::{Error, Result};
-use crate::limit::{Algorithm, Limit, OnError, Policy};
+use crate::limit::{
+    validate_auto_block, validate_local, Algorithm, AutoBlock, Limit, LocalAdmission, OnError,
+    Policy,
+};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -35,6 +38,9 @@ pub struct Config {
     /// How many service instances share the limits (for `on_error: local`).
     pub instances: u32,
     pub policies: BTreeMap<String, Policy>,
+    /// Write events (denials, blocks, fallbacks, circuit changes) to a capped Redis Stream
+    /// `<prefix>events` on each shard, trimmed to about this many entries. `None`: off.
+    pub events_stream_maxlen: Option<u64>,
 }
 
 impl Default for Config {
@@ -46,6 +52,7 @@ impl Default for Config {
             on_error: OnError::Open,
             instances: 1,
             policies: BTreeMap::new(),
+            events_stream_maxlen: None,
         }
     }
 }
@@ -147,6 +154,26 @@ impl Config {
                     ))
                 }
             };
+        }
+        if let Some(v) = obj.get("events") {
+            let o = v.as_object().ok_or_else(|| {
+                Error::config(
+                    "events",
+                    format!("expected {{\"stream_maxlen\": N}}, got {v}"),
+                )
+            })?;
+            check_fields(o, "events.", &["stream_maxlen"])?;
+            if let Some(m) = o.get("stream_maxlen") {
+                match m.as_u64() {
+                    Some(n) if (1..=10_000_000).contains(&n) => cfg.events_stream_maxlen = Some(n),
+                    _ => {
+                        return Err(Error::config(
+                            "events.stream_maxlen",
+                            format!("expected an integer between 1 and 10000000, got {m}"),
+                        ))
+                    }
+                }
+            }
         }
         if let Some(v) = obj.get("shards") {
             cfg.shards = Some(shards(v)?);
@@ -334,14 +361,60 @@ fn policy(name: &str, v: &Value, default_on_error: OnError) -> Result<Policy> {
             ),
         ),
     };
-    let mut known = vec!["algorithm", "on_error", "description"];
+    let mut known = vec![
+        "algorithm",
+        "on_error",
+        "description",
+        "auto_block",
+        "local_admission",
+    ];
     known.extend(params);
     check_fields(obj, &format!("{field}."), &known)?;
     let on_error = match obj.get("on_error") {
         Some(v) => on_error(&f("on_error"), v)?,
         None => default_on_error,
     };
-    Policy::build(name, limit, on_error, &field)
+    let mut policy = Policy::build(name, limit, on_error, &field)?;
+    if let Some(v) = obj.get("auto_block") {
+        let f = format!("{field}.auto_block");
+        let o = v.as_object().ok_or_else(|| {
+            Error::config(
+                &f,
+                format!("expected {{\"after\": N, \"within\": \"1m\", \"for\": \"15m\"}}, got {v}"),
+            )
+        })?;
+        check_fields(o, &format!("{f}."), &["after", "within", "for"])?;
+        let a = AutoBlock {
+            after: count(format!("{f}.after"), o.get("after"))?,
+            within: dur(format!("{f}.within"), o.get("within"))?,
+            duration: dur(format!("{f}.for"), o.get("for"))?,
+        };
+        validate_auto_block(&f, &a)?;
+        policy = policy.with_auto_block(a)?;
+    }
+    if let Some(v) = obj.get("local_admission") {
+        let f = format!("{field}.local_admission");
+        let o = v.as_object().ok_or_else(|| {
+            Error::config(
+                &f,
+                format!("expected {{\"max_batch\": N, \"max_hold\": \"1s\"}}, got {v}"),
+            )
+        })?;
+        check_fields(o, &format!("{f}."), &["max_batch", "max_hold"])?;
+        let l = LocalAdmission {
+            max_batch: match o.get("max_batch") {
+                Some(_) => count(format!("{f}.max_batch"), o.get("max_batch"))?,
+                None => 100,
+            },
+            max_hold: match o.get("max_hold") {
+                Some(_) => dur(format!("{f}.max_hold"), o.get("max_hold"))?,
+                None => Duration::from_secs(1),
+            },
+        };
+        validate_local(&f, policy.algorithm(), &l)?;
+        policy = policy.with_local_admission(l)?;
+    }
+    Ok(policy)
 }
 
 #[cfg(test)]

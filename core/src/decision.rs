@@ -61,6 +61,9 @@ pub struct Decision {
     pub shard: Option<u32>,
     /// The window the limit is measured over (for `RateLimit-Policy`'s `w`).
     pub window: Duration,
+    /// Layered checks: the index of the layer this decision describes (the one that denied,
+    /// or the tightest when all allowed). `None` for single checks.
+    pub layer: Option<usize>,
 }
 
 fn ceil_secs(d: Duration) -> u64 {
@@ -139,6 +142,7 @@ impl Decision {
             "policy": &*self.policy,
             "source": self.source.name(),
             "shard": self.shard,
+            "layer": self.layer,
         })
     }
 }
@@ -158,6 +162,7 @@ mod tests {
             source: Source::Redis,
             shard: Some(1),
             window: Duration::from_secs(60),
+            layer: None,
         }
     }
     #[test]

@@ -32,6 +32,9 @@ pub enum ErrorKind {
     Io = 8,
     /// A bug in shardlimit: an invariant was broken. Please report it.
     Internal = 9,
+    /// A shard's circuit breaker is open after repeated failures: it is skipped until a
+    /// background probe sees it answer again.
+    Unavailable = 10,
 }
 
 impl ErrorKind {
@@ -46,6 +49,7 @@ impl ErrorKind {
         ErrorKind::UnknownPolicy,
         ErrorKind::Io,
         ErrorKind::Internal,
+        ErrorKind::Unavailable,
     ];
 
     /// The stable numeric code of this kind.
@@ -65,6 +69,7 @@ impl ErrorKind {
             ErrorKind::UnknownPolicy => "unknown_policy",
             ErrorKind::Io => "io",
             ErrorKind::Internal => "internal",
+            ErrorKind::Unavailable => "unavailable",
         }
     }
 
@@ -73,7 +78,7 @@ impl ErrorKind {
     pub fn is_backend(self) -> bool {
         matches!(
             self,
-            ErrorKind::Connection | ErrorKind::Timeout | ErrorKind::Script
+            ErrorKind::Connection | ErrorKind::Timeout | ErrorKind::Script | ErrorKind::Unavailable
         )
     }
 }
@@ -109,6 +114,8 @@ pub enum Error {
     Io { path: String, message: String },
     #[error("internal error (a bug in shardlimit): {0}")]
     Internal(String),
+    #[error("shard `{shard}` is unavailable: its circuit is open after repeated failures")]
+    Unavailable { shard: String },
 }
 
 impl Error {
@@ -124,6 +131,7 @@ impl Error {
             Error::Routing(_) => ErrorKind::Routing,
             Error::Io { .. } => ErrorKind::Io,
             Error::Internal(_) => ErrorKind::Internal,
+            Error::Unavailable { .. } => ErrorKind::Unavailable,
         }
     }
     /// The numeric code of [`Error::kind`].

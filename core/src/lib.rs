@@ -23,9 +23,12 @@ pub mod config;
 mod decision;
 mod duration;
 mod error;
+pub mod events;
+mod ip;
 mod limit;
 mod limiter;
 mod memory;
+pub mod metrics;
 mod redis_engine;
 pub mod routing;
 pub mod scripts;
@@ -35,8 +38,14 @@ pub use config::{Config, ShardConfig};
 pub use decision::{Decision, Source};
 pub use duration::parse_duration_us;
 pub use error::{Error, ErrorKind, Result};
-pub use limit::{Algorithm, Limit, OnError, Policy, MAX_LIMIT};
-pub use limiter::{Lease, Limiter, MAX_KEY_LEN};
+pub use events::{CircuitState, Event, Subscriber};
+pub use ip::{client_ip, client_ip_with, parse_peer, Cidr, TrustedProxies};
+pub use limit::{Algorithm, AutoBlock, Limit, LocalAdmission, OnError, Policy, MAX_LIMIT};
+pub use limiter::{
+    latency_scale, BlockInfo, Layer, Lease, Limiter, ScaleHook, BLOCK_CACHE_TTL,
+    CLOSED_RETRY_AFTER, MAX_KEY_LEN,
+};
+pub use metrics::{MetricsSnapshot, PolicyMetrics};
 
 /// The crate version, shared by every binding.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

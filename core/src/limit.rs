@@ -1,7 +1,9 @@
 //! Limits (an algorithm with its parameters) and policies (a named, validated limit).
 
 use crate::error::{Error, Result};
+use crate::metrics::PolicyCounters;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -289,6 +291,32 @@ pub(crate) struct Compiled {
 }
 
 impl Compiled {
+    /// The limit scaled by `factor` (0 < factor ≤ 1): fewer units, and for buckets a
+    /// proportionally slower rate. Never below one unit.
+    #[inline]
+    pub fn scaled(&self, factor: f64) -> Compiled {
+        if factor >= 1.0 {
+            return *self;
+        }
+        let limit = ((self.limit as f64 * factor).floor() as u64).max(1);
+        let period_us = match self.algorithm {
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                (self.period_us as f64 / factor).ceil() as u64
+            }
+            _ => self.period_us,
+        };
+        Compiled {
+            limit,
+            period_us,
+            ..*self
+        }
+    }
+
+    /// This instance's share when `instances` share the limit (`on_error: local`).
+    pub fn share(&self, instances: u32) -> Compiled {
+        self.scaled(1.0 / instances.max(1) as f64)
+    }
+
     /// The window the limit is measured over, for `RateLimit-Policy` (`w`).
     pub fn window_us(&self) -> u64 {
         match self.algorithm {
@@ -308,6 +336,8 @@ pub enum OnError {
     Closed,
     /// Decide with an in-process limiter holding `limit / instances`.
     Local,
+    /// Return the error to the caller, who decides.
+    Error,
 }
 
 impl OnError {
@@ -316,6 +346,7 @@ impl OnError {
             OnError::Open => "open",
             OnError::Closed => "closed",
             OnError::Local => "local",
+            OnError::Error => "error",
         }
     }
     pub fn from_name(s: &str) -> Option<OnError> {
@@ -323,12 +354,33 @@ impl OnError {
             "open" => Some(OnError::Open),
             "closed" => Some(OnError::Closed),
             "local" => Some(OnError::Local),
+            "error" => Some(OnError::Error),
             _ => None,
         }
     }
 }
 
-/// A named, validated limit: what a check is made against. Cheap to clone.
+/// Automatic blocking: after `after` denials within `within`, the key is put on the block
+/// list for `duration`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoBlock {
+    pub after: u64,
+    pub within: Duration,
+    pub duration: Duration,
+}
+
+/// Local admission: reserve a batch of up to `max_batch` units from Redis in one call and
+/// admit from it in process, for at most `max_hold`. Units are taken from Redis before they
+/// are admitted, so nothing over the global limit is ever admitted; the batch shrinks to 1
+/// as the global remaining gets low.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalAdmission {
+    pub max_batch: u64,
+    pub max_hold: Duration,
+}
+
+/// A named, validated limit: what a check is made against. Cheap to clone; clones share
+/// their scale factor and counters.
 #[derive(Debug, Clone)]
 pub struct Policy(pub(crate) Arc<PolicyInner>);
 
@@ -338,8 +390,24 @@ pub(crate) struct PolicyInner {
     pub limit: Limit,
     pub compiled: Compiled,
     pub on_error: OnError,
+    pub auto_block: Option<AutoBlock>,
+    pub local_admission: Option<LocalAdmission>,
     /// `name:code:`, the part of Redis key names after the configured prefix.
     pub key_scope: String,
+    /// The adaptive scale factor (f64 bits), 1.0 unless set.
+    pub scale: AtomicU64,
+    pub counters: PolicyCounters,
+    /// Set once the policy has been listed in a limiter's metrics.
+    pub registered: AtomicBool,
+}
+
+impl PolicyInner {
+    /// The limit in force: the compiled limit scaled by this policy's factor and `global`.
+    #[inline]
+    pub fn effective(&self, global: f64) -> Compiled {
+        let f = f64::from_bits(self.scale.load(Relaxed)) * global;
+        self.compiled.scaled(f)
+    }
 }
 
 impl Policy {
@@ -349,15 +417,46 @@ impl Policy {
         Policy::build(name, limit, OnError::default(), &format!("policies.{name}"))
     }
 
+    fn derive(
+        &self,
+        on_error: OnError,
+        auto_block: Option<AutoBlock>,
+        local_admission: Option<LocalAdmission>,
+    ) -> Policy {
+        let p = &self.0;
+        Policy(Arc::new(PolicyInner {
+            name: p.name.clone(),
+            limit: p.limit.clone(),
+            compiled: p.compiled,
+            on_error,
+            auto_block,
+            local_admission,
+            key_scope: p.key_scope.clone(),
+            scale: AtomicU64::new(p.scale.load(Relaxed)),
+            counters: PolicyCounters::default(),
+            registered: AtomicBool::new(false),
+        }))
+    }
+
     /// The same policy with another failure mode.
     pub fn with_on_error(&self, on_error: OnError) -> Policy {
-        Policy(Arc::new(PolicyInner {
-            name: self.0.name.clone(),
-            limit: self.0.limit.clone(),
-            compiled: self.0.compiled,
-            on_error,
-            key_scope: self.0.key_scope.clone(),
-        }))
+        self.derive(on_error, self.0.auto_block, self.0.local_admission)
+    }
+
+    /// The same policy with automatic blocking.
+    pub fn with_auto_block(&self, auto_block: AutoBlock) -> Result<Policy> {
+        validate_auto_block(&format!("policies.{}.auto_block", self.name()), &auto_block)?;
+        Ok(self.derive(self.0.on_error, Some(auto_block), self.0.local_admission))
+    }
+
+    /// The same policy with local admission (fixed_window, sliding_window, token_bucket).
+    pub fn with_local_admission(&self, local: LocalAdmission) -> Result<Policy> {
+        validate_local(
+            &format!("policies.{}.local_admission", self.name()),
+            self.algorithm(),
+            &local,
+        )?;
+        Ok(self.derive(self.0.on_error, self.0.auto_block, Some(local)))
     }
 
     pub(crate) fn build(
@@ -374,6 +473,11 @@ impl Policy {
             limit,
             compiled,
             on_error,
+            auto_block: None,
+            local_admission: None,
+            scale: AtomicU64::new(1.0f64.to_bits()),
+            counters: PolicyCounters::default(),
+            registered: AtomicBool::new(false),
         })))
     }
 
@@ -389,10 +493,69 @@ impl Policy {
     pub fn on_error(&self) -> OnError {
         self.0.on_error
     }
-    /// The effective limit (units per window, capacity, or max concurrent).
+    pub fn auto_block(&self) -> Option<AutoBlock> {
+        self.0.auto_block
+    }
+    pub fn local_admission(&self) -> Option<LocalAdmission> {
+        self.0.local_admission
+    }
+    /// The configured limit (units per window, capacity, or max concurrent), unscaled.
     pub fn max(&self) -> u64 {
         self.0.compiled.limit
     }
+    /// This policy's adaptive scale factor (1.0 unless set).
+    pub fn scale(&self) -> f64 {
+        f64::from_bits(self.0.scale.load(Relaxed))
+    }
+    /// Sets this policy's adaptive scale factor: 0 < factor ≤ 1. Applies at once to every
+    /// limiter using this policy; decisions and headers report the effective limit.
+    pub fn set_scale(&self, factor: f64) -> Result<()> {
+        validate_scale(factor)?;
+        self.0.scale.store(factor.to_bits(), Relaxed);
+        Ok(())
+    }
+}
+
+pub(crate) fn validate_scale(factor: f64) -> Result<()> {
+    if !(factor > 0.0 && factor <= 1.0) {
+        return Err(Error::invalid(
+            "factor",
+            format!("must be > 0 and <= 1, got {factor}"),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn validate_auto_block(field: &str, a: &AutoBlock) -> Result<()> {
+    if a.after == 0 || a.after > MAX_LIMIT {
+        return Err(Error::config(
+            format!("{field}.after"),
+            format!("must be between 1 and {MAX_LIMIT}, got {}", a.after),
+        ));
+    }
+    period(field, "within", a.within)?;
+    period(field, "for", a.duration)?;
+    Ok(())
+}
+
+pub(crate) fn validate_local(field: &str, algorithm: Algorithm, l: &LocalAdmission) -> Result<()> {
+    if !matches!(
+        algorithm,
+        Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::TokenBucket
+    ) {
+        return Err(Error::config(
+            field,
+            format!("local admission works with fixed_window, sliding_window and token_bucket, not {algorithm}"),
+        ));
+    }
+    if l.max_batch == 0 || l.max_batch > 1_000_000 {
+        return Err(Error::config(
+            format!("{field}.max_batch"),
+            format!("must be between 1 and 1000000, got {}", l.max_batch),
+        ));
+    }
+    period(field, "max_hold", l.max_hold)?;
+    Ok(())
 }
 
 impl TryFrom<Limit> for Policy {
@@ -451,4 +614,3 @@ mod tests {
         assert!(Policy::new("ok", Limit::concurrency(3, ms(1500))).is_ok());
     }
 }
-

@@ -5,18 +5,26 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::config::Config;
 use crate::decision::{Decision, Source};
 use crate::error::{Error, Result};
-use crate::limit::{Algorithm, Limit, Policy, PolicyInner};
-use crate::memory::MemoryEngine;
-use crate::redis_engine::RedisEngine;
+use crate::events::{Event, Subscriber, Subscribers};
+use crate::limit::{validate_scale, Algorithm, Compiled, Limit, OnError, Policy, PolicyInner};
+use crate::memory::{blocked_outcome, LayerReq, LayeredRaw, MemoryEngine, Raw};
+use crate::metrics::{LatencySnapshot, MetricsSnapshot};
+use crate::redis_engine::{Mode, RedisEngine};
 use crate::routing::shard_index;
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
+/// How long a limiter trusts its own memory of a block before asking Redis again.
+pub const BLOCK_CACHE_TTL: Duration = Duration::from_secs(1);
+/// `retry_after` of a decision denied by `on_error: closed`.
+pub const CLOSED_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// A held unit (or units) of a concurrency limit. Release it with [`Limiter::release`];
 /// if it never is, it expires after the policy's `lease_ttl`.
@@ -28,19 +36,90 @@ pub struct Lease {
     pub units: u64,
 }
 
-#[derive(Debug)]
-enum Engine {
-    Memory(MemoryEngine),
-    Redis(RedisEngine),
+/// One layer of a layered check: `cost` units of `policy` for `key`.
+#[derive(Debug, Clone)]
+pub struct Layer {
+    pub key: String,
+    pub policy: Policy,
+    pub cost: u64,
+}
+
+impl Layer {
+    pub fn new(key: impl Into<String>, policy: &Policy, cost: u64) -> Layer {
+        Layer {
+            key: key.into(),
+            policy: policy.clone(),
+            cost,
+        }
+    }
+}
+
+/// A block-list entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockInfo {
+    pub reason: String,
+    /// Time left; `None` for a permanent block.
+    pub remaining: Option<Duration>,
+}
+
+/// A function from a health signal the application supplies (dependency p99 latency in
+/// seconds, error rate, queue depth...) to a scale factor in (0, 1].
+pub type ScaleHook = Arc<dyn Fn(f64) -> f64 + Send + Sync>;
+
+/// A [`ScaleHook`] for latency: full limits while `signal` (seconds) is at or under
+/// `target`, proportionally less above it (`target / signal`), never below `min_factor`.
+pub fn latency_scale(target: Duration, min_factor: f64) -> ScaleHook {
+    let t = target.as_secs_f64();
+    let min = min_factor.clamp(f64::MIN_POSITIVE, 1.0);
+    Arc::new(move |signal: f64| {
+        if signal <= t || signal.is_nan() {
+            1.0
+        } else {
+            (t / signal).clamp(min, 1.0)
+        }
+    })
 }
 
 #[derive(Debug)]
+enum Engine {
+    Memory(MemoryEngine),
+    Redis(Arc<RedisEngine>),
+}
+
+/// Units reserved from Redis for local admission.
+#[derive(Debug, Clone, Copy)]
+struct LocalBatch {
+    units: u64,
+    expires_at: u64,
+    global_remaining: u64,
+    reset_at: u64,
+}
+
 struct Inner {
     config: Config,
     engine: Engine,
     clock: Option<Arc<dyn Clock>>,
     lease_seq: AtomicU64,
     lease_salt: u64,
+    /// The in-process limiter of `on_error: local`.
+    fallback: MemoryEngine,
+    subscribers: Arc<Subscribers>,
+    global_scale: AtomicU64,
+    scale_hook: Mutex<Option<ScaleHook>>,
+    /// Ad-hoc policies seen by this limiter, for metrics.
+    adhoc: Mutex<Vec<Policy>>,
+    /// key → (cached until, block ends at or None = permanent), clock µs
+    block_cache: Mutex<HashMap<String, (u64, Option<u64>)>>,
+    block_cache_len: AtomicUsize,
+    local: Mutex<HashMap<String, LocalBatch>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("engine", &self.engine)
+            .finish()
+    }
 }
 
 /// A rate limiter: a config, an engine (Redis shards or in-memory) and, for Redis, a
@@ -60,15 +139,21 @@ impl Limiter {
     /// A limiter for a validated config: Redis shards when it has `shards`, else in-memory.
     /// Does not connect: connections are made on first use.
     pub fn new(config: Config) -> Result<Limiter> {
+        let subscribers = Arc::new(Subscribers::default());
         let engine = match &config.shards {
-            Some(shards) => Engine::Redis(RedisEngine::new(
+            Some(shards) => Engine::Redis(Arc::new(RedisEngine::new(
                 shards.clone(),
                 config.key_prefix.clone(),
                 config.timeout,
-            )?),
+                subscribers.clone(),
+                config.events_stream_maxlen,
+            )?)),
             None => Engine::Memory(MemoryEngine::default()),
         };
         let salt = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+        for p in config.policies.values() {
+            p.0.registered.store(true, Ordering::Relaxed);
+        }
         Ok(Limiter {
             inner: Arc::new(Inner {
                 config,
@@ -76,6 +161,14 @@ impl Limiter {
                 clock: None,
                 lease_seq: AtomicU64::new(0),
                 lease_salt: salt,
+                fallback: MemoryEngine::default(),
+                subscribers,
+                global_scale: AtomicU64::new(1.0f64.to_bits()),
+                scale_hook: Mutex::new(None),
+                adhoc: Mutex::new(Vec::new()),
+                block_cache: Mutex::new(HashMap::new()),
+                block_cache_len: AtomicUsize::new(0),
+                local: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -151,21 +244,103 @@ impl Limiter {
         }
     }
 
+    /// Calls `subscriber` for every event: denials, blocks, fallbacks, circuit changes.
+    pub fn subscribe(&self, subscriber: Subscriber) {
+        self.inner.subscribers.add(subscriber);
+    }
+
+    // ----- scale -----------------------------------------------------------------------
+
+    /// Scales limits by `factor` (0 < factor ≤ 1): every policy when `policies` is empty,
+    /// else the named ones. Decisions and headers report the effective limit.
+    pub fn set_scale(&self, factor: f64, policies: &[&str]) -> Result<()> {
+        validate_scale(factor)?;
+        if policies.is_empty() {
+            self.inner
+                .global_scale
+                .store(factor.to_bits(), Ordering::Relaxed);
+            return Ok(());
+        }
+        let found = policies
+            .iter()
+            .map(|n| self.policy(n))
+            .collect::<Result<Vec<_>>>()?;
+        for p in found {
+            p.set_scale(factor)?;
+        }
+        Ok(())
+    }
+
+    /// The global scale factor (policies may have their own on top).
+    pub fn scale(&self) -> f64 {
+        f64::from_bits(self.inner.global_scale.load(Ordering::Relaxed))
+    }
+
+    /// Installs the hook [`Limiter::observe_health`] uses to turn a health signal into the
+    /// global scale factor (see [`latency_scale`]).
+    pub fn set_scale_hook(&self, hook: ScaleHook) {
+        *self.inner.scale_hook.lock() = Some(hook);
+    }
+
+    /// Feeds a health signal to the scale hook and applies the factor it returns (clamped
+    /// to (0, 1]). Returns the factor now in force.
+    pub fn observe_health(&self, signal: f64) -> Result<f64> {
+        let hook = self.inner.scale_hook.lock().clone().ok_or_else(|| {
+            Error::invalid("scale_hook", "no scale hook installed (set_scale_hook)")
+        })?;
+        let f = hook(signal);
+        let f = if f.is_nan() { 1.0 } else { f.clamp(1e-6, 1.0) };
+        self.set_scale(f, &[])?;
+        Ok(f)
+    }
+
+    // ----- metrics ---------------------------------------------------------------------
+
+    /// Counters per policy and the Redis latency histogram.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        let mut policies: Vec<_> = self
+            .inner
+            .config
+            .policies
+            .iter()
+            .map(|(n, p)| p.0.counters.snapshot(n))
+            .collect();
+        policies.extend(
+            self.inner
+                .adhoc
+                .lock()
+                .iter()
+                .map(|p| p.0.counters.snapshot(p.name())),
+        );
+        let (redis_latency, events_dropped) = match &self.inner.engine {
+            Engine::Redis(r) => (
+                r.latency.snapshot(),
+                r.events_dropped.load(Ordering::Relaxed),
+            ),
+            Engine::Memory(_) => (LatencySnapshot::default(), 0),
+        };
+        MetricsSnapshot {
+            policies,
+            redis_latency,
+            events_dropped,
+        }
+    }
+
+    // ----- checks ----------------------------------------------------------------------
+
     /// Checks `cost` units of `policy` for `key`. A denied check consumes nothing.
     /// A cost larger than the limit is denied with no `retry_after`.
     ///
-    /// For Redis this must be awaited inside a Tokio runtime with timers enabled; from
-    /// anywhere else use [`Limiter::check_blocking`].
-    ///
     /// On a concurrency policy this acquires a lease that is never released explicitly:
     /// it frees itself after `lease_ttl`. Use [`Limiter::acquire`] to release early.
+    ///
+    /// For Redis this must be awaited inside a Tokio runtime with timers enabled; from
+    /// anywhere else use [`Limiter::check_blocking`].
     pub async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision> {
         if policy.algorithm() == Algorithm::Concurrency {
             return self.acquire(key, policy, cost).await.map(|(d, _)| d);
         }
-        self.run(key, &policy.0, cost, false, "")
-            .await
-            .map(|(d, _)| d)
+        self.run(key, policy, cost, false, "").await
     }
 
     /// Checks a policy of the config by name.
@@ -183,7 +358,7 @@ impl Limiter {
     /// The state of `key` under `policy` without consuming: `allowed` says whether a check
     /// of one unit would pass now, `remaining` how many units are available.
     pub async fn peek(&self, key: &str, policy: &Policy) -> Result<Decision> {
-        self.run(key, &policy.0, 1, true, "").await.map(|(d, _)| d)
+        self.run(key, policy, 1, true, "").await
     }
 
     /// Acquires `units` of a concurrency policy. Returns the decision and, when allowed,
@@ -195,13 +370,14 @@ impl Limiter {
         units: u64,
     ) -> Result<(Decision, Option<Lease>)> {
         let id = self.lease_id();
-        let (d, _) = self.run(key, &policy.0, units, false, &id).await?;
-        let lease = d.allowed.then(|| Lease {
-            key: key.to_string(),
-            policy: policy.name().to_string(),
-            id,
-            units,
-        });
+        let d = self.run(key, policy, units, false, &id).await?;
+        let lease =
+            (d.allowed && matches!(d.source, Source::Redis | Source::Memory)).then(|| Lease {
+                key: key.to_string(),
+                policy: policy.name().to_string(),
+                id,
+                units,
+            });
         Ok((d, lease))
     }
 
@@ -216,7 +392,7 @@ impl Limiter {
     pub async fn release_with(&self, policy: &Policy, lease: &Lease) -> Result<bool> {
         validate_key(&lease.key)?;
         match &self.inner.engine {
-            Engine::Memory(m) => Ok(m.release(&policy.0, &lease.key, &lease.id)),
+            Engine::Memory(m) => Ok(m.release(&policy.0.name, &lease.key, &lease.id)),
             Engine::Redis(r) => {
                 let shard = shard_index(&lease.key, r.shards.len() as u32) as usize;
                 r.release(&policy.0, &lease.key, shard, &lease.id, lease.units)
@@ -228,18 +404,334 @@ impl Limiter {
     /// Forgets `key`'s state under `policy`: its full budget is back.
     pub async fn reset(&self, key: &str, policy: &Policy) -> Result<()> {
         validate_key(key)?;
+        self.inner
+            .local
+            .lock()
+            .remove(&local_key(&policy.0.name, key));
         match &self.inner.engine {
             Engine::Memory(m) => {
-                m.reset(&policy.0, key);
+                m.reset(&policy.0.name, key);
                 Ok(())
             }
             Engine::Redis(r) => {
                 let shard = shard_index(key, r.shards.len() as u32) as usize;
-                let now = self.inner.clock.as_ref().map(|c| c.now_us());
-                r.reset(&policy.0, key, shard, now).await
+                r.reset(&policy.0, key, shard, self.now_override()).await
             }
         }
     }
+
+    /// A layered check: allowed only if every layer allows; when any layer denies, no
+    /// layer consumes. Layers on one shard are decided atomically in one script call;
+    /// several shards are asked concurrently (one round trip each) and what was admitted
+    /// is refunded when another shard's layer denies. The decision describes the layer
+    /// that denied (with the longest `retry_after` of all denying layers), or, when all
+    /// allow, the layer with the fewest units remaining; `layer` is its index.
+    pub async fn check_all(&self, layers: &[Layer]) -> Result<Decision> {
+        if layers.is_empty() {
+            return Err(Error::invalid("layers", "must not be empty"));
+        }
+        if layers.len() > 64 {
+            return Err(Error::invalid(
+                "layers",
+                format!("at most 64 layers, got {}", layers.len()),
+            ));
+        }
+        let global = self.global_scale();
+        let mut effs = Vec::with_capacity(layers.len());
+        let mut leases = Vec::with_capacity(layers.len());
+        for (i, l) in layers.iter().enumerate() {
+            validate_key(&l.key)
+                .map_err(|e| Error::invalid(format!("layers[{i}].key"), e.to_string()))?;
+            if l.cost == 0 {
+                return Err(Error::invalid(
+                    format!("layers[{i}].cost"),
+                    "must be at least 1",
+                ));
+            }
+            if layers[..i]
+                .iter()
+                .any(|o| o.key == l.key && o.policy.name() == l.policy.name())
+            {
+                return Err(Error::invalid(
+                    format!("layers[{i}]"),
+                    format!(
+                        "duplicate layer ({}, {}): merge their costs into one layer",
+                        l.key,
+                        l.policy.name()
+                    ),
+                ));
+            }
+            self.register(&l.policy);
+            let eff = l.policy.0.effective(global);
+            effs.push(eff);
+            leases.push(if eff.algorithm == Algorithm::Concurrency {
+                self.lease_id()
+            } else {
+                String::new()
+            });
+        }
+        let reqs: Vec<LayerReq<'_>> = layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| LayerReq {
+                scope: &l.policy.0.name,
+                compiled: effs[i],
+                key: &l.key,
+                cost: l.cost.min(effs[i].limit + 1),
+                lease: &leases[i],
+                auto_block: l.policy.0.auto_block,
+            })
+            .collect();
+        let (raw, source, shards) = match &self.inner.engine {
+            Engine::Memory(m) => (
+                m.check_layers(&reqs, self.now()),
+                Source::Memory,
+                vec![None; layers.len()],
+            ),
+            Engine::Redis(r) => {
+                for (i, l) in layers.iter().enumerate() {
+                    if let Some(ttl) = self.cached_block(&l.key) {
+                        let mut d = self.decision(
+                            &l.policy.0,
+                            &effs[i],
+                            blocked_outcome(ttl),
+                            Source::Block,
+                            None,
+                        );
+                        d.layer = Some(i);
+                        self.count(&l.policy.0, &d);
+                        return Ok(d);
+                    }
+                }
+                let n = r.shards.len() as u32;
+                let shard_of: Vec<usize> = layers
+                    .iter()
+                    .map(|l| shard_index(&l.key, n) as usize)
+                    .collect();
+                let (raw, src) = self.layered_redis(r, layers, &reqs, &shard_of).await?;
+                (raw, src, shard_of.iter().map(|s| Some(*s as u32)).collect())
+            }
+        };
+        // describe the deciding layer, or the tightest one
+        let idx = if raw.deciding > 0 {
+            raw.deciding - 1
+        } else {
+            (0..layers.len())
+                .min_by_key(|i| raw.outcomes[*i].remaining)
+                .unwrap_or(0)
+        };
+        let mut o = raw.outcomes[idx];
+        let source = if raw.blocked != 0 && raw.deciding > 0 {
+            Source::Block
+        } else {
+            source
+        };
+        if raw.deciding > 0 && raw.blocked == 0 {
+            // every denying layer must pass before the request can: wait for the slowest
+            let denying: Vec<&Outcome> = raw.outcomes.iter().filter(|o| !o.allowed).collect();
+            o.retry_us = if denying.iter().all(|o| o.retry_us.is_some()) {
+                denying.iter().filter_map(|o| o.retry_us).max()
+            } else {
+                None
+            };
+            o.allowed = false;
+        }
+        let mut d = self.decision(&layers[idx].policy.0, &effs[idx], o, source, shards[idx]);
+        d.layer = Some(idx);
+        for (i, l) in layers.iter().enumerate() {
+            let ld = if i == idx {
+                d.clone()
+            } else {
+                self.decision(&l.policy.0, &effs[i], raw.outcomes[i], source, shards[i])
+            };
+            let ld = Decision {
+                allowed: d.allowed,
+                ..ld
+            };
+            self.count(&l.policy.0, &ld);
+        }
+        if raw.blocked != 0 {
+            self.on_blocked(
+                &layers[idx].policy.0,
+                &layers[idx].key,
+                &d,
+                raw.blocked == 2,
+            );
+        } else if !d.allowed {
+            self.on_denied(&layers[idx].policy.0, &layers[idx].key, &d);
+        }
+        Ok(d)
+    }
+
+    async fn layered_redis(
+        &self,
+        r: &Arc<RedisEngine>,
+        layers: &[Layer],
+        reqs: &[LayerReq<'_>],
+        shard_of: &[usize],
+    ) -> Result<(LayeredRaw, Source)> {
+        let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (i, s) in shard_of.iter().enumerate() {
+            match groups.iter_mut().find(|(g, _)| g == s) {
+                Some((_, v)) => v.push(i),
+                None => groups.push((*s, vec![i])),
+            }
+        }
+        let now = self.now_override();
+        let calls = groups.iter().map(|(shard, idx)| {
+            let group: Vec<(LayerReq<'_>, &str)> = idx
+                .iter()
+                .map(|i| (reqs[*i].clone(), layers[*i].policy.0.key_scope.as_str()))
+                .collect();
+            async move { r.check_layers(*shard, &group, now).await }
+        });
+        let results = futures_util::future::join_all(calls).await;
+        let mut out = LayeredRaw {
+            now: 0,
+            deciding: 0,
+            blocked: 0,
+            outcomes: vec![blocked_outcome(None); layers.len()],
+        };
+        let mut source = Source::Redis;
+        let mut committed: Vec<(usize, u64)> = Vec::new(); // (group, now)
+        let mut first_error = None;
+        for (g, res) in results.into_iter().enumerate() {
+            let idx = &groups[g].1;
+            match res {
+                Ok(raw) => {
+                    for (j, i) in idx.iter().enumerate() {
+                        out.outcomes[*i] = raw.outcomes[j];
+                    }
+                    if raw.deciding == 0 {
+                        committed.push((g, raw.now));
+                    } else {
+                        let i = idx[raw.deciding - 1];
+                        if out.deciding == 0 || i < out.deciding - 1 {
+                            out.deciding = i + 1;
+                            out.blocked = raw.blocked;
+                        }
+                    }
+                }
+                Err(e) if e.is_backend() => {
+                    // each failed layer is decided by its policy's on_error mode
+                    source = Source::Fallback;
+                    for i in idx {
+                        let p = &layers[*i].policy.0;
+                        p.counters.redis_errors.fetch_add(1, Ordering::Relaxed);
+                        if p.on_error == OnError::Error {
+                            first_error.get_or_insert(e.clone());
+                            continue;
+                        }
+                        let d = self.fallback(
+                            p,
+                            &reqs[*i].compiled,
+                            &layers[*i].key,
+                            reqs[*i].cost,
+                            false,
+                            e.clone(),
+                        )?;
+                        out.outcomes[*i] = Outcome {
+                            allowed: d.allowed,
+                            remaining: d.remaining,
+                            reset_us: d.reset_after.as_micros() as u64,
+                            retry_us: d.retry_after.map(|r| r.as_micros() as u64),
+                            delay_us: 0,
+                        };
+                        if !d.allowed && (out.deciding == 0 || *i < out.deciding - 1) {
+                            out.deciding = i + 1;
+                        }
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if out.deciding != 0 || first_error.is_some() {
+            // give back what the allowing shards admitted
+            let refunds = committed.iter().map(|(g, now)| {
+                let group: Vec<(LayerReq<'_>, &str)> = groups[*g]
+                    .1
+                    .iter()
+                    .map(|i| (reqs[*i].clone(), layers[*i].policy.0.key_scope.as_str()))
+                    .collect();
+                let shard = groups[*g].0;
+                async move {
+                    if let Err(e) = r.refund(shard, &group, *now).await {
+                        tracing::warn!(error = %e, "shardlimit: refund of a layered check failed; the units stay consumed");
+                    }
+                }
+            });
+            futures_util::future::join_all(refunds).await;
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        Ok((out, source))
+    }
+
+    // ----- block list ------------------------------------------------------------------
+
+    /// Puts `key` on the block list for `ttl` (`None`: until unblocked). Every limiter of
+    /// every language sharing the shards sees it; checks of a blocked key are denied with
+    /// `source = block` and the block's remaining time as `retry_after`.
+    pub async fn block(&self, key: &str, ttl: Option<Duration>, reason: &str) -> Result<()> {
+        validate_key(key)?;
+        if let Some(t) = ttl {
+            if t.is_zero() || t > Duration::from_micros(crate::limit::MAX_PERIOD_US) {
+                return Err(Error::invalid(
+                    "ttl",
+                    "must be between 1ms and 366 days (or none for a permanent block)",
+                ));
+            }
+        }
+        if reason.len() > 1024 {
+            return Err(Error::invalid("reason", "at most 1024 bytes"));
+        }
+        match &self.inner.engine {
+            Engine::Memory(m) => {
+                m.block(key, ttl.map(|t| self.now() + t.as_micros() as u64), reason);
+                Ok(())
+            }
+            Engine::Redis(r) => {
+                let shard = shard_index(key, r.shards.len() as u32) as usize;
+                r.block(shard, key, ttl, reason).await?;
+                self.cache_block(key, ttl.map(|t| t.as_micros() as u64));
+                Ok(())
+            }
+        }
+    }
+
+    /// Removes `key` from the block list; true when it was blocked. Other limiter instances
+    /// notice within [`BLOCK_CACHE_TTL`].
+    pub async fn unblock(&self, key: &str) -> Result<bool> {
+        validate_key(key)?;
+        self.uncache_block(key);
+        match &self.inner.engine {
+            Engine::Memory(m) => Ok(m.unblock(key)),
+            Engine::Redis(r) => {
+                let shard = shard_index(key, r.shards.len() as u32) as usize;
+                r.unblock(shard, key).await
+            }
+        }
+    }
+
+    /// The block-list entry of `key`, if it is blocked.
+    pub async fn blocked(&self, key: &str) -> Result<Option<BlockInfo>> {
+        validate_key(key)?;
+        match &self.inner.engine {
+            Engine::Memory(m) => Ok(m.blocked(key, self.now()).map(|(reason, ttl)| BlockInfo {
+                reason,
+                remaining: ttl.map(Duration::from_micros),
+            })),
+            Engine::Redis(r) => {
+                let shard = shard_index(key, r.shards.len() as u32) as usize;
+                Ok(r.blocked(shard, key)
+                    .await?
+                    .map(|(reason, remaining)| BlockInfo { reason, remaining }))
+            }
+        }
+    }
+
+    // ----- blocking twins --------------------------------------------------------------
 
     /// Runs an async call of this limiter to completion on the calling thread. Used by the
     /// blocking API and by bindings without an async runtime. The calling thread waits at
@@ -249,10 +741,8 @@ impl Limiter {
         fut: impl Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
         match &self.inner.engine {
-            Engine::Memory(_) => {
-                // memory futures never wait: poll once on a trivial executor
-                futures_lite_block_on(fut)
-            }
+            // memory futures never wait: poll once on a trivial executor
+            Engine::Memory(_) => poll_once(fut),
             Engine::Redis(r) => {
                 let st = r.state()?;
                 if tokio::runtime::Handle::try_current().is_ok() {
@@ -272,13 +762,11 @@ impl Limiter {
 
     /// Blocking [`Limiter::check`].
     pub fn check_blocking(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision> {
-        if let (Engine::Memory(m), false) = (
+        if let (Engine::Memory(_), false) = (
             &self.inner.engine,
             policy.algorithm() == Algorithm::Concurrency,
         ) {
-            return self
-                .check_memory(m, key, &policy.0, cost, false, "")
-                .map(|(d, _)| d);
+            return poll_once(self.run(key, policy, cost, false, ""));
         }
         let (me, key, policy) = (self.clone(), key.to_string(), policy.clone());
         self.block_on(async move { me.check(&key, &policy, cost).await })
@@ -288,6 +776,12 @@ impl Limiter {
     pub fn check_named_blocking(&self, policy: &str, key: &str, cost: u64) -> Result<Decision> {
         let p = self.policy(policy)?;
         self.check_blocking(key, &p, cost)
+    }
+
+    /// Blocking [`Limiter::check_all`].
+    pub fn check_all_blocking(&self, layers: &[Layer]) -> Result<Decision> {
+        let (me, layers) = (self.clone(), layers.to_vec());
+        self.block_on(async move { me.check_all(&layers).await })
     }
 
     /// Blocking [`Limiter::peek`].
@@ -313,10 +807,34 @@ impl Limiter {
         self.block_on(async move { me.release(&lease).await })
     }
 
+    /// Blocking [`Limiter::release_with`].
+    pub fn release_with_blocking(&self, policy: &Policy, lease: &Lease) -> Result<bool> {
+        let (me, policy, lease) = (self.clone(), policy.clone(), lease.clone());
+        self.block_on(async move { me.release_with(&policy, &lease).await })
+    }
+
     /// Blocking [`Limiter::reset`].
     pub fn reset_blocking(&self, key: &str, policy: &Policy) -> Result<()> {
         let (me, key, policy) = (self.clone(), key.to_string(), policy.clone());
         self.block_on(async move { me.reset(&key, &policy).await })
+    }
+
+    /// Blocking [`Limiter::block`].
+    pub fn block_blocking(&self, key: &str, ttl: Option<Duration>, reason: &str) -> Result<()> {
+        let (me, key, reason) = (self.clone(), key.to_string(), reason.to_string());
+        self.block_on(async move { me.block(&key, ttl, &reason).await })
+    }
+
+    /// Blocking [`Limiter::unblock`].
+    pub fn unblock_blocking(&self, key: &str) -> Result<bool> {
+        let (me, key) = (self.clone(), key.to_string());
+        self.block_on(async move { me.unblock(&key).await })
+    }
+
+    /// Blocking [`Limiter::blocked`].
+    pub fn blocked_blocking(&self, key: &str) -> Result<Option<BlockInfo>> {
+        let (me, key) = (self.clone(), key.to_string());
+        self.block_on(async move { me.blocked(&key).await })
     }
 
     /// A handle to the runtime that drives this limiter's Redis connections (created on
@@ -329,6 +847,8 @@ impl Limiter {
         }
     }
 
+    // ----- internals -------------------------------------------------------------------
+
     fn lease_id(&self) -> String {
         let n = self.inner.lease_seq.fetch_add(1, Ordering::Relaxed);
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -336,50 +856,437 @@ impl Limiter {
         format!("{:016x}{:x}", h.finish(), n)
     }
 
-    fn check_memory(
-        &self,
-        m: &MemoryEngine,
-        key: &str,
-        policy: &PolicyInner,
-        cost: u64,
-        peek: bool,
-        lease_id: &str,
-    ) -> Result<(Decision, Option<u32>)> {
-        validate_key(key)?;
-        let cost = clamp_cost(policy, cost)?;
-        let now = match &self.inner.clock {
+    /// Now, from the injected clock or the monotonic clock (µs).
+    #[inline]
+    fn now(&self) -> u64 {
+        match &self.inner.clock {
             Some(c) => c.now_us(),
             None => MonotonicClock.now_us(),
+        }
+    }
+
+    /// The time to hand Redis scripts: the injected clock, or None for the server's TIME.
+    fn now_override(&self) -> Option<u64> {
+        self.inner.clock.as_ref().map(|c| c.now_us())
+    }
+
+    #[inline]
+    fn global_scale(&self) -> f64 {
+        f64::from_bits(self.inner.global_scale.load(Ordering::Relaxed))
+    }
+
+    #[inline]
+    fn register(&self, policy: &Policy) {
+        if !policy.0.registered.load(Ordering::Relaxed) {
+            self.register_slow(policy);
+        }
+    }
+
+    #[cold]
+    fn register_slow(&self, policy: &Policy) {
+        if !policy.0.registered.swap(true, Ordering::Relaxed) {
+            let mut adhoc = self.inner.adhoc.lock();
+            if adhoc.len() < 10_000 {
+                adhoc.push(policy.clone());
+            }
+        }
+    }
+
+    fn decision(
+        &self,
+        p: &PolicyInner,
+        eff: &Compiled,
+        o: Outcome,
+        source: Source,
+        shard: Option<u32>,
+    ) -> Decision {
+        Decision {
+            allowed: o.allowed,
+            limit: eff.limit,
+            remaining: o.remaining,
+            reset_after: Duration::from_micros(o.reset_us),
+            retry_after: if o.allowed {
+                None
+            } else {
+                o.retry_us.map(Duration::from_micros)
+            },
+            delay: Duration::from_micros(o.delay_us),
+            policy: p.name.clone(),
+            source,
+            shard,
+            window: Duration::from_micros(eff.window_us()),
+            layer: None,
+        }
+    }
+
+    #[inline]
+    fn count(&self, p: &PolicyInner, d: &Decision) {
+        let c = &p.counters;
+        if d.allowed {
+            c.allowed.fetch_add(1, Ordering::Relaxed);
+        } else {
+            c.denied.fetch_add(1, Ordering::Relaxed);
+        }
+        match d.source {
+            Source::Block => {
+                c.blocked.fetch_add(1, Ordering::Relaxed);
+            }
+            Source::Fallback => {
+                c.fallback.fetch_add(1, Ordering::Relaxed);
+            }
+            Source::Local => {
+                c.local_admitted.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+
+    fn on_denied(&self, p: &PolicyInner, key: &str, d: &Decision) {
+        let wants_stream = matches!(&self.inner.engine, Engine::Redis(_))
+            && self.inner.config.events_stream_maxlen.is_some();
+        if !self.inner.subscribers.active() && !wants_stream {
+            return;
+        }
+        let e = Event::Denied {
+            policy: p.name.clone(),
+            key: key.to_string(),
+            decision: d.clone(),
         };
-        let out = m.check(policy, key, now, cost, peek, lease_id);
-        Ok((decision(policy, out, Source::Memory, None), None))
+        self.publish(key, &e);
+    }
+
+    fn on_blocked(&self, p: &PolicyInner, key: &str, d: &Decision, auto: bool) {
+        self.cache_block(key, d.retry_after.map(|r| r.as_micros() as u64));
+        let e = Event::Blocked {
+            policy: p.name.clone(),
+            key: key.to_string(),
+            auto,
+            retry_after: d.retry_after,
+        };
+        if auto {
+            tracing::info!(policy = %p.name, key, "shardlimit: key blocked automatically");
+        }
+        self.publish(key, &e);
+    }
+
+    fn publish(&self, key: &str, e: &Event) {
+        if self.inner.subscribers.active() {
+            self.inner.subscribers.emit(e);
+        }
+        if let Engine::Redis(r) = &self.inner.engine {
+            r.stream(shard_index(key, r.shards.len() as u32) as usize, e);
+        }
+    }
+
+    fn cached_block(&self, key: &str) -> Option<Option<u64>> {
+        if self.inner.block_cache_len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let now = self.now();
+        let mut c = self.inner.block_cache.lock();
+        match c.get(key) {
+            Some((until, expires)) if *until > now => Some(expires.map(|e| e.saturating_sub(now))),
+            Some(_) => {
+                c.remove(key);
+                self.inner.block_cache_len.store(c.len(), Ordering::Release);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn cache_block(&self, key: &str, remaining_us: Option<u64>) {
+        let now = self.now();
+        let cap = BLOCK_CACHE_TTL.as_micros() as u64;
+        let for_us = remaining_us.map_or(cap, |r| r.min(cap));
+        if for_us == 0 {
+            return;
+        }
+        let mut c = self.inner.block_cache.lock();
+        if c.len() > 100_000 {
+            c.retain(|_, (until, _)| *until > now);
+        }
+        c.insert(
+            key.to_string(),
+            (now + for_us, remaining_us.map(|r| now + r)),
+        );
+        self.inner.block_cache_len.store(c.len(), Ordering::Release);
+    }
+
+    fn uncache_block(&self, key: &str) {
+        let mut c = self.inner.block_cache.lock();
+        c.remove(key);
+        self.inner.block_cache_len.store(c.len(), Ordering::Release);
+    }
+
+    /// Decides with the policy's `on_error` mode after a backend failure.
+    fn fallback(
+        &self,
+        p: &PolicyInner,
+        eff: &Compiled,
+        key: &str,
+        cost: u64,
+        peek: bool,
+        e: Error,
+    ) -> Result<Decision> {
+        if p.on_error == OnError::Error {
+            return Err(e);
+        }
+        let o = match p.on_error {
+            OnError::Open => Outcome {
+                allowed: true,
+                remaining: eff.limit.saturating_sub(cost),
+                reset_us: 0,
+                retry_us: None,
+                delay_us: 0,
+            },
+            OnError::Closed => Outcome {
+                allowed: false,
+                remaining: 0,
+                reset_us: CLOSED_RETRY_AFTER.as_micros() as u64,
+                retry_us: Some(CLOSED_RETRY_AFTER.as_micros() as u64),
+                delay_us: 0,
+            },
+            _ => {
+                let share = eff.share(self.inner.config.instances);
+                self.inner
+                    .fallback
+                    .check(
+                        &p.name,
+                        &share,
+                        key,
+                        self.now(),
+                        cost.min(share.limit + 1),
+                        peek,
+                        "",
+                        None,
+                    )
+                    .outcome
+            }
+        };
+        let mut d = self.decision(p, eff, o, Source::Fallback, None);
+        if p.on_error == OnError::Local {
+            d.limit = eff.share(self.inner.config.instances).limit;
+        }
+        tracing::debug!(policy = %p.name, key, error = %e, allowed = d.allowed, "shardlimit: fallback decision");
+        if self.inner.subscribers.active() {
+            self.inner.subscribers.emit(&Event::Fallback {
+                policy: p.name.clone(),
+                key: key.to_string(),
+                error: e,
+                allowed: d.allowed,
+            });
+        }
+        Ok(d)
     }
 
     async fn run(
         &self,
         key: &str,
-        policy: &PolicyInner,
+        policy: &Policy,
         cost: u64,
         peek: bool,
-        lease_id: &str,
-    ) -> Result<(Decision, Option<u32>)> {
-        match &self.inner.engine {
-            Engine::Memory(m) => self.check_memory(m, key, policy, cost, peek, lease_id),
-            Engine::Redis(r) => {
-                validate_key(key)?;
-                let cost = clamp_cost(policy, cost)?;
-                let shard = shard_index(key, r.shards.len() as u32);
-                let now = self.inner.clock.as_ref().map(|c| c.now_us());
-                let out = r
-                    .check(policy, key, shard as usize, now, cost, peek, lease_id)
-                    .await?;
-                Ok((
-                    decision(policy, out, Source::Redis, Some(shard)),
-                    Some(shard),
-                ))
-            }
+        lease: &str,
+    ) -> Result<Decision> {
+        validate_key(key)?;
+        if cost == 0 {
+            return Err(Error::invalid("cost", "must be at least 1"));
         }
+        self.register(policy);
+        let p = &*policy.0;
+        let eff = p.effective(self.global_scale());
+        // costs above the limit can never fit: sending at most limit + 1 keeps every script
+        // quantity an exact integer
+        let cost = cost.min(eff.limit + 1);
+        let d = match &self.inner.engine {
+            Engine::Memory(m) => {
+                let raw = m.check(
+                    &p.name,
+                    &eff,
+                    key,
+                    self.now(),
+                    cost,
+                    peek,
+                    lease,
+                    p.auto_block.as_ref(),
+                );
+                self.finish(p, &eff, key, raw, Source::Memory, None)
+            }
+            Engine::Redis(r) => {
+                if let Some(ttl) = self.cached_block(key) {
+                    let d = self.decision(p, &eff, blocked_outcome(ttl), Source::Block, None);
+                    self.count(p, &d);
+                    return Ok(d);
+                }
+                let shard = shard_index(key, r.shards.len() as u32);
+                if let (Some(la), false, true) = (p.local_admission, peek, lease.is_empty()) {
+                    return self.local_admission(r, p, &eff, la, key, shard, cost).await;
+                }
+                let mode = if peek { Mode::Peek } else { Mode::Check };
+                match r
+                    .check(
+                        shard as usize,
+                        p,
+                        &eff,
+                        key,
+                        self.now_override(),
+                        cost,
+                        mode,
+                        lease,
+                    )
+                    .await
+                {
+                    Ok(raw) => self.finish(p, &eff, key, raw, Source::Redis, Some(shard)),
+                    Err(e) if e.is_backend() => {
+                        p.counters.redis_errors.fetch_add(1, Ordering::Relaxed);
+                        let d = self.fallback(p, &eff, key, cost, peek, e)?;
+                        if !peek {
+                            self.count(p, &d);
+                        }
+                        return Ok(d);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        if !peek {
+            self.count(p, &d);
+        }
+        Ok(d)
     }
+
+    fn finish(
+        &self,
+        p: &PolicyInner,
+        eff: &Compiled,
+        key: &str,
+        raw: Raw,
+        source: Source,
+        shard: Option<u32>,
+    ) -> Decision {
+        if raw.blocked != 0 {
+            let d = self.decision(p, eff, raw.outcome, Source::Block, shard);
+            self.on_blocked(p, key, &d, raw.blocked == 2);
+            let mut d = d;
+            d.source = if raw.blocked == 2 {
+                source
+            } else {
+                Source::Block
+            };
+            return d;
+        }
+        let d = self.decision(p, eff, raw.outcome, source, shard);
+        if !d.allowed {
+            self.on_denied(p, key, &d);
+        }
+        d
+    }
+
+    /// Local admission: admit from a batch reserved in Redis; reserve a new batch (one
+    /// round trip) when it is used up or expired. The batch is sized from the global
+    /// remaining and shrinks to the request's own cost as the limit nears.
+    #[allow(clippy::too_many_arguments)]
+    async fn local_admission(
+        &self,
+        r: &Arc<RedisEngine>,
+        p: &PolicyInner,
+        eff: &Compiled,
+        la: crate::limit::LocalAdmission,
+        key: &str,
+        shard: u32,
+        cost: u64,
+    ) -> Result<Decision> {
+        let lkey = local_key(&p.name, key);
+        let now = self.now();
+        let last_remaining = {
+            let mut map = self.inner.local.lock();
+            match map.get_mut(&lkey) {
+                Some(b) if b.expires_at > now && b.units >= cost => {
+                    b.units -= cost;
+                    let o = Outcome {
+                        allowed: true,
+                        remaining: b.global_remaining + b.units,
+                        reset_us: b.reset_at.saturating_sub(now),
+                        retry_us: None,
+                        delay_us: 0,
+                    };
+                    drop(map);
+                    let d = self.decision(p, eff, o, Source::Local, Some(shard));
+                    self.count(p, &d);
+                    return Ok(d);
+                }
+                Some(b) => b.global_remaining,
+                None => eff.limit,
+            }
+        };
+        let instances = self.inner.config.instances.max(1) as u64;
+        let batch = (last_remaining / (2 * instances))
+            .clamp(1, la.max_batch)
+            .max(cost);
+        let raw = match r
+            .check(
+                shard as usize,
+                p,
+                eff,
+                key,
+                self.now_override(),
+                batch,
+                Mode::Grant { need: cost },
+                "",
+            )
+            .await
+        {
+            Ok(raw) => raw,
+            Err(e) if e.is_backend() => {
+                p.counters.redis_errors.fetch_add(1, Ordering::Relaxed);
+                let d = self.fallback(p, eff, key, cost, false, e)?;
+                self.count(p, &d);
+                return Ok(d);
+            }
+            Err(e) => return Err(e),
+        };
+        if raw.outcome.allowed && raw.blocked == 0 {
+            let left = raw.granted.saturating_sub(cost);
+            // reserved units may be used until the window they were counted in ends
+            let window_left = match eff.algorithm {
+                Algorithm::FixedWindow => raw.outcome.reset_us,
+                Algorithm::SlidingWindow => raw.outcome.reset_us.saturating_sub(eff.period_us),
+                _ => u64::MAX,
+            };
+            let hold = (la.max_hold.as_micros() as u64).min(window_left);
+            let mut map = self.inner.local.lock();
+            if map.len() > 100_000 {
+                map.retain(|_, b| b.expires_at > now);
+            }
+            map.insert(
+                lkey,
+                LocalBatch {
+                    units: left,
+                    expires_at: now + hold,
+                    global_remaining: raw.outcome.remaining,
+                    reset_at: now + raw.outcome.reset_us,
+                },
+            );
+            drop(map);
+            let mut o = raw.outcome;
+            o.remaining += left;
+            let d = self.decision(p, eff, o, Source::Redis, Some(shard));
+            self.count(p, &d);
+            return Ok(d);
+        }
+        self.inner.local.lock().remove(&lkey);
+        let d = self.finish(p, eff, key, raw, Source::Redis, Some(shard));
+        self.count(p, &d);
+        Ok(d)
+    }
+}
+
+fn local_key(scope: &str, key: &str) -> String {
+    let mut s = String::with_capacity(scope.len() + key.len() + 1);
+    s.push_str(scope);
+    s.push('\0');
+    s.push_str(key);
+    s
 }
 
 fn validate_key(key: &str) -> Result<()> {
@@ -395,36 +1302,8 @@ fn validate_key(key: &str) -> Result<()> {
     Ok(())
 }
 
-/// Costs above the limit can never fit: they are denied, never an error. Sending at most
-/// `limit + 1` keeps every script quantity an exact integer.
-fn clamp_cost(policy: &PolicyInner, cost: u64) -> Result<u64> {
-    if cost == 0 {
-        return Err(Error::invalid("cost", "must be at least 1"));
-    }
-    Ok(cost.min(policy.compiled.limit + 1))
-}
-
-fn decision(policy: &PolicyInner, o: Outcome, source: Source, shard: Option<u32>) -> Decision {
-    Decision {
-        allowed: o.allowed,
-        limit: policy.compiled.limit,
-        remaining: o.remaining,
-        reset_after: Duration::from_micros(o.reset_us),
-        retry_after: if o.allowed {
-            None
-        } else {
-            o.retry_us.map(Duration::from_micros)
-        },
-        delay: Duration::from_micros(o.delay_us),
-        policy: policy.name.clone(),
-        source,
-        shard,
-        window: Duration::from_micros(policy.compiled.window_us()),
-    }
-}
-
 /// Polls a future that is known never to wait (memory engine) to completion.
-fn futures_lite_block_on<T>(fut: impl Future<Output = Result<T>>) -> Result<T> {
+fn poll_once<T>(fut: impl Future<Output = Result<T>>) -> Result<T> {
     use std::task::{Context, Poll, Waker};
     let mut fut = std::pin::pin!(fut);
     let mut cx = Context::from_waker(Waker::noop());

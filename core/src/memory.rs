@@ -1,16 +1,59 @@
 //! The in-memory engine: the same algorithms as the Redis scripts, in process.
 //! Thread-safe (sharded mutexes) and bounded: state that has become equivalent to "never
-//! seen" is swept out, amortised over inserts.
+//! seen" is swept out, amortised over inserts. It also keeps a block list and the denial
+//! counters of automatic blocking, like the scripts do in Redis.
 
 use crate::algo::{self, Outcome, State};
-use crate::limit::{Algorithm, PolicyInner};
+use crate::limit::{Algorithm, AutoBlock, Compiled};
 use hashbrown::HashTable;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
+use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 const SHARDS: usize = 32;
 const MIN_SWEEP: usize = 1024;
+
+/// What one engine call decided: the algorithm's outcome, the block-list verdict
+/// (0 not blocked, 1 blocked, 2 blocked by this very denial) and the units admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Raw {
+    pub outcome: Outcome,
+    pub blocked: u8,
+    pub granted: u64,
+}
+
+/// One layer of a layered check, as the engines take it.
+#[derive(Debug, Clone)]
+pub(crate) struct LayerReq<'a> {
+    pub scope: &'a Arc<str>,
+    pub compiled: Compiled,
+    pub key: &'a str,
+    pub cost: u64,
+    pub lease: &'a str,
+    pub auto_block: Option<AutoBlock>,
+}
+
+/// A layered check's result: `deciding` is the 1-based index of the layer that denied
+/// (0 when all allowed); `outcomes` has one entry per layer.
+#[derive(Debug, Clone)]
+pub(crate) struct LayeredRaw {
+    pub now: u64,
+    pub deciding: usize,
+    pub blocked: u8,
+    pub outcomes: Vec<Outcome>,
+}
+
+pub(crate) fn blocked_outcome(ttl_us: Option<u64>) -> Outcome {
+    Outcome {
+        allowed: false,
+        remaining: 0,
+        reset_us: ttl_us.unwrap_or(0),
+        retry_us: ttl_us,
+        delay_us: 0,
+    }
+}
 
 struct Entry {
     hash: u64,
@@ -26,9 +69,68 @@ struct Shard {
     next_sweep: usize,
 }
 
+impl Shard {
+    /// Runs `f` on the state of (scope, key), creating or updating the entry as needed.
+    fn with_state<R>(
+        &mut self,
+        hash: u64,
+        scope: &Arc<str>,
+        key: &str,
+        c: &Compiled,
+        now: u64,
+        f: impl FnOnce(&mut Option<State>) -> R,
+    ) -> R {
+        let eq = |e: &Entry| *e.scope == **scope && *e.key == *key;
+        if let Some(entry) = self.table.find_mut(hash, eq) {
+            if entry.algorithm != c.algorithm {
+                // the policy changed algorithm: old state means nothing now
+                entry.algorithm = c.algorithm;
+                entry.state = None;
+            }
+            let r = f(&mut entry.state);
+            if let Some(s) = &entry.state {
+                entry.expires_at = s.expires_at(c);
+            }
+            return r;
+        }
+        let mut state = None;
+        let r = f(&mut state);
+        if let Some(state) = state {
+            if self.table.len() >= self.next_sweep {
+                self.table.retain(|e| e.expires_at > now);
+                self.next_sweep = (self.table.len() * 2).max(MIN_SWEEP);
+            }
+            let expires_at = state.expires_at(c);
+            self.table.insert_unique(
+                hash,
+                Entry {
+                    hash,
+                    scope: scope.clone(),
+                    key: key.into(),
+                    algorithm: c.algorithm,
+                    state: Some(state),
+                    expires_at,
+                },
+                |e| e.hash,
+            );
+        }
+        r
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Block {
+    expires_at: Option<u64>,
+    reason: String,
+}
+
 pub(crate) struct MemoryEngine {
     shards: Box<[Mutex<Shard>]>,
     hasher: foldhash::fast::FixedState,
+    blocks: Mutex<HashMap<String, Block>>,
+    block_count: AtomicUsize,
+    /// (policy, key) → (window end, denials) for automatic blocking
+    denials: Mutex<HashMap<(Arc<str>, String), (u64, u64)>>,
 }
 
 impl std::fmt::Debug for MemoryEngine {
@@ -51,88 +153,199 @@ impl Default for MemoryEngine {
                 })
                 .collect(),
             hasher: foldhash::fast::FixedState::with_seed(0x5eed_1e55),
+            blocks: Mutex::new(HashMap::new()),
+            block_count: AtomicUsize::new(0),
+            denials: Mutex::new(HashMap::new()),
         }
     }
 }
 
 impl MemoryEngine {
     #[inline]
-    fn locate(&self, scope: &str, key: &str) -> (u64, &Mutex<Shard>) {
+    fn locate(&self, scope: &str, key: &str) -> (u64, usize) {
         let hash = self.hasher.hash_one((scope, key));
-        (hash, &self.shards[(hash >> 58) as usize % SHARDS])
+        (hash, (hash >> 58) as usize % SHARDS)
     }
 
-    /// Runs one check of `policy` on `key` at `now` (µs).
+    /// Remaining block time of `key`: `Some(None)` permanent, `Some(Some(µs))`, or `None`.
+    fn block_ttl(&self, key: &str, now: u64) -> Option<Option<u64>> {
+        if self.block_count.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut blocks = self.blocks.lock();
+        match blocks.get(key) {
+            Some(b) => match b.expires_at {
+                None => Some(None),
+                Some(t) if t > now => Some(Some(t - now)),
+                Some(_) => {
+                    blocks.remove(key);
+                    self.block_count.store(blocks.len(), Ordering::Release);
+                    None
+                }
+            },
+            None => None,
+        }
+    }
+
+    /// Counts a denial for automatic blocking; true when it put the key on the block list.
+    fn count_denial(&self, scope: &Arc<str>, key: &str, a: &AutoBlock, now: u64) -> bool {
+        let mut d = self.denials.lock();
+        if d.len() > 100_000 {
+            d.retain(|_, (end, _)| *end > now);
+        }
+        let e = d.entry((scope.clone(), key.to_string())).or_insert((0, 0));
+        if e.0 <= now {
+            *e = (now + a.within.as_micros() as u64, 0);
+        }
+        e.1 += 1;
+        if e.1 >= a.after {
+            d.remove(&(scope.clone(), key.to_string()));
+            drop(d);
+            self.block(
+                key,
+                Some(now + a.duration.as_micros() as u64),
+                &format!("auto: policy {scope}"),
+            );
+            return true;
+        }
+        false
+    }
+
+    /// Runs one check (or a peek) of `c` for (scope, key) at `now` (µs).
+    #[allow(clippy::too_many_arguments)]
     pub fn check(
         &self,
-        policy: &PolicyInner,
+        scope: &Arc<str>,
+        c: &Compiled,
         key: &str,
         now: u64,
         cost: u64,
         peek: bool,
-        lease_id: &str,
-    ) -> Outcome {
-        let c = &policy.compiled;
-        let (hash, shard) = self.locate(&policy.name, key);
-        let mut guard = shard.lock();
-        let shard = &mut *guard;
-        let eq = |e: &Entry| *e.scope == *policy.name && *e.key == *key;
-        if let Some(entry) = shard.table.find_mut(hash, eq) {
-            if entry.algorithm != c.algorithm {
-                // the policy changed algorithm: old state means nothing now
-                entry.algorithm = c.algorithm;
-                entry.state = None;
-            }
-            let out = algo::decide(c, &mut entry.state, now, cost, peek, lease_id);
-            if let Some(s) = &entry.state {
-                entry.expires_at = s.expires_at(c);
-            }
-            return out;
+        lease: &str,
+        auto_block: Option<&AutoBlock>,
+    ) -> Raw {
+        if let Some(ttl) = self.block_ttl(key, now) {
+            return Raw {
+                outcome: blocked_outcome(ttl),
+                blocked: 1,
+                granted: 0,
+            };
         }
-        let mut state = None;
-        let out = algo::decide(c, &mut state, now, cost, peek, lease_id);
-        if let Some(state) = state {
-            if shard.table.len() >= shard.next_sweep {
-                shard.table.retain(|e| e.expires_at > now);
-                shard.next_sweep = (shard.table.len() * 2).max(MIN_SWEEP);
+        let (hash, shard) = self.locate(scope, key);
+        let outcome = self.shards[shard]
+            .lock()
+            .with_state(hash, scope, key, c, now, |s| {
+                algo::decide(c, s, now, cost, peek, lease)
+            });
+        let mut blocked = 0;
+        if !outcome.allowed && !peek {
+            if let Some(a) = auto_block {
+                if self.count_denial(scope, key, a, now) {
+                    blocked = 2;
+                }
             }
-            let expires_at = state.expires_at(c);
-            shard.table.insert_unique(
-                hash,
-                Entry {
-                    hash,
-                    scope: policy.name.clone(),
-                    key: key.into(),
-                    algorithm: c.algorithm,
-                    state: Some(state),
-                    expires_at,
-                },
-                |e| e.hash,
+        }
+        let granted = if outcome.allowed && !peek { cost } else { 0 };
+        Raw {
+            outcome,
+            blocked,
+            granted,
+        }
+    }
+
+    /// A layered check, atomic: every involved shard is locked (in index order) while all
+    /// layers are first evaluated without writing, then all consume if all allow.
+    pub fn check_layers(&self, layers: &[LayerReq<'_>], now: u64) -> LayeredRaw {
+        let mut out = LayeredRaw {
+            now,
+            deciding: 0,
+            blocked: 0,
+            outcomes: Vec::with_capacity(layers.len()),
+        };
+        for (i, l) in layers.iter().enumerate() {
+            if let Some(ttl) = self.block_ttl(l.key, now) {
+                out.deciding = i + 1;
+                out.blocked = 1;
+                out.outcomes = layers.iter().map(|_| blocked_outcome(None)).collect();
+                out.outcomes[i] = blocked_outcome(ttl);
+                return out;
+            }
+        }
+        let located: Vec<(u64, usize)> =
+            layers.iter().map(|l| self.locate(l.scope, l.key)).collect();
+        let mut order: Vec<usize> = located.iter().map(|(_, s)| *s).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
+            order.iter().map(|s| (*s, self.shards[*s].lock())).collect();
+        fn pick<'g, 'm>(
+            guards: &'g mut [(usize, MutexGuard<'m, Shard>)],
+            s: usize,
+        ) -> &'g mut Shard {
+            let g = guards
+                .iter_mut()
+                .find(|(id, _)| *id == s)
+                .expect("shard locked");
+            &mut g.1
+        }
+        for (i, l) in layers.iter().enumerate() {
+            let o = pick(&mut guards, located[i].1).with_state(
+                located[i].0,
+                l.scope,
+                l.key,
+                &l.compiled,
+                now,
+                |s| algo::decide(&l.compiled, s, now, l.cost, true, l.lease),
             );
+            if !o.allowed && out.deciding == 0 {
+                out.deciding = i + 1;
+            }
+            out.outcomes.push(o);
+        }
+        if out.deciding == 0 {
+            for (i, l) in layers.iter().enumerate() {
+                out.outcomes[i] = pick(&mut guards, located[i].1).with_state(
+                    located[i].0,
+                    l.scope,
+                    l.key,
+                    &l.compiled,
+                    now,
+                    |s| algo::decide(&l.compiled, s, now, l.cost, false, l.lease),
+                );
+            }
+        }
+        drop(guards);
+        if out.deciding != 0 {
+            let l = &layers[out.deciding - 1];
+            if let Some(a) = &l.auto_block {
+                if self.count_denial(l.scope, l.key, a, now) {
+                    out.blocked = 2;
+                }
+            }
         }
         out
     }
 
     /// Releases a concurrency lease; true when it was held.
-    pub fn release(&self, policy: &PolicyInner, key: &str, lease_id: &str) -> bool {
-        let (hash, shard) = self.locate(&policy.name, key);
-        let mut shard = shard.lock();
+    pub fn release(&self, scope: &Arc<str>, key: &str, lease_id: &str) -> bool {
+        let (hash, shard) = self.locate(scope, key);
+        let mut shard = self.shards[shard].lock();
         match shard
             .table
-            .find_mut(hash, |e| *e.scope == *policy.name && *e.key == *key)
+            .find_mut(hash, |e| *e.scope == **scope && *e.key == *key)
         {
             Some(e) => algo::release(&mut e.state, lease_id),
             None => false,
         }
     }
 
-    /// Forgets `key`'s state for `policy`.
-    pub fn reset(&self, policy: &PolicyInner, key: &str) -> bool {
-        let (hash, shard) = self.locate(&policy.name, key);
-        let mut shard = shard.lock();
+    /// Forgets `key`'s state for `scope`.
+    pub fn reset(&self, scope: &Arc<str>, key: &str) -> bool {
+        let (hash, shard) = self.locate(scope, key);
+        let mut shard = self.shards[shard].lock();
         match shard
             .table
-            .find_entry(hash, |e| *e.scope == *policy.name && *e.key == *key)
+            .find_entry(hash, |e| *e.scope == **scope && *e.key == *key)
         {
             Ok(entry) => {
                 entry.remove();
@@ -140,6 +353,33 @@ impl MemoryEngine {
             }
             Err(_) => false,
         }
+    }
+
+    /// Puts `key` on the block list until `expires_at` (µs; `None` = permanent).
+    pub fn block(&self, key: &str, expires_at: Option<u64>, reason: &str) {
+        let mut b = self.blocks.lock();
+        b.insert(
+            key.to_string(),
+            Block {
+                expires_at,
+                reason: reason.to_string(),
+            },
+        );
+        self.block_count.store(b.len(), Ordering::Release);
+    }
+
+    pub fn unblock(&self, key: &str) -> bool {
+        let mut b = self.blocks.lock();
+        let was = b.remove(key).is_some();
+        self.block_count.store(b.len(), Ordering::Release);
+        was
+    }
+
+    /// (reason, remaining µs or None when permanent) when `key` is blocked at `now`.
+    pub fn blocked(&self, key: &str, now: u64) -> Option<(String, Option<u64>)> {
+        let ttl = self.block_ttl(key, now)?;
+        let reason = self.blocks.lock().get(key).map(|b| b.reason.clone())?;
+        Some((reason, ttl))
     }
 
     /// Number of keys held (live or not yet swept).

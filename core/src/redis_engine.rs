@@ -1,28 +1,57 @@
 //! The Redis engine: one multiplexed, auto-reconnecting connection per shard, owned by a
 //! Tokio runtime that belongs to the limiter. Runtime and connections are created lazily and
 //! re-created in a forked child (the pid is checked on every call), because prefork servers
-//! (gunicorn) and Go programs host this library.
+//! (gunicorn) and Go programs host this library. Each shard has a circuit breaker: after
+//! repeated failures it is skipped (no connect attempts, no waiting) and probed in the
+//! background until it answers again.
 
 use crate::algo::Outcome;
+use crate::clock::{Clock, MonotonicClock};
 use crate::config::ShardConfig;
 use crate::error::{Error, Result};
-use crate::limit::PolicyInner;
+use crate::events::{CircuitState, Event, Subscribers};
+use crate::limit::{AutoBlock, Compiled, PolicyInner};
+use crate::memory::{LayerReq, LayeredRaw, Raw};
+use crate::metrics::Latency;
 use crate::routing::routing_key;
 use crate::scripts;
 use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 use tokio::sync::OnceCell;
+
+/// Consecutive failures that open a shard's circuit.
+const FAILURES_TO_OPEN: u32 = 3;
+/// First and longest back-off between probes of an open circuit.
+const BACKOFF_MIN_US: u64 = 200_000;
+const BACKOFF_MAX_US: u64 = 5_000_000;
+/// Events queued for the Redis stream writer before new ones are dropped.
+const STREAM_QUEUE: usize = 4096;
+
+/// How a check script runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Check,
+    Peek,
+    /// Admit between `need` and `cost` units, as many as are available (local admission).
+    Grant {
+        need: u64,
+    },
+}
+
+type StreamItem = (usize, Vec<(&'static str, String)>);
 
 /// The runtime and connections of one process.
 pub(crate) struct RtState {
     pid: u32,
     runtime: Option<Runtime>,
     conns: Vec<OnceCell<ConnectionManager>>,
+    stream_tx: Option<tokio::sync::mpsc::Sender<StreamItem>>,
 }
 
 impl RtState {
@@ -40,6 +69,15 @@ impl Drop for RtState {
     }
 }
 
+#[derive(Default)]
+struct Circuit {
+    failures: AtomicU32,
+    /// Monotonic µs until which the shard is skipped; 0 = closed.
+    open_until: AtomicU64,
+    backoff_us: AtomicU64,
+    probing: AtomicBool,
+}
+
 pub(crate) struct RedisEngine {
     pub shards: Vec<ShardConfig>,
     clients: Vec<redis::Client>,
@@ -48,6 +86,11 @@ pub(crate) struct RedisEngine {
     worker_threads: usize,
     state: ArcSwapOption<RtState>,
     init: Mutex<()>,
+    circuits: Vec<Circuit>,
+    subscribers: Arc<Subscribers>,
+    stream_maxlen: Option<u64>,
+    pub latency: Latency,
+    pub events_dropped: AtomicU64,
 }
 
 impl std::fmt::Debug for RedisEngine {
@@ -59,20 +102,39 @@ impl std::fmt::Debug for RedisEngine {
     }
 }
 
-/// The Redis key holding `key`'s state for `policy`. It always carries a hash tag (the
-/// user's own, or the whole key wrapped in braces), so that every key one check touches
-/// lands in one Redis Cluster slot.
-pub(crate) fn state_key(prefix: &str, policy: &PolicyInner, key: &str) -> String {
-    let mut s = String::with_capacity(prefix.len() + policy.key_scope.len() + key.len() + 2);
-    s.push_str(prefix);
-    s.push_str(&policy.key_scope);
+/// `key` with a hash tag: the user's own `{tag}`, or the whole key wrapped in braces.
+fn tagged(out: &mut String, key: &str) {
     if routing_key(key).len() != key.len() {
-        s.push_str(key);
+        out.push_str(key);
     } else {
-        s.push('{');
-        s.push_str(key);
-        s.push('}');
+        out.push('{');
+        out.push_str(key);
+        out.push('}');
     }
+}
+
+/// The Redis key holding `key`'s state for `policy`. It always carries a hash tag, so every
+/// key one check touches lands in one Redis Cluster slot.
+pub(crate) fn state_key(prefix: &str, key_scope: &str, key: &str) -> String {
+    let mut s = String::with_capacity(prefix.len() + key_scope.len() + key.len() + 2);
+    s.push_str(prefix);
+    s.push_str(key_scope);
+    tagged(&mut s, key);
+    s
+}
+
+/// The block-list entry of `key` (shared by every policy).
+pub(crate) fn block_key(prefix: &str, key: &str) -> String {
+    state_key(prefix, "block:", key)
+}
+
+/// The denial counter of automatic blocking for (policy, key).
+fn denial_key(prefix: &str, key_scope: &str, key: &str) -> String {
+    let mut s = String::with_capacity(prefix.len() + key_scope.len() + key.len() + 7);
+    s.push_str(prefix);
+    s.push_str("deny:");
+    s.push_str(key_scope);
+    tagged(&mut s, key);
     s
 }
 
@@ -99,8 +161,45 @@ fn map_redis_error(shard: &ShardConfig, timeout: Duration, e: redis::RedisError)
     }
 }
 
+fn mono_us() -> u64 {
+    MonotonicClock.now_us()
+}
+
+fn outcome(r: &[i64], shard: &ShardConfig) -> Result<Outcome> {
+    if r.len() < 5 || r[0] < 0 || r[1] < 0 || r[2] < 0 || r[4] < 0 {
+        return Err(Error::Script {
+            shard: shard.name.clone(),
+            message: format!("unexpected script reply {r:?}"),
+        });
+    }
+    Ok(Outcome {
+        allowed: r[0] == 1,
+        remaining: r[1] as u64,
+        reset_us: r[2] as u64,
+        retry_us: (r[3] >= 0).then_some(r[3] as u64),
+        delay_us: r[4] as u64,
+    })
+}
+
+fn auto_block_args(a: Option<&AutoBlock>) -> (u64, u64, u64) {
+    match a {
+        Some(a) => (
+            a.after,
+            a.within.as_millis() as u64,
+            a.duration.as_millis() as u64,
+        ),
+        None => (0, 0, 0),
+    }
+}
+
 impl RedisEngine {
-    pub fn new(shards: Vec<ShardConfig>, prefix: String, timeout: Duration) -> Result<RedisEngine> {
+    pub fn new(
+        shards: Vec<ShardConfig>,
+        prefix: String,
+        timeout: Duration,
+        subscribers: Arc<Subscribers>,
+        stream_maxlen: Option<u64>,
+    ) -> Result<RedisEngine> {
         let clients = shards
             .iter()
             .enumerate()
@@ -119,6 +218,7 @@ impl RedisEngine {
             .filter(|n| (1..=64).contains(n))
             .unwrap_or(1);
         Ok(RedisEngine {
+            circuits: shards.iter().map(|_| Circuit::default()).collect(),
             shards,
             clients,
             timeout,
@@ -126,11 +226,15 @@ impl RedisEngine {
             worker_threads,
             state: ArcSwapOption::empty(),
             init: Mutex::new(()),
+            subscribers,
+            stream_maxlen,
+            latency: Latency::default(),
+            events_dropped: AtomicU64::new(0),
         })
     }
 
     /// The runtime state of this process, created on first use and again after a fork.
-    pub fn state(&self) -> Result<Arc<RtState>> {
+    pub fn state(self: &Arc<Self>) -> Result<Arc<RtState>> {
         let pid = std::process::id();
         if let Some(s) = self.state.load_full() {
             if s.pid == pid {
@@ -150,6 +254,11 @@ impl RedisEngine {
                 pid,
                 "shardlimit: fork detected, re-creating runtime and connections"
             );
+            for c in &self.circuits {
+                c.failures.store(0, Ordering::Relaxed);
+                c.open_until.store(0, Ordering::Relaxed);
+                c.probing.store(false, Ordering::Relaxed);
+            }
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(self.worker_threads)
@@ -157,10 +266,16 @@ impl RedisEngine {
             .enable_all()
             .build()
             .map_err(|e| Error::Internal(format!("cannot start the I/O runtime: {e}")))?;
+        let stream_tx = self.stream_maxlen.map(|maxlen| {
+            let (tx, rx) = tokio::sync::mpsc::channel(STREAM_QUEUE);
+            runtime.spawn(Arc::clone(self).stream_writer(rx, maxlen));
+            tx
+        });
         let st = Arc::new(RtState {
             pid,
             runtime: Some(runtime),
             conns: self.shards.iter().map(|_| OnceCell::new()).collect(),
+            stream_tx,
         });
         self.state.store(Some(st.clone()));
         Ok(st)
@@ -186,15 +301,14 @@ impl RedisEngine {
         Ok(conn.clone())
     }
 
-    /// Runs `f` with shard `shard`'s connection, under the deadline.
-    pub async fn with_conn<T, F, Fut>(&self, shard: usize, f: F) -> Result<T>
+    /// Runs `f` on shard `shard`'s connection under the deadline, through its circuit.
+    async fn raw<T, F, Fut>(&self, st: &RtState, shard: usize, f: F) -> Result<T>
     where
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
-        let st = self.state()?;
         let work = async {
-            let conn = self.connection(&st, shard).await?;
+            let conn = self.connection(st, shard).await?;
             f(conn)
                 .await
                 .map_err(|e| map_redis_error(&self.shards[shard], self.timeout, e))
@@ -208,58 +322,288 @@ impl RedisEngine {
         }
     }
 
-    /// Runs one algorithm step on Redis.
+    /// Runs `f` with shard `shard`'s connection: fails fast while its circuit is open,
+    /// records latency and feeds the circuit breaker.
+    pub async fn with_conn<T, F, Fut>(self: &Arc<Self>, shard: usize, f: F) -> Result<T>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let st = self.state()?;
+        self.gate(&st, shard)?;
+        let start = Instant::now();
+        let r = self.raw(&st, shard, f).await;
+        self.latency.record(start.elapsed().as_micros() as u64);
+        match &r {
+            Ok(_) => {
+                let c = &self.circuits[shard];
+                if c.failures.load(Ordering::Relaxed) != 0 {
+                    c.failures.store(0, Ordering::Relaxed);
+                }
+            }
+            Err(e) if e.is_backend() => self.failed(shard, e),
+            Err(_) => {}
+        }
+        r
+    }
+
+    fn gate(self: &Arc<Self>, st: &RtState, shard: usize) -> Result<()> {
+        let c = &self.circuits[shard];
+        let until = c.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return Ok(());
+        }
+        let now = mono_us();
+        if now >= until && !c.probing.swap(true, Ordering::AcqRel) {
+            let me = Arc::clone(self);
+            st.runtime().spawn(async move { me.probe(shard).await });
+        }
+        Err(Error::Unavailable {
+            shard: self.shards[shard].name.clone(),
+        })
+    }
+
+    fn failed(&self, shard: usize, e: &Error) {
+        let c = &self.circuits[shard];
+        let n = c.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if n >= FAILURES_TO_OPEN
+            && c.open_until
+                .compare_exchange(
+                    0,
+                    mono_us() + BACKOFF_MIN_US,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            c.backoff_us.store(BACKOFF_MIN_US, Ordering::Relaxed);
+            tracing::warn!(shard = %self.shards[shard].name, error = %e, "shardlimit: circuit opened after {n} consecutive failures");
+            self.emit(Event::Circuit {
+                shard: self.shards[shard].name.clone(),
+                state: CircuitState::Open,
+            });
+        }
+    }
+
+    /// One background PING of an open shard: closes the circuit when it answers, or backs
+    /// off further.
+    async fn probe(self: Arc<Self>, shard: usize) {
+        let Ok(st) = self.state() else { return };
+        let ok = self
+            .raw(&st, shard, |mut conn| async move {
+                redis::cmd("PING").query_async::<String>(&mut conn).await
+            })
+            .await
+            .is_ok();
+        let c = &self.circuits[shard];
+        if ok {
+            c.failures.store(0, Ordering::Relaxed);
+            c.open_until.store(0, Ordering::Release);
+            tracing::info!(shard = %self.shards[shard].name, "shardlimit: shard answers again, circuit closed");
+            self.emit(Event::Circuit {
+                shard: self.shards[shard].name.clone(),
+                state: CircuitState::Closed,
+            });
+        } else {
+            let backoff =
+                (c.backoff_us.load(Ordering::Relaxed) * 2).clamp(BACKOFF_MIN_US, BACKOFF_MAX_US);
+            c.backoff_us.store(backoff, Ordering::Relaxed);
+            c.open_until.store(mono_us() + backoff, Ordering::Release);
+            tracing::debug!(shard = %self.shards[shard].name, backoff_ms = backoff / 1000, "shardlimit: probe failed");
+        }
+        c.probing.store(false, Ordering::Release);
+    }
+
+    /// True while shard `shard`'s circuit is open.
+    pub fn circuit_open(&self, shard: usize) -> bool {
+        self.circuits[shard].open_until.load(Ordering::Acquire) != 0
+    }
+
+    fn emit(&self, e: Event) {
+        if self.subscribers.active() {
+            self.subscribers.emit(&e);
+        }
+    }
+
+    /// Queues an event for the Redis stream of `shard` (when configured); never waits.
+    pub fn stream(self: &Arc<Self>, shard: usize, e: &Event) {
+        if self.stream_maxlen.is_none() {
+            return;
+        }
+        let Ok(st) = self.state() else { return };
+        if let Some(tx) = &st.stream_tx {
+            if tx.try_send((shard, e.fields())).is_err() {
+                self.events_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    async fn stream_writer(
+        self: Arc<Self>,
+        mut rx: tokio::sync::mpsc::Receiver<StreamItem>,
+        maxlen: u64,
+    ) {
+        let key = format!("{}events", self.prefix);
+        while let Some((shard, fields)) = rx.recv().await {
+            if self.circuit_open(shard) {
+                self.events_dropped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let Ok(st) = self.state() else { return };
+            let key = key.clone();
+            let r = self
+                .raw(&st, shard, |mut conn| async move {
+                    let mut cmd = redis::cmd("XADD");
+                    cmd.arg(&key).arg("MAXLEN").arg("~").arg(maxlen).arg("*");
+                    for (k, v) in fields {
+                        cmd.arg(k).arg(v);
+                    }
+                    cmd.query_async::<String>(&mut conn).await
+                })
+                .await;
+            if r.is_err() {
+                self.events_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Runs one check script.
     #[allow(clippy::too_many_arguments)]
     pub async fn check(
-        &self,
-        policy: &PolicyInner,
-        key: &str,
+        self: &Arc<Self>,
         shard: usize,
+        policy: &PolicyInner,
+        eff: &Compiled,
+        key: &str,
         now_us: Option<u64>,
         cost: u64,
-        peek: bool,
+        mode: Mode,
         lease_id: &str,
-    ) -> Result<Outcome> {
-        let c = &policy.compiled;
-        let script = scripts::for_algorithm(c.algorithm);
-        let rkey = state_key(&self.prefix, policy, key);
+    ) -> Result<Raw> {
+        let script = scripts::for_algorithm(eff.algorithm);
+        let (after, within, dur) = auto_block_args(policy.auto_block.as_ref());
+        let (mode_s, need) = match mode {
+            Mode::Check => ("check", 0),
+            Mode::Peek => ("peek", 0),
+            Mode::Grant { need } => ("grant", need),
+        };
+        let mut inv = script.prepare_invoke();
+        inv.key(state_key(&self.prefix, &policy.key_scope, key))
+            .key(block_key(&self.prefix, key))
+            .key(denial_key(&self.prefix, &policy.key_scope, key))
+            .arg(now_us.unwrap_or(0))
+            .arg(eff.algorithm.code())
+            .arg(eff.limit)
+            .arg(eff.period_us)
+            .arg(cost)
+            .arg(mode_s)
+            .arg(lease_id)
+            .arg(after)
+            .arg(within)
+            .arg(dur)
+            .arg(if after > 0 {
+                format!("auto: policy {}", policy.name)
+            } else {
+                String::new()
+            })
+            .arg(need);
         let r: Vec<i64> = self
             .with_conn(shard, |mut conn| async move {
-                let mut inv = script.key(rkey);
-                inv.arg(now_us.unwrap_or(0))
-                    .arg(c.limit)
-                    .arg(c.period_us)
-                    .arg(cost)
-                    .arg(if peek { "1" } else { "0" })
-                    .arg(lease_id);
                 inv.invoke_async(&mut conn).await
             })
             .await?;
-        if r.len() != 5 || r[0] < 0 || r[1] < 0 || r[2] < 0 || r[4] < 0 {
+        let o = outcome(&r, &self.shards[shard])?;
+        Ok(Raw {
+            outcome: o,
+            blocked: r.get(5).copied().unwrap_or(0).clamp(0, 2) as u8,
+            granted: r.get(6).copied().unwrap_or(0).max(0) as u64,
+        })
+    }
+
+    /// A layered check of layers that all live on shard `shard`, atomic in one script call.
+    pub async fn check_layers(
+        self: &Arc<Self>,
+        shard: usize,
+        layers: &[(LayerReq<'_>, &str)],
+        now_us: Option<u64>,
+    ) -> Result<LayeredRaw> {
+        let mut inv = scripts::layered().prepare_invoke();
+        inv.arg(now_us.unwrap_or(0)).arg(layers.len());
+        for (l, key_scope) in layers {
+            let (after, within, dur) = auto_block_args(l.auto_block.as_ref());
+            inv.key(state_key(&self.prefix, key_scope, l.key))
+                .key(block_key(&self.prefix, l.key))
+                .key(denial_key(&self.prefix, key_scope, l.key))
+                .arg(l.compiled.algorithm.code())
+                .arg(l.compiled.limit)
+                .arg(l.compiled.period_us)
+                .arg(l.cost)
+                .arg(l.lease)
+                .arg(after)
+                .arg(within)
+                .arg(dur)
+                .arg(if after > 0 {
+                    format!("auto: policy {}", l.scope)
+                } else {
+                    String::new()
+                });
+        }
+        let r: Vec<i64> = self
+            .with_conn(shard, |mut conn| async move {
+                inv.invoke_async(&mut conn).await
+            })
+            .await?;
+        if r.len() != 3 + 5 * layers.len() {
             return Err(Error::Script {
                 shard: self.shards[shard].name.clone(),
-                message: format!("unexpected script reply {r:?}"),
+                message: format!("unexpected layered reply {r:?}"),
             });
         }
-        Ok(Outcome {
-            allowed: r[0] == 1,
-            remaining: r[1] as u64,
-            reset_us: r[2] as u64,
-            retry_us: (r[3] >= 0).then_some(r[3] as u64),
-            delay_us: r[4] as u64,
+        let outcomes = (0..layers.len())
+            .map(|i| outcome(&r[3 + 5 * i..8 + 5 * i], &self.shards[shard]))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(LayeredRaw {
+            now: r[0].max(0) as u64,
+            deciding: r[1].max(0) as usize,
+            blocked: r[2].clamp(0, 2) as u8,
+            outcomes,
         })
+    }
+
+    /// Gives back what a layered check admitted on `shard` at `now`.
+    pub async fn refund(
+        self: &Arc<Self>,
+        shard: usize,
+        layers: &[(LayerReq<'_>, &str)],
+        now: u64,
+    ) -> Result<()> {
+        let mut inv = scripts::refund().prepare_invoke();
+        inv.arg(now).arg(layers.len());
+        for (l, key_scope) in layers {
+            inv.key(state_key(&self.prefix, key_scope, l.key))
+                .arg(l.compiled.algorithm.code())
+                .arg(l.compiled.period_us)
+                .arg(l.cost)
+                .arg(l.lease);
+        }
+        let _: i64 = self
+            .with_conn(shard, |mut conn| async move {
+                inv.invoke_async(&mut conn).await
+            })
+            .await?;
+        Ok(())
     }
 
     /// Releases `units` of concurrency lease `lease_id`; true when it was held.
     pub async fn release(
-        &self,
+        self: &Arc<Self>,
         policy: &PolicyInner,
         key: &str,
         shard: usize,
         lease_id: &str,
         units: u64,
     ) -> Result<bool> {
-        let rkey = state_key(&self.prefix, policy, key);
+        let rkey = state_key(&self.prefix, &policy.key_scope, key);
         let members: Vec<String> = (1..=units).map(|i| format!("{lease_id}:{i}")).collect();
         let removed: i64 = self
             .with_conn(shard, |mut conn| async move {
@@ -275,14 +619,14 @@ impl RedisEngine {
 
     /// Deletes `key`'s state for `policy`.
     pub async fn reset(
-        &self,
+        self: &Arc<Self>,
         policy: &PolicyInner,
         key: &str,
         shard: usize,
         now_us: Option<u64>,
     ) -> Result<()> {
         let c = &policy.compiled;
-        let rkey = state_key(&self.prefix, policy, key);
+        let rkey = state_key(&self.prefix, &policy.key_scope, key);
         let window = if c.algorithm.is_windowed() {
             c.period_us
         } else {
@@ -290,7 +634,7 @@ impl RedisEngine {
         };
         let _: i64 = self
             .with_conn(shard, |mut conn| async move {
-                scripts::RESET
+                scripts::reset()
                     .key(rkey)
                     .arg(now_us.unwrap_or(0))
                     .arg(window)
@@ -299,5 +643,61 @@ impl RedisEngine {
             })
             .await?;
         Ok(())
+    }
+
+    /// Puts `key` on the block list of its shard (`ttl` None = permanent).
+    pub async fn block(
+        self: &Arc<Self>,
+        shard: usize,
+        key: &str,
+        ttl: Option<Duration>,
+        reason: &str,
+    ) -> Result<()> {
+        let bkey = block_key(&self.prefix, key);
+        let reason = reason.to_string();
+        self.with_conn(shard, |mut conn| async move {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(bkey).arg(reason);
+            if let Some(t) = ttl {
+                cmd.arg("PX").arg(t.as_millis().max(1) as u64);
+            }
+            cmd.query_async::<()>(&mut conn).await
+        })
+        .await
+    }
+
+    pub async fn unblock(self: &Arc<Self>, shard: usize, key: &str) -> Result<bool> {
+        let bkey = block_key(&self.prefix, key);
+        let n: i64 = self
+            .with_conn(shard, |mut conn| async move {
+                redis::cmd("DEL").arg(bkey).query_async(&mut conn).await
+            })
+            .await?;
+        Ok(n > 0)
+    }
+
+    /// (reason, remaining time or None when permanent) when `key` is blocked.
+    pub async fn blocked(
+        self: &Arc<Self>,
+        shard: usize,
+        key: &str,
+    ) -> Result<Option<(String, Option<Duration>)>> {
+        let bkey = block_key(&self.prefix, key);
+        let (reason, ttl): (Option<String>, i64) = self
+            .with_conn(shard, |mut conn| async move {
+                redis::pipe()
+                    .cmd("GET")
+                    .arg(&bkey)
+                    .cmd("PTTL")
+                    .arg(&bkey)
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
+        Ok(match (reason, ttl) {
+            (Some(r), -1) => Some((r, None)),
+            (Some(r), t) if t >= 0 => Some((r, Some(Duration::from_millis(t as u64)))),
+            _ => None,
+        })
     }
 }

@@ -1,54 +1,98 @@
-//! The Lua scripts in `lua/`, embedded at compile time with their SHA1 computed once.
+//! The Lua scripts in `lua/`, assembled at compile time and embedded with their SHA1
+//! computed once. Every script is `prelude.lua` + the algorithm file(s) it needs + one
+//! `main_*.lua`, so each algorithm is written once and shared by single and layered checks.
 
 use crate::limit::Algorithm;
 use redis::Script;
 use std::sync::LazyLock;
 
-macro_rules! script {
-    ($name:ident, $file:literal) => {
-        pub(crate) static $name: LazyLock<Script> =
-            LazyLock::new(|| Script::new(include_str!(concat!("../../lua/", $file))));
+macro_rules! lua {
+    ($file:literal) => {
+        include_str!(concat!("../../lua/", $file))
     };
 }
 
-script!(FIXED_WINDOW, "fixed_window.lua");
-script!(SLIDING_WINDOW, "sliding_window.lua");
-script!(SLIDING_LOG, "sliding_log.lua");
-script!(TOKEN_BUCKET, "token_bucket.lua");
-script!(LEAKY_BUCKET, "leaky_bucket.lua");
-script!(CONCURRENCY, "concurrency.lua");
-script!(RESET, "reset.lua");
-
-/// The script that runs `algorithm`.
-pub(crate) fn for_algorithm(algorithm: Algorithm) -> &'static Script {
-    match algorithm {
-        Algorithm::FixedWindow => &FIXED_WINDOW,
-        Algorithm::SlidingWindow => &SLIDING_WINDOW,
-        Algorithm::SlidingLog => &SLIDING_LOG,
-        Algorithm::TokenBucket => &TOKEN_BUCKET,
-        Algorithm::LeakyBucket => &LEAKY_BUCKET,
-        Algorithm::Concurrency => &CONCURRENCY,
-    }
+macro_rules! all_algorithms {
+    () => {
+        concat!(
+            lua!("fixed_window.lua"),
+            lua!("sliding_window.lua"),
+            lua!("sliding_log.lua"),
+            lua!("token_bucket.lua"),
+            lua!("leaky_bucket.lua"),
+            lua!("concurrency.lua")
+        )
+    };
 }
 
-/// Every embedded script as (file name, source, SHA1), for tests and tooling.
+macro_rules! check_script {
+    ($name:ident, $file:literal) => {
+        const $name: &str = concat!(lua!("prelude.lua"), lua!($file), lua!("main_check.lua"));
+    };
+}
+
+check_script!(FIXED_WINDOW_SRC, "fixed_window.lua");
+check_script!(SLIDING_WINDOW_SRC, "sliding_window.lua");
+check_script!(SLIDING_LOG_SRC, "sliding_log.lua");
+check_script!(TOKEN_BUCKET_SRC, "token_bucket.lua");
+check_script!(LEAKY_BUCKET_SRC, "leaky_bucket.lua");
+check_script!(CONCURRENCY_SRC, "concurrency.lua");
+const LAYERED_SRC: &str = concat!(
+    lua!("prelude.lua"),
+    all_algorithms!(),
+    lua!("main_layered.lua")
+);
+const REFUND_SRC: &str = concat!(
+    lua!("prelude.lua"),
+    all_algorithms!(),
+    lua!("main_refund.lua")
+);
+const RESET_SRC: &str = concat!(lua!("prelude.lua"), lua!("reset.lua"));
+
+/// (name, source) of every assembled script.
+const SOURCES: &[(&str, &str)] = &[
+    ("fixed_window", FIXED_WINDOW_SRC),
+    ("sliding_window", SLIDING_WINDOW_SRC),
+    ("sliding_log", SLIDING_LOG_SRC),
+    ("token_bucket", TOKEN_BUCKET_SRC),
+    ("leaky_bucket", LEAKY_BUCKET_SRC),
+    ("concurrency", CONCURRENCY_SRC),
+    ("layered", LAYERED_SRC),
+    ("refund", REFUND_SRC),
+    ("reset", RESET_SRC),
+];
+
+static SCRIPTS: LazyLock<Vec<Script>> =
+    LazyLock::new(|| SOURCES.iter().map(|(_, s)| Script::new(s)).collect());
+
+/// The check script of `algorithm`.
+pub(crate) fn for_algorithm(algorithm: Algorithm) -> &'static Script {
+    let i = match algorithm {
+        Algorithm::FixedWindow => 0,
+        Algorithm::SlidingWindow => 1,
+        Algorithm::SlidingLog => 2,
+        Algorithm::TokenBucket => 3,
+        Algorithm::LeakyBucket => 4,
+        Algorithm::Concurrency => 5,
+    };
+    &SCRIPTS[i]
+}
+
+pub(crate) fn layered() -> &'static Script {
+    &SCRIPTS[6]
+}
+pub(crate) fn refund() -> &'static Script {
+    &SCRIPTS[7]
+}
+pub(crate) fn reset() -> &'static Script {
+    &SCRIPTS[8]
+}
+
+/// Every assembled script as (name, source, SHA1), for tests and tooling.
 pub fn all() -> Vec<(&'static str, &'static str, String)> {
-    macro_rules! entry {
-        ($file:literal, $s:ident) => {
-            (
-                $file,
-                include_str!(concat!("../../lua/", $file)),
-                $s.get_hash().to_string(),
-            )
-        };
-    }
-    vec![
-        entry!("fixed_window.lua", FIXED_WINDOW),
-        entry!("sliding_window.lua", SLIDING_WINDOW),
-        entry!("sliding_log.lua", SLIDING_LOG),
-        entry!("token_bucket.lua", TOKEN_BUCKET),
-        entry!("leaky_bucket.lua", LEAKY_BUCKET),
-        entry!("concurrency.lua", CONCURRENCY),
-        entry!("reset.lua", RESET),
-    ]
+    SOURCES
+        .iter()
+        .zip(SCRIPTS.iter())
+        .map(|((name, src), s)| (*name, *src, s.get_hash().to_string()))
+        .collect()
 }

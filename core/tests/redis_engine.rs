@@ -339,7 +339,8 @@ fn unreachable_shard_is_a_connection_error_not_a_panic() {
     // port 1 on loopback: nothing listens there
     let limiter = Limiter::from_json(
         r#"{"timeout_ms": 300, "shards":[{"name":"dead","url":"redis://127.0.0.1:1"}],
-            "policies":{"api":{"algorithm":"token_bucket","capacity":5,"refill_per_sec":1}}}"#,
+            "policies":{"api":{"algorithm":"token_bucket","capacity":5,"refill_per_sec":1,"on_error":"error"},
+                        "open":{"algorithm":"token_bucket","capacity":5,"refill_per_sec":1,"on_error":"open"}}}"#,
     )
     .unwrap();
     let e = limiter.check_named_blocking("api", "k", 1).unwrap_err();
@@ -356,6 +357,10 @@ fn unreachable_shard_is_a_connection_error_not_a_panic() {
         // the blocking call from inside a runtime does not panic either
         assert!(limiter.check_named_blocking("api", "k", 1).is_err());
     });
+    // with on_error open the caller gets an allowed fallback decision instead
+    let d = limiter.check_named_blocking("open", "k", 1).unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.source, shardlimit::Source::Fallback);
 }
 
 #[test]

@@ -1,0 +1,139 @@
+//! Events: denials, blocks, fallbacks and circuit changes, delivered to subscriber callbacks
+//! and optionally to a capped Redis Stream per shard. Never emitted for an allowed request
+//! decided normally.
+
+use crate::decision::Decision;
+use crate::error::Error;
+use parking_lot::RwLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A shard's circuit breaker state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CircuitState {
+    /// Failing: calls to the shard are skipped until a background probe succeeds.
+    Open,
+    /// Healthy again.
+    Closed,
+}
+
+/// Something worth telling a dashboard, an alert or a billing job.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Event {
+    /// A check was denied by its limit.
+    Denied {
+        policy: Arc<str>,
+        key: String,
+        decision: Decision,
+    },
+    /// A check met the block list (`auto` false), or a denial put the key on it (`auto` true).
+    Blocked {
+        policy: Arc<str>,
+        key: String,
+        auto: bool,
+        retry_after: Option<Duration>,
+    },
+    /// A shard failed and the policy's `on_error` mode decided.
+    Fallback {
+        policy: Arc<str>,
+        key: String,
+        error: Error,
+        allowed: bool,
+    },
+    /// A shard's circuit opened or closed.
+    Circuit { shard: String, state: CircuitState },
+}
+
+impl Event {
+    /// `denied`, `blocked`, `fallback` or `circuit`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::Denied { .. } => "denied",
+            Event::Blocked { .. } => "blocked",
+            Event::Fallback { .. } => "fallback",
+            Event::Circuit { .. } => "circuit",
+        }
+    }
+
+    /// Field/value pairs, as written to the Redis stream.
+    pub fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut f = vec![("event", self.kind().to_string())];
+        match self {
+            Event::Denied {
+                policy,
+                key,
+                decision,
+            } => {
+                f.push(("policy", policy.to_string()));
+                f.push(("key", key.clone()));
+                f.push(("limit", decision.limit.to_string()));
+                if let Some(r) = decision.retry_after {
+                    f.push(("retry_after_ms", r.as_millis().to_string()));
+                }
+            }
+            Event::Blocked {
+                policy,
+                key,
+                auto,
+                retry_after,
+            } => {
+                f.push(("policy", policy.to_string()));
+                f.push(("key", key.clone()));
+                f.push(("auto", auto.to_string()));
+                if let Some(r) = retry_after {
+                    f.push(("retry_after_ms", r.as_millis().to_string()));
+                }
+            }
+            Event::Fallback {
+                policy,
+                key,
+                error,
+                allowed,
+            } => {
+                f.push(("policy", policy.to_string()));
+                f.push(("key", key.clone()));
+                f.push(("error", error.to_string()));
+                f.push(("allowed", allowed.to_string()));
+            }
+            Event::Circuit { shard, state } => {
+                f.push(("shard", shard.clone()));
+                f.push(("state", format!("{state:?}").to_lowercase()));
+            }
+        }
+        f
+    }
+}
+
+/// A subscriber callback. Called on the thread that made the decision: keep it short.
+pub type Subscriber = Arc<dyn Fn(&Event) + Send + Sync>;
+
+#[derive(Default)]
+pub(crate) struct Subscribers {
+    any: AtomicBool,
+    list: RwLock<Vec<Subscriber>>,
+}
+
+impl std::fmt::Debug for Subscribers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Subscribers({})", self.list.read().len())
+    }
+}
+
+impl Subscribers {
+    pub fn add(&self, s: Subscriber) {
+        self.list.write().push(s);
+        self.any.store(true, Ordering::Release);
+    }
+    #[inline]
+    pub fn active(&self) -> bool {
+        self.any.load(Ordering::Acquire)
+    }
+    pub fn emit(&self, e: &Event) {
+        for s in self.list.read().iter() {
+            // a panicking subscriber must not take the check down with it
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s(e)));
+        }
+    }
+}

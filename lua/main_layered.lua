@@ -1,0 +1,59 @@
+-- shardlimit main: a layered check of N (key, policy, cost) layers on one shard, atomic:
+-- allowed only if every layer allows; if any layer denies, no layer consumes.
+-- Assembled as prelude + every algorithm file + this file.
+-- KEYS[3i-2], KEYS[3i-1], KEYS[3i]: layer i's state key, block entry and denial counter
+-- ARGV[1]  now in µs, or "0" for the server clock (TIME)
+-- ARGV[2]  N; then 9 arguments per layer, starting at ARGV[3 + 9(i-1)]:
+--          code, limit, period, cost, lease id, block-after, within (ms), for (ms), reason
+-- Returns {now, deciding layer (0 = all allowed), blocked (0/1/2), then per layer
+--          allowed, remaining, reset_after_us, retry_after_us, delay_us}
+local now = clock(ARGV[1])
+local n = tonumber(ARGV[2])
+local function arg(i, j) return ARGV[2 + 9 * (i - 1) + j] end
+local out = {now, 0, 0}
+for i = 1, n do
+  local ttl = redis.call('PTTL', KEYS[3 * i - 1])
+  if ttl ~= -2 then
+    out[2] = i
+    out[3] = 1
+    local retry = -1
+    if ttl ~= -1 then retry = ttl * 1000 end
+    for j = 1, n do
+      local b = 5 * (j - 1) + 4
+      out[b], out[b + 1], out[b + 2], out[b + 3], out[b + 4] = 0, 0, 0, -1, 0
+    end
+    local b = 5 * (i - 1) + 4
+    out[b + 2], out[b + 3] = math.max(retry, 0), retry
+    return out
+  end
+end
+-- phase 1: would every layer allow? (no writes)
+local results = {}
+for i = 1, n do
+  local r = ALGO[arg(i, 1)](KEYS[3 * i - 2], now, tonumber(arg(i, 2)), tonumber(arg(i, 3)), tonumber(arg(i, 4)), true, arg(i, 5))
+  results[i] = r
+  if r[1] == 0 and out[2] == 0 then out[2] = i end
+end
+if out[2] ~= 0 then
+  local i = out[2]
+  local after = tonumber(arg(i, 6))
+  if after > 0 then
+    local c = redis.call('INCR', KEYS[3 * i])
+    if c == 1 then redis.call('PEXPIRE', KEYS[3 * i], arg(i, 7)) end
+    if c >= after then
+      redis.call('SET', KEYS[3 * i - 1], arg(i, 9), 'PX', arg(i, 8))
+      redis.call('DEL', KEYS[3 * i])
+      out[3] = 2
+    end
+  end
+else
+  -- phase 2: every layer allows, so every layer consumes
+  for i = 1, n do
+    results[i] = ALGO[arg(i, 1)](KEYS[3 * i - 2], now, tonumber(arg(i, 2)), tonumber(arg(i, 3)), tonumber(arg(i, 4)), false, arg(i, 5))
+  end
+end
+for i = 1, n do
+  local r = results[i]
+  for j = 1, 5 do out[#out + 1] = r[j] end
+end
+return out
