@@ -114,6 +114,7 @@ impl Config {
                 "on_error",
                 "instances",
                 "policies",
+                "events",
                 "$schema",
                 "description",
             ],

@@ -89,6 +89,9 @@ enum Engine {
 /// Units reserved from Redis for local admission.
 #[derive(Debug, Clone, Copy)]
 struct LocalBatch {
+    /// A reservation for this key is in flight: other callers check Redis directly
+    /// instead of reserving too, so one instance holds at most one batch per key.
+    fetching: bool,
     units: u64,
     expires_at: u64,
     global_remaining: u64,
@@ -1184,7 +1187,8 @@ impl Limiter {
 
     /// Local admission: admit from a batch reserved in Redis; reserve a new batch (one
     /// round trip) when it is used up or expired. The batch is sized from the global
-    /// remaining and shrinks to the request's own cost as the limit nears.
+    /// remaining and shrinks to the request's own cost as the limit nears. One reservation
+    /// per key is in flight per limiter; meanwhile other callers are decided by Redis.
     #[allow(clippy::too_many_arguments)]
     async fn local_admission(
         &self,
@@ -1198,32 +1202,51 @@ impl Limiter {
     ) -> Result<Decision> {
         let lkey = local_key(&p.name, key);
         let now = self.now();
-        let last_remaining = {
+        let reserve_from = {
             let mut map = self.inner.local.lock();
-            match map.get_mut(&lkey) {
-                Some(b) if b.expires_at > now && b.units >= cost => {
-                    b.units -= cost;
-                    let o = Outcome {
-                        allowed: true,
-                        remaining: b.global_remaining + b.units,
-                        reset_us: b.reset_at.saturating_sub(now),
-                        retry_us: None,
-                        delay_us: 0,
-                    };
-                    drop(map);
-                    let d = self.decision(p, eff, o, Source::Local, Some(shard));
-                    self.count(p, &d);
-                    return Ok(d);
-                }
-                Some(b) => b.global_remaining,
-                None => eff.limit,
+            if map.len() > 100_000 {
+                map.retain(|_, b| b.expires_at > now || b.fetching);
+            }
+            let b = map.entry(lkey.clone()).or_insert(LocalBatch {
+                fetching: false,
+                units: 0,
+                expires_at: 0,
+                global_remaining: eff.limit,
+                reset_at: 0,
+            });
+            if b.expires_at > now && b.units >= cost {
+                b.units -= cost;
+                let o = Outcome {
+                    allowed: true,
+                    remaining: b.global_remaining + b.units,
+                    reset_us: b.reset_at.saturating_sub(now),
+                    retry_us: None,
+                    delay_us: 0,
+                };
+                drop(map);
+                let d = self.decision(p, eff, o, Source::Local, Some(shard));
+                self.count(p, &d);
+                return Ok(d);
+            }
+            if b.fetching {
+                None
+            } else {
+                b.fetching = true;
+                Some(b.global_remaining)
             }
         };
-        let instances = self.inner.config.instances.max(1) as u64;
-        let batch = (last_remaining / (2 * instances))
-            .clamp(1, la.max_batch)
-            .max(cost);
-        let raw = match r
+        let (batch, mode) = match reserve_from {
+            Some(remaining) => {
+                let instances = self.inner.config.instances.max(1) as u64;
+                let batch = (remaining / (2 * instances))
+                    .clamp(1, la.max_batch)
+                    .max(cost);
+                (batch, Mode::Grant { need: cost })
+            }
+            // another caller is reserving this key's next batch: decide this one in Redis
+            None => (cost, Mode::Check),
+        };
+        let raw = r
             .check(
                 shard as usize,
                 p,
@@ -1231,53 +1254,82 @@ impl Limiter {
                 key,
                 self.now_override(),
                 batch,
-                Mode::Grant { need: cost },
+                mode,
                 "",
             )
-            .await
-        {
+            .await;
+        let reserving = reserve_from.is_some();
+        let raw = match raw {
             Ok(raw) => raw,
-            Err(e) if e.is_backend() => {
+            Err(e) => {
+                if reserving {
+                    if let Some(b) = self.inner.local.lock().get_mut(&lkey) {
+                        b.fetching = false;
+                    }
+                }
+                if !e.is_backend() {
+                    return Err(e);
+                }
                 p.counters.redis_errors.fetch_add(1, Ordering::Relaxed);
                 let d = self.fallback(p, eff, key, cost, false, e)?;
                 self.count(p, &d);
                 return Ok(d);
             }
-            Err(e) => return Err(e),
         };
-        if raw.outcome.allowed && raw.blocked == 0 {
-            let left = raw.granted.saturating_sub(cost);
-            // reserved units may be used until the window they were counted in ends
-            let window_left = match eff.algorithm {
-                Algorithm::FixedWindow => raw.outcome.reset_us,
-                Algorithm::SlidingWindow => raw.outcome.reset_us.saturating_sub(eff.period_us),
-                _ => u64::MAX,
-            };
-            let hold = (la.max_hold.as_micros() as u64).min(window_left);
+        let mut o = raw.outcome;
+        if reserving {
             let mut map = self.inner.local.lock();
-            if map.len() > 100_000 {
-                map.retain(|_, b| b.expires_at > now);
+            let b = map.entry(lkey).or_insert(LocalBatch {
+                fetching: false,
+                units: 0,
+                expires_at: 0,
+                global_remaining: 0,
+                reset_at: 0,
+            });
+            b.fetching = false;
+            if raw.outcome.allowed && raw.blocked == 0 {
+                let left = raw.granted.saturating_sub(cost);
+                // reserved units may be used until the window they were counted in ends
+                let window_left = match eff.algorithm {
+                    Algorithm::FixedWindow => raw.outcome.reset_us,
+                    Algorithm::SlidingWindow => raw.outcome.reset_us.saturating_sub(eff.period_us),
+                    _ => u64::MAX,
+                };
+                if b.expires_at <= now {
+                    // units of an expired batch lapse
+                    b.units = 0;
+                }
+                b.units += left;
+                b.expires_at = now + (la.max_hold.as_micros() as u64).min(window_left);
+                b.global_remaining = raw.outcome.remaining;
+                b.reset_at = now + raw.outcome.reset_us;
+                o.remaining += b.units;
+            } else {
+                b.global_remaining = 0;
             }
-            map.insert(
-                lkey,
-                LocalBatch {
-                    units: left,
-                    expires_at: now + hold,
-                    global_remaining: raw.outcome.remaining,
-                    reset_at: now + raw.outcome.reset_us,
-                },
-            );
-            drop(map);
-            let mut o = raw.outcome;
-            o.remaining += left;
-            let d = self.decision(p, eff, o, Source::Redis, Some(shard));
-            self.count(p, &d);
-            return Ok(d);
         }
-        self.inner.local.lock().remove(&lkey);
-        let d = self.finish(p, eff, key, raw, Source::Redis, Some(shard));
+        let d = self.finish(
+            p,
+            eff,
+            key,
+            RawWith(raw, o).into(),
+            Source::Redis,
+            Some(shard),
+        );
         self.count(p, &d);
         Ok(d)
+    }
+}
+
+/// A raw engine result with its outcome adjusted (local admission adds held units).
+struct RawWith(Raw, Outcome);
+
+impl From<RawWith> for Raw {
+    fn from(r: RawWith) -> Raw {
+        Raw {
+            outcome: r.1,
+            ..r.0
+        }
     }
 }
 

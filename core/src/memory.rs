@@ -55,6 +55,9 @@ pub(crate) fn blocked_outcome(ttl_us: Option<u64>) -> Outcome {
     }
 }
 
+/// (policy, key) of an automatic-blocking denial counter.
+type DenialKey = (Arc<str>, String);
+
 struct Entry {
     hash: u64,
     scope: Arc<str>,
@@ -130,7 +133,7 @@ pub(crate) struct MemoryEngine {
     blocks: Mutex<HashMap<String, Block>>,
     block_count: AtomicUsize,
     /// (policy, key) → (window end, denials) for automatic blocking
-    denials: Mutex<HashMap<(Arc<str>, String), (u64, u64)>>,
+    denials: Mutex<HashMap<DenialKey, (u64, u64)>>,
 }
 
 impl std::fmt::Debug for MemoryEngine {

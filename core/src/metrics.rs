@@ -109,7 +109,8 @@ impl MetricsSnapshot {
     /// The Prometheus text exposition format (version 0.0.4).
     pub fn to_prometheus(&self) -> String {
         let mut s = String::new();
-        let counters: [(&str, &str, fn(&PolicyMetrics) -> u64); 6] = [
+        type Counter = (&'static str, &'static str, fn(&PolicyMetrics) -> u64);
+        let counters: [Counter; 6] = [
             ("allowed", "Allowed decisions", |m| m.allowed),
             ("denied", "Denied decisions", |m| m.denied),
             (
