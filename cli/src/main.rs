@@ -58,6 +58,50 @@ enum Command {
         policy: PolicyArg,
         key: String,
     },
+    /// Layered check: allowed only if every layer allows; a denial consumes nothing.
+    /// Prints the decision JSON (with the deciding layer's index); exit codes as check.
+    CheckAll {
+        #[command(flatten)]
+        target: Target,
+        /// A layer as KEY=POLICY or KEY=POLICY:COST (repeatable, in order).
+        #[arg(long = "layer", required = true)]
+        layers: Vec<String>,
+    },
+    /// Put a key on the block list (every instance of every language sees it).
+    Block {
+        #[command(flatten)]
+        target: Target,
+        /// How long, e.g. 15m (default: until unblocked).
+        #[arg(long)]
+        ttl: Option<String>,
+        #[arg(long, default_value = "blocked from the shardlimit CLI")]
+        reason: String,
+        key: String,
+    },
+    /// Remove a key from the block list.
+    Unblock {
+        #[command(flatten)]
+        target: Target,
+        key: String,
+    },
+    /// Show a key's block-list entry; exit 0 when blocked, 1 when not.
+    Blocked {
+        #[command(flatten)]
+        target: Target,
+        key: String,
+    },
+    /// The client address behind trusted proxies (X-Forwarded-For walked from the right).
+    ClientIp {
+        /// The TCP peer address, e.g. 10.0.0.5:43122.
+        #[arg(long)]
+        peer: String,
+        /// The X-Forwarded-For header value.
+        #[arg(long)]
+        xff: Option<String>,
+        /// A trusted proxy network (repeatable), e.g. 10.0.0.0/8.
+        #[arg(long = "trusted")]
+        trusted: Vec<String>,
+    },
     /// Measure decisions per second and latency.
     Bench {
         #[command(flatten)]
@@ -76,6 +120,9 @@ enum Command {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Also print the limiter's metrics in the Prometheus text format.
+        #[arg(long)]
+        metrics: bool,
     },
 }
 
@@ -249,6 +296,93 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
             println!("reset {key} under {}", p.name());
             Ok(ExitCode::SUCCESS)
         }
+        Command::CheckAll { target, layers } => {
+            let l = limiter(&target)?;
+            let mut parsed = Vec::new();
+            for (i, spec) in layers.iter().enumerate() {
+                let bad = |m: &str| shardlimit::Error::InvalidArgument {
+                    what: format!("--layer #{}", i + 1),
+                    message: format!("{spec:?}: {m}"),
+                };
+                let (key, rest) = spec
+                    .rsplit_once('=')
+                    .ok_or_else(|| bad("expected KEY=POLICY[:COST]"))?;
+                let (name, cost) = match rest.split_once(':') {
+                    Some((n, c)) => (
+                        n,
+                        c.parse::<u64>()
+                            .map_err(|_| bad("COST must be a positive integer"))?,
+                    ),
+                    None => (rest, 1),
+                };
+                parsed.push(shardlimit::Layer::new(key, &l.policy(name)?, cost));
+            }
+            let d = l.check_all_blocking(&parsed)?;
+            let key = &parsed[d.layer.unwrap_or(0)].key;
+            println!("{}", decision_json(&d, &l, key));
+            Ok(if d.allowed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Command::Block {
+            target,
+            ttl,
+            reason,
+            key,
+        } => {
+            let l = limiter(&target)?;
+            let ttl = match ttl {
+                Some(t) => Some(Duration::from_micros(shardlimit::parse_duration_us(
+                    "--ttl", &t,
+                )?)),
+                None => None,
+            };
+            l.block_blocking(&key, ttl, &reason)?;
+            match ttl {
+                Some(t) => println!("blocked {key} for {} ms: {reason}", t.as_millis()),
+                None => println!("blocked {key} until unblocked: {reason}"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Unblock { target, key } => {
+            let l = limiter(&target)?;
+            let was = l.unblock_blocking(&key)?;
+            println!(
+                "{key}: {}",
+                if was { "unblocked" } else { "was not blocked" }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Blocked { target, key } => {
+            let l = limiter(&target)?;
+            match l.blocked_blocking(&key)? {
+                Some(b) => {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "key": key,
+                            "blocked": true,
+                            "reason": b.reason,
+                            "remaining_ms": b.remaining.map(|r| r.as_millis() as u64),
+                        })
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                None => {
+                    println!("{}", serde_json::json!({ "key": key, "blocked": false }));
+                    Ok(ExitCode::from(1))
+                }
+            }
+        }
+        Command::ClientIp { peer, xff, trusted } => {
+            println!(
+                "{}",
+                shardlimit::client_ip(&peer, xff.as_deref(), &trusted)?
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench {
             target,
             policy: p,
@@ -256,6 +390,7 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
             requests,
             keys,
             json,
+            metrics,
         } => {
             let l = limiter(&target)?;
             let p = policy(&l, &p)?;
@@ -291,6 +426,9 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
                 if r.errors > 0 {
                     println!("errors:        {}", r.errors);
                 }
+            }
+            if metrics {
+                print!("{}", l.metrics().to_prometheus());
             }
             Ok(ExitCode::SUCCESS)
         }

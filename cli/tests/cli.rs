@@ -1,0 +1,252 @@
+//! The `shardlimit` command end to end: outputs, exit codes and errors. Redis-backed cases
+//! run against a redis-server the test starts on a loopback port.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn sl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shardlimit"))
+        .args(args)
+        .env_remove("SHARDLIMIT_CONFIG")
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+struct Redis(Child, u16, tempfile::TempDir);
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+fn redis() -> Redis {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Redis(child, port, dir)
+}
+
+#[test]
+fn validate_reports_the_bad_field_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        r#"{"policies":{"login":{"algorithm":"fixed_window","limit":5,"window":"abc"}}}"#,
+    )
+    .unwrap();
+    let o = sl(&["config", "validate", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("policies.login.window: expected a duration like \"1m\""),
+        "{err}"
+    );
+    let good = sl(&[
+        "config",
+        "validate",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../shard-config.json"),
+    ]);
+    assert_eq!(good.status.code(), Some(0));
+    assert!(stdout(&good).contains("3 shard(s), 6 policies"));
+    let missing = sl(&["config", "validate", "/nonexistent.json"]);
+    assert_eq!(missing.status.code(), Some(2));
+}
+
+#[test]
+fn route_prints_key_index_shard() {
+    let o = sl(&[
+        "route",
+        "--config",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../shard-config.json"),
+        "user:12345",
+        "{tenant:acme}:user:1",
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    let vectors: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/vectors/routing.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let want = |key: &str| {
+        let case = vectors["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["key"] == key)
+            .unwrap();
+        case["shard_for"][2].as_u64().unwrap()
+    };
+    let names = ["shard-a", "shard-b", "shard-c"];
+    let expected = format!(
+        "user:12345\t{}\t{}\n{{tenant:acme}}:user:1\t{}\t{}\n",
+        want("user:12345"),
+        names[want("user:12345") as usize],
+        want("{tenant:acme}:user:1"),
+        names[want("{tenant:acme}:user:1") as usize]
+    );
+    assert_eq!(stdout(&o), expected);
+}
+
+#[test]
+fn check_exit_codes_and_json_on_redis() {
+    let r = redis();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.json");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}],
+            "policies":{{"login":{{"algorithm":"fixed_window","limit":2,"window":"1h"}},
+                         "ip":{{"algorithm":"token_bucket","capacity":10,"refill_per_sec":1}}}}}}"#,
+            r.1
+        ),
+    )
+    .unwrap();
+    let c = cfg.to_str().unwrap();
+    for (i, want) in [(0, 0), (1, 0), (2, 1)] {
+        let o = sl(&["check", "--config", c, "--policy", "login", "user:1"]);
+        assert_eq!(
+            o.status.code(),
+            Some(want),
+            "attempt {i}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let d: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(d["source"], "redis");
+        assert_eq!(d["shard"]["name"], "only");
+        assert_eq!(d["limit"], 2);
+        if want == 1 {
+            assert!(d["retry_after_ms"].as_f64().unwrap() > 0.0);
+        } else {
+            assert!(d["retry_after_ms"].is_null());
+        }
+    }
+    // layered: the login layer denies, the ip layer is not consumed
+    let o = sl(&[
+        "check-all",
+        "--config",
+        c,
+        "--layer",
+        "ip:1=ip",
+        "--layer",
+        "user:1=login",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let d: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        (d["policy"].as_str(), d["layer"].as_u64()),
+        (Some("login"), Some(1))
+    );
+    let o = sl(&["peek", "--config", c, "--policy", "ip", "ip:1"]);
+    let d: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(d["remaining"], 10);
+    // block list from the shell
+    assert_eq!(
+        sl(&["block", "--config", c, "--ttl", "1m", "--reason", "test", "user:9"])
+            .status
+            .code(),
+        Some(0)
+    );
+    let o = sl(&["check", "--config", c, "--policy", "ip", "user:9"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("\"source\":\"block\""));
+    assert_eq!(
+        sl(&["blocked", "--config", c, "user:9"]).status.code(),
+        Some(0)
+    );
+    assert_eq!(
+        sl(&["unblock", "--config", c, "user:9"]).status.code(),
+        Some(0)
+    );
+    assert_eq!(
+        sl(&["blocked", "--config", c, "user:9"]).status.code(),
+        Some(1)
+    );
+    // bench with --json
+    let o = sl(&[
+        "bench",
+        "--config",
+        c,
+        "--policy",
+        "ip",
+        "--concurrency",
+        "8",
+        "--requests",
+        "200",
+        "--keys",
+        "4",
+        "--json",
+    ]);
+    let b: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        b["allowed"].as_u64().unwrap() + b["denied"].as_u64().unwrap(),
+        200
+    );
+    assert!(
+        b["allowed"].as_u64().unwrap() >= 40 && b["allowed"].as_u64().unwrap() <= 60,
+        "{b}"
+    );
+    assert!(b["decisions_per_sec"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn memory_engine_without_config_and_bad_input() {
+    let lim = r#"{"algorithm":"sliding_log","limit":1,"window":"1h"}"#;
+    let o = sl(&["check", "--limit", lim, "k"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stdout(&o).contains("\"source\":\"memory\""));
+    let o = sl(&[
+        "check",
+        "--limit",
+        r#"{"algorithm":"sliding_log","limit":0,"window":"1h"}"#,
+        "k",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--limit.limit"));
+    let o = sl(&["check", "k"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = sl(&["check", "--limit", lim, ""]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("key"));
+    let o = sl(&[
+        "client-ip",
+        "--peer",
+        "10.0.0.5:80",
+        "--xff",
+        "6.6.6.6, 198.51.100.7",
+        "--trusted",
+        "10.0.0.0/8",
+    ]);
+    assert_eq!(stdout(&o).trim(), "198.51.100.7");
+}
