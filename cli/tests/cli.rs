@@ -17,7 +17,8 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-struct Redis(Child, u16, tempfile::TempDir);
+/// A redis-server child, its port, and its data directory (kept until the server stops).
+struct Redis(Child, u16, #[allow(dead_code)] tempfile::TempDir);
 impl Drop for Redis {
     fn drop(&mut self) {
         let _ = self.0.kill();
