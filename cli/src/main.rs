@@ -102,6 +102,12 @@ enum Command {
         #[arg(long = "trusted")]
         trusted: Vec<String>,
     },
+    /// Print an assembled Redis script (as loaded by EVALSHA) and its SHA1 on stderr.
+    Script {
+        /// fixed_window, sliding_window, sliding_log, token_bucket, leaky_bucket,
+        /// concurrency, layered, refund or reset.
+        name: String,
+    },
     /// Measure decisions per second and latency.
     Bench {
         #[command(flatten)]
@@ -374,6 +380,26 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
                     println!("{}", serde_json::json!({ "key": key, "blocked": false }));
                     Ok(ExitCode::from(1))
                 }
+            }
+        }
+        Command::Script { name } => {
+            let all = shardlimit::scripts::all();
+            match all.iter().find(|(n, _, _)| *n == name) {
+                Some((_, src, sha)) => {
+                    print!("{src}");
+                    eprintln!("{sha}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                None => Err(shardlimit::Error::InvalidArgument {
+                    what: "name".into(),
+                    message: format!(
+                        "unknown script {name:?}; one of: {}",
+                        all.iter()
+                            .map(|(n, _, _)| *n)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                }),
             }
         }
         Command::ClientIp { peer, xff, trusted } => {
