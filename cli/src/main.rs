@@ -136,6 +136,15 @@ enum Command {
 enum ConfigCommand {
     /// Validate a config file; prints a summary, or the first error naming its field.
     Validate { file: String },
+    /// What changing OLD to NEW would do: policies added/removed/changed, and which
+    /// fraction of a sample of keys would move to another shard.
+    Diff {
+        old: String,
+        new: String,
+        /// How many generated keys (`key:0`, `key:1`, ...) to route.
+        #[arg(long, default_value_t = 100_000)]
+        sample: u64,
+    },
 }
 
 #[derive(Args)]
@@ -183,7 +192,8 @@ fn policy(l: &Limiter, p: &PolicyArg) -> shardlimit::Result<Policy> {
             Policy::try_from(p.limit().clone())
         }
         (None, None) => {
-            let names: Vec<&String> = l.config().policies.keys().collect();
+            let cfg = l.config();
+            let names: Vec<&String> = cfg.policies.keys().collect();
             Err(missing_policy(&names))
         }
     }
@@ -248,6 +258,58 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
             for (name, p) in &cfg.policies {
                 println!("  {name}: {}, on_error {}", p.limit(), p.on_error().name());
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config {
+            command: ConfigCommand::Diff { old, new, sample },
+        } => {
+            let (a, b) = (Config::from_file(&old)?, Config::from_file(&new)?);
+            let urls = |c: &Config| -> Vec<String> {
+                c.shards
+                    .as_ref()
+                    .map(|s| s.iter().map(|s| s.url.clone()).collect())
+                    .unwrap_or_default()
+            };
+            let (ua, ub) = (urls(&a), urls(&b));
+            let mut moved = 0u64;
+            if !ua.is_empty() && !ub.is_empty() {
+                for i in 0..sample {
+                    let k = format!("key:{i}");
+                    let sa = shardlimit::routing::shard_index(&k, ua.len() as u32) as usize;
+                    let sb = shardlimit::routing::shard_index(&k, ub.len() as u32) as usize;
+                    if ua[sa] != ub[sb] {
+                        moved += 1;
+                    }
+                }
+            }
+            let names = |c: &Config| {
+                c.policies
+                    .keys()
+                    .cloned()
+                    .collect::<std::collections::BTreeSet<_>>()
+            };
+            let (na, nb) = (names(&a), names(&b));
+            let changed: Vec<&String> = na
+                .intersection(&nb)
+                .filter(|n| {
+                    let (x, y) = (&a.policies[*n], &b.policies[*n]);
+                    x.limit() != y.limit() || x.on_error() != y.on_error()
+                })
+                .collect();
+            println!("shards: {} -> {}", ua.len(), ub.len());
+            println!(
+                "keys moving to another shard: {moved} of {sample} ({:.2}%)",
+                moved as f64 * 100.0 / sample.max(1) as f64
+            );
+            println!(
+                "policies added: {:?}",
+                nb.difference(&na).collect::<Vec<_>>()
+            );
+            println!(
+                "policies removed: {:?}",
+                na.difference(&nb).collect::<Vec<_>>()
+            );
+            println!("policies changed: {changed:?}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Route { target, keys } => {

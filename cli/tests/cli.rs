@@ -251,3 +251,43 @@ fn memory_engine_without_config_and_bad_input() {
     ]);
     assert_eq!(stdout(&o).trim(), "198.51.100.7");
 }
+
+#[test]
+fn config_diff_shows_the_moving_fraction() {
+    let dir = tempfile::tempdir().unwrap();
+    let base =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../shard-config.json"))
+            .unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(&base).unwrap();
+    cfg["shards"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "shard-d", "url": "redis://127.0.0.1:6394"}));
+    cfg["policies"]["extra"] =
+        serde_json::json!({"algorithm": "fixed_window", "limit": 3, "window": "1s"});
+    let new = dir.path().join("four.json");
+    std::fs::write(&new, cfg.to_string()).unwrap();
+    let o = sl(&[
+        "config",
+        "diff",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../shard-config.json"),
+        new.to_str().unwrap(),
+        "--sample",
+        "20000",
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    let out = stdout(&o);
+    assert!(out.contains("shards: 3 -> 4"), "{out}");
+    // jump hash moves about 1/4 of keys to the fourth shard
+    let pct: f64 = out
+        .split('(')
+        .nth(1)
+        .unwrap()
+        .split('%')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((22.0..28.0).contains(&pct), "{out}");
+    assert!(out.contains("policies added: [\"extra\"]"), "{out}");
+}

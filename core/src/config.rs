@@ -41,6 +41,9 @@ pub struct Config {
     /// Write events (denials, blocks, fallbacks, circuit changes) to a capped Redis Stream
     /// `<prefix>events` on each shard, trimmed to about this many entries. `None`: off.
     pub events_stream_maxlen: Option<u64>,
+    /// After a reload changes the shard list, how long moved keys carry their state over
+    /// from their old shard (`reshard_handoff`, default 10 minutes).
+    pub reshard_handoff: Duration,
 }
 
 impl Default for Config {
@@ -53,6 +56,7 @@ impl Default for Config {
             instances: 1,
             policies: BTreeMap::new(),
             events_stream_maxlen: None,
+            reshard_handoff: Duration::from_secs(600),
         }
     }
 }
@@ -115,6 +119,7 @@ impl Config {
                 "instances",
                 "policies",
                 "events",
+                "reshard_handoff",
                 "$schema",
                 "description",
             ],
@@ -155,6 +160,9 @@ impl Config {
                     ))
                 }
             };
+        }
+        if let Some(v) = obj.get("reshard_handoff") {
+            cfg.reshard_handoff = Duration::from_micros(duration_from_json("reshard_handoff", v)?);
         }
         if let Some(v) = obj.get("events") {
             let o = v.as_object().ok_or_else(|| {

@@ -11,6 +11,7 @@ use crate::memory::{blocked_outcome, LayerReq, LayeredRaw, MemoryEngine, Raw};
 use crate::metrics::{LatencySnapshot, MetricsSnapshot};
 use crate::redis_engine::{Mode, RedisEngine};
 use crate::routing::shard_index;
+use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::future::Future;
@@ -54,6 +55,22 @@ impl Layer {
     }
 }
 
+/// Stops watching a config file when dropped.
+#[derive(Debug)]
+pub struct ConfigWatcher {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for ConfigWatcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
 /// A block-list entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockInfo {
@@ -82,7 +99,7 @@ pub fn latency_scale(target: Duration, min_factor: f64) -> ScaleHook {
 
 #[derive(Debug)]
 enum Engine {
-    Memory(MemoryEngine),
+    Memory(Arc<MemoryEngine>),
     Redis(Arc<RedisEngine>),
 }
 
@@ -98,9 +115,49 @@ struct LocalBatch {
     reset_at: u64,
 }
 
-struct Inner {
-    config: Config,
+/// What a reload swaps atomically: the config and the engine built from it. In-flight
+/// checks finish on the view they started with.
+#[derive(Debug)]
+struct View {
+    config: Arc<Config>,
     engine: Engine,
+    /// After a reshard: where moved keys' state still lives, until when.
+    handoff: Option<Handoff>,
+}
+
+/// State of a reshard: for a while after the shard list changed, the first check of a key
+/// whose shard changed carries its state over from the old shard.
+struct Handoff {
+    old: Arc<RedisEngine>,
+    /// Monotonic µs until which moved keys are carried over.
+    until: u64,
+    /// "policy\0key" pairs already carried over by this limiter.
+    done: Mutex<std::collections::HashSet<String>>,
+}
+
+impl std::fmt::Debug for Handoff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handoff")
+            .field("old", &self.old)
+            .field("until", &self.until)
+            .finish()
+    }
+}
+
+/// What [`Limiter::reload`] changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReloadReport {
+    /// True when the shard list (or prefix, deadline) changed and new connections were made.
+    pub engine_changed: bool,
+    /// True when moved keys are being carried over from their old shards.
+    pub handoff: bool,
+    pub policies_added: Vec<String>,
+    pub policies_removed: Vec<String>,
+    pub policies_changed: Vec<String>,
+}
+
+struct Inner {
+    view: ArcSwap<View>,
     clock: Option<Arc<dyn Clock>>,
     lease_seq: AtomicU64,
     lease_salt: u64,
@@ -120,7 +177,7 @@ struct Inner {
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Limiter")
-            .field("engine", &self.engine)
+            .field("view", &self.view.load())
             .finish()
     }
 }
@@ -143,24 +200,18 @@ impl Limiter {
     /// Does not connect: connections are made on first use.
     pub fn new(config: Config) -> Result<Limiter> {
         let subscribers = Arc::new(Subscribers::default());
-        let engine = match &config.shards {
-            Some(shards) => Engine::Redis(Arc::new(RedisEngine::new(
-                shards.clone(),
-                config.key_prefix.clone(),
-                config.timeout,
-                subscribers.clone(),
-                config.events_stream_maxlen,
-            )?)),
-            None => Engine::Memory(MemoryEngine::default()),
-        };
+        let engine = Limiter::build_engine(&config, subscribers.clone())?;
         let salt = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
         for p in config.policies.values() {
             p.0.registered.store(true, Ordering::Relaxed);
         }
         Ok(Limiter {
             inner: Arc::new(Inner {
-                config,
-                engine,
+                view: ArcSwap::from_pointee(View {
+                    config: Arc::new(config),
+                    engine,
+                    handoff: None,
+                }),
                 clock: None,
                 lease_seq: AtomicU64::new(0),
                 lease_salt: salt,
@@ -173,6 +224,19 @@ impl Limiter {
                 block_cache_len: AtomicUsize::new(0),
                 local: Mutex::new(HashMap::new()),
             }),
+        })
+    }
+
+    fn build_engine(config: &Config, subscribers: Arc<Subscribers>) -> Result<Engine> {
+        Ok(match &config.shards {
+            Some(shards) => Engine::Redis(Arc::new(RedisEngine::new(
+                shards.clone(),
+                config.key_prefix.clone(),
+                config.timeout,
+                subscribers,
+                config.events_stream_maxlen,
+            )?)),
+            None => Engine::Memory(Arc::new(MemoryEngine::default())),
         })
     }
 
@@ -208,19 +272,20 @@ impl Limiter {
         Ok(self)
     }
 
-    pub fn config(&self) -> &Config {
-        &self.inner.config
+    /// The config in force (a reload swaps it).
+    pub fn config(&self) -> Arc<Config> {
+        self.view().config.clone()
     }
 
     /// True when decisions are made by Redis shards, false for the in-memory engine.
     pub fn is_redis(&self) -> bool {
-        matches!(self.inner.engine, Engine::Redis(_))
+        matches!(self.view().engine, Engine::Redis(_))
     }
 
     /// Keys currently held by the in-memory engine (`None` for Redis): memory is bounded
     /// because expired state is swept out.
     pub fn memory_keys(&self) -> Option<usize> {
-        match &self.inner.engine {
+        match &self.view().engine {
             Engine::Memory(m) => Some(m.len()),
             Engine::Redis(_) => None,
         }
@@ -228,7 +293,7 @@ impl Limiter {
 
     /// The named policy from the config.
     pub fn policy(&self, name: &str) -> Result<Policy> {
-        self.inner
+        self.view()
             .config
             .policies
             .get(name)
@@ -237,11 +302,11 @@ impl Limiter {
     }
 
     /// The shard `key` routes to: (index, name). `None` on the in-memory engine.
-    pub fn route(&self, key: &str) -> Option<(u32, &str)> {
-        match &self.inner.engine {
+    pub fn route(&self, key: &str) -> Option<(u32, String)> {
+        match &self.view().engine {
             Engine::Redis(r) => {
                 let i = shard_index(key, r.shards.len() as u32);
-                Some((i, r.shards[i as usize].name.as_str()))
+                Some((i, r.shards[i as usize].name.clone()))
             }
             Engine::Memory(_) => None,
         }
@@ -250,6 +315,125 @@ impl Limiter {
     /// Calls `subscriber` for every event: denials, blocks, fallbacks, circuit changes.
     pub fn subscribe(&self, subscriber: Subscriber) {
         self.inner.subscribers.add(subscriber);
+    }
+
+    // ----- reload ----------------------------------------------------------------------
+
+    /// Swaps in a new, already validated config atomically: checks in flight finish on the
+    /// old shards and policies, new checks use the new ones, none fails. Connections are
+    /// kept when the shard list is unchanged. When it changed, keys whose shard changed
+    /// carry their state over from the old shard on their first check during
+    /// `reshard_handoff` (default 10 minutes), so a client at its limit stays limited.
+    pub fn reload(&self, config: Config) -> Result<ReloadReport> {
+        let old = self.view();
+        let same_backend = old.config.shards == config.shards
+            && old.config.key_prefix == config.key_prefix
+            && old.config.timeout == config.timeout
+            && old.config.events_stream_maxlen == config.events_stream_maxlen;
+        let engine = if same_backend {
+            match &old.engine {
+                Engine::Memory(m) => Engine::Memory(m.clone()),
+                Engine::Redis(r) => Engine::Redis(r.clone()),
+            }
+        } else {
+            Limiter::build_engine(&config, self.inner.subscribers.clone())?
+        };
+        let handoff = match (&old.engine, &engine) {
+            (Engine::Redis(o), Engine::Redis(n)) if !Arc::ptr_eq(o, n) => {
+                let moved = o
+                    .shards
+                    .iter()
+                    .map(|s| &s.url)
+                    .ne(n.shards.iter().map(|s| &s.url));
+                moved.then(|| Handoff {
+                    old: o.clone(),
+                    until: MonotonicClock.now_us() + config.reshard_handoff.as_micros() as u64,
+                    done: Mutex::new(Default::default()),
+                })
+            }
+            // a reload that keeps the backend keeps an ongoing handoff
+            _ if same_backend => old.handoff.as_ref().map(|h| Handoff {
+                old: h.old.clone(),
+                until: h.until,
+                done: Mutex::new(h.done.lock().clone()),
+            }),
+            _ => None,
+        };
+        for p in config.policies.values() {
+            p.0.registered.store(true, Ordering::Relaxed);
+        }
+        let names = |c: &Config| {
+            c.policies
+                .keys()
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>()
+        };
+        let (before, after) = (names(&old.config), names(&config));
+        let report = ReloadReport {
+            engine_changed: !same_backend,
+            handoff: handoff.is_some(),
+            policies_added: after.difference(&before).cloned().collect(),
+            policies_removed: before.difference(&after).cloned().collect(),
+            policies_changed: after
+                .intersection(&before)
+                .filter(|n| {
+                    let (a, b) = (&old.config.policies[*n], &config.policies[*n]);
+                    a.limit() != b.limit()
+                        || a.on_error() != b.on_error()
+                        || a.auto_block() != b.auto_block()
+                        || a.local_admission() != b.local_admission()
+                })
+                .cloned()
+                .collect(),
+        };
+        self.inner.view.store(Arc::new(View {
+            config: Arc::new(config),
+            engine,
+            handoff,
+        }));
+        tracing::info!(?report, "shardlimit: config reloaded");
+        Ok(report)
+    }
+
+    /// Reads, validates and applies a config file. A bad file is rejected with the reason
+    /// and the old config stays in force.
+    pub fn reload_from_file(&self, path: impl AsRef<std::path::Path>) -> Result<ReloadReport> {
+        self.reload(Config::from_file(path)?)
+    }
+
+    /// Watches `path` (polling its modification time every `every`) and reloads when it
+    /// changes; a bad new config is logged and ignored. Stops when the returned watcher is
+    /// dropped, or when every clone of this limiter is gone.
+    pub fn watch_config(
+        &self,
+        path: impl Into<std::path::PathBuf>,
+        every: Duration,
+    ) -> ConfigWatcher {
+        let path = path.into();
+        let weak = Arc::downgrade(&self.inner);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let mtime = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let mut last = mtime(&path);
+        let handle = std::thread::Builder::new()
+            .name("shardlimit-config-watch".into())
+            .spawn(move || {
+                while !stop2.load(Ordering::Relaxed) {
+                    std::thread::sleep(every);
+                    let Some(inner) = weak.upgrade() else { return };
+                    let now = mtime(&path);
+                    if now != last {
+                        last = now;
+                        let limiter = Limiter { inner };
+                        match limiter.reload_from_file(&path) {
+                            Ok(_) => {}
+                            Err(e) => tracing::error!(path = %path.display(), error = %e, "shardlimit: new config rejected, keeping the old one"),
+                        }
+                    }
+                }
+            })
+            .ok();
+        ConfigWatcher { stop, handle }
     }
 
     // ----- scale -----------------------------------------------------------------------
@@ -302,7 +486,7 @@ impl Limiter {
     /// Counters per policy and the Redis latency histogram.
     pub fn metrics(&self) -> MetricsSnapshot {
         let mut policies: Vec<_> = self
-            .inner
+            .view()
             .config
             .policies
             .iter()
@@ -315,7 +499,7 @@ impl Limiter {
                 .iter()
                 .map(|p| p.0.counters.snapshot(p.name())),
         );
-        let (redis_latency, events_dropped) = match &self.inner.engine {
+        let (redis_latency, events_dropped) = match &self.view().engine {
             Engine::Redis(r) => (
                 r.latency.snapshot(),
                 r.events_dropped.load(Ordering::Relaxed),
@@ -394,7 +578,7 @@ impl Limiter {
     /// Releases a lease of an ad-hoc concurrency policy.
     pub async fn release_with(&self, policy: &Policy, lease: &Lease) -> Result<bool> {
         validate_key(&lease.key)?;
-        match &self.inner.engine {
+        match &self.view().engine {
             Engine::Memory(m) => Ok(m.release(&policy.0.name, &lease.key, &lease.id)),
             Engine::Redis(r) => {
                 let shard = shard_index(&lease.key, r.shards.len() as u32) as usize;
@@ -411,7 +595,7 @@ impl Limiter {
             .local
             .lock()
             .remove(&local_key(&policy.0.name, key));
-        match &self.inner.engine {
+        match &self.view().engine {
             Engine::Memory(m) => {
                 m.reset(&policy.0.name, key);
                 Ok(())
@@ -485,7 +669,8 @@ impl Limiter {
                 auto_block: l.policy.0.auto_block,
             })
             .collect();
-        let (raw, source, shards) = match &self.inner.engine {
+        let view = self.view();
+        let (raw, source, shards) = match &view.engine {
             Engine::Memory(m) => (
                 m.check_layers(&reqs, self.now()),
                 Source::Memory,
@@ -511,6 +696,12 @@ impl Limiter {
                     .iter()
                     .map(|l| shard_index(&l.key, n) as usize)
                     .collect();
+                if let Some(h) = &view.handoff {
+                    for (i, l) in layers.iter().enumerate() {
+                        self.carry_over(h, r, &l.policy.0, &l.key, shard_of[i])
+                            .await;
+                    }
+                }
                 let (raw, src) = self.layered_redis(r, layers, &reqs, &shard_of).await?;
                 (raw, src, shard_of.iter().map(|s| Some(*s as u32)).collect())
             }
@@ -689,7 +880,7 @@ impl Limiter {
         if reason.len() > 1024 {
             return Err(Error::invalid("reason", "at most 1024 bytes"));
         }
-        match &self.inner.engine {
+        match &self.view().engine {
             Engine::Memory(m) => {
                 m.block(key, ttl.map(|t| self.now() + t.as_micros() as u64), reason);
                 Ok(())
@@ -708,7 +899,7 @@ impl Limiter {
     pub async fn unblock(&self, key: &str) -> Result<bool> {
         validate_key(key)?;
         self.uncache_block(key);
-        match &self.inner.engine {
+        match &self.view().engine {
             Engine::Memory(m) => Ok(m.unblock(key)),
             Engine::Redis(r) => {
                 let shard = shard_index(key, r.shards.len() as u32) as usize;
@@ -720,7 +911,7 @@ impl Limiter {
     /// The block-list entry of `key`, if it is blocked.
     pub async fn blocked(&self, key: &str) -> Result<Option<BlockInfo>> {
         validate_key(key)?;
-        match &self.inner.engine {
+        match &self.view().engine {
             Engine::Memory(m) => Ok(m.blocked(key, self.now()).map(|(reason, ttl)| BlockInfo {
                 reason,
                 remaining: ttl.map(Duration::from_micros),
@@ -743,7 +934,7 @@ impl Limiter {
         &self,
         fut: impl Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
-        match &self.inner.engine {
+        match &self.view().engine {
             // memory futures never wait: poll once on a trivial executor
             Engine::Memory(_) => poll_once(fut),
             Engine::Redis(r) => {
@@ -766,7 +957,7 @@ impl Limiter {
     /// Blocking [`Limiter::check`].
     pub fn check_blocking(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision> {
         if let (Engine::Memory(_), false) = (
-            &self.inner.engine,
+            &self.view().engine,
             policy.algorithm() == Algorithm::Concurrency,
         ) {
             return poll_once(self.run(key, policy, cost, false, ""));
@@ -844,13 +1035,18 @@ impl Limiter {
     /// first use, re-created after fork). `None` on the in-memory engine. Bindings spawn
     /// their async calls here.
     pub fn runtime_handle(&self) -> Result<Option<tokio::runtime::Handle>> {
-        match &self.inner.engine {
+        match &self.view().engine {
             Engine::Redis(r) => Ok(Some(r.state()?.runtime().handle().clone())),
             Engine::Memory(_) => Ok(None),
         }
     }
 
     // ----- internals -------------------------------------------------------------------
+
+    #[inline]
+    fn view(&self) -> Arc<View> {
+        self.inner.view.load_full()
+    }
 
     fn lease_id(&self) -> String {
         let n = self.inner.lease_seq.fetch_add(1, Ordering::Relaxed);
@@ -945,8 +1141,8 @@ impl Limiter {
     }
 
     fn on_denied(&self, p: &PolicyInner, key: &str, d: &Decision) {
-        let wants_stream = matches!(&self.inner.engine, Engine::Redis(_))
-            && self.inner.config.events_stream_maxlen.is_some();
+        let wants_stream = matches!(&self.view().engine, Engine::Redis(_))
+            && self.view().config.events_stream_maxlen.is_some();
         if !self.inner.subscribers.active() && !wants_stream {
             return;
         }
@@ -976,7 +1172,7 @@ impl Limiter {
         if self.inner.subscribers.active() {
             self.inner.subscribers.emit(e);
         }
-        if let Engine::Redis(r) = &self.inner.engine {
+        if let Engine::Redis(r) = &self.view().engine {
             r.stream(shard_index(key, r.shards.len() as u32) as usize, e);
         }
     }
@@ -1051,7 +1247,7 @@ impl Limiter {
                 delay_us: 0,
             },
             _ => {
-                let share = eff.share(self.inner.config.instances);
+                let share = eff.share(self.view().config.instances);
                 self.inner
                     .fallback
                     .check(
@@ -1069,7 +1265,7 @@ impl Limiter {
         };
         let mut d = self.decision(p, eff, o, Source::Fallback, None);
         if p.on_error == OnError::Local {
-            d.limit = eff.share(self.inner.config.instances).limit;
+            d.limit = eff.share(self.view().config.instances).limit;
         }
         tracing::debug!(policy = %p.name, key, error = %e, allowed = d.allowed, "shardlimit: fallback decision");
         if self.inner.subscribers.active() {
@@ -1101,7 +1297,8 @@ impl Limiter {
         // costs above the limit can never fit: sending at most limit + 1 keeps every script
         // quantity an exact integer
         let cost = cost.min(eff.limit + 1);
-        let d = match &self.inner.engine {
+        let view = self.view();
+        let d = match &view.engine {
             Engine::Memory(m) => {
                 let raw = m.check(
                     &p.name,
@@ -1122,6 +1319,9 @@ impl Limiter {
                     return Ok(d);
                 }
                 let shard = shard_index(key, r.shards.len() as u32);
+                if let Some(h) = &view.handoff {
+                    self.carry_over(h, r, p, key, shard as usize).await;
+                }
                 if let (Some(la), false, true) = (p.local_admission, peek, lease.is_empty()) {
                     return self.local_admission(r, p, &eff, la, key, shard, cost).await;
                 }
@@ -1237,7 +1437,7 @@ impl Limiter {
         };
         let (batch, mode) = match reserve_from {
             Some(remaining) => {
-                let instances = self.inner.config.instances.max(1) as u64;
+                let instances = self.view().config.instances.max(1) as u64;
                 let batch = (remaining / (2 * instances))
                     .clamp(1, la.max_batch)
                     .max(cost);
@@ -1329,6 +1529,50 @@ impl From<RawWith> for Raw {
         Raw {
             outcome: r.1,
             ..r.0
+        }
+    }
+}
+
+impl Limiter {
+    /// During a reshard handoff: if `key` now lives on another server than before, copy its
+    /// state for `p` (and its block entry) from the old shard, once per limiter. The new
+    /// shard keeps any state it already has. Failures are logged: the check goes on.
+    async fn carry_over(
+        &self,
+        h: &Handoff,
+        r: &Arc<RedisEngine>,
+        p: &PolicyInner,
+        key: &str,
+        new_shard: usize,
+    ) {
+        if MonotonicClock.now_us() >= h.until {
+            return;
+        }
+        let old_shard = shard_index(key, h.old.shards.len() as u32) as usize;
+        if h.old.shards[old_shard].url == r.shards[new_shard].url {
+            return;
+        }
+        let id = local_key(&p.name, key);
+        if h.done.lock().contains(&id) {
+            return;
+        }
+        let now = self.now_override();
+        let moved = async {
+            let items = h.old.dump_state(old_shard, p, key, now).await?;
+            r.restore_state(new_shard, items).await
+        };
+        match moved.await {
+            Ok(n) => {
+                tracing::debug!(policy = %p.name, key, keys = n, "shardlimit: carried state over to the new shard");
+                let mut done = h.done.lock();
+                if done.len() > 1_000_000 {
+                    done.clear();
+                }
+                done.insert(id);
+            }
+            Err(e) => {
+                tracing::warn!(policy = %p.name, key, error = %e, "shardlimit: reshard handoff failed for this key")
+            }
         }
     }
 }

@@ -645,6 +645,72 @@ impl RedisEngine {
         Ok(())
     }
 
+    /// Reads `key`'s state for `policy` (and its block entry) on `shard`, for a handoff:
+    /// (name, pttl in ms or 0, DUMP payload) per existing key.
+    pub async fn dump_state(
+        self: &Arc<Self>,
+        shard: usize,
+        policy: &PolicyInner,
+        key: &str,
+        now_us: Option<u64>,
+    ) -> Result<Vec<(String, i64, Vec<u8>)>> {
+        let c = &policy.compiled;
+        let window = if c.algorithm.is_windowed() {
+            c.period_us
+        } else {
+            0
+        };
+        let (skey, bkey) = (
+            state_key(&self.prefix, &policy.key_scope, key),
+            block_key(&self.prefix, key),
+        );
+        let v: Vec<redis::Value> = self
+            .with_conn(shard, |mut conn| async move {
+                scripts::migrate_dump()
+                    .key(skey)
+                    .key(bkey)
+                    .arg(now_us.unwrap_or(0))
+                    .arg(window)
+                    .invoke_async(&mut conn)
+                    .await
+            })
+            .await?;
+        let mut out = Vec::new();
+        for t in v.chunks(3) {
+            if let [redis::Value::BulkString(name), redis::Value::Int(ttl), redis::Value::BulkString(payload)] =
+                t
+            {
+                out.push((
+                    String::from_utf8_lossy(name).into_owned(),
+                    *ttl,
+                    payload.clone(),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes state read by [`RedisEngine::dump_state`] on `shard` where it has none yet.
+    pub async fn restore_state(
+        self: &Arc<Self>,
+        shard: usize,
+        items: Vec<(String, i64, Vec<u8>)>,
+    ) -> Result<u64> {
+        if items.is_empty() {
+            return Ok(0);
+        }
+        let mut inv = scripts::migrate_restore().prepare_invoke();
+        for (name, ttl, payload) in items {
+            inv.key(name).arg(ttl).arg(payload);
+        }
+        let n: i64 = self
+            .with_conn(shard, |mut conn| async move {
+                inv.invoke_async(&mut conn).await
+            })
+            .await?;
+        Ok(n.max(0) as u64)
+    }
+
     /// Puts `key` on the block list of its shard (`ttl` None = permanent).
     pub async fn block(
         self: &Arc<Self>,

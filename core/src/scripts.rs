@@ -48,6 +48,8 @@ const REFUND_SRC: &str = concat!(
     lua!("main_refund.lua")
 );
 const RESET_SRC: &str = concat!(lua!("prelude.lua"), lua!("reset.lua"));
+const MIGRATE_DUMP_SRC: &str = concat!(lua!("prelude.lua"), lua!("migrate_dump.lua"));
+const MIGRATE_RESTORE_SRC: &str = concat!(lua!("prelude.lua"), lua!("migrate_restore.lua"));
 
 /// (name, source) of every assembled script.
 const SOURCES: &[(&str, &str)] = &[
@@ -60,6 +62,8 @@ const SOURCES: &[(&str, &str)] = &[
     ("layered", LAYERED_SRC),
     ("refund", REFUND_SRC),
     ("reset", RESET_SRC),
+    ("migrate_dump", MIGRATE_DUMP_SRC),
+    ("migrate_restore", MIGRATE_RESTORE_SRC),
 ];
 
 static SCRIPTS: LazyLock<Vec<Script>> =
@@ -86,6 +90,12 @@ pub(crate) fn refund() -> &'static Script {
 }
 pub(crate) fn reset() -> &'static Script {
     &SCRIPTS[8]
+}
+pub(crate) fn migrate_dump() -> &'static Script {
+    &SCRIPTS[9]
+}
+pub(crate) fn migrate_restore() -> &'static Script {
+    &SCRIPTS[10]
 }
 
 /// Every assembled script as (name, source, SHA1), for tests and tooling.
