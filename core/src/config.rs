@@ -29,8 +29,12 @@ pub struct ShardConfig {
 /// A validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// `None` runs on the in-memory engine (the embedded default).
+    /// `None` runs on the in-memory engine (the embedded default), unless `cluster` is set.
     pub shards: Option<Vec<ShardConfig>>,
+    /// Seed nodes of one Redis Cluster (`"cluster": {"nodes": [...]}`), instead of `shards`:
+    /// the cluster routes keys by slot (MOVED/ASK, topology refresh and failover are the
+    /// redis crate's), and every script's keys share one hash tag.
+    pub cluster: Option<Vec<String>>,
     pub key_prefix: String,
     pub timeout: Duration,
     /// The default failure mode of policies that do not set their own.
@@ -50,6 +54,7 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             shards: None,
+            cluster: None,
             key_prefix: DEFAULT_PREFIX.to_string(),
             timeout: DEFAULT_TIMEOUT,
             on_error: OnError::Open,
@@ -113,6 +118,7 @@ impl Config {
             "",
             &[
                 "shards",
+                "cluster",
                 "key_prefix",
                 "timeout_ms",
                 "on_error",
@@ -186,6 +192,41 @@ impl Config {
         }
         if let Some(v) = obj.get("shards") {
             cfg.shards = Some(shards(v)?);
+        }
+        if let Some(v) = obj.get("cluster") {
+            if cfg.shards.is_some() {
+                return Err(Error::config(
+                    "cluster",
+                    "use either `shards` (client-side routing) or `cluster`, not both",
+                ));
+            }
+            let o = v.as_object().ok_or_else(|| {
+                Error::config(
+                    "cluster",
+                    format!("expected {{\"nodes\": [\"redis://host:port\", ...]}}, got {v}"),
+                )
+            })?;
+            check_fields(o, "cluster.", &["nodes"])?;
+            let nodes = o
+                .get("nodes")
+                .and_then(Value::as_array)
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| {
+                    Error::config(
+                        "cluster.nodes",
+                        "expected a non-empty list of redis:// URLs",
+                    )
+                })?;
+            let mut urls = Vec::new();
+            for (i, n) in nodes.iter().enumerate() {
+                let f = format!("cluster.nodes[{i}]");
+                let url = n.as_str().ok_or_else(|| {
+                    Error::config(&f, format!("expected a redis:// URL, got {n}"))
+                })?;
+                validate_url(&f, url)?;
+                urls.push(url.to_string());
+            }
+            cfg.cluster = Some(urls);
         }
         if let Some(v) = obj.get("policies") {
             let map = v.as_object().ok_or_else(|| {

@@ -228,15 +228,22 @@ impl Limiter {
     }
 
     fn build_engine(config: &Config, subscribers: Arc<Subscribers>) -> Result<Engine> {
-        Ok(match &config.shards {
-            Some(shards) => Engine::Redis(Arc::new(RedisEngine::new(
+        Ok(match (&config.shards, &config.cluster) {
+            (Some(shards), _) => Engine::Redis(Arc::new(RedisEngine::new(
                 shards.clone(),
                 config.key_prefix.clone(),
                 config.timeout,
                 subscribers,
                 config.events_stream_maxlen,
             )?)),
-            None => Engine::Memory(Arc::new(MemoryEngine::default())),
+            (None, Some(nodes)) => Engine::Redis(Arc::new(RedisEngine::cluster(
+                nodes.clone(),
+                config.key_prefix.clone(),
+                config.timeout,
+                subscribers,
+                config.events_stream_maxlen,
+            )?)),
+            (None, None) => Engine::Memory(Arc::new(MemoryEngine::default())),
         })
     }
 
@@ -327,6 +334,7 @@ impl Limiter {
     pub fn reload(&self, config: Config) -> Result<ReloadReport> {
         let old = self.view();
         let same_backend = old.config.shards == config.shards
+            && old.config.cluster == config.cluster
             && old.config.key_prefix == config.key_prefix
             && old.config.timeout == config.timeout
             && old.config.events_stream_maxlen == config.events_stream_maxlen;
@@ -764,11 +772,22 @@ impl Limiter {
         reqs: &[LayerReq<'_>],
         shard_of: &[usize],
     ) -> Result<(LayeredRaw, Source)> {
+        // one script call per shard; in a Redis Cluster, per hash slot (a script's keys
+        // must share a slot), so no CROSSSLOT error is possible
         let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+        let mut group_keys: Vec<u32> = Vec::new();
         for (i, s) in shard_of.iter().enumerate() {
-            match groups.iter_mut().find(|(g, _)| g == s) {
-                Some((_, v)) => v.push(i),
-                None => groups.push((*s, vec![i])),
+            let gk = if r.is_cluster() {
+                crate::routing::cluster_slot(&layers[i].key) as u32
+            } else {
+                *s as u32
+            };
+            match group_keys.iter().position(|g| *g == gk) {
+                Some(g) => groups[g].1.push(i),
+                None => {
+                    group_keys.push(gk);
+                    groups.push((*s, vec![i]));
+                }
             }
         }
         let now = self.now_override();

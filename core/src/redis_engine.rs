@@ -18,6 +18,8 @@ use crate::scripts;
 use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -46,11 +48,53 @@ pub(crate) enum Mode {
 
 type StreamItem = (usize, Vec<(&'static str, String)>);
 
+/// A connection to one shard: a standalone Redis (multiplexed, auto-reconnecting) or a
+/// whole Redis Cluster (the redis crate routes by slot and follows MOVED/ASK).
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+enum Client {
+    Single(redis::Client),
+    Cluster(ClusterClient),
+}
+
 /// The runtime and connections of one process.
 pub(crate) struct RtState {
     pid: u32,
     runtime: Option<Runtime>,
-    conns: Vec<OnceCell<ConnectionManager>>,
+    conns: Vec<OnceCell<Conn>>,
     stream_tx: Option<tokio::sync::mpsc::Sender<StreamItem>>,
 }
 
@@ -80,7 +124,7 @@ struct Circuit {
 
 pub(crate) struct RedisEngine {
     pub shards: Vec<ShardConfig>,
-    clients: Vec<redis::Client>,
+    clients: Vec<Client>,
     pub timeout: Duration,
     prefix: String,
     worker_threads: usize,
@@ -204,14 +248,57 @@ impl RedisEngine {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                redis::Client::open(s.url.as_str()).map_err(|e| {
-                    Error::config(
-                        format!("shards[{i}].url"),
-                        format!("invalid Redis URL: {e}"),
-                    )
-                })
+                redis::Client::open(s.url.as_str())
+                    .map(Client::Single)
+                    .map_err(|e| {
+                        Error::config(
+                            format!("shards[{i}].url"),
+                            format!("invalid Redis URL: {e}"),
+                        )
+                    })
             })
             .collect::<Result<Vec<_>>>()?;
+        RedisEngine::build(shards, clients, prefix, timeout, subscribers, stream_maxlen)
+    }
+
+    /// One logical shard that is a whole Redis Cluster, from its seed nodes.
+    pub fn cluster(
+        nodes: Vec<String>,
+        prefix: String,
+        timeout: Duration,
+        subscribers: Arc<Subscribers>,
+        stream_maxlen: Option<u64>,
+    ) -> Result<RedisEngine> {
+        let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .retries(2)
+            .min_retry_wait(10)
+            .max_retry_wait(200)
+            .build()
+            .map_err(|e| Error::config("cluster.nodes", format!("invalid cluster: {e}")))?;
+        let shard = ShardConfig {
+            name: "cluster".to_string(),
+            url: nodes.join(","),
+        };
+        RedisEngine::build(
+            vec![shard],
+            vec![Client::Cluster(client)],
+            prefix,
+            timeout,
+            subscribers,
+            stream_maxlen,
+        )
+    }
+
+    fn build(
+        shards: Vec<ShardConfig>,
+        clients: Vec<Client>,
+        prefix: String,
+        timeout: Duration,
+        subscribers: Arc<Subscribers>,
+        stream_maxlen: Option<u64>,
+    ) -> Result<RedisEngine> {
         let worker_threads = std::env::var("SHARDLIMIT_WORKER_THREADS")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -281,21 +368,40 @@ impl RedisEngine {
         Ok(st)
     }
 
-    async fn connection(&self, st: &RtState, shard: usize) -> Result<ConnectionManager> {
+    /// True when the one shard is a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.clients.first(), Some(Client::Cluster(_)))
+    }
+
+    async fn connection(&self, st: &RtState, shard: usize) -> Result<Conn> {
         let conn = st.conns[shard]
             .get_or_try_init(|| async {
-                let client = self.clients[shard].clone();
-                let cfg = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.timeout))
-                    .set_number_of_retries(1)
-                    .set_min_delay(Duration::from_millis(10))
-                    .set_max_delay(Duration::from_millis(500));
-                // connect inside our runtime, so the connection's driver task lives there
-                st.runtime()
-                    .spawn(ConnectionManager::new_with_config(client, cfg))
-                    .await
-                    .map_err(|e| Error::Internal(format!("connect task failed: {e}")))?
-                    .map_err(|e| map_redis_error(&self.shards[shard], self.timeout, e))
+                let map = |e| map_redis_error(&self.shards[shard], self.timeout, e);
+                // connect inside our runtime, so the connection's driver tasks live there
+                match &self.clients[shard] {
+                    Client::Single(client) => {
+                        let cfg = ConnectionManagerConfig::new()
+                            .set_connection_timeout(Some(self.timeout))
+                            .set_number_of_retries(1)
+                            .set_min_delay(Duration::from_millis(10))
+                            .set_max_delay(Duration::from_millis(500));
+                        st.runtime()
+                            .spawn(ConnectionManager::new_with_config(client.clone(), cfg))
+                            .await
+                            .map_err(|e| Error::Internal(format!("connect task failed: {e}")))?
+                            .map(Conn::Single)
+                            .map_err(map)
+                    }
+                    Client::Cluster(client) => {
+                        let client = client.clone();
+                        st.runtime()
+                            .spawn(async move { client.get_async_connection().await })
+                            .await
+                            .map_err(|e| Error::Internal(format!("connect task failed: {e}")))?
+                            .map(Conn::Cluster)
+                            .map_err(map)
+                    }
+                }
             })
             .await?;
         Ok(conn.clone())
@@ -304,7 +410,7 @@ impl RedisEngine {
     /// Runs `f` on shard `shard`'s connection under the deadline, through its circuit.
     async fn raw<T, F, Fut>(&self, st: &RtState, shard: usize, f: F) -> Result<T>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let work = async {
@@ -326,7 +432,7 @@ impl RedisEngine {
     /// records latency and feeds the circuit breaker.
     pub async fn with_conn<T, F, Fut>(self: &Arc<Self>, shard: usize, f: F) -> Result<T>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let st = self.state()?;

@@ -42,6 +42,28 @@ pub fn shard_index(key: &str, shards: u32) -> u32 {
     jump_consistent_hash(key_hash(key), shards.max(1))
 }
 
+/// CRC16-XMODEM, the checksum Redis Cluster maps keys to slots with.
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for b in data {
+        crc ^= (*b as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The Redis Cluster slot of every Redis key shardlimit writes for `key`: they all carry
+/// `key`'s hash tag (its own `{tag}`, or the whole key in braces).
+pub fn cluster_slot(key: &str) -> u16 {
+    crc16(routing_key(key).as_bytes()) % 16384
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,6 +82,17 @@ mod tests {
         assert_eq!(XxHash64::oneshot(0, b""), 0xEF46_DB37_51D8_E999);
         assert_eq!(XxHash64::oneshot(0, b"a"), 0xD24E_C4F1_A98C_6E5B);
     }
+    #[test]
+    fn cluster_slots_match_redis() {
+        // CLUSTER KEYSLOT answers from Redis' documentation and test suite
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(cluster_slot("foo"), 12182);
+        assert_eq!(
+            cluster_slot("{user1000}.following"),
+            cluster_slot("{user1000}.followers")
+        );
+    }
+
     #[test]
     fn jump_hash_properties() {
         for k in 0..1000u64 {

@@ -10,6 +10,7 @@ pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
     dir: tempfile::TempDir,
+    extra: Vec<String>,
 }
 
 fn free_port() -> u16 {
@@ -27,11 +28,40 @@ impl RedisServer {
     }
 
     pub fn start_on(port: u16) -> RedisServer {
+        Self::start_with(port, Vec::new())
+    }
+
+    /// A node for a Redis Cluster (its nodes.conf lives in the server's own directory).
+    pub fn start_cluster_node() -> RedisServer {
+        let extra = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "1500",
+        ];
+        Self::start_with(free_port(), extra.iter().map(|s| s.to_string()).collect())
+    }
+
+    fn start_with(port: u16, extra: Vec<String>) -> RedisServer {
         let dir = tempfile::tempdir().unwrap();
+        let mut server = RedisServer {
+            child: None,
+            port,
+            dir,
+            extra,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let port = self.port.to_string();
         let child = Command::new("redis-server")
             .args([
                 "--port",
-                &port.to_string(),
+                &port,
                 "--bind",
                 "127.0.0.1",
                 "--save",
@@ -40,24 +70,27 @@ impl RedisServer {
                 "no",
             ])
             .arg("--dir")
-            .arg(dir.path())
+            .arg(self.dir.path())
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("redis-server must be installed (make test installs it)");
-        let server = RedisServer {
-            child: Some(child),
-            port,
-            dir,
-        };
-        server.wait_ready();
-        server
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    /// Starts the server again after [`RedisServer::kill`], same port and directory.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "still running");
+        self.spawn();
     }
 
     fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Ok(mut c) = redis::Client::open(self.url()).and_then(|c| c.get_connection()) {
+                // a cluster node answers PING before its cluster is formed: that is enough
                 if redis::cmd("PING").query::<String>(&mut c).is_ok() {
                     return;
                 }

@@ -1,0 +1,199 @@
+//! Redis Cluster mode against a real 3-primary cluster the test creates on loopback ports
+//! (`redis-server --cluster-enabled yes` ×3, `redis-cli --cluster create`).
+
+mod support;
+
+use shardlimit::{Layer, Limiter, Source};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::RedisServer;
+
+fn cluster_ok(s: &RedisServer) -> bool {
+    let info: String = redis::cmd("CLUSTER")
+        .arg("INFO")
+        .query(&mut s.conn())
+        .unwrap_or_default();
+    info.contains("cluster_state:ok")
+}
+
+fn wait(what: &str, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn create_cluster() -> Vec<RedisServer> {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_cluster_node()).collect();
+    let addrs: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let out = Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(&addrs)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .expect("redis-cli");
+    assert!(
+        out.status.success(),
+        "cluster create failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    wait("cluster_state:ok", || nodes.iter().all(cluster_ok));
+    nodes
+}
+
+fn limiter(nodes: &[RedisServer], timeout_ms: u64) -> Limiter {
+    let urls: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("\"redis://127.0.0.1:{}\"", n.port))
+        .collect();
+    Limiter::from_json(&format!(
+        r#"{{"timeout_ms": {timeout_ms}, "cluster": {{"nodes": [{}]}}, "policies": {{
+            "api":   {{"algorithm":"token_bucket","capacity":40,"refill_per_sec":0.001,"on_error":"error"}},
+            "login": {{"algorithm":"fixed_window","limit":3,"window":"1h","on_error":"closed"}},
+            "ip":    {{"algorithm":"sliding_window","limit":100,"window":"1h","on_error":"closed"}}
+        }}}}"#,
+        urls.join(",")
+    ))
+    .unwrap()
+}
+
+#[test]
+fn cluster_mode_end_to_end() {
+    let mut nodes = create_cluster();
+    let l = limiter(&nodes, 1000);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+
+    // exact admission under concurrency on one key
+    let allowed = Arc::new(AtomicU64::new(0));
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        for _ in 0..64 {
+            let (l, a) = (l.clone(), allowed.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..3 {
+                    if l.check_named("api", "user:hot", 1).await.unwrap().allowed {
+                        a.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    assert_eq!(allowed.load(Ordering::SeqCst), 40);
+
+    // keys spread over all three primaries
+    for i in 0..300 {
+        assert!(
+            l.check_named_blocking("api", &format!("user:{i}"), 1)
+                .unwrap()
+                .allowed
+        );
+    }
+    for n in &nodes {
+        let size: u64 = redis::cmd("DBSIZE").query(&mut n.conn()).unwrap();
+        assert!(size > 50, "node {} holds only {size} keys", n.port);
+    }
+
+    // layered check over keys in different slots: no CROSSSLOT, nothing consumed on deny
+    for _ in 0..3 {
+        let d = l
+            .check_all_blocking(&[
+                Layer::new("ip:1", &l.policy("ip").unwrap(), 1),
+                Layer::new("user:login", &l.policy("login").unwrap(), 1),
+            ])
+            .unwrap();
+        assert!(d.allowed, "{d:?}");
+    }
+    let d = l
+        .check_all_blocking(&[
+            Layer::new("ip:1", &l.policy("ip").unwrap(), 1),
+            Layer::new("user:login", &l.policy("login").unwrap(), 1),
+        ])
+        .unwrap();
+    assert!(!d.allowed);
+    assert_eq!(&*d.policy, "login");
+    assert_eq!(
+        l.peek_blocking("ip:1", &l.policy("ip").unwrap())
+            .unwrap()
+            .remaining,
+        97
+    );
+
+    // block list
+    l.block_blocking("user:bad", Some(Duration::from_secs(60)), "cluster test")
+        .unwrap();
+    assert_eq!(
+        l.check_named_blocking("ip", "user:bad", 1).unwrap().source,
+        Source::Block
+    );
+    assert_eq!(
+        l.blocked_blocking("user:bad").unwrap().unwrap().reason,
+        "cluster test"
+    );
+
+    // scripts survive SCRIPT FLUSH on every node
+    for n in &nodes {
+        redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .exec(&mut n.conn())
+            .unwrap();
+    }
+    assert!(
+        l.check_named_blocking("ip", "user:after-flush", 1)
+            .unwrap()
+            .allowed
+    );
+
+    // a primary dies: the failure mode applies within the deadline; then the node comes
+    // back (same directory, so it rejoins) and the client recovers by itself
+    let victim = 1;
+    // a key whose slot the victim owns: a non-owner answers MOVED (an error)
+    let victim_key = (0..10_000)
+        .map(|i| format!("k{i}"))
+        .find(|k| {
+            redis::cmd("GET")
+                .arg(format!("{{{k}}}"))
+                .query::<Option<String>>(&mut nodes[victim].conn())
+                .is_ok()
+        })
+        .unwrap();
+    let l = limiter(&nodes, 300);
+    assert_eq!(
+        l.check_named_blocking("login", &victim_key, 1)
+            .unwrap()
+            .source,
+        Source::Redis
+    );
+    nodes[victim].kill();
+    let t = Instant::now();
+    let d = l.check_named_blocking("login", &victim_key, 1).unwrap();
+    assert_eq!(
+        (d.allowed, d.source),
+        (false, Source::Fallback),
+        "closed mode while the primary is down"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+    nodes[victim].restart();
+    wait("the cluster to heal", || nodes.iter().all(cluster_ok));
+    wait("the client to recover", || {
+        l.check_named_blocking("login", &format!("{victim_key}-x"), 1)
+            .map(|d| d.source == Source::Redis)
+            .unwrap_or(false)
+    });
+}
