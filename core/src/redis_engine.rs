@@ -86,8 +86,8 @@ impl redis::aio::ConnectionLike for Conn {
 }
 
 enum Client {
-    Single(redis::Client),
-    Cluster(ClusterClient),
+    Single(Box<redis::Client>),
+    Cluster(Box<ClusterClient>),
 }
 
 /// The runtime and connections of one process.
@@ -249,7 +249,7 @@ impl RedisEngine {
             .enumerate()
             .map(|(i, s)| {
                 redis::Client::open(s.url.as_str())
-                    .map(Client::Single)
+                    .map(|c| Client::Single(Box::new(c)))
                     .map_err(|e| {
                         Error::config(
                             format!("shards[{i}].url"),
@@ -283,7 +283,7 @@ impl RedisEngine {
         };
         RedisEngine::build(
             vec![shard],
-            vec![Client::Cluster(client)],
+            vec![Client::Cluster(Box::new(client))],
             prefix,
             timeout,
             subscribers,
@@ -386,7 +386,7 @@ impl RedisEngine {
                             .set_min_delay(Duration::from_millis(10))
                             .set_max_delay(Duration::from_millis(500));
                         st.runtime()
-                            .spawn(ConnectionManager::new_with_config(client.clone(), cfg))
+                            .spawn(ConnectionManager::new_with_config((**client).clone(), cfg))
                             .await
                             .map_err(|e| Error::Internal(format!("connect task failed: {e}")))?
                             .map(Conn::Single)
