@@ -1,0 +1,232 @@
+"""shardlimit vs the `limits` package (its Redis storage), same Redis, same policy, one run.
+
+    python bindings/python/bench/bench_vs_limits.py [--n 20000] [--json out.json]
+
+Starts its own redis-server on a free 127.0.0.1 port and measures:
+
+1. sequential sync decisions/s (one thread, one call after another);
+2. asyncio decisions/s with 64 concurrent tasks (limits: both its coredis and redis-py
+   async implementations, the faster one counts);
+3. per-call overhead of a sync shardlimit check over the bare Redis round trip: the very
+   command shardlimit sends (captured with SLOWLOG) replayed over a raw socket.
+
+The policy is a fixed window of 10^9 per hour (every check allowed, one script call per
+check) in both libraries; a sliding-window counter comparison follows. Targets (issue 5):
+sync >= 3x limits, asyncio >= 5x limits async, overhead <= 15 us.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from redis_support import RedisServer, _encode, _Reader  # noqa: E402
+
+import shardlimit  # noqa: E402
+
+TASKS = 64
+LIMIT = 10**9
+
+
+def rate(n: int, seconds: float) -> float:
+    return n / seconds
+
+
+def timed_sync(fn: Callable[[str], Any], n: int, key: str) -> float:
+    for _ in range(min(500, n)):
+        fn(key)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn(key)
+    return rate(n, time.perf_counter() - t0)
+
+
+async def timed_async(fn: Callable[[str], Awaitable[Any]], n: int, key: str) -> float:
+    per_task = n // TASKS
+
+    async def task() -> None:
+        for _ in range(per_task):
+            await fn(key)
+
+    await asyncio.gather(*(task() for _ in range(TASKS)))  # warm-up: connections, scripts
+    t0 = time.perf_counter()
+    await asyncio.gather(*(task() for _ in range(TASKS)))
+    return rate(per_task * TASKS, time.perf_counter() - t0)
+
+
+def latencies(fn: Callable[[], Any], n: int) -> list[float]:
+    for _ in range(min(500, n)):
+        fn()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        fn()
+        out.append((time.perf_counter_ns() - t0) / 1000)
+    return out
+
+
+def summary(us: list[float]) -> dict[str, float]:
+    us = sorted(us)
+    return {"mean_us": statistics.fmean(us), "p50_us": us[len(us) // 2],
+            "p99_us": us[int(len(us) * 0.99)]}
+
+
+def captured_command(server: RedisServer, limiter: shardlimit.Limiter, key: str) -> list[bytes]:
+    """The exact command one shardlimit check sends, from SLOWLOG."""
+    with server.conn() as c:
+        c("CONFIG", "SET", "slowlog-log-slower-than", "0")
+        c("SLOWLOG", "RESET")
+        limiter.check(key, "fw")
+        entries = c("SLOWLOG", "GET", 10)
+        c("CONFIG", "SET", "slowlog-log-slower-than", "10000")
+    for entry in entries:
+        args = entry[3]
+        if args and args[0].upper() in (b"EVALSHA", b"EVAL"):
+            return list(args)
+    raise RuntimeError(f"no script call in SLOWLOG: {entries!r}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--n", type=int, default=20000, help="decisions per measurement")
+    ap.add_argument("--json", help="also write the results to this file")
+    args = ap.parse_args()
+    n = args.n
+
+    from limits import RateLimitItemPerHour
+    from limits import storage as lstorage
+    from limits import strategies as lstrategies
+    from limits.aio import storage as astorage
+    from limits.aio import strategies as astrategies
+
+    server = RedisServer()
+    results: dict[str, Any] = {"n": n, "tasks": TASKS, "python": sys.version.split()[0],
+                               "shardlimit": shardlimit.__version__,
+                               "cpus": os.cpu_count()}
+    try:
+        cfg = json.dumps({
+            "shards": [{"name": "bench", "url": server.url}],
+            "timeout_ms": 5000,
+            "policies": {
+                "fw": {"algorithm": "fixed_window", "limit": LIMIT, "window": "1h"},
+                "sw": {"algorithm": "sliding_window", "limit": LIMIT, "window": "1h"},
+            },
+        })
+        sl = shardlimit.Limiter.from_json(cfg)
+        item = RateLimitItemPerHour(LIMIT)
+        sync_storage = lstorage.storage_from_string(server.url)
+        l_fw = lstrategies.FixedWindowRateLimiter(sync_storage)
+        l_sw = lstrategies.SlidingWindowCounterRateLimiter(sync_storage)
+
+        # 1. sequential sync
+        r = results["sync"] = {
+            "shardlimit_fixed_window": timed_sync(lambda k: sl.check(k, "fw"), n, "s1"),
+            "limits_fixed_window": timed_sync(lambda k: l_fw.hit(item, k), n, "l1"),
+            "shardlimit_sliding_window": timed_sync(lambda k: sl.check(k, "sw"), n, "s2"),
+            "limits_sliding_window_counter": timed_sync(lambda k: l_sw.hit(item, k), n, "l2"),
+        }
+        r["ratio_fixed_window"] = r["shardlimit_fixed_window"] / r["limits_fixed_window"]
+        r["ratio_sliding_window"] = (r["shardlimit_sliding_window"]
+                                     / r["limits_sliding_window_counter"])
+
+        # 2. asyncio, 64 tasks
+        async def run_async() -> dict[str, float]:
+            out = {"shardlimit_fixed_window": await timed_async(
+                lambda k: sl.acheck(k, "fw"), n, "as1")}
+            for impl in ("coredis", "redispy"):
+                st = astorage.RedisStorage(f"async+{server.url}", implementation=impl)
+                lim = astrategies.FixedWindowRateLimiter(st)
+                out[f"limits_{impl}_fixed_window"] = await timed_async(
+                    lambda k: lim.hit(item, k), n, f"al-{impl}")
+            out["shardlimit_sliding_window"] = await timed_async(
+                lambda k: sl.acheck(k, "sw"), n, "as2")
+            st = astorage.RedisStorage(f"async+{server.url}", implementation="coredis")
+            lsw = astrategies.SlidingWindowCounterRateLimiter(st)
+            out["limits_coredis_sliding_window_counter"] = await timed_async(
+                lambda k: lsw.hit(item, k), n, "al-sw")
+            return out
+
+        a = results["asyncio"] = asyncio.run(run_async())
+        best = max(a["limits_coredis_fixed_window"], a["limits_redispy_fixed_window"])
+        a["ratio_fixed_window_vs_best_limits"] = a["shardlimit_fixed_window"] / best
+
+        # 3. per-call overhead over the bare round trip of the same command
+        command = captured_command(server, sl, "ov")
+        raw = socket.create_connection(("127.0.0.1", server.port))
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        reader = _Reader(raw)
+        wire = _encode(*command)
+
+        def bare() -> None:
+            raw.sendall(wire)
+            reply = reader.reply()
+            assert isinstance(reply, list), reply
+
+        ping = _encode("PING")
+
+        def bare_ping() -> None:
+            raw.sendall(ping)
+            reader.reply()
+
+        m = min(n, 20000)
+        # the binding's own cost: the same call on the in-memory engine (no I/O at all)
+        mem = shardlimit.Limiter.from_json(json.dumps({"policies": {
+            "fw": {"algorithm": "fixed_window", "limit": LIMIT, "window": "1h"}}}))
+        mem_lat = summary(latencies(lambda: mem.check("ov", "fw"), m))
+        sl_lat = summary(latencies(lambda: sl.check("ov", "fw"), m))
+        bare_lat = summary(latencies(bare, m))
+        ping_lat = summary(latencies(bare_ping, m))
+        raw.close()
+        results["overhead"] = {
+            "shardlimit_check": sl_lat,
+            "bare_same_command_raw_socket": bare_lat,
+            "bare_ping_raw_socket": ping_lat,
+            "memory_engine_check": mem_lat,
+            "overhead_p50_us": sl_lat["p50_us"] - bare_lat["p50_us"],
+            "overhead_mean_us": sl_lat["mean_us"] - bare_lat["mean_us"],
+            "command": [c.decode(errors="replace") for c in command[:3]] + ["..."],
+        }
+    finally:
+        server.stop()
+
+    s, a, o = results["sync"], results["asyncio"], results["overhead"]
+    print(f"shardlimit {results['shardlimit']}, Python {results['python']}, "
+          f"{results['cpus']} CPUs, {n} decisions per measurement, one local redis-server")
+    print("\nsequential sync decisions/s")
+    print(f"  fixed window    shardlimit {s['shardlimit_fixed_window']:>9,.0f}   limits "
+          f"{s['limits_fixed_window']:>9,.0f}   x{s['ratio_fixed_window']:.2f} (target >= 3)")
+    print(f"  sliding window  shardlimit {s['shardlimit_sliding_window']:>9,.0f}   limits "
+          f"{s['limits_sliding_window_counter']:>9,.0f}   x{s['ratio_sliding_window']:.2f}")
+    print(f"\nasyncio decisions/s, {TASKS} tasks")
+    print(f"  fixed window    shardlimit {a['shardlimit_fixed_window']:>9,.0f}   limits "
+          f"coredis {a['limits_coredis_fixed_window']:>8,.0f} / redis-py "
+          f"{a['limits_redispy_fixed_window']:>8,.0f}   "
+          f"x{a['ratio_fixed_window_vs_best_limits']:.2f} vs the faster (target >= 5)")
+    print(f"  sliding window  shardlimit {a['shardlimit_sliding_window']:>9,.0f}   limits "
+          f"coredis {a['limits_coredis_sliding_window_counter']:>8,.0f}")
+    print("\nsync latency, microseconds (p50 / mean / p99)")
+    for label, k in (("shardlimit check", "shardlimit_check"),
+                     ("same command, raw socket", "bare_same_command_raw_socket"),
+                     ("PING, raw socket", "bare_ping_raw_socket"),
+                     ("check, in-memory engine", "memory_engine_check")):
+        v = o[k]
+        print(f"  {label:<26}{v['p50_us']:7.1f} {v['mean_us']:7.1f} {v['p99_us']:7.1f}")
+    print(f"  overhead over the bare round trip: p50 {o['overhead_p50_us']:.1f} us, "
+          f"mean {o['overhead_mean_us']:.1f} us (target <= 15)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

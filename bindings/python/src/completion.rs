@@ -1,0 +1,248 @@
+//! asyncio futures resolved by the limiter's Tokio runtime.
+//!
+//! An async call creates an asyncio future on the running loop and spawns the core's future
+//! on the limiter's runtime ([`shardlimit::Limiter::runtime_handle`]): no thread per call.
+//! When the core's future finishes, the runtime thread only pushes the result onto a queue
+//! and, if the queue was empty, writes one byte to a socket the event loop watches
+//! (`loop.add_reader`). The loop thread then drains the queue in a batch, converting results
+//! and resolving futures under the GIL. The I/O thread never waits for the GIL, and a burst
+//! of completions costs one wake-up of the loop.
+
+use crate::convert::core_err;
+use pyo3::prelude::*;
+use pyo3::sync::{MutexExt, PyOnceLock};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+/// Builds the Python result of a finished call, on the loop thread.
+type Settle = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
+
+struct Done {
+    fut: Py<PyAny>,
+    settle: Settle,
+}
+
+fn settle<T: Send + 'static>(
+    r: shardlimit::Result<T>,
+    convert: impl FnOnce(Python<'_>, T) -> PyResult<Py<PyAny>> + Send + 'static,
+) -> Settle {
+    Box::new(move |py| match r {
+        Ok(v) => convert(py, v),
+        Err(e) => Err(core_err(e)),
+    })
+}
+
+/// Resolves one asyncio future (unless it was cancelled meanwhile).
+fn resolve(py: Python<'_>, d: Done) {
+    let fut = d.fut.bind(py);
+    if fut
+        .call_method0("done")
+        .and_then(|x| x.is_truthy())
+        .unwrap_or(true)
+    {
+        return;
+    }
+    let r = match (d.settle)(py) {
+        Ok(v) => fut.call_method1("set_result", (v,)),
+        Err(e) => fut.call_method1("set_exception", (e.into_value(py),)),
+    };
+    if let Err(e) = r {
+        e.write_unraisable(py, Some(fut));
+    }
+}
+
+/// The completion queue of one event loop.
+struct Shared {
+    queue: Mutex<Vec<Done>>,
+    #[cfg(unix)]
+    wake_tx: std::os::unix::net::UnixStream,
+    #[cfg(unix)]
+    wake_rx: std::os::unix::net::UnixStream,
+    #[cfg(not(unix))]
+    wake: std::sync::OnceLock<(Py<PyAny>, Py<PyAny>)>,
+}
+
+impl Shared {
+    fn new() -> PyResult<Shared> {
+        #[cfg(unix)]
+        {
+            let (wake_tx, wake_rx) = std::os::unix::net::UnixStream::pair()?;
+            wake_tx.set_nonblocking(true)?;
+            wake_rx.set_nonblocking(true)?;
+            Ok(Shared {
+                queue: Mutex::new(Vec::new()),
+                wake_tx,
+                wake_rx,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Shared {
+            queue: Mutex::new(Vec::new()),
+            wake: std::sync::OnceLock::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Done>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Called on the runtime thread, without the GIL.
+    fn push(&self, d: Done) {
+        let was_empty = {
+            let mut q = self.lock();
+            let empty = q.is_empty();
+            q.push(d);
+            empty
+        };
+        if was_empty {
+            self.wake();
+        }
+    }
+
+    #[cfg(unix)]
+    fn wake(&self) {
+        use std::io::Write;
+        // WouldBlock means the socket is full of wake-ups already: nothing is lost
+        let _ = (&self.wake_tx).write(&[1]);
+    }
+
+    #[cfg(not(unix))]
+    fn wake(&self) {
+        // no add_reader on Windows' proactor loop: schedule the drain directly
+        if let Some((ev, drain)) = self.wake.get() {
+            Python::attach(|py| {
+                let _ = ev.bind(py).call_method1("call_soon_threadsafe", (drain,));
+            });
+        }
+    }
+}
+
+/// The loop-side end of a completion queue; the event loop calls `_drain` when woken.
+#[pyclass(frozen, module = "shardlimit._shardlimit")]
+pub struct Completer(Arc<Shared>);
+
+#[pymethods]
+impl Completer {
+    fn _drain(&self, py: Python<'_>) {
+        // empty the wake-up socket before the queue: a push after this point wakes us again
+        #[cfg(unix)]
+        {
+            use std::io::Read;
+            let mut buf = [0u8; 512];
+            while let Ok(n) = (&self.0.wake_rx).read(&mut buf) {
+                if n < buf.len() {
+                    break;
+                }
+            }
+        }
+        let batch = std::mem::take(&mut *self.0.lock());
+        for d in batch {
+            resolve(py, d);
+        }
+    }
+}
+
+struct Entry {
+    pid: u32,
+    event_loop: Py<PyAny>,
+    shared: Arc<Shared>,
+}
+
+/// A limiter's completion queues, one per event loop (and process) that used it.
+#[derive(Default)]
+pub struct Completers {
+    entries: Mutex<Vec<Entry>>,
+}
+
+static GET_RUNNING_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+impl Completers {
+    /// Runs `fut` on the limiter's runtime and returns an asyncio future of its result,
+    /// converted by `convert` on the loop thread. Must be called with a running loop.
+    pub fn spawn<'py, T, F, C>(
+        &self,
+        py: Python<'py>,
+        limiter: &shardlimit::Limiter,
+        fut: F,
+        convert: C,
+    ) -> PyResult<Bound<'py, PyAny>>
+    where
+        T: Send + 'static,
+        F: Future<Output = shardlimit::Result<T>> + Send + 'static,
+        C: FnOnce(Python<'_>, T) -> PyResult<Py<PyAny>> + Send + 'static,
+    {
+        let ev = GET_RUNNING_LOOP
+            .import(py, "asyncio", "get_running_loop")?
+            .call0()?;
+        let pyfut = ev.call_method0("create_future")?;
+        let Some(handle) = limiter.runtime_handle().map_err(core_err)? else {
+            // the in-memory engine never waits: answer now
+            let r = limiter.block_on(fut);
+            resolve(
+                py,
+                Done {
+                    fut: pyfut.clone().unbind(),
+                    settle: settle(r, convert),
+                },
+            );
+            return Ok(pyfut);
+        };
+        let shared = self.for_loop(py, &ev)?;
+        let target = pyfut.clone().unbind();
+        handle.spawn(async move {
+            let r = fut.await;
+            shared.push(Done {
+                fut: target,
+                settle: settle(r, convert),
+            });
+        });
+        Ok(pyfut)
+    }
+
+    fn for_loop(&self, py: Python<'_>, ev: &Bound<'_, PyAny>) -> PyResult<Arc<Shared>> {
+        let pid = std::process::id();
+        {
+            let entries = self
+                .entries
+                .lock_py_attached(py)
+                .unwrap_or_else(|e| e.into_inner());
+            if let Some(e) = entries.iter().find(|e| e.pid == pid && e.event_loop.is(ev)) {
+                return Ok(e.shared.clone());
+            }
+        }
+        // first call on this loop (or in this forked child): register a new queue
+        let shared = Arc::new(Shared::new()?);
+        let completer = Bound::new(py, Completer(shared.clone()))?;
+        let drain = completer.getattr("_drain")?;
+        #[cfg(unix)]
+        {
+            use std::os::fd::AsRawFd;
+            ev.call_method1("add_reader", (shared.wake_rx.as_raw_fd(), drain))?;
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = shared.wake.set((ev.clone().unbind(), drain.unbind()));
+        }
+        // forget the queues of closed loops and of the parent process. lock_py_attached
+        // lets other threads take the GIL while this one waits, so Python may run under it
+        let mut entries = self
+            .entries
+            .lock_py_attached(py)
+            .unwrap_or_else(|e| e.into_inner());
+        entries.retain(|e| {
+            e.pid == pid
+                && !e
+                    .event_loop
+                    .bind(py)
+                    .call_method0("is_closed")
+                    .and_then(|x| x.is_truthy())
+                    .unwrap_or(true)
+        });
+        entries.push(Entry {
+            pid,
+            event_loop: ev.clone().unbind(),
+            shared: shared.clone(),
+        });
+        Ok(shared)
+    }
+}

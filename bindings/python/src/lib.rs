@@ -1,0 +1,849 @@
+//! `shardlimit._shardlimit`: the Python skin over the shardlimit core.
+//!
+//! Everything here converts types and errors; the logic lives in the core. Sync calls
+//! release the GIL while they wait on Redis. Async calls are spawned on the limiter's own
+//! Tokio runtime ([`shardlimit::Limiter::runtime_handle`]) and resolve an asyncio future
+//! through [`completion`]: the I/O thread never takes the GIL.
+
+mod completion;
+mod convert;
+
+use convert::{
+    core_err, cost_arg, decision_obj, duration_secs, json_to_py, layers_arg, lease_pair,
+    rate_limit_exceeded, resolve_policy, ttl_arg,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use shardlimit::{Error as CoreError, ErrorKind, Limit as CoreLimit, OnError};
+use std::sync::{Arc, Mutex};
+
+/// The answer to a check. Immutable; `bool(decision)` is `decision.allowed`.
+#[pyclass(frozen, eq, module = "shardlimit", name = "Decision")]
+#[derive(PartialEq)]
+pub struct Decision(pub shardlimit::Decision);
+
+#[pymethods]
+impl Decision {
+    /// Whether the request may proceed. A denied check consumed nothing.
+    #[getter]
+    fn allowed(&self) -> bool {
+        self.0.allowed
+    }
+    /// The effective limit (units per window, bucket capacity, or max concurrent).
+    #[getter]
+    fn limit(&self) -> u64 {
+        self.0.limit
+    }
+    /// Units still available after this check.
+    #[getter]
+    fn remaining(&self) -> u64 {
+        self.0.remaining
+    }
+    /// Seconds until the budget is full again with no further traffic.
+    #[getter]
+    fn reset_after(&self) -> f64 {
+        self.0.reset_after.as_secs_f64()
+    }
+    /// When denied: seconds until the same check would pass; None when allowed or when the
+    /// cost can never fit.
+    #[getter]
+    fn retry_after(&self) -> Option<f64> {
+        self.0.retry_after.map(|d| d.as_secs_f64())
+    }
+    /// Leaky bucket: seconds to wait before sending. 0.0 otherwise.
+    #[getter]
+    fn delay(&self) -> f64 {
+        self.0.delay.as_secs_f64()
+    }
+    /// The window the limit is measured over, in seconds.
+    #[getter]
+    fn window(&self) -> f64 {
+        self.0.window.as_secs_f64()
+    }
+    /// The policy that decided.
+    #[getter]
+    fn policy(&self) -> &str {
+        &self.0.policy
+    }
+    /// Who decided: "redis", "memory", "local", "fallback" or "block".
+    #[getter]
+    fn source(&self) -> &'static str {
+        self.0.source.name()
+    }
+    /// The index of the Redis shard that decided, if one did.
+    #[getter]
+    fn shard(&self) -> Option<u32> {
+        self.0.shard
+    }
+    /// Layered checks: the index of the layer this decision describes (the one that
+    /// denied, or the tightest when all allowed). None for single checks.
+    #[getter]
+    fn layer(&self) -> Option<usize> {
+        self.0.layer
+    }
+    /// The standard rate-limit response headers, in a stable order.
+    fn headers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (k, v) in self.0.headers() {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+    /// The JSON body of a 429 response, as a dict.
+    fn body<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        json_to_py(py, &self.0.body())
+    }
+    /// The decision as the CLI prints it (durations in milliseconds), as a dict.
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        json_to_py(py, &self.0.to_json())
+    }
+    /// The decision as the CLI prints it, as JSON text.
+    fn to_json(&self) -> String {
+        self.0.to_json().to_string()
+    }
+    fn __bool__(&self) -> bool {
+        self.0.allowed
+    }
+    fn __repr__(&self) -> String {
+        let d = &self.0;
+        format!(
+            "Decision(allowed={}, limit={}, remaining={}, reset_after={:?}, retry_after={}, delay={:?}, policy={:?}, source={:?})",
+            if d.allowed { "True" } else { "False" },
+            d.limit,
+            d.remaining,
+            d.reset_after.as_secs_f64(),
+            d.retry_after
+                .map(|r| format!("{:?}", r.as_secs_f64()))
+                .unwrap_or_else(|| "None".into()),
+            d.delay.as_secs_f64(),
+            &*d.policy,
+            d.source.name(),
+        )
+    }
+}
+
+/// An algorithm with its parameters, validated when built. Durations are in seconds.
+#[pyclass(frozen, module = "shardlimit", name = "Limit")]
+pub struct Limit {
+    limit: CoreLimit,
+    /// The anonymous policy a check against this limit uses (named [`CoreLimit::id`]).
+    policy: shardlimit::Policy,
+}
+
+impl Limit {
+    fn build(limit: CoreLimit) -> PyResult<Limit> {
+        let policy = shardlimit::Policy::try_from(limit.clone()).map_err(core_err)?;
+        Ok(Limit { limit, policy })
+    }
+}
+
+#[pymethods]
+impl Limit {
+    /// At most `limit` units per aligned window of `window` seconds.
+    #[staticmethod]
+    fn fixed_window(limit: u64, window: f64) -> PyResult<Limit> {
+        Limit::build(CoreLimit::fixed_window(
+            limit,
+            duration_secs("limit.window", window)?,
+        ))
+    }
+    /// Two-counter estimate of a sliding window of `window` seconds.
+    #[staticmethod]
+    fn sliding_window(limit: u64, window: f64) -> PyResult<Limit> {
+        Limit::build(CoreLimit::sliding_window(
+            limit,
+            duration_secs("limit.window", window)?,
+        ))
+    }
+    /// Exact sliding window of `window` seconds (one log entry per admitted unit).
+    #[staticmethod]
+    fn sliding_log(limit: u64, window: f64) -> PyResult<Limit> {
+        Limit::build(CoreLimit::sliding_log(
+            limit,
+            duration_secs("limit.window", window)?,
+        ))
+    }
+    /// Starts full with `capacity` tokens and refills `refill_per_sec` per second.
+    #[staticmethod]
+    fn token_bucket(capacity: u64, refill_per_sec: f64) -> PyResult<Limit> {
+        Limit::build(CoreLimit::token_bucket(capacity, refill_per_sec))
+    }
+    /// A shaper: admitted requests are told how long to wait (`Decision.delay`).
+    #[staticmethod]
+    fn leaky_bucket(capacity: u64, leak_per_sec: f64) -> PyResult<Limit> {
+        Limit::build(CoreLimit::leaky_bucket(capacity, leak_per_sec))
+    }
+    /// At most `max` units held at once; leases expire after `lease_ttl` seconds.
+    #[staticmethod]
+    fn concurrency(max: u64, lease_ttl: f64) -> PyResult<Limit> {
+        Limit::build(CoreLimit::concurrency(
+            max,
+            duration_secs("limit.lease_ttl", lease_ttl)?,
+        ))
+    }
+    #[getter]
+    fn algorithm(&self) -> &'static str {
+        self.limit.algorithm().name()
+    }
+    /// The stable identifier used as the policy name of checks against this limit.
+    #[getter]
+    fn id(&self) -> String {
+        self.limit.id()
+    }
+    fn __repr__(&self) -> String {
+        format!("Limit({:?})", self.limit.id())
+    }
+}
+
+/// A named, validated limit with its failure mode.
+#[pyclass(frozen, module = "shardlimit", name = "Policy")]
+pub struct Policy(pub shardlimit::Policy);
+
+#[pymethods]
+impl Policy {
+    #[new]
+    #[pyo3(signature = (name, limit, on_error = None))]
+    fn new(name: &str, limit: &Limit, on_error: Option<&str>) -> PyResult<Policy> {
+        let p = shardlimit::Policy::new(name, limit.limit.clone()).map_err(core_err)?;
+        Ok(match on_error {
+            None => Policy(p),
+            Some(s) => Policy(p.with_on_error(OnError::from_name(s).ok_or_else(|| {
+                core_err(CoreError::Config {
+                    field: format!("policies.{name}.on_error"),
+                    message: format!("expected \"open\", \"closed\" or \"local\", got {s:?}"),
+                })
+            })?)),
+        })
+    }
+    #[getter]
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    #[getter]
+    fn algorithm(&self) -> &'static str {
+        self.0.algorithm().name()
+    }
+    /// The effective limit (units per window, capacity, or max concurrent).
+    #[getter]
+    fn max(&self) -> u64 {
+        self.0.max()
+    }
+    #[getter]
+    fn on_error(&self) -> &'static str {
+        self.0.on_error().name()
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "Policy(name={:?}, algorithm={:?}, max={}, on_error={:?})",
+            self.0.name(),
+            self.0.algorithm().name(),
+            self.0.max(),
+            self.0.on_error().name()
+        )
+    }
+}
+
+/// Held units of a concurrency policy; give them back with `Limiter.release`.
+#[pyclass(frozen, module = "shardlimit", name = "Lease")]
+pub struct Lease {
+    pub(crate) lease: shardlimit::Lease,
+    pub(crate) policy: shardlimit::Policy,
+    pub(crate) decision: shardlimit::Decision,
+}
+
+#[pymethods]
+impl Lease {
+    #[getter]
+    fn key(&self) -> &str {
+        &self.lease.key
+    }
+    #[getter]
+    fn policy(&self) -> &str {
+        &self.lease.policy
+    }
+    #[getter]
+    fn id(&self) -> &str {
+        &self.lease.id
+    }
+    #[getter]
+    fn units(&self) -> u64 {
+        self.lease.units
+    }
+    /// The decision that granted this lease.
+    #[getter]
+    fn decision(&self) -> Decision {
+        Decision(self.decision.clone())
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "Lease(key={:?}, policy={:?}, id={:?}, units={})",
+            self.lease.key, self.lease.policy, self.lease.id, self.lease.units
+        )
+    }
+}
+
+/// A block-list entry.
+#[pyclass(frozen, module = "shardlimit", name = "BlockInfo")]
+pub struct BlockInfo(shardlimit::BlockInfo);
+
+#[pymethods]
+impl BlockInfo {
+    #[getter]
+    fn reason(&self) -> &str {
+        &self.0.reason
+    }
+    /// Seconds left; None for a permanent block.
+    #[getter]
+    fn remaining(&self) -> Option<f64> {
+        self.0.remaining.map(|d| d.as_secs_f64())
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "BlockInfo(reason={:?}, remaining={})",
+            self.0.reason,
+            self.0
+                .remaining
+                .map(|d| format!("{:?}", d.as_secs_f64()))
+                .unwrap_or_else(|| "None".into())
+        )
+    }
+}
+
+/// Trusted proxy networks (`10.0.0.0/8`, `2001:db8::/32`, bare addresses), parsed once.
+#[pyclass(frozen, module = "shardlimit", name = "TrustedProxies")]
+pub struct TrustedProxies(shardlimit::TrustedProxies);
+
+#[pymethods]
+impl TrustedProxies {
+    #[new]
+    #[pyo3(signature = (cidrs = Vec::new()))]
+    fn new(cidrs: Vec<String>) -> PyResult<TrustedProxies> {
+        shardlimit::TrustedProxies::parse(&cidrs)
+            .map(TrustedProxies)
+            .map_err(core_err)
+    }
+    /// The client's address: `peer` (with or without a port) unless it is a trusted proxy;
+    /// then X-Forwarded-For from the right, up to the first address not trusted.
+    #[pyo3(signature = (peer, x_forwarded_for = None))]
+    fn client_ip(&self, peer: &str, x_forwarded_for: Option<&str>) -> PyResult<String> {
+        let peer = shardlimit::parse_peer(peer).map_err(core_err)?;
+        Ok(shardlimit::client_ip_with(peer, x_forwarded_for, &self.0).to_string())
+    }
+    fn __contains__(&self, ip: &str) -> PyResult<bool> {
+        Ok(self
+            .0
+            .contains(shardlimit::parse_peer(ip).map_err(core_err)?))
+    }
+}
+
+/// The client's address behind proxies (see `TrustedProxies.client_ip`).
+#[pyfunction]
+#[pyo3(signature = (peer, x_forwarded_for = None, trusted_proxies = Vec::new()))]
+fn client_ip(
+    peer: &str,
+    x_forwarded_for: Option<&str>,
+    trusted_proxies: Vec<String>,
+) -> PyResult<String> {
+    shardlimit::client_ip(peer, x_forwarded_for, &trusted_proxies)
+        .map(|ip| ip.to_string())
+        .map_err(core_err)
+}
+
+/// A clock that moves only when told to (microseconds since the Unix epoch), for
+/// deterministic tests: pass it as `clock=` when creating a `Limiter`.
+#[pyclass(frozen, module = "shardlimit", name = "ManualClock")]
+pub struct ManualClock(Arc<shardlimit::ManualClock>);
+
+#[pymethods]
+impl ManualClock {
+    #[new]
+    #[pyo3(signature = (start_us = 0))]
+    fn new(start_us: u64) -> ManualClock {
+        ManualClock(shardlimit::ManualClock::new(start_us))
+    }
+    fn set_us(&self, us: u64) {
+        self.0.set_us(us)
+    }
+    fn advance_us(&self, us: u64) {
+        self.0.advance_us(us)
+    }
+    fn now_us(&self) -> u64 {
+        use shardlimit::Clock;
+        self.0.now_us()
+    }
+}
+
+/// A rate limiter: a config, an engine (Redis shards or in-memory) and its own I/O runtime.
+/// Thread-safe, fork-safe; share one per process.
+#[pyclass(frozen, module = "shardlimit", name = "Limiter")]
+pub struct Limiter {
+    pub(crate) inner: shardlimit::Limiter,
+    completers: completion::Completers,
+}
+
+fn with_clock(
+    limiter: shardlimit::Result<shardlimit::Limiter>,
+    clock: Option<&ManualClock>,
+) -> PyResult<Limiter> {
+    let mut l = limiter.map_err(core_err)?;
+    if let Some(c) = clock {
+        l = l.with_clock(c.0.clone()).map_err(core_err)?;
+    }
+    Ok(Limiter {
+        inner: l,
+        completers: Default::default(),
+    })
+}
+
+impl Limiter {
+    /// Runs a blocking core call, releasing the GIL when it may wait on Redis.
+    fn blocking<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&shardlimit::Limiter) -> shardlimit::Result<T> + Send,
+    ) -> PyResult<T> {
+        let l = &self.inner;
+        if l.is_redis() {
+            py.detach(|| f(l)).map_err(core_err)
+        } else {
+            f(l).map_err(core_err)
+        }
+    }
+}
+
+#[pymethods]
+impl Limiter {
+    /// A limiter on the in-memory engine with no named policies.
+    #[staticmethod]
+    #[pyo3(signature = (*, clock = None))]
+    fn memory(clock: Option<&ManualClock>) -> PyResult<Limiter> {
+        with_clock(Ok(shardlimit::Limiter::memory()), clock)
+    }
+    /// Parses a JSON config. Does not connect: connections are made on first use.
+    #[staticmethod]
+    #[pyo3(signature = (text, *, clock = None))]
+    fn from_json(text: &str, clock: Option<&ManualClock>) -> PyResult<Limiter> {
+        with_clock(shardlimit::Limiter::from_json(text), clock)
+    }
+    /// Loads a JSON config file.
+    #[staticmethod]
+    #[pyo3(signature = (path, *, clock = None))]
+    fn from_config(path: std::path::PathBuf, clock: Option<&ManualClock>) -> PyResult<Limiter> {
+        with_clock(shardlimit::Limiter::from_config_file(path), clock)
+    }
+    /// Uses `$SHARDLIMIT_CONFIG` (a path or inline JSON); the in-memory engine when unset.
+    #[staticmethod]
+    #[pyo3(signature = (*, clock = None))]
+    fn from_env(clock: Option<&ManualClock>) -> PyResult<Limiter> {
+        with_clock(shardlimit::Limiter::from_env(), clock)
+    }
+
+    /// True when Redis shards decide, False for the in-memory engine.
+    #[getter]
+    fn is_redis(&self) -> bool {
+        self.inner.is_redis()
+    }
+    /// The names of the configured policies.
+    #[getter]
+    fn policies(&self) -> Vec<String> {
+        self.inner.config().policies.keys().cloned().collect()
+    }
+    /// The named policy of the config.
+    fn policy(&self, name: &str) -> PyResult<Policy> {
+        self.inner.policy(name).map(Policy).map_err(core_err)
+    }
+    /// The shard `key` routes to, as (index, name); None on the in-memory engine.
+    fn route(&self, key: &str) -> Option<(u32, String)> {
+        self.inner.route(key).map(|(i, n)| (i, n.to_string()))
+    }
+
+    /// Checks `cost` units of `policy` (a name, a Policy or a Limit) for `key`.
+    #[pyo3(signature = (key, policy, cost = None))]
+    fn check(
+        &self,
+        py: Python<'_>,
+        key: String,
+        policy: &Bound<'_, PyAny>,
+        cost: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Decision> {
+        let p = resolve_policy(&self.inner, policy)?;
+        let cost = cost_arg(cost)?;
+        self.blocking(py, |l| l.check_blocking(&key, &p, cost))
+            .map(Decision)
+    }
+    /// `key`'s state without consuming: would a check of one unit pass now?
+    fn peek(&self, py: Python<'_>, key: String, policy: &Bound<'_, PyAny>) -> PyResult<Decision> {
+        let p = resolve_policy(&self.inner, policy)?;
+        self.blocking(py, |l| l.peek_blocking(&key, &p))
+            .map(Decision)
+    }
+    /// Acquires `units` of a concurrency policy: (decision, lease or None when denied).
+    #[pyo3(signature = (key, policy, units = None))]
+    fn acquire<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+        policy: &Bound<'py, PyAny>,
+        units: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let p = resolve_policy(&self.inner, policy)?;
+        let units = cost_arg(units)?;
+        let r = self.blocking(py, |l| l.acquire_blocking(&key, &p, units))?;
+        lease_pair(py, r, p)
+    }
+    /// Releases a lease. False when it was no longer held (released before, or expired).
+    fn release(&self, py: Python<'_>, lease: &Lease) -> PyResult<bool> {
+        let (policy, lease) = (lease.policy.clone(), lease.lease.clone());
+        self.blocking(py, |l| {
+            let me = l.clone();
+            l.block_on(async move { me.release_with(&policy, &lease).await })
+        })
+    }
+    /// Forgets `key`'s state under `policy`: its full budget is back.
+    fn reset(&self, py: Python<'_>, key: String, policy: &Bound<'_, PyAny>) -> PyResult<()> {
+        let p = resolve_policy(&self.inner, policy)?;
+        self.blocking(py, |l| l.reset_blocking(&key, &p))
+    }
+    /// A context manager holding `units` of a concurrency policy for the `with` block
+    /// (`with` and `async with`); raises RateLimitExceeded when denied.
+    #[pyo3(signature = (key, policy, units = None))]
+    fn lease(
+        slf: &Bound<'_, Self>,
+        key: String,
+        policy: &Bound<'_, PyAny>,
+        units: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<LeaseContext> {
+        let me = slf.get();
+        Ok(LeaseContext {
+            limiter: slf.clone().unbind(),
+            key,
+            policy: resolve_policy(&me.inner, policy)?,
+            units: cost_arg(units)?,
+            held: Mutex::new(None),
+        })
+    }
+
+    /// A layered check: `layers` is a list of (key, policy) or (key, policy, cost). Allowed
+    /// only if every layer allows; when any layer denies, no layer consumes.
+    /// `decision.layer` is the index of the layer the decision describes.
+    fn check_all(&self, py: Python<'_>, layers: &Bound<'_, PyAny>) -> PyResult<Decision> {
+        let layers = layers_arg(&self.inner, layers)?;
+        self.blocking(py, |l| l.check_all_blocking(&layers))
+            .map(Decision)
+    }
+    /// Puts `key` on the block list for `ttl` seconds (None: until unblocked). Every
+    /// limiter sharing the shards, in any language, denies it with source "block".
+    #[pyo3(signature = (key, ttl = None, reason = String::new()))]
+    fn block(&self, py: Python<'_>, key: String, ttl: Option<f64>, reason: String) -> PyResult<()> {
+        let ttl = ttl.map(ttl_arg).transpose()?;
+        self.blocking(py, |l| l.block_blocking(&key, ttl, &reason))
+    }
+    /// Removes `key` from the block list; True when it was blocked.
+    fn unblock(&self, py: Python<'_>, key: String) -> PyResult<bool> {
+        self.blocking(py, |l| l.unblock_blocking(&key))
+    }
+    /// The block-list entry of `key`, or None.
+    fn blocked(&self, py: Python<'_>, key: String) -> PyResult<Option<BlockInfo>> {
+        self.blocking(py, |l| l.blocked_blocking(&key))
+            .map(|b| b.map(BlockInfo))
+    }
+    /// `await limiter.acheck_all(layers)`.
+    fn acheck_all<'py>(
+        &self,
+        py: Python<'py>,
+        layers: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let layers = layers_arg(&self.inner, layers)?;
+        let l = self.inner.clone();
+        self.completers.spawn(
+            py,
+            &self.inner,
+            async move { l.check_all(&layers).await },
+            decision_obj,
+        )
+    }
+    /// `await limiter.ablock(key, ttl, reason)`.
+    #[pyo3(signature = (key, ttl = None, reason = String::new()))]
+    fn ablock<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+        ttl: Option<f64>,
+        reason: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let ttl = ttl.map(ttl_arg).transpose()?;
+        let l = self.inner.clone();
+        self.completers.spawn(
+            py,
+            &self.inner,
+            async move { l.block(&key, ttl, &reason).await },
+            |py, ()| Ok(py.None()),
+        )
+    }
+    /// `await limiter.aunblock(key)`.
+    fn aunblock<'py>(&self, py: Python<'py>, key: String) -> PyResult<Bound<'py, PyAny>> {
+        let l = self.inner.clone();
+        self.completers.spawn(
+            py,
+            &self.inner,
+            async move { l.unblock(&key).await },
+            |py, b: bool| {
+                Ok(pyo3::types::PyBool::new(py, b)
+                    .to_owned()
+                    .into_any()
+                    .unbind())
+            },
+        )
+    }
+    /// `await limiter.ablocked(key)`.
+    fn ablocked<'py>(&self, py: Python<'py>, key: String) -> PyResult<Bound<'py, PyAny>> {
+        let l = self.inner.clone();
+        self.completers.spawn(
+            py,
+            &self.inner,
+            async move { l.blocked(&key).await },
+            |py, b| {
+                Ok(match b {
+                    Some(b) => Py::new(py, BlockInfo(b))?.into_any(),
+                    None => py.None(),
+                })
+            },
+        )
+    }
+
+    /// `await limiter.acheck(...)`: `check` on asyncio, never blocking the event loop.
+    #[pyo3(signature = (key, policy, cost = None))]
+    fn acheck<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+        policy: &Bound<'py, PyAny>,
+        cost: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let p = resolve_policy(&self.inner, policy)?;
+        let cost = cost_arg(cost)?;
+        let l = self.inner.clone();
+        self.completers.spawn(
+            py,
+            &self.inner,
+            async move { l.check(&key, &p, cost).await },
+            decision_obj,
+        )
+    }
+    /// `await limiter.apeek(...)`.
+    fn apeek<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+        policy: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let p = resolve_policy(&self.inner, policy)?;
+        let l = self.inner.clone();
+        self.completers.spawn(
+            py,
+            &self.inner,
+            async move { l.peek(&key, &p).await },
+            decision_obj,
+        )
+    }
+    /// `await limiter.aacquire(...)` -> (decision, lease or None).
+    #[pyo3(signature = (key, policy, units = None))]
+    fn aacquire<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+        policy: &Bound<'py, PyAny>,
+        units: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let p = resolve_policy(&self.inner, policy)?;
+        let units = cost_arg(units)?;
+        let l = self.inner.clone();
+        let p2 = p.clone();
+        self.completers.spawn(
+            py,
+            &self.inner,
+            async move { l.acquire(&key, &p, units).await },
+            move |py, r| Ok(lease_pair(py, r, p2)?.into_any().unbind()),
+        )
+    }
+    /// `await limiter.arelease(lease)` -> bool.
+    fn arelease<'py>(&self, py: Python<'py>, lease: &Lease) -> PyResult<Bound<'py, PyAny>> {
+        let (policy, lease) = (lease.policy.clone(), lease.lease.clone());
+        let l = self.inner.clone();
+        self.completers.spawn(
+            py,
+            &self.inner,
+            async move { l.release_with(&policy, &lease).await },
+            |py, b: bool| {
+                Ok(pyo3::types::PyBool::new(py, b)
+                    .to_owned()
+                    .into_any()
+                    .unbind())
+            },
+        )
+    }
+    /// `await limiter.areset(key, policy)`.
+    fn areset<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+        policy: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let p = resolve_policy(&self.inner, policy)?;
+        let l = self.inner.clone();
+        self.completers.spawn(
+            py,
+            &self.inner,
+            async move { l.reset(&key, &p).await },
+            |py, ()| Ok(py.None()),
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Limiter(engine={:?}, policies={:?})",
+            if self.inner.is_redis() {
+                "redis"
+            } else {
+                "memory"
+            },
+            self.inner.config().policies.keys().collect::<Vec<_>>()
+        )
+    }
+}
+
+/// `with limiter.lease(key, policy):` / `async with ...`: acquires on entry (raising
+/// RateLimitExceeded when denied), releases on exit.
+#[pyclass(frozen, module = "shardlimit", name = "LeaseContext")]
+pub struct LeaseContext {
+    limiter: Py<Limiter>,
+    key: String,
+    policy: shardlimit::Policy,
+    units: u64,
+    held: Mutex<Option<(shardlimit::Lease, shardlimit::Policy)>>,
+}
+
+impl LeaseContext {
+    fn take_held(&self) -> Option<(shardlimit::Lease, shardlimit::Policy)> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// Turns an acquire result into the entered Lease, or RateLimitExceeded when denied.
+fn entered(
+    py: Python<'_>,
+    ctx: &Py<LeaseContext>,
+    r: (shardlimit::Decision, Option<shardlimit::Lease>),
+) -> PyResult<Py<PyAny>> {
+    let (decision, lease) = r;
+    match lease {
+        None => Err(rate_limit_exceeded(py, decision)),
+        Some(lease) => {
+            let c = ctx.get();
+            *c.held.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some((lease.clone(), c.policy.clone()));
+            Ok(Py::new(
+                py,
+                Lease {
+                    lease,
+                    policy: c.policy.clone(),
+                    decision,
+                },
+            )?
+            .into_any())
+        }
+    }
+}
+
+#[pymethods]
+impl LeaseContext {
+    fn __enter__(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let me = slf.get();
+        let limiter = me.limiter.get();
+        let (key, policy, units) = (me.key.clone(), me.policy.clone(), me.units);
+        let r = limiter.blocking(py, |l| l.acquire_blocking(&key, &policy, units))?;
+        entered(py, &slf.clone().unbind(), r)
+    }
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        if let Some((lease, policy)) = self.take_held() {
+            self.limiter.get().blocking(py, |l| {
+                let me = l.clone();
+                l.block_on(async move { me.release_with(&policy, &lease).await })
+            })?;
+        }
+        Ok(false)
+    }
+    fn __aenter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let me = slf.get();
+        let limiter = me.limiter.get();
+        let l = limiter.inner.clone();
+        let (key, policy, units) = (me.key.clone(), me.policy.clone(), me.units);
+        let ctx = slf.clone().unbind();
+        limiter.completers.spawn(
+            py,
+            &limiter.inner,
+            async move { l.acquire(&key, &policy, units).await },
+            move |py, r| entered(py, &ctx, r),
+        )
+    }
+    #[pyo3(signature = (*_exc))]
+    fn __aexit__<'py>(
+        &self,
+        py: Python<'py>,
+        _exc: &Bound<'py, PyTuple>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let limiter = self.limiter.get();
+        let held = self.take_held();
+        let l = limiter.inner.clone();
+        limiter.completers.spawn(
+            py,
+            &limiter.inner,
+            async move {
+                if let Some((lease, policy)) = held {
+                    l.release_with(&policy, &lease).await?;
+                }
+                Ok(())
+            },
+            |py, ()| {
+                Ok(pyo3::types::PyBool::new(py, false)
+                    .to_owned()
+                    .into_any()
+                    .unbind())
+            },
+        )
+    }
+}
+
+/// Every core error kind as (code, name), in code order: the exception table is tested
+/// against it.
+fn error_kinds(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
+    PyList::new(py, ErrorKind::ALL.iter().map(|k| (k.code(), k.name())))
+}
+
+#[pymodule]
+fn _shardlimit(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", shardlimit::VERSION)?;
+    m.add("ERROR_KINDS", error_kinds(m.py())?)?;
+    m.add(
+        "BACKEND_ERROR_KINDS",
+        ErrorKind::ALL
+            .iter()
+            .filter(|k| k.is_backend())
+            .map(|k| k.name())
+            .collect::<Vec<_>>(),
+    )?;
+    m.add_class::<Decision>()?;
+    m.add_class::<Limit>()?;
+    m.add_class::<Policy>()?;
+    m.add_class::<Lease>()?;
+    m.add_class::<LeaseContext>()?;
+    m.add_class::<ManualClock>()?;
+    m.add_class::<BlockInfo>()?;
+    m.add_class::<TrustedProxies>()?;
+    m.add_function(wrap_pyfunction!(client_ip, m)?)?;
+    m.add_class::<Limiter>()?;
+    Ok(())
+}

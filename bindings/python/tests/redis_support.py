@@ -1,0 +1,146 @@
+"""Real redis-server processes on free 127.0.0.1 ports, started and stopped by the tests."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Any, Optional, Union
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _encode(*args: Union[str, bytes, int]) -> bytes:
+    out = [f"*{len(args)}\r\n".encode()]
+    for a in args:
+        b = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+class _Reader:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("redis closed the connection")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def exact(self, n: int) -> bytes:
+        while len(self.buf) < n + 2:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("redis closed the connection")
+            self.buf += chunk
+        data, self.buf = self.buf[:n], self.buf[n + 2 :]
+        return data
+
+    def reply(self) -> Any:
+        line = self.line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            raise RuntimeError(rest.decode())
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            return None if n < 0 else self.exact(n)
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.reply() for _ in range(n)]
+        raise RuntimeError(f"unexpected reply {line!r}")
+
+
+class Connection:
+    """A minimal RESP client for test setup (FLUSHALL, CLIENT PAUSE, ...)."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.reader = _Reader(self.sock)
+
+    def __call__(self, *args: Union[str, bytes, int]) -> Any:
+        self.sock.sendall(_encode(*args))
+        return self.reader.reply()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RedisServer:
+    def __init__(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server is not installed (scripts/test-python.sh installs it)")
+        self.dir = tempfile.TemporaryDirectory(prefix="shardlimit-redis-")
+        self.port = free_port()
+        self.proc: Optional[subprocess.Popen[bytes]] = subprocess.Popen(
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir.name],
+            stdout=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with Connection(self.port) as c:
+                    if c("PING") == "PONG":
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"redis-server on port {self.port} did not start")
+            time.sleep(0.01)  # waiting for the server to listen, not for a race
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def conn(self) -> Connection:
+        return Connection(self.port)
+
+    def command(self, *args: Union[str, bytes, int]) -> Any:
+        with self.conn() as c:
+            return c(*args)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+        self.dir.cleanup()
+
+
+def config(
+    servers: list[RedisServer], policies: dict[str, Any], **extra: Any
+) -> str:
+    """A JSON config with one shard per server. The deadline is generous (5 s) so that a
+    loaded CI machine never turns a test into a timeout; tests of deadlines set their own."""
+    cfg: dict[str, Any] = {
+        "shards": [{"name": f"s{i}", "url": s.url} for i, s in enumerate(servers)],
+        "timeout_ms": 5000,
+        "policies": policies,
+    }
+    cfg.update(extra)
+    return json.dumps(cfg)
