@@ -18,12 +18,53 @@ pub const DEFAULT_PREFIX: &str = "sl:";
 /// The default per-call deadline: small enough for a request path.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 
-/// One standalone Redis shard.
+/// One Redis shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardConfig {
     pub name: String,
-    /// `redis://[user:password@]host:port[/db]` or `rediss://...` for TLS.
+    /// `redis://[user:password@]host:port[/db]`, `rediss://...` for TLS, or
+    /// `redis+sentinel://host1:26379,host2:26379/master_name` for a primary that Sentinels
+    /// watch (the shard follows failover to the new primary).
     pub url: String,
+}
+
+/// A parsed `redis+sentinel://` URL: the Sentinels' URLs and the master name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SentinelUrl {
+    pub nodes: Vec<String>,
+    pub master: String,
+}
+
+/// Parses `redis+sentinel://host:port[,host:port...]/master_name`.
+pub(crate) fn parse_sentinel_url(field: &str, url: &str) -> Result<SentinelUrl> {
+    let bad = |m: &str| {
+        Error::config(
+            field,
+            format!("{url:?}: {m}; expected redis+sentinel://host:port[,host:port...]/master_name"),
+        )
+    };
+    let rest = url
+        .strip_prefix("redis+sentinel://")
+        .ok_or_else(|| bad("not a sentinel URL"))?;
+    let (hosts, master) = rest.split_once('/').ok_or_else(|| bad("no master name"))?;
+    let master = master.trim_end_matches('/');
+    if master.is_empty() || master.contains('/') {
+        return Err(bad("bad master name"));
+    }
+    let mut nodes = Vec::new();
+    for h in hosts.split(',') {
+        if h.is_empty() {
+            return Err(bad("empty sentinel address"));
+        }
+        let node = format!("redis://{h}");
+        redis::Client::open(node.as_str())
+            .map_err(|e| bad(&format!("bad sentinel address {h:?}: {e}")))?;
+        nodes.push(node);
+    }
+    Ok(SentinelUrl {
+        nodes,
+        master: master.to_string(),
+    })
 }
 
 /// A validated configuration.
@@ -284,7 +325,7 @@ fn shards(v: &Value) -> Result<Vec<ShardConfig>> {
         let obj = s.as_object().ok_or_else(|| {
             Error::config(&field, format!("expected an object {{name, url}}, got {s}"))
         })?;
-        check_fields(obj, &format!("{field}."), &["name", "url"])?;
+        check_fields(obj, &format!("{field}."), &["name", "url", "sentinel"])?;
         let name = match obj.get("name").and_then(Value::as_str) {
             Some(n) if !n.trim().is_empty() => n.to_string(),
             _ => {
@@ -294,12 +335,58 @@ fn shards(v: &Value) -> Result<Vec<ShardConfig>> {
                 ))
             }
         };
-        let url = obj.get("url").and_then(Value::as_str).ok_or_else(|| {
-            Error::config(
-                format!("{field}.url"),
-                "expected a redis:// or rediss:// URL",
-            )
-        })?;
+        let url = match (obj.get("url"), obj.get("sentinel")) {
+            (Some(_), Some(_)) => {
+                return Err(Error::config(
+                    &field,
+                    "give either `url` or `sentinel`, not both",
+                ));
+            }
+            (None, Some(sv)) => {
+                // the structured form {"nodes": ["host:port", ...], "master": "name"}
+                let f = format!("{field}.sentinel");
+                let so = sv
+                    .as_object()
+                    .ok_or_else(|| Error::config(&f, format!("expected {{\"nodes\": [\"host:port\"], \"master\": \"name\"}}, got {sv}")))?;
+                check_fields(so, &format!("{f}."), &["nodes", "master"])?;
+                let nodes: Vec<&str> = so
+                    .get("nodes")
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_str)
+                            .map(|n| n.trim_start_matches("redis://"))
+                            .collect()
+                    })
+                    .filter(|n: &Vec<&str>| !n.is_empty())
+                    .ok_or_else(|| {
+                        Error::config(
+                            format!("{f}.nodes"),
+                            "expected a non-empty list of \"host:port\"",
+                        )
+                    })?;
+                let master = so.get("master").and_then(Value::as_str).ok_or_else(|| {
+                    Error::config(format!("{f}.master"), "expected the master name")
+                })?;
+                format!("redis+sentinel://{}/{master}", nodes.join(","))
+            }
+            (Some(u), None) => u
+                .as_str()
+                .ok_or_else(|| {
+                    Error::config(
+                        format!("{field}.url"),
+                        "expected a redis://, rediss:// or redis+sentinel:// URL",
+                    )
+                })?
+                .to_string(),
+            (None, None) => {
+                return Err(Error::config(
+                    format!("{field}.url"),
+                    "expected a redis://, rediss:// or redis+sentinel:// URL",
+                ));
+            }
+        };
+        let url = url.as_str();
         validate_url(&format!("{field}.url"), url)?;
         if out.iter().any(|o| o.name == name) {
             return Err(Error::config(
@@ -317,6 +404,9 @@ fn shards(v: &Value) -> Result<Vec<ShardConfig>> {
 
 /// Checks a shard URL without connecting.
 pub(crate) fn validate_url(field: &str, url: &str) -> Result<()> {
+    if url.starts_with("redis+sentinel://") {
+        return parse_sentinel_url(field, url).map(|_| ());
+    }
     if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
         return Err(Error::config(
             field,

@@ -20,12 +20,12 @@ use parking_lot::Mutex;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelServerType};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
-use tokio::sync::OnceCell;
 
 /// Consecutive failures that open a shard's circuit.
 const FAILURES_TO_OPEN: u32 = 3;
@@ -88,13 +88,23 @@ impl redis::aio::ConnectionLike for Conn {
 enum Client {
     Single(Box<redis::Client>),
     Cluster(Box<ClusterClient>),
+    /// A primary watched by Sentinels: resolved on connect, and again after a failure.
+    Sentinel(Box<tokio::sync::Mutex<SentinelClient>>),
+}
+
+/// One shard's connection, made lazily; dropped and made again (Sentinel) when the
+/// primary may have changed.
+#[derive(Default)]
+struct Slot {
+    conn: ArcSwapOption<Conn>,
+    connecting: tokio::sync::Mutex<()>,
 }
 
 /// The runtime and connections of one process.
 pub(crate) struct RtState {
     pid: u32,
     runtime: Option<Runtime>,
-    conns: Vec<OnceCell<Conn>>,
+    conns: Vec<Slot>,
     stream_tx: Option<tokio::sync::mpsc::Sender<StreamItem>>,
 }
 
@@ -248,14 +258,20 @@ impl RedisEngine {
             .iter()
             .enumerate()
             .map(|(i, s)| {
+                let field = format!("shards[{i}].url");
+                if s.url.starts_with("redis+sentinel://") {
+                    let su = crate::config::parse_sentinel_url(&field, &s.url)?;
+                    let nodes: Vec<&str> = su.nodes.iter().map(String::as_str).collect();
+                    let client =
+                        SentinelClient::build(nodes, su.master, None, SentinelServerType::Master)
+                            .map_err(|e| {
+                            Error::config(&field, format!("invalid sentinel configuration: {e}"))
+                        })?;
+                    return Ok(Client::Sentinel(Box::new(tokio::sync::Mutex::new(client))));
+                }
                 redis::Client::open(s.url.as_str())
                     .map(|c| Client::Single(Box::new(c)))
-                    .map_err(|e| {
-                        Error::config(
-                            format!("shards[{i}].url"),
-                            format!("invalid Redis URL: {e}"),
-                        )
-                    })
+                    .map_err(|e| Error::config(field, format!("invalid Redis URL: {e}")))
             })
             .collect::<Result<Vec<_>>>()?;
         RedisEngine::build(shards, clients, prefix, timeout, subscribers, stream_maxlen)
@@ -361,7 +377,7 @@ impl RedisEngine {
         let st = Arc::new(RtState {
             pid,
             runtime: Some(runtime),
-            conns: self.shards.iter().map(|_| OnceCell::new()).collect(),
+            conns: self.shards.iter().map(|_| Slot::default()).collect(),
             stream_tx,
         });
         self.state.store(Some(st.clone()));
@@ -374,37 +390,69 @@ impl RedisEngine {
     }
 
     async fn connection(&self, st: &RtState, shard: usize) -> Result<Conn> {
-        let conn = st.conns[shard]
-            .get_or_try_init(|| async {
-                let map = |e| map_redis_error(&self.shards[shard], self.timeout, e);
-                // connect inside our runtime, so the connection's driver tasks live there
-                match &self.clients[shard] {
-                    Client::Single(client) => {
-                        let cfg = ConnectionManagerConfig::new()
-                            .set_connection_timeout(Some(self.timeout))
-                            .set_number_of_retries(1)
-                            .set_min_delay(Duration::from_millis(10))
-                            .set_max_delay(Duration::from_millis(500));
-                        st.runtime()
-                            .spawn(ConnectionManager::new_with_config((**client).clone(), cfg))
-                            .await
-                            .map_err(|e| Error::Internal(format!("connect task failed: {e}")))?
-                            .map(Conn::Single)
-                            .map_err(map)
-                    }
-                    Client::Cluster(client) => {
-                        let client = client.clone();
-                        st.runtime()
-                            .spawn(async move { client.get_async_connection().await })
-                            .await
-                            .map_err(|e| Error::Internal(format!("connect task failed: {e}")))?
-                            .map(Conn::Cluster)
-                            .map_err(map)
-                    }
-                }
-            })
-            .await?;
-        Ok(conn.clone())
+        let slot = &st.conns[shard];
+        if let Some(c) = slot.conn.load_full() {
+            return Ok((*c).clone());
+        }
+        let _one_at_a_time = slot.connecting.lock().await;
+        if let Some(c) = slot.conn.load_full() {
+            return Ok((*c).clone());
+        }
+        let map = |e| map_redis_error(&self.shards[shard], self.timeout, e);
+        let manager = |client: redis::Client| {
+            let cfg = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(self.timeout))
+                .set_number_of_retries(1)
+                .set_min_delay(Duration::from_millis(10))
+                .set_max_delay(Duration::from_millis(500));
+            ConnectionManager::new_with_config(client, cfg)
+        };
+        let join = |e: tokio::task::JoinError| Error::Internal(format!("connect task failed: {e}"));
+        // connect inside our runtime, so the connection's driver tasks live there
+        let conn = match &self.clients[shard] {
+            Client::Single(client) => st
+                .runtime()
+                .spawn(manager((**client).clone()))
+                .await
+                .map_err(join)?
+                .map(Conn::Single)
+                .map_err(map)?,
+            Client::Cluster(client) => {
+                let client = client.clone();
+                st.runtime()
+                    .spawn(async move { client.get_async_connection().await })
+                    .await
+                    .map_err(join)?
+                    .map(Conn::Cluster)
+                    .map_err(map)?
+            }
+            Client::Sentinel(sentinel) => {
+                // ask the Sentinels which server is the primary now
+                let primary = sentinel
+                    .lock()
+                    .await
+                    .async_get_client()
+                    .await
+                    .map_err(map)?;
+                tracing::debug!(shard = %self.shards[shard].name, primary = ?primary.get_connection_info().addr(), "shardlimit: sentinel resolved the primary");
+                st.runtime()
+                    .spawn(manager(primary))
+                    .await
+                    .map_err(join)?
+                    .map(Conn::Single)
+                    .map_err(map)?
+            }
+        };
+        slot.conn.store(Some(Arc::new(conn.clone())));
+        Ok(conn)
+    }
+
+    /// After a failure on a Sentinel shard, forget the connection: the next call asks the
+    /// Sentinels for the primary again (it may have failed over).
+    fn forget_connection(&self, st: &RtState, shard: usize) {
+        if matches!(self.clients[shard], Client::Sentinel(_)) {
+            st.conns[shard].conn.store(None);
+        }
     }
 
     /// Runs `f` on shard `shard`'s connection under the deadline, through its circuit.
@@ -447,7 +495,10 @@ impl RedisEngine {
                     c.failures.store(0, Ordering::Relaxed);
                 }
             }
-            Err(e) if e.is_backend() => self.failed(shard, e),
+            Err(e) if e.is_backend() => {
+                self.forget_connection(&st, shard);
+                self.failed(shard, e)
+            }
             Err(_) => {}
         }
         r

@@ -13,7 +13,7 @@ pub struct RedisServer {
     extra: Vec<String>,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -44,7 +44,8 @@ impl RedisServer {
         Self::start_with(free_port(), extra.iter().map(|s| s.to_string()).collect())
     }
 
-    fn start_with(port: u16, extra: Vec<String>) -> RedisServer {
+    /// A server with extra command-line arguments (e.g. `--replicaof host port`).
+    pub fn start_with(port: u16, extra: Vec<String>) -> RedisServer {
         let dir = tempfile::tempdir().unwrap();
         let mut server = RedisServer {
             child: None,
