@@ -486,7 +486,9 @@ impl RedisEngine {
         let st = self.state()?;
         self.gate(&st, shard)?;
         let start = Instant::now();
-        let r = self.raw(&st, shard, f).await;
+        // boxed: keeps the futures of callers shallow (deeply nested async fns overflow
+        // the compiler's layout query depth in downstream crates)
+        let r = Box::pin(self.raw(&st, shard, f)).await;
         self.latency.record(start.elapsed().as_micros() as u64);
         match &r {
             Ok(_) => {

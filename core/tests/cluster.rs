@@ -1,4 +1,3 @@
-#![recursion_limit = "256"]
 //! Redis Cluster mode against a real 3-primary cluster the test creates on loopback ports
 //! (`redis-server --cluster-enabled yes` ×3, `redis-cli --cluster create`).
 
