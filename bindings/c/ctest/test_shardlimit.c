@@ -1,0 +1,723 @@
+/*
+ * The C test of libshardlimit: calls every function in include/shardlimit.h, success and
+ * error paths, against a redis-server it starts on a free 127.0.0.1 port. Built with
+ * -Wall -Wextra -Werror and run under valgrind by scripts/test-c.sh.
+ *
+ * Time is injected with a shardlimit_clock, so every number asserted below is exact.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "shardlimit.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static int failures = 0;
+
+#define CHECK(cond)                                                                  \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);       \
+      failures++;                                                                    \
+    }                                                                                \
+  } while (0)
+
+/* Checks that `rc` is `want`; on an error prints it and frees it. */
+#define CHECK_RC(rc, want, err)                                                      \
+  do {                                                                               \
+    shardlimit_result rc_ = (rc);                                                    \
+    if (rc_ != (shardlimit_result)(want)) {                                          \
+      fprintf(stderr, "%s:%d: got %s, want %s: %s\n", __FILE__, __LINE__,            \
+              shardlimit_result_name(rc_).ptr, shardlimit_result_name(want).ptr,     \
+              (err) ? shardlimit_error_message(err).ptr : "(no error object)");      \
+      failures++;                                                                    \
+    }                                                                                \
+    shardlimit_error_free(err);                                                      \
+    (err) = NULL;                                                                    \
+  } while (0)
+
+#define S(lit) (lit), (sizeof(lit) - 1)
+
+/* ---------------------------------------------------------------- redis-server */
+
+static pid_t redis_pid = -1;
+static int redis_port = 0;
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a;
+  socklen_t len = sizeof a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+      getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+    perror("free_port");
+    exit(2);
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+/* True when something answers PING with +PONG on 127.0.0.1:port. */
+static int redis_ping(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a;
+  char buf[16] = {0};
+  int ok = 0;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons((uint16_t)port);
+  if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+      write(fd, "PING\r\n", 6) == 6 && read(fd, buf, sizeof buf - 1) > 0) {
+    ok = strncmp(buf, "+PONG", 5) == 0;
+  }
+  if (fd >= 0) close(fd);
+  return ok;
+}
+
+static void start_redis(void) {
+  char port[16];
+  redis_port = free_port();
+  snprintf(port, sizeof port, "%d", redis_port);
+  redis_pid = fork();
+  if (redis_pid == 0) {
+    if (!freopen("/dev/null", "w", stdout)) _exit(126); /* redis logs to stdout */
+    execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
+           "--appendonly", "no", "--dir", "/tmp", (char *)NULL);
+    perror("exec redis-server");
+    _exit(127);
+  }
+  for (int i = 0; i < 500; i++) { /* up to 10 s: readiness, not a race */
+    if (redis_ping(redis_port)) return;
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  fprintf(stderr, "redis-server did not start on port %d\n", redis_port);
+  kill(redis_pid, SIGKILL);
+  exit(2);
+}
+
+static void stop_redis(void) {
+  if (redis_pid > 0) {
+    kill(redis_pid, SIGTERM);
+    waitpid(redis_pid, NULL, 0);
+    redis_pid = -1;
+  }
+}
+
+/* ---------------------------------------------------------------- fixtures */
+
+/* 2023-11-14T22:13:22.5Z: 2.5 s into a 10 s window, so retry_after is exactly 7.5 s. */
+#define T0 1700000002500000ULL
+
+static char config[2048];
+static shardlimit_clock *clock_ = NULL;
+static shardlimit_limiter *lim = NULL;
+
+static int str_eq(shardlimit_str s, const char *want) {
+  return s.len == strlen(want) && memcmp(s.ptr, want, s.len) == 0 && s.ptr[s.len] == '\0';
+}
+
+static void test_static_functions(void) {
+  shardlimit_str v = shardlimit_version();
+  CHECK(str_eq(v, SHARDLIMIT_VERSION));
+  CHECK(str_eq(shardlimit_result_name(SHARDLIMIT_OK), "ok"));
+  CHECK(str_eq(shardlimit_result_name(SHARDLIMIT_ERR_CONFIG), "config"));
+  CHECK(str_eq(shardlimit_result_name(SHARDLIMIT_ERR_INVALID_ARGUMENT), "invalid_argument"));
+  CHECK(str_eq(shardlimit_result_name(SHARDLIMIT_ERR_TIMEOUT), "timeout"));
+  CHECK(str_eq(shardlimit_result_name(SHARDLIMIT_ERR_UNKNOWN_POLICY), "unknown_policy"));
+  CHECK(str_eq(shardlimit_result_name(SHARDLIMIT_ERR_INTERNAL), "internal"));
+  CHECK(str_eq(shardlimit_result_name(SHARDLIMIT_ERR_UNAVAILABLE), "unavailable"));
+  CHECK(shardlimit_result_is_backend(SHARDLIMIT_ERR_UNAVAILABLE));
+  CHECK(str_eq(shardlimit_result_name(12345), "unknown"));
+  CHECK(str_eq(shardlimit_source_name(SHARDLIMIT_SOURCE_REDIS), "redis"));
+  CHECK(str_eq(shardlimit_source_name(SHARDLIMIT_SOURCE_FALLBACK), "fallback"));
+  CHECK(str_eq(shardlimit_source_name(SHARDLIMIT_SOURCE_BLOCK), "block"));
+  CHECK(str_eq(shardlimit_source_name(0), "unknown"));
+  CHECK(shardlimit_result_is_backend(SHARDLIMIT_ERR_CONNECTION));
+  CHECK(shardlimit_result_is_backend(SHARDLIMIT_ERR_TIMEOUT));
+  CHECK(shardlimit_result_is_backend(SHARDLIMIT_ERR_SCRIPT));
+  CHECK(!shardlimit_result_is_backend(SHARDLIMIT_ERR_CONFIG));
+  CHECK(!shardlimit_result_is_backend(SHARDLIMIT_OK));
+  /* every _free(NULL) is a no-op */
+  shardlimit_error_free(NULL);
+  shardlimit_string_free(NULL);
+  shardlimit_clock_free(NULL);
+  shardlimit_limiter_free(NULL);
+  shardlimit_policy_free(NULL);
+  shardlimit_lease_free(NULL);
+  shardlimit_headers_free(NULL);
+  /* accessors on NULL are harmless */
+  CHECK(shardlimit_error_code(NULL) == SHARDLIMIT_ERR_INVALID_ARGUMENT);
+  CHECK(str_eq(shardlimit_error_message(NULL), ""));
+  CHECK(str_eq(shardlimit_policy_name(NULL), ""));
+  CHECK(shardlimit_headers_len(NULL) == 0);
+}
+
+static void test_clock(void) {
+  shardlimit_error *err = NULL;
+  CHECK_RC(shardlimit_clock_new(T0, &clock_, &err), SHARDLIMIT_OK, err);
+  CHECK(clock_ != NULL);
+  CHECK_RC(shardlimit_clock_new(T0, NULL, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_clock_set_us(NULL, 1, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_clock_advance_us(NULL, 1, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  /* a freed clock is detected */
+  shardlimit_clock *other = NULL;
+  CHECK_RC(shardlimit_clock_new(0, &other, &err), SHARDLIMIT_OK, err);
+  shardlimit_clock_free(other);
+  shardlimit_clock_free(other); /* double free: no-op */
+  CHECK_RC(shardlimit_clock_set_us(other, 1, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+}
+
+static void test_limiter_constructors(void) {
+  shardlimit_error *err = NULL;
+  shardlimit_limiter *l = (shardlimit_limiter *)&err; /* sentinel: must stay untouched */
+  shardlimit_limiter *const sentinel = l;
+
+  CHECK_RC(shardlimit_limiter_new_json(config, strlen(config), clock_, &lim, &err), SHARDLIMIT_OK,
+           err);
+  CHECK(lim != NULL);
+
+  /* bad JSON, a bad field, non-UTF-8, NULL with a length, NULL out */
+  const char *bad = "{\"policies\":{\"a\":{\"algorithm\":\"fixed_window\",\"limit\":5,"
+                    "\"window\":\"abc\"}}}";
+  CHECK(shardlimit_limiter_new_json(bad, strlen(bad), NULL, &l, &err) == SHARDLIMIT_ERR_CONFIG);
+  CHECK(err != NULL && shardlimit_error_code(err) == SHARDLIMIT_ERR_CONFIG);
+  CHECK(err != NULL && strstr(shardlimit_error_message(err).ptr, "policies.a.window") != NULL);
+  shardlimit_error_free(err);
+  err = NULL;
+  CHECK_RC(shardlimit_limiter_new_json(S("{"), NULL, &l, &err), SHARDLIMIT_ERR_CONFIG, err);
+  CHECK_RC(shardlimit_limiter_new_json(S("\xff"), NULL, &l, &err), SHARDLIMIT_ERR_CONFIG, err);
+  CHECK_RC(shardlimit_limiter_new_json(NULL, 3, NULL, &l, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT,
+           err);
+  CHECK_RC(shardlimit_limiter_new_json(S("{}"), NULL, NULL, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT,
+           err);
+  /* an error is reported with err == NULL too, just without details */
+  CHECK(shardlimit_limiter_new_json(S("{"), NULL, &l, NULL) == SHARDLIMIT_ERR_CONFIG);
+  CHECK(l == sentinel);
+
+  /* from a file */
+  char path[] = "/tmp/shardlimit-ctest-XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0);
+  CHECK(write(fd, config, strlen(config)) == (ssize_t)strlen(config));
+  close(fd);
+  shardlimit_limiter *from_file = NULL;
+  CHECK_RC(shardlimit_limiter_new_file(path, strlen(path), NULL, &from_file, &err), SHARDLIMIT_OK,
+           err);
+  CHECK(from_file != NULL);
+  shardlimit_limiter_free(from_file);
+  unlink(path);
+  CHECK_RC(shardlimit_limiter_new_file(path, strlen(path), NULL, &l, &err), SHARDLIMIT_ERR_IO, err);
+  CHECK_RC(shardlimit_limiter_new_file(NULL, 0, NULL, &l, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT,
+           err);
+  /* a length that runs past the string's NUL */
+  CHECK_RC(shardlimit_limiter_new_file(path, strlen(path) + 1, NULL, &l, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+
+  /* memory */
+  shardlimit_limiter *mem = NULL;
+  CHECK_RC(shardlimit_limiter_new_memory(NULL, &mem, &err), SHARDLIMIT_OK, err);
+  CHECK_RC(shardlimit_limiter_new_memory(NULL, NULL, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  shardlimit_limiter_free(mem);
+
+  /* from the environment */
+  shardlimit_limiter *env = NULL;
+  setenv("SHARDLIMIT_CONFIG", config, 1);
+  CHECK_RC(shardlimit_limiter_new_env(NULL, &env, &err), SHARDLIMIT_OK, err);
+  shardlimit_policy *p = NULL;
+  CHECK_RC(shardlimit_limiter_policy(env, S("api"), &p, &err), SHARDLIMIT_OK, err);
+  shardlimit_policy_free(p);
+  shardlimit_limiter_free(env);
+  setenv("SHARDLIMIT_CONFIG", "{\"shards\":[]}", 1);
+  CHECK_RC(shardlimit_limiter_new_env(NULL, &l, &err), SHARDLIMIT_ERR_CONFIG, err);
+  unsetenv("SHARDLIMIT_CONFIG");
+
+  /* a freed clock cannot be attached */
+  shardlimit_clock *gone = NULL;
+  CHECK_RC(shardlimit_clock_new(0, &gone, &err), SHARDLIMIT_OK, err);
+  shardlimit_clock_free(gone);
+  CHECK_RC(shardlimit_limiter_new_memory(gone, &l, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK(l == sentinel);
+}
+
+static void test_policies(void) {
+  shardlimit_error *err = NULL;
+  shardlimit_policy *p = NULL;
+  CHECK_RC(shardlimit_limiter_policy(lim, S("api"), &p, &err), SHARDLIMIT_OK, err);
+  CHECK(str_eq(shardlimit_policy_name(p), "api"));
+  shardlimit_policy_free(p);
+  shardlimit_policy_free(p); /* double free: no-op */
+  CHECK(str_eq(shardlimit_policy_name(p), ""));
+
+  CHECK_RC(shardlimit_limiter_policy(lim, S("nope"), &p, &err), SHARDLIMIT_ERR_UNKNOWN_POLICY, err);
+  CHECK_RC(shardlimit_limiter_policy(NULL, S("api"), &p, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT,
+           err);
+  CHECK_RC(shardlimit_limiter_policy(lim, S("api"), NULL, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT,
+           err);
+
+  shardlimit_limit l = {SHARDLIMIT_ALGORITHM_SLIDING_LOG, 2, 1000, 0.0, SHARDLIMIT_ON_ERROR_OPEN};
+  CHECK_RC(shardlimit_policy_new(S("adhoc"), &l, &p, &err), SHARDLIMIT_OK, err);
+  CHECK(str_eq(shardlimit_policy_name(p), "adhoc"));
+  shardlimit_policy_free(p);
+
+  shardlimit_policy *untouched = NULL;
+  l.period_ms = 0;
+  CHECK_RC(shardlimit_policy_new(S("adhoc"), &l, &untouched, &err), SHARDLIMIT_ERR_CONFIG, err);
+  l.period_ms = 1000;
+  l.algorithm = 77;
+  CHECK_RC(shardlimit_policy_new(S("adhoc"), &l, &untouched, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT,
+           err);
+  l.algorithm = SHARDLIMIT_ALGORITHM_FIXED_WINDOW;
+  l.on_error = 9;
+  CHECK_RC(shardlimit_policy_new(S("adhoc"), &l, &untouched, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT,
+           err);
+  l.on_error = SHARDLIMIT_ON_ERROR_DEFAULT;
+  CHECK_RC(shardlimit_policy_new(S("bad name"), &l, &untouched, &err), SHARDLIMIT_ERR_CONFIG, err);
+  CHECK_RC(shardlimit_policy_new(S("adhoc"), NULL, &untouched, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK(untouched == NULL);
+}
+
+/* Exact admission of a fixed window on Redis, with exact timing from the injected clock. */
+static void test_check_and_render(void) {
+  shardlimit_error *err = NULL;
+  shardlimit_decision d;
+  for (int i = 0; i < 5; i++) {
+    CHECK_RC(shardlimit_check_named(lim, S("user:1"), S("api"), 1, &d, &err), SHARDLIMIT_OK, err);
+    CHECK(d.allowed);
+    CHECK(d.limit == 5);
+    CHECK(d.remaining == (uint64_t)(4 - i));
+    CHECK(d.source == SHARDLIMIT_SOURCE_REDIS);
+    CHECK(d.has_shard && d.shard == 0);
+    CHECK(!d.has_retry_after);
+  }
+  CHECK_RC(shardlimit_check_named(lim, S("user:1"), S("api"), 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(!d.allowed);
+  CHECK(d.remaining == 0);
+  CHECK(d.has_retry_after && d.retry_after_us == 7500000);
+  CHECK(d.reset_after_us == 7500000);
+  CHECK(d.window_us == 10000000);
+  CHECK(d.policy_len == 3 && strcmp(d.policy, "api") == 0);
+
+  /* headers */
+  shardlimit_headers *h = NULL;
+  CHECK_RC(shardlimit_decision_headers(&d, &h, &err), SHARDLIMIT_OK, err);
+  const char *want[][2] = {{"X-RateLimit-Limit", "5"},
+                           {"X-RateLimit-Remaining", "0"},
+                           {"X-RateLimit-Reset", "8"},
+                           {"RateLimit-Policy", "\"api\";q=5;w=10"},
+                           {"RateLimit", "\"api\";r=0;t=8"},
+                           {"Retry-After", "8"}};
+  CHECK(shardlimit_headers_len(h) == 6);
+  for (size_t i = 0; i < 6; i++) {
+    shardlimit_str name, value;
+    CHECK_RC(shardlimit_headers_get(h, i, &name, &value, &err), SHARDLIMIT_OK, err);
+    CHECK(str_eq(name, want[i][0]));
+    CHECK(str_eq(value, want[i][1]));
+  }
+  shardlimit_str name = {NULL, 0}, value = {NULL, 0};
+  CHECK_RC(shardlimit_headers_get(h, 6, &name, &value, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_headers_get(h, 0, NULL, &value, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK(name.ptr == NULL && value.ptr == NULL);
+  shardlimit_headers_free(h);
+  shardlimit_headers_free(h); /* double free: no-op */
+  CHECK(shardlimit_headers_len(h) == 0);
+  CHECK_RC(shardlimit_headers_get(h, 0, &name, &value, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_decision_headers(NULL, &h, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_decision_headers(&d, NULL, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+
+  /* body and JSON */
+  shardlimit_string body = {NULL, 0};
+  CHECK_RC(shardlimit_decision_body(&d, &body, &err), SHARDLIMIT_OK, err);
+  CHECK(body.ptr != NULL && strlen(body.ptr) == body.len);
+  CHECK(body.ptr != NULL && strstr(body.ptr, "\"error\":\"rate_limited\"") != NULL);
+  CHECK(body.ptr != NULL && strstr(body.ptr, "\"retry_after\":8") != NULL);
+  shardlimit_string_free(&body);
+  CHECK(body.ptr == NULL && body.len == 0);
+  shardlimit_string_free(&body); /* again: no-op */
+
+  shardlimit_string js = {NULL, 0};
+  CHECK_RC(shardlimit_decision_to_json(&d, &js, &err), SHARDLIMIT_OK, err);
+  CHECK(js.ptr != NULL && strstr(js.ptr, "\"retry_after_ms\":7500.0") != NULL);
+  CHECK(js.ptr != NULL && strstr(js.ptr, "\"source\":\"redis\"") != NULL);
+  shardlimit_string_free(&js);
+  shardlimit_decision bad = d;
+  bad.source = 99;
+  CHECK_RC(shardlimit_decision_body(&bad, &js, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  bad = d;
+  bad.policy_len = 4096;
+  CHECK_RC(shardlimit_decision_to_json(&bad, &js, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_decision_to_json(&d, NULL, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK(js.ptr == NULL);
+
+  /* the next window: the clock moves 7.5 s */
+  CHECK_RC(shardlimit_clock_advance_us(clock_, 7500000, &err), SHARDLIMIT_OK, err);
+  CHECK_RC(shardlimit_check_named(lim, S("user:1"), S("api"), 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.remaining == 4);
+  CHECK_RC(shardlimit_clock_set_us(clock_, T0, &err), SHARDLIMIT_OK, err);
+
+  /* a cost that can never fit: denied without retry_after */
+  CHECK_RC(shardlimit_check_named(lim, S("user:2"), S("api"), 6, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(!d.allowed && !d.has_retry_after);
+}
+
+static void test_check_errors(void) {
+  shardlimit_error *err = NULL;
+  shardlimit_decision d;
+  memset(&d, 0, sizeof d);
+  d.limit = 4242; /* must survive every failed call */
+  shardlimit_policy *p = NULL;
+  CHECK_RC(shardlimit_limiter_policy(lim, S("api"), &p, &err), SHARDLIMIT_OK, err);
+
+  CHECK_RC(shardlimit_check_named(lim, S("k"), S("nope"), 1, &d, &err),
+           SHARDLIMIT_ERR_UNKNOWN_POLICY, err);
+  CHECK_RC(shardlimit_check_named(lim, S(""), S("api"), 1, &d, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_check_named(lim, S("k"), S("api"), 0, &d, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_check_named(lim, S("\xc3\x28"), S("api"), 1, &d, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  /* a length larger than the string: the NUL inside is caught */
+  CHECK_RC(shardlimit_check_named(lim, "k", 2, S("api"), 1, &d, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_check_named(lim, NULL, 1, S("api"), 1, &d, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_check_named(lim, "k", (size_t)-1, S("api"), 1, &d, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_check_named(NULL, S("k"), S("api"), 1, &d, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_check_named(lim, S("k"), S("api"), 1, NULL, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_check(lim, S("k"), NULL, 1, &d, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_check(lim, S("k"), p, 0, &d, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_peek(lim, S(""), p, &d, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_peek(lim, S("k"), p, NULL, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_reset(lim, S(""), p, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_reset(NULL, S("k"), p, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  /* the message names the argument */
+  CHECK(shardlimit_check_named(lim, S(""), S("api"), 1, &d, &err) != SHARDLIMIT_OK);
+  CHECK(err != NULL && strstr(shardlimit_error_message(err).ptr, "key") != NULL);
+  shardlimit_error_free(err);
+  err = NULL;
+  CHECK(d.limit == 4242);
+
+  /* a policy used after it was freed */
+  shardlimit_policy_free(p);
+  CHECK_RC(shardlimit_check(lim, S("k"), p, 1, &d, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK(d.limit == 4242);
+}
+
+static void test_peek_reset_check(void) {
+  shardlimit_error *err = NULL;
+  shardlimit_decision d;
+  shardlimit_policy *tb = NULL;
+  CHECK_RC(shardlimit_limiter_policy(lim, S("tb"), &tb, &err), SHARDLIMIT_OK, err);
+  for (int i = 0; i < 3; i++) {
+    CHECK_RC(shardlimit_check(lim, S("bucket"), tb, 1, &d, &err), SHARDLIMIT_OK, err);
+    CHECK(d.allowed);
+  }
+  CHECK_RC(shardlimit_check(lim, S("bucket"), tb, 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(!d.allowed && d.has_retry_after && d.retry_after_us == 1000000);
+  CHECK_RC(shardlimit_peek(lim, S("bucket"), tb, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(!d.allowed && d.remaining == 0);
+  CHECK_RC(shardlimit_reset(lim, S("bucket"), tb, &err), SHARDLIMIT_OK, err);
+  CHECK_RC(shardlimit_peek(lim, S("bucket"), tb, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.remaining == 3);
+  shardlimit_policy_free(tb);
+}
+
+static void test_leases(void) {
+  shardlimit_error *err = NULL;
+  shardlimit_decision d;
+  shardlimit_policy *conc = NULL;
+  shardlimit_lease *a = NULL, *b = NULL, *c = (shardlimit_lease *)&d;
+  bool released = false;
+  CHECK_RC(shardlimit_limiter_policy(lim, S("conc"), &conc, &err), SHARDLIMIT_OK, err);
+  CHECK_RC(shardlimit_acquire(lim, S("job"), conc, 1, &d, &a, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && a != NULL && d.remaining == 1);
+  CHECK_RC(shardlimit_acquire(lim, S("job"), conc, 1, &d, &b, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && b != NULL && d.remaining == 0);
+  CHECK_RC(shardlimit_acquire(lim, S("job"), conc, 1, &d, &c, &err), SHARDLIMIT_OK, err);
+  CHECK(!d.allowed && c == NULL);
+  CHECK_RC(shardlimit_release(lim, a, &released, &err), SHARDLIMIT_OK, err);
+  CHECK(released);
+  CHECK_RC(shardlimit_release(lim, a, &released, &err), SHARDLIMIT_OK, err);
+  CHECK(!released);
+  CHECK_RC(shardlimit_acquire(lim, S("job"), conc, 1, &d, &c, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && c != NULL);
+  CHECK_RC(shardlimit_release(lim, b, NULL, &err), SHARDLIMIT_OK, err);
+  CHECK_RC(shardlimit_release(lim, c, &released, &err), SHARDLIMIT_OK, err);
+  CHECK(released);
+  CHECK_RC(shardlimit_acquire(lim, S("job"), conc, 1, &d, NULL, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_acquire(lim, S("job"), conc, 0, &d, &b, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_release(lim, NULL, &released, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  shardlimit_lease_free(a);
+  shardlimit_lease_free(b);
+  shardlimit_lease_free(c);
+  shardlimit_lease_free(c); /* double free: no-op */
+  CHECK_RC(shardlimit_release(lim, c, &released, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  shardlimit_policy_free(conc);
+}
+
+/* Exact admission from many threads sharing one handle. */
+#define THREADS 8
+#define PER_THREAD 40
+static void *hammer(void *arg) {
+  long allowed = 0;
+  (void)arg;
+  for (int i = 0; i < PER_THREAD; i++) {
+    shardlimit_decision d;
+    shardlimit_error *err = NULL;
+    if (shardlimit_check_named(lim, S("threads"), S("burst"), 1, &d, &err) != SHARDLIMIT_OK) {
+      fprintf(stderr, "thread check failed: %s\n", shardlimit_error_message(err).ptr);
+      shardlimit_error_free(err);
+      return (void *)-1L;
+    }
+    allowed += d.allowed;
+  }
+  return (void *)allowed;
+}
+
+static void test_threads(void) {
+  pthread_t t[THREADS];
+  long total = 0;
+  for (int i = 0; i < THREADS; i++) CHECK(pthread_create(&t[i], NULL, hammer, NULL) == 0);
+  for (int i = 0; i < THREADS; i++) {
+    void *r = NULL;
+    pthread_join(t[i], &r);
+    CHECK((long)r >= 0);
+    total += (long)r;
+  }
+  CHECK(total == 100); /* the burst policy admits exactly 100 in its window */
+}
+
+/* The limiter keeps working in a forked child (its runtime is re-created there). */
+static void test_fork(void) {
+  shardlimit_error *err = NULL;
+  shardlimit_decision d;
+  int fds[2];
+  CHECK_RC(shardlimit_check_named(lim, S("fork"), S("api"), 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(pipe(fds) == 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    char ok = 'n';
+    shardlimit_decision cd;
+    if (shardlimit_check_named(lim, S("fork"), S("api"), 1, &cd, NULL) == SHARDLIMIT_OK &&
+        cd.allowed && cd.remaining == 3)
+      ok = 'y';
+    if (write(fds[1], &ok, 1) != 1) _exit(3);
+    _exit(0);
+  }
+  char got = 0;
+  close(fds[1]);
+  CHECK(read(fds[0], &got, 1) == 1);
+  close(fds[0]);
+  CHECK(got == 'y');
+  waitpid(pid, NULL, 0);
+  /* and the parent still works, seeing the child's unit */
+  CHECK_RC(shardlimit_check_named(lim, S("fork"), S("api"), 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.remaining == 2);
+}
+
+/* A shard nobody listens on: with on_error "error" the backend error comes back; with
+ * "closed" the core denies with a fallback decision. Never a hang beyond the deadline. */
+static void test_dead_shard(void) {
+  char cfg[640];
+  shardlimit_limiter *dead = NULL;
+  shardlimit_error *err = NULL;
+  shardlimit_decision d;
+  snprintf(cfg, sizeof cfg,
+           "{\"shards\":[{\"name\":\"dead\",\"url\":\"redis://127.0.0.1:%d\"}],"
+           "\"timeout_ms\":300,\"policies\":{"
+           "\"strict\":{\"algorithm\":\"fixed_window\",\"limit\":5,\"window\":\"1s\",\"on_error\":\"error\"},"
+           "\"closed\":{\"algorithm\":\"fixed_window\",\"limit\":5,\"window\":\"1s\",\"on_error\":\"closed\"}}}",
+           free_port());
+  CHECK_RC(shardlimit_limiter_new_json(cfg, strlen(cfg), NULL, &dead, &err), SHARDLIMIT_OK, err);
+  d.limit = 4242;
+  shardlimit_result rc = shardlimit_check_named(dead, S("k"), S("strict"), 1, &d, &err);
+  CHECK(shardlimit_result_is_backend(rc));
+  CHECK(err != NULL && shardlimit_error_code(err) == rc);
+  CHECK(err != NULL && strstr(shardlimit_error_message(err).ptr, "dead") != NULL);
+  CHECK(d.limit == 4242);
+  shardlimit_error_free(err);
+  err = NULL;
+  CHECK_RC(shardlimit_check_named(dead, S("k"), S("closed"), 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(!d.allowed && d.source == SHARDLIMIT_SOURCE_FALLBACK);
+  shardlimit_limiter_free(dead);
+}
+
+/* Layered checks: allowed only if every layer allows; a denial consumes nothing. */
+static void test_check_all(void) {
+  shardlimit_error *err = NULL;
+  shardlimit_decision d;
+  shardlimit_policy *api = NULL;
+  CHECK_RC(shardlimit_limiter_policy(lim, S("api"), &api, &err), SHARDLIMIT_OK, err);
+  /* tenant:7 has 1 of 5 left, ip:7 has 5 */
+  CHECK_RC(shardlimit_check_named(lim, S("tenant:7"), S("api"), 4, &d, &err), SHARDLIMIT_OK, err);
+  shardlimit_layer layers[2] = {
+      {"ip:7", 4, NULL, "api", 3, 1},  /* by name */
+      {"tenant:7", 8, api, NULL, 0, 1} /* by policy object */
+  };
+  CHECK_RC(shardlimit_check_all(lim, layers, 2, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.has_layer && d.layer == 1 && d.remaining == 0);
+  CHECK_RC(shardlimit_check_all(lim, layers, 2, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(!d.allowed && d.has_layer && d.layer == 1 && d.has_retry_after);
+  /* the denied layered check took nothing from ip:7 (5 - 1 = 4 left, so 3 after this) */
+  CHECK_RC(shardlimit_check_named(lim, S("ip:7"), S("api"), 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.remaining == 3 && !d.has_layer);
+
+  d.limit = 4242;
+  CHECK_RC(shardlimit_check_all(lim, layers, 0, &d, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_check_all(lim, NULL, 2, &d, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_check_all(lim, layers, 100000, &d, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT,
+           err);
+  CHECK_RC(shardlimit_check_all(lim, layers, 2, NULL, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  layers[0].policy_name = "nope";
+  layers[0].policy_name_len = 4;
+  CHECK_RC(shardlimit_check_all(lim, layers, 2, &d, &err), SHARDLIMIT_ERR_UNKNOWN_POLICY, err);
+  layers[0].key_len = 0;
+  layers[0].policy_name = "api";
+  layers[0].policy_name_len = 3;
+  CHECK_RC(shardlimit_check_all(lim, layers, 2, &d, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK(d.limit == 4242);
+  shardlimit_policy_free(api);
+}
+
+/* The block list, shared by every limiter on the shards. */
+static void test_block_list(void) {
+  shardlimit_error *err = NULL;
+  shardlimit_decision d;
+  shardlimit_block_info info;
+  bool was = true;
+  CHECK_RC(shardlimit_blocked(lim, S("mallory"), &info, &err), SHARDLIMIT_OK, err);
+  CHECK(!info.blocked && !info.permanent && info.reason.ptr == NULL);
+  shardlimit_string_free(&info.reason);
+  CHECK_RC(shardlimit_block(lim, S("mallory"), 60000, S("credential stuffing"), &err),
+           SHARDLIMIT_OK, err);
+  CHECK_RC(shardlimit_check_named(lim, S("mallory"), S("api"), 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(!d.allowed && d.source == SHARDLIMIT_SOURCE_BLOCK);
+  CHECK_RC(shardlimit_blocked(lim, S("mallory"), &info, &err), SHARDLIMIT_OK, err);
+  CHECK(info.blocked && !info.permanent);
+  CHECK(info.remaining_us > 0 && info.remaining_us <= 60000000);
+  CHECK(info.reason.ptr != NULL && strcmp(info.reason.ptr, "credential stuffing") == 0);
+  shardlimit_string_free(&info.reason);
+  CHECK_RC(shardlimit_unblock(lim, S("mallory"), &was, &err), SHARDLIMIT_OK, err);
+  CHECK(was);
+  CHECK_RC(shardlimit_unblock(lim, S("mallory"), &was, &err), SHARDLIMIT_OK, err);
+  CHECK(!was);
+  CHECK_RC(shardlimit_unblock(lim, S("mallory"), NULL, &err), SHARDLIMIT_OK, err);
+  CHECK_RC(shardlimit_check_named(lim, S("mallory"), S("api"), 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed);
+  /* permanent, with no reason */
+  CHECK_RC(shardlimit_block(lim, S("eve"), 0, NULL, 0, &err), SHARDLIMIT_OK, err);
+  CHECK_RC(shardlimit_blocked(lim, S("eve"), &info, &err), SHARDLIMIT_OK, err);
+  CHECK(info.blocked && info.permanent && info.reason.ptr != NULL && info.reason.len == 0);
+  shardlimit_string_free(&info.reason);
+  CHECK_RC(shardlimit_unblock(lim, S("eve"), NULL, &err), SHARDLIMIT_OK, err);
+  /* errors */
+  CHECK_RC(shardlimit_block(lim, S(""), 0, NULL, 0, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_block(lim, S("k"), 0, "x", 5000, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_block(NULL, S("k"), 0, NULL, 0, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_unblock(lim, S(""), NULL, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_blocked(lim, S("k"), NULL, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+}
+
+static void test_client_ip(void) {
+  shardlimit_error *err = NULL;
+  shardlimit_string ip = {NULL, 0};
+  shardlimit_str trusted[2] = {{"10.0.0.0/8", 10}, {"192.168.1.1", 11}};
+  /* a trusted proxy: the rightmost untrusted X-Forwarded-For entry is the client */
+  CHECK_RC(shardlimit_client_ip(S("10.1.2.3:443"), S("203.0.113.9, 198.51.100.7, 192.168.1.1"),
+                                trusted, 2, &ip, &err),
+           SHARDLIMIT_OK, err);
+  CHECK(ip.ptr != NULL && strcmp(ip.ptr, "198.51.100.7") == 0 && ip.len == 12);
+  shardlimit_string_free(&ip);
+  /* an untrusted peer is the client whatever the header says; no header at all */
+  CHECK_RC(shardlimit_client_ip(S("203.0.113.5"), S("1.1.1.1"), trusted, 2, &ip, &err),
+           SHARDLIMIT_OK, err);
+  CHECK(ip.ptr != NULL && strcmp(ip.ptr, "203.0.113.5") == 0);
+  shardlimit_string_free(&ip);
+  CHECK_RC(shardlimit_client_ip(S("[::1]:80"), NULL, 0, NULL, 0, &ip, &err), SHARDLIMIT_OK, err);
+  CHECK(ip.ptr != NULL && strcmp(ip.ptr, "::1") == 0);
+  shardlimit_string_free(&ip);
+  /* errors */
+  CHECK_RC(shardlimit_client_ip(S("not-an-ip"), NULL, 0, NULL, 0, &ip, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  shardlimit_str bad[1] = {{"10.0.0.0/99", 11}};
+  CHECK_RC(shardlimit_client_ip(S("10.0.0.1"), NULL, 0, bad, 1, &ip, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_client_ip(S("10.0.0.1"), NULL, 0, NULL, 1, &ip, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_client_ip(S("10.0.0.1"), NULL, 0, NULL, 0, NULL, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK(ip.ptr == NULL);
+}
+
+static void test_freed_limiter(void) {
+  shardlimit_error *err = NULL;
+  shardlimit_decision d;
+  shardlimit_limiter *l = NULL;
+  CHECK_RC(shardlimit_limiter_new_json(config, strlen(config), NULL, &l, &err), SHARDLIMIT_OK, err);
+  shardlimit_limiter_free(l);
+  shardlimit_limiter_free(l); /* double free: no-op */
+  CHECK(shardlimit_check_named(l, S("k"), S("api"), 1, &d, &err) ==
+        SHARDLIMIT_ERR_INVALID_ARGUMENT);
+  CHECK(err != NULL && strstr(shardlimit_error_message(err).ptr, "not a live limiter") != NULL);
+  shardlimit_error_free(err);
+  shardlimit_error_free(err); /* double free: no-op */
+}
+
+int main(void) {
+  start_redis();
+  snprintf(config, sizeof config,
+           "{\"shards\":[{\"name\":\"only\",\"url\":\"redis://127.0.0.1:%d\"}],"
+           "\"timeout_ms\":2000,\"policies\":{"
+           "\"api\":{\"algorithm\":\"fixed_window\",\"limit\":5,\"window\":\"10s\"},"
+           "\"burst\":{\"algorithm\":\"fixed_window\",\"limit\":100,\"window\":\"60s\"},"
+           "\"tb\":{\"algorithm\":\"token_bucket\",\"capacity\":3,\"refill_per_sec\":1},"
+           "\"conc\":{\"algorithm\":\"concurrency\",\"max\":2,\"lease_ttl\":\"30s\"}}}",
+           redis_port);
+
+  test_static_functions();
+  test_clock();
+  test_limiter_constructors();
+  test_policies();
+  test_check_and_render();
+  test_check_errors();
+  test_peek_reset_check();
+  test_leases();
+  test_threads();
+  test_fork();
+  test_dead_shard();
+  test_check_all();
+  test_block_list();
+  test_client_ip();
+  test_freed_limiter();
+
+  shardlimit_limiter_free(lim);
+  shardlimit_clock_free(clock_);
+  stop_redis();
+  if (failures) {
+    fprintf(stderr, "C test: %d check(s) failed\n", failures);
+    return 1;
+  }
+  printf("C test: all checks passed (shardlimit %s)\n", shardlimit_version().ptr);
+  return 0;
+}

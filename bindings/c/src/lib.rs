@@ -1,0 +1,1607 @@
+//! The C ABI of shardlimit. `include/shardlimit.h` is generated from this file by cbindgen
+//! (`bindings/c/cbindgen.toml`), so the `///` comments below are the C documentation.
+//!
+//! The binding only converts types and errors; every decision is made by the core crate.
+//! Rules kept by every function (see the header's preamble for the user-facing version):
+//!
+//! - it runs inside [`std::panic::catch_unwind`]: a panic becomes `SHARDLIMIT_ERR_INTERNAL`;
+//! - out-parameters are written only when it returns `SHARDLIMIT_OK`;
+//! - errors come back as an owned `shardlimit_error` through the last (nullable) argument,
+//!   never through thread-local state, because Go moves goroutines between OS threads;
+//! - every object it hands out is recorded in a registry of live objects, so a NULL, freed
+//!   or foreign pointer is an error code (or a no-op for `_free`), not a crash.
+
+#![allow(non_camel_case_types)]
+// Every exported function takes raw pointers from C; their contracts are in the docs.
+#![allow(clippy::missing_safety_doc)]
+
+use parking_lot::RwLock;
+use shardlimit::{
+    BlockInfo, Decision, Error, ErrorKind, Layer, Lease, Limit, Limiter, ManualClock, OnError,
+    Policy, Source, MAX_KEY_LEN,
+};
+use std::collections::BTreeMap;
+use std::ffi::{c_char, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+// `SHARDLIMIT_VERSION` (the string) is written by cbindgen.toml's `after_includes`, since
+// cbindgen cannot export string constants; `tests::version_matches_the_core_and_the_header`
+// keeps it, these numbers and the core's version equal.
+
+/// The major part of `SHARDLIMIT_VERSION`.
+pub const SHARDLIMIT_VERSION_MAJOR: u32 = 0;
+/// The minor part of `SHARDLIMIT_VERSION`.
+pub const SHARDLIMIT_VERSION_MINOR: u32 = 1;
+/// The patch part of `SHARDLIMIT_VERSION`.
+pub const SHARDLIMIT_VERSION_PATCH: u32 = 0;
+
+/// Size of `shardlimit_decision.policy`: the longest policy name (128 bytes) plus its
+/// terminating NUL.
+pub const SHARDLIMIT_POLICY_NAME_CAP: usize = 129;
+
+/// The result of every fallible function. The numbers are a stable public contract
+/// shared with the core crate's `ErrorKind` codes (and so with the Python exception
+/// classes and the Node `err.code` values): a retired number is never reused.
+/// `shardlimit_result_name()` gives each code's stable snake_case name.
+///
+/// A denied check is not an error: it returns `SHARDLIMIT_OK` with `allowed == false`.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum shardlimit_result {
+    /// Success; out-parameters were written.
+    SHARDLIMIT_OK = 0,
+    /// The configuration is invalid; the message names the offending field.
+    SHARDLIMIT_ERR_CONFIG = 1,
+    /// An argument is invalid: NULL where a value is required, not UTF-8, a NUL byte
+    /// inside a key (usually a wrong length), an empty or too long key, a zero cost, a
+    /// freed or foreign handle, an index out of range.
+    SHARDLIMIT_ERR_INVALID_ARGUMENT = 2,
+    /// A Redis shard could not be reached or the connection broke.
+    SHARDLIMIT_ERR_CONNECTION = 3,
+    /// A Redis shard did not answer within the configured deadline (`timeout_ms`).
+    SHARDLIMIT_ERR_TIMEOUT = 4,
+    /// Redis answered with an error while running a script or command.
+    SHARDLIMIT_ERR_SCRIPT = 5,
+    /// A key could not be routed to a shard.
+    SHARDLIMIT_ERR_ROUTING = 6,
+    /// A named policy does not exist in the configuration.
+    SHARDLIMIT_ERR_UNKNOWN_POLICY = 7,
+    /// Reading a file (the configuration) failed.
+    SHARDLIMIT_ERR_IO = 8,
+    /// A bug in shardlimit (an invariant broke, or a panic was caught). Please report it.
+    SHARDLIMIT_ERR_INTERNAL = 9,
+    /// A shard's circuit breaker is open after repeated failures: it is skipped (no time
+    /// spent) until a background probe sees it answer again.
+    SHARDLIMIT_ERR_UNAVAILABLE = 10,
+}
+
+use shardlimit_result::*;
+
+impl shardlimit_result {
+    /// The C code of a core error kind. Kinds added to the core later map to INTERNAL
+    /// until they get their own code here; `tests::result_codes_match_the_core` fails
+    /// until they do.
+    fn from_kind(kind: ErrorKind) -> shardlimit_result {
+        match kind {
+            ErrorKind::Config => SHARDLIMIT_ERR_CONFIG,
+            ErrorKind::InvalidArgument => SHARDLIMIT_ERR_INVALID_ARGUMENT,
+            ErrorKind::Connection => SHARDLIMIT_ERR_CONNECTION,
+            ErrorKind::Timeout => SHARDLIMIT_ERR_TIMEOUT,
+            ErrorKind::Script => SHARDLIMIT_ERR_SCRIPT,
+            ErrorKind::Routing => SHARDLIMIT_ERR_ROUTING,
+            ErrorKind::UnknownPolicy => SHARDLIMIT_ERR_UNKNOWN_POLICY,
+            ErrorKind::Io => SHARDLIMIT_ERR_IO,
+            ErrorKind::Internal => SHARDLIMIT_ERR_INTERNAL,
+            ErrorKind::Unavailable => SHARDLIMIT_ERR_UNAVAILABLE,
+            _ => SHARDLIMIT_ERR_INTERNAL,
+        }
+    }
+}
+
+/// Who made a decision (`shardlimit_decision.source`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum shardlimit_source {
+    /// A Redis shard ran the algorithm.
+    SHARDLIMIT_SOURCE_REDIS = 1,
+    /// The in-memory engine (no shards configured).
+    SHARDLIMIT_SOURCE_MEMORY = 2,
+    /// Admitted locally from units leased in advance from Redis.
+    SHARDLIMIT_SOURCE_LOCAL = 3,
+    /// The shard failed and the policy's `on_error` mode decided.
+    SHARDLIMIT_SOURCE_FALLBACK = 4,
+    /// The key is on the block list.
+    SHARDLIMIT_SOURCE_BLOCK = 5,
+}
+
+use shardlimit_source::*;
+
+fn source_to_c(s: Source) -> shardlimit_source {
+    match s {
+        Source::Redis => SHARDLIMIT_SOURCE_REDIS,
+        Source::Memory => SHARDLIMIT_SOURCE_MEMORY,
+        Source::Local => SHARDLIMIT_SOURCE_LOCAL,
+        Source::Fallback => SHARDLIMIT_SOURCE_FALLBACK,
+        Source::Block => SHARDLIMIT_SOURCE_BLOCK,
+    }
+}
+
+fn source_from_c(code: u32) -> Option<Source> {
+    [
+        Source::Redis,
+        Source::Memory,
+        Source::Local,
+        Source::Fallback,
+        Source::Block,
+    ]
+    .into_iter()
+    .find(|s| source_to_c(*s) as u32 == code)
+}
+
+/// The algorithm of an ad-hoc limit (`shardlimit_limit.algorithm`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum shardlimit_algorithm {
+    /// At most `limit` units per aligned window of `period_ms`.
+    SHARDLIMIT_ALGORITHM_FIXED_WINDOW = 1,
+    /// Two-counter estimate of a sliding window of `period_ms`.
+    SHARDLIMIT_ALGORITHM_SLIDING_WINDOW = 2,
+    /// Exact sliding window of `period_ms` (one log entry per admitted unit).
+    SHARDLIMIT_ALGORITHM_SLIDING_LOG = 3,
+    /// A bucket of `limit` tokens refilled at `rate_per_sec`.
+    SHARDLIMIT_ALGORITHM_TOKEN_BUCKET = 4,
+    /// A shaper: a queue of `limit` units drained at `rate_per_sec`.
+    SHARDLIMIT_ALGORITHM_LEAKY_BUCKET = 5,
+    /// At most `limit` units held at once; leases expire after `period_ms`.
+    SHARDLIMIT_ALGORITHM_CONCURRENCY = 6,
+}
+
+/// What an ad-hoc policy does when its Redis shard fails (`shardlimit_limit.on_error`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum shardlimit_on_error {
+    /// The core's default (`open`).
+    SHARDLIMIT_ON_ERROR_DEFAULT = 0,
+    /// Allow the request.
+    SHARDLIMIT_ON_ERROR_OPEN = 1,
+    /// Deny the request.
+    SHARDLIMIT_ON_ERROR_CLOSED = 2,
+    /// Decide with an in-process limiter holding `limit / instances`.
+    SHARDLIMIT_ON_ERROR_LOCAL = 3,
+    /// Return the backend error to the caller, who decides.
+    SHARDLIMIT_ON_ERROR_ERROR = 4,
+}
+
+/// A borrowed string: `len` bytes of UTF-8 at `ptr`, followed by a NUL byte that `len`
+/// does not count (so `ptr` can also be used as a C string). The function that returns it
+/// says how long it stays valid; never free it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct shardlimit_str {
+    /// The first byte; never NULL in strings the library returns.
+    pub ptr: *const c_char,
+    /// The length in bytes, without the NUL.
+    pub len: usize,
+}
+
+impl shardlimit_str {
+    fn from_static(s: &'static std::ffi::CStr) -> shardlimit_str {
+        shardlimit_str {
+            ptr: s.as_ptr(),
+            len: s.to_bytes().len(),
+        }
+    }
+    fn from_cstring(s: &CString) -> shardlimit_str {
+        shardlimit_str {
+            ptr: s.as_ptr(),
+            len: s.as_bytes().len(),
+        }
+    }
+    const EMPTY: shardlimit_str = shardlimit_str {
+        ptr: c"".as_ptr(),
+        len: 0,
+    };
+}
+
+/// An owned string: `len` bytes of UTF-8 at `ptr`, followed by a NUL byte that `len` does
+/// not count. The caller owns it and must release it with `shardlimit_string_free()`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct shardlimit_string {
+    /// The first byte; NULL for an empty (or already freed) struct.
+    pub ptr: *mut c_char,
+    /// The length in bytes, without the NUL.
+    pub len: usize,
+}
+
+/// The outcome of one check: a plain struct the caller allocates (usually on the stack)
+/// and the library fills. Nothing inside it needs freeing.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct shardlimit_decision {
+    /// Whether the request may proceed. A denied check consumed nothing.
+    pub allowed: bool,
+    /// The effective limit (units per window, bucket capacity, or max concurrent).
+    pub limit: u64,
+    /// Units still available after this check.
+    pub remaining: u64,
+    /// Microseconds until the limit is back to its full budget with no further traffic.
+    pub reset_after_us: u64,
+    /// True when `retry_after_us` is set: the check was denied and can succeed later.
+    /// False when allowed, and when the cost can never fit (cost > limit).
+    pub has_retry_after: bool,
+    /// When `has_retry_after`: microseconds until the same check would pass with no
+    /// other traffic. 0 otherwise.
+    pub retry_after_us: u64,
+    /// Leaky bucket: microseconds the caller must wait before sending. 0 otherwise.
+    pub delay_us: u64,
+    /// The window the limit is measured over, in microseconds.
+    pub window_us: u64,
+    /// Who decided: a `shardlimit_source` value.
+    pub source: u32,
+    /// True when a Redis shard decided; `shard` is then its index.
+    pub has_shard: bool,
+    /// The index of the shard that decided (valid when `has_shard`).
+    pub shard: u32,
+    /// Length in bytes of `policy`, without its NUL.
+    pub policy_len: usize,
+    /// The policy that decided, NUL-terminated (for an ad-hoc limit, its generated name).
+    pub policy: [c_char; SHARDLIMIT_POLICY_NAME_CAP],
+    /// True for a layered check (`shardlimit_check_all()`); `layer` is then the index of
+    /// the layer this decision describes: the one that denied, or the tightest when all
+    /// allowed.
+    pub has_layer: bool,
+    /// The layer index (valid when `has_layer`).
+    pub layer: u32,
+}
+
+/// One layer of `shardlimit_check_all()`: `cost` units of a policy for a key. The policy
+/// is `policy` when it is not NULL, otherwise the configured policy named by
+/// `policy_name_len` bytes at `policy_name`. Everything is borrowed for the call only.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct shardlimit_layer {
+    /// The key: `key_len` bytes of UTF-8.
+    pub key: *const c_char,
+    /// The length of `key` in bytes.
+    pub key_len: usize,
+    /// A policy object, or NULL to use `policy_name`.
+    pub policy: *const shardlimit_policy,
+    /// A configured policy's name (used when `policy` is NULL).
+    pub policy_name: *const c_char,
+    /// The length of `policy_name` in bytes.
+    pub policy_name_len: usize,
+    /// Units to take (>= 1).
+    pub cost: u64,
+}
+
+/// A key's block-list entry, filled by `shardlimit_blocked()`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct shardlimit_block_info {
+    /// Whether the key is blocked. When false, the other fields are zero/NULL.
+    pub blocked: bool,
+    /// True for a block without expiry (until `shardlimit_unblock()`).
+    pub permanent: bool,
+    /// Microseconds until the block expires (when not permanent).
+    pub remaining_us: u64,
+    /// The reason given to `shardlimit_block()`: owned by the caller, free it with
+    /// `shardlimit_string_free(&info.reason)` (a no-op when `ptr` is NULL).
+    pub reason: shardlimit_string,
+}
+
+/// The parameters of an ad-hoc limit, for `shardlimit_policy_new()`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct shardlimit_limit {
+    /// A `shardlimit_algorithm` value.
+    pub algorithm: u32,
+    /// Units per window (windows), capacity (buckets) or max held (concurrency).
+    pub limit: u64,
+    /// The window (fixed_window, sliding_window, sliding_log) or the lease TTL
+    /// (concurrency), in whole milliseconds. Ignored by the buckets.
+    pub period_ms: u64,
+    /// Refill rate (token_bucket) or leak rate (leaky_bucket) in units per second.
+    /// Ignored by the other algorithms.
+    pub rate_per_sec: f64,
+    /// A `shardlimit_on_error` value; 0 for the default.
+    pub on_error: u32,
+}
+
+/// A rate limiter: a configuration, an engine (Redis shards or in-memory), and for Redis
+/// its own I/O runtime and one connection per shard, created on first use and re-created
+/// in a forked child. Thread-safe: one handle may be used from any number of threads at
+/// once. Create with a `shardlimit_limiter_new_*` function, free with
+/// `shardlimit_limiter_free()`.
+pub struct shardlimit_limiter {
+    limiter: Limiter,
+}
+
+/// A validated policy (a named limit). Immutable and thread-safe. From
+/// `shardlimit_limiter_policy()` or `shardlimit_policy_new()`; free with
+/// `shardlimit_policy_free()`.
+pub struct shardlimit_policy {
+    policy: Policy,
+    /// The name again, NUL-terminated for `shardlimit_policy_name()`.
+    name: CString,
+}
+
+fn new_policy(policy: Policy) -> *mut shardlimit_policy {
+    let name = to_cstring(policy.name().to_string());
+    register(Box::new(shardlimit_policy { policy, name }), Tag::Policy)
+}
+
+/// A held lease of a concurrency policy, from `shardlimit_acquire()`. Give it back with
+/// `shardlimit_release()` (or let it expire after the policy's lease TTL), then free the
+/// object with `shardlimit_lease_free()`. Freeing does not release the lease.
+pub struct shardlimit_lease {
+    lease: Lease,
+    policy: Policy,
+}
+
+/// A manual clock for deterministic tests: limiters created with it read time from it
+/// instead of Redis `TIME` or the monotonic clock. Thread-safe. Free with
+/// `shardlimit_clock_free()` (limiters using it keep their own reference).
+pub struct shardlimit_clock {
+    clock: Arc<ManualClock>,
+}
+
+/// The details of a failure: its result code and a message naming what went wrong.
+/// Owned by the caller; free with `shardlimit_error_free()`.
+pub struct shardlimit_error {
+    code: shardlimit_result,
+    message: CString,
+}
+
+/// The rate-limit HTTP headers of a decision, from `shardlimit_decision_headers()`.
+/// Free with `shardlimit_headers_free()`.
+pub struct shardlimit_headers {
+    items: Vec<(CString, CString)>,
+}
+
+// ---------------------------------------------------------------------------------------
+// Live-object registry: every pointer handed to C is recorded with its type, so that a
+// NULL, freed or foreign pointer is detected instead of dereferenced.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tag {
+    Limiter,
+    Policy,
+    Lease,
+    Clock,
+    Error,
+    Headers,
+    String,
+}
+
+/// A B-tree rather than a hash map: its nodes are pointed to at their start, so leak
+/// checkers see this process-lifetime table as reachable, not "possibly lost".
+static LIVE: RwLock<BTreeMap<usize, Tag>> = RwLock::new(BTreeMap::new());
+
+fn register<T>(b: Box<T>, tag: Tag) -> *mut T {
+    let p = Box::into_raw(b);
+    LIVE.write().insert(p as usize, tag);
+    p
+}
+
+/// Runs `f` on the object at `p` if it is a live object of type `tag`. The read lock
+/// keeps a concurrent `_free` from dropping it meanwhile, so `f` should only clone.
+unsafe fn with_live<T, R>(p: *const T, tag: Tag, f: impl FnOnce(&T) -> R) -> Option<R> {
+    if p.is_null() {
+        return None;
+    }
+    let live = LIVE.read();
+    if live.get(&(p as usize)) != Some(&tag) {
+        return None;
+    }
+    Some(f(&*p))
+}
+
+/// Takes the object at `p` out of the registry; `None` if it is not a live `tag`.
+unsafe fn unregister<T>(p: *mut T, tag: Tag) -> Option<Box<T>> {
+    if p.is_null() {
+        return None;
+    }
+    let mut live = LIVE.write();
+    if live.get(&(p as usize)) != Some(&tag) {
+        return None;
+    }
+    live.remove(&(p as usize));
+    drop(live);
+    Some(Box::from_raw(p))
+}
+
+// ---------------------------------------------------------------------------------------
+// Argument conversion
+
+fn invalid(what: &str, message: impl Into<String>) -> Error {
+    Error::InvalidArgument {
+        what: what.to_string(),
+        message: message.into(),
+    }
+}
+
+unsafe fn bytes_arg<'a>(what: &str, ptr: *const c_char, len: usize) -> Result<&'a [u8], Error> {
+    if ptr.is_null() {
+        return if len == 0 {
+            Ok(&[])
+        } else {
+            Err(invalid(what, format!("is NULL with length {len}")))
+        };
+    }
+    if len > isize::MAX as usize {
+        return Err(invalid(what, format!("has an impossible length {len}")));
+    }
+    Ok(std::slice::from_raw_parts(ptr.cast::<u8>(), len))
+}
+
+unsafe fn str_arg<'a>(what: &str, ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
+    let bytes = bytes_arg(what, ptr, len)?;
+    let s = std::str::from_utf8(bytes).map_err(|e| {
+        invalid(
+            what,
+            format!("is not valid UTF-8 (at byte {})", e.valid_up_to()),
+        )
+    })?;
+    if let Some(i) = s.find('\0') {
+        return Err(invalid(
+            what,
+            format!("contains a NUL byte at offset {i} of {len}: is the length right?"),
+        ));
+    }
+    Ok(s)
+}
+
+/// A key: at most `MAX_KEY_LEN` bytes are ever read, so a wild length is an error rather
+/// than a read past the caller's buffer.
+unsafe fn key_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
+    if len > MAX_KEY_LEN {
+        return Err(invalid(
+            "key",
+            format!("is {len} bytes long; the maximum is {MAX_KEY_LEN}"),
+        ));
+    }
+    str_arg("key", ptr, len)
+}
+
+/// Policy names are at most 128 bytes (the core validates the rest).
+unsafe fn policy_name_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
+    if len >= SHARDLIMIT_POLICY_NAME_CAP {
+        return Err(Error::UnknownPolicy(format!(
+            "<{len} bytes: longer than any policy name>"
+        )));
+    }
+    str_arg("policy", ptr, len)
+}
+
+fn out_arg<T>(what: &str, p: *mut T) -> Result<*mut T, Error> {
+    if p.is_null() {
+        Err(invalid(what, "is NULL; an output pointer is required"))
+    } else if !p.is_aligned() {
+        Err(invalid(what, "is not aligned for its type"))
+    } else {
+        Ok(p)
+    }
+}
+
+unsafe fn limiter_arg(p: *const shardlimit_limiter) -> Result<Limiter, Error> {
+    if p.is_null() {
+        return Err(invalid("limiter", "is NULL"));
+    }
+    with_live(p, Tag::Limiter, |l| l.limiter.clone()).ok_or_else(|| {
+        invalid(
+            "limiter",
+            "is not a live limiter (already freed, or not from shardlimit_limiter_new_*)",
+        )
+    })
+}
+
+unsafe fn policy_arg(p: *const shardlimit_policy) -> Result<Policy, Error> {
+    if p.is_null() {
+        return Err(invalid("policy", "is NULL"));
+    }
+    with_live(p, Tag::Policy, |p| p.policy.clone()).ok_or_else(|| {
+        invalid(
+            "policy",
+            "is not a live policy (already freed, or not from shardlimit_*policy*)",
+        )
+    })
+}
+
+unsafe fn clock_arg(p: *const shardlimit_clock) -> Result<Option<Arc<ManualClock>>, Error> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    with_live(p, Tag::Clock, |c| Some(c.clock.clone())).ok_or_else(|| {
+        invalid(
+            "clock",
+            "is not a live clock (already freed, or not from shardlimit_clock_new)",
+        )
+    })
+}
+
+fn decision_to_c(d: &Decision) -> Result<shardlimit_decision, Error> {
+    let name = d.policy.as_bytes();
+    if name.len() >= SHARDLIMIT_POLICY_NAME_CAP {
+        return Err(Error::Internal(format!(
+            "policy name of {} bytes does not fit shardlimit_decision.policy",
+            name.len()
+        )));
+    }
+    let mut policy = [0 as c_char; SHARDLIMIT_POLICY_NAME_CAP];
+    for (dst, src) in policy.iter_mut().zip(name) {
+        *dst = *src as c_char;
+    }
+    let us = |t: Duration| u64::try_from(t.as_micros()).unwrap_or(u64::MAX);
+    Ok(shardlimit_decision {
+        allowed: d.allowed,
+        limit: d.limit,
+        remaining: d.remaining,
+        reset_after_us: us(d.reset_after),
+        has_retry_after: d.retry_after.is_some(),
+        retry_after_us: d.retry_after.map(us).unwrap_or(0),
+        delay_us: us(d.delay),
+        window_us: us(d.window),
+        source: source_to_c(d.source) as u32,
+        has_shard: d.shard.is_some(),
+        shard: d.shard.unwrap_or(0),
+        policy_len: name.len(),
+        policy,
+        has_layer: d.layer.is_some(),
+        layer: d.layer.map_or(0, |l| u32::try_from(l).unwrap_or(u32::MAX)),
+    })
+}
+
+unsafe fn decision_from_c(p: *const shardlimit_decision) -> Result<Decision, Error> {
+    if p.is_null() {
+        return Err(invalid("decision", "is NULL"));
+    }
+    if !p.is_aligned() {
+        return Err(invalid("decision", "is not aligned for its type"));
+    }
+    let d = &*p;
+    if d.policy_len >= SHARDLIMIT_POLICY_NAME_CAP {
+        return Err(invalid(
+            "decision.policy_len",
+            format!(
+                "is {}; at most {} fit",
+                d.policy_len,
+                SHARDLIMIT_POLICY_NAME_CAP - 1
+            ),
+        ));
+    }
+    let policy = str_arg("decision.policy", d.policy.as_ptr(), d.policy_len)?;
+    let source = source_from_c(d.source).ok_or_else(|| {
+        invalid(
+            "decision.source",
+            format!("{} is not a shardlimit_source", d.source),
+        )
+    })?;
+    Ok(Decision {
+        allowed: d.allowed,
+        limit: d.limit,
+        remaining: d.remaining,
+        reset_after: Duration::from_micros(d.reset_after_us),
+        retry_after: d
+            .has_retry_after
+            .then(|| Duration::from_micros(d.retry_after_us)),
+        delay: Duration::from_micros(d.delay_us),
+        policy: Arc::from(policy),
+        source,
+        shard: d.has_shard.then_some(d.shard),
+        window: Duration::from_micros(d.window_us),
+        layer: d.has_layer.then_some(d.layer as usize),
+    })
+}
+
+fn owned_string(s: String) -> shardlimit_string {
+    let c = to_cstring(s);
+    let len = c.as_bytes().len();
+    let ptr = c.into_raw();
+    LIVE.write().insert(ptr as usize, Tag::String);
+    shardlimit_string { ptr, len }
+}
+
+/// NUL bytes cannot cross as C strings; they never appear in the core's messages, but a
+/// message quoting user input could carry one.
+fn to_cstring(s: String) -> CString {
+    CString::new(s).unwrap_or_else(|e| {
+        let cleaned: Vec<u8> = e
+            .into_vec()
+            .into_iter()
+            .map(|b| if b == 0 { b'?' } else { b })
+            .collect();
+        CString::new(cleaned).expect("NUL bytes were replaced")
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// The panic guard every fallible entry point runs in.
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".to_string()
+    }
+}
+
+/// Runs `f`, turning its error or panic into a result code and, when `err` is not NULL, an
+/// owned `shardlimit_error`. `f` writes its out-parameters only as its last step, after
+/// everything that can fail.
+unsafe fn guard(
+    err: *mut *mut shardlimit_error,
+    f: impl FnOnce() -> Result<(), Error>,
+) -> shardlimit_result {
+    let (code, message) = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => return SHARDLIMIT_OK,
+        Ok(Err(e)) => (shardlimit_result::from_kind(e.kind()), e.to_string()),
+        Err(payload) => (
+            SHARDLIMIT_ERR_INTERNAL,
+            format!(
+                "internal error (a bug in shardlimit): panic: {}",
+                panic_message(&*payload)
+            ),
+        ),
+    };
+    if !err.is_null() && err.is_aligned() {
+        let reported = catch_unwind(AssertUnwindSafe(|| {
+            register(
+                Box::new(shardlimit_error {
+                    code,
+                    message: to_cstring(message),
+                }),
+                Tag::Error,
+            )
+        }));
+        if let Ok(e) = reported {
+            *err = e;
+        }
+    }
+    code
+}
+
+/// Runs an infallible function body, returning `fallback` if it panics.
+fn quiet<R>(fallback: R, f: impl FnOnce() -> R) -> R {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
+}
+
+// ---------------------------------------------------------------------------------------
+// Version, result codes, errors
+
+/// The library's version, e.g. `"0.1.0"`: static, never freed. Compare with
+/// `SHARDLIMIT_VERSION` to detect a header/library mismatch. Thread-safe.
+#[no_mangle]
+pub extern "C" fn shardlimit_version() -> shardlimit_str {
+    static V: LazyLock<CString> =
+        LazyLock::new(|| CString::new(shardlimit::VERSION).expect("no NUL"));
+    quiet(shardlimit_str::EMPTY, || shardlimit_str::from_cstring(&V))
+}
+
+/// The stable snake_case name of a result code: `"ok"`, `"config"`, `"invalid_argument"`,
+/// `"connection"`, `"timeout"`, `"script"`, `"routing"`, `"unknown_policy"`, `"io"`,
+/// `"internal"`, or `"unknown"` for a number that is not a code. Static, never freed.
+/// Thread-safe.
+#[no_mangle]
+pub extern "C" fn shardlimit_result_name(code: u32) -> shardlimit_str {
+    quiet(shardlimit_str::EMPTY, || {
+        if code == SHARDLIMIT_OK as u32 {
+            return shardlimit_str::from_static(c"ok");
+        }
+        static NAMES: LazyLock<Vec<(u32, CString)>> = LazyLock::new(|| {
+            ErrorKind::ALL
+                .iter()
+                .map(|k| (k.code(), CString::new(k.name()).expect("no NUL")))
+                .collect()
+        });
+        NAMES
+            .iter()
+            .find(|(c, _)| *c == code)
+            .map(|(_, n)| shardlimit_str::from_cstring(n))
+            .unwrap_or(shardlimit_str::from_static(c"unknown"))
+    })
+}
+
+/// True for the codes that mean "the backend (Redis) failed" rather than "the caller
+/// made a mistake": CONNECTION, TIMEOUT and SCRIPT. These are the failures a service may
+/// choose to fail open on. Thread-safe.
+#[no_mangle]
+pub extern "C" fn shardlimit_result_is_backend(code: u32) -> bool {
+    quiet(false, || {
+        ErrorKind::ALL
+            .iter()
+            .any(|k| k.code() == code && k.is_backend())
+    })
+}
+
+/// The stable name of a `shardlimit_source` value: `"redis"`, `"memory"`, `"local"`,
+/// `"fallback"`, `"block"`, or `"unknown"`. Static, never freed. Thread-safe.
+#[no_mangle]
+pub extern "C" fn shardlimit_source_name(source: u32) -> shardlimit_str {
+    quiet(shardlimit_str::EMPTY, || {
+        static NAMES: LazyLock<Vec<(u32, CString)>> = LazyLock::new(|| {
+            (1..=16)
+                .filter_map(source_from_c)
+                .map(|s| {
+                    (
+                        source_to_c(s) as u32,
+                        CString::new(s.name()).expect("no NUL"),
+                    )
+                })
+                .collect()
+        });
+        NAMES
+            .iter()
+            .find(|(c, _)| *c == source)
+            .map(|(_, n)| shardlimit_str::from_cstring(n))
+            .unwrap_or(shardlimit_str::from_static(c"unknown"))
+    })
+}
+
+/// The result code of an error; `SHARDLIMIT_ERR_INVALID_ARGUMENT` when `err` is NULL or
+/// not a live error. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_error_code(err: *const shardlimit_error) -> shardlimit_result {
+    quiet(SHARDLIMIT_ERR_INVALID_ARGUMENT, || {
+        with_live(err, Tag::Error, |e| e.code).unwrap_or(SHARDLIMIT_ERR_INVALID_ARGUMENT)
+    })
+}
+
+/// The human-readable message of an error, naming the field or argument at fault (for
+/// example `policies.login.window: expected a duration ...`). Borrowed from `err`: valid
+/// until `shardlimit_error_free(err)`. An empty string when `err` is NULL or not a live
+/// error. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_error_message(err: *const shardlimit_error) -> shardlimit_str {
+    quiet(shardlimit_str::EMPTY, || {
+        with_live(err, Tag::Error, |e| {
+            shardlimit_str::from_cstring(&e.message)
+        })
+        .unwrap_or(shardlimit_str::EMPTY)
+    })
+}
+
+/// Frees an error from any function's `err` out-parameter. NULL, or an error already
+/// freed, is a no-op.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_error_free(err: *mut shardlimit_error) {
+    quiet((), || drop(unregister(err, Tag::Error)))
+}
+
+/// Frees the bytes of an owned string and sets `s->ptr` to NULL and `s->len` to 0, so
+/// freeing the same struct twice is harmless. `s == NULL`, or `s->ptr == NULL`, is a
+/// no-op.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_string_free(s: *mut shardlimit_string) {
+    quiet((), || {
+        if s.is_null() || !s.is_aligned() {
+            return;
+        }
+        let ptr = (*s).ptr;
+        if ptr.is_null() {
+            return;
+        }
+        let mut live = LIVE.write();
+        if live.get(&(ptr as usize)) == Some(&Tag::String) {
+            live.remove(&(ptr as usize));
+            drop(live);
+            drop(CString::from_raw(ptr));
+        }
+        (*s).ptr = std::ptr::null_mut();
+        (*s).len = 0;
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Clock
+
+/// Creates a manual clock reading `start_us` microseconds (Unix time is a good start).
+///
+/// On success `*out` is a new clock the caller owns (free with `shardlimit_clock_free()`).
+/// `err` may be NULL; otherwise on failure `*err` receives an error to free with
+/// `shardlimit_error_free()`. Results: OK, INVALID_ARGUMENT (`out` is NULL), INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_clock_new(
+    start_us: u64,
+    out: *mut *mut shardlimit_clock,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let out = out_arg("out", out)?;
+        let c = register(
+            Box::new(shardlimit_clock {
+                clock: ManualClock::new(start_us),
+            }),
+            Tag::Clock,
+        );
+        *out = c;
+        Ok(())
+    })
+}
+
+/// Sets the clock to `now_us` microseconds. Thread-safe.
+/// Results: OK, INVALID_ARGUMENT (`clock` NULL or not live), INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_clock_set_us(
+    clock: *const shardlimit_clock,
+    now_us: u64,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let c = clock_arg(clock)?.ok_or_else(|| invalid("clock", "is NULL"))?;
+        c.set_us(now_us);
+        Ok(())
+    })
+}
+
+/// Moves the clock forward by `delta_us` microseconds. Thread-safe.
+/// Results: OK, INVALID_ARGUMENT (`clock` NULL or not live), INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_clock_advance_us(
+    clock: *const shardlimit_clock,
+    delta_us: u64,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let c = clock_arg(clock)?.ok_or_else(|| invalid("clock", "is NULL"))?;
+        c.advance_us(delta_us);
+        Ok(())
+    })
+}
+
+/// Frees a clock. Limiters created with it keep working with it. NULL, or a clock
+/// already freed, is a no-op.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_clock_free(clock: *mut shardlimit_clock) {
+    quiet((), || drop(unregister(clock, Tag::Clock)))
+}
+
+// ---------------------------------------------------------------------------------------
+// Limiter
+
+unsafe fn new_limiter(
+    clock: *const shardlimit_clock,
+    out: *mut *mut shardlimit_limiter,
+    make: impl FnOnce() -> Result<Limiter, Error>,
+) -> Result<(), Error> {
+    let out = out_arg("out", out)?;
+    let clock = clock_arg(clock)?;
+    let mut limiter = make()?;
+    if let Some(c) = clock {
+        limiter = limiter.with_clock(c)?;
+    }
+    *out = register(Box::new(shardlimit_limiter { limiter }), Tag::Limiter);
+    Ok(())
+}
+
+/// Creates a limiter from a JSON configuration (the format of `shard-config.json`):
+/// `json_len` bytes of UTF-8 at `json` (the caller keeps ownership; it is not retained).
+/// With `shards` the limiter decides on Redis, otherwise in memory. Does not connect:
+/// connections are made on first use.
+///
+/// `clock` may be NULL (the normal case); otherwise decisions read time from it (tests).
+/// On success `*out` is a new limiter the caller owns (free with
+/// `shardlimit_limiter_free()`). `err` may be NULL; on failure `*err` receives an error
+/// to free with `shardlimit_error_free()`.
+/// Results: OK, CONFIG (the message names the field), INVALID_ARGUMENT, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_limiter_new_json(
+    json: *const c_char,
+    json_len: usize,
+    clock: *const shardlimit_clock,
+    out: *mut *mut shardlimit_limiter,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let text = bytes_arg("json", json, json_len)?;
+        let text = std::str::from_utf8(text).map_err(|e| Error::Config {
+            field: "config".to_string(),
+            message: format!("not valid UTF-8 (at byte {})", e.valid_up_to()),
+        })?;
+        new_limiter(clock, out, || Limiter::from_json(text))
+    })
+}
+
+/// Creates a limiter from a JSON configuration file at the path given by `path_len`
+/// bytes at `path` (not NUL-terminated; not retained).
+///
+/// `clock` may be NULL. On success `*out` is a new limiter the caller owns (free with
+/// `shardlimit_limiter_free()`). `err` may be NULL.
+/// Results: OK, IO (cannot read the file), CONFIG, INVALID_ARGUMENT, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_limiter_new_file(
+    path: *const c_char,
+    path_len: usize,
+    clock: *const shardlimit_clock,
+    out: *mut *mut shardlimit_limiter,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let bytes = bytes_arg("path", path, path_len)?;
+        if bytes.is_empty() {
+            return Err(invalid("path", "is empty"));
+        }
+        if bytes.contains(&0) {
+            return Err(invalid("path", "contains a NUL byte: is the length right?"));
+        }
+        #[cfg(unix)]
+        let p = {
+            use std::os::unix::ffi::OsStrExt;
+            std::path::PathBuf::from(std::ffi::OsStr::from_bytes(bytes))
+        };
+        #[cfg(not(unix))]
+        let p = std::path::PathBuf::from(str_arg("path", path, path_len)?);
+        new_limiter(clock, out, || Limiter::from_config_file(&p))
+    })
+}
+
+/// Creates a limiter on the in-memory engine with no named policies (use
+/// `shardlimit_policy_new()` for its policies). Decisions are local to this process.
+///
+/// `clock` may be NULL. On success `*out` is a new limiter the caller owns (free with
+/// `shardlimit_limiter_free()`). `err` may be NULL.
+/// Results: OK, INVALID_ARGUMENT, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_limiter_new_memory(
+    clock: *const shardlimit_clock,
+    out: *mut *mut shardlimit_limiter,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || new_limiter(clock, out, || Ok(Limiter::memory())))
+}
+
+/// Creates a limiter from `$SHARDLIMIT_CONFIG` (a file path, or inline JSON starting
+/// with `{`); the in-memory engine with no policies when it is unset or empty.
+///
+/// `clock` may be NULL. On success `*out` is a new limiter the caller owns (free with
+/// `shardlimit_limiter_free()`). `err` may be NULL.
+/// Results: OK, CONFIG, IO, INVALID_ARGUMENT, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_limiter_new_env(
+    clock: *const shardlimit_clock,
+    out: *mut *mut shardlimit_limiter,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || new_limiter(clock, out, Limiter::from_env))
+}
+
+/// Frees a limiter: its runtime and connections are shut down once no call on another
+/// thread still uses them (calls in flight finish normally). Policies and leases obtained
+/// from it stay valid objects and must be freed separately. NULL, or a limiter already
+/// freed, is a no-op; a freed limiter passed to another function gives INVALID_ARGUMENT.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_limiter_free(limiter: *mut shardlimit_limiter) {
+    quiet((), || drop(unregister(limiter, Tag::Limiter)))
+}
+
+// ---------------------------------------------------------------------------------------
+// Policies
+
+/// Looks up the policy named by `name_len` bytes at `name` in the limiter's configuration.
+///
+/// On success `*out` is a new policy object the caller owns (free with
+/// `shardlimit_policy_free()`); it stays valid after the limiter is freed. `err` may be
+/// NULL. Thread-safe.
+/// Results: OK, UNKNOWN_POLICY, INVALID_ARGUMENT, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_limiter_policy(
+    limiter: *const shardlimit_limiter,
+    name: *const c_char,
+    name_len: usize,
+    out: *mut *mut shardlimit_policy,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let l = limiter_arg(limiter)?;
+        let name = policy_name_arg(name, name_len)?;
+        let out = out_arg("out", out)?;
+        let policy = l.policy(name)?;
+        *out = new_policy(policy);
+        Ok(())
+    })
+}
+
+/// Creates an ad-hoc policy named by `name_len` bytes at `name` (letters, digits,
+/// `_ - .`, at most 128 bytes; it appears in Redis key names and headers) enforcing
+/// `*limit` (read, not retained).
+///
+/// On success `*out` is a new policy the caller owns (free with
+/// `shardlimit_policy_free()`). `err` may be NULL. Thread-safe.
+/// Results: OK, CONFIG (a parameter is out of range; the message names it),
+/// INVALID_ARGUMENT (NULL `limit` or `out`, unknown algorithm or on_error), INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_policy_new(
+    name: *const c_char,
+    name_len: usize,
+    limit: *const shardlimit_limit,
+    out: *mut *mut shardlimit_policy,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let name = str_arg("name", name, name_len)?;
+        if limit.is_null() || !limit.is_aligned() {
+            return Err(invalid("limit", "is NULL or misaligned"));
+        }
+        let out = out_arg("out", out)?;
+        let l = &*limit;
+        let period = Duration::from_millis(l.period_ms);
+        use shardlimit_algorithm::*;
+        let lim = match l.algorithm {
+            a if a == SHARDLIMIT_ALGORITHM_FIXED_WINDOW as u32 => {
+                Limit::fixed_window(l.limit, period)
+            }
+            a if a == SHARDLIMIT_ALGORITHM_SLIDING_WINDOW as u32 => {
+                Limit::sliding_window(l.limit, period)
+            }
+            a if a == SHARDLIMIT_ALGORITHM_SLIDING_LOG as u32 => {
+                Limit::sliding_log(l.limit, period)
+            }
+            a if a == SHARDLIMIT_ALGORITHM_TOKEN_BUCKET as u32 => {
+                Limit::token_bucket(l.limit, l.rate_per_sec)
+            }
+            a if a == SHARDLIMIT_ALGORITHM_LEAKY_BUCKET as u32 => {
+                Limit::leaky_bucket(l.limit, l.rate_per_sec)
+            }
+            a if a == SHARDLIMIT_ALGORITHM_CONCURRENCY as u32 => {
+                Limit::concurrency(l.limit, period)
+            }
+            a => {
+                return Err(invalid(
+                    "limit.algorithm",
+                    format!("{a} is not a shardlimit_algorithm"),
+                ))
+            }
+        };
+        use shardlimit_on_error::*;
+        let on_error = match l.on_error {
+            e if e == SHARDLIMIT_ON_ERROR_DEFAULT as u32 => None,
+            e if e == SHARDLIMIT_ON_ERROR_OPEN as u32 => Some(OnError::Open),
+            e if e == SHARDLIMIT_ON_ERROR_CLOSED as u32 => Some(OnError::Closed),
+            e if e == SHARDLIMIT_ON_ERROR_LOCAL as u32 => Some(OnError::Local),
+            e if e == SHARDLIMIT_ON_ERROR_ERROR as u32 => Some(OnError::Error),
+            e => {
+                return Err(invalid(
+                    "limit.on_error",
+                    format!("{e} is not a shardlimit_on_error"),
+                ))
+            }
+        };
+        let mut policy = Policy::new(name, lim)?;
+        if let Some(mode) = on_error {
+            policy = policy.with_on_error(mode);
+        }
+        *out = new_policy(policy);
+        Ok(())
+    })
+}
+
+/// The policy's name. Borrowed from `policy`: valid until `shardlimit_policy_free()`.
+/// An empty string when `policy` is NULL or not live. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_policy_name(
+    policy: *const shardlimit_policy,
+) -> shardlimit_str {
+    quiet(shardlimit_str::EMPTY, || {
+        with_live(policy, Tag::Policy, |p| {
+            shardlimit_str::from_cstring(&p.name)
+        })
+        .unwrap_or(shardlimit_str::EMPTY)
+    })
+}
+
+/// Frees a policy object. NULL, or a policy already freed, is a no-op.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_policy_free(policy: *mut shardlimit_policy) {
+    quiet((), || drop(unregister(policy, Tag::Policy)))
+}
+
+// ---------------------------------------------------------------------------------------
+// Checks
+
+/// Checks `cost` units (≥ 1) of `policy` for the key given by `key_len` bytes of UTF-8 at
+/// `key` (1 to 1024 bytes, no NUL; not retained). A denied check consumes nothing and is
+/// not an error: it returns OK with `out->allowed == false`. A cost larger than the limit
+/// is denied with `has_retry_after == false`. On a concurrency policy this takes a lease
+/// that frees itself after the policy's lease TTL (use `shardlimit_acquire()` to release
+/// early).
+///
+/// Blocks the calling thread for at most the configured deadline (`timeout_ms`).
+/// Thread-safe. On success `*out` (caller-allocated) is filled; nothing is allocated.
+/// `err` may be NULL.
+/// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_check(
+    limiter: *const shardlimit_limiter,
+    key: *const c_char,
+    key_len: usize,
+    policy: *const shardlimit_policy,
+    cost: u64,
+    out: *mut shardlimit_decision,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let l = limiter_arg(limiter)?;
+        let key = key_arg(key, key_len)?;
+        let p = policy_arg(policy)?;
+        let out = out_arg("out", out)?;
+        let d = decision_to_c(&l.check_blocking(key, &p, cost)?)?;
+        out.write(d);
+        Ok(())
+    })
+}
+
+/// `shardlimit_check()` with the policy named by `policy_len` bytes at `policy` in the
+/// limiter's configuration.
+///
+/// Blocks the calling thread for at most the configured deadline. Thread-safe. On success
+/// `*out` (caller-allocated) is filled; nothing is allocated. `err` may be NULL.
+/// Results: OK, UNKNOWN_POLICY, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_check_named(
+    limiter: *const shardlimit_limiter,
+    key: *const c_char,
+    key_len: usize,
+    policy: *const c_char,
+    policy_len: usize,
+    cost: u64,
+    out: *mut shardlimit_decision,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let l = limiter_arg(limiter)?;
+        let key = key_arg(key, key_len)?;
+        let policy = policy_name_arg(policy, policy_len)?;
+        let out = out_arg("out", out)?;
+        let d = decision_to_c(&l.check_named_blocking(policy, key, cost)?)?;
+        out.write(d);
+        Ok(())
+    })
+}
+
+/// The state of `key` under `policy` without consuming anything: `out->allowed` says
+/// whether a check of one unit would pass now, `out->remaining` how many units are free.
+///
+/// Blocks for at most the configured deadline. Thread-safe. On success `*out` is filled.
+/// `err` may be NULL. Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_peek(
+    limiter: *const shardlimit_limiter,
+    key: *const c_char,
+    key_len: usize,
+    policy: *const shardlimit_policy,
+    out: *mut shardlimit_decision,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let l = limiter_arg(limiter)?;
+        let key = key_arg(key, key_len)?;
+        let p = policy_arg(policy)?;
+        let out = out_arg("out", out)?;
+        let d = decision_to_c(&l.peek_blocking(key, &p)?)?;
+        out.write(d);
+        Ok(())
+    })
+}
+
+/// Acquires `units` (≥ 1) of a concurrency policy for `key`.
+///
+/// On success `*out` is filled and `*out_lease` is set: to a new lease the caller owns
+/// when `out->allowed` (give it back with `shardlimit_release()`, then free it with
+/// `shardlimit_lease_free()`), or to NULL when denied. Blocks for at most the configured
+/// deadline. Thread-safe. `err` may be NULL.
+/// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_acquire(
+    limiter: *const shardlimit_limiter,
+    key: *const c_char,
+    key_len: usize,
+    policy: *const shardlimit_policy,
+    units: u64,
+    out: *mut shardlimit_decision,
+    out_lease: *mut *mut shardlimit_lease,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let l = limiter_arg(limiter)?;
+        let key = key_arg(key, key_len)?;
+        let p = policy_arg(policy)?;
+        let out = out_arg("out", out)?;
+        let out_lease = out_arg("out_lease", out_lease)?;
+        let (d, lease) = l.acquire_blocking(key, &p, units)?;
+        let d = decision_to_c(&d)?;
+        let lease = match lease {
+            Some(lease) => register(Box::new(shardlimit_lease { lease, policy: p }), Tag::Lease),
+            None => std::ptr::null_mut(),
+        };
+        out.write(d);
+        *out_lease = lease;
+        Ok(())
+    })
+}
+
+/// Gives back a lease from `shardlimit_acquire()`. On success `*out_released` is true when
+/// the lease was still held, false when it had already been released or had expired. The
+/// lease object stays owned by the caller (free it with `shardlimit_lease_free()`).
+/// `out_released` may be NULL. Blocks for at most the configured deadline. Thread-safe.
+/// `err` may be NULL.
+/// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_release(
+    limiter: *const shardlimit_limiter,
+    lease: *const shardlimit_lease,
+    out_released: *mut bool,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let l = limiter_arg(limiter)?;
+        let (lease, policy) = with_live(lease, Tag::Lease, |x| (x.lease.clone(), x.policy.clone()))
+            .ok_or_else(|| invalid("lease", "is NULL or not a live lease"))?;
+        if !out_released.is_null() && !out_released.is_aligned() {
+            return Err(invalid("out_released", "is not aligned for its type"));
+        }
+        let me = l.clone();
+        let released = l.block_on(async move { me.release_with(&policy, &lease).await })?;
+        if !out_released.is_null() {
+            *out_released = released;
+        }
+        Ok(())
+    })
+}
+
+/// Frees a lease object without releasing the lease (it expires after the policy's lease
+/// TTL unless `shardlimit_release()` was called). NULL, or a lease already freed, is a
+/// no-op.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_lease_free(lease: *mut shardlimit_lease) {
+    quiet((), || drop(unregister(lease, Tag::Lease)))
+}
+
+/// Forgets `key`'s state under `policy`: its full budget is back.
+/// Blocks for at most the configured deadline. Thread-safe. `err` may be NULL.
+/// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_reset(
+    limiter: *const shardlimit_limiter,
+    key: *const c_char,
+    key_len: usize,
+    policy: *const shardlimit_policy,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let l = limiter_arg(limiter)?;
+        let key = key_arg(key, key_len)?;
+        let p = policy_arg(policy)?;
+        l.reset_blocking(key, &p)
+    })
+}
+
+/// The most layers read from the caller's array; the core's own limit (64) is the one
+/// that applies, this only bounds what a wrong `count` can make the library read.
+const MAX_LAYERS_READ: usize = 1024;
+
+/// A layered check: `count` layers (IP, API key, tenant, global...) checked at once.
+/// Allowed only if every layer allows; when any layer denies, no layer consumes. The
+/// decision describes the layer that denied (the longest retry) or, when all allowed, the
+/// one with the fewest units left; `out->layer` is its index. At most 64 layers.
+///
+/// `layers` (and everything it points to) is borrowed for the call only. Blocks for at
+/// most the configured deadline. Thread-safe. On success `*out` is filled; nothing is
+/// allocated. `err` may be NULL.
+/// Results: OK, INVALID_ARGUMENT, UNKNOWN_POLICY, CONNECTION, TIMEOUT, SCRIPT,
+/// UNAVAILABLE, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_check_all(
+    limiter: *const shardlimit_limiter,
+    layers: *const shardlimit_layer,
+    count: usize,
+    out: *mut shardlimit_decision,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let l = limiter_arg(limiter)?;
+        if count > MAX_LAYERS_READ {
+            return Err(invalid(
+                "count",
+                format!("{count} layers; at most 64 are allowed"),
+            ));
+        }
+        if count > 0 && (layers.is_null() || !layers.is_aligned()) {
+            return Err(invalid("layers", "is NULL or misaligned"));
+        }
+        let raw: &[shardlimit_layer] = if count == 0 {
+            &[]
+        } else {
+            std::slice::from_raw_parts(layers, count)
+        };
+        let mut built = Vec::with_capacity(raw.len());
+        for (i, x) in raw.iter().enumerate() {
+            let key = key_arg(x.key, x.key_len)
+                .map_err(|e| invalid(&format!("layers[{i}].key"), e.to_string()))?;
+            let policy = if x.policy.is_null() {
+                l.policy(policy_name_arg(x.policy_name, x.policy_name_len)?)?
+            } else {
+                policy_arg(x.policy)?
+            };
+            built.push(Layer::new(key, &policy, x.cost));
+        }
+        let out = out_arg("out", out)?;
+        let d = decision_to_c(&l.check_all_blocking(&built)?)?;
+        out.write(d);
+        Ok(())
+    })
+}
+
+/// Puts `key` on the block list for `ttl_ms` milliseconds (0: until unblocked), with a
+/// `reason` (`reason_len` bytes of UTF-8, at most 1024; may be NULL with length 0). Every
+/// limiter of every language sharing the shards sees it: checks of a blocked key are
+/// denied with `source == SHARDLIMIT_SOURCE_BLOCK`.
+///
+/// Blocks for at most the configured deadline. Thread-safe. `err` may be NULL.
+/// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_block(
+    limiter: *const shardlimit_limiter,
+    key: *const c_char,
+    key_len: usize,
+    ttl_ms: u64,
+    reason: *const c_char,
+    reason_len: usize,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let l = limiter_arg(limiter)?;
+        let key = key_arg(key, key_len)?;
+        if reason_len > 1024 {
+            return Err(invalid("reason", "at most 1024 bytes"));
+        }
+        let reason = str_arg("reason", reason, reason_len)?;
+        let ttl = (ttl_ms > 0).then(|| Duration::from_millis(ttl_ms));
+        l.block_blocking(key, ttl, reason)
+    })
+}
+
+/// Removes `key` from the block list. On success `*out_was_blocked` (may be NULL) says
+/// whether it was blocked. Other processes notice within about a second (their block
+/// cache). Blocks for at most the configured deadline. Thread-safe. `err` may be NULL.
+/// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_unblock(
+    limiter: *const shardlimit_limiter,
+    key: *const c_char,
+    key_len: usize,
+    out_was_blocked: *mut bool,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let l = limiter_arg(limiter)?;
+        let key = key_arg(key, key_len)?;
+        if !out_was_blocked.is_null() && !out_was_blocked.is_aligned() {
+            return Err(invalid("out_was_blocked", "is not aligned for its type"));
+        }
+        let was = l.unblock_blocking(key)?;
+        if !out_was_blocked.is_null() {
+            *out_was_blocked = was;
+        }
+        Ok(())
+    })
+}
+
+/// The block-list entry of `key`. On success `*out` is filled; when `out->blocked`,
+/// `out->reason` is an owned string the caller frees with `shardlimit_string_free()`.
+/// Blocks for at most the configured deadline. Thread-safe. `err` may be NULL.
+/// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_blocked(
+    limiter: *const shardlimit_limiter,
+    key: *const c_char,
+    key_len: usize,
+    out: *mut shardlimit_block_info,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let l = limiter_arg(limiter)?;
+        let key = key_arg(key, key_len)?;
+        let out = out_arg("out", out)?;
+        let info = match l.blocked_blocking(key)? {
+            None => shardlimit_block_info {
+                blocked: false,
+                permanent: false,
+                remaining_us: 0,
+                reason: shardlimit_string {
+                    ptr: std::ptr::null_mut(),
+                    len: 0,
+                },
+            },
+            Some(BlockInfo { reason, remaining }) => shardlimit_block_info {
+                blocked: true,
+                permanent: remaining.is_none(),
+                remaining_us: remaining
+                    .map_or(0, |r| u64::try_from(r.as_micros()).unwrap_or(u64::MAX)),
+                reason: owned_string(reason),
+            },
+        };
+        out.write(info);
+        Ok(())
+    })
+}
+
+/// The client's IP address for rate limiting: the peer itself unless it is one of the
+/// trusted proxies; then the `X-Forwarded-For` entries from the right, skipping trusted
+/// proxies, up to the first untrusted one (entries a client prepended are never
+/// reached). `peer` is the socket's remote address with or without a port (`1.2.3.4`,
+/// `1.2.3.4:5678`, `[::1]:80`); `xff` the raw header (several headers joined with `,`), or
+/// NULL when absent; `trusted` an array of `trusted_count` CIDRs (`10.0.0.0/8`, a bare
+/// address), may be NULL when the count is 0. All borrowed for the call only.
+///
+/// On success `*out` is the address as text, an owned string the caller frees with
+/// `shardlimit_string_free()`. Thread-safe. `err` may be NULL.
+/// Results: OK, INVALID_ARGUMENT (a peer that is not an address, a bad CIDR), INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_client_ip(
+    peer: *const c_char,
+    peer_len: usize,
+    xff: *const c_char,
+    xff_len: usize,
+    trusted: *const shardlimit_str,
+    trusted_count: usize,
+    out: *mut shardlimit_string,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let peer = str_arg("peer", peer, peer_len)?;
+        let xff = if xff.is_null() {
+            None
+        } else {
+            Some(str_arg("xff", xff, xff_len)?)
+        };
+        if trusted_count > MAX_LAYERS_READ {
+            return Err(invalid(
+                "trusted_count",
+                format!("{trusted_count} is implausible"),
+            ));
+        }
+        if trusted_count > 0 && (trusted.is_null() || !trusted.is_aligned()) {
+            return Err(invalid("trusted", "is NULL or misaligned"));
+        }
+        let raw: &[shardlimit_str] = if trusted_count == 0 {
+            &[]
+        } else {
+            std::slice::from_raw_parts(trusted, trusted_count)
+        };
+        let cidrs = raw
+            .iter()
+            .enumerate()
+            .map(|(i, s)| str_arg(&format!("trusted[{i}]"), s.ptr, s.len))
+            .collect::<Result<Vec<&str>, Error>>()?;
+        let out = out_arg("out", out)?;
+        let ip = shardlimit::client_ip(peer, xff, &cidrs)?;
+        out.write(owned_string(ip.to_string()));
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Rendering a decision
+
+/// Renders the standard rate-limit response headers of `*decision` (as filled by a check),
+/// in a stable order: `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`,
+/// `RateLimit-Policy`, `RateLimit`, and `Retry-After` when denied and a retry can succeed.
+///
+/// On success `*out` is a new header list the caller owns: read it with
+/// `shardlimit_headers_len()` / `shardlimit_headers_get()`, free it with
+/// `shardlimit_headers_free()`. Thread-safe. `err` may be NULL.
+/// Results: OK, INVALID_ARGUMENT (NULL pointers, or a decision struct not filled by a
+/// check), INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_decision_headers(
+    decision: *const shardlimit_decision,
+    out: *mut *mut shardlimit_headers,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let d = decision_from_c(decision)?;
+        let out = out_arg("out", out)?;
+        let items = d
+            .headers()
+            .into_iter()
+            .map(|(k, v)| (to_cstring(k.to_string()), to_cstring(v)))
+            .collect();
+        *out = register(Box::new(shardlimit_headers { items }), Tag::Headers);
+        Ok(())
+    })
+}
+
+/// The number of headers in `headers`; 0 when it is NULL or not live. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_headers_len(headers: *const shardlimit_headers) -> usize {
+    quiet(0, || {
+        with_live(headers, Tag::Headers, |h| h.items.len()).unwrap_or(0)
+    })
+}
+
+/// The name and value of header number `index` (from 0). On success `*out_name` and
+/// `*out_value` are set to strings borrowed from `headers`, valid until
+/// `shardlimit_headers_free()`. Thread-safe. `err` may be NULL.
+/// Results: OK, INVALID_ARGUMENT (NULL or freed `headers`, NULL outputs, index out of
+/// range), INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_headers_get(
+    headers: *const shardlimit_headers,
+    index: usize,
+    out_name: *mut shardlimit_str,
+    out_value: *mut shardlimit_str,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let out_name = out_arg("out_name", out_name)?;
+        let out_value = out_arg("out_value", out_value)?;
+        let (name, value) = with_live(headers, Tag::Headers, |h| {
+            h.items.get(index).map(|(k, v)| {
+                (
+                    shardlimit_str::from_cstring(k),
+                    shardlimit_str::from_cstring(v),
+                )
+            })
+        })
+        .ok_or_else(|| invalid("headers", "is NULL or not a live header list"))?
+        .ok_or_else(|| invalid("index", format!("{index} is out of range")))?;
+        *out_name = name;
+        *out_value = value;
+        Ok(())
+    })
+}
+
+/// Frees a header list. NULL, or a list already freed, is a no-op.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_headers_free(headers: *mut shardlimit_headers) {
+    quiet((), || drop(unregister(headers, Tag::Headers)))
+}
+
+/// Renders the JSON body of a 429 response for `*decision`:
+/// `{"error":"rate_limited","policy":...,"limit":...,"remaining":...,"retry_after":...,
+/// "message":...}` with `retry_after` in whole seconds (null when the request can never
+/// fit).
+///
+/// On success `*out` is a new string the caller owns; free it with
+/// `shardlimit_string_free()`. Thread-safe. `err` may be NULL.
+/// Results: OK, INVALID_ARGUMENT, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_decision_body(
+    decision: *const shardlimit_decision,
+    out: *mut shardlimit_string,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let d = decision_from_c(decision)?;
+        let out = out_arg("out", out)?;
+        out.write(owned_string(d.body().to_string()));
+        Ok(())
+    })
+}
+
+/// Renders `*decision` as one JSON object with durations in milliseconds (the form the
+/// CLI prints and the shared test vectors use).
+///
+/// On success `*out` is a new string the caller owns; free it with
+/// `shardlimit_string_free()`. Thread-safe. `err` may be NULL.
+/// Results: OK, INVALID_ARGUMENT, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_decision_to_json(
+    decision: *const shardlimit_decision,
+    out: *mut shardlimit_string,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let d = decision_from_c(decision)?;
+        let out = out_arg("out", out)?;
+        out.write(owned_string(d.to_json().to_string()));
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests;

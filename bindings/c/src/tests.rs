@@ -1,0 +1,715 @@
+//! Tests of the ABI from Rust, on the in-memory engine with a manual clock. The C, Go and
+//! C++ tests (scripts/test-c.sh) exercise the same functions against real Redis.
+
+use super::*;
+use std::ptr::{null, null_mut};
+
+fn s(x: shardlimit_str) -> String {
+    let bytes = unsafe { std::slice::from_raw_parts(x.ptr.cast::<u8>(), x.len) };
+    // every returned string is NUL-terminated after `len` bytes
+    assert_eq!(unsafe { *x.ptr.add(x.len) }, 0);
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+fn take_err(e: *mut shardlimit_error) -> (shardlimit_result, String) {
+    assert!(!e.is_null());
+    let out = unsafe { (shardlimit_error_code(e), s(shardlimit_error_message(e))) };
+    unsafe { shardlimit_error_free(e) };
+    out
+}
+
+const CONFIG: &str = r#"{"policies":{
+    "api":{"algorithm":"fixed_window","limit":3,"window":"10s"},
+    "conc":{"algorithm":"concurrency","max":1,"lease_ttl":"5s"}}}"#;
+
+struct Fixture {
+    clock: *mut shardlimit_clock,
+    lim: *mut shardlimit_limiter,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let mut clock = null_mut();
+        let mut lim = null_mut();
+        unsafe {
+            assert_eq!(
+                shardlimit_clock_new(1_700_000_000_000_000, &mut clock, null_mut()),
+                SHARDLIMIT_OK
+            );
+            assert_eq!(
+                shardlimit_limiter_new_json(
+                    CONFIG.as_ptr().cast(),
+                    CONFIG.len(),
+                    clock,
+                    &mut lim,
+                    null_mut()
+                ),
+                SHARDLIMIT_OK
+            );
+        }
+        Fixture { clock, lim }
+    }
+    fn check(&self, key: &str, policy: &str, cost: u64) -> shardlimit_decision {
+        let mut d = std::mem::MaybeUninit::<shardlimit_decision>::uninit();
+        let mut e = null_mut();
+        let r = unsafe {
+            shardlimit_check_named(
+                self.lim,
+                key.as_ptr().cast(),
+                key.len(),
+                policy.as_ptr().cast(),
+                policy.len(),
+                cost,
+                d.as_mut_ptr(),
+                &mut e,
+            )
+        };
+        assert_eq!(r, SHARDLIMIT_OK, "{:?}", e.is_null().then_some(()));
+        assert!(e.is_null());
+        unsafe { d.assume_init() }
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        unsafe {
+            shardlimit_limiter_free(self.lim);
+            shardlimit_clock_free(self.clock);
+        }
+    }
+}
+
+#[test]
+fn result_codes_match_the_core() {
+    for k in ErrorKind::ALL {
+        let c = shardlimit_result::from_kind(*k);
+        assert_eq!(c as u32, k.code(), "{k:?}");
+        assert_eq!(s(shardlimit_result_name(k.code())), k.name());
+        assert_eq!(shardlimit_result_is_backend(k.code()), k.is_backend());
+    }
+    assert_eq!(s(shardlimit_result_name(0)), "ok");
+    for src in [
+        Source::Redis,
+        Source::Memory,
+        Source::Local,
+        Source::Fallback,
+        Source::Block,
+    ] {
+        let code = source_to_c(src) as u32;
+        assert_eq!(source_from_c(code), Some(src));
+        assert_eq!(s(shardlimit_source_name(code)), src.name());
+    }
+    assert_eq!(s(shardlimit_source_name(0)), "unknown");
+    assert_eq!(s(shardlimit_result_name(4242)), "unknown");
+    assert!(!shardlimit_result_is_backend(0));
+}
+
+#[test]
+fn version_matches_the_core_and_the_header() {
+    assert_eq!(
+        format!("{SHARDLIMIT_VERSION_MAJOR}.{SHARDLIMIT_VERSION_MINOR}.{SHARDLIMIT_VERSION_PATCH}"),
+        shardlimit::VERSION
+    );
+    assert_eq!(s(shardlimit_version()), shardlimit::VERSION);
+    let header = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../include/shardlimit.h"
+    ))
+    .expect("include/shardlimit.h is committed");
+    assert!(header.contains(&format!(
+        "#define SHARDLIMIT_VERSION \"{}\"",
+        shardlimit::VERSION
+    )));
+}
+
+#[test]
+fn fixed_window_through_the_abi() {
+    let f = Fixture::new();
+    for i in 0..3 {
+        let d = f.check("user:1", "api", 1);
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 2 - i);
+        assert_eq!(d.limit, 3);
+        assert_eq!(d.source, SHARDLIMIT_SOURCE_MEMORY as u32);
+        assert!(!d.has_shard);
+        assert_eq!(
+            &d.policy[..4],
+            &[b'a' as c_char, b'p' as c_char, b'i' as c_char, 0]
+        );
+        assert_eq!(d.policy_len, 3);
+    }
+    let d = f.check("user:1", "api", 1);
+    assert!(!d.allowed);
+    assert!(d.has_retry_after);
+    assert!(d.retry_after_us > 0 && d.retry_after_us <= 10_000_000);
+    // a cost that can never fit has no retry_after
+    let never = f.check("user:2", "api", 4);
+    assert!(!never.allowed && !never.has_retry_after);
+
+    // headers and body come from the core's renderers
+    let mut h = null_mut();
+    unsafe {
+        assert_eq!(
+            shardlimit_decision_headers(&d, &mut h, null_mut()),
+            SHARDLIMIT_OK
+        );
+        let core = decision_from_c(&d).unwrap().headers();
+        assert_eq!(shardlimit_headers_len(h), core.len());
+        for (i, (k, v)) in core.iter().enumerate() {
+            let (mut n, mut val) = (shardlimit_str::EMPTY, shardlimit_str::EMPTY);
+            assert_eq!(
+                shardlimit_headers_get(h, i, &mut n, &mut val, null_mut()),
+                SHARDLIMIT_OK
+            );
+            assert_eq!((s(n).as_str(), s(val)), (*k, v.clone()));
+        }
+        let (mut n, mut val) = (shardlimit_str::EMPTY, shardlimit_str::EMPTY);
+        let mut e = null_mut();
+        assert_eq!(
+            shardlimit_headers_get(h, core.len(), &mut n, &mut val, &mut e),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+        assert!(take_err(e).1.contains("out of range"));
+        shardlimit_headers_free(h);
+        shardlimit_headers_free(h); // a double free is detected and ignored
+
+        let mut body = shardlimit_string {
+            ptr: null_mut(),
+            len: 0,
+        };
+        assert_eq!(
+            shardlimit_decision_body(&d, &mut body, null_mut()),
+            SHARDLIMIT_OK
+        );
+        let text = s(shardlimit_str {
+            ptr: body.ptr,
+            len: body.len,
+        });
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"], "rate_limited");
+        assert_eq!(v["policy"], "api");
+        shardlimit_string_free(&mut body);
+        assert!(body.ptr.is_null());
+        shardlimit_string_free(&mut body);
+        shardlimit_string_free(null_mut());
+    }
+    // the window ends: time comes from the injected clock only
+    unsafe {
+        assert_eq!(
+            shardlimit_clock_advance_us(f.clock, 10_000_000, null_mut()),
+            SHARDLIMIT_OK
+        );
+    }
+    assert!(f.check("user:1", "api", 1).allowed);
+}
+
+#[test]
+fn errors_come_back_owned_and_out_params_stay_untouched() {
+    let f = Fixture::new();
+    let mut d: shardlimit_decision = unsafe { std::mem::zeroed() };
+    d.limit = 77;
+    type Case = (
+        &'static [u8],
+        &'static [u8],
+        u64,
+        shardlimit_result,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            b"k",
+            b"nope",
+            1,
+            SHARDLIMIT_ERR_UNKNOWN_POLICY,
+            "unknown policy `nope`",
+        ),
+        (b"", b"api", 1, SHARDLIMIT_ERR_INVALID_ARGUMENT, "key"),
+        (b"k", b"api", 0, SHARDLIMIT_ERR_INVALID_ARGUMENT, "cost"),
+        (b"\xff", b"api", 1, SHARDLIMIT_ERR_INVALID_ARGUMENT, "UTF-8"),
+        (b"a\0b", b"api", 1, SHARDLIMIT_ERR_INVALID_ARGUMENT, "NUL"),
+    ];
+    for (key, policy, cost, code, needle) in cases {
+        let mut e = null_mut();
+        let r = unsafe {
+            shardlimit_check_named(
+                f.lim,
+                key.as_ptr().cast(),
+                key.len(),
+                policy.as_ptr().cast(),
+                policy.len(),
+                cost,
+                &mut d,
+                &mut e,
+            )
+        };
+        assert_eq!(r, code);
+        let (c, m) = take_err(e);
+        assert_eq!(c, code);
+        assert!(m.contains(needle), "{m}");
+        assert_eq!(d.limit, 77, "out-param written on failure");
+    }
+    // NULL with a length, a wild length, a NULL limiter, a NULL out
+    unsafe {
+        let p = "api";
+        assert_eq!(
+            shardlimit_check_named(
+                f.lim,
+                null(),
+                3,
+                p.as_ptr().cast(),
+                3,
+                1,
+                &mut d,
+                null_mut()
+            ),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            shardlimit_check_named(
+                f.lim,
+                p.as_ptr().cast(),
+                usize::MAX,
+                p.as_ptr().cast(),
+                3,
+                1,
+                &mut d,
+                null_mut()
+            ),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            shardlimit_check_named(
+                null(),
+                p.as_ptr().cast(),
+                1,
+                p.as_ptr().cast(),
+                3,
+                1,
+                &mut d,
+                null_mut()
+            ),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            shardlimit_check_named(
+                f.lim,
+                p.as_ptr().cast(),
+                1,
+                p.as_ptr().cast(),
+                3,
+                1,
+                null_mut(),
+                null_mut()
+            ),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            shardlimit_error_code(null()),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(s(shardlimit_error_message(null())), "");
+        shardlimit_error_free(null_mut());
+    }
+    assert_eq!(d.limit, 77);
+}
+
+#[test]
+fn bad_configs_name_the_field() {
+    let bad: &[(&str, shardlimit_result, &str)] = &[
+        ("{", SHARDLIMIT_ERR_CONFIG, "not valid JSON"),
+        (
+            r#"{"policies":{"a":{"algorithm":"fixed_window","limit":0,"window":"1s"}}}"#,
+            SHARDLIMIT_ERR_CONFIG,
+            "policies.a.limit",
+        ),
+        (r#"{"shards":[]}"#, SHARDLIMIT_ERR_CONFIG, "shards"),
+    ];
+    for (json, code, needle) in bad {
+        let sentinel: *mut shardlimit_limiter = std::ptr::NonNull::dangling().as_ptr();
+        let mut lim = sentinel;
+        let mut e = null_mut();
+        let r = unsafe {
+            shardlimit_limiter_new_json(json.as_ptr().cast(), json.len(), null(), &mut lim, &mut e)
+        };
+        assert_eq!(r, *code);
+        assert_eq!(lim, sentinel, "out-param written on failure");
+        let (c, m) = take_err(e);
+        assert_eq!(c, *code);
+        assert!(m.contains(needle), "{m}");
+    }
+    let mut lim = null_mut();
+    let path = "/nonexistent/shardlimit.json";
+    let mut e = null_mut();
+    let r = unsafe {
+        shardlimit_limiter_new_file(path.as_ptr().cast(), path.len(), null(), &mut lim, &mut e)
+    };
+    assert_eq!(r, SHARDLIMIT_ERR_IO);
+    assert!(take_err(e).1.contains(path));
+    assert!(lim.is_null());
+}
+
+#[test]
+fn freed_and_foreign_handles_are_detected() {
+    let mut lim = null_mut();
+    unsafe {
+        assert_eq!(
+            shardlimit_limiter_new_memory(null(), &mut lim, null_mut()),
+            SHARDLIMIT_OK
+        );
+        shardlimit_limiter_free(lim);
+        shardlimit_limiter_free(lim);
+        shardlimit_limiter_free(null_mut());
+        let mut p = null_mut();
+        let mut e = null_mut();
+        let n = "x";
+        assert_eq!(
+            shardlimit_limiter_policy(lim, n.as_ptr().cast(), 1, &mut p, &mut e),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+        assert!(take_err(e).1.contains("not a live limiter"));
+        // a pointer of another type is not a limiter
+        let mut clock = null_mut();
+        assert_eq!(
+            shardlimit_clock_new(0, &mut clock, null_mut()),
+            SHARDLIMIT_OK
+        );
+        assert_eq!(
+            shardlimit_limiter_policy(clock.cast(), n.as_ptr().cast(), 1, &mut p, null_mut()),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+        shardlimit_clock_free(clock);
+        assert_eq!(
+            shardlimit_clock_set_us(clock, 5, null_mut()),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+        assert!(p.is_null());
+    }
+}
+
+#[test]
+fn ad_hoc_policies_peek_reset_and_leases() {
+    let f = Fixture::new();
+    let lim = shardlimit_limit {
+        algorithm: shardlimit_algorithm::SHARDLIMIT_ALGORITHM_TOKEN_BUCKET as u32,
+        limit: 2,
+        period_ms: 0,
+        rate_per_sec: 1.0,
+        on_error: shardlimit_on_error::SHARDLIMIT_ON_ERROR_CLOSED as u32,
+    };
+    let name = "tb";
+    let mut p = null_mut();
+    unsafe {
+        assert_eq!(
+            shardlimit_policy_new(name.as_ptr().cast(), 2, &lim, &mut p, null_mut()),
+            SHARDLIMIT_OK
+        );
+        assert_eq!(s(shardlimit_policy_name(p)), "tb");
+        let key = "k";
+        let mut d: shardlimit_decision = std::mem::zeroed();
+        for _ in 0..2 {
+            assert_eq!(
+                shardlimit_check(f.lim, key.as_ptr().cast(), 1, p, 1, &mut d, null_mut()),
+                SHARDLIMIT_OK
+            );
+            assert!(d.allowed);
+        }
+        assert_eq!(
+            shardlimit_peek(f.lim, key.as_ptr().cast(), 1, p, &mut d, null_mut()),
+            SHARDLIMIT_OK
+        );
+        assert!(!d.allowed);
+        assert_eq!(d.remaining, 0);
+        assert_eq!(
+            shardlimit_reset(f.lim, key.as_ptr().cast(), 1, p, null_mut()),
+            SHARDLIMIT_OK
+        );
+        assert_eq!(
+            shardlimit_peek(f.lim, key.as_ptr().cast(), 1, p, &mut d, null_mut()),
+            SHARDLIMIT_OK
+        );
+        assert_eq!(d.remaining, 2);
+        shardlimit_policy_free(p);
+
+        // bad parameters are config errors naming the field
+        let mut bad = lim;
+        bad.rate_per_sec = f64::NAN;
+        let mut e = null_mut();
+        assert_eq!(
+            shardlimit_policy_new(name.as_ptr().cast(), 2, &bad, &mut p, &mut e),
+            SHARDLIMIT_ERR_CONFIG
+        );
+        assert!(take_err(e).1.contains("refill_per_sec"));
+        bad.algorithm = 99;
+        assert_eq!(
+            shardlimit_policy_new(name.as_ptr().cast(), 2, &bad, &mut p, null_mut()),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+
+        // leases: one unit of `conc`
+        let cname = "conc";
+        let mut conc = null_mut();
+        assert_eq!(
+            shardlimit_limiter_policy(f.lim, cname.as_ptr().cast(), 4, &mut conc, null_mut()),
+            SHARDLIMIT_OK
+        );
+        let mut lease = null_mut();
+        assert_eq!(
+            shardlimit_acquire(
+                f.lim,
+                key.as_ptr().cast(),
+                1,
+                conc,
+                1,
+                &mut d,
+                &mut lease,
+                null_mut()
+            ),
+            SHARDLIMIT_OK
+        );
+        assert!(d.allowed && !lease.is_null());
+        let mut second: *mut shardlimit_lease = std::ptr::NonNull::dangling().as_ptr();
+        assert_eq!(
+            shardlimit_acquire(
+                f.lim,
+                key.as_ptr().cast(),
+                1,
+                conc,
+                1,
+                &mut d,
+                &mut second,
+                null_mut()
+            ),
+            SHARDLIMIT_OK
+        );
+        assert!(!d.allowed && second.is_null());
+        let mut released = false;
+        assert_eq!(
+            shardlimit_release(f.lim, lease, &mut released, null_mut()),
+            SHARDLIMIT_OK
+        );
+        assert!(released);
+        assert_eq!(
+            shardlimit_release(f.lim, lease, &mut released, null_mut()),
+            SHARDLIMIT_OK
+        );
+        assert!(!released);
+        shardlimit_lease_free(lease);
+        assert_eq!(
+            shardlimit_release(f.lim, lease, &mut released, null_mut()),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+        shardlimit_policy_free(conc);
+    }
+}
+
+#[test]
+fn a_panic_becomes_internal() {
+    let mut e = null_mut();
+    let r = unsafe { guard(&mut e, || panic!("boom")) };
+    assert_eq!(r, SHARDLIMIT_ERR_INTERNAL);
+    let (c, m) = take_err(e);
+    assert_eq!(c, SHARDLIMIT_ERR_INTERNAL);
+    assert!(m.contains("panic: boom"), "{m}");
+}
+
+#[test]
+fn decisions_round_trip_and_bad_structs_are_rejected() {
+    let f = Fixture::new();
+    let d = f.check("rt", "api", 1);
+    let core = unsafe { decision_from_c(&d) }.unwrap();
+    let again = decision_to_c(&core).unwrap();
+    assert_eq!(format!("{:?}", again), format!("{:?}", d));
+    let mut bad = d;
+    bad.source = 0;
+    let mut h = null_mut();
+    unsafe {
+        assert_eq!(
+            shardlimit_decision_headers(&bad, &mut h, null_mut()),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+        bad = d;
+        bad.policy_len = 500;
+        let mut js = shardlimit_string {
+            ptr: null_mut(),
+            len: 0,
+        };
+        assert_eq!(
+            shardlimit_decision_to_json(&bad, &mut js, null_mut()),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+        assert!(js.ptr.is_null());
+        assert_eq!(
+            shardlimit_decision_to_json(&d, &mut js, null_mut()),
+            SHARDLIMIT_OK
+        );
+        let v: serde_json::Value = serde_json::from_str(&s(shardlimit_str {
+            ptr: js.ptr,
+            len: js.len,
+        }))
+        .unwrap();
+        assert_eq!(v, core.to_json());
+        shardlimit_string_free(&mut js);
+    }
+    assert!(h.is_null());
+}
+
+#[test]
+fn env_config() {
+    // the only test touching the environment
+    let lim_json = r#"{"policies":{"e":{"algorithm":"fixed_window","limit":1,"window":"1s"}}}"#;
+    std::env::set_var("SHARDLIMIT_CONFIG", lim_json);
+    let mut lim = null_mut();
+    let mut p = null_mut();
+    unsafe {
+        assert_eq!(
+            shardlimit_limiter_new_env(null(), &mut lim, null_mut()),
+            SHARDLIMIT_OK
+        );
+        assert_eq!(
+            shardlimit_limiter_policy(lim, c"e".as_ptr(), 1, &mut p, null_mut()),
+            SHARDLIMIT_OK
+        );
+        shardlimit_policy_free(p);
+        shardlimit_limiter_free(lim);
+    }
+    std::env::remove_var("SHARDLIMIT_CONFIG");
+}
+
+#[test]
+fn layered_checks_block_list_and_client_ip() {
+    let f = Fixture::new();
+    let mut api = null_mut();
+    unsafe {
+        assert_eq!(
+            shardlimit_limiter_policy(f.lim, c"api".as_ptr(), 3, &mut api, null_mut()),
+            SHARDLIMIT_OK
+        );
+        let layer = |key: &'static str, by_name: bool| shardlimit_layer {
+            key: key.as_ptr().cast(),
+            key_len: key.len(),
+            policy: if by_name { null() } else { api },
+            policy_name: c"api".as_ptr(),
+            policy_name_len: 3,
+            cost: 1,
+        };
+        // ip:1 has 3 units, tenant:1 gets 2 used first: the tenant layer denies at its 4th
+        f.check("tenant:1", "api", 2);
+        let layers = [layer("ip:1", true), layer("tenant:1", false)];
+        let mut d: shardlimit_decision = std::mem::zeroed();
+        assert_eq!(
+            shardlimit_check_all(f.lim, layers.as_ptr(), 2, &mut d, null_mut()),
+            SHARDLIMIT_OK
+        );
+        assert!(d.allowed && d.has_layer && d.layer == 1 && d.remaining == 0);
+        assert_eq!(
+            shardlimit_check_all(f.lim, layers.as_ptr(), 2, &mut d, null_mut()),
+            SHARDLIMIT_OK
+        );
+        assert!(!d.allowed && d.has_layer && d.layer == 1);
+        // the denied layered check consumed nothing on ip:1
+        assert_eq!(f.check("ip:1", "api", 1).remaining, 1);
+        let mut e = null_mut();
+        assert_eq!(
+            shardlimit_check_all(f.lim, layers.as_ptr(), 0, &mut d, &mut e),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+        assert!(take_err(e).1.contains("layers"));
+        assert_eq!(
+            shardlimit_check_all(f.lim, null(), 2, &mut d, null_mut()),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+        let mut bad = layers;
+        bad[1].policy = null();
+        bad[1].policy_name = c"nope".as_ptr();
+        bad[1].policy_name_len = 4;
+        assert_eq!(
+            shardlimit_check_all(f.lim, bad.as_ptr(), 2, &mut d, null_mut()),
+            SHARDLIMIT_ERR_UNKNOWN_POLICY
+        );
+        shardlimit_policy_free(api);
+
+        // block list
+        let key = "bad:actor";
+        let reason = "abuse";
+        assert_eq!(
+            shardlimit_block(
+                f.lim,
+                key.as_ptr().cast(),
+                key.len(),
+                60_000,
+                reason.as_ptr().cast(),
+                reason.len(),
+                null_mut()
+            ),
+            SHARDLIMIT_OK
+        );
+        let d = f.check(key, "api", 1);
+        assert!(!d.allowed);
+        assert_eq!(d.source, SHARDLIMIT_SOURCE_BLOCK as u32);
+        let mut info: shardlimit_block_info = std::mem::zeroed();
+        assert_eq!(
+            shardlimit_blocked(f.lim, key.as_ptr().cast(), key.len(), &mut info, null_mut()),
+            SHARDLIMIT_OK
+        );
+        assert!(info.blocked && !info.permanent && info.remaining_us == 60_000_000);
+        assert_eq!(
+            s(shardlimit_str {
+                ptr: info.reason.ptr,
+                len: info.reason.len
+            }),
+            "abuse"
+        );
+        shardlimit_string_free(&mut info.reason);
+        let mut was = false;
+        assert_eq!(
+            shardlimit_unblock(f.lim, key.as_ptr().cast(), key.len(), &mut was, null_mut()),
+            SHARDLIMIT_OK
+        );
+        assert!(was);
+        assert_eq!(
+            shardlimit_blocked(f.lim, key.as_ptr().cast(), key.len(), &mut info, null_mut()),
+            SHARDLIMIT_OK
+        );
+        assert!(!info.blocked && info.reason.ptr.is_null());
+        assert!(f.check(key, "api", 1).allowed);
+
+        // client_ip: the proxy is trusted, so the XFF entry is the client
+        let trusted = [shardlimit_str {
+            ptr: c"10.0.0.0/8".as_ptr(),
+            len: 10,
+        }];
+        let (peer, xff) = ("10.1.2.3:443", "198.51.100.7, 10.9.9.9");
+        let mut out = shardlimit_string {
+            ptr: null_mut(),
+            len: 0,
+        };
+        assert_eq!(
+            shardlimit_client_ip(
+                peer.as_ptr().cast(),
+                peer.len(),
+                xff.as_ptr().cast(),
+                xff.len(),
+                trusted.as_ptr(),
+                1,
+                &mut out,
+                null_mut()
+            ),
+            SHARDLIMIT_OK
+        );
+        assert_eq!(
+            s(shardlimit_str {
+                ptr: out.ptr,
+                len: out.len
+            }),
+            "198.51.100.7"
+        );
+        shardlimit_string_free(&mut out);
+        let mut e = null_mut();
+        assert_eq!(
+            shardlimit_client_ip(c"nope".as_ptr(), 4, null(), 0, null(), 0, &mut out, &mut e),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+        assert!(take_err(e).1.contains("peer"));
+        assert!(out.ptr.is_null());
+    }
+}

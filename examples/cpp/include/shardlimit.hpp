@@ -1,0 +1,328 @@
+// shardlimit.hpp: a small header-only C++17 RAII wrapper over the shardlimit C ABI
+// (shardlimit.h). Handles are std::unique_ptr with the matching _free function; failures
+// are shardlimit::Error exceptions carrying the stable result code. Every method is
+// thread-safe (the C library is); a Limiter can be shared by reference across threads.
+#pragma once
+
+#include <shardlimit.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace shardlimit {
+
+/// A failed call: `code()` is the stable shardlimit_result, `what()` the message.
+class Error : public std::runtime_error {
+ public:
+  Error(shardlimit_result code, const std::string& message)
+      : std::runtime_error(message), code_(code) {}
+  shardlimit_result code() const noexcept { return code_; }
+  /// The code's stable name ("config", "timeout", ...).
+  std::string_view name() const noexcept {
+    shardlimit_str s = shardlimit_result_name(code_);
+    return {s.ptr, s.len};
+  }
+  /// True when Redis failed (connection, timeout, script) rather than the caller.
+  bool is_backend() const noexcept { return shardlimit_result_is_backend(code_); }
+
+ private:
+  shardlimit_result code_;
+};
+
+namespace detail {
+/// Throws for a failed call, taking ownership of (and freeing) its error object.
+/// `err` is taken by reference on purpose: in `check(shardlimit_x(..., &err), err)` the
+/// argument order is unspecified, so it must be read here, after the call wrote it.
+inline void check(shardlimit_result rc, shardlimit_error*& err) {
+  if (rc == SHARDLIMIT_OK) return;
+  std::unique_ptr<shardlimit_error, decltype(&shardlimit_error_free)> owned(err,
+                                                                           &shardlimit_error_free);
+  err = nullptr;
+  shardlimit_str m = shardlimit_error_message(owned.get());
+  std::string message = m.len ? std::string(m.ptr, m.len)
+                              : std::string(shardlimit_result_name(rc).ptr);
+  throw Error(rc, message);
+}
+template <auto Free>
+struct Deleter {
+  template <class T>
+  void operator()(T* p) const noexcept { Free(p); }
+};
+using LimiterPtr = std::unique_ptr<shardlimit_limiter, Deleter<&shardlimit_limiter_free>>;
+using PolicyPtr = std::unique_ptr<shardlimit_policy, Deleter<&shardlimit_policy_free>>;
+using LeasePtr = std::unique_ptr<shardlimit_lease, Deleter<&shardlimit_lease_free>>;
+using HeadersPtr = std::unique_ptr<shardlimit_headers, Deleter<&shardlimit_headers_free>>;
+}  // namespace detail
+
+/// The outcome of one check (a copy of the plain C struct; nothing to free).
+class Decision {
+ public:
+  explicit Decision(const shardlimit_decision& d) : d_(d) {}
+  bool allowed() const noexcept { return d_.allowed; }
+  uint64_t limit() const noexcept { return d_.limit; }
+  uint64_t remaining() const noexcept { return d_.remaining; }
+  std::chrono::microseconds reset_after() const noexcept {
+    return std::chrono::microseconds(d_.reset_after_us);
+  }
+  /// Empty when allowed, and when the cost can never fit.
+  std::optional<std::chrono::microseconds> retry_after() const noexcept {
+    if (!d_.has_retry_after) return std::nullopt;
+    return std::chrono::microseconds(d_.retry_after_us);
+  }
+  std::chrono::microseconds delay() const noexcept { return std::chrono::microseconds(d_.delay_us); }
+  std::string_view policy() const noexcept { return {d_.policy, d_.policy_len}; }
+  shardlimit_source source() const noexcept { return static_cast<shardlimit_source>(d_.source); }
+  std::string_view source_name() const noexcept {
+    shardlimit_str s = shardlimit_source_name(d_.source);
+    return {s.ptr, s.len};
+  }
+  std::optional<uint32_t> shard() const noexcept {
+    return d_.has_shard ? std::optional<uint32_t>(d_.shard) : std::nullopt;
+  }
+  /// For check_all: the index of the layer this decision describes.
+  std::optional<uint32_t> layer() const noexcept {
+    return d_.has_layer ? std::optional<uint32_t>(d_.layer) : std::nullopt;
+  }
+  const shardlimit_decision& raw() const noexcept { return d_; }
+
+  /// The rate-limit response headers, rendered by the core, in a stable order.
+  std::vector<std::pair<std::string, std::string>> headers() const {
+    shardlimit_headers* h = nullptr;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_decision_headers(&d_, &h, &err), err);
+    detail::HeadersPtr owned(h);
+    std::vector<std::pair<std::string, std::string>> out;
+    size_t n = shardlimit_headers_len(h);
+    out.reserve(n);
+    for (size_t i = 0; i < n; i++) {
+      shardlimit_str name, value;
+      detail::check(shardlimit_headers_get(h, i, &name, &value, &err), err);
+      out.emplace_back(std::string(name.ptr, name.len), std::string(value.ptr, value.len));
+    }
+    return out;
+  }
+  /// The JSON body of a 429 response.
+  std::string body() const { return render(&shardlimit_decision_body); }
+  /// The decision as JSON (durations in milliseconds).
+  std::string to_json() const { return render(&shardlimit_decision_to_json); }
+
+ private:
+  template <class F>
+  std::string render(F f) const {
+    shardlimit_string s{nullptr, 0};
+    shardlimit_error* err = nullptr;
+    detail::check(f(&d_, &s, &err), err);
+    std::string out(s.ptr, s.len);
+    shardlimit_string_free(&s);
+    return out;
+  }
+  shardlimit_decision d_;
+};
+
+/// A policy: from Limiter::policy (by name) or Policy::make (ad hoc).
+class Policy {
+ public:
+  static Policy make(std::string_view name, const shardlimit_limit& limit) {
+    shardlimit_policy* p = nullptr;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_policy_new(name.data(), name.size(), &limit, &p, &err), err);
+    return Policy(p);
+  }
+  std::string_view name() const noexcept {
+    shardlimit_str s = shardlimit_policy_name(p_.get());
+    return {s.ptr, s.len};
+  }
+  const shardlimit_policy* get() const noexcept { return p_.get(); }
+
+ private:
+  friend class Limiter;
+  explicit Policy(shardlimit_policy* p) : p_(p) {}
+  detail::PolicyPtr p_;
+};
+
+/// A held concurrency lease. Destroying it frees the object but does not release the
+/// lease (it expires after the policy's TTL); call Limiter::release for that.
+class Lease {
+ public:
+  const shardlimit_lease* get() const noexcept { return l_.get(); }
+
+ private:
+  friend class Limiter;
+  explicit Lease(shardlimit_lease* l) : l_(l) {}
+  detail::LeasePtr l_;
+};
+
+/// One layer of Limiter::check_all: `cost` units of the named policy for `key`.
+struct Layer {
+  std::string_view key;
+  std::string_view policy;
+  uint64_t cost = 1;
+};
+
+/// A key's block-list entry.
+struct BlockInfo {
+  std::string reason;
+  /// Empty for a permanent block.
+  std::optional<std::chrono::microseconds> remaining;
+};
+
+/// A rate limiter. Move-only; thread-safe; frees its handle on destruction.
+class Limiter {
+ public:
+  /// From a JSON config (the format of shard-config.json).
+  static Limiter from_json(std::string_view json) {
+    return make([&](shardlimit_limiter** out, shardlimit_error** err) {
+      return shardlimit_limiter_new_json(json.data(), json.size(), nullptr, out, err);
+    });
+  }
+  /// From a JSON config file.
+  static Limiter from_file(std::string_view path) {
+    return make([&](shardlimit_limiter** out, shardlimit_error** err) {
+      return shardlimit_limiter_new_file(path.data(), path.size(), nullptr, out, err);
+    });
+  }
+  /// The in-memory engine (no Redis), for ad-hoc policies.
+  static Limiter memory() {
+    return make([](shardlimit_limiter** out, shardlimit_error** err) {
+      return shardlimit_limiter_new_memory(nullptr, out, err);
+    });
+  }
+
+  /// Checks `cost` units of the named policy for `key`. Denied is not an exception.
+  Decision check(std::string_view key, std::string_view policy, uint64_t cost = 1) const {
+    shardlimit_decision d;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_check_named(h_.get(), key.data(), key.size(), policy.data(),
+                                         policy.size(), cost, &d, &err),
+                  err);
+    return Decision(d);
+  }
+  Decision check(std::string_view key, const Policy& policy, uint64_t cost = 1) const {
+    shardlimit_decision d;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_check(h_.get(), key.data(), key.size(), policy.get(), cost, &d, &err),
+                  err);
+    return Decision(d);
+  }
+  /// The named policy of the config.
+  Policy policy(std::string_view name) const {
+    shardlimit_policy* p = nullptr;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_limiter_policy(h_.get(), name.data(), name.size(), &p, &err), err);
+    return Policy(p);
+  }
+  /// The state of `key` without consuming.
+  Decision peek(std::string_view key, const Policy& policy) const {
+    shardlimit_decision d;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_peek(h_.get(), key.data(), key.size(), policy.get(), &d, &err), err);
+    return Decision(d);
+  }
+  /// Forgets `key`'s state: its full budget is back.
+  void reset(std::string_view key, const Policy& policy) const {
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_reset(h_.get(), key.data(), key.size(), policy.get(), &err), err);
+  }
+  /// Acquires `units` of a concurrency policy; the lease is set when allowed.
+  std::pair<Decision, std::optional<Lease>> acquire(std::string_view key, const Policy& policy,
+                                                    uint64_t units = 1) const {
+    shardlimit_decision d;
+    shardlimit_lease* lease = nullptr;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_acquire(h_.get(), key.data(), key.size(), policy.get(), units, &d,
+                                     &lease, &err),
+                  err);
+    std::optional<Lease> l;
+    if (lease) l.emplace(Lease(lease));
+    return {Decision(d), std::move(l)};
+  }
+  /// A layered check: allowed only if every layer allows; a denial consumes nothing.
+  Decision check_all(const std::vector<Layer>& layers) const {
+    std::vector<shardlimit_layer> c;
+    c.reserve(layers.size());
+    for (const auto& l : layers)
+      c.push_back({l.key.data(), l.key.size(), nullptr, l.policy.data(), l.policy.size(), l.cost});
+    shardlimit_decision d;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_check_all(h_.get(), c.data(), c.size(), &d, &err), err);
+    return Decision(d);
+  }
+  /// Blocks `key` for `ttl` (zero: until unblocked).
+  void block(std::string_view key, std::chrono::milliseconds ttl, std::string_view reason) const {
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_block(h_.get(), key.data(), key.size(),
+                                   static_cast<uint64_t>(ttl.count()), reason.data(), reason.size(),
+                                   &err),
+                  err);
+  }
+  /// Unblocks `key`; true when it was blocked.
+  bool unblock(std::string_view key) const {
+    bool was = false;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_unblock(h_.get(), key.data(), key.size(), &was, &err), err);
+    return was;
+  }
+  /// `key`'s block-list entry, if it is blocked.
+  std::optional<BlockInfo> blocked(std::string_view key) const {
+    shardlimit_block_info info;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_blocked(h_.get(), key.data(), key.size(), &info, &err), err);
+    std::optional<BlockInfo> out;
+    if (info.blocked) {
+      out = BlockInfo{std::string(info.reason.ptr, info.reason.len),
+                      info.permanent ? std::nullopt
+                                     : std::optional(std::chrono::microseconds(info.remaining_us))};
+    }
+    shardlimit_string_free(&info.reason);
+    return out;
+  }
+  /// Gives a lease back; false when it was no longer held.
+  bool release(const Lease& lease) const {
+    bool released = false;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_release(h_.get(), lease.get(), &released, &err), err);
+    return released;
+  }
+
+ private:
+  template <class F>
+  static Limiter make(F f) {
+    shardlimit_limiter* h = nullptr;
+    shardlimit_error* err = nullptr;
+    detail::check(f(&h, &err), err);
+    return Limiter(h);
+  }
+  explicit Limiter(shardlimit_limiter* h) : h_(h) {}
+  detail::LimiterPtr h_;
+};
+
+/// The client's IP for rate limiting (see shardlimit_client_ip): `xff` is the raw
+/// X-Forwarded-For header, empty when absent; `trusted` the proxies' CIDRs.
+inline std::string client_ip(std::string_view peer, std::string_view xff,
+                             const std::vector<std::string>& trusted = {}) {
+  std::vector<shardlimit_str> t;
+  for (const auto& c : trusted) t.push_back({c.data(), c.size()});
+  shardlimit_string out{nullptr, 0};
+  shardlimit_error* err = nullptr;
+  detail::check(shardlimit_client_ip(peer.data(), peer.size(), xff.empty() ? nullptr : xff.data(),
+                                     xff.size(), t.data(), t.size(), &out, &err),
+                err);
+  std::string ip(out.ptr, out.len);
+  shardlimit_string_free(&out);
+  return ip;
+}
+
+/// The version of the linked library.
+inline std::string_view version() noexcept {
+  shardlimit_str s = shardlimit_version();
+  return {s.ptr, s.len};
+}
+
+}  // namespace shardlimit

@@ -1,0 +1,232 @@
+// GoogleTest suite of the C++ wrapper against a real redis-server started on a free
+// 127.0.0.1 port for the suite and stopped after it.
+#include <shardlimit.hpp>
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    throw std::runtime_error("free_port");
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+bool ping(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  char buf[16] = {0};
+  bool ok = fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+            write(fd, "PING\r\n", 6) == 6 && read(fd, buf, sizeof buf - 1) > 0 &&
+            std::strncmp(buf, "+PONG", 5) == 0;
+  if (fd >= 0) close(fd);
+  return ok;
+}
+
+class Redis : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    port_ = free_port();
+    std::string port = std::to_string(port_);
+    pid_ = fork();
+    if (pid_ == 0) {
+      if (!freopen("/dev/null", "w", stdout)) _exit(126);
+      execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", "/tmp", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    for (int i = 0; i < 500 && !ping(port_); i++) usleep(20 * 1000);  // readiness, <= 10 s
+    ASSERT_TRUE(ping(port_)) << "redis-server did not start";
+  }
+  static void TearDownTestSuite() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  static std::string config(const std::string& policies) {
+    return R"({"shards":[{"name":"s0","url":"redis://127.0.0.1:)" + std::to_string(port_) +
+           R"("}],"timeout_ms":2000,"policies":{)" + policies + "}}";
+  }
+  static inline pid_t pid_ = -1;
+  static inline int port_ = 0;
+};
+
+TEST_F(Redis, ExactAdmissionFromManyThreads) {
+  auto limiter = shardlimit::Limiter::from_json(
+      config(R"("exact":{"algorithm":"sliding_log","limit":300,"window":"1h"})"));
+  std::atomic<int> allowed{0}, denied{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; t++)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 40; i++) {
+        auto d = limiter.check("tenant:42", "exact");
+        (d.allowed() ? allowed : denied)++;
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(allowed.load(), 300);
+  EXPECT_EQ(denied.load(), 16 * 40 - 300);
+  auto d = limiter.check("tenant:42", "exact");
+  EXPECT_FALSE(d.allowed());
+  ASSERT_TRUE(d.retry_after().has_value());
+  EXPECT_GT(d.retry_after()->count(), 0);
+  EXPECT_EQ(d.source(), SHARDLIMIT_SOURCE_REDIS);
+  EXPECT_EQ(d.source_name(), "redis");
+  EXPECT_EQ(d.shard(), std::optional<uint32_t>(0));
+  EXPECT_EQ(d.policy(), "exact");
+}
+
+TEST_F(Redis, HeadersAndBody) {
+  auto limiter = shardlimit::Limiter::from_json(
+      config(R"("api":{"algorithm":"fixed_window","limit":1,"window":"1h"})"));
+  EXPECT_TRUE(limiter.check("k", "api").allowed());
+  auto d = limiter.check("k", "api");
+  ASSERT_FALSE(d.allowed());
+  auto h = d.headers();
+  ASSERT_EQ(h.size(), 6u);
+  EXPECT_EQ(h[0], std::make_pair(std::string("X-RateLimit-Limit"), std::string("1")));
+  EXPECT_EQ(h[3].second, "\"api\";q=1;w=3600");
+  EXPECT_EQ(h[5].first, "Retry-After");
+  EXPECT_NE(d.body().find("\"error\":\"rate_limited\""), std::string::npos);
+  EXPECT_NE(d.to_json().find("\"allowed\":false"), std::string::npos);
+}
+
+TEST_F(Redis, PoliciesPeekResetAndLeases) {
+  auto limiter = shardlimit::Limiter::from_json(
+      config(R"("tb":{"algorithm":"token_bucket","capacity":2,"refill_per_sec":0.001},)"
+             R"("conc":{"algorithm":"concurrency","max":1,"lease_ttl":"30s"})"));
+  auto tb = limiter.policy("tb");
+  EXPECT_EQ(tb.name(), "tb");
+  EXPECT_TRUE(limiter.check("b", tb).allowed());
+  EXPECT_TRUE(limiter.check("b", tb).allowed());
+  EXPECT_FALSE(limiter.check("b", tb).allowed());
+  EXPECT_EQ(limiter.peek("b", tb).remaining(), 0u);
+  limiter.reset("b", tb);
+  EXPECT_EQ(limiter.peek("b", tb).remaining(), 2u);
+
+  auto conc = limiter.policy("conc");
+  auto [d1, lease] = limiter.acquire("job", conc);
+  ASSERT_TRUE(d1.allowed());
+  ASSERT_TRUE(lease.has_value());
+  auto [d2, none] = limiter.acquire("job", conc);
+  EXPECT_FALSE(d2.allowed());
+  EXPECT_FALSE(none.has_value());
+  EXPECT_TRUE(limiter.release(*lease));
+  EXPECT_FALSE(limiter.release(*lease));
+  EXPECT_TRUE(limiter.acquire("job", conc).first.allowed());
+
+  shardlimit_limit l{SHARDLIMIT_ALGORITHM_FIXED_WINDOW, 1, 60000, 0.0, SHARDLIMIT_ON_ERROR_DEFAULT};
+  auto adhoc = shardlimit::Policy::make("adhoc", l);
+  EXPECT_TRUE(limiter.check("x", adhoc).allowed());
+  EXPECT_FALSE(limiter.check("x", adhoc).allowed());
+}
+
+TEST(Errors, AreExceptionsWithStableCodes) {
+  try {
+    shardlimit::Limiter::from_json(R"({"policies":{"a":{"algorithm":"fixed_window","limit":0,"window":"1s"}}})");
+    FAIL() << "no exception";
+  } catch (const shardlimit::Error& e) {
+    EXPECT_EQ(e.code(), SHARDLIMIT_ERR_CONFIG);
+    EXPECT_EQ(e.name(), "config");
+    EXPECT_FALSE(e.is_backend());
+    EXPECT_NE(std::string(e.what()).find("policies.a.limit"), std::string::npos);
+  }
+  EXPECT_THROW(shardlimit::Limiter::from_file("/nonexistent/config.json"), shardlimit::Error);
+  auto mem = shardlimit::Limiter::memory();
+  try {
+    mem.check("k", "nope");
+    FAIL() << "no exception";
+  } catch (const shardlimit::Error& e) {
+    EXPECT_EQ(e.code(), SHARDLIMIT_ERR_UNKNOWN_POLICY);
+  }
+  shardlimit_limit l{SHARDLIMIT_ALGORITHM_TOKEN_BUCKET, 10, 0, -1.0, 0};
+  try {
+    shardlimit::Policy::make("p", l);
+    FAIL() << "no exception";
+  } catch (const shardlimit::Error& e) {
+    EXPECT_EQ(e.code(), SHARDLIMIT_ERR_CONFIG);
+    EXPECT_NE(std::string(e.what()).find("refill_per_sec"), std::string::npos);
+  }
+  l.rate_per_sec = 1.0;
+  auto p = shardlimit::Policy::make("p", l);
+  EXPECT_THROW(mem.check("", p), shardlimit::Error);
+  EXPECT_THROW(mem.check("k", p, 0), shardlimit::Error);
+  EXPECT_TRUE(mem.check("k", p).allowed());
+  EXPECT_EQ(shardlimit::version(), SHARDLIMIT_VERSION);
+}
+
+TEST(Errors, DeadShardFollowsOnError) {
+  auto limiter = shardlimit::Limiter::from_json(
+      R"({"shards":[{"name":"dead","url":"redis://127.0.0.1:)" + std::to_string(free_port()) +
+      R"("}],"timeout_ms":300,"policies":{)"
+      R"("strict":{"algorithm":"fixed_window","limit":5,"window":"1s","on_error":"error"},)"
+      R"("closed":{"algorithm":"fixed_window","limit":5,"window":"1s","on_error":"closed"}}})");
+  try {
+    limiter.check("k", "strict");
+    FAIL() << "no exception";
+  } catch (const shardlimit::Error& e) {
+    EXPECT_TRUE(e.is_backend()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dead"), std::string::npos);
+  }
+  auto d = limiter.check("k", "closed");
+  EXPECT_FALSE(d.allowed());
+  EXPECT_EQ(d.source(), SHARDLIMIT_SOURCE_FALLBACK);
+}
+
+TEST_F(Redis, CheckAllAndBlockList) {
+  auto limiter = shardlimit::Limiter::from_json(
+      config(R"("ip":{"algorithm":"fixed_window","limit":10,"window":"1h"},)"
+             R"("tenant":{"algorithm":"fixed_window","limit":1,"window":"1h"})"));
+  std::vector<shardlimit::Layer> layers{{"ip:1", "ip", 1}, {"tenant:1", "tenant", 1}};
+  EXPECT_TRUE(limiter.check_all(layers).allowed());
+  auto d = limiter.check_all(layers);
+  EXPECT_FALSE(d.allowed());
+  EXPECT_EQ(d.layer(), std::optional<uint32_t>(1));
+  EXPECT_EQ(limiter.check("ip:1", "ip").remaining(), 8u);  // the denial took nothing
+
+  limiter.block("ip:9", std::chrono::minutes(1), "abuse");
+  auto b = limiter.check("ip:9", "ip");
+  EXPECT_FALSE(b.allowed());
+  EXPECT_EQ(b.source(), SHARDLIMIT_SOURCE_BLOCK);
+  auto info = limiter.blocked("ip:9");
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->reason, "abuse");
+  ASSERT_TRUE(info->remaining.has_value());
+  EXPECT_LE(info->remaining->count(), 60000000);
+  EXPECT_TRUE(limiter.unblock("ip:9"));
+  EXPECT_FALSE(limiter.blocked("ip:9").has_value());
+  EXPECT_TRUE(limiter.check("ip:9", "ip").allowed());
+}
+
+TEST(ClientIp, TrustsOnlyConfiguredProxies) {
+  EXPECT_EQ(shardlimit::client_ip("10.1.2.3:443", "203.0.113.9, 198.51.100.7", {"10.0.0.0/8"}),
+            "198.51.100.7");
+  EXPECT_EQ(shardlimit::client_ip("203.0.113.5", "1.1.1.1", {"10.0.0.0/8"}), "203.0.113.5");
+  EXPECT_EQ(shardlimit::client_ip("[::1]:80", ""), "::1");
+  EXPECT_THROW(shardlimit::client_ip("nope", ""), shardlimit::Error);
+}
+
+}  // namespace

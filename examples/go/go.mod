@@ -1,0 +1,3 @@
+module example.invalid/shardlimit/examples/go
+
+go 1.22

@@ -1,0 +1,458 @@
+// Package shardlimit is an idiomatic Go wrapper over the shardlimit C ABI
+// (include/shardlimit.h, libshardlimit): distributed rate limiting shared with Rust,
+// Python and Node services through the same Redis shards and config.
+//
+// Build the library first (from the repository root):
+//
+//	cargo build --release -p shardlimit-c
+//
+// The cgo directives below link ../../target/release/libshardlimit.so with an rpath; to
+// link an installed copy instead, replace them with `#cgo pkg-config: shardlimit`.
+//
+// A Limiter is safe for concurrent use by many goroutines. Each call blocks its
+// goroutine's OS thread for at most the configured deadline (timeout_ms); Go's scheduler
+// keeps running other goroutines meanwhile.
+package shardlimit
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../../include
+#cgo LDFLAGS: -L${SRCDIR}/../../target/release -lshardlimit -Wl,-rpath,${SRCDIR}/../../target/release
+#include <stdlib.h>
+#include "shardlimit.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// Code is a stable shardlimit result code, shared with every binding.
+type Code uint32
+
+// The result codes, taken from the C header (which mirrors the core's error kinds).
+const (
+	CodeConfig          Code = C.SHARDLIMIT_ERR_CONFIG
+	CodeInvalidArgument Code = C.SHARDLIMIT_ERR_INVALID_ARGUMENT
+	CodeConnection      Code = C.SHARDLIMIT_ERR_CONNECTION
+	CodeTimeout         Code = C.SHARDLIMIT_ERR_TIMEOUT
+	CodeScript          Code = C.SHARDLIMIT_ERR_SCRIPT
+	CodeRouting         Code = C.SHARDLIMIT_ERR_ROUTING
+	CodeUnknownPolicy   Code = C.SHARDLIMIT_ERR_UNKNOWN_POLICY
+	CodeIO              Code = C.SHARDLIMIT_ERR_IO
+	CodeInternal        Code = C.SHARDLIMIT_ERR_INTERNAL
+	CodeUnavailable     Code = C.SHARDLIMIT_ERR_UNAVAILABLE
+)
+
+// String is the code's stable snake_case name ("config", "timeout", ...).
+func (c Code) String() string { return goStr(C.shardlimit_result_name(C.uint32_t(c))) }
+
+// IsBackend reports whether the code means "Redis failed" (connection, timeout, script)
+// rather than a caller mistake: the failures a service may choose to fail open on.
+func (c Code) IsBackend() bool { return bool(C.shardlimit_result_is_backend(C.uint32_t(c))) }
+
+// Error is a failure reported by shardlimit. Compare with errors.Is against the ErrXxx
+// sentinels, or read Code.
+type Error struct {
+	Code    Code
+	Message string
+}
+
+func (e *Error) Error() string {
+	if e.Message == "" {
+		return "shardlimit: " + e.Code.String()
+	}
+	return "shardlimit: " + e.Message
+}
+
+// Is matches the sentinel of the same code, so errors.Is(err, ErrTimeout) works.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Message == "" && t.Code == e.Code
+}
+
+// IsBackend reports whether Redis failed (see Code.IsBackend).
+func (e *Error) IsBackend() bool { return e.Code.IsBackend() }
+
+// Sentinels for errors.Is.
+var (
+	ErrConfig          = &Error{Code: CodeConfig}
+	ErrInvalidArgument = &Error{Code: CodeInvalidArgument}
+	ErrConnection      = &Error{Code: CodeConnection}
+	ErrTimeout         = &Error{Code: CodeTimeout}
+	ErrScript          = &Error{Code: CodeScript}
+	ErrRouting         = &Error{Code: CodeRouting}
+	ErrUnknownPolicy   = &Error{Code: CodeUnknownPolicy}
+	ErrIO              = &Error{Code: CodeIO}
+	ErrInternal        = &Error{Code: CodeInternal}
+	ErrUnavailable     = &Error{Code: CodeUnavailable}
+	// ErrClosed is returned by calls on a Limiter after Close.
+	ErrClosed = errors.New("shardlimit: limiter is closed")
+)
+
+// takeError converts a failed call's result code and error object, freeing the object.
+func takeError(rc C.shardlimit_result, e *C.shardlimit_error) error {
+	msg := ""
+	if e != nil {
+		msg = goStr(C.shardlimit_error_message(e))
+		C.shardlimit_error_free(e)
+	}
+	return &Error{Code: Code(rc), Message: msg}
+}
+
+func goStr(s C.shardlimit_str) string { return C.GoStringN(s.ptr, C.int(s.len)) }
+
+// cStr passes a Go string to C as pointer + length without copying: the C side reads it
+// only during the call and never retains it. An empty string passes (NULL, 0).
+func cStr(s string) (*C.char, C.size_t) {
+	return (*C.char)(unsafe.Pointer(unsafe.StringData(s))), C.size_t(len(s))
+}
+
+// Source says who made a decision.
+type Source uint32
+
+// The decision sources, from the C header.
+const (
+	SourceRedis    Source = C.SHARDLIMIT_SOURCE_REDIS
+	SourceMemory   Source = C.SHARDLIMIT_SOURCE_MEMORY
+	SourceLocal    Source = C.SHARDLIMIT_SOURCE_LOCAL
+	SourceFallback Source = C.SHARDLIMIT_SOURCE_FALLBACK
+	SourceBlock    Source = C.SHARDLIMIT_SOURCE_BLOCK
+)
+
+func (s Source) String() string { return goStr(C.shardlimit_source_name(C.uint32_t(s))) }
+
+// Decision is the outcome of one check. A denied check consumed nothing.
+type Decision struct {
+	Allowed   bool
+	Limit     uint64 // the effective limit
+	Remaining uint64 // units still available
+	// ResetAfter is the time until the full budget is back with no further traffic.
+	ResetAfter time.Duration
+	// RetryAfter is, when HasRetryAfter, the earliest time the same check could pass.
+	RetryAfter time.Duration
+	// HasRetryAfter is false when allowed, and when the cost can never fit.
+	HasRetryAfter bool
+	Delay         time.Duration // leaky bucket: wait this long before sending
+	Window        time.Duration // the window the limit is measured over
+	Policy        string        // the policy that decided
+	Source        Source
+	Shard         int // the Redis shard that decided, or -1
+	// Layer is, for CheckAll, the index of the layer this decision describes (the one
+	// that denied, or the tightest when all allowed); -1 for single checks.
+	Layer int
+
+	raw C.shardlimit_decision // for rendering headers and body in the core
+}
+
+func decisionFromC(d *C.shardlimit_decision, policy string) Decision {
+	us := func(v C.uint64_t) time.Duration { return time.Duration(v) * time.Microsecond }
+	name := unsafe.String((*byte)(unsafe.Pointer(&d.policy[0])), int(d.policy_len))
+	if name == policy {
+		name = policy // the usual case: no allocation
+	} else {
+		name = string([]byte(name))
+	}
+	shard, layer := -1, -1
+	if d.has_shard {
+		shard = int(d.shard)
+	}
+	if d.has_layer {
+		layer = int(d.layer)
+	}
+	return Decision{
+		Allowed:       bool(d.allowed),
+		Limit:         uint64(d.limit),
+		Remaining:     uint64(d.remaining),
+		ResetAfter:    us(d.reset_after_us),
+		RetryAfter:    us(d.retry_after_us),
+		HasRetryAfter: bool(d.has_retry_after),
+		Delay:         us(d.delay_us),
+		Window:        us(d.window_us),
+		Policy:        name,
+		Source:        Source(d.source),
+		Shard:         shard,
+		Layer:         layer,
+		raw:           *d,
+	}
+}
+
+// Header is one HTTP response header.
+type Header struct{ Name, Value string }
+
+// Headers renders the standard rate-limit headers (X-RateLimit-*, RateLimit,
+// RateLimit-Policy, and Retry-After when denied) in a stable order.
+func (d *Decision) Headers() ([]Header, error) {
+	var h *C.shardlimit_headers
+	var e *C.shardlimit_error
+	if rc := C.shardlimit_decision_headers(&d.raw, &h, &e); rc != C.SHARDLIMIT_OK {
+		return nil, takeError(rc, e)
+	}
+	defer C.shardlimit_headers_free(h)
+	n := int(C.shardlimit_headers_len(h))
+	out := make([]Header, 0, n)
+	for i := 0; i < n; i++ {
+		var name, value C.shardlimit_str
+		if rc := C.shardlimit_headers_get(h, C.size_t(i), &name, &value, &e); rc != C.SHARDLIMIT_OK {
+			return nil, takeError(rc, e)
+		}
+		out = append(out, Header{goStr(name), goStr(value)})
+	}
+	return out, nil
+}
+
+// Body renders the JSON body of a 429 response.
+func (d *Decision) Body() ([]byte, error) {
+	var s C.shardlimit_string
+	var e *C.shardlimit_error
+	if rc := C.shardlimit_decision_body(&d.raw, &s, &e); rc != C.SHARDLIMIT_OK {
+		return nil, takeError(rc, e)
+	}
+	defer C.shardlimit_string_free(&s)
+	return C.GoBytes(unsafe.Pointer(s.ptr), C.int(s.len)), nil
+}
+
+// Limiter is a handle on the shardlimit core: a config, Redis connections (or the
+// in-memory engine) and the runtime driving them. Safe for concurrent use; call Close
+// when done.
+type Limiter struct {
+	h atomic.Pointer[handle] // nil once closed
+}
+
+// handle boxes the C pointer (atomic.Pointer cannot hold a pointer to an incomplete type).
+type handle struct{ p *C.shardlimit_limiter }
+
+func newLimiter(make func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result) (*Limiter, error) {
+	var h *C.shardlimit_limiter
+	var e *C.shardlimit_error
+	if rc := make(&h, &e); rc != C.SHARDLIMIT_OK {
+		return nil, takeError(rc, e)
+	}
+	l := &Limiter{}
+	l.h.Store(&handle{h})
+	return l, nil
+}
+
+// NewFromJSON creates a limiter from a JSON config (the format of shard-config.json).
+// It does not connect; connections are made on first use.
+func NewFromJSON(config string) (*Limiter, error) {
+	return newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
+		p, n := cStr(config)
+		return C.shardlimit_limiter_new_json(p, n, nil, out, e)
+	})
+}
+
+// NewFromFile creates a limiter from a JSON config file.
+func NewFromFile(path string) (*Limiter, error) {
+	return newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
+		p, n := cStr(path)
+		return C.shardlimit_limiter_new_file(p, n, nil, out, e)
+	})
+}
+
+// NewFromEnv creates a limiter from $SHARDLIMIT_CONFIG (a path or inline JSON); the
+// in-memory engine with no policies when it is unset.
+func NewFromEnv() (*Limiter, error) {
+	return newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
+		return C.shardlimit_limiter_new_env(nil, out, e)
+	})
+}
+
+// Check checks cost units (>= 1) of the named policy for key. A denied check is not an
+// error: it returns a Decision with Allowed false. ctx is checked before the call; the
+// call itself is bounded by the config's deadline (timeout_ms), not by ctx.
+func (l *Limiter) Check(ctx context.Context, key, policy string, cost uint64) (Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return Decision{}, err
+	}
+	h := l.h.Load()
+	if h == nil {
+		return Decision{}, ErrClosed
+	}
+	var d C.shardlimit_decision
+	var e *C.shardlimit_error
+	kp, kn := cStr(key)
+	pp, pn := cStr(policy)
+	if rc := C.shardlimit_check_named(h.p, kp, kn, pp, pn, C.uint64_t(cost), &d, &e); rc != C.SHARDLIMIT_OK {
+		return Decision{}, takeError(rc, e)
+	}
+	return decisionFromC(&d, policy), nil
+}
+
+// Layer is one layer of CheckAll: Cost units of the named Policy for Key.
+type Layer struct {
+	Key    string
+	Policy string
+	Cost   uint64
+}
+
+// CheckAll is a layered check (IP, API key, tenant, global... at most 64 layers):
+// allowed only if every layer allows; when any layer denies, no layer consumes.
+// Decision.Layer says which layer the decision describes.
+func (l *Limiter) CheckAll(ctx context.Context, layers []Layer) (Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return Decision{}, err
+	}
+	h := l.h.Load()
+	if h == nil {
+		return Decision{}, ErrClosed
+	}
+	// The layer array holds pointers to Go strings, so it lives in C memory (cgo forbids
+	// passing Go memory that contains Go pointers).
+	n := len(layers)
+	var cl *C.shardlimit_layer
+	if n > 0 {
+		cl = (*C.shardlimit_layer)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof(C.shardlimit_layer{}))))
+		defer C.free(unsafe.Pointer(cl))
+		// the strings themselves are copied too: C memory must not point into Go memory
+		// that the GC could move or free while C reads it
+		arr := unsafe.Slice(cl, n)
+		for i, x := range layers {
+			arr[i].key = C.CString(x.Key)
+			arr[i].key_len = C.size_t(len(x.Key))
+			arr[i].policy_name = C.CString(x.Policy)
+			arr[i].policy_name_len = C.size_t(len(x.Policy))
+			arr[i].cost = C.uint64_t(x.Cost)
+		}
+		defer func() {
+			for i := range arr {
+				C.free(unsafe.Pointer(arr[i].key))
+				C.free(unsafe.Pointer(arr[i].policy_name))
+			}
+		}()
+	}
+	var d C.shardlimit_decision
+	var e *C.shardlimit_error
+	if rc := C.shardlimit_check_all(h.p, cl, C.size_t(n), &d, &e); rc != C.SHARDLIMIT_OK {
+		return Decision{}, takeError(rc, e)
+	}
+	return decisionFromC(&d, ""), nil
+}
+
+// Block puts key on the block list for ttl (0: until Unblock), with a reason. Every
+// limiter sharing the shards, in any language, then denies it with SourceBlock.
+func (l *Limiter) Block(ctx context.Context, key string, ttl time.Duration, reason string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	h := l.h.Load()
+	if h == nil {
+		return ErrClosed
+	}
+	if ttl < 0 {
+		return &Error{Code: CodeInvalidArgument, Message: "invalid argument `ttl`: must not be negative"}
+	}
+	ms := uint64((ttl + time.Millisecond - 1) / time.Millisecond)
+	var e *C.shardlimit_error
+	kp, kn := cStr(key)
+	rp, rn := cStr(reason)
+	if rc := C.shardlimit_block(h.p, kp, kn, C.uint64_t(ms), rp, rn, &e); rc != C.SHARDLIMIT_OK {
+		return takeError(rc, e)
+	}
+	return nil
+}
+
+// Unblock removes key from the block list and reports whether it was blocked.
+func (l *Limiter) Unblock(ctx context.Context, key string) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	h := l.h.Load()
+	if h == nil {
+		return false, ErrClosed
+	}
+	var was C.bool
+	var e *C.shardlimit_error
+	kp, kn := cStr(key)
+	if rc := C.shardlimit_unblock(h.p, kp, kn, &was, &e); rc != C.SHARDLIMIT_OK {
+		return false, takeError(rc, e)
+	}
+	return bool(was), nil
+}
+
+// BlockInfo is a key's block-list entry.
+type BlockInfo struct {
+	Reason string
+	// Remaining is the time left; 0 for a permanent block.
+	Remaining time.Duration
+	Permanent bool
+}
+
+// Blocked returns key's block-list entry, or nil when it is not blocked.
+func (l *Limiter) Blocked(ctx context.Context, key string) (*BlockInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	h := l.h.Load()
+	if h == nil {
+		return nil, ErrClosed
+	}
+	var info C.shardlimit_block_info
+	var e *C.shardlimit_error
+	kp, kn := cStr(key)
+	if rc := C.shardlimit_blocked(h.p, kp, kn, &info, &e); rc != C.SHARDLIMIT_OK {
+		return nil, takeError(rc, e)
+	}
+	defer C.shardlimit_string_free(&info.reason)
+	if !info.blocked {
+		return nil, nil
+	}
+	return &BlockInfo{
+		Reason:    C.GoStringN(info.reason.ptr, C.int(info.reason.len)),
+		Remaining: time.Duration(info.remaining_us) * time.Microsecond,
+		Permanent: bool(info.permanent),
+	}, nil
+}
+
+// ClientIP is the client's address for rate limiting: peer (a socket address, with or
+// without port) unless it is one of the trusted proxies (CIDRs); then the
+// X-Forwarded-For entries from the right, skipping trusted proxies. xff is the raw
+// header ("" when absent). The rule lives in the core, shared by every binding.
+func ClientIP(peer, xff string, trusted []string) (string, error) {
+	var cxff *C.char
+	xp, xn := cStr(xff)
+	if xff != "" {
+		cxff = xp
+	}
+	var ct *C.shardlimit_str
+	if len(trusted) > 0 {
+		ct = (*C.shardlimit_str)(C.calloc(C.size_t(len(trusted)), C.size_t(unsafe.Sizeof(C.shardlimit_str{}))))
+		defer C.free(unsafe.Pointer(ct))
+		arr := unsafe.Slice(ct, len(trusted))
+		for i, t := range trusted {
+			arr[i].ptr = C.CString(t)
+			arr[i].len = C.size_t(len(t))
+		}
+		defer func() {
+			for i := range arr {
+				C.free(unsafe.Pointer(arr[i].ptr))
+			}
+		}()
+	}
+	var out C.shardlimit_string
+	var e *C.shardlimit_error
+	pp, pn := cStr(peer)
+	if rc := C.shardlimit_client_ip(pp, pn, cxff, xn, ct, C.size_t(len(trusted)), &out, &e); rc != C.SHARDLIMIT_OK {
+		return "", takeError(rc, e)
+	}
+	defer C.shardlimit_string_free(&out)
+	return C.GoStringN(out.ptr, C.int(out.len)), nil
+}
+
+// Close frees the limiter. Calls already in flight finish normally; later calls return
+// ErrClosed. Closing twice is a no-op.
+func (l *Limiter) Close() error {
+	if h := l.h.Swap(nil); h != nil {
+		C.shardlimit_limiter_free(h.p)
+	}
+	return nil
+}
+
+// Version is the version of the linked libshardlimit.
+func Version() string { return goStr(C.shardlimit_version()) }
+
+// HeaderVersion is the version of the header this package was compiled against.
+const HeaderVersion = C.SHARDLIMIT_VERSION

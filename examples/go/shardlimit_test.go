@@ -1,0 +1,343 @@
+package shardlimit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestVersion(t *testing.T) {
+	if Version() != HeaderVersion {
+		t.Fatalf("library %s, header %s", Version(), HeaderVersion)
+	}
+}
+
+// 64 goroutines race for a sliding log of 1000 units (exact, and no window boundary to
+// cross while the test runs): exactly 1000 are admitted.
+func TestExactAdmissionUnderManyGoroutines(t *testing.T) {
+	r := startRedis(t)
+	l, err := NewFromJSON(r.config(`"exact":{"algorithm":"sliding_log","limit":1000,"window":"1h"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const goroutines, each = 64, 40 // 2560 attempts for 1000 units
+	var allowed, denied atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := 0; g < goroutines; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				d, err := l.Check(context.Background(), "tenant:{acme}", "exact", 1)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if d.Allowed {
+					allowed.Add(1)
+				} else {
+					denied.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if allowed.Load() != 1000 || denied.Load() != goroutines*each-1000 {
+		t.Fatalf("allowed %d, denied %d; want exactly 1000 allowed", allowed.Load(), denied.Load())
+	}
+	d, err := l.Check(context.Background(), "tenant:{acme}", "exact", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed || d.Remaining != 0 || !d.HasRetryAfter || d.RetryAfter <= 0 || d.RetryAfter > time.Hour {
+		t.Fatalf("after the limit: %+v", d)
+	}
+	if d.Source != SourceRedis || d.Source.String() != "redis" || d.Shard != 0 || d.Policy != "exact" {
+		t.Fatalf("decision fields: source %v shard %d policy %q", d.Source, d.Shard, d.Policy)
+	}
+}
+
+func TestDecisionRendering(t *testing.T) {
+	r := startRedis(t)
+	l, err := NewFromJSON(r.config(`"api":{"algorithm":"fixed_window","limit":2,"window":"1h"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	for i := 0; i < 2; i++ {
+		if d, err := l.Check(ctx, "k", "api", 1); err != nil || !d.Allowed || d.Remaining != uint64(1-i) {
+			t.Fatalf("check %d: %+v %v", i, d, err)
+		}
+	}
+	d, err := l.Check(ctx, "k", "api", 1)
+	if err != nil || d.Allowed {
+		t.Fatalf("third check: %+v %v", d, err)
+	}
+	h, err := d.Headers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{}
+	for _, x := range h {
+		names = append(names, x.Name)
+	}
+	want := "X-RateLimit-Limit X-RateLimit-Remaining X-RateLimit-Reset RateLimit-Policy RateLimit Retry-After"
+	if strings.Join(names, " ") != want {
+		t.Fatalf("headers %v", h)
+	}
+	if h[0].Value != "2" || h[1].Value != "0" || h[3].Value != `"api";q=2;w=3600` {
+		t.Fatalf("header values %v", h)
+	}
+	body, err := d.Body()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b map[string]any
+	if err := json.Unmarshal(body, &b); err != nil {
+		t.Fatal(err)
+	}
+	if b["error"] != "rate_limited" || b["policy"] != "api" || b["limit"] != float64(2) {
+		t.Fatalf("body %s", body)
+	}
+	// a cost that can never fit: no retry
+	d, err = l.Check(ctx, "other", "api", 3)
+	if err != nil || d.Allowed || d.HasRetryAfter {
+		t.Fatalf("oversized cost: %+v %v", d, err)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	r := startRedis(t)
+	bad := []struct {
+		config string
+		want   error
+		field  string
+	}{
+		{`{`, ErrConfig, "not valid JSON"},
+		{`{"policies":{"a":{"algorithm":"fixed_window","limit":5,"window":"abc"}}}`, ErrConfig, "policies.a.window"},
+		{`{"policies":{"a":{"algorithm":"magic","limit":5}}}`, ErrConfig, "policies.a.algorithm"},
+		{`{"shards":[{"name":"a","url":"http://x"}]}`, ErrConfig, "shards[0].url"},
+		{`{"shards":[]}`, ErrConfig, "shards"},
+		{"\xff", ErrConfig, "UTF-8"},
+	}
+	for _, c := range bad {
+		l, err := NewFromJSON(c.config)
+		if l != nil || !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("NewFromJSON(%q) = %v, %v; want %v naming %q", c.config, l, err, c.want, c.field)
+		}
+		var e *Error
+		if !errors.As(err, &e) || e.Code != CodeConfig || e.Code.String() != "config" || e.IsBackend() {
+			t.Errorf("error fields: %#v", err)
+		}
+	}
+	if _, err := NewFromFile(filepath.Join(t.TempDir(), "missing.json")); !errors.Is(err, ErrIO) {
+		t.Errorf("missing file: %v", err)
+	}
+	path := filepath.Join(t.TempDir(), "c.json")
+	if err := os.WriteFile(path, []byte(r.config(`"p":{"algorithm":"token_bucket","capacity":1,"refill_per_sec":1}`)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewFromFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	calls := []struct {
+		key, policy string
+		cost        uint64
+		want        error
+	}{
+		{"k", "nope", 1, ErrUnknownPolicy},
+		{"", "p", 1, ErrInvalidArgument},
+		{"k", "p", 0, ErrInvalidArgument},
+		{"a\x00b", "p", 1, ErrInvalidArgument},
+		{"\xff", "p", 1, ErrInvalidArgument},
+		{strings.Repeat("k", 1025), "p", 1, ErrInvalidArgument},
+	}
+	for _, c := range calls {
+		if _, err := l.Check(ctx, c.key, c.policy, c.cost); !errors.Is(err, c.want) {
+			t.Errorf("Check(%q, %q, %d) = %v; want %v", c.key, c.policy, c.cost, err, c.want)
+		}
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := l.Check(cancelled, "k", "p", 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled context: %v", err)
+	}
+	if d, err := l.Check(ctx, "k", "p", 1); err != nil || !d.Allowed {
+		t.Errorf("valid check: %+v %v", d, err)
+	}
+	l.Close()
+	l.Close()
+	if _, err := l.Check(ctx, "k", "p", 1); !errors.Is(err, ErrClosed) {
+		t.Errorf("after Close: %v", err)
+	}
+}
+
+// A shard nobody listens on: with on_error "error" the backend error comes back; with
+// "closed" the core denies with a fallback decision; within the deadline either way.
+func TestDeadShard(t *testing.T) {
+	port := freePort(t)
+	l, err := NewFromJSON(fmt.Sprintf(`{"shards":[{"name":"dead","url":"redis://127.0.0.1:%d"}],"timeout_ms":300,
+		"policies":{"strict":{"algorithm":"fixed_window","limit":5,"window":"1s","on_error":"error"},
+		            "closed":{"algorithm":"fixed_window","limit":5,"window":"1s","on_error":"closed"}}}`, port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	start := time.Now()
+	_, err = l.Check(context.Background(), "k", "strict", 1)
+	var e *Error
+	if !errors.As(err, &e) || !e.IsBackend() || !strings.Contains(e.Message, "dead") {
+		t.Fatalf("dead shard, on_error error: %#v", err)
+	}
+	d, err := l.Check(context.Background(), "k", "closed", 1)
+	if err != nil || d.Allowed || d.Source != SourceFallback {
+		t.Fatalf("dead shard, on_error closed: %+v %v", d, err)
+	}
+	if elapsed := time.Since(start); elapsed > 5*time.Second {
+		t.Fatalf("took %v", elapsed)
+	}
+}
+
+func TestCheckAllAndBlockList(t *testing.T) {
+	r := startRedis(t)
+	l, err := NewFromJSON(r.config(`"ip":{"algorithm":"fixed_window","limit":10,"window":"1h"},
+		"tenant":{"algorithm":"fixed_window","limit":2,"window":"1h"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	layers := []Layer{{"ip:1", "ip", 1}, {"tenant:1", "tenant", 1}}
+	for i := 0; i < 2; i++ {
+		if d, err := l.CheckAll(ctx, layers); err != nil || !d.Allowed {
+			t.Fatalf("layered %d: %+v %v", i, d, err)
+		}
+	}
+	d, err := l.CheckAll(ctx, layers)
+	if err != nil || d.Allowed || d.Layer != 1 || d.Policy != "tenant" {
+		t.Fatalf("tenant layer should deny: %+v %v", d, err)
+	}
+	if d, _ := l.Check(ctx, "ip:1", "ip", 1); d.Remaining != 7 { // 10 - 2 - this one
+		t.Fatalf("a denied layered check consumed the ip layer: %+v", d)
+	}
+	if _, err := l.CheckAll(ctx, nil); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("no layers: %v", err)
+	}
+	if _, err := l.CheckAll(ctx, []Layer{{"k", "nope", 1}}); !errors.Is(err, ErrUnknownPolicy) {
+		t.Fatalf("unknown layer policy: %v", err)
+	}
+
+	if err := l.Block(ctx, "ip:6", time.Minute, "scraping"); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := l.Check(ctx, "ip:6", "ip", 1); err != nil || d.Allowed || d.Source != SourceBlock {
+		t.Fatalf("blocked key: %+v %v", d, err)
+	}
+	info, err := l.Blocked(ctx, "ip:6")
+	if err != nil || info == nil || info.Reason != "scraping" || info.Permanent || info.Remaining <= 0 || info.Remaining > time.Minute {
+		t.Fatalf("Blocked: %+v %v", info, err)
+	}
+	if was, err := l.Unblock(ctx, "ip:6"); err != nil || !was {
+		t.Fatalf("Unblock: %v %v", was, err)
+	}
+	if info, err := l.Blocked(ctx, "ip:6"); err != nil || info != nil {
+		t.Fatalf("after Unblock: %+v %v", info, err)
+	}
+	if err := l.Block(ctx, "", 0, ""); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("empty key: %v", err)
+	}
+}
+
+func TestClientIP(t *testing.T) {
+	trusted := []string{"10.0.0.0/8"}
+	cases := []struct{ peer, xff, want string }{
+		{"10.1.2.3:443", "203.0.113.9, 198.51.100.7", "198.51.100.7"},
+		{"203.0.113.5:1234", "1.1.1.1", "203.0.113.5"},
+		{"[::1]:80", "", "::1"},
+	}
+	for _, c := range cases {
+		if got, err := ClientIP(c.peer, c.xff, trusted); err != nil || got != c.want {
+			t.Errorf("ClientIP(%q, %q) = %q, %v; want %q", c.peer, c.xff, got, err, c.want)
+		}
+	}
+	if _, err := ClientIP("nope", "", nil); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("bad peer: %v", err)
+	}
+	if _, err := ClientIP("10.0.0.1", "", []string{"10.0.0.0/99"}); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("bad CIDR: %v", err)
+	}
+}
+
+func TestMiddleware(t *testing.T) {
+	r := startRedis(t)
+	l, err := NewFromJSON(r.config(`"api":{"algorithm":"fixed_window","limit":2,"window":"1h"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var served atomic.Int64
+	h := Middleware(MiddlewareOptions{Limiter: l, Policy: "api"}, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		served.Add(1)
+		_, _ = io.WriteString(w, "ok")
+	}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	var codes []int
+	var last *http.Response
+	var lastBody []byte
+	for i := 0; i < 3; i++ {
+		resp, err := http.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lastBody, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		codes = append(codes, resp.StatusCode)
+		if resp.Header.Get("X-RateLimit-Limit") != "2" || resp.Header.Get("RateLimit-Policy") == "" {
+			t.Fatalf("missing headers: %v", resp.Header)
+		}
+		last = resp
+	}
+	if fmt.Sprint(codes) != "[200 200 429]" || served.Load() != 2 {
+		t.Fatalf("codes %v, served %d", codes, served.Load())
+	}
+	if last.Header.Get("Retry-After") == "" || last.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("429 headers: %v", last.Header)
+	}
+	var b map[string]any
+	if err := json.Unmarshal(lastBody, &b); err != nil || b["error"] != "rate_limited" {
+		t.Fatalf("429 body %s: %v", lastBody, err)
+	}
+
+	// errors go to OnError (here: an unknown policy is a caller mistake)
+	var got error
+	bad := Middleware(MiddlewareOptions{Limiter: l, Policy: "nope", OnError: func(w http.ResponseWriter, _ *http.Request, err error) {
+		got = err
+		w.WriteHeader(http.StatusTeapot)
+	}}, http.NotFoundHandler())
+	rec := httptest.NewRecorder()
+	bad.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+	if rec.Code != http.StatusTeapot || !errors.Is(got, ErrUnknownPolicy) {
+		t.Fatalf("OnError: %d %v", rec.Code, got)
+	}
+}

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Tests of the C ABI and the Go and C++ examples that link it. Run from anywhere (it cds
+# to the repository root); installs what is missing (Debian, as root):
+#
+#   1. builds libshardlimit (release) and runs the ABI's Rust tests;
+#   2. regenerates include/shardlimit.h with cbindgen and fails if it changed;
+#   3. builds the C test (-Wall -Wextra -Werror) against the shared library and runs it
+#      under valgrind (any leak or memory error fails), then links it statically and runs
+#      it again;
+#   4. go vet + go test in examples/go (and one short run of the benchmark);
+#   5. cmake + ctest in examples/cpp.
+#
+# Every test starts its own redis-server on a free 127.0.0.1 port and stops it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="$PWD"
+. scripts/lib.sh
+
+CBINDGEN_VERSION=0.29.4 # the header is byte-compared, so the generator is pinned
+
+target="${CARGO_TARGET_DIR:-$root/target}"
+case "$target" in /*) ;; *) target="$root/$target" ;; esac
+lib="$target/release"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+step() { echo "== $*"; }
+
+step "dependencies"
+ensure_rust
+apt_install redis-server gcc g++ make cmake pkg-config valgrind libgtest-dev
+if ! command -v go >/dev/null 2>&1; then
+  echo "go not found: install Go >= 1.20 to /usr/local/go (https://go.dev/dl/)" >&2
+  exit 1
+fi
+cbindgen="$(command -v cbindgen || true)"
+if [ -z "$cbindgen" ] || [ "$("$cbindgen" --version)" != "cbindgen $CBINDGEN_VERSION" ]; then
+  cbindgen="$target/tools/bin/cbindgen"
+  if [ ! -x "$cbindgen" ] || [ "$("$cbindgen" --version)" != "cbindgen $CBINDGEN_VERSION" ]; then
+    echo "installing cbindgen $CBINDGEN_VERSION into $target/tools"
+    cargo install cbindgen --version "$CBINDGEN_VERSION" --locked --quiet --root "$target/tools"
+  fi
+fi
+
+step "cargo build --release -p shardlimit-c"
+cargo build --release --quiet -p shardlimit-c
+step "cargo test -p shardlimit-c"
+if ! cargo test --quiet -p shardlimit-c >"$work/cargo-test.log" 2>&1; then
+  tail -60 "$work/cargo-test.log"
+  echo "cargo test -p shardlimit-c failed" >&2
+  exit 1
+fi
+grep -E "^test result" "$work/cargo-test.log"
+
+step "header is up to date (cbindgen $CBINDGEN_VERSION)"
+cp include/shardlimit.h "$work/committed.h"
+"$cbindgen" --quiet --config bindings/c/cbindgen.toml --crate shardlimit-c --output include/shardlimit.h
+if ! cmp -s "$work/committed.h" include/shardlimit.h; then
+  diff -u "$work/committed.h" include/shardlimit.h | head -60 || true
+  echo "include/shardlimit.h was stale: it has been regenerated; review and commit it" >&2
+  exit 1
+fi
+if git ls-files --error-unmatch include/shardlimit.h >/dev/null 2>&1; then
+  git diff --exit-code include/shardlimit.h
+else
+  echo "note: include/shardlimit.h is not committed yet"
+fi
+
+step "pkg-config"
+bindings/c/gen-pkgconfig.sh "$lib" "$root/include" "$lib/pkgconfig" >/dev/null
+export PKG_CONFIG_PATH="$lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+echo "shardlimit $(pkg-config --modversion shardlimit): $(pkg-config --cflags --libs shardlimit)"
+
+step "C test under valgrind"
+cflags=(-std=c11 -g -O1 -Wall -Wextra -Werror -pedantic)
+cc "${cflags[@]}" $(pkg-config --cflags shardlimit) bindings/c/ctest/test_shardlimit.c \
+  -o "$work/test_shardlimit" $(pkg-config --libs shardlimit) -Wl,-rpath,"$lib" -lpthread
+# --child-silent-after-fork: the fork test's child inherits the parent's runtime, which
+# the core leaks on purpose there (its threads do not exist in the child); the child
+# reports its result to the parent through a pipe, and the parent is fully checked.
+valgrind --quiet --error-exitcode=99 --leak-check=full --show-leak-kinds=definite,indirect,possible \
+  --errors-for-leak-kinds=definite,indirect,possible --child-silent-after-fork=yes \
+  "$work/test_shardlimit"
+
+step "C test, statically linked"
+static_libs="$(pkg-config --static --libs shardlimit | sed 's/-lshardlimit/-l:libshardlimit.a/')"
+cc "${cflags[@]}" $(pkg-config --cflags shardlimit) bindings/c/ctest/test_shardlimit.c \
+  -o "$work/test_shardlimit_static" $static_libs -lpthread
+"$work/test_shardlimit_static"
+
+step "Go (examples/go)"
+(
+  cd examples/go
+  if [ "$lib" != "$root/target/release" ]; then
+    export CGO_LDFLAGS="-L$lib -Wl,-rpath,$lib ${CGO_LDFLAGS:-}"
+  fi
+  unformatted="$(gofmt -l .)"
+  [ -z "$unformatted" ] || { echo "gofmt needed: $unformatted" >&2; exit 1; }
+  go vet ./...
+  go test -race -count=1 ./...
+  # the benchmark compiles and runs (figures: see bindings/c/README.md)
+  go test -count=1 -run '^$' -bench BenchmarkCheck64 -benchtime 2000x . | grep -E "^(Benchmark|ok)"
+)
+
+step "C++ (examples/cpp)"
+cmake -S examples/cpp -B "$target/cpp-build" -DSHARDLIMIT_LIB_DIR="$lib" \
+  -DSHARDLIMIT_INCLUDE_DIR="$root/include" -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build "$target/cpp-build" -j2 >/dev/null
+ctest --test-dir "$target/cpp-build" --output-on-failure
+
+echo "C, Go and C++ suites passed"
