@@ -1,0 +1,409 @@
+//! # shardlimit-tower
+//!
+//! A [`tower`](https://docs.rs/tower) layer that rate limits HTTP requests with a
+//! [`shardlimit::Limiter`]. A function of yours maps each request to what to check (a key
+//! and a policy, several layers, or nothing); the layer asks the limiter, sets the
+//! rate-limit headers of [`Decision::headers`] on every checked response, and answers
+//! `429 Too Many Requests` with [`Decision::body`] as JSON when the check is denied.
+//!
+//! ```no_run
+//! use shardlimit::{Limit, Limiter, Policy};
+//! use shardlimit_tower::{IpKey, RateLimitLayer};
+//! use std::time::Duration;
+//!
+//! let limiter = Limiter::from_env().unwrap();
+//! let per_ip = Policy::new("per_ip", Limit::sliding_window(100, Duration::from_secs(60))).unwrap();
+//! // the client address, trusting X-Forwarded-For only from our load balancers
+//! let layer = RateLimitLayer::new(limiter, IpKey::new(per_ip, &["10.0.0.0/8"]).unwrap());
+//! // axum: Router::new().route(...).layer(layer), served with
+//! //       `into_make_service_with_connect_info::<SocketAddr>()`
+//! # let _ = layer;
+//! ```
+//!
+//! With a closure, name the request and result types so that Rust can infer the
+//! closure's signature:
+//!
+//! ```
+//! use http::Request;
+//! use shardlimit::{Limit, Limiter, Policy};
+//! use shardlimit_tower::{Check, Error, RateLimitLayer};
+//! use std::time::Duration;
+//!
+//! let api = Policy::new("api", Limit::token_bucket(100, 10.0)).unwrap();
+//! let layer = RateLimitLayer::new(Limiter::memory(), move |req: &Request<String>| -> Result<Check, Error> {
+//!     Ok(match req.headers().get("x-api-key").and_then(|v| v.to_str().ok()) {
+//!         Some(k) => Check::new(format!("key:{k}"), &api),
+//!         None if req.uri().path() == "/health" => Check::Skip,
+//!         None => Check::new("anonymous", &api),
+//!     })
+//! });
+//! # let _ = layer;
+//! ```
+//!
+//! The check is made before the request reaches your service. For a leaky-bucket policy
+//! (a shaper) the request is held for the decision's `delay` before it is passed on; for a
+//! concurrency policy the lease is released when your service has produced its response.
+
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use http::{Request, Response, StatusCode};
+use shardlimit::{client_ip_with, Algorithm, Decision, Layer, Limiter, Policy, TrustedProxies};
+use std::fmt;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+/// What the layer checks for one request.
+#[derive(Debug, Clone)]
+pub enum Check {
+    /// Pass the request through unchecked and without rate-limit headers (health checks,
+    /// internal callers).
+    Skip,
+    /// `cost` units of `policy` for `key`.
+    One {
+        key: String,
+        policy: Policy,
+        cost: u64,
+    },
+    /// A layered check (IP, API key, tenant...): allowed only when every layer allows,
+    /// see [`Limiter::check_all`]. The headers describe the layer that decided.
+    All(Vec<Layer>),
+}
+
+impl Check {
+    /// One unit of `policy` for `key`.
+    pub fn new(key: impl Into<String>, policy: &Policy) -> Check {
+        Check::One {
+            key: key.into(),
+            policy: policy.clone(),
+            cost: 1,
+        }
+    }
+
+    /// The same check with a weight (Stripe-style weighted requests). On [`Check::All`]
+    /// it sets the cost of every layer; on [`Check::Skip`] it does nothing.
+    pub fn cost(mut self, units: u64) -> Check {
+        match &mut self {
+            Check::One { cost, .. } => *cost = units,
+            Check::All(layers) => layers.iter_mut().for_each(|l| l.cost = units),
+            Check::Skip => {}
+        }
+        self
+    }
+}
+
+/// Why a request could not be checked.
+#[derive(Debug, Clone)]
+pub enum Error {
+    /// The request could not be mapped to a key (for [`IpKey`]: no peer address).
+    Key(String),
+    /// The limiter returned an error: an invalid key or cost, or a backend failure of a
+    /// policy with `on_error: error`. (`open`, `closed` and `local` policies decide by
+    /// themselves and never get here.)
+    Limiter(shardlimit::Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Key(m) => write!(f, "cannot derive a rate-limit key: {m}"),
+            Error::Limiter(e) => write!(f, "rate limiter: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<shardlimit::Error> for Error {
+    fn from(e: shardlimit::Error) -> Error {
+        Error::Limiter(e)
+    }
+}
+
+impl Error {
+    /// The default response: `503` when the backend failed, `500` otherwise, with a JSON
+    /// body `{"error":"rate_limiter_error","kind","message"}` (`kind` is the core's stable
+    /// error kind name, or `"key"`).
+    pub fn to_response(&self) -> Response<String> {
+        let (status, kind) = match self {
+            Error::Key(_) => (StatusCode::INTERNAL_SERVER_ERROR, "key"),
+            Error::Limiter(e) if e.is_backend() => {
+                (StatusCode::SERVICE_UNAVAILABLE, e.kind().name())
+            }
+            Error::Limiter(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.kind().name()),
+        };
+        let body = serde_json::json!({
+            "error": "rate_limiter_error",
+            "kind": kind,
+            "message": self.to_string(),
+        });
+        json_response(status, body.to_string())
+    }
+}
+
+fn json_response(status: StatusCode, body: String) -> Response<String> {
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// Maps a request to what to check. Implemented by closures
+/// `Fn(&Request<B>) -> Result<Check, Error>` and by [`IpKey`].
+pub trait KeyFn<B>: Send + Sync + 'static {
+    fn check_for(&self, req: &Request<B>) -> Result<Check, Error>;
+}
+
+impl<B, F> KeyFn<B> for F
+where
+    F: Fn(&Request<B>) -> Result<Check, Error> + Send + Sync + 'static,
+{
+    fn check_for(&self, req: &Request<B>) -> Result<Check, Error> {
+        self(req)
+    }
+}
+
+/// Keys requests by client IP (`ip:<address>`), found with the core's trusted-proxy walk
+/// ([`shardlimit::client_ip_with`]): the peer address unless it is a trusted proxy, then
+/// `X-Forwarded-For` from the right up to the first untrusted hop, so a client cannot
+/// choose its own key by sending the header.
+///
+/// The peer address is read from the request extensions: a [`SocketAddr`] (insert it
+/// yourself when serving with hyper), or, with the `axum` feature, axum's
+/// `ConnectInfo<SocketAddr>` (serve with `into_make_service_with_connect_info`). A request
+/// with neither is an [`Error::Key`].
+#[derive(Debug, Clone)]
+pub struct IpKey {
+    policy: Policy,
+    trusted: TrustedProxies,
+    cost: u64,
+}
+
+impl IpKey {
+    /// `trusted_proxies` are CIDRs (`10.0.0.0/8`, `2001:db8::/32`) or bare addresses; an
+    /// empty list trusts no one and keys by the peer address.
+    pub fn new<S: AsRef<str>>(policy: Policy, trusted_proxies: &[S]) -> shardlimit::Result<IpKey> {
+        Ok(IpKey {
+            policy,
+            trusted: TrustedProxies::parse(trusted_proxies)?,
+            cost: 1,
+        })
+    }
+
+    /// Every request costs `units` instead of one.
+    pub fn with_cost(mut self, units: u64) -> IpKey {
+        self.cost = units;
+        self
+    }
+
+    /// The client address of `req` (see the type's documentation).
+    pub fn client_ip<B>(&self, req: &Request<B>) -> Result<IpAddr, Error> {
+        let peer = peer_addr(req).ok_or_else(|| {
+            Error::Key(
+                "no peer address in the request extensions (axum: serve with \
+                 into_make_service_with_connect_info::<SocketAddr>())"
+                    .into(),
+            )
+        })?;
+        let xff: Vec<&str> = req
+            .headers()
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        let xff = (!xff.is_empty()).then(|| xff.join(","));
+        Ok(client_ip_with(peer, xff.as_deref(), &self.trusted))
+    }
+}
+
+fn peer_addr<B>(req: &Request<B>) -> Option<IpAddr> {
+    #[cfg(feature = "axum")]
+    if let Some(ci) = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(ci.0.ip());
+    }
+    req.extensions().get::<SocketAddr>().map(|a| a.ip())
+}
+
+impl<B> KeyFn<B> for IpKey {
+    fn check_for(&self, req: &Request<B>) -> Result<Check, Error> {
+        let ip = self.client_ip(req)?;
+        Ok(Check::new(format!("ip:{ip}"), &self.policy).cost(self.cost))
+    }
+}
+
+type ErrorHandler = Arc<dyn Fn(&Error) -> Response<String> + Send + Sync>;
+
+/// The layer: wraps a service in a [`RateLimit`].
+pub struct RateLimitLayer<K> {
+    limiter: Limiter,
+    key: Arc<K>,
+    on_error: ErrorHandler,
+}
+
+impl<K> Clone for RateLimitLayer<K> {
+    fn clone(&self) -> Self {
+        RateLimitLayer {
+            limiter: self.limiter.clone(),
+            key: self.key.clone(),
+            on_error: self.on_error.clone(),
+        }
+    }
+}
+
+impl<K> fmt::Debug for RateLimitLayer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("limiter", &self.limiter)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> RateLimitLayer<K> {
+    /// Checks every request with `limiter` as `key` says (a closure or [`IpKey`]).
+    pub fn new(limiter: Limiter, key: K) -> Self {
+        RateLimitLayer {
+            limiter,
+            key: Arc::new(key),
+            on_error: Arc::new(Error::to_response),
+        }
+    }
+
+    /// Replaces the response given when a request cannot be checked (default:
+    /// [`Error::to_response`]). To fail open on such errors, prefer `on_error: open` in the
+    /// policy: the core then decides and this handler is not called.
+    pub fn on_error(
+        mut self,
+        handler: impl Fn(&Error) -> Response<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.on_error = Arc::new(handler);
+        self
+    }
+}
+
+impl<S, K> tower_layer::Layer<S> for RateLimitLayer<K> {
+    type Service = RateLimit<S, K>;
+    fn layer(&self, inner: S) -> RateLimit<S, K> {
+        RateLimit {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service made by [`RateLimitLayer`].
+pub struct RateLimit<S, K> {
+    inner: S,
+    layer: RateLimitLayer<K>,
+}
+
+impl<S: Clone, K> Clone for RateLimit<S, K> {
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K> fmt::Debug for RateLimit<S, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("layer", &self.layer)
+            .finish()
+    }
+}
+
+/// Sets the headers of `d` on `headers`, replacing any the service set itself.
+pub fn set_headers(headers: &mut http::HeaderMap, d: &Decision) {
+    for (name, value) in d.headers() {
+        // the core renders ASCII names, digits and quoted policy names; from_bytes
+        // lowercases the name as HTTP/2 requires
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            headers.insert(n, v);
+        }
+    }
+}
+
+/// The `429 Too Many Requests` response for a denied decision: the headers and the
+/// JSON body of [`Decision::body`].
+pub fn too_many_requests(d: &Decision) -> Response<String> {
+    let mut r = json_response(StatusCode::TOO_MANY_REQUESTS, d.body().to_string());
+    set_headers(r.headers_mut(), d);
+    r
+}
+
+impl<S, K, B, ResBody> tower_service::Service<Request<B>> for RateLimit<S, K>
+where
+    S: tower_service::Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    K: KeyFn<B>,
+    B: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: From<String> + Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // the clone that was driven to readiness serves this request
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let check = self.layer.key.check_for(&req);
+        let limiter = self.layer.limiter.clone();
+        let on_error = self.layer.on_error.clone();
+        Box::pin(async move {
+            let check = match check {
+                Ok(Check::Skip) => return inner.call(req).await,
+                Ok(c) => c,
+                Err(e) => return Ok(on_error(&e).map(ResBody::from)),
+            };
+            let mut lease = None;
+            let decided = match &check {
+                Check::One { key, policy, cost }
+                    if policy.algorithm() == Algorithm::Concurrency =>
+                {
+                    limiter.acquire(key, policy, *cost).await.map(|(d, l)| {
+                        lease = l.map(|l| (l, policy.clone()));
+                        d
+                    })
+                }
+                Check::One { key, policy, cost } => limiter.check(key, policy, *cost).await,
+                Check::All(layers) => limiter.check_all(layers).await,
+                Check::Skip => unreachable!("handled above"),
+            };
+            let d = match decided {
+                Ok(d) => d,
+                Err(e) => return Ok(on_error(&Error::Limiter(e)).map(ResBody::from)),
+            };
+            if !d.allowed {
+                return Ok(too_many_requests(&d).map(ResBody::from));
+            }
+            if !d.delay.is_zero() {
+                // a shaper (leaky bucket) admitted the request for later: hold it until then
+                tokio::time::sleep(d.delay).await;
+            }
+            let res = inner.call(req).await;
+            if let Some((lease, policy)) = lease {
+                // the lease frees itself after its TTL if this fails; nothing else to do
+                let _ = limiter.release_with(&policy, &lease).await;
+            }
+            let mut res = res?;
+            set_headers(res.headers_mut(), &d);
+            Ok(res)
+        })
+    }
+}
