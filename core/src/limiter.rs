@@ -975,11 +975,12 @@ impl Limiter {
 
     /// Blocking [`Limiter::check`].
     pub fn check_blocking(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision> {
-        if let (Engine::Memory(_), false) = (
-            &self.view().engine,
-            policy.algorithm() == Algorithm::Concurrency,
-        ) {
-            return poll_once(self.run(key, policy, cost, false, ""));
+        if policy.algorithm() != Algorithm::Concurrency {
+            // the in-memory engine never waits: decide right here, no future, no runtime
+            let view = self.inner.view.load();
+            if let Engine::Memory(m) = &view.engine {
+                return self.check_memory(m, key, policy, cost, false, "");
+            }
         }
         let (me, key, policy) = (self.clone(), key.to_string(), policy.clone());
         self.block_on(async move { me.check(&key, &policy, cost).await })
@@ -1298,6 +1299,42 @@ impl Limiter {
         Ok(d)
     }
 
+    /// A check (or peek) on the in-memory engine: synchronous, it never waits.
+    #[inline]
+    fn check_memory(
+        &self,
+        m: &MemoryEngine,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        peek: bool,
+        lease: &str,
+    ) -> Result<Decision> {
+        validate_key(key)?;
+        if cost == 0 {
+            return Err(Error::invalid("cost", "must be at least 1"));
+        }
+        self.register(policy);
+        let p = &*policy.0;
+        let eff = p.effective(self.global_scale());
+        let cost = cost.min(eff.limit + 1);
+        let raw = m.check(
+            &p.name,
+            &eff,
+            key,
+            self.now(),
+            cost,
+            peek,
+            lease,
+            p.auto_block.as_ref(),
+        );
+        let d = self.finish(p, &eff, key, raw, Source::Memory, None);
+        if !peek {
+            self.count(p, &d);
+        }
+        Ok(d)
+    }
+
     async fn run(
         &self,
         key: &str,
@@ -1306,6 +1343,12 @@ impl Limiter {
         peek: bool,
         lease: &str,
     ) -> Result<Decision> {
+        {
+            let view = self.inner.view.load();
+            if let Engine::Memory(m) = &view.engine {
+                return self.check_memory(m, key, policy, cost, peek, lease);
+            }
+        }
         validate_key(key)?;
         if cost == 0 {
             return Err(Error::invalid("cost", "must be at least 1"));
