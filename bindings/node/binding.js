@@ -1,0 +1,52 @@
+'use strict'
+// Loads the native addon: a binary built next to this file (`npm run build`, the install
+// script, or one shipped inside the package tarball), else the per-platform package
+// `@shardlimit/binding-<platform>` that a published release lists in optionalDependencies.
+
+const { join } = require('node:path')
+const { existsSync } = require('node:fs')
+
+function isMusl() {
+  if (process.platform !== 'linux') return false
+  try {
+    const report = process.report && process.report.getReport()
+    const header = report && (typeof report === 'string' ? JSON.parse(report) : report).header
+    return !(header && header.glibcVersionRuntime)
+  } catch {
+    return false
+  }
+}
+
+/** The napi-rs platform tag of this process: linux-x64-gnu, darwin-arm64, win32-x64-msvc, ... */
+function platformTag() {
+  const { platform, arch } = process
+  if (platform === 'linux') return `linux-${arch}-${isMusl() ? 'musl' : 'gnu'}`
+  if (platform === 'win32') return `win32-${arch}-msvc`
+  return `${platform}-${arch}`
+}
+
+function load() {
+  const tag = platformTag()
+  const tried = []
+  const override = process.env.SHARDLIMIT_NATIVE_LIBRARY
+  const candidates = override ? [override] : [join(__dirname, `shardlimit.${tag}.node`)]
+  for (const file of candidates) {
+    tried.push(file)
+    if (existsSync(file)) return require(file)
+  }
+  const pkg = `@shardlimit/binding-${tag}`
+  tried.push(pkg)
+  try {
+    return require(pkg)
+  } catch (e) {
+    if (e && e.code !== 'MODULE_NOT_FOUND') throw e
+  }
+  const err = new Error(
+    `shardlimit: no native addon for ${tag}; tried ${tried.join(', ')}. ` +
+      'Build it from source with `npm run build` (needs Rust), or install a release that ships this platform.'
+  )
+  err.code = 'ERR_SHARDLIMIT_NATIVE_MISSING'
+  throw err
+}
+
+module.exports = { native: load(), platformTag }

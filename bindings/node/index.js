@@ -1,0 +1,365 @@
+'use strict'
+// The JavaScript surface of shardlimit. Everything that decides lives in the Rust core;
+// this file checks argument *types* (TypeError/RangeError), maps the core's error kinds to
+// Error subclasses, and wraps the native limiter in an idiomatic class.
+
+const { native, platformTag } = require('./binding.js')
+const { NativeLimiter, ManualClock, Decision, TrustedProxies } = native
+
+// ---------------------------------------------------------------------------------------
+// Errors: one subclass per core ErrorKind, with a stable `code`. The table is checked
+// against the core's ErrorKind::ALL by the tests (test/errors.test.js).
+
+class ShardlimitError extends Error {
+  constructor(message, kind) {
+    super(message)
+    this.name = new.target.name
+    /** The stable snake_case kind name of the core (`config`, `timeout`, ...). */
+    this.kind = kind || 'internal'
+    /** The stable `ERR_SHARDLIMIT_*` code. */
+    this.code = codeOf(this.kind)
+  }
+  /** True when the backend (Redis) failed rather than the caller. */
+  get isBackend() {
+    return BACKEND_KINDS.has(this.kind)
+  }
+}
+const BACKEND_KINDS = new Set(['connection', 'timeout', 'script', 'unavailable'])
+class ConfigError extends ShardlimitError {}
+class InvalidArgumentError extends ShardlimitError {}
+class UnknownPolicyError extends InvalidArgumentError {}
+class ConnectionError extends ShardlimitError {}
+class TimeoutError extends ShardlimitError {}
+class ScriptError extends ShardlimitError {}
+class RoutingError extends ShardlimitError {}
+class IoError extends ShardlimitError {}
+class InternalError extends ShardlimitError {}
+class UnavailableError extends ShardlimitError {}
+
+function codeOf(kind) {
+  return `ERR_SHARDLIMIT_${String(kind).toUpperCase()}`
+}
+
+/** Core ErrorKind name → class. */
+const ERROR_CLASSES = Object.freeze({
+  config: ConfigError,
+  invalid_argument: InvalidArgumentError,
+  connection: ConnectionError,
+  timeout: TimeoutError,
+  script: ScriptError,
+  routing: RoutingError,
+  unknown_policy: UnknownPolicyError,
+  io: IoError,
+  internal: InternalError,
+  unavailable: UnavailableError,
+})
+
+/** `ERR_SHARDLIMIT_*` code → class, for every kind of the core. */
+const ERROR_CODES = Object.freeze(
+  Object.fromEntries(Object.entries(ERROR_CLASSES).map(([kind, cls]) => [codeOf(kind), cls]))
+)
+
+// The addon builds every core error through this factory (per environment: the main
+// thread and each worker load this file, and so register their own).
+native.setErrorFactory((kind, message) => {
+  const Cls = ERROR_CLASSES[kind] || ShardlimitError
+  return new Cls(message, kind)
+})
+
+// ---------------------------------------------------------------------------------------
+// Argument checks: types only; the core validates values (empty key, zero cost, ...).
+
+function typeName(v) {
+  if (v === null) return 'null'
+  if (Array.isArray(v)) return 'an array'
+  return typeof v
+}
+
+function argError(name, expected, got) {
+  const e = new TypeError(`The "${name}" argument must be ${expected}. Received ${typeName(got)}`)
+  e.code = 'ERR_INVALID_ARG_TYPE'
+  return e
+}
+
+function checkString(name, v) {
+  if (typeof v !== 'string') throw argError(name, 'of type string', v)
+}
+
+function checkUnits(name, v) {
+  if (typeof v !== 'number') throw argError(name, 'of type number', v)
+  if (!Number.isSafeInteger(v) || v < 0) {
+    const e = new RangeError(`The "${name}" argument must be a non-negative integer. Received ${v}`)
+    e.code = 'ERR_OUT_OF_RANGE'
+    throw e
+  }
+}
+
+/** `opts` of a call: a policy name, or `{ policy, cost }`. */
+function policyOf(opts, method) {
+  if (typeof opts === 'string') return opts
+  if (opts === null || typeof opts !== 'object') {
+    throw argError(`${method} options`, 'a policy name or an object { policy }', opts)
+  }
+  checkString('options.policy', opts.policy)
+  return opts.policy
+}
+
+function countOf(opts, field) {
+  if (typeof opts === 'string' || opts[field] === undefined) return 1
+  checkUnits(`options.${field}`, opts[field])
+  return opts[field]
+}
+
+function clockOf(options) {
+  if (options === undefined || options === null) return undefined
+  if (typeof options !== 'object') throw argError('options', 'an object', options)
+  const { clock } = options
+  if (clock === undefined || clock === null) return undefined
+  if (!(clock instanceof ManualClock)) throw argError('options.clock', 'a ManualClock', clock)
+  return clock
+}
+
+// ---------------------------------------------------------------------------------------
+// The limiter.
+
+const kNative = Symbol('shardlimit.native')
+
+class Limiter {
+  /** Use `Limiter.fromConfig`, `Limiter.fromJson` or `Limiter.memory`. */
+  constructor(handle) {
+    if (!(handle instanceof NativeLimiter)) {
+      throw new TypeError('Use Limiter.fromConfig(path), Limiter.fromJson(text) or Limiter.memory()')
+    }
+    this[kNative] = handle
+  }
+
+  /** Loads a JSON config file (Redis shards and named policies). */
+  static fromConfig(path, options) {
+    checkString('path', path)
+    return new Limiter(NativeLimiter.fromConfig(path, clockOf(options)))
+  }
+
+  /** Parses a JSON config (a string, or an object that is serialized first). */
+  static fromJson(config, options) {
+    let text = config
+    if (config !== null && typeof config === 'object' && !Array.isArray(config)) {
+      text = JSON.stringify(config)
+    }
+    checkString('config', text)
+    return new Limiter(NativeLimiter.fromJson(text, clockOf(options)))
+  }
+
+  /** An in-memory limiter with no named policies (use fromJson without shards for policies). */
+  static memory(options) {
+    return new Limiter(NativeLimiter.memory(clockOf(options)))
+  }
+
+  /** True when Redis shards decide, false for the in-memory engine. */
+  get isRedis() {
+    return this[kNative].isRedis
+  }
+
+  /** The names of the configured policies. */
+  get policies() {
+    return this[kNative].policies
+  }
+
+  /** The shard `key` routes to (`{ index, name }`), or null on the in-memory engine. */
+  route(key) {
+    checkString('key', key)
+    return this[kNative].route(key)
+  }
+
+  /** Checks `cost` units (default 1) of a policy for `key`. Resolves to a Decision. */
+  check(key, opts) {
+    try {
+      checkString('key', key)
+      const policy = policyOf(opts, 'check')
+      return this[kNative].check(key, policy, countOf(opts, 'cost'))
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  /** The state of `key` without consuming: would one unit pass now, and how many remain. */
+  peek(key, opts) {
+    try {
+      checkString('key', key)
+      return this[kNative].peek(key, policyOf(opts, 'peek'))
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  /** Acquires `units` (default 1) of a concurrency policy: `{ decision, lease }`. */
+  acquire(key, opts) {
+    try {
+      checkString('key', key)
+      const policy = policyOf(opts, 'acquire')
+      return this[kNative].acquire(key, policy, countOf(opts, 'units'))
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  /** Releases a lease from `acquire`. Resolves to false when it was no longer held. */
+  release(lease) {
+    try {
+      if (lease === null || typeof lease !== 'object') throw argError('lease', 'a lease object', lease)
+      checkString('lease.key', lease.key)
+      checkString('lease.policy', lease.policy)
+      checkString('lease.id', lease.id)
+      checkUnits('lease.units', lease.units)
+      return this[kNative].release({ key: lease.key, policy: lease.policy, id: lease.id, units: lease.units })
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  /** Forgets `key`'s state under a policy: its full budget is back. */
+  reset(key, opts) {
+    try {
+      checkString('key', key)
+      return this[kNative].reset(key, policyOf(opts, 'reset'))
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  /**
+   * A layered check: `[{ key, policy, cost? }, ...]` (IP, API key, tenant, global...).
+   * Allowed only if every layer allows; when any denies, no layer consumes.
+   */
+  checkAll(layers) {
+    try {
+      if (!Array.isArray(layers)) throw argError('layers', 'an array of { key, policy, cost? }', layers)
+      const specs = layers.map((l, i) => {
+        if (l === null || typeof l !== 'object') throw argError(`layers[${i}]`, 'an object { key, policy, cost? }', l)
+        checkString(`layers[${i}].key`, l.key)
+        checkString(`layers[${i}].policy`, l.policy)
+        if (l.cost !== undefined) checkUnits(`layers[${i}].cost`, l.cost)
+        return { key: l.key, policy: l.policy, cost: l.cost }
+      })
+      return this[kNative].checkAll(specs)
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  /** Blocks `key` for every limiter sharing the shards: `{ ttl?: ms, reason?: string }`. */
+  block(key, opts) {
+    try {
+      checkString('key', key)
+      const o = opts === undefined ? {} : opts
+      if (o === null || typeof o !== 'object') throw argError('options', 'an object { ttl?, reason? }', o)
+      if (o.ttl !== undefined && o.ttl !== null && typeof o.ttl !== 'number') throw argError('options.ttl', 'a number of milliseconds', o.ttl)
+      if (o.reason !== undefined) checkString('options.reason', o.reason)
+      return this[kNative].block(key, o.ttl === undefined ? null : o.ttl, o.reason === undefined ? '' : o.reason)
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  /** Removes `key` from the block list; resolves to true when it was blocked. */
+  unblock(key) {
+    try {
+      checkString('key', key)
+      return this[kNative].unblock(key)
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  /** The block entry of `key` (`{ reason, remaining: ms | null }`) or null. */
+  blocked(key) {
+    try {
+      checkString('key', key)
+      return this[kNative].blocked(key)
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  /** Scales limits by `factor` (0 < factor <= 1): every policy, or the named ones. */
+  setScale(factor, policies) {
+    if (typeof factor !== 'number') throw argError('factor', 'of type number', factor)
+    const names = policies === undefined ? [] : policies
+    if (!Array.isArray(names) || names.some((n) => typeof n !== 'string')) throw argError('policies', 'an array of strings', policies)
+    this[kNative].setScale(factor, names)
+  }
+
+  /** The global scale factor in force. */
+  get scale() {
+    return this[kNative].scale
+  }
+
+  /** Installs the latency scale hook: full limits up to `targetMs`, less above, never below `minFactor`. */
+  setLatencyScale(targetMs, minFactor) {
+    if (typeof targetMs !== 'number') throw argError('targetMs', 'of type number', targetMs)
+    if (typeof minFactor !== 'number') throw argError('minFactor', 'of type number', minFactor)
+    this[kNative].setLatencyScale(targetMs, minFactor)
+  }
+
+  /** Feeds the observed latency (ms) to the latency scale hook; returns the factor in force. */
+  observeHealth(latencyMs) {
+    if (typeof latencyMs !== 'number') throw argError('latencyMs', 'of type number', latencyMs)
+    return this[kNative].observeHealth(latencyMs)
+  }
+
+  /** Applies a new config (JSON text or object); in-flight calls finish on the old one. */
+  reload(config) {
+    let text = config
+    if (config !== null && typeof config === 'object' && !Array.isArray(config)) text = JSON.stringify(config)
+    checkString('config', text)
+    return this[kNative].reload(text)
+  }
+
+  /** Reads and applies a config file; a bad file leaves the old config in force. */
+  reloadFromFile(path) {
+    checkString('path', path)
+    return this[kNative].reloadFromFile(path)
+  }
+
+  /** Counters per policy and the Redis latency histogram, Prometheus text format. */
+  metrics() {
+    return this[kNative].metricsPrometheus()
+  }
+}
+
+/** The client address behind proxies, by the core's trusted-proxy rule. */
+function clientIp(peer, xForwardedFor, trustedProxies) {
+  checkString('peer', peer)
+  if (xForwardedFor !== undefined && xForwardedFor !== null) checkString('xForwardedFor', xForwardedFor)
+  const list = trustedProxies === undefined ? [] : trustedProxies
+  if (!Array.isArray(list) || list.some((c) => typeof c !== 'string')) throw argError('trustedProxies', 'an array of CIDR strings', trustedProxies)
+  return native.clientIp(peer, xForwardedFor == null ? null : xForwardedFor, list)
+}
+
+const middleware = require('./middleware.js')
+
+module.exports = {
+  Limiter,
+  Decision,
+  ManualClock,
+  ShardlimitError,
+  ConfigError,
+  InvalidArgumentError,
+  UnknownPolicyError,
+  ConnectionError,
+  TimeoutError,
+  ScriptError,
+  RoutingError,
+  IoError,
+  InternalError,
+  UnavailableError,
+  ERROR_CLASSES,
+  ERROR_CODES,
+  TrustedProxies,
+  clientIp,
+  errorKinds: native.errorKinds,
+  coreVersion: native.coreVersion,
+  platformTag,
+  expressMiddleware: middleware.expressMiddleware,
+  fastifyHook: middleware.fastifyHook,
+  fastifyPlugin: middleware.fastifyPlugin,
+}

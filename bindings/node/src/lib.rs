@@ -1,0 +1,759 @@
+//! The Node.js binding of shardlimit: a thin napi-rs skin over the core.
+//!
+//! This file only converts types and errors. Argument *type* checks (TypeError) are done by
+//! the JavaScript wrapper in `index.js`; values are validated by the core.
+//!
+//! Async calls: on the Redis engine, each call is spawned on the core's own Tokio runtime
+//! (`Limiter::runtime_handle`); its Promise is settled from there through the environment's
+//! batched settle queue (`settle.rs`: one threadsafe function per environment, one event-loop
+//! wake-up for many Promises), so the event loop never waits and no thread is started per
+//! call. On the in-memory engine
+//! the call never waits, so it runs to completion at once and the Promise is returned
+//! already settled.
+//!
+//! Errors: every core error becomes a JS error built by the factory that `index.js`
+//! registers per environment (`setErrorFactory`), so a rejection is an instance of the
+//! error subclass for its `ErrorKind`, with a stable `code`. Panics are caught and become
+//! `ERR_SHARDLIMIT_INTERNAL` errors: nothing unwinds into Node.
+
+#![deny(clippy::all)]
+// the core's check futures nest deeply (layers, fallback, handoff): rustc needs room to lay them out
+#![recursion_limit = "256"]
+
+use napi::bindgen_prelude::*;
+use napi::sys;
+use napi_derive::napi;
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+mod settle;
+
+/// The JS function `(kindName, message) => Error` that `index.js` registers in each
+/// environment (main thread and every worker).
+type ErrorFactory = FunctionRef<FnArgs<(String, String)>, Unknown<'static>>;
+
+/// What the addon keeps per environment (napi instance data).
+struct EnvData {
+    factory: Option<ErrorFactory>,
+    settler: Option<settle::Settler>,
+}
+
+fn env_data(env: &Env) -> Option<&'static mut EnvData> {
+    env.get_instance_data::<EnvData>().ok().flatten()
+}
+
+fn env_data_or_init(env: &Env) -> Result<&'static mut EnvData> {
+    if env_data(env).is_none() {
+        let data = EnvData {
+            factory: None,
+            settler: Some(settle::Settler::new(env)?),
+        };
+        env.set_instance_data(data, (), |_| {})?;
+    }
+    env_data(env).ok_or_else(|| Error::from_reason("shardlimit: no instance data"))
+}
+
+fn core_error(env: &Env, e: shardlimit::Error) -> Error {
+    let kind = e.kind().name().to_string();
+    let message = e.to_string();
+    if let Some(factory) = env_data(env).and_then(|d| d.factory.as_ref()) {
+        if let Ok(f) = factory.borrow_back(env) {
+            if let Ok(obj) = f.call(FnArgs::from((kind.clone(), message.clone()))) {
+                return Error::from(obj);
+            }
+        }
+    }
+    // no factory (the addon used without index.js): a plain Error whose `code` is the kind
+    Error::new(
+        Status::GenericFailure,
+        format!("[{}] {message}", code_of(&kind)),
+    )
+}
+
+fn code_of(kind_name: &str) -> String {
+    format!("ERR_SHARDLIMIT_{}", kind_name.to_ascii_uppercase())
+}
+
+fn panic_error(payload: Box<dyn std::any::Any + Send>) -> shardlimit::Error {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string());
+    shardlimit::Error::Internal(format!("panic: {what}"))
+}
+
+fn invalid(what: &str, message: &str) -> shardlimit::Error {
+    shardlimit::Error::InvalidArgument {
+        what: what.to_string(),
+        message: message.to_string(),
+    }
+}
+
+/// A JS number that must be a whole number of units (the wrapper has type-checked it).
+fn units(what: &str, n: f64) -> shardlimit::Result<u64> {
+    if n.is_finite() && n >= 0.0 && n.fract() == 0.0 && n <= 9_007_199_254_740_991.0 {
+        Ok(n as u64)
+    } else {
+        Err(invalid(what, "must be a non-negative safe integer"))
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
+}
+
+/// Runs `f`, turning a panic into an internal error.
+fn guarded<T>(f: impl FnOnce() -> shardlimit::Result<T>) -> shardlimit::Result<T> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Err(panic_error(p)))
+}
+
+/// A future that turns a panic while polling into an internal error.
+struct CatchUnwind<F>(Pin<Box<F>>);
+
+impl<T, F: Future<Output = shardlimit::Result<T>>> Future for CatchUnwind<F> {
+    type Output = shardlimit::Result<T>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let fut = self.0.as_mut();
+        match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+            Ok(p) => p,
+            Err(payload) => Poll::Ready(Err(panic_error(payload))),
+        }
+    }
+}
+
+/// A Promise settled now with `result` (converted on this thread).
+fn settled<V: ToNapiValue>(env: &Env, result: Result<V>) -> Result<Unknown<'static>> {
+    let raw_env = env.raw();
+    let mut deferred = std::ptr::null_mut();
+    let mut promise = std::ptr::null_mut();
+    // SAFETY: plain napi calls on the calling (JS) thread with its env.
+    unsafe {
+        check_status!(sys::napi_create_promise(
+            raw_env,
+            &mut deferred,
+            &mut promise
+        ))?;
+        match result.and_then(|v| V::to_napi_value(raw_env, v)) {
+            Ok(value) => check_status!(sys::napi_resolve_deferred(raw_env, deferred, value))?,
+            Err(e) => {
+                let err = JsError::from(e).into_value(raw_env);
+                check_status!(sys::napi_reject_deferred(raw_env, deferred, err))?
+            }
+        }
+        Ok(Unknown::from_raw_unchecked(raw_env, promise))
+    }
+}
+
+/// Turns a core future into a Promise (see the module docs).
+fn promise<T, V, F, C>(
+    env: &Env,
+    limiter: &shardlimit::Limiter,
+    fut: F,
+    convert: C,
+) -> Result<Unknown<'static>>
+where
+    T: Send + 'static,
+    V: ToNapiValue + 'static,
+    F: Future<Output = shardlimit::Result<T>> + Send + 'static,
+    C: FnOnce(&Env, T) -> Result<V> + Send + 'static,
+{
+    let handle = match guarded(|| limiter.runtime_handle()) {
+        Ok(h) => h,
+        Err(e) => return settled::<V>(env, Err(core_error(env, e))),
+    };
+    match handle {
+        Some(rt) => {
+            let settler = env_data_or_init(env)?
+                .settler
+                .as_ref()
+                .ok_or_else(|| Error::from_reason("shardlimit: no settler"))?;
+            let (deferred, promise) = settler.create(env)?;
+            let sender = settler.sender();
+            rt.spawn(async move {
+                let result = CatchUnwind(Box::pin(fut)).await;
+                sender.send(Box::new(move |raw_env| {
+                    let env = Env::from_raw(raw_env);
+                    let value = match result {
+                        // SAFETY: on the JS thread of `raw_env` (settle jobs run there).
+                        Ok(v) => {
+                            convert(&env, v).and_then(|v| unsafe { V::to_napi_value(raw_env, v) })
+                        }
+                        Err(e) => Err(core_error(&env, e)),
+                    };
+                    // SAFETY: JS thread; each deferred is settled once.
+                    unsafe { settle::settle(raw_env, deferred, value) }
+                }));
+            });
+            // SAFETY: the promise object belongs to `env` and is returned to JS at once.
+            Ok(unsafe { Unknown::from_raw_unchecked(env.raw(), promise) })
+        }
+        None => {
+            // the in-memory engine never waits: run to completion now
+            let fut = CatchUnwind(Box::pin(fut));
+            let result = guarded(|| limiter.block_on(fut));
+            let converted = match result {
+                Ok(v) => convert(env, v),
+                Err(e) => Err(core_error(env, e)),
+            };
+            settled(env, converted)
+        }
+    }
+}
+
+/// Registers the JS error factory of this environment. Called once by `index.js`.
+#[napi(catch_unwind)]
+pub fn set_error_factory(
+    env: Env,
+    factory: Function<FnArgs<(String, String)>, Unknown<'static>>,
+) -> Result<()> {
+    let r = factory.create_ref()?;
+    env_data_or_init(&env)?.factory = Some(r);
+    Ok(())
+}
+
+/// One stable error kind of the core.
+#[napi(object)]
+pub struct ErrorKindInfo {
+    /// The stable snake_case name (`config`, `timeout`, ...).
+    pub name: String,
+    /// The stable numeric code (the C binding's result code).
+    pub number: u32,
+    /// The JS `err.code` (`ERR_SHARDLIMIT_CONFIG`, ...).
+    pub code: String,
+}
+
+/// Every error kind of the core (`ErrorKind::ALL`), in code order.
+#[napi(catch_unwind)]
+pub fn error_kinds() -> Vec<ErrorKindInfo> {
+    shardlimit::ErrorKind::ALL
+        .iter()
+        .map(|k| ErrorKindInfo {
+            name: k.name().to_string(),
+            number: k.code(),
+            code: code_of(k.name()),
+        })
+        .collect()
+}
+
+/// The version of the core this addon was built from.
+#[napi(catch_unwind)]
+pub fn core_version() -> String {
+    shardlimit::VERSION.to_string()
+}
+
+/// A test-only panic, to check that panics become errors instead of crashing Node.
+#[napi(catch_unwind)]
+pub fn panic_for_test(env: Env, message: String) -> Result<()> {
+    let r = guarded(|| -> shardlimit::Result<()> { panic!("{message}") });
+    r.map_err(|e| core_error(&env, e))
+}
+
+/// A clock that moves only when told to, for deterministic tests and replays.
+#[napi]
+pub struct ManualClock {
+    inner: Arc<shardlimit::ManualClock>,
+}
+
+#[napi]
+impl ManualClock {
+    /// A clock reading `startUs` microseconds since the Unix epoch (0 by default).
+    #[napi(constructor, catch_unwind)]
+    pub fn new(env: Env, start_us: Option<f64>) -> Result<Self> {
+        let us = units("startUs", start_us.unwrap_or(0.0)).map_err(|e| core_error(&env, e))?;
+        Ok(ManualClock {
+            inner: shardlimit::ManualClock::new(us),
+        })
+    }
+    /// Sets the time, in microseconds since the Unix epoch.
+    #[napi(catch_unwind)]
+    pub fn set_us(&self, env: Env, us: f64) -> Result<()> {
+        let us = units("us", us).map_err(|e| core_error(&env, e))?;
+        self.inner.set_us(us);
+        Ok(())
+    }
+    /// Moves the time forward by `us` microseconds.
+    #[napi(catch_unwind)]
+    pub fn advance_us(&self, env: Env, us: f64) -> Result<()> {
+        let us = units("us", us).map_err(|e| core_error(&env, e))?;
+        self.inner.advance_us(us);
+        Ok(())
+    }
+    /// The time, in microseconds since the Unix epoch.
+    #[napi(getter, catch_unwind)]
+    pub fn now_us(&self) -> f64 {
+        use shardlimit::Clock;
+        self.inner.now_us() as f64
+    }
+}
+
+/// The answer to a check.
+#[napi]
+pub struct Decision {
+    inner: shardlimit::Decision,
+}
+
+#[napi]
+impl Decision {
+    /// Whether the request may proceed. A denied check consumed nothing.
+    #[napi(getter)]
+    pub fn allowed(&self) -> bool {
+        self.inner.allowed
+    }
+    /// The effective limit.
+    #[napi(getter)]
+    pub fn limit(&self) -> f64 {
+        self.inner.limit as f64
+    }
+    /// Units still available after this check.
+    #[napi(getter)]
+    pub fn remaining(&self) -> f64 {
+        self.inner.remaining as f64
+    }
+    /// Milliseconds until the full budget is back with no further traffic.
+    #[napi(getter)]
+    pub fn reset_after(&self) -> f64 {
+        ms(self.inner.reset_after)
+    }
+    /// When denied: milliseconds until the same check could pass; null when allowed or
+    /// when the cost can never fit.
+    #[napi(getter)]
+    pub fn retry_after(&self) -> Option<f64> {
+        self.inner.retry_after.map(ms)
+    }
+    /// Leaky bucket: milliseconds to wait before sending. 0 otherwise.
+    #[napi(getter)]
+    pub fn delay(&self) -> f64 {
+        ms(self.inner.delay)
+    }
+    /// The policy that decided.
+    #[napi(getter)]
+    pub fn policy(&self) -> String {
+        self.inner.policy.to_string()
+    }
+    /// Who decided: `redis`, `memory`, `local`, `fallback` or `block`.
+    #[napi(getter)]
+    pub fn source(&self) -> &'static str {
+        self.inner.source.name()
+    }
+    /// The shard index that decided, when a Redis shard did; null otherwise.
+    #[napi(getter)]
+    pub fn shard(&self) -> Option<u32> {
+        self.inner.shard
+    }
+    /// For a layered check: the index of the layer this decision describes.
+    #[napi(getter)]
+    pub fn layer(&self) -> Option<u32> {
+        self.inner.layer.map(|l| l as u32)
+    }
+    /// The standard rate-limit response headers, in the core's order.
+    #[napi(catch_unwind, ts_return_type = "Record<string, string>")]
+    pub fn headers(&self, env: Env) -> Result<Object<'_>> {
+        let mut obj = Object::new(&env)?;
+        for (name, value) in self.inner.headers() {
+            obj.set(name, value)?;
+        }
+        Ok(obj)
+    }
+    /// The JSON body of a 429 response.
+    #[napi(catch_unwind, ts_return_type = "RateLimitBody")]
+    pub fn body(&self) -> serde_json::Value {
+        self.inner.body()
+    }
+    /// The decision as a plain object (durations in ms), used by `JSON.stringify`.
+    #[napi(js_name = "toJSON", catch_unwind, ts_return_type = "DecisionJson")]
+    pub fn to_json(&self) -> serde_json::Value {
+        self.inner.to_json()
+    }
+}
+
+/// A held lease of a concurrency policy: a plain object, safe to pass between workers.
+#[napi(object)]
+#[derive(Clone)]
+pub struct Lease {
+    pub key: String,
+    pub policy: String,
+    pub id: String,
+    pub units: f64,
+}
+
+/// The native limiter; `index.js` wraps it with argument checks.
+#[napi]
+pub struct NativeLimiter {
+    inner: shardlimit::Limiter,
+}
+
+fn with_clock(
+    limiter: shardlimit::Limiter,
+    clock: Option<&ManualClock>,
+) -> shardlimit::Result<shardlimit::Limiter> {
+    match clock {
+        Some(c) => limiter.with_clock(c.inner.clone()),
+        None => Ok(limiter),
+    }
+}
+
+#[napi]
+impl NativeLimiter {
+    #[napi(factory, catch_unwind)]
+    pub fn from_json(env: Env, text: String, clock: Option<&ManualClock>) -> Result<Self> {
+        guarded(|| with_clock(shardlimit::Limiter::from_json(&text)?, clock))
+            .map(|inner| NativeLimiter { inner })
+            .map_err(|e| core_error(&env, e))
+    }
+
+    #[napi(factory, catch_unwind)]
+    pub fn from_config(env: Env, path: String, clock: Option<&ManualClock>) -> Result<Self> {
+        guarded(|| with_clock(shardlimit::Limiter::from_config_file(&path)?, clock))
+            .map(|inner| NativeLimiter { inner })
+            .map_err(|e| core_error(&env, e))
+    }
+
+    #[napi(factory, catch_unwind)]
+    pub fn memory(env: Env, clock: Option<&ManualClock>) -> Result<Self> {
+        guarded(|| with_clock(shardlimit::Limiter::memory(), clock))
+            .map(|inner| NativeLimiter { inner })
+            .map_err(|e| core_error(&env, e))
+    }
+
+    /// True when Redis shards decide, false for the in-memory engine.
+    #[napi(getter)]
+    pub fn is_redis(&self) -> bool {
+        self.inner.is_redis()
+    }
+
+    /// The names of the configured policies.
+    #[napi(getter)]
+    pub fn policies(&self) -> Vec<String> {
+        self.inner.config().policies.keys().cloned().collect()
+    }
+
+    /// The shard `key` routes to, or null on the in-memory engine.
+    #[napi(catch_unwind)]
+    pub fn route(&self, key: String) -> Option<ShardRoute> {
+        self.inner.route(&key).map(|(index, name)| ShardRoute {
+            index,
+            name: name.to_string(),
+        })
+    }
+
+    #[napi(catch_unwind, ts_return_type = "Promise<Decision>")]
+    pub fn check(
+        &self,
+        env: Env,
+        key: String,
+        policy: String,
+        cost: f64,
+    ) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move {
+                let cost = units("cost", cost)?;
+                me.check_named(&policy, &key, cost).await
+            },
+            |_, d| Ok(Decision { inner: d }),
+        )
+    }
+
+    #[napi(catch_unwind, ts_return_type = "Promise<Decision>")]
+    pub fn peek(&self, env: Env, key: String, policy: String) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move {
+                let p = me.policy(&policy)?;
+                me.peek(&key, &p).await
+            },
+            |_, d| Ok(Decision { inner: d }),
+        )
+    }
+
+    #[napi(
+        catch_unwind,
+        ts_return_type = "Promise<{ decision: Decision; lease: Lease | null }>"
+    )]
+    pub fn acquire(
+        &self,
+        env: Env,
+        key: String,
+        policy: String,
+        units_: f64,
+    ) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move {
+                let n = units("units", units_)?;
+                let p = me.policy(&policy)?;
+                me.acquire(&key, &p, n).await
+            },
+            |env, (d, lease)| {
+                let mut obj = Object::new(env)?;
+                obj.set("decision", Decision { inner: d })?;
+                obj.set(
+                    "lease",
+                    lease.map(|l| Lease {
+                        key: l.key,
+                        policy: l.policy,
+                        id: l.id,
+                        units: l.units as f64,
+                    }),
+                )?;
+                Ok(obj)
+            },
+        )
+    }
+
+    #[napi(catch_unwind, ts_return_type = "Promise<boolean>")]
+    pub fn release(&self, env: Env, lease: Lease) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move {
+                let lease = shardlimit::Lease {
+                    units: units("lease.units", lease.units)?,
+                    key: lease.key,
+                    policy: lease.policy,
+                    id: lease.id,
+                };
+                me.release(&lease).await
+            },
+            |_, released| Ok(released),
+        )
+    }
+
+    #[napi(catch_unwind, ts_return_type = "Promise<void>")]
+    pub fn reset(&self, env: Env, key: String, policy: String) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move {
+                let p = me.policy(&policy)?;
+                me.reset(&key, &p).await
+            },
+            |_, ()| Ok(()),
+        )
+    }
+
+    /// A layered check: allowed only if every layer allows; if any denies, none consumes.
+    #[napi(catch_unwind, ts_return_type = "Promise<Decision>")]
+    pub fn check_all(&self, env: Env, layers: Vec<LayerSpec>) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move {
+                let layers = layers
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, l)| {
+                        let cost = units(&format!("layers[{i}].cost"), l.cost.unwrap_or(1.0))?;
+                        Ok(shardlimit::Layer::new(l.key, &me.policy(&l.policy)?, cost))
+                    })
+                    .collect::<shardlimit::Result<Vec<_>>>()?;
+                me.check_all(&layers).await
+            },
+            |_, d| Ok(Decision { inner: d }),
+        )
+    }
+
+    /// Puts `key` on the block list for `ttlMs` milliseconds (null: until unblocked).
+    #[napi(catch_unwind, ts_return_type = "Promise<void>")]
+    pub fn block(
+        &self,
+        env: Env,
+        key: String,
+        ttl_ms: Option<f64>,
+        reason: String,
+    ) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move {
+                let ttl = match ttl_ms {
+                    Some(ms) => Some(Duration::from_micros(units("ttl", ms * 1000.0)?)),
+                    None => None,
+                };
+                me.block(&key, ttl, &reason).await
+            },
+            |_, ()| Ok(()),
+        )
+    }
+
+    /// Removes `key` from the block list; true when it was blocked.
+    #[napi(catch_unwind, ts_return_type = "Promise<boolean>")]
+    pub fn unblock(&self, env: Env, key: String) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move { me.unblock(&key).await },
+            |_, b| Ok(b),
+        )
+    }
+
+    /// The block-list entry of `key`, or null.
+    #[napi(catch_unwind, ts_return_type = "Promise<BlockInfo | null>")]
+    pub fn blocked(&self, env: Env, key: String) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move { me.blocked(&key).await },
+            |_, info| {
+                // a JSON value, so that a permanent block has `remaining: null`
+                Ok(info.map(
+                    |b| serde_json::json!({ "reason": b.reason, "remaining": b.remaining.map(ms) }),
+                ))
+            },
+        )
+    }
+
+    /// Scales limits by `factor` (0 < factor <= 1): all policies, or the named ones.
+    #[napi(catch_unwind)]
+    pub fn set_scale(&self, env: Env, factor: f64, policies: Vec<String>) -> Result<()> {
+        let names: Vec<&str> = policies.iter().map(String::as_str).collect();
+        guarded(|| self.inner.set_scale(factor, &names)).map_err(|e| core_error(&env, e))
+    }
+
+    /// The global scale factor in force.
+    #[napi(getter)]
+    pub fn scale(&self) -> f64 {
+        self.inner.scale()
+    }
+
+    /// Feeds the observed latency (ms) to the latency scale hook; returns the factor now
+    /// in force. (The core's hook takes seconds; JS speaks milliseconds.)
+    #[napi(catch_unwind)]
+    pub fn observe_health(&self, env: Env, latency_ms: f64) -> Result<f64> {
+        guarded(|| self.inner.observe_health(latency_ms / 1000.0)).map_err(|e| core_error(&env, e))
+    }
+
+    /// Installs the core's latency scale hook: full limits while the signal (ms) is at or
+    /// under `targetMs`, proportionally less above it, never below `minFactor`.
+    #[napi(catch_unwind)]
+    pub fn set_latency_scale(&self, target_ms: f64, min_factor: f64) {
+        let target = Duration::from_secs_f64((target_ms / 1000.0).clamp(0.0, 1e9));
+        self.inner
+            .set_scale_hook(shardlimit::latency_scale(target, min_factor));
+    }
+
+    /// Applies a new JSON config: in-flight calls finish on the old one. Returns what changed.
+    #[napi(catch_unwind)]
+    pub fn reload(&self, env: Env, text: String) -> Result<ReloadReport> {
+        guarded(|| self.inner.reload(shardlimit::Config::from_json(&text)?))
+            .map(ReloadReport::from)
+            .map_err(|e| core_error(&env, e))
+    }
+
+    /// Reads, validates and applies a config file; a bad file leaves the old config in force.
+    #[napi(catch_unwind)]
+    pub fn reload_from_file(&self, env: Env, path: String) -> Result<ReloadReport> {
+        guarded(|| self.inner.reload_from_file(&path))
+            .map(ReloadReport::from)
+            .map_err(|e| core_error(&env, e))
+    }
+
+    /// Counters per policy and the Redis latency histogram, in Prometheus text format.
+    #[napi(catch_unwind)]
+    pub fn metrics_prometheus(&self) -> String {
+        self.inner.metrics().to_prometheus()
+    }
+}
+
+/// What a reload changed.
+#[napi(object)]
+pub struct ReloadReport {
+    pub engine_changed: bool,
+    pub handoff: bool,
+    pub policies_added: Vec<String>,
+    pub policies_removed: Vec<String>,
+    pub policies_changed: Vec<String>,
+}
+
+impl From<shardlimit::ReloadReport> for ReloadReport {
+    fn from(r: shardlimit::ReloadReport) -> Self {
+        ReloadReport {
+            engine_changed: r.engine_changed,
+            handoff: r.handoff,
+            policies_added: r.policies_added,
+            policies_removed: r.policies_removed,
+            policies_changed: r.policies_changed,
+        }
+    }
+}
+
+/// One layer of a layered check.
+#[napi(object)]
+pub struct LayerSpec {
+    pub key: String,
+    pub policy: String,
+    pub cost: Option<f64>,
+}
+
+/// Trusted proxy networks, parsed once, for finding the client IP behind proxies.
+#[napi]
+pub struct TrustedProxies {
+    inner: shardlimit::TrustedProxies,
+}
+
+#[napi]
+impl TrustedProxies {
+    /// `cidrs`: `10.0.0.0/8`, `2001:db8::/32`, or bare addresses.
+    #[napi(constructor, catch_unwind)]
+    pub fn new(env: Env, cidrs: Vec<String>) -> Result<Self> {
+        guarded(|| shardlimit::TrustedProxies::parse(&cidrs))
+            .map(|inner| TrustedProxies { inner })
+            .map_err(|e| core_error(&env, e))
+    }
+
+    /// The client address (the core's rule): the peer unless it is a trusted proxy; then
+    /// `X-Forwarded-For` from the right up to the first untrusted hop.
+    #[napi(catch_unwind)]
+    pub fn client_ip(
+        &self,
+        env: Env,
+        peer: String,
+        x_forwarded_for: Option<String>,
+    ) -> Result<String> {
+        guarded(|| {
+            let peer = shardlimit::parse_peer(&peer)?;
+            Ok(
+                shardlimit::client_ip_with(peer, x_forwarded_for.as_deref(), &self.inner)
+                    .to_string(),
+            )
+        })
+        .map_err(|e| core_error(&env, e))
+    }
+}
+
+/// The client address behind proxies (see `TrustedProxies.clientIp`).
+#[napi(catch_unwind)]
+pub fn client_ip(
+    env: Env,
+    peer: String,
+    x_forwarded_for: Option<String>,
+    trusted_proxies: Vec<String>,
+) -> Result<String> {
+    guarded(|| shardlimit::client_ip(&peer, x_forwarded_for.as_deref(), &trusted_proxies))
+        .map(|ip| ip.to_string())
+        .map_err(|e| core_error(&env, e))
+}
+
+/// Where a key routes.
+#[napi(object)]
+pub struct ShardRoute {
+    pub index: u32,
+    pub name: String,
+}

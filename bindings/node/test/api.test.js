@@ -1,0 +1,214 @@
+'use strict'
+// The JS surface on the in-memory engine: decisions, headers and body, errors and their
+// codes, argument type checks, panics, versions and the ESM entry.
+
+const test = require('node:test')
+const assert = require('node:assert/strict')
+const fs = require('node:fs')
+const os = require('node:os')
+const path = require('node:path')
+const sl = require('..')
+const { Limiter, ManualClock, Decision, ShardlimitError, ERROR_CLASSES, ERROR_CODES } = sl
+
+const T0 = 1_800_000_000_000_000
+const config = {
+  policies: {
+    login: { algorithm: 'fixed_window', limit: 2, window: '1m' },
+    shaper: { algorithm: 'leaky_bucket', capacity: 5, leak_per_sec: 10 },
+  },
+}
+
+test('check: fields in ms, headers and the 429 body come from the core', async () => {
+  const clock = new ManualClock(T0)
+  const limiter = Limiter.fromJson(config, { clock })
+  assert.equal(limiter.isRedis, false)
+  assert.deepEqual(limiter.policies, ['login', 'shaper'])
+  const a = await limiter.check('u1', { policy: 'login' })
+  assert.ok(a instanceof Decision)
+  assert.equal(a.allowed, true)
+  assert.equal(a.limit, 2)
+  assert.equal(a.remaining, 1)
+  assert.equal(a.resetAfter, 60_000)
+  assert.equal(a.retryAfter, null)
+  assert.equal(a.delay, 0)
+  assert.equal(a.policy, 'login')
+  assert.equal(a.source, 'memory')
+  assert.equal(a.shard, null)
+  clock.advanceUs(500_000)
+  await limiter.check('u1', 'login')
+  const denied = await limiter.check('u1', { policy: 'login', cost: 1 })
+  assert.equal(denied.allowed, false)
+  assert.equal(denied.retryAfter, 59_500)
+  assert.deepEqual(denied.headers(), {
+    'X-RateLimit-Limit': '2',
+    'X-RateLimit-Remaining': '0',
+    'X-RateLimit-Reset': '60',
+    'RateLimit-Policy': '"login";q=2;w=60',
+    RateLimit: '"login";r=0;t=60',
+    'Retry-After': '60',
+  })
+  assert.deepEqual(denied.body(), {
+    error: 'rate_limited',
+    policy: 'login',
+    limit: 2,
+    remaining: 0,
+    retry_after: 60,
+    message: 'Rate limit exceeded for policy "login": retry in 60 seconds.',
+  })
+  assert.deepEqual(JSON.parse(JSON.stringify(denied)), {
+    allowed: false,
+    limit: 2,
+    remaining: 0,
+    reset_after_ms: 59_500,
+    retry_after_ms: 59_500,
+    delay_ms: 0,
+    policy: 'login',
+    source: 'memory',
+    shard: null,
+    layer: null,
+  })
+})
+
+test('leaky bucket: delay in ms', async () => {
+  const clock = new ManualClock(T0)
+  const limiter = Limiter.fromJson(config, { clock })
+  const first = await limiter.check('s', { policy: 'shaper' })
+  const second = await limiter.check('s', { policy: 'shaper' })
+  assert.equal(first.delay, 0)
+  assert.equal(second.delay, 100)
+})
+
+test('peek, reset, acquire/release on the memory engine', async () => {
+  const limiter = Limiter.fromJson({
+    policies: {
+      login: config.policies.login,
+      jobs: { algorithm: 'concurrency', max: 1, lease_ttl: '10s' },
+    },
+  })
+  await limiter.check('k', { policy: 'login', cost: 2 })
+  assert.equal((await limiter.peek('k', { policy: 'login' })).allowed, false)
+  await limiter.reset('k', { policy: 'login' })
+  assert.equal((await limiter.peek('k', 'login')).remaining, 2)
+  const { decision, lease } = await limiter.acquire('t', { policy: 'jobs' })
+  assert.equal(decision.allowed, true)
+  assert.equal((await limiter.acquire('t', { policy: 'jobs' })).lease, null)
+  assert.equal(await limiter.release(lease), true)
+  assert.equal(await limiter.release(lease), false)
+})
+
+test('the error table covers every kind of the core, one to one', () => {
+  const kinds = sl.errorKinds()
+  assert.ok(kinds.length >= 9)
+  const seen = new Set()
+  for (const k of kinds) {
+    const cls = ERROR_CLASSES[k.name]
+    assert.ok(cls, `no JS class for core error kind ${k.name}`)
+    assert.equal(k.code, `ERR_SHARDLIMIT_${k.name.toUpperCase()}`)
+    assert.equal(ERROR_CODES[k.code], cls)
+    assert.ok(cls.prototype instanceof ShardlimitError)
+    const e = new cls('m', k.name)
+    assert.equal(e.code, k.code)
+    assert.equal(e.name, cls.name)
+    assert.ok(!seen.has(cls), `two kinds share ${cls.name}`)
+    seen.add(cls)
+  }
+  assert.equal(Object.keys(ERROR_CLASSES).length, kinds.length, 'the JS table has kinds the core does not')
+  assert.deepEqual(
+    kinds.map((k) => k.number),
+    kinds.map((_, i) => i + 1)
+  )
+})
+
+test('core errors reject with their subclass, code and the core message', async () => {
+  const limiter = Limiter.fromJson(config)
+  await assert.rejects(limiter.check('', { policy: 'login' }), (e) => {
+    assert.ok(e instanceof sl.InvalidArgumentError)
+    assert.equal(e.code, 'ERR_SHARDLIMIT_INVALID_ARGUMENT')
+    assert.match(e.message, /`key`: must not be empty/)
+    return true
+  })
+  await assert.rejects(limiter.check('k', { policy: 'login', cost: 0 }), { code: 'ERR_SHARDLIMIT_INVALID_ARGUMENT' })
+  await assert.rejects(limiter.check('x'.repeat(1025), 'login'), { code: 'ERR_SHARDLIMIT_INVALID_ARGUMENT' })
+  await assert.rejects(limiter.check('k', { policy: 'nope' }), (e) => {
+    assert.ok(e instanceof sl.UnknownPolicyError)
+    assert.ok(e instanceof sl.InvalidArgumentError)
+    assert.equal(e.code, 'ERR_SHARDLIMIT_UNKNOWN_POLICY')
+    assert.equal(e.message, 'unknown policy `nope`')
+    return true
+  })
+})
+
+test('bad configs throw ConfigError naming the field; missing files IoError', () => {
+  assert.throws(
+    () => Limiter.fromJson({ policies: { login: { algorithm: 'fixed_window', limit: 5, window: 'abc' } } }),
+    (e) => e instanceof sl.ConfigError && e.code === 'ERR_SHARDLIMIT_CONFIG' && e.message.startsWith('policies.login.window:')
+  )
+  assert.throws(() => Limiter.fromJson('{not json'), { code: 'ERR_SHARDLIMIT_CONFIG' })
+  assert.throws(() => Limiter.fromJson('{"shards":[{"name":"a","url":"http://x"}]}'), /shards\[0\]\.url/)
+  assert.throws(() => Limiter.fromConfig('/nonexistent/shardlimit.json'), (e) => e instanceof sl.IoError && e.code === 'ERR_SHARDLIMIT_IO')
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'shardlimit-node-'))
+  const file = path.join(dir, 'limits.json')
+  fs.writeFileSync(file, JSON.stringify(config))
+  assert.deepEqual(Limiter.fromConfig(file).policies, ['login', 'shaper'])
+  fs.writeFileSync(file, '{"policies":{"a":{"algorithm":"magic"}}}')
+  assert.throws(() => Limiter.fromConfig(file), (e) => e instanceof sl.ConfigError && e.message.includes('policies.a.algorithm'))
+  fs.rmSync(dir, { recursive: true })
+})
+
+test('bad argument types: TypeError (or RangeError for impossible numbers)', async () => {
+  const limiter = Limiter.fromJson(config)
+  const typeErr = { name: 'TypeError', code: 'ERR_INVALID_ARG_TYPE' }
+  await assert.rejects(limiter.check(42, { policy: 'login' }), typeErr)
+  await assert.rejects(limiter.check('k'), typeErr)
+  await assert.rejects(limiter.check('k', {}), typeErr)
+  await assert.rejects(limiter.check('k', { policy: 7 }), typeErr)
+  await assert.rejects(limiter.check('k', { policy: 'login', cost: '1' }), typeErr)
+  await assert.rejects(limiter.check('k', { policy: 'login', cost: 1.5 }), { name: 'RangeError' })
+  await assert.rejects(limiter.check('k', { policy: 'login', cost: -1 }), { name: 'RangeError' })
+  await assert.rejects(limiter.peek(null, 'login'), typeErr)
+  await assert.rejects(limiter.acquire('k', { policy: 'login', units: {} }), typeErr)
+  await assert.rejects(limiter.release('lease'), typeErr)
+  await assert.rejects(limiter.release({ key: 'k', policy: 'p', id: 1, units: 1 }), typeErr)
+  await assert.rejects(limiter.reset(['k'], 'login'), typeErr)
+  assert.throws(() => Limiter.fromJson(42), TypeError)
+  assert.throws(() => Limiter.fromConfig(undefined), TypeError)
+  assert.throws(() => Limiter.memory({ clock: Date }), TypeError)
+  assert.throws(() => new Limiter({}), TypeError)
+  assert.throws(() => limiter.route(1), TypeError)
+  assert.throws(() => new ManualClock(-5), { code: 'ERR_SHARDLIMIT_INVALID_ARGUMENT' })
+})
+
+test('a panic in the addon is an InternalError, and the process lives on', async () => {
+  const { native } = require('../binding.js')
+  assert.throws(() => native.panicForTest('boom'), (e) => {
+    assert.ok(e instanceof sl.InternalError)
+    assert.equal(e.code, 'ERR_SHARDLIMIT_INTERNAL')
+    assert.match(e.message, /panic: boom/)
+    return true
+  })
+  assert.equal((await Limiter.fromJson(config).check('after-panic', 'login')).allowed, true)
+})
+
+test('one version: package.json, the core, the crate', () => {
+  const pkg = require('../package.json')
+  assert.equal(pkg.version, sl.coreVersion())
+  const cargo = fs.readFileSync(path.join(__dirname, '..', '..', '..', 'Cargo.toml'), 'utf8')
+  assert.match(cargo, new RegExp(`\\[workspace\\.package\\][^\\[]*version = "${pkg.version.replace(/\./g, '\\.')}"`))
+})
+
+test('ESM: import works and is the same module', async () => {
+  const esm = await import('shardlimit')
+  assert.equal(esm.Limiter, Limiter)
+  assert.equal(esm.default.Limiter, Limiter)
+  assert.equal(esm.ERROR_CODES.ERR_SHARDLIMIT_CONFIG, sl.ConfigError)
+})
+
+test('with_clock is per limiter: two limiters, two clocks', async () => {
+  const c1 = new ManualClock(T0)
+  const c2 = new ManualClock(T0 + 59_000_000)
+  assert.equal(c2.nowUs, T0 + 59_000_000)
+  const l1 = Limiter.fromJson(config, { clock: c1 })
+  const l2 = Limiter.fromJson(config, { clock: c2 })
+  assert.equal((await l1.check('k', 'login')).resetAfter, 60_000)
+  assert.equal((await l2.check('k', 'login')).resetAfter, 1_000)
+})

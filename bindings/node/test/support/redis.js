@@ -1,0 +1,82 @@
+'use strict'
+// Test support: a real redis-server on a free 127.0.0.1 port, one per test file, stopped
+// by stop(). Readiness is read from the server's own log line, not guessed with a sleep.
+
+const { spawn } = require('node:child_process')
+const net = require('node:net')
+const fs = require('node:fs')
+const os = require('node:os')
+const path = require('node:path')
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer()
+    srv.unref()
+    srv.on('error', reject)
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address()
+      srv.close(() => resolve(port))
+    })
+  })
+}
+
+async function startRedis() {
+  const port = await freePort()
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'shardlimit-node-redis-'))
+  const child = spawn(
+    'redis-server',
+    ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir],
+    { stdio: ['ignore', 'pipe', 'inherit'] }
+  )
+  await new Promise((resolve, reject) => {
+    let log = ''
+    const onData = (chunk) => {
+      log += chunk
+      if (log.includes('Ready to accept connections')) {
+        child.stdout.off('data', onData)
+        child.stdout.resume()
+        resolve()
+      }
+    }
+    child.stdout.on('data', onData)
+    child.once('error', reject)
+    child.once('exit', (code) => reject(new Error(`redis-server exited with ${code} before it was ready:\n${log}`)))
+  })
+  const url = `redis://127.0.0.1:${port}`
+  return {
+    port,
+    url,
+    /** A config with this server as the only shard. */
+    config(policies, extra = {}) {
+      return { timeout_ms: 2000, shards: [{ name: 's0', url }], policies, ...extra }
+    },
+    /** Runs one Redis command (RESP over a fresh socket). */
+    command(...args) {
+      return new Promise((resolve, reject) => {
+        const sock = net.connect(port, '127.0.0.1')
+        let buf = ''
+        sock.setEncoding('utf8')
+        sock.on('data', (d) => {
+          buf += d
+          if (buf.endsWith('\r\n')) {
+            sock.end()
+            if (buf.startsWith('-')) reject(new Error(buf.trim()))
+            else resolve(buf.trim())
+          }
+        })
+        sock.on('error', reject)
+        sock.write(`*${args.length}\r\n` + args.map((a) => `$${Buffer.byteLength(String(a))}\r\n${a}\r\n`).join(''))
+      })
+    },
+    async stop() {
+      if (child.exitCode === null && child.signalCode === null) {
+        const exited = new Promise((r) => child.once('exit', r))
+        child.kill('SIGKILL')
+        await exited
+      }
+      fs.rmSync(dir, { recursive: true, force: true })
+    },
+  }
+}
+
+module.exports = { startRedis, freePort }

@@ -1,0 +1,84 @@
+// Compiled (never run) by `tsc --noEmit -p types-test`: the public surface as a
+// TypeScript user sees it through the package's own "exports".
+import express from 'express'
+import shardlimit, {
+  Limiter,
+  ManualClock,
+  Decision,
+  ShardlimitError,
+  ConfigError,
+  UnknownPolicyError,
+  TrustedProxies,
+  clientIp,
+  expressMiddleware,
+  fastifyHook,
+  type Lease,
+  type ErrorCode,
+  type RateLimitBody,
+} from 'shardlimit'
+
+export async function usage(): Promise<void> {
+  const limiter: Limiter = Limiter.fromConfig('shard-config.json')
+  const fromText = Limiter.fromJson('{"policies":{}}', { clock: new ManualClock(0) })
+  const fromObject = Limiter.fromJson({ policies: { api: { algorithm: 'fixed_window', limit: 5, window: '1m' } } })
+  const memory = Limiter.memory()
+  const d: Decision = await limiter.check('user:42', { policy: 'api', cost: 2 })
+  const allowed: boolean = d.allowed
+  const retry: number | null = d.retryAfter
+  const n: number = d.limit + d.remaining + d.resetAfter + d.delay
+  const source: 'redis' | 'memory' | 'local' | 'fallback' | 'block' = d.source
+  const headers: Record<string, string> = d.headers()
+  const body: RateLimitBody = d.body()
+  const shorthand = await fromText.check('k', 'api')
+  const peeked = await fromObject.peek('k', { policy: 'api' })
+  const { decision, lease } = await memory.acquire('job', { policy: 'jobs', units: 1 })
+  if (lease !== null) {
+    const l: Lease = lease
+    const released: boolean = await memory.release(l)
+    void released
+  }
+  await limiter.reset('user:42', { policy: 'api' })
+  const layered: Decision = await limiter.checkAll([
+    { key: 'ip:1.2.3.4', policy: 'ip' },
+    { key: 'tenant:7', policy: 'tenant', cost: 2 },
+  ])
+  const layer: number | null = layered.layer
+  await limiter.block('ip:6.6.6.6', { ttl: 60_000, reason: 'abuse' })
+  const info = await limiter.blocked('ip:6.6.6.6')
+  const left: number | null = info ? info.remaining : null
+  const was: boolean = await limiter.unblock('ip:6.6.6.6')
+  const ip: string = clientIp('10.0.0.1:443', '203.0.113.9', ['10.0.0.0/8'])
+  const proxies = new TrustedProxies(['10.0.0.0/8'])
+  const report = limiter.reload({ policies: {} })
+  const added: string[] = report.policiesAdded
+  void [added, layer, left, was, ip, proxies.clientIp('10.0.0.1', null), limiter.metrics(), limiter.scale]
+  try {
+    await limiter.check('user:42', { policy: 'nope' })
+  } catch (e) {
+    if (e instanceof UnknownPolicyError) {
+      const code: ErrorCode = e.code
+      void code
+    } else if (e instanceof ShardlimitError && e.isBackend) {
+      void e.kind
+    } else if (e instanceof ConfigError) {
+      void e.message
+    }
+  }
+  void [allowed, retry, n, source, headers, body, shorthand, peeked, decision, shardlimit.coreVersion()]
+
+  const app = express()
+  app.use(expressMiddleware(limiter, { policy: 'api', key: (req) => req.get('x-api-key') ?? null }))
+  app.use(expressMiddleware(limiter, { key: (req) => ({ key: req.ip ?? 'unknown', policy: 'ip', cost: 1 }) }))
+  app.get('/', (req, res) => {
+    res.json({ remaining: req.rateLimit?.remaining })
+  })
+  const hook = fastifyHook(limiter, { policy: 'api' })
+  void hook
+}
+
+// @ts-expect-error: the key must be a string
+void Limiter.memory().check(42, { policy: 'api' })
+// @ts-expect-error: a policy is required
+void Limiter.memory().check('k', { cost: 1 })
+// @ts-expect-error: limiters come from the factories
+new Limiter()
