@@ -577,11 +577,19 @@ fn bench(
 ) -> shardlimit::Result<BenchResult> {
     let keys: Arc<Vec<String>> = Arc::new((0..nkeys).map(|i| format!("bench:{i}")).collect());
     // Redis: run the tasks on the limiter's own runtime, next to its connections.
+    // The callers run on their own runtime thread, as a service's request handlers would,
+    // while the limiter's I/O runtime drives the connections: requests that queue up while
+    // the I/O thread is busy go out in one write. (SHARDLIMIT_BENCH_SAME_RUNTIME=1 runs the
+    // callers on the limiter's runtime instead.)
     let own;
-    let handle = match l.runtime_handle()? {
-        Some(h) => h,
-        None => {
+    let handle = match (
+        l.runtime_handle()?,
+        std::env::var_os("SHARDLIMIT_BENCH_SAME_RUNTIME"),
+    ) {
+        (Some(h), Some(_)) => h,
+        _ => {
             own = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
                 .enable_all()
                 .build()
                 .map_err(|e| shardlimit::Error::Internal(e.to_string()))?;
