@@ -27,3 +27,8 @@ npm run --silent typecheck
 
 echo "test-node: node --test"
 node --test test/*.test.js
+
+echo "test-node: examples/node (Express app smoke test, real redis-server on 127.0.0.1)"
+cd "$root/examples/node"
+npm ci --no-audit --no-fund --loglevel=error
+node --test test/*.test.js

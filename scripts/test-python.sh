@@ -71,3 +71,7 @@ if [ -n "${SHARDLIMIT_PY_BENCH:-}" ]; then
   echo "== benchmark: shardlimit vs limits"
   "$PY" bench/bench_vs_limits.py
 fi
+
+echo "== examples/python: FastAPI app smoke test (real redis-server and uvicorn on 127.0.0.1)"
+"$PY" -m pip install -q --disable-pip-version-check -r ../../examples/python/requirements.txt
+(cd ../../examples/python && "$PY" -m pytest -p no:cacheprovider -q)
