@@ -830,19 +830,22 @@ impl Limiter {
                     source = Source::Fallback;
                     for i in idx {
                         let p = &layers[*i].policy.0;
-                        p.counters.redis_errors.fetch_add(1, Ordering::Relaxed);
-                        if p.on_error == OnError::Error {
-                            first_error.get_or_insert(e.clone());
-                            continue;
-                        }
-                        let d = self.fallback(
+                        let fallback = self.fallback(
                             p,
                             &reqs[*i].compiled,
                             &layers[*i].key,
                             reqs[*i].cost,
                             false,
                             e.clone(),
-                        )?;
+                        );
+                        let d = match fallback {
+                            Ok(d) => d,
+                            // on_error: error
+                            Err(e) => {
+                                first_error.get_or_insert(e);
+                                continue;
+                            }
+                        };
                         out.outcomes[*i] = Outcome {
                             allowed: d.allowed,
                             remaining: d.remaining,
@@ -1248,6 +1251,7 @@ impl Limiter {
         peek: bool,
         e: Error,
     ) -> Result<Decision> {
+        p.counters.redis_errors.fetch_add(1, Ordering::Relaxed);
         if p.on_error == OnError::Error {
             return Err(e);
         }
@@ -1299,6 +1303,20 @@ impl Limiter {
         Ok(d)
     }
 
+    /// Validates a check's key and cost and registers its policy for metrics. Returns the
+    /// limit in force and the cost to decide with: costs above the limit can never fit, and
+    /// sending at most `limit + 1` keeps every script quantity an exact integer.
+    #[inline]
+    fn prepare(&self, key: &str, policy: &Policy, cost: u64) -> Result<(Compiled, u64)> {
+        validate_key(key)?;
+        if cost == 0 {
+            return Err(Error::invalid("cost", "must be at least 1"));
+        }
+        self.register(policy);
+        let eff = policy.0.effective(self.global_scale());
+        Ok((eff, cost.min(eff.limit + 1)))
+    }
+
     /// A check (or peek) on the in-memory engine: synchronous, it never waits.
     #[inline]
     fn check_memory(
@@ -1310,14 +1328,8 @@ impl Limiter {
         peek: bool,
         lease: &str,
     ) -> Result<Decision> {
-        validate_key(key)?;
-        if cost == 0 {
-            return Err(Error::invalid("cost", "must be at least 1"));
-        }
-        self.register(policy);
+        let (eff, cost) = self.prepare(key, policy, cost)?;
         let p = &*policy.0;
-        let eff = p.effective(self.global_scale());
-        let cost = cost.min(eff.limit + 1);
         let raw = m.check(
             &p.name,
             &eff,
@@ -1343,76 +1355,34 @@ impl Limiter {
         peek: bool,
         lease: &str,
     ) -> Result<Decision> {
-        {
-            let view = self.inner.view.load();
-            if let Engine::Memory(m) = &view.engine {
-                return self.check_memory(m, key, policy, cost, peek, lease);
-            }
-        }
-        validate_key(key)?;
-        if cost == 0 {
-            return Err(Error::invalid("cost", "must be at least 1"));
-        }
-        self.register(policy);
-        let p = &*policy.0;
-        let eff = p.effective(self.global_scale());
-        // costs above the limit can never fit: sending at most limit + 1 keeps every script
-        // quantity an exact integer
-        let cost = cost.min(eff.limit + 1);
         let view = self.view();
-        let d = match &view.engine {
-            Engine::Memory(m) => {
-                let raw = m.check(
-                    &p.name,
-                    &eff,
-                    key,
-                    self.now(),
-                    cost,
-                    peek,
-                    lease,
-                    p.auto_block.as_ref(),
-                );
-                self.finish(p, &eff, key, raw, Source::Memory, None)
-            }
-            Engine::Redis(r) => {
-                if let Some(ttl) = self.cached_block(key) {
-                    let d = self.decision(p, &eff, blocked_outcome(ttl), Source::Block, None);
-                    self.count(p, &d);
-                    return Ok(d);
-                }
-                let shard = shard_index(key, r.shards.len() as u32);
-                if let Some(h) = &view.handoff {
-                    self.carry_over(h, r, p, key, shard as usize).await;
-                }
-                if let (Some(la), false, true) = (p.local_admission, peek, lease.is_empty()) {
-                    return self.local_admission(r, p, &eff, la, key, shard, cost).await;
-                }
-                let mode = if peek { Mode::Peek } else { Mode::Check };
-                match r
-                    .check(
-                        shard as usize,
-                        p,
-                        &eff,
-                        key,
-                        self.now_override(),
-                        cost,
-                        mode,
-                        lease,
-                    )
-                    .await
-                {
-                    Ok(raw) => self.finish(p, &eff, key, raw, Source::Redis, Some(shard)),
-                    Err(e) if e.is_backend() => {
-                        p.counters.redis_errors.fetch_add(1, Ordering::Relaxed);
-                        let d = self.fallback(p, &eff, key, cost, peek, e)?;
-                        if !peek {
-                            self.count(p, &d);
-                        }
-                        return Ok(d);
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
+        let r = match &view.engine {
+            Engine::Memory(m) => return self.check_memory(m, key, policy, cost, peek, lease),
+            Engine::Redis(r) => r,
+        };
+        let (eff, cost) = self.prepare(key, policy, cost)?;
+        let p = &*policy.0;
+        if let Some(ttl) = self.cached_block(key) {
+            let d = self.decision(p, &eff, blocked_outcome(ttl), Source::Block, None);
+            self.count(p, &d);
+            return Ok(d);
+        }
+        let shard = shard_index(key, r.shards.len() as u32);
+        if let Some(h) = &view.handoff {
+            self.carry_over(h, r, p, key, shard as usize).await;
+        }
+        if let (Some(la), false, true) = (p.local_admission, peek, lease.is_empty()) {
+            return self.local_admission(r, p, &eff, la, key, shard, cost).await;
+        }
+        let mode = if peek { Mode::Peek } else { Mode::Check };
+        let now = self.now_override();
+        let d = match r
+            .check(shard as usize, p, &eff, key, now, cost, mode, lease)
+            .await
+        {
+            Ok(raw) => self.finish(p, &eff, key, raw, Source::Redis, Some(shard)),
+            Err(e) if e.is_backend() => self.fallback(p, &eff, key, cost, peek, e)?,
+            Err(e) => return Err(e),
         };
         if !peek {
             self.count(p, &d);
@@ -1532,7 +1502,6 @@ impl Limiter {
                 if !e.is_backend() {
                     return Err(e);
                 }
-                p.counters.redis_errors.fetch_add(1, Ordering::Relaxed);
                 let d = self.fallback(p, eff, key, cost, false, e)?;
                 self.count(p, &d);
                 return Ok(d);
@@ -1574,24 +1543,12 @@ impl Limiter {
             p,
             eff,
             key,
-            RawWith(raw, o).into(),
+            Raw { outcome: o, ..raw },
             Source::Redis,
             Some(shard),
         );
         self.count(p, &d);
         Ok(d)
-    }
-}
-
-/// A raw engine result with its outcome adjusted (local admission adds held units).
-struct RawWith(Raw, Outcome);
-
-impl From<RawWith> for Raw {
-    fn from(r: RawWith) -> Raw {
-        Raw {
-            outcome: r.1,
-            ..r.0
-        }
     }
 }
 
