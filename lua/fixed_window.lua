@@ -14,7 +14,9 @@ ALGO.fw = function(key, now, limit, window, cost, peek)
   end
   if not peek then
     redis.call('INCRBY', ckey, cost)
-    redis.call('PEXPIRE', ckey, math.ceil(reset / 1000))
+    -- a counter gets its expiry when the window's first units create it; later increments
+    -- keep it (one call fewer per admitted check)
+    if used == 0 then redis.call('PEXPIRE', ckey, math.ceil(reset / 1000)) end
     used = used + cost
   end
   return {1, limit - used, reset, -1, 0}

@@ -6,8 +6,9 @@ ALGO.sw = function(key, now, limit, window, cost, peek)
   local idx = math.floor(now / window)
   local elapsed = now - idx * window
   local ckey = key .. ':' .. int(idx)
-  local cur = tonumber(redis.call('GET', ckey) or '0')
-  local prev = tonumber(redis.call('GET', key .. ':' .. int(idx - 1)) or '0')
+  local both = redis.call('MGET', ckey, key .. ':' .. int(idx - 1))
+  local cur = tonumber(both[1] or '0')
+  local prev = tonumber(both[2] or '0')
   local function fits(p, c, e)
     return p * (window - e) / window + c + cost <= limit
   end
@@ -25,7 +26,8 @@ ALGO.sw = function(key, now, limit, window, cost, peek)
   if fits(prev, cur, elapsed) then
     if not peek then
       redis.call('INCRBY', ckey, cost)
-      redis.call('PEXPIRE', ckey, math.ceil((2 * window - elapsed) / 1000))
+      -- the counter expires at the end of the next window, set once when it is created
+      if cur == 0 then redis.call('PEXPIRE', ckey, math.ceil((2 * window - elapsed) / 1000)) end
       cur = cur + cost
       reset = 2 * window - elapsed
     end

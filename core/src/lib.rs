@@ -18,6 +18,7 @@
 //! per decision; see `DESIGN.md` for the contracts.
 
 mod algo;
+mod blocking;
 pub mod clock;
 pub mod config;
 mod decision;

@@ -103,6 +103,16 @@ enum Engine {
     Redis(Arc<RedisEngine>),
 }
 
+/// A Redis check after its preamble: decided already (a cached block), or the script to run.
+enum Plan {
+    Decided(Decision),
+    Redis {
+        eff: Compiled,
+        cost: u64,
+        shard: u32,
+    },
+}
+
 /// Units reserved from Redis for local admission.
 #[derive(Debug, Clone, Copy)]
 struct LocalBatch {
@@ -229,13 +239,17 @@ impl Limiter {
 
     fn build_engine(config: &Config, subscribers: Arc<Subscribers>) -> Result<Engine> {
         Ok(match (&config.shards, &config.cluster) {
-            (Some(shards), _) => Engine::Redis(Arc::new(RedisEngine::new(
-                shards.clone(),
-                config.key_prefix.clone(),
-                config.timeout,
-                subscribers,
-                config.events_stream_maxlen,
-            )?)),
+            (Some(shards), _) => {
+                let mut e = RedisEngine::new(
+                    shards.clone(),
+                    config.key_prefix.clone(),
+                    config.timeout,
+                    subscribers,
+                    config.events_stream_maxlen,
+                )?;
+                e.spin_wait = config.spin_wait;
+                Engine::Redis(Arc::new(e))
+            }
             (None, Some(nodes)) => Engine::Redis(Arc::new(RedisEngine::cluster(
                 nodes.clone(),
                 config.key_prefix.clone(),
@@ -985,6 +999,11 @@ impl Limiter {
                 return self.check_memory(m, key, policy, cost, false, "");
             }
         }
+        if policy.algorithm() != Algorithm::Concurrency {
+            if let Some(r) = self.run_blocking(key, policy, cost, false) {
+                return r;
+            }
+        }
         let (me, key, policy) = (self.clone(), key.to_string(), policy.clone());
         self.block_on(async move { me.check(&key, &policy, cost).await })
     }
@@ -1003,6 +1022,9 @@ impl Limiter {
 
     /// Blocking [`Limiter::peek`].
     pub fn peek_blocking(&self, key: &str, policy: &Policy) -> Result<Decision> {
+        if let Some(r) = self.run_blocking(key, policy, 1, true) {
+            return r;
+        }
         let (me, key, policy) = (self.clone(), key.to_string(), policy.clone());
         self.block_on(async move { me.peek(&key, &policy).await })
     }
@@ -1059,7 +1081,7 @@ impl Limiter {
     /// their async calls here.
     pub fn runtime_handle(&self) -> Result<Option<tokio::runtime::Handle>> {
         match &self.view().engine {
-            Engine::Redis(r) => Ok(Some(r.state()?.runtime().handle().clone())),
+            Engine::Redis(r) => Ok(Some(r.state()?.runtime().clone())),
             Engine::Memory(_) => Ok(None),
         }
     }
@@ -1360,14 +1382,11 @@ impl Limiter {
             Engine::Memory(m) => return self.check_memory(m, key, policy, cost, peek, lease),
             Engine::Redis(r) => r,
         };
-        let (eff, cost) = self.prepare(key, policy, cost)?;
+        let (eff, cost, shard) = match self.plan(r, key, policy, cost)? {
+            Plan::Decided(d) => return Ok(d),
+            Plan::Redis { eff, cost, shard } => (eff, cost, shard),
+        };
         let p = &*policy.0;
-        if let Some(ttl) = self.cached_block(key) {
-            let d = self.decision(p, &eff, blocked_outcome(ttl), Source::Block, None);
-            self.count(p, &d);
-            return Ok(d);
-        }
-        let shard = shard_index(key, r.shards.len() as u32);
         if let Some(h) = &view.handoff {
             self.carry_over(h, r, p, key, shard as usize).await;
         }
@@ -1375,13 +1394,91 @@ impl Limiter {
             return self.local_admission(r, p, &eff, la, key, shard, cost).await;
         }
         let mode = if peek { Mode::Peek } else { Mode::Check };
-        let now = self.now_override();
-        let d = match r
-            .check(shard as usize, p, &eff, key, now, cost, mode, lease)
-            .await
+        let raw = r
+            .check(
+                shard as usize,
+                p,
+                &eff,
+                key,
+                self.now_override(),
+                cost,
+                mode,
+                lease,
+            )
+            .await;
+        self.settle(p, &eff, key, cost, peek, shard, raw)
+    }
+
+    /// [`Limiter::run`] (without a lease) on the calling thread: the script is sent and
+    /// its reply read over a blocking connection, with no hand-off to the I/O runtime.
+    /// `None` when the check needs the runtime: Cluster or Sentinel shards, a reshard
+    /// handoff in progress, or local admission.
+    fn run_blocking(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        peek: bool,
+    ) -> Option<Result<Decision>> {
+        let view = self.inner.view.load();
+        let Engine::Redis(r) = &view.engine else {
+            return None;
+        };
+        let p = &*policy.0;
+        if !r.blocking_capable() || view.handoff.is_some() || (p.local_admission.is_some() && !peek)
         {
-            Ok(raw) => self.finish(p, &eff, key, raw, Source::Redis, Some(shard)),
-            Err(e) if e.is_backend() => self.fallback(p, &eff, key, cost, peek, e)?,
+            return None;
+        }
+        Some((|| {
+            let (eff, cost, shard) = match self.plan(r, key, policy, cost)? {
+                Plan::Decided(d) => return Ok(d),
+                Plan::Redis { eff, cost, shard } => (eff, cost, shard),
+            };
+            let mode = if peek { Mode::Peek } else { Mode::Check };
+            let raw = r.check_blocking(
+                shard as usize,
+                p,
+                &eff,
+                key,
+                self.now_override(),
+                cost,
+                mode,
+                "",
+            );
+            self.settle(p, &eff, key, cost, peek, shard, raw)
+        })())
+    }
+
+    /// What a Redis check does before its script: validate, and answer from the block
+    /// cache when the key is known to be blocked. Otherwise the limit, cost and shard.
+    fn plan(&self, r: &RedisEngine, key: &str, policy: &Policy, cost: u64) -> Result<Plan> {
+        let (eff, cost) = self.prepare(key, policy, cost)?;
+        if let Some(ttl) = self.cached_block(key) {
+            let p = &*policy.0;
+            let d = self.decision(p, &eff, blocked_outcome(ttl), Source::Block, None);
+            self.count(p, &d);
+            return Ok(Plan::Decided(d));
+        }
+        let shard = shard_index(key, r.shards.len() as u32);
+        Ok(Plan::Redis { eff, cost, shard })
+    }
+
+    /// What a Redis check does after its script: the decision from the reply, or from
+    /// `on_error` when the shard failed; counted unless it was a peek.
+    #[allow(clippy::too_many_arguments)]
+    fn settle(
+        &self,
+        p: &PolicyInner,
+        eff: &Compiled,
+        key: &str,
+        cost: u64,
+        peek: bool,
+        shard: u32,
+        raw: Result<Raw>,
+    ) -> Result<Decision> {
+        let d = match raw {
+            Ok(raw) => self.finish(p, eff, key, raw, Source::Redis, Some(shard)),
+            Err(e) if e.is_backend() => self.fallback(p, eff, key, cost, peek, e)?,
             Err(e) => return Err(e),
         };
         if !peek {

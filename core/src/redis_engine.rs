@@ -6,6 +6,7 @@
 //! background until it answers again.
 
 use crate::algo::Outcome;
+use crate::blocking::{BlockingConn, Reply, Target};
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::ShardConfig;
 use crate::error::{Error, Result};
@@ -25,13 +26,16 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::runtime::Runtime;
+use tokio::runtime::{Handle, Runtime};
 
 /// Consecutive failures that open a shard's circuit.
 const FAILURES_TO_OPEN: u32 = 3;
 /// First and longest back-off between probes of an open circuit.
 const BACKOFF_MIN_US: u64 = 200_000;
 const BACKOFF_MAX_US: u64 = 5_000_000;
+/// Idle blocking connections kept per shard: one per thread that waits on the shard at
+/// the same moment, as a connection pool of a synchronous client would.
+const BLOCKING_IDLE_MAX: usize = 64;
 /// Events queued for the Redis stream writer before new ones are dropped.
 const STREAM_QUEUE: usize = 4096;
 
@@ -103,24 +107,70 @@ struct Slot {
 /// The runtime and connections of one process.
 pub(crate) struct RtState {
     pid: u32,
-    runtime: Option<Runtime>,
+    handle: Handle,
+    owner: Owner,
     conns: Vec<Slot>,
+    /// Idle blocking connections per shard, for calls made on the caller's own thread.
+    blocking: Vec<Mutex<Vec<BlockingConn>>>,
     stream_tx: Option<tokio::sync::mpsc::Sender<StreamItem>>,
 }
 
+/// Who runs the I/O runtime.
+enum Owner {
+    /// A multi-thread runtime with its own workers.
+    Workers(Option<Runtime>),
+    /// A current-thread runtime driven by one thread of ours, until the sender is dropped.
+    Thread(Option<tokio::sync::oneshot::Sender<()>>),
+}
+
 impl RtState {
-    pub fn runtime(&self) -> &Runtime {
-        self.runtime.as_ref().expect("runtime present until drop")
+    /// The handle of the I/O runtime: spawn on it, or `block_on` from outside it.
+    pub fn runtime(&self) -> &Handle {
+        &self.handle
     }
 }
 
 impl Drop for RtState {
     fn drop(&mut self) {
         // never blocks, so a limiter may be dropped inside an async context
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
+        match &mut self.owner {
+            Owner::Workers(rt) => {
+                if let Some(rt) = rt.take() {
+                    rt.shutdown_background();
+                }
+            }
+            // the thread returns from block_on and drops the runtime itself
+            Owner::Thread(stop) => drop(stop.take()),
         }
     }
+}
+
+/// Starts the I/O runtime: by default one thread driving a current-thread runtime, where a
+/// task that wakes the connection's driver queues it behind the other ready tasks, so a
+/// burst of concurrent calls leaves in one write (a multi-thread runtime runs the woken
+/// driver next, one write per command). `SHARDLIMIT_WORKER_THREADS=N` (N >= 1) asks for a
+/// multi-thread runtime with N workers instead.
+fn start_runtime(worker_threads: usize) -> std::io::Result<(Handle, Owner)> {
+    if worker_threads >= 1 {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(worker_threads)
+            .thread_name("shardlimit-io")
+            .enable_all()
+            .build()?;
+        return Ok((rt.handle().clone(), Owner::Workers(Some(rt))));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let handle = rt.handle().clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name("shardlimit-io".into())
+        .spawn(move || {
+            let _ = rt.block_on(stopped);
+            rt.shutdown_background();
+        })?;
+    Ok((handle, Owner::Thread(Some(stop))))
 }
 
 #[derive(Default)]
@@ -135,6 +185,12 @@ struct Circuit {
 pub(crate) struct RedisEngine {
     pub shards: Vec<ShardConfig>,
     clients: Vec<Client>,
+    /// Per shard, where blocking callers connect themselves (`None`: TLS, Cluster or
+    /// Sentinel, which go through the I/O runtime).
+    targets: Vec<Option<Target>>,
+    /// How long a blocking caller may spin on its socket before sleeping (config
+    /// `spin_wait`).
+    pub spin_wait: Duration,
     pub timeout: Duration,
     prefix: String,
     worker_threads: usize,
@@ -319,8 +375,17 @@ impl RedisEngine {
             .ok()
             .and_then(|v| v.parse().ok())
             .filter(|n| (1..=64).contains(n))
-            .unwrap_or(1);
+            .unwrap_or(0);
+        let targets = clients
+            .iter()
+            .map(|c| match c {
+                Client::Single(c) => Target::of(c),
+                _ => None,
+            })
+            .collect();
         Ok(RedisEngine {
+            targets,
+            spin_wait: crate::config::DEFAULT_SPIN_WAIT,
             circuits: shards.iter().map(|_| Circuit::default()).collect(),
             shards,
             clients,
@@ -363,21 +428,19 @@ impl RedisEngine {
                 c.probing.store(false, Ordering::Relaxed);
             }
         }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(self.worker_threads)
-            .thread_name("shardlimit-io")
-            .enable_all()
-            .build()
+        let (handle, owner) = start_runtime(self.worker_threads)
             .map_err(|e| Error::Internal(format!("cannot start the I/O runtime: {e}")))?;
         let stream_tx = self.stream_maxlen.map(|maxlen| {
             let (tx, rx) = tokio::sync::mpsc::channel(STREAM_QUEUE);
-            runtime.spawn(Arc::clone(self).stream_writer(rx, maxlen));
+            handle.spawn(Arc::clone(self).stream_writer(rx, maxlen));
             tx
         });
         let st = Arc::new(RtState {
             pid,
-            runtime: Some(runtime),
+            handle,
+            owner,
             conns: self.shards.iter().map(|_| Slot::default()).collect(),
+            blocking: self.shards.iter().map(|_| Mutex::default()).collect(),
             stream_tx,
         });
         self.state.store(Some(st.clone()));
@@ -506,6 +569,71 @@ impl RedisEngine {
         r
     }
 
+    /// True when blocking callers can talk to every shard on their own thread (each is one
+    /// Redis server without TLS; Cluster, Sentinel and TLS shards use the I/O runtime).
+    pub fn blocking_capable(&self) -> bool {
+        self.targets.iter().all(Option::is_some)
+    }
+
+    /// Sends one command on the calling thread over a blocking connection to shard
+    /// `shard` (taken from the process's idle pool, or made) and returns its reply, under
+    /// the same circuit, deadline, latency and failure accounting as
+    /// [`RedisEngine::with_conn`]. No hand-off to the I/O runtime and back: the caller
+    /// writes the command and reads the reply itself, which is what a synchronous caller (a
+    /// Python thread, a C or Go call) waits for anyway. A connection that failed in any way
+    /// is dropped, never reused; one that got an error reply is fine.
+    pub fn request_blocking(self: &Arc<Self>, shard: usize, packed: &[u8]) -> Result<Reply> {
+        let Some(target) = &self.targets[shard] else {
+            return Err(Error::Internal(format!(
+                "shard {} has no blocking connections (Cluster, Sentinel or TLS)",
+                self.shards[shard].name
+            )));
+        };
+        let st = self.state()?;
+        self.gate(&st, shard)?;
+        let start = Instant::now();
+        let deadline = start + self.timeout;
+        let pooled = st.blocking[shard].lock().pop();
+        let r = match pooled {
+            Some(c) => Ok(c),
+            None => BlockingConn::connect(target, self.timeout),
+        }
+        .and_then(|mut c| {
+            let reply = c.request(packed, deadline, self.spin_wait)?;
+            Ok((reply, c))
+        });
+        self.latency.record(start.elapsed().as_micros() as u64);
+        match r {
+            Ok((reply, conn)) => {
+                let mut idle = st.blocking[shard].lock();
+                if idle.len() < BLOCKING_IDLE_MAX {
+                    idle.push(conn);
+                }
+                drop(idle);
+                let c = &self.circuits[shard];
+                if c.failures.load(Ordering::Relaxed) != 0 {
+                    c.failures.store(0, Ordering::Relaxed);
+                }
+                Ok(reply)
+            }
+            Err(e) => {
+                let e = if e.kind() == std::io::ErrorKind::TimedOut {
+                    Error::Timeout {
+                        shard: self.shards[shard].name.clone(),
+                        timeout_ms: self.timeout.as_millis() as u64,
+                    }
+                } else {
+                    Error::Connection {
+                        shard: self.shards[shard].name.clone(),
+                        message: e.to_string(),
+                    }
+                };
+                self.failed(shard, &e);
+                Err(e)
+            }
+        }
+    }
+
     fn gate(self: &Arc<Self>, st: &RtState, shard: usize) -> Result<()> {
         let c = &self.circuits[shard];
         let until = c.open_until.load(Ordering::Acquire);
@@ -626,6 +754,67 @@ impl RedisEngine {
         }
     }
 
+    /// The script call of one check: `EVALSHA <sha1> ...`, or with `eval` the whole
+    /// source (`EVAL <script> ...`, after a NOSCRIPT reply).
+    #[allow(clippy::too_many_arguments)]
+    fn check_cmd(
+        &self,
+        eval: bool,
+        policy: &PolicyInner,
+        eff: &Compiled,
+        key: &str,
+        now_us: Option<u64>,
+        cost: u64,
+        mode: Mode,
+        lease_id: &str,
+    ) -> redis::Cmd {
+        let (after, within, dur) = auto_block_args(policy.auto_block.as_ref());
+        let (mode_s, need) = match mode {
+            Mode::Check => ("check", 0),
+            Mode::Peek => ("peek", 0),
+            Mode::Grant { need } => ("grant", need),
+        };
+        let mut cmd = if eval {
+            let mut c = redis::cmd("EVAL");
+            c.arg(scripts::source_for_algorithm(eff.algorithm));
+            c
+        } else {
+            let mut c = redis::cmd("EVALSHA");
+            c.arg(scripts::for_algorithm(eff.algorithm).get_hash());
+            c
+        };
+        cmd.arg(3)
+            .arg(state_key(&self.prefix, &policy.key_scope, key))
+            .arg(block_key(&self.prefix, key))
+            .arg(denial_key(&self.prefix, &policy.key_scope, key))
+            .arg(now_us.unwrap_or(0))
+            .arg(eff.algorithm.code())
+            .arg(eff.limit)
+            .arg(eff.period_us)
+            .arg(cost)
+            .arg(mode_s)
+            .arg(lease_id);
+        if after > 0 {
+            cmd.arg(after)
+                .arg(within)
+                .arg(dur)
+                .arg(format!("auto: policy {}", policy.name));
+        } else {
+            cmd.arg(0).arg(0).arg(0).arg("");
+        }
+        cmd.arg(need);
+        cmd
+    }
+
+    fn check_reply(&self, shard: usize, r: &[i64]) -> Result<Raw> {
+        let o = outcome(r, &self.shards[shard])?;
+        Ok(Raw {
+            outcome: o,
+            blocked: r.get(5).copied().unwrap_or(0).clamp(0, 2) as u8,
+            granted: r.get(6).copied().unwrap_or(0).max(0) as u64,
+        })
+    }
+
     /// Runs one check script.
     #[allow(clippy::too_many_arguments)]
     pub async fn check(
@@ -639,44 +828,63 @@ impl RedisEngine {
         mode: Mode,
         lease_id: &str,
     ) -> Result<Raw> {
-        let script = scripts::for_algorithm(eff.algorithm);
-        let (after, within, dur) = auto_block_args(policy.auto_block.as_ref());
-        let (mode_s, need) = match mode {
-            Mode::Check => ("check", 0),
-            Mode::Peek => ("peek", 0),
-            Mode::Grant { need } => ("grant", need),
-        };
-        let mut inv = script.prepare_invoke();
-        inv.key(state_key(&self.prefix, &policy.key_scope, key))
-            .key(block_key(&self.prefix, key))
-            .key(denial_key(&self.prefix, &policy.key_scope, key))
-            .arg(now_us.unwrap_or(0))
-            .arg(eff.algorithm.code())
-            .arg(eff.limit)
-            .arg(eff.period_us)
-            .arg(cost)
-            .arg(mode_s)
-            .arg(lease_id)
-            .arg(after)
-            .arg(within)
-            .arg(dur)
-            .arg(if after > 0 {
-                format!("auto: policy {}", policy.name)
-            } else {
-                String::new()
-            })
-            .arg(need);
+        let cmd = self.check_cmd(false, policy, eff, key, now_us, cost, mode, lease_id);
         let r: Vec<i64> = self
             .with_conn(shard, |mut conn| async move {
-                inv.invoke_async(&mut conn).await
+                match cmd.query_async(&mut conn).await {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
+                        self.check_cmd(true, policy, eff, key, now_us, cost, mode, lease_id)
+                            .query_async(&mut conn)
+                            .await
+                    }
+                    r => r,
+                }
             })
             .await?;
-        let o = outcome(&r, &self.shards[shard])?;
-        Ok(Raw {
-            outcome: o,
-            blocked: r.get(5).copied().unwrap_or(0).clamp(0, 2) as u8,
-            granted: r.get(6).copied().unwrap_or(0).max(0) as u64,
-        })
+        self.check_reply(shard, &r)
+    }
+
+    /// [`RedisEngine::check`] on the calling thread, over a blocking connection (see
+    /// [`RedisEngine::request_blocking`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn check_blocking(
+        self: &Arc<Self>,
+        shard: usize,
+        policy: &PolicyInner,
+        eff: &Compiled,
+        key: &str,
+        now_us: Option<u64>,
+        cost: u64,
+        mode: Mode,
+        lease_id: &str,
+    ) -> Result<Raw> {
+        let cmd = self.check_cmd(false, policy, eff, key, now_us, cost, mode, lease_id);
+        let mut reply = self.request_blocking(shard, &cmd.get_packed_command())?;
+        if matches!(&reply, Reply::Error(e) if e.starts_with("NOSCRIPT")) {
+            // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
+            let cmd = self.check_cmd(true, policy, eff, key, now_us, cost, mode, lease_id);
+            reply = self.request_blocking(shard, &cmd.get_packed_command())?;
+        }
+        let script_error = |message: String| Error::Script {
+            shard: self.shards[shard].name.clone(),
+            message,
+        };
+        let r = match reply {
+            Reply::Array(items) => items
+                .iter()
+                .map(|i| match i {
+                    Reply::Int(n) => Ok(*n),
+                    other => Err(script_error(format!("unexpected script reply {other:?}"))),
+                })
+                .collect::<Result<Vec<i64>>>()?,
+            Reply::Error(e) => return Err(script_error(e)),
+            other => return Err(script_error(format!("unexpected script reply {other:?}"))),
+        };
+        self.check_reply(shard, &r)
     }
 
     /// A layered check of layers that all live on shard `shard`, atomic in one script call.

@@ -71,15 +71,23 @@ static SCRIPTS: LazyLock<Vec<Script>> =
 
 /// The check script of `algorithm`.
 pub(crate) fn for_algorithm(algorithm: Algorithm) -> &'static Script {
-    let i = match algorithm {
+    &SCRIPTS[check_index(algorithm)]
+}
+
+/// The source of [`for_algorithm`]'s script (for EVAL after a NOSCRIPT reply).
+pub(crate) fn source_for_algorithm(algorithm: Algorithm) -> &'static str {
+    SOURCES[check_index(algorithm)].1
+}
+
+fn check_index(algorithm: Algorithm) -> usize {
+    match algorithm {
         Algorithm::FixedWindow => 0,
         Algorithm::SlidingWindow => 1,
         Algorithm::SlidingLog => 2,
         Algorithm::TokenBucket => 3,
         Algorithm::LeakyBucket => 4,
         Algorithm::Concurrency => 5,
-    };
-    &SCRIPTS[i]
+    }
 }
 
 pub(crate) fn layered() -> &'static Script {

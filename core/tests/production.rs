@@ -451,14 +451,12 @@ fn events_reach_subscribers_and_a_capped_stream_and_metrics_count() {
 
 /// Runs checks of `policy` and returns each decision's (allowed, source) and how long the
 /// slowest call took.
-fn probe(l: &Limiter, policy: &str, n: usize) -> (Vec<(bool, Source)>, Duration) {
+fn probe(call: Call, l: &Limiter, policy: &str, n: usize) -> (Vec<(bool, Source)>, Duration) {
     let mut out = Vec::new();
     let mut slowest = Duration::ZERO;
     for i in 0..n {
         let t = Instant::now();
-        let d = l
-            .check_named_blocking(policy, &format!("fault:{i}"), 1)
-            .unwrap();
+        let d = call(l, policy, &format!("fault:{i}")).unwrap();
         slowest = slowest.max(t.elapsed());
         out.push((d.allowed, d.source));
     }
@@ -478,16 +476,16 @@ fn fault_config(s: &RedisServer) -> String {
     )
 }
 
-fn assert_modes_while_down(l: &Limiter, what: &str) {
+fn assert_modes_while_down(call: Call, l: &Limiter, what: &str) {
     // generous margin over the 150 ms deadline: a hang would never return at all
     let bound = Duration::from_millis(1500);
-    let (open, t) = probe(l, "open", 6);
+    let (open, t) = probe(call, l, "open", 6);
     assert!(
         open.iter().all(|d| *d == (true, Source::Fallback)),
         "{what} open: {open:?}"
     );
     assert!(t < bound, "{what}: a call took {t:?}");
-    let (closed, t) = probe(l, "closed", 6);
+    let (closed, t) = probe(call, l, "closed", 6);
     assert!(
         closed.iter().all(|d| *d == (false, Source::Fallback)),
         "{what} closed: {closed:?}"
@@ -495,22 +493,20 @@ fn assert_modes_while_down(l: &Limiter, what: &str) {
     assert!(t < bound, "{what}: a call took {t:?}");
     // local: limit 8 shared by 4 instances -> 2 per key locally
     for i in 0..3 {
-        let d = l
-            .check_named_blocking("local", &format!("{what}-same-key"), 1)
-            .unwrap();
+        let d = call(l, "local", &format!("{what}-same-key")).unwrap();
         assert_eq!(d.source, Source::Fallback);
         assert_eq!(d.allowed, i < 2, "{what} local #{i}: {d:?}");
         assert_eq!(d.limit, 2);
     }
-    let e = l.check_named_blocking("error", "k", 1).unwrap_err();
+    let e = call(l, "error", "k").unwrap_err();
     assert!(e.is_backend(), "{what}: {e}");
 }
 
 /// Waits (bounded) until the shard answers again: recovery happens in the background.
-fn wait_recovered(l: &Limiter, what: &str) {
+fn wait_recovered(call: Call, l: &Limiter, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let d = l.check_named_blocking("open", "recovery", 1).unwrap();
+        let d = call(l, "open", "recovery").unwrap();
         if d.source == Source::Redis {
             return;
         }
@@ -519,8 +515,30 @@ fn wait_recovered(l: &Limiter, what: &str) {
     }
 }
 
+/// One check as a caller makes it: blocking (on the caller's thread, over a blocking
+/// connection) or awaited in the caller's Tokio runtime (over the multiplexed connection).
+type Call = fn(&Limiter, &str, &str) -> shardlimit::Result<shardlimit::Decision>;
+
+fn blocking_call(l: &Limiter, policy: &str, key: &str) -> shardlimit::Result<shardlimit::Decision> {
+    l.check_named_blocking(policy, key, 1)
+}
+
+fn async_call(l: &Limiter, policy: &str, key: &str) -> shardlimit::Result<shardlimit::Decision> {
+    thread_local!(static RT: tokio::runtime::Runtime = rt());
+    RT.with(|rt| rt.block_on(l.check_named(policy, key, 1)))
+}
+
 #[test]
-fn fault_injection_kill_restart_stop_flush_client_kill() {
+fn fault_injection_blocking_calls() {
+    fault_injection_kill_restart_stop_flush_client_kill(blocking_call);
+}
+
+#[test]
+fn fault_injection_async_calls() {
+    fault_injection_kill_restart_stop_flush_client_kill(async_call);
+}
+
+fn fault_injection_kill_restart_stop_flush_client_kill(call: Call) {
     let mut s = RedisServer::start();
     let port = s.port;
     let l = Limiter::from_json(&fault_config(&s)).unwrap();
@@ -531,14 +549,14 @@ fn fault_injection_kill_restart_stop_flush_client_kill() {
             sink.lock().unwrap().push(format!("{state:?}"));
         }
     }));
-    assert_eq!(probe(&l, "open", 3).0, vec![(true, Source::Redis); 3]);
+    assert_eq!(probe(call, &l, "open", 3).0, vec![(true, Source::Redis); 3]);
 
     // 1. killed mid-traffic
     s.kill();
-    assert_modes_while_down(&l, "killed");
+    assert_modes_while_down(call, &l, "killed");
     // the circuit is open by now: calls fail fast
     let t = Instant::now();
-    probe(&l, "open", 20);
+    probe(call, &l, "open", 20);
     assert!(
         t.elapsed() < Duration::from_millis(1500),
         "open circuit still waits: {:?}",
@@ -547,12 +565,10 @@ fn fault_injection_kill_restart_stop_flush_client_kill() {
 
     // 2. restarted empty on the same port: scripts are gone (NOSCRIPT), state is gone
     let s = RedisServer::start_on(port);
-    wait_recovered(&l, "restart");
+    wait_recovered(call, &l, "restart");
     assert!(events.lock().unwrap().iter().any(|e| e == "Open"));
     assert!(events.lock().unwrap().iter().any(|e| e == "Closed"));
-    let d = l
-        .check_named_blocking("closed", "after-restart", 1)
-        .unwrap();
+    let d = call(&l, "closed", "after-restart").unwrap();
     assert_eq!(
         (d.allowed, d.source, d.remaining),
         (true, Source::Redis, 99)
@@ -560,16 +576,19 @@ fn fault_injection_kill_restart_stop_flush_client_kill() {
 
     // 3. hung: SIGSTOP, then SIGCONT
     unsafe { libc::kill(s.pid() as i32, libc::SIGSTOP) };
-    assert_modes_while_down(&l, "stopped");
+    assert_modes_while_down(call, &l, "stopped");
     unsafe { libc::kill(s.pid() as i32, libc::SIGCONT) };
-    wait_recovered(&l, "SIGCONT");
+    wait_recovered(call, &l, "SIGCONT");
 
     // 4. SCRIPT FLUSH: transparent
     redis::cmd("SCRIPT")
         .arg("FLUSH")
         .exec(&mut s.conn())
         .unwrap();
-    assert_eq!(probe(&l, "closed", 3).0, vec![(true, Source::Redis); 3]);
+    assert_eq!(
+        probe(call, &l, "closed", 3).0,
+        vec![(true, Source::Redis); 3]
+    );
 
     // 5. CLIENT KILL of our connection: at most the calls in flight fail over; then back
     let mut c = s.conn();
@@ -581,10 +600,10 @@ fn fault_injection_kill_restart_stop_flush_client_kill() {
         .arg("yes")
         .query(&mut c)
         .unwrap();
-    let d = l.check_named_blocking("closed", "after-kill", 1).unwrap();
+    let d = call(&l, "closed", "after-kill").unwrap();
     assert!(matches!(d.source, Source::Redis | Source::Fallback));
-    wait_recovered(&l, "CLIENT KILL");
-    let d = l.check_named_blocking("closed", "after-kill-2", 1).unwrap();
+    wait_recovered(call, &l, "CLIENT KILL");
+    let d = call(&l, "closed", "after-kill-2").unwrap();
     assert_eq!((d.allowed, d.source), (true, Source::Redis));
 }
 

@@ -98,6 +98,82 @@ fn exact_admission_under_64_concurrent_callers() {
     });
 }
 
+/// 64 threads, 3 blocking attempts each, on one key: exactly `limit` admitted. Blocking
+/// calls run on the caller's thread over their own connections (a pool per shard).
+fn hammer_blocking(limiter: &Limiter, policy: &Policy, key: &str) -> u64 {
+    let allowed = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..64 {
+            s.spawn(|| {
+                for _ in 0..3 {
+                    if limiter.check_blocking(key, policy, 1).unwrap().allowed {
+                        allowed.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+    });
+    allowed.load(Ordering::SeqCst)
+}
+
+#[test]
+fn exact_admission_under_64_blocking_threads() {
+    let server = RedisServer::start();
+    for (limiter, what) in [
+        (redis_limiter(&server), "redis TIME"),
+        (with_clock(redis_limiter(&server), T0).0, "injected clock"),
+    ] {
+        for p in policies(50) {
+            let key = format!("threads:{what}");
+            assert_eq!(
+                hammer_blocking(&limiter, &p, &key),
+                50,
+                "{} on {what}",
+                p.name()
+            );
+            // async callers on the same key see the same state
+            let d = rt().block_on(limiter.peek(&key, &p)).unwrap();
+            assert_eq!(d.remaining, 0, "{} on {what}", p.name());
+        }
+    }
+}
+
+#[test]
+fn blocking_and_async_calls_log_in_and_select_the_database() {
+    let server = RedisServer::start_with(
+        support::free_port(),
+        vec!["--requirepass".into(), "s3cret".into()],
+    );
+    let url = format!("redis://:s3cret@127.0.0.1:{}/5", server.port);
+    let cfg = format!(r#"{{"shards":[{{"name":"a","url":"{url}"}}]}}"#);
+    let limiter = Limiter::from_json(&cfg).unwrap();
+    let p = Policy::new("db5", Limit::fixed_window(3, Duration::from_secs(3600))).unwrap();
+    assert_eq!(limiter.check_blocking("k", &p, 1).unwrap().remaining, 2);
+    assert_eq!(
+        rt().block_on(limiter.check("k", &p, 2)).unwrap().remaining,
+        0
+    );
+    assert!(!limiter.check_blocking("k", &p, 1).unwrap().allowed);
+    // the state is in database 5
+    let mut c = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    redis::cmd("SELECT").arg(0).exec(&mut c).unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
+    // a wrong password is a clear connection error on both paths, not a hang or a panic
+    let limiter = Limiter::from_json(&cfg.replace("s3cret", "wrong")).unwrap();
+    let p = p.with_on_error(shardlimit::OnError::Error);
+    let e = limiter.check_blocking("k", &p, 1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    assert!(e.to_string().contains("AUTH"), "{e}");
+    let e = rt().block_on(limiter.check("k", &p, 1)).unwrap_err();
+    assert!(e.is_backend(), "{e}");
+}
+
 fn engines(server: &RedisServer) -> Vec<(Limiter, Arc<ManualClock>)> {
     redis::cmd("FLUSHALL").exec(&mut server.conn()).unwrap();
     vec![

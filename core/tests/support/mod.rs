@@ -92,8 +92,11 @@ impl RedisServer {
         loop {
             if let Ok(mut c) = redis::Client::open(self.url()).and_then(|c| c.get_connection()) {
                 // a cluster node answers PING before its cluster is formed: that is enough
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return;
+                match redis::cmd("PING").query::<String>(&mut c) {
+                    Ok(_) => return,
+                    // with --requirepass it answers, just not to strangers
+                    Err(e) if e.to_string().contains("NOAUTH") => return,
+                    Err(_) => {}
                 }
             }
             assert!(

@@ -1,0 +1,422 @@
+//! Blocking connections, for callers that wait on their own thread: the `*_blocking` API,
+//! and through it Python's sync calls, C, C++ and Go.
+//!
+//! A blocking caller has nothing else to do until Redis answers, so it writes the command
+//! and reads the reply itself: no hand-off to the I/O runtime and back (two thread wake-ups
+//! per call). It may also spin briefly on the socket before sleeping in `read`: a loopback
+//! round trip takes tens of microseconds, and on virtual machines waking a sleeping thread
+//! can cost as much again. Spinning is bounded in time (`spin_wait` in the config, default
+//! 100 µs) and in the number of threads spinning at once (half the CPUs, at least one);
+//! other callers sleep in `read` straight away.
+//!
+//! The protocol is RESP2 over TCP or a Unix socket, with AUTH and SELECT from the shard's
+//! URL. Only the replies the scripts give (integers, strings, arrays, errors) are parsed;
+//! anything else is an error that drops the connection. TLS shards use the I/O runtime.
+
+use std::io::{self, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+/// A reply of Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Reply {
+    Nil,
+    Int(i64),
+    Str(Vec<u8>),
+    Array(Vec<Reply>),
+    /// An error reply (`-ERR ...`, `-NOSCRIPT ...`).
+    Error(String),
+}
+
+/// Where a shard listens, and how to log in.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    endpoint: Endpoint,
+    db: i64,
+    username: Option<String>,
+    password: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+enum Endpoint {
+    Tcp(String, u16),
+    #[cfg(unix)]
+    Unix(std::path::PathBuf),
+}
+
+impl Target {
+    /// The target of a client; `None` for TLS (which goes through the I/O runtime).
+    pub fn of(client: &redis::Client) -> Option<Target> {
+        let info = client.get_connection_info();
+        let endpoint = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => Endpoint::Tcp(host.clone(), *port),
+            #[cfg(unix)]
+            redis::ConnectionAddr::Unix(path) => Endpoint::Unix(path.clone()),
+            _ => return None,
+        };
+        let settings = info.redis_settings();
+        Some(Target {
+            endpoint,
+            db: settings.db(),
+            username: settings.username().map(str::to_string),
+            password: settings.password().map(str::to_string),
+        })
+    }
+}
+
+enum Stream {
+    Tcp(TcpStream),
+    #[cfg(unix)]
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl Stream {
+    fn set_timeouts(&self, t: Duration) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => {
+                s.set_read_timeout(Some(t))?;
+                s.set_write_timeout(Some(t))
+            }
+            #[cfg(unix)]
+            Stream::Unix(s) => {
+                s.set_read_timeout(Some(t))?;
+                s.set_write_timeout(Some(t))
+            }
+        }
+    }
+
+    #[cfg(unix)]
+    fn fd(&self) -> std::os::unix::io::RawFd {
+        use std::os::unix::io::AsRawFd;
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        }
+    }
+
+    /// Reads what is there without waiting: `Ok(None)` when nothing is.
+    #[cfg(unix)]
+    fn read_now(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        // SAFETY: `buf` is valid for writes of its length; the fd is open while self lives.
+        let n = unsafe {
+            libc::recv(
+                self.fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
+            _ => Err(e),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Threads spinning on a socket right now, and how many may.
+static SPINNING: AtomicUsize = AtomicUsize::new(0);
+static MAX_SPINNING: LazyLock<usize> =
+    LazyLock::new(|| std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)));
+
+/// A place among the spinning threads, given back on drop.
+struct SpinSlot;
+
+impl SpinSlot {
+    fn take() -> Option<SpinSlot> {
+        let max = *MAX_SPINNING;
+        SPINNING
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| SpinSlot)
+    }
+}
+
+impl Drop for SpinSlot {
+    fn drop(&mut self) {
+        SPINNING.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "no reply within the deadline")
+}
+
+fn protocol(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg.into())
+}
+
+/// One blocking connection to a shard.
+pub(crate) struct BlockingConn {
+    stream: Stream,
+    buf: Vec<u8>,
+    /// Start of the unparsed bytes in `buf`.
+    pos: usize,
+}
+
+impl BlockingConn {
+    /// Connects, logs in and selects the database, all within `timeout`.
+    pub fn connect(target: &Target, timeout: Duration) -> io::Result<BlockingConn> {
+        let deadline = Instant::now() + timeout;
+        let stream = match &target.endpoint {
+            Endpoint::Tcp(host, port) => {
+                let mut last = None;
+                let mut found = None;
+                for addr in (host.as_str(), *port).to_socket_addrs()? {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    match TcpStream::connect_timeout(&addr, left) {
+                        Ok(s) => {
+                            found = Some(s);
+                            break;
+                        }
+                        Err(e) => last = Some(e),
+                    }
+                }
+                let s = found.ok_or_else(|| last.unwrap_or_else(timed_out))?;
+                s.set_nodelay(true)?;
+                Stream::Tcp(s)
+            }
+            #[cfg(unix)]
+            Endpoint::Unix(path) => Stream::Unix(std::os::unix::net::UnixStream::connect(path)?),
+        };
+        // a read never waits longer than the whole deadline
+        stream.set_timeouts(timeout)?;
+        let mut conn = BlockingConn {
+            stream,
+            buf: Vec::with_capacity(512),
+            pos: 0,
+        };
+        if let Some(password) = &target.password {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = &target.username {
+                auth.arg(user);
+            }
+            auth.arg(password);
+            conn.expect_ok(&auth.get_packed_command(), deadline, "AUTH")?;
+        }
+        if target.db != 0 {
+            let select = redis::cmd("SELECT").arg(target.db).get_packed_command();
+            conn.expect_ok(&select, deadline, "SELECT")?;
+        }
+        Ok(conn)
+    }
+
+    fn expect_ok(&mut self, packed: &[u8], deadline: Instant, what: &str) -> io::Result<()> {
+        match self.request(packed, deadline, Duration::ZERO)? {
+            Reply::Str(s) if s == b"OK" => Ok(()),
+            Reply::Error(e) => Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{what} failed: {e}"),
+            )),
+            other => Err(protocol(format!("{what}: unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Sends one packed command and reads its reply: spinning on the socket for up to
+    /// `spin` (when a spinning slot is free), then sleeping in `read`, never past
+    /// `deadline`. Any `Err` leaves the connection unusable: drop it.
+    pub fn request(
+        &mut self,
+        packed: &[u8],
+        deadline: Instant,
+        spin: Duration,
+    ) -> io::Result<Reply> {
+        self.stream.write_all(packed)?;
+        let mut slot = None;
+        #[cfg(unix)]
+        let spin_until = if spin.is_zero() {
+            None
+        } else {
+            slot = SpinSlot::take();
+            slot.as_ref().map(|_| Instant::now() + spin)
+        };
+        #[cfg(not(unix))]
+        let _ = spin;
+        loop {
+            if let Some((reply, used)) = parse(&self.buf[self.pos..])? {
+                self.pos += used;
+                if self.pos == self.buf.len() {
+                    self.buf.clear();
+                    self.pos = 0;
+                }
+                return Ok(reply);
+            }
+            let len = self.buf.len();
+            self.buf.resize(len + 4096, 0);
+            #[cfg(unix)]
+            if let Some(until) = spin_until.filter(|_| slot.is_some()) {
+                match self.stream.read_now(&mut self.buf[len..]) {
+                    Ok(Some(n)) => {
+                        self.buf.truncate(len + n);
+                        if n == 0 {
+                            return Err(io::ErrorKind::UnexpectedEof.into());
+                        }
+                        continue;
+                    }
+                    Ok(None) => {
+                        self.buf.truncate(len);
+                        if Instant::now() >= until {
+                            slot = None; // done spinning: sleep in read from now on
+                        } else {
+                            std::hint::spin_loop();
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        self.buf.truncate(len);
+                        return Err(e);
+                    }
+                }
+            }
+            let r = self.stream.read(&mut self.buf[len..]);
+            match r {
+                Ok(0) => {
+                    self.buf.truncate(len);
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                Ok(n) => self.buf.truncate(len + n),
+                Err(e) => {
+                    self.buf.truncate(len);
+                    return Err(match e.kind() {
+                        // the socket's read timeout (the whole deadline) passed
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => timed_out(),
+                        _ => e,
+                    });
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(timed_out());
+            }
+        }
+    }
+}
+
+/// Parses one reply from the front of `b`: `Ok(None)` when it is not complete yet.
+pub(crate) fn parse(b: &[u8]) -> io::Result<Option<(Reply, usize)>> {
+    fn line(b: &[u8]) -> Option<(&[u8], usize)> {
+        let i = b.windows(2).position(|w| w == b"\r\n")?;
+        Some((&b[..i], i + 2))
+    }
+    fn int(s: &[u8]) -> io::Result<i64> {
+        std::str::from_utf8(s)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| protocol(format!("bad integer {:?}", String::from_utf8_lossy(s))))
+    }
+    let Some(&tag) = b.first() else {
+        return Ok(None);
+    };
+    let Some((head, mut used)) = line(&b[1..]) else {
+        return Ok(None);
+    };
+    used += 1;
+    Ok(Some(match tag {
+        b'+' => (Reply::Str(head.to_vec()), used),
+        b'-' => (
+            Reply::Error(String::from_utf8_lossy(head).into_owned()),
+            used,
+        ),
+        b':' => (Reply::Int(int(head)?), used),
+        b'$' => {
+            let n = int(head)?;
+            if n < 0 {
+                return Ok(Some((Reply::Nil, used)));
+            }
+            let n = n as usize;
+            if b.len() < used + n + 2 {
+                return Ok(None);
+            }
+            if &b[used + n..used + n + 2] != b"\r\n" {
+                return Err(protocol("bulk string without CRLF"));
+            }
+            (Reply::Str(b[used..used + n].to_vec()), used + n + 2)
+        }
+        b'*' => {
+            let n = int(head)?;
+            if n < 0 {
+                return Ok(Some((Reply::Nil, used)));
+            }
+            let mut items = Vec::with_capacity((n as usize).min(64));
+            for _ in 0..n {
+                match parse(&b[used..])? {
+                    Some((item, u)) => {
+                        items.push(item);
+                        used += u;
+                    }
+                    None => return Ok(None),
+                }
+            }
+            (Reply::Array(items), used)
+        }
+        other => {
+            return Err(protocol(format!(
+                "unsupported reply type {:?}",
+                other as char
+            )))
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_replies_and_waits_for_the_rest() {
+        let full = b"*3\r\n:1\r\n$3\r\nabc\r\n*2\r\n:-5\r\n$-1\r\n+OK\r\n";
+        let (r, used) = parse(full).unwrap().unwrap();
+        assert_eq!(
+            r,
+            Reply::Array(vec![
+                Reply::Int(1),
+                Reply::Str(b"abc".to_vec()),
+                Reply::Array(vec![Reply::Int(-5), Reply::Nil]),
+            ])
+        );
+        assert_eq!(&full[used..], b"+OK\r\n");
+        // every proper prefix is incomplete, never an error
+        for cut in 0..used {
+            assert_eq!(parse(&full[..cut]).unwrap(), None, "prefix of {cut} bytes");
+        }
+        assert_eq!(
+            parse(b"-NOSCRIPT No matching script\r\n").unwrap(),
+            Some((Reply::Error("NOSCRIPT No matching script".into()), 30))
+        );
+        assert!(parse(b":12x\r\n").is_err());
+        assert!(parse(b"%1\r\n").is_err());
+        assert!(parse(b"$3\r\nabcXY").is_err());
+    }
+}
