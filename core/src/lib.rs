@@ -44,7 +44,7 @@ pub use ip::{client_ip, client_ip_with, parse_peer, Cidr, TrustedProxies};
 pub use limit::{Algorithm, AutoBlock, Limit, LocalAdmission, OnError, Policy, MAX_LIMIT};
 pub use limiter::{
     latency_scale, BlockInfo, ConfigWatcher, Layer, Lease, Limiter, ReloadReport, ScaleHook,
-    BLOCK_CACHE_TTL, CLOSED_RETRY_AFTER, MAX_KEY_LEN,
+    Spawner, BLOCK_CACHE_TTL, CLOSED_RETRY_AFTER, MAX_KEY_LEN,
 };
 pub use metrics::{MetricsSnapshot, PolicyMetrics};
 

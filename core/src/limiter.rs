@@ -103,6 +103,25 @@ enum Engine {
     Redis(Arc<RedisEngine>),
 }
 
+/// Starts futures on a limiter's I/O runtime (from [`Limiter::spawner`]).
+#[derive(Clone)]
+pub struct Spawner(Arc<crate::redis_engine::RtState>);
+
+impl std::fmt::Debug for Spawner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Spawner")
+    }
+}
+
+impl Spawner {
+    /// Starts `fut` on the I/O runtime, from any thread. Futures spawned while earlier ones
+    /// wait to start are started together, so the Redis commands of a burst of calls from
+    /// an event loop leave in one write, and the I/O thread wakes once for them.
+    pub fn spawn(&self, fut: impl Future<Output = ()> + Send + 'static) {
+        self.0.submit(Box::pin(fut));
+    }
+}
+
 /// A Redis check after its preamble: decided already (a cached block), or the script to run.
 enum Plan {
     Decided(Decision),
@@ -962,6 +981,16 @@ impl Limiter {
     }
 
     // ----- blocking twins --------------------------------------------------------------
+
+    /// Where bindings run async calls: `None` on the in-memory engine (its calls never
+    /// wait: run them inline), else a [`Spawner`] onto this limiter's I/O runtime that
+    /// batches the calls of a burst (see [`Spawner::spawn`]).
+    pub fn spawner(&self) -> Result<Option<Spawner>> {
+        match &self.view().engine {
+            Engine::Memory(_) => Ok(None),
+            Engine::Redis(r) => Ok(Some(Spawner(r.state()?))),
+        }
+    }
 
     /// Runs an async call of this limiter to completion on the calling thread. Used by the
     /// blocking API and by bindings without an async runtime. The calling thread waits at

@@ -107,11 +107,15 @@ struct Slot {
 /// The runtime and connections of one process.
 pub(crate) struct RtState {
     pid: u32,
+    /// [`fork_generation`] when this state was made.
+    generation: u64,
     handle: Handle,
     owner: Owner,
     conns: Vec<Slot>,
     /// Idle blocking connections per shard, for calls made on the caller's own thread.
     blocking: Vec<Mutex<Vec<BlockingConn>>>,
+    /// Futures handed over from other threads, not started yet (see [`RtState::submit`]).
+    submitted: Arc<Mutex<Vec<Job>>>,
     stream_tx: Option<tokio::sync::mpsc::Sender<StreamItem>>,
 }
 
@@ -123,10 +127,35 @@ enum Owner {
     Thread(Option<tokio::sync::oneshot::Sender<()>>),
 }
 
+/// A future handed to the I/O runtime.
+pub(crate) type Job = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
 impl RtState {
     /// The handle of the I/O runtime: spawn on it, or `block_on` from outside it.
     pub fn runtime(&self) -> &Handle {
         &self.handle
+    }
+
+    /// Starts `job` on the I/O runtime, from any thread. Jobs submitted while earlier ones
+    /// wait to start are started together by one task, in order: their commands are all
+    /// queued on the connection before its driver runs, so a burst from an event loop
+    /// (Node, asyncio) leaves in one write and costs the I/O thread one wake-up. (Spawned
+    /// one by one from outside, each job would run alone and be written alone: the runtime
+    /// runs the driver it woke before taking the next job from its injection queue.)
+    pub fn submit(&self, job: Job) {
+        let mut queue = self.submitted.lock();
+        let first = queue.is_empty();
+        queue.push(job);
+        drop(queue);
+        if first {
+            let queue = Arc::clone(&self.submitted);
+            self.handle.spawn(async move {
+                let jobs = std::mem::take(&mut *queue.lock());
+                for job in jobs {
+                    tokio::spawn(job);
+                }
+            });
+        }
     }
 }
 
@@ -271,6 +300,26 @@ fn map_redis_error(shard: &ShardConfig, timeout: Duration, e: redis::RedisError)
     }
 }
 
+/// Forks this process has seen: bumped in the child of every `fork()` by a `pthread_atfork`
+/// handler. Checking it costs an atomic load per call, where comparing process ids would
+/// cost a `getpid` system call.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+fn fork_generation() -> u64 {
+    #[cfg(unix)]
+    {
+        static HOOK: std::sync::Once = std::sync::Once::new();
+        extern "C" fn in_child() {
+            FORKS.fetch_add(1, Ordering::AcqRel);
+        }
+        HOOK.call_once(|| {
+            // SAFETY: registers a handler that only touches an atomic (async-signal-safe).
+            unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+        });
+    }
+    FORKS.load(Ordering::Acquire)
+}
+
 fn mono_us() -> u64 {
     MonotonicClock.now_us()
 }
@@ -403,16 +452,17 @@ impl RedisEngine {
 
     /// The runtime state of this process, created on first use and again after a fork.
     pub fn state(self: &Arc<Self>) -> Result<Arc<RtState>> {
-        let pid = std::process::id();
+        let generation = fork_generation();
         if let Some(s) = self.state.load_full() {
-            if s.pid == pid {
+            if s.generation == generation {
                 return Ok(s);
             }
         }
         let _guard = self.init.lock();
+        let pid = std::process::id();
         let current = self.state.load_full();
         if let Some(s) = current {
-            if s.pid == pid {
+            if s.generation == generation && s.pid == pid {
                 return Ok(s);
             }
             // Inherited through fork(): its threads do not exist in this process, so it
@@ -437,10 +487,12 @@ impl RedisEngine {
         });
         let st = Arc::new(RtState {
             pid,
+            generation,
             handle,
             owner,
             conns: self.shards.iter().map(|_| Slot::default()).collect(),
             blocking: self.shards.iter().map(|_| Mutex::default()).collect(),
+            submitted: Arc::default(),
             stream_tx,
         });
         self.state.store(Some(st.clone()));

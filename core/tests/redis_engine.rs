@@ -174,6 +174,56 @@ fn blocking_and_async_calls_log_in_and_select_the_database() {
     assert!(e.is_backend(), "{e}");
 }
 
+fn reads_processed(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query(&mut server.conn())
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_reads_processed:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_burst_of_spawned_calls_leaves_in_one_write() {
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server);
+    let p = Policy::new("burst", Limit::fixed_window(40, Duration::from_secs(3600))).unwrap();
+    // connect (the runtime's connection) and load the script first
+    rt().block_on(limiter.check("warm", &p, 1)).unwrap();
+    let spawner = limiter
+        .spawner()
+        .unwrap()
+        .expect("a Redis limiter has a runtime");
+    let run_burst = |key: &'static str| {
+        // hold the I/O thread while the burst is submitted, as an event loop's burst
+        // arrives while the thread is busy
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        spawner.spawn(async move {
+            let _ = hold_rx.recv();
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..64 {
+            let (l, p, tx) = (limiter.clone(), p.clone(), tx.clone());
+            spawner.spawn(async move {
+                let _ = tx.send(l.check(key, &p, 1).await.unwrap().allowed);
+            });
+        }
+        let before = reads_processed(&server);
+        hold_tx.send(()).unwrap();
+        let allowed = (0..64).filter(|_| rx.recv().unwrap()).count();
+        (allowed, reads_processed(&server) - before)
+    };
+    let (allowed, reads) = run_burst("burst");
+    assert_eq!(allowed, 40, "exact under a burst");
+    // 64 commands of ~500 bytes (plus this test's INFO) in a few reads, not one read each
+    // (the connection writes in frames of up to 8 KiB)
+    assert!(reads <= 8, "{reads} reads for a burst of 64 checks");
+}
+
 fn engines(server: &RedisServer) -> Vec<(Limiter, Arc<ManualClock>)> {
     redis::cmd("FLUSHALL").exec(&mut server.conn()).unwrap();
     vec![

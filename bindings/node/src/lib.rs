@@ -4,7 +4,8 @@
 //! the JavaScript wrapper in `index.js`; values are validated by the core.
 //!
 //! Async calls: on the Redis engine, each call is spawned on the core's own Tokio runtime
-//! (`Limiter::runtime_handle`); its Promise is settled from there through the environment's
+//! (`Limiter::spawner`, which starts the calls of a burst together so their commands leave
+//! in one write); its Promise is settled from there through the environment's
 //! batched settle queue (`settle.rs`: one threadsafe function per environment, one event-loop
 //! wake-up for many Promises), so the event loop never waits and no thread is started per
 //! call. On the in-memory engine
@@ -162,19 +163,19 @@ where
     F: Future<Output = shardlimit::Result<T>> + Send + 'static,
     C: FnOnce(&Env, T) -> Result<V> + Send + 'static,
 {
-    let handle = match guarded(|| limiter.runtime_handle()) {
+    let spawner = match guarded(|| limiter.spawner()) {
         Ok(h) => h,
         Err(e) => return settled::<V>(env, Err(core_error(env, e))),
     };
-    match handle {
-        Some(rt) => {
+    match spawner {
+        Some(spawner) => {
             let settler = env_data_or_init(env)?
                 .settler
                 .as_ref()
                 .ok_or_else(|| Error::from_reason("shardlimit: no settler"))?;
             let (deferred, promise) = settler.create(env)?;
             let sender = settler.sender();
-            rt.spawn(async move {
+            spawner.spawn(async move {
                 let result = CatchUnwind(Box::pin(fut)).await;
                 sender.send(Box::new(move |raw_env| {
                     let env = Env::from_raw(raw_env);

@@ -1,7 +1,8 @@
 //! asyncio futures resolved by the limiter's Tokio runtime.
 //!
 //! An async call creates an asyncio future on the running loop and spawns the core's future
-//! on the limiter's runtime ([`shardlimit::Limiter::runtime_handle`]): no thread per call.
+//! on the limiter's runtime ([`shardlimit::Limiter::spawner`], which starts the calls of a
+//! burst together, so their commands leave in one write): no thread per call.
 //! When the core's future finishes, the runtime thread only pushes the result onto a queue
 //! and, if the queue was empty, writes one byte to a socket the event loop watches
 //! (`loop.add_reader`). The loop thread then drains the queue in a batch, converting results
@@ -175,7 +176,7 @@ impl Completers {
             .import(py, "asyncio", "get_running_loop")?
             .call0()?;
         let pyfut = ev.call_method0("create_future")?;
-        let Some(handle) = limiter.runtime_handle().map_err(core_err)? else {
+        let Some(spawner) = limiter.spawner().map_err(core_err)? else {
             // the in-memory engine never waits: answer now
             let r = limiter.block_on(fut);
             resolve(
@@ -189,7 +190,7 @@ impl Completers {
         };
         let shared = self.for_loop(py, &ev)?;
         let target = pyfut.clone().unbind();
-        handle.spawn(async move {
+        spawner.spawn(async move {
             let r = fut.await;
             shared.push(Done {
                 fut: target,

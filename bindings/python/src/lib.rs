@@ -2,7 +2,7 @@
 //!
 //! Everything here converts types and errors; the logic lives in the core. Sync calls
 //! release the GIL while they wait on Redis. Async calls are spawned on the limiter's own
-//! Tokio runtime ([`shardlimit::Limiter::runtime_handle`]) and resolve an asyncio future
+//! Tokio runtime ([`shardlimit::Limiter::spawner`]) and resolve an asyncio future
 //! through [`completion`]: the I/O thread never takes the GIL.
 
 mod completion;
