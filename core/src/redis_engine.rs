@@ -123,8 +123,11 @@ pub(crate) struct RtState {
 enum Owner {
     /// A multi-thread runtime with its own workers.
     Workers(Option<Runtime>),
-    /// A current-thread runtime driven by one thread of ours, until the sender is dropped.
-    Thread(Option<tokio::sync::oneshot::Sender<()>>),
+    /// A current-thread runtime driven by one thread of ours, until `stop` is dropped.
+    Thread {
+        stop: Option<tokio::sync::oneshot::Sender<()>>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    },
 }
 
 /// A future handed to the I/O runtime.
@@ -161,16 +164,39 @@ impl RtState {
 
 impl Drop for RtState {
     fn drop(&mut self) {
-        // never blocks, so a limiter may be dropped inside an async context
+        // never waits for tasks, so a limiter may be dropped inside an async context
         match &mut self.owner {
             Owner::Workers(rt) => {
                 if let Some(rt) = rt.take() {
                     rt.shutdown_background();
                 }
             }
-            // the thread returns from block_on and drops the runtime itself
-            Owner::Thread(stop) => drop(stop.take()),
+            Owner::Thread { stop, thread } => {
+                // the thread returns from block_on and drops the runtime at once (tasks are
+                // dropped, not awaited); wait for that, unless this is that thread
+                drop(stop.take());
+                if let Some(t) = thread.take() {
+                    if !is_current(&t) {
+                        let _ = t.join();
+                    }
+                }
+            }
         }
+    }
+}
+
+/// True on the thread of `t`. (Not `std::thread::current()`: on a C thread that registers
+/// a thread handle that is never given back.)
+fn is_current(t: &std::thread::JoinHandle<()>) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::thread::JoinHandleExt;
+        // SAFETY: pthread_self has no preconditions
+        unsafe { libc::pthread_equal(t.as_pthread_t(), libc::pthread_self()) != 0 }
+    }
+    #[cfg(not(unix))]
+    {
+        t.thread().id() == std::thread::current().id()
     }
 }
 
@@ -188,18 +214,47 @@ fn start_runtime(worker_threads: usize) -> std::io::Result<(Handle, Owner)> {
             .build()?;
         return Ok((rt.handle().clone(), Owner::Workers(Some(rt))));
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let handle = rt.handle().clone();
+    // built on its own thread, so that everything the runtime keeps of "its" thread is
+    // that thread's and ends with it
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    std::thread::Builder::new()
+    // (a parking_lot handshake: std's blocking channels register a thread handle for the
+    // caller, which may be a C thread that never gives it back)
+    let ready = Arc::new((Mutex::new(None), parking_lot::Condvar::new()));
+    let ready_tx = Arc::clone(&ready);
+    let send = move |r: std::io::Result<Handle>| {
+        *ready_tx.0.lock() = Some(r);
+        ready_tx.1.notify_one();
+    };
+    let thread = std::thread::Builder::new()
         .name("shardlimit-io".into())
         .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => return send(Err(e)),
+            };
+            send(Ok(rt.handle().clone()));
             let _ = rt.block_on(stopped);
             rt.shutdown_background();
         })?;
-    Ok((handle, Owner::Thread(Some(stop))))
+    let handle = {
+        let mut r = ready.0.lock();
+        loop {
+            if let Some(r) = r.take() {
+                break r?;
+            }
+            ready.1.wait(&mut r);
+        }
+    };
+    Ok((
+        handle,
+        Owner::Thread {
+            stop: Some(stop),
+            thread: Some(thread),
+        },
+    ))
 }
 
 #[derive(Default)]
