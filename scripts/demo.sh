@@ -8,6 +8,14 @@
 #   make demo                      # or: bash scripts/demo.sh
 #   DEMO_REQUESTS=4800 make demo   # checks per worker (default 2400)
 #   DEMO_ENGINE=memory make demo   # what happens without redis-server: the in-memory engine
+#
+# The builds: ONE `cargo build --profile demo` (unoptimized, no debug info: the workers make
+# ~10k checks, so compile time is what counts) of everything the demo runs, so the shared
+# dependencies compile once: the CLI, the Rust worker, the Python extension, the Node addon
+# and libshardlimit for Go, all in target/demo; then `go build` of the Go worker. No venv,
+# pip, maturin, npm or napi: the Python worker imports the package assembled in
+# target/demo/python, the Node worker loads target/demo/node/shardlimit.node. (The release
+# packages are what scripts/test-python.sh and scripts/test-node.sh build and test.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -17,78 +25,98 @@ REQUESTS=${DEMO_REQUESTS:-2400}   # checks per worker
 CONCURRENCY=16                    # concurrent callers per worker
 KEYS=8                            # user:0..7 under each policy
 POLICIES=billing,demo_daily,demo_burst
-VENV=${SHARDLIMIT_PY_VENV:-.venv} # the venv scripts/test-python.sh uses
-OUT=target/demo                   # cached build products of the demo
-mkdir -p "$OUT"
+OUT=target/demo                   # the demo's cargo profile: everything the demo builds
 
 step() { printf '\n== %s\n' "$*"; }
-newer_than() { # newer_than STAMP PATH...: true when STAMP is missing or a file is newer
-  [ -e "$1" ] || return 0
-  local stamp=$1; shift
-  [ -n "$(find "$@" -type f -newer "$stamp" -not -path '*/node_modules/*' -not -name '*.node' -print -quit 2>/dev/null)" ]
-}
 
-# ---------------------------------------------------------------------------- builds
-step "builds (cached on reruns)"
-ensure_rust
-echo "cargo build --release (shardlimit CLI, libshardlimit for Go, the Rust worker)"
-cargo build --release --quiet -p shardlimit-cli -p shardlimit-c -p shardlimit-examples
-SL=target/release/shardlimit
-LANGS=(rust)
-
-if command -v python3 >/dev/null 2>&1 || apt_install python3 python3-venv python3-pip 2>/dev/null; then
-  if [ ! -x "$VENV/bin/python" ]; then
-    python3 -m venv "$VENV" 2>/dev/null || { apt_install python3-venv; rm -rf "$VENV"; python3 -m venv "$VENV"; }
-  fi
-  PY="$root/$VENV/bin/python"
-  [[ "$VENV" = /* ]] && PY="$VENV/bin/python"
-  if newer_than "$OUT/python.stamp" core lua bindings/python Cargo.lock || ! "$PY" -c 'import shardlimit' 2>/dev/null; then
-    echo "pip install ./bindings/python into $VENV (maturin, release)"
-    "$PY" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps ./bindings/python
-    touch "$OUT/python.stamp"
-  else
-    echo "python package: up to date in $VENV"
-  fi
-  LANGS+=(python)
-else
-  echo "python3 not available: no Python worker" >&2
-fi
-
-if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
-  addon=$(ls bindings/node/shardlimit.*.node 2>/dev/null | head -1 || true)
-  if [ -z "$addon" ] || newer_than "$addon" core/src lua bindings/node/src bindings/node/Cargo.toml; then
-    echo "npm ci + npm run build in bindings/node (napi-rs, release)"
-    (cd bindings/node && { [ -d node_modules ] || npm ci --ignore-scripts --no-audit --no-fund --loglevel=error; } && npm run --silent build >/dev/null)
-  else
-    echo "node addon: up to date ($addon)"
-  fi
-  LANGS+=(node)
-else
-  echo "node/npm not available: no Node worker" >&2
-fi
-
-if command -v go >/dev/null 2>&1; then
-  echo "go build ./cmd/demo-worker (cgo, links target/release/libshardlimit.so)"
-  (cd examples/go && go build -o "$root/$OUT/go-demo-worker" ./cmd/demo-worker)
-  LANGS+=(go)
-else
-  echo "go not available: no Go worker" >&2
-fi
-
-# ---------------------------------------------------------------------------- shards
-t0=$(date +%s.%N)
 WORK=$(mktemp -d)
 PIDS=()
+GO_BUILD=
 cleanup() {
   exec 3>&- 2>/dev/null || true
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}" $GO_BUILD; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 
+# ---------------------------------------------------------------------------- builds
+step "builds (cached on reruns)"
+command -v cargo >/dev/null 2>&1 || { echo "cargo not found: install Rust with rustup" >&2; exit 1; }
+if ! command -v python3 >/dev/null 2>&1 && ! apt_install python3; then
+  echo "python3 not found: the demo needs it (for its config and its table)" >&2
+  exit 1
+fi
+PY=$(python3 -c 'import sys; print(sys.executable)') # the interpreter, not a pyenv shim
+
+# What to build depends on the tools at hand, not on the engine: the same crates in one
+# invocation get the same features, so switching to DEMO_ENGINE=memory and back rebuilds
+# nothing. --no-default-features: without `tls` (rediss://; the demo's shards are local),
+# which spares compiling rustls.
+crates=(shardlimit-cli shardlimit-demo-worker)
+features=()
+LANGS=(rust)
+if "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 9))'; then
+  crates+=(shardlimit-python)
+  features+=(--features shardlimit-python/extension-module) # its other default feature
+  LANGS+=(python)
+else
+  echo "python3 is older than 3.9: no Python worker" >&2
+fi
+if command -v node >/dev/null 2>&1; then
+  crates+=(shardlimit-node)
+  LANGS+=(node)
+else
+  echo "node not available: no Node worker" >&2
+fi
+if command -v go >/dev/null 2>&1; then
+  crates+=(shardlimit-c)
+  LANGS+=(go)
+else
+  echo "go not available: no Go worker" >&2
+fi
+echo "cargo build --profile demo --no-default-features: ${crates[*]}"
+# PYO3_*: what maturin tells pyo3 (which interpreter; an extension module, no libpython)
+PYO3_PYTHON="$PY" PYO3_BUILD_EXTENSION_MODULE=1 \
+  cargo build --profile demo --quiet --no-default-features "${features[@]}" "${crates[@]/#/--package=}"
+SL=$OUT/shardlimit
+
+# On the in-memory engine only the Rust worker runs (one process, one limiter).
+if [ "${DEMO_ENGINE:-}" != memory ] && ensure_redis 2>/dev/null; then ENGINE=redis; else ENGINE=memory; LANGS=(rust); fi
+for lang in "${LANGS[@]}"; do
+  case $lang in
+    python)
+      # the package as maturin lays it out: the Python sources plus the extension module,
+      # named as in an abi3 wheel
+      rm -rf "$OUT/python"
+      mkdir -p "$OUT/python"
+      cp -R bindings/python/python/shardlimit "$OUT/python/"
+      cp "$OUT/lib_shardlimit.so" "$OUT/python/shardlimit/_shardlimit.abi3.so"
+      echo "python package: $OUT/python/shardlimit (imported with PYTHONPATH=$OUT/python)"
+      ;;
+    node)
+      # Node loads an addon by its .node extension (as napi build and scripts/install.js name it)
+      mkdir -p "$OUT/node"
+      cp "$OUT/libshardlimit_node.so" "$OUT/node/shardlimit.node"
+      echo "node addon: $OUT/node/shardlimit.node (loaded with SHARDLIMIT_NATIVE_LIBRARY)"
+      ;;
+    go)
+      # in the background while the shards start. The cgo flags name target/release; rather
+      # than CGO_LDFLAGS (which would make Go rebuild its own cgo packages too), LIBRARY_PATH
+      # lets the linker find libshardlimit.so in target/demo, and LD_LIBRARY_PATH makes the
+      # worker load that one.
+      echo "go build ./cmd/demo-worker (cgo, against $OUT/libshardlimit.so; in the background)"
+      LIBRARY_PATH="$root/$OUT${LIBRARY_PATH:+:$LIBRARY_PATH}" \
+        go -C examples/go build -buildvcs=false -o "$root/$OUT/go-demo-worker" ./cmd/demo-worker >"$WORK/go-build.log" 2>&1 &
+      GO_BUILD=$!
+      ;;
+  esac
+done
+
+# ---------------------------------------------------------------------------- shards
+t0=$(date +%s.%N)
 step "shards"
-if [ "${DEMO_ENGINE:-}" != memory ] && ensure_redis 2>/dev/null; then
+if [ $ENGINE = redis ]; then
   for port in 6391 6392 6393; do
     if redis-cli -h 127.0.0.1 -p $port ping >/dev/null 2>&1; then
       echo "port $port is already in use by a Redis; stop it first (the demo starts its own shards)" >&2
@@ -103,12 +131,10 @@ if [ "${DEMO_ENGINE:-}" != memory ] && ensure_redis 2>/dev/null; then
     redis-cli -h 127.0.0.1 -p $port ping >/dev/null || { echo "redis-server on $port did not start" >&2; cat "$WORK/$port.log" >&2; exit 1; }
   done
   echo "started 3 Redis shards on 127.0.0.1:6391-6393 (engine: redis)"
-  ENGINE=redis
 else
   [ "${DEMO_ENGINE:-}" = memory ] && echo "DEMO_ENGINE=memory: not starting Redis" ||
     echo "redis-server is not available (and cannot be installed here):"
   echo "running on the EMBEDDED IN-MEMORY ENGINE, in ONE PROCESS (the Rust worker, 4 workers sharing one limiter)"
-  ENGINE=memory
 fi
 
 # The demo's config: shard-config.json's shards and policies, plus two policies whose totals
@@ -116,7 +142,7 @@ fi
 # token per 1000 s. (login's one-minute window could end mid-run; api refills 10/s.) The
 # per-call deadline is raised from 50 ms: 4 busy processes share 2 cores here, and a
 # timeout would be decided by on_error instead of by Redis.
-python3 - shard-config.json "$ENGINE" > "$WORK/demo-config.json" <<'PY'
+"$PY" - shard-config.json "$ENGINE" > "$WORK/demo-config.json" <<'PY'
 import json, sys
 cfg = json.load(open(sys.argv[1]))
 cfg["description"] = "make demo: shard-config.json plus two long-window policies"
@@ -140,7 +166,7 @@ else
 printf '%-8s %-8s %-10s %-14s %s\n' attempt allowed remaining retry_after_ms shard
 for i in $(seq 7); do
   out=$($SL check --config "$CONFIG" --policy login user:alice || true)
-  python3 -c '
+  "$PY" -c '
 import json, sys
 d = json.loads(sys.argv[2]); s = d["shard"]
 print("%-8s %-8s %-10s %-14s %s" % (sys.argv[1], str(d["allowed"]).lower(), d["remaining"], d["retry_after_ms"] if d["retry_after_ms"] is not None else "-", s["name"] if s else "memory"))' "$i" "$out"
@@ -152,19 +178,22 @@ common=(--requests "$REQUESTS" --concurrency "$CONCURRENCY" --keys "$KEYS" --pol
 if [ $ENGINE = redis ]; then
   step "${#LANGS[@]} workers at once (${LANGS[*]}), $REQUESTS checks each, $CONCURRENCY concurrent callers each, over ${KEYS} keys x {billing, demo_daily, demo_burst}"
 else
-  LANGS=(rust)
   step "4 workers in one process (in-memory engine), $REQUESTS checks each, over ${KEYS} keys x {billing, demo_daily, demo_burst}"
+fi
+if [ -n "$GO_BUILD" ]; then
+  wait "$GO_BUILD" || { cat "$WORK/go-build.log" >&2; echo "go build of the Go worker failed" >&2; exit 1; }
+  GO_BUILD=
 fi
 mkfifo "$WORK/start"
 i=0
 for lang in "${LANGS[@]}"; do
   case $lang in
     rust)
-      if [ $ENGINE = redis ]; then cmd=(target/release/shardlimit-demo-worker --instance 0)
-      else cmd=(target/release/shardlimit-demo-worker --instance 0 --threads 4); fi ;;
-    python) cmd=("$PY" examples/demo/worker.py --instance 1) ;;
-    node) cmd=(node examples/demo/worker.mjs --instance 2) ;;
-    go) cmd=("$OUT/go-demo-worker" --instance 3) ;;
+      if [ $ENGINE = redis ]; then cmd=("$OUT/shardlimit-demo-worker" --instance 0)
+      else cmd=("$OUT/shardlimit-demo-worker" --instance 0 --threads 4); fi ;;
+    python) cmd=(env PYTHONPATH="$root/$OUT/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" examples/demo/worker.py --instance 1) ;;
+    node) cmd=(env SHARDLIMIT_NATIVE_LIBRARY="$root/$OUT/node/shardlimit.node" node examples/demo/worker.mjs --instance 2) ;;
+    go) cmd=(env LD_LIBRARY_PATH="$root/$OUT${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$OUT/go-demo-worker" --instance 3) ;;
   esac
   # each worker connects, prints "ready", then waits for the start fifo to close
   "${cmd[@]}" --config "$CONFIG" "${common[@]}" --barrier <"$WORK/start" >"$WORK/$lang.json" 2>"$WORK/$lang.err" &
@@ -221,7 +250,7 @@ te=$(date +%s.%N)
 
 # ---------------------------------------------------------------------------- table
 step "result"
-python3 - "$CONFIG" "$ENGINE" "$tw" "$te" "$t0" "${LANGS[@]/#/$WORK/}" <<'PY'
+"$PY" - "$CONFIG" "$ENGINE" "$tw" "$te" "$t0" "${LANGS[@]/#/$WORK/}" <<'PY'
 import json, math, sys
 cfg = json.load(open(sys.argv[1]))
 engine, t_start, t_end, t0 = sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
