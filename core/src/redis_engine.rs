@@ -140,11 +140,11 @@ impl RtState {
     }
 
     /// Starts `job` on the I/O runtime, from any thread. Jobs submitted while earlier ones
-    /// wait to start are started together by one task, in order: their commands are all
-    /// queued on the connection before its driver runs, so a burst from an event loop
-    /// (Node, asyncio) leaves in one write and costs the I/O thread one wake-up. (Spawned
-    /// one by one from outside, each job would run alone and be written alone: the runtime
-    /// runs the driver it woke before taking the next job from its injection queue.)
+    /// wait to start are run together by one task: their commands are all queued on the
+    /// connection before its driver runs, so a burst from an event loop (Node, asyncio)
+    /// leaves in one write and costs the I/O thread one wake-up. (Spawned one by one from
+    /// outside, each job would run alone and be written alone: the runtime runs the driver
+    /// it woke before taking the next job from its injection queue.)
     pub fn submit(&self, job: Job) {
         let mut queue = self.submitted.lock();
         let first = queue.is_empty();
@@ -153,10 +153,12 @@ impl RtState {
         if first {
             let queue = Arc::clone(&self.submitted);
             self.handle.spawn(async move {
-                let jobs = std::mem::take(&mut *queue.lock());
-                for job in jobs {
-                    tokio::spawn(job);
-                }
+                // one task polls the whole burst: every job sends its command before the
+                // connection's driver runs (spawned as tasks of their own, a multi-thread
+                // runtime would run the driver each job wakes right after that job)
+                let mut jobs: futures_util::stream::FuturesUnordered<Job> =
+                    std::mem::take(&mut *queue.lock()).into_iter().collect();
+                while futures_util::StreamExt::next(&mut jobs).await.is_some() {}
             });
         }
     }

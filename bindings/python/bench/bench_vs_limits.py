@@ -8,7 +8,10 @@ Starts its own redis-server on a free 127.0.0.1 port and measures:
 2. asyncio decisions/s with 64 concurrent tasks (limits: both its coredis and redis-py
    async implementations, the faster one counts);
 3. per-call overhead of a sync shardlimit check over the bare Redis round trip: the very
-   command shardlimit sends (captured with SLOWLOG) replayed over a raw socket.
+   command shardlimit sends (captured with SLOWLOG) replayed over a raw socket. Twice:
+   shardlimit as configured by default (a blocking call spins on its socket for up to
+   `spin_wait`, 100 us, before sleeping) against a raw socket read that spins too, and
+   shardlimit with `spin_wait: 0` against a raw socket read that sleeps.
 
 The policy is a fixed window of 10^9 per hour (every check allowed, one script call per
 check) in both libraries; a sliding-window counter comparison follows. Targets (issue 5):
@@ -37,6 +40,20 @@ import shardlimit  # noqa: E402
 
 TASKS = 64
 LIMIT = 10**9
+
+
+class _SpinningSocket:
+    """A socket whose recv() polls without ever sleeping (MSG_DONTWAIT in a loop)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def recv(self, n: int) -> bytes:
+        while True:
+            try:
+                return self.sock.recv(n, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                pass
 
 
 def rate(n: int, seconds: float) -> float:
@@ -173,6 +190,19 @@ def main() -> None:
             reply = reader.reply()
             assert isinstance(reply, list), reply
 
+        # the same, reading without ever sleeping (what spin_wait does in the core)
+        raw_spin = socket.create_connection(("127.0.0.1", server.port))
+        raw_spin.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        spin_reader = _Reader(_SpinningSocket(raw_spin))  # type: ignore[arg-type]
+
+        def bare_spinning() -> None:
+            raw_spin.sendall(wire)
+            reply = spin_reader.reply()
+            assert isinstance(reply, list), reply
+
+        nospin = shardlimit.Limiter.from_json(json.dumps({**json.loads(cfg), "spin_wait": 0}))
+        nospin.check("ov", "fw")
+
         ping = _encode("PING")
 
         def bare_ping() -> None:
@@ -185,16 +215,23 @@ def main() -> None:
             "fw": {"algorithm": "fixed_window", "limit": LIMIT, "window": "1h"}}}))
         mem_lat = summary(latencies(lambda: mem.check("ov", "fw"), m))
         sl_lat = summary(latencies(lambda: sl.check("ov", "fw"), m))
+        spin_lat = summary(latencies(bare_spinning, m))
+        nospin_lat = summary(latencies(lambda: nospin.check("ov", "fw"), m))
         bare_lat = summary(latencies(bare, m))
         ping_lat = summary(latencies(bare_ping, m))
         raw.close()
+        raw_spin.close()
         results["overhead"] = {
             "shardlimit_check": sl_lat,
+            "bare_same_command_raw_socket_spinning": spin_lat,
+            "shardlimit_check_spin_wait_0": nospin_lat,
             "bare_same_command_raw_socket": bare_lat,
             "bare_ping_raw_socket": ping_lat,
             "memory_engine_check": mem_lat,
-            "overhead_p50_us": sl_lat["p50_us"] - bare_lat["p50_us"],
-            "overhead_mean_us": sl_lat["mean_us"] - bare_lat["mean_us"],
+            "overhead_p50_us": sl_lat["p50_us"] - spin_lat["p50_us"],
+            "overhead_mean_us": sl_lat["mean_us"] - spin_lat["mean_us"],
+            "overhead_no_spin_p50_us": nospin_lat["p50_us"] - bare_lat["p50_us"],
+            "overhead_no_spin_mean_us": nospin_lat["mean_us"] - bare_lat["mean_us"],
             "command": [c.decode(errors="replace") for c in command[:3]] + ["..."],
         }
     finally:
@@ -217,13 +254,17 @@ def main() -> None:
           f"coredis {a['limits_coredis_sliding_window_counter']:>8,.0f}")
     print("\nsync latency, microseconds (p50 / mean / p99)")
     for label, k in (("shardlimit check", "shardlimit_check"),
+                     ("same command, raw, spinning", "bare_same_command_raw_socket_spinning"),
+                     ("check, spin_wait 0", "shardlimit_check_spin_wait_0"),
                      ("same command, raw socket", "bare_same_command_raw_socket"),
                      ("PING, raw socket", "bare_ping_raw_socket"),
                      ("check, in-memory engine", "memory_engine_check")):
         v = o[k]
-        print(f"  {label:<26}{v['p50_us']:7.1f} {v['mean_us']:7.1f} {v['p99_us']:7.1f}")
-    print(f"  overhead over the bare round trip: p50 {o['overhead_p50_us']:.1f} us, "
-          f"mean {o['overhead_mean_us']:.1f} us (target <= 15)")
+        print(f"  {label:<28}{v['p50_us']:7.1f} {v['mean_us']:7.1f} {v['p99_us']:7.1f}")
+    print(f"  overhead over the bare round trip (both spinning): p50 "
+          f"{o['overhead_p50_us']:.1f} us, mean {o['overhead_mean_us']:.1f} us (target <= 15)")
+    print(f"  overhead over the bare round trip (neither spinning): p50 "
+          f"{o['overhead_no_spin_p50_us']:.1f} us, mean {o['overhead_no_spin_mean_us']:.1f} us")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 
