@@ -32,8 +32,10 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease)
   return {1, max - n, reset_after(), -1, 0}
 end
 
-REFUND.cc = function(key, now, ttl, cost, lease)
-  for i = 1, cost do
-    redis.call('ZREM', key, lease .. ':' .. i)
+if REFUND then -- only the layered and refund scripts give units back
+  REFUND.cc = function(key, now, ttl, cost, lease)
+    for i = 1, cost do
+      redis.call('ZREM', key, lease .. ':' .. i)
+    end
   end
 end

@@ -22,10 +22,12 @@ ALGO.fw = function(key, now, limit, window, cost, peek)
   return {1, limit - used, reset, -1, 0}
 end
 
-REFUND.fw = function(key, now, window, cost)
-  local ckey = key .. ':' .. int(math.floor(now / window))
-  local used = tonumber(redis.call('GET', ckey) or '0')
-  if used > 0 then
-    redis.call('DECRBY', ckey, math.min(cost, used))
+if REFUND then -- only the layered and refund scripts give units back
+  REFUND.fw = function(key, now, window, cost)
+    local ckey = key .. ':' .. int(math.floor(now / window))
+    local used = tonumber(redis.call('GET', ckey) or '0')
+    if used > 0 then
+      redis.call('DECRBY', ckey, math.min(cost, used))
+    end
   end
 end

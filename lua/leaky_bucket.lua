@@ -21,12 +21,14 @@ ALGO.lb = function(key, now, capacity, interval, cost, peek)
   return {1, math.floor((queue - (new_drain - now)) / interval), new_drain - now, -1, drain - now}
 end
 
-REFUND.lb = function(key, now, interval, cost)
-  local drain = tonumber(redis.call('GET', key) or '0')
-  local back = drain - cost * interval
-  if back <= now then
-    redis.call('DEL', key)
-  else
-    redis.call('SET', key, int(back), 'PX', math.ceil((back - now) / 1000))
+if REFUND then -- only the layered and refund scripts give units back
+  REFUND.lb = function(key, now, interval, cost)
+    local drain = tonumber(redis.call('GET', key) or '0')
+    local back = drain - cost * interval
+    if back <= now then
+      redis.call('DEL', key)
+    else
+      redis.call('SET', key, int(back), 'PX', math.ceil((back - now) / 1000))
+    end
   end
 end

@@ -39,9 +39,11 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
   return {1, limit - n, reset_after(), -1, 0}
 end
 
-REFUND.sl = function(key, now, window, cost)
-  local members = redis.call('ZRANGEBYSCORE', key, int(now), int(now), 'LIMIT', 0, cost)
-  if #members > 0 then
-    redis.call('ZREM', key, unpack(members))
+if REFUND then -- only the layered and refund scripts give units back
+  REFUND.sl = function(key, now, window, cost)
+    local members = redis.call('ZRANGEBYSCORE', key, int(now), int(now), 'LIMIT', 0, cost)
+    if #members > 0 then
+      redis.call('ZREM', key, unpack(members))
+    end
   end
 end

@@ -57,10 +57,12 @@ ALGO.sw = function(key, now, limit, window, cost, peek)
   return {0, remaining(prev, cur, elapsed), reset, retry, 0}
 end
 
-REFUND.sw = function(key, now, window, cost)
-  local ckey = key .. ':' .. int(math.floor(now / window))
-  local cur = tonumber(redis.call('GET', ckey) or '0')
-  if cur > 0 then
-    redis.call('DECRBY', ckey, math.min(cost, cur))
+if REFUND then -- only the layered and refund scripts give units back
+  REFUND.sw = function(key, now, window, cost)
+    local ckey = key .. ':' .. int(math.floor(now / window))
+    local cur = tonumber(redis.call('GET', ckey) or '0')
+    if cur > 0 then
+      redis.call('DECRBY', ckey, math.min(cost, cur))
+    end
   end
 end

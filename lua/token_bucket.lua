@@ -21,12 +21,14 @@ ALGO.tb = function(key, now, capacity, interval, cost, peek)
 end
 
 -- GCRA state of both buckets: move the TAT back by the refunded units.
-REFUND.tb = function(key, now, interval, cost)
-  local tat = tonumber(redis.call('GET', key) or '0')
-  local back = tat - cost * interval
-  if back <= now then
-    redis.call('DEL', key)
-  else
-    redis.call('SET', key, int(back), 'PX', math.ceil((back - now) / 1000))
+if REFUND then -- only the layered and refund scripts give units back
+  REFUND.tb = function(key, now, interval, cost)
+    local tat = tonumber(redis.call('GET', key) or '0')
+    local back = tat - cost * interval
+    if back <= now then
+      redis.call('DEL', key)
+    else
+      redis.call('SET', key, int(back), 'PX', math.ceil((back - now) / 1000))
+    end
   end
 end

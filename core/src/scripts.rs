@@ -25,9 +25,16 @@ macro_rules! all_algorithms {
     };
 }
 
+/// Check scripts give nothing back: no REFUND table, so the algorithm files skip defining
+/// their refund functions (see prelude.lua).
 macro_rules! check_script {
     ($name:ident, $file:literal) => {
-        const $name: &str = concat!(lua!("prelude.lua"), lua!($file), lua!("main_check.lua"));
+        const $name: &str = concat!(
+            "local REFUND\n",
+            lua!("prelude.lua"),
+            lua!($file),
+            lua!("main_check.lua")
+        );
     };
 }
 
@@ -38,11 +45,13 @@ check_script!(TOKEN_BUCKET_SRC, "token_bucket.lua");
 check_script!(LEAKY_BUCKET_SRC, "leaky_bucket.lua");
 check_script!(CONCURRENCY_SRC, "concurrency.lua");
 const LAYERED_SRC: &str = concat!(
+    "local REFUND = {}\n",
     lua!("prelude.lua"),
     all_algorithms!(),
     lua!("main_layered.lua")
 );
 const REFUND_SRC: &str = concat!(
+    "local REFUND = {}\n",
     lua!("prelude.lua"),
     all_algorithms!(),
     lua!("main_refund.lua")
