@@ -64,6 +64,45 @@ impl Target {
             password: settings.password().map(str::to_string),
         })
     }
+
+    /// Host and port of a TCP target.
+    pub fn tcp(&self) -> Option<(&str, u16)> {
+        match &self.endpoint {
+            Endpoint::Tcp(host, port) => Some((host.as_str(), *port)),
+            #[cfg(unix)]
+            Endpoint::Unix(_) => None,
+        }
+    }
+
+    /// The socket path of a Unix-socket target.
+    #[cfg(unix)]
+    pub fn unix(&self) -> Option<&std::path::Path> {
+        match &self.endpoint {
+            Endpoint::Unix(p) => Some(p),
+            Endpoint::Tcp(..) => None,
+        }
+    }
+
+    /// The commands a new connection sends first, each answered by +OK: AUTH when the URL
+    /// has a password, SELECT when it names a database other than 0.
+    pub fn handshake(&self) -> Vec<(&'static str, Vec<u8>)> {
+        let mut out = Vec::new();
+        if let Some(password) = &self.password {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = &self.username {
+                auth.arg(user);
+            }
+            auth.arg(password);
+            out.push(("AUTH", auth.get_packed_command()));
+        }
+        if self.db != 0 {
+            out.push((
+                "SELECT",
+                redis::cmd("SELECT").arg(self.db).get_packed_command(),
+            ));
+        }
+        out
+    }
 }
 
 enum Stream {
@@ -219,17 +258,8 @@ impl BlockingConn {
             buf: Vec::with_capacity(512),
             pos: 0,
         };
-        if let Some(password) = &target.password {
-            let mut auth = redis::cmd("AUTH");
-            if let Some(user) = &target.username {
-                auth.arg(user);
-            }
-            auth.arg(password);
-            conn.expect_ok(&auth.get_packed_command(), deadline, "AUTH")?;
-        }
-        if target.db != 0 {
-            let select = redis::cmd("SELECT").arg(target.db).get_packed_command();
-            conn.expect_ok(&select, deadline, "SELECT")?;
+        for (what, packed) in target.handshake() {
+            conn.expect_ok(&packed, deadline, what)?;
         }
         Ok(conn)
     }

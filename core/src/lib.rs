@@ -30,6 +30,7 @@ mod limit;
 mod limiter;
 mod memory;
 pub mod metrics;
+mod pipe;
 mod redis_engine;
 pub mod routing;
 pub mod scripts;

@@ -14,6 +14,7 @@ use crate::events::{CircuitState, Event, Subscribers};
 use crate::limit::{AutoBlock, Compiled, PolicyInner};
 use crate::memory::{LayerReq, LayeredRaw, Raw};
 use crate::metrics::Latency;
+use crate::pipe::Pipe;
 use crate::routing::routing_key;
 use crate::scripts;
 use arc_swap::ArcSwapOption;
@@ -104,6 +105,12 @@ struct Slot {
     connecting: tokio::sync::Mutex<()>,
 }
 
+#[derive(Default)]
+struct PipeSlot {
+    pipe: ArcSwapOption<Pipe>,
+    connecting: tokio::sync::Mutex<()>,
+}
+
 /// The runtime and connections of one process.
 pub(crate) struct RtState {
     pid: u32,
@@ -114,6 +121,8 @@ pub(crate) struct RtState {
     conns: Vec<Slot>,
     /// Idle blocking connections per shard, for calls made on the caller's own thread.
     blocking: Vec<Mutex<Vec<BlockingConn>>>,
+    /// The pipelined connection of each shard, for async checks.
+    pipes: Vec<PipeSlot>,
     /// Futures handed over from other threads, not started yet (see [`RtState::submit`]).
     submitted: Arc<Mutex<Vec<Job>>>,
     stream_tx: Option<tokio::sync::mpsc::Sender<StreamItem>>,
@@ -549,6 +558,7 @@ impl RedisEngine {
             owner,
             conns: self.shards.iter().map(|_| Slot::default()).collect(),
             blocking: self.shards.iter().map(|_| Mutex::default()).collect(),
+            pipes: self.shards.iter().map(|_| PipeSlot::default()).collect(),
             submitted: Arc::default(),
             stream_tx,
         });
@@ -726,21 +736,91 @@ impl RedisEngine {
                 Ok(reply)
             }
             Err(e) => {
-                let e = if e.kind() == std::io::ErrorKind::TimedOut {
-                    Error::Timeout {
-                        shard: self.shards[shard].name.clone(),
-                        timeout_ms: self.timeout.as_millis() as u64,
-                    }
-                } else {
-                    Error::Connection {
-                        shard: self.shards[shard].name.clone(),
-                        message: e.to_string(),
-                    }
-                };
+                let e = self.io_error(shard, e);
                 self.failed(shard, &e);
                 Err(e)
             }
         }
+    }
+
+    fn io_error(&self, shard: usize, e: std::io::Error) -> Error {
+        if e.kind() == std::io::ErrorKind::TimedOut {
+            Error::Timeout {
+                shard: self.shards[shard].name.clone(),
+                timeout_ms: self.timeout.as_millis() as u64,
+            }
+        } else {
+            Error::Connection {
+                shard: self.shards[shard].name.clone(),
+                message: e.to_string(),
+            }
+        }
+    }
+
+    /// The pipelined connection of shard `shard`, made (on the I/O runtime) when there is
+    /// none or the last one broke.
+    async fn pipe(&self, st: &RtState, shard: usize, target: &Target) -> Result<Pipe> {
+        let slot = &st.pipes[shard];
+        if let Some(p) = slot.pipe.load_full().filter(|p| !p.is_broken()) {
+            return Ok((*p).clone());
+        }
+        let _one_at_a_time = slot.connecting.lock().await;
+        if let Some(p) = slot.pipe.load_full().filter(|p| !p.is_broken()) {
+            return Ok((*p).clone());
+        }
+        let (target, timeout) = (target.clone(), self.timeout);
+        let pipe = st
+            .runtime()
+            .spawn(async move { Pipe::connect(&target, timeout).await })
+            .await
+            .map_err(|e| Error::Internal(format!("connect task failed: {e}")))?
+            .map_err(|e| self.io_error(shard, e))?;
+        slot.pipe.store(Some(Arc::new(pipe.clone())));
+        Ok(pipe)
+    }
+
+    /// Sends one command over shard `shard`'s pipelined connection (async checks) and
+    /// returns its reply, under the same circuit, deadline, latency and failure accounting
+    /// as [`RedisEngine::with_conn`].
+    pub async fn request_pipelined(
+        self: &Arc<Self>,
+        shard: usize,
+        packed: Vec<u8>,
+    ) -> Result<Reply> {
+        let Some(target) = &self.targets[shard] else {
+            return Err(Error::Internal(format!(
+                "shard {} has no pipelined connection (Cluster, Sentinel or TLS)",
+                self.shards[shard].name
+            )));
+        };
+        let st = self.state()?;
+        self.gate(&st, shard)?;
+        let start = Instant::now();
+        let work = async {
+            let pipe = self.pipe(&st, shard, target).await?;
+            pipe.request(packed)
+                .await
+                .map_err(|e| self.io_error(shard, e))
+        };
+        let r = match tokio::time::timeout(self.timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout {
+                shard: self.shards[shard].name.clone(),
+                timeout_ms: self.timeout.as_millis() as u64,
+            }),
+        };
+        self.latency.record(start.elapsed().as_micros() as u64);
+        match &r {
+            Ok(_) => {
+                let c = &self.circuits[shard];
+                if c.failures.load(Ordering::Relaxed) != 0 {
+                    c.failures.store(0, Ordering::Relaxed);
+                }
+            }
+            Err(e) if e.is_backend() => self.failed(shard, e),
+            Err(_) => {}
+        }
+        r
     }
 
     fn gate(self: &Arc<Self>, st: &RtState, shard: usize) -> Result<()> {
@@ -938,6 +1018,17 @@ impl RedisEngine {
         lease_id: &str,
     ) -> Result<Raw> {
         let cmd = self.check_cmd(false, policy, eff, key, now_us, cost, mode, lease_id);
+        if self.targets[shard].is_some() {
+            // the hot path: the pipelined connection
+            let mut reply =
+                Box::pin(self.request_pipelined(shard, cmd.get_packed_command())).await?;
+            if matches!(&reply, Reply::Error(e) if e.starts_with("NOSCRIPT")) {
+                // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
+                let cmd = self.check_cmd(true, policy, eff, key, now_us, cost, mode, lease_id);
+                reply = Box::pin(self.request_pipelined(shard, cmd.get_packed_command())).await?;
+            }
+            return self.script_reply(shard, reply);
+        }
         let r: Vec<i64> = self
             .with_conn(shard, |mut conn| async move {
                 match cmd.query_async(&mut conn).await {
@@ -978,6 +1069,11 @@ impl RedisEngine {
             let cmd = self.check_cmd(true, policy, eff, key, now_us, cost, mode, lease_id);
             reply = self.request_blocking(shard, &cmd.get_packed_command())?;
         }
+        self.script_reply(shard, reply)
+    }
+
+    /// The [`Raw`] outcome of a check script's reply.
+    fn script_reply(&self, shard: usize, reply: Reply) -> Result<Raw> {
         let script_error = |message: String| Error::Script {
             shard: self.shards[shard].name.clone(),
             message,

@@ -607,6 +607,40 @@ fn fault_injection_kill_restart_stop_flush_client_kill(call: Call) {
     assert_eq!((d.allowed, d.source), (true, Source::Redis));
 }
 
+/// Replies that arrive after their callers gave up (a hung server) must not be handed to
+/// later callers: every later decision is the one for its own key.
+#[test]
+fn late_replies_never_reach_the_wrong_caller() {
+    let s = RedisServer::start();
+    let l = Limiter::from_json(&fault_config(&s)).unwrap();
+    let rt = rt();
+    let check = |key: &str| rt.block_on(l.check_named("error", key, 1));
+    assert_eq!(check("warm").unwrap().remaining, 99);
+    unsafe { libc::kill(s.pid() as i32, libc::SIGSTOP) };
+    for i in 0..3 {
+        let e = check(&format!("lost:{i}")).unwrap_err();
+        assert!(e.is_backend(), "{e}");
+    }
+    unsafe { libc::kill(s.pid() as i32, libc::SIGCONT) };
+    // the circuit opened: wait (bounded) until the shard answers again
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while check("probe").is_err() {
+        assert!(Instant::now() < deadline, "did not recover");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for n in 1..=5u64 {
+        let d = check("mine").unwrap();
+        assert_eq!(
+            (d.source, d.remaining),
+            (Source::Redis, 100 - n),
+            "check {n}"
+        );
+    }
+    // the lost checks were admitted by Redis when it woke up (their callers had gone)
+    let d = rt.block_on(l.peek(&format!("lost:{}", 0), &l.policy("error").unwrap()));
+    assert_eq!(d.unwrap().remaining, 99);
+}
+
 #[test]
 fn policy_options_validate() {
     let p = Policy::new("lb", Limit::leaky_bucket(5, 1.0)).unwrap();
