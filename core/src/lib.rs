@@ -48,6 +48,7 @@ pub use limiter::{
     Spawner, BLOCK_CACHE_TTL, CLOSED_RETRY_AFTER, MAX_KEY_LEN,
 };
 pub use metrics::{MetricsSnapshot, PolicyMetrics};
+pub use redis_engine::fork_generation;
 
 /// The crate version, shared by every binding.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

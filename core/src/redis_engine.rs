@@ -371,7 +371,11 @@ fn map_redis_error(shard: &ShardConfig, timeout: Duration, e: redis::RedisError)
 /// cost a `getpid` system call.
 static FORKS: AtomicU64 = AtomicU64::new(0);
 
-fn fork_generation() -> u64 {
+/// A number that changes in the child of every `fork()` made after the first call: state
+/// tied to this process (threads, sockets, event-loop registrations) that was recorded with
+/// another value was inherited from a parent. An atomic load, unlike `getpid()`, which is
+/// a system call. Bindings use it to notice they run in a forked child.
+pub fn fork_generation() -> u64 {
     #[cfg(unix)]
     {
         static HOOK: std::sync::Once = std::sync::Once::new();

@@ -144,7 +144,8 @@ impl Completer {
 }
 
 struct Entry {
-    pid: u32,
+    /// `shardlimit::fork_generation()` when registered: another value means a forked child
+    generation: u64,
     event_loop: Py<PyAny>,
     shared: Arc<Shared>,
 }
@@ -201,13 +202,17 @@ impl Completers {
     }
 
     fn for_loop(&self, py: Python<'_>, ev: &Bound<'_, PyAny>) -> PyResult<Arc<Shared>> {
-        let pid = std::process::id();
+        // (not the pid: getpid is a system call, and this runs on every async call)
+        let generation = shardlimit::fork_generation();
         {
             let entries = self
                 .entries
                 .lock_py_attached(py)
                 .unwrap_or_else(|e| e.into_inner());
-            if let Some(e) = entries.iter().find(|e| e.pid == pid && e.event_loop.is(ev)) {
+            if let Some(e) = entries
+                .iter()
+                .find(|e| e.generation == generation && e.event_loop.is(ev))
+            {
                 return Ok(e.shared.clone());
             }
         }
@@ -231,7 +236,7 @@ impl Completers {
             .lock_py_attached(py)
             .unwrap_or_else(|e| e.into_inner());
         entries.retain(|e| {
-            e.pid == pid
+            e.generation == generation
                 && !e
                     .event_loop
                     .bind(py)
@@ -240,7 +245,7 @@ impl Completers {
                     .unwrap_or(true)
         });
         entries.push(Entry {
-            pid,
+            generation,
             event_loop: ev.clone().unbind(),
             shared: shared.clone(),
         });
