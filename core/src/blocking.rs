@@ -30,6 +30,25 @@ pub(crate) enum Reply {
     Error(String),
 }
 
+impl Reply {
+    /// The server lost the script (restart, SCRIPT FLUSH): send it with EVAL.
+    pub fn is_noscript(&self) -> bool {
+        matches!(self, Reply::Error(e) if e.starts_with("NOSCRIPT"))
+    }
+}
+
+/// The outcome of a handshake command (`what`: AUTH, SELECT), which answers +OK.
+pub(crate) fn expect_ok(what: &str, reply: Reply) -> io::Result<()> {
+    match reply {
+        Reply::Str(s) if s == b"OK" => Ok(()),
+        Reply::Error(e) => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{what} failed: {e}"),
+        )),
+        other => Err(protocol(format!("{what}: unexpected reply {other:?}"))),
+    }
+}
+
 /// Where a shard listens, and how to log in.
 #[derive(Debug, Clone)]
 pub(crate) struct Target {
@@ -259,20 +278,9 @@ impl BlockingConn {
             pos: 0,
         };
         for (what, packed) in target.handshake() {
-            conn.expect_ok(&packed, deadline, what)?;
+            expect_ok(what, conn.request(&packed, deadline, Duration::ZERO)?)?;
         }
         Ok(conn)
-    }
-
-    fn expect_ok(&mut self, packed: &[u8], deadline: Instant, what: &str) -> io::Result<()> {
-        match self.request(packed, deadline, Duration::ZERO)? {
-            Reply::Str(s) if s == b"OK" => Ok(()),
-            Reply::Error(e) => Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!("{what} failed: {e}"),
-            )),
-            other => Err(protocol(format!("{what}: unexpected reply {other:?}"))),
-        }
     }
 
     /// Sends one packed command and reads its reply: spinning on the socket for up to

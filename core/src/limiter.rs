@@ -1440,7 +1440,7 @@ impl Limiter {
 
     /// [`Limiter::run`] (without a lease) on the calling thread: the script is sent and
     /// its reply read over a blocking connection, with no hand-off to the I/O runtime.
-    /// `None` when the check needs the runtime: Cluster or Sentinel shards, a reshard
+    /// `None` when the check needs the runtime: Cluster, Sentinel or TLS shards, a reshard
     /// handoff in progress, or local admission.
     fn run_blocking(
         &self,

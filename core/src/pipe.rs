@@ -9,7 +9,7 @@
 //! connects again. A caller that gave up (deadline) leaves its slot in the queue, so later
 //! replies still reach their own callers.
 
-use crate::blocking::{parse, Reply, Target};
+use crate::blocking::{expect_ok, parse, Reply, Target};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io;
@@ -108,21 +108,7 @@ impl Pipe {
                     return Err(io::ErrorKind::UnexpectedEof.into());
                 }
             };
-            match reply {
-                Reply::Str(s) if s == b"OK" => {}
-                Reply::Error(e) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::PermissionDenied,
-                        format!("{what} failed: {e}"),
-                    ))
-                }
-                other => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("{what}: unexpected reply {other:?}"),
-                    ))
-                }
-            }
+            expect_ok(what, reply)?;
         }
         let shared = Arc::new(Shared {
             waiting: Mutex::new(VecDeque::new()),

@@ -655,10 +655,7 @@ impl RedisEngine {
         };
         match tokio::time::timeout(self.timeout, work).await {
             Ok(r) => r,
-            Err(_) => Err(Error::Timeout {
-                shard: self.shards[shard].name.clone(),
-                timeout_ms: self.timeout.as_millis() as u64,
-            }),
+            Err(_) => Err(self.timeout_error(shard)),
         }
     }
 
@@ -675,21 +672,35 @@ impl RedisEngine {
         // boxed: keeps the futures of callers shallow (deeply nested async fns overflow
         // the compiler's layout query depth in downstream crates)
         let r = Box::pin(self.raw(&st, shard, f)).await;
+        self.account(shard, start, &r);
+        if matches!(&r, Err(e) if e.is_backend()) {
+            self.forget_connection(&st, shard);
+        }
+        r
+    }
+
+    /// Records a call to shard `shard` that started at `start`: its latency, and for its
+    /// circuit a success (which ends a run of failures) or a backend failure.
+    fn account<T>(&self, shard: usize, start: Instant, r: &Result<T>) {
         self.latency.record(start.elapsed().as_micros() as u64);
-        match &r {
+        match r {
             Ok(_) => {
                 let c = &self.circuits[shard];
                 if c.failures.load(Ordering::Relaxed) != 0 {
                     c.failures.store(0, Ordering::Relaxed);
                 }
             }
-            Err(e) if e.is_backend() => {
-                self.forget_connection(&st, shard);
-                self.failed(shard, e)
-            }
+            Err(e) if e.is_backend() => self.failed(shard, e),
             Err(_) => {}
         }
-        r
+    }
+
+    /// The error of a call to shard `shard` that outlived the deadline.
+    fn timeout_error(&self, shard: usize) -> Error {
+        Error::Timeout {
+            shard: self.shards[shard].name.clone(),
+            timeout_ms: self.timeout.as_millis() as u64,
+        }
     }
 
     /// True when blocking callers can talk to every shard on their own thread (each is one
@@ -725,34 +736,22 @@ impl RedisEngine {
             let reply = c.request(packed, deadline, self.spin_wait)?;
             Ok((reply, c))
         });
-        self.latency.record(start.elapsed().as_micros() as u64);
-        match r {
-            Ok((reply, conn)) => {
+        let r = r
+            .map(|(reply, conn)| {
                 let mut idle = st.blocking[shard].lock();
                 if idle.len() < BLOCKING_IDLE_MAX {
                     idle.push(conn);
                 }
-                drop(idle);
-                let c = &self.circuits[shard];
-                if c.failures.load(Ordering::Relaxed) != 0 {
-                    c.failures.store(0, Ordering::Relaxed);
-                }
-                Ok(reply)
-            }
-            Err(e) => {
-                let e = self.io_error(shard, e);
-                self.failed(shard, &e);
-                Err(e)
-            }
-        }
+                reply
+            })
+            .map_err(|e| self.io_error(shard, e));
+        self.account(shard, start, &r);
+        r
     }
 
     fn io_error(&self, shard: usize, e: std::io::Error) -> Error {
         if e.kind() == std::io::ErrorKind::TimedOut {
-            Error::Timeout {
-                shard: self.shards[shard].name.clone(),
-                timeout_ms: self.timeout.as_millis() as u64,
-            }
+            self.timeout_error(shard)
         } else {
             Error::Connection {
                 shard: self.shards[shard].name.clone(),
@@ -806,24 +805,10 @@ impl RedisEngine {
                 .await
                 .map_err(|e| self.io_error(shard, e))
         };
-        let r = match tokio::time::timeout(self.timeout, work).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::Timeout {
-                shard: self.shards[shard].name.clone(),
-                timeout_ms: self.timeout.as_millis() as u64,
-            }),
-        };
-        self.latency.record(start.elapsed().as_micros() as u64);
-        match &r {
-            Ok(_) => {
-                let c = &self.circuits[shard];
-                if c.failures.load(Ordering::Relaxed) != 0 {
-                    c.failures.store(0, Ordering::Relaxed);
-                }
-            }
-            Err(e) if e.is_backend() => self.failed(shard, e),
-            Err(_) => {}
-        }
+        let r = tokio::time::timeout(self.timeout, work)
+            .await
+            .unwrap_or_else(|_| Err(self.timeout_error(shard)));
+        self.account(shard, start, &r);
         r
     }
 
@@ -1026,7 +1011,7 @@ impl RedisEngine {
             // the hot path: the pipelined connection
             let mut reply =
                 Box::pin(self.request_pipelined(shard, cmd.get_packed_command())).await?;
-            if matches!(&reply, Reply::Error(e) if e.starts_with("NOSCRIPT")) {
+            if reply.is_noscript() {
                 // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
                 let cmd = self.check_cmd(true, policy, eff, key, now_us, cost, mode, lease_id);
                 reply = Box::pin(self.request_pipelined(shard, cmd.get_packed_command())).await?;
@@ -1068,7 +1053,7 @@ impl RedisEngine {
     ) -> Result<Raw> {
         let cmd = self.check_cmd(false, policy, eff, key, now_us, cost, mode, lease_id);
         let mut reply = self.request_blocking(shard, &cmd.get_packed_command())?;
-        if matches!(&reply, Reply::Error(e) if e.starts_with("NOSCRIPT")) {
+        if reply.is_noscript() {
             // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
             let cmd = self.check_cmd(true, policy, eff, key, now_us, cost, mode, lease_id);
             reply = self.request_blocking(shard, &cmd.get_packed_command())?;
