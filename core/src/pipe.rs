@@ -43,7 +43,6 @@ impl Shared {
 }
 
 /// One pipelined connection to a shard.
-#[derive(Clone)]
 pub(crate) struct Pipe {
     tx: mpsc::UnboundedSender<Request>,
     shared: Arc<Shared>,

@@ -762,14 +762,14 @@ impl RedisEngine {
 
     /// The pipelined connection of shard `shard`, made (on the I/O runtime) when there is
     /// none or the last one broke.
-    async fn pipe(&self, st: &RtState, shard: usize, target: &Target) -> Result<Pipe> {
+    async fn pipe(&self, st: &RtState, shard: usize, target: &Target) -> Result<Arc<Pipe>> {
         let slot = &st.pipes[shard];
         if let Some(p) = slot.pipe.load_full().filter(|p| !p.is_broken()) {
-            return Ok((*p).clone());
+            return Ok(p);
         }
         let _one_at_a_time = slot.connecting.lock().await;
         if let Some(p) = slot.pipe.load_full().filter(|p| !p.is_broken()) {
-            return Ok((*p).clone());
+            return Ok(p);
         }
         let (target, timeout) = (target.clone(), self.timeout);
         let pipe = st
@@ -778,7 +778,8 @@ impl RedisEngine {
             .await
             .map_err(|e| Error::Internal(format!("connect task failed: {e}")))?
             .map_err(|e| self.io_error(shard, e))?;
-        slot.pipe.store(Some(Arc::new(pipe.clone())));
+        let pipe = Arc::new(pipe);
+        slot.pipe.store(Some(Arc::clone(&pipe)));
         Ok(pipe)
     }
 
