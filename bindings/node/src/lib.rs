@@ -758,3 +758,12 @@ pub struct ShardRoute {
     pub index: u32,
     pub name: String,
 }
+
+/// mimalloc instead of glibc's malloc for the addon's Rust allocations. A call's memory is
+/// allocated on the JavaScript thread and freed on the I/O thread, and a decision's the other
+/// way round; glibc locks the owning arena for such a free, and the two threads then wait on
+/// each other's arena lock (1.6 futex calls per decision in `bench/bench.js`, measured with
+/// `perf stat -e syscalls:sys_enter_futex`; 0.03 with mimalloc, whose cross-thread frees take
+/// no lock).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

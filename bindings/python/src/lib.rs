@@ -847,3 +847,10 @@ fn _shardlimit(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Limiter>()?;
     Ok(())
 }
+
+/// mimalloc instead of glibc's malloc for the extension's Rust allocations: an asyncio call's
+/// memory is allocated on the Python thread and freed on the I/O thread (and a decision's the
+/// other way round), and glibc locks the owning arena for every such free, so the two threads
+/// wait on each other's lock. mimalloc's cross-thread frees take no lock.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
