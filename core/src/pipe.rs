@@ -4,12 +4,16 @@
 //! connection instead of the redis crate's multiplexed one: a writer task sends every
 //! command queued since its last write in one write, a reader task parses replies with the
 //! same parser as the blocking connections (`blocking::parse`) and hands each to the
-//! oldest waiting caller. Both tasks live on the limiter's I/O runtime. Any I/O error
+//! oldest waiting caller. Checks get one more step: the writer sends the checks of a burst
+//! that use the same algorithm as one call of that algorithm's batch script
+//! (`lua/main_batch.lua`), and the reader hands each caller its own element of the array
+//! that call answers. Both tasks live on the limiter's I/O runtime. Any I/O error
 //! breaks the connection: every caller waiting on it gets the error, and the next check
 //! connects again. A caller that gave up (deadline) leaves its slot in the queue, so later
 //! replies still reach their own callers.
 
 use crate::blocking::{expect_ok, parse, Reply, Target};
+use crate::scripts::CheckScripts;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io;
@@ -19,11 +23,114 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
-type Waiter = oneshot::Sender<io::Result<Reply>>;
+type Sender = oneshot::Sender<io::Result<Reply>>;
+
+/// The most checks one batch call carries: bounds how long one script call holds Redis.
+const MAX_BATCH: usize = 128;
+
+/// One check script call, in parts the writer can put into a single or a batch call.
+pub(crate) struct CheckCall {
+    /// the check's algorithm's scripts
+    pub scripts: &'static CheckScripts,
+    /// the server lost the scripts (NOSCRIPT): send the source (EVAL), which loads it
+    pub eval: bool,
+    /// the packed keys (`$<len>\r\n<key>\r\n` each) and then the packed arguments
+    pub packed: Vec<u8>,
+    /// where the arguments start in `packed`
+    pub args_at: usize,
+    pub keys: usize,
+    pub args: usize,
+}
+
+impl CheckCall {
+    /// The call of `cmd`, a check's `EVALSHA <sha> <numkeys> keys... args...`.
+    pub fn from_cmd(scripts: &'static CheckScripts, eval: bool, cmd: &redis::Cmd) -> CheckCall {
+        let mut args = cmd.args_iter().skip(2);
+        let keys = match args.next() {
+            Some(redis::Arg::Simple(n)) => std::str::from_utf8(n)
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0),
+            _ => 0,
+        };
+        let mut packed = Vec::with_capacity(cmd.args_iter().len() * 16 + 128);
+        let (mut args_at, mut count) = (0, 0);
+        for a in args {
+            if let redis::Arg::Simple(a) = a {
+                bulk(&mut packed, a);
+                count += 1;
+                if count == keys {
+                    args_at = packed.len();
+                }
+            }
+        }
+        CheckCall {
+            scripts,
+            eval,
+            packed,
+            args_at,
+            keys,
+            args: count - keys,
+        }
+    }
+}
 
 struct Request {
-    packed: Vec<u8>,
-    reply: Waiter,
+    call: CheckCall,
+    reply: Sender,
+}
+
+/// Who waits for the next reply: one caller, or the callers of one batch call in order.
+enum Waiter {
+    One(Sender),
+    Batch(Vec<Sender>),
+}
+
+impl Waiter {
+    fn fail(self, e: &io::Error) {
+        let err = || Err(io::Error::new(e.kind(), e.to_string()));
+        match self {
+            Waiter::One(s) => {
+                let _ = s.send(err());
+            }
+            Waiter::Batch(senders) => {
+                for s in senders {
+                    let _ = s.send(err());
+                }
+            }
+        }
+    }
+
+    /// Hands the reply to its caller(s); the callers may have given up: fine.
+    fn answer(self, reply: Reply) {
+        match self {
+            Waiter::One(s) => {
+                let _ = s.send(Ok(reply));
+            }
+            Waiter::Batch(senders) => match reply {
+                Reply::Array(items) if items.len() == senders.len() => {
+                    for (s, r) in senders.into_iter().zip(items) {
+                        let _ = s.send(Ok(r));
+                    }
+                }
+                // the whole call failed (NOSCRIPT, OOM, ...): every check gets its error
+                Reply::Error(e) => {
+                    for s in senders {
+                        let _ = s.send(Ok(Reply::Error(e.clone())));
+                    }
+                }
+                other => {
+                    let e = format!(
+                        "a batch of {} checks got the reply {other:?}",
+                        senders.len()
+                    );
+                    for s in senders {
+                        let _ = s.send(Ok(Reply::Error(e.clone())));
+                    }
+                }
+            },
+        }
+    }
 }
 
 struct Shared {
@@ -37,7 +144,7 @@ impl Shared {
         self.broken.store(true, Ordering::Release);
         let waiting = std::mem::take(&mut *self.waiting.lock());
         for w in waiting {
-            let _ = w.send(Err(io::Error::new(e.kind(), e.to_string())));
+            w.fail(e);
         }
     }
 }
@@ -124,16 +231,56 @@ impl Pipe {
         self.shared.broken.load(Ordering::Acquire)
     }
 
-    /// Sends one packed command and waits for its reply.
-    pub async fn request(&self, packed: Vec<u8>) -> io::Result<Reply> {
+    /// Runs one check script call and waits for its reply. The call goes alone, or in a
+    /// batch call with the burst's other checks of its algorithm; its reply is its own
+    /// either way.
+    pub async fn request(&self, call: CheckCall) -> io::Result<Reply> {
         if self.is_broken() {
             return Err(broken());
         }
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Request { packed, reply })
+            .send(Request { call, reply })
             .map_err(|_| broken())?;
         rx.await.map_err(|_| broken())?
+    }
+}
+
+fn bulk(out: &mut Vec<u8>, b: &[u8]) {
+    out.push(b'$');
+    out.extend_from_slice(itoa::Buffer::new().format(b.len()).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(b);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends the script call of `calls` (all of one algorithm) to `out`: EVALSHA of the
+/// single script for one check, of the batch script for several; EVAL of the source when
+/// one of them saw NOSCRIPT.
+fn pack_calls(out: &mut Vec<u8>, calls: &[CheckCall]) {
+    let first = &calls[0];
+    let batch = calls.len() > 1;
+    let eval = calls.iter().any(|c| c.eval);
+    let (keys, args) = calls
+        .iter()
+        .fold((0, 0), |(k, a), c| (k + c.keys, a + c.args));
+    out.push(b'*');
+    out.extend_from_slice(itoa::Buffer::new().format(3 + keys + args).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let script = match (batch, eval) {
+        (false, false) => first.scripts.single_sha,
+        (false, true) => first.scripts.single_src,
+        (true, false) => first.scripts.batch_sha,
+        (true, true) => first.scripts.batch_src,
+    };
+    bulk(out, if eval { b"EVAL" } else { b"EVALSHA" });
+    bulk(out, script.as_bytes());
+    bulk(out, itoa::Buffer::new().format(keys).as_bytes());
+    for c in calls {
+        out.extend_from_slice(&c.packed[..c.args_at]);
+    }
+    for c in calls {
+        out.extend_from_slice(&c.packed[c.args_at..]);
     }
 }
 
@@ -142,20 +289,39 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     mut rx: mpsc::UnboundedReceiver<Request>,
     shared: Arc<Shared>,
 ) {
-    let mut batch = Vec::with_capacity(64);
+    let mut burst = Vec::with_capacity(64);
     let mut out = Vec::with_capacity(16 * 1024);
+    // the burst's checks, by algorithm: (scripts, calls, their callers)
+    let mut groups: Vec<(&'static CheckScripts, Vec<CheckCall>, Vec<Sender>)> = Vec::new();
     // ends when every Pipe clone is gone (dropping `w` ends the reader too) or on an error
-    while rx.recv_many(&mut batch, 1024).await > 0 {
+    while rx.recv_many(&mut burst, 1024).await > 0 {
         out.clear();
         {
             // queue the callers before the bytes leave, so the reader always finds them
             let mut waiting = shared.waiting.lock();
             if shared.broken.load(Ordering::Acquire) {
-                return; // the batch's callers see their senders dropped: broken
+                return; // the burst's callers see their senders dropped: broken
             }
-            for r in batch.drain(..) {
-                out.extend_from_slice(&r.packed);
-                waiting.push_back(r.reply);
+            for Request { call, reply } in burst.drain(..) {
+                let g = match groups.iter().position(|g| std::ptr::eq(g.0, call.scripts)) {
+                    Some(g) => g,
+                    None => {
+                        groups.push((call.scripts, Vec::new(), Vec::new()));
+                        groups.len() - 1
+                    }
+                };
+                groups[g].1.push(call);
+                groups[g].2.push(reply);
+            }
+            for (_, calls, mut senders) in groups.drain(..) {
+                for chunk in calls.chunks(MAX_BATCH) {
+                    pack_calls(&mut out, chunk);
+                    waiting.push_back(if chunk.len() == 1 {
+                        Waiter::One(senders.remove(0))
+                    } else {
+                        Waiter::Batch(senders.drain(..chunk.len()).collect())
+                    });
+                }
             }
         }
         if let Err(e) = w.write_all(&out).await {
@@ -179,7 +345,7 @@ async fn read_loop<R: AsyncRead + Unpin>(mut r: R, mut buf: Vec<u8>, shared: Arc
                         ));
                         return;
                     };
-                    let _ = w.send(Ok(reply)); // the caller may have given up: fine
+                    w.answer(reply);
                 }
                 Ok(None) => break,
                 Err(e) => {

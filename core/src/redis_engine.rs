@@ -14,7 +14,7 @@ use crate::events::{CircuitState, Event, Subscribers};
 use crate::limit::{AutoBlock, Compiled, PolicyInner};
 use crate::memory::{LayerReq, LayeredRaw, Raw};
 use crate::metrics::Latency;
-use crate::pipe::Pipe;
+use crate::pipe::{CheckCall, Pipe};
 use crate::routing::routing_key;
 use crate::scripts;
 use arc_swap::ArcSwapOption;
@@ -126,6 +126,15 @@ pub(crate) struct RtState {
     /// Futures handed over from other threads, not started yet (see [`RtState::submit`]).
     submitted: Arc<Mutex<Vec<Job>>>,
     stream_tx: Option<tokio::sync::mpsc::Sender<StreamItem>>,
+    timer_keeper: Arc<TimerKeeper>,
+}
+
+/// See [`RtState::keep_timers`].
+#[derive(Default)]
+struct TimerKeeper {
+    running: AtomicBool,
+    /// a call came in since the keeper's last tick
+    busy: AtomicBool,
 }
 
 /// Who runs the I/O runtime.
@@ -143,6 +152,35 @@ enum Owner {
 pub(crate) type Job = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 impl RtState {
+    /// Keeps one timer pending on the I/O runtime while calls keep coming, so that a call's
+    /// deadline never is the runtime's earliest timer. Tokio wakes its driver (a write to
+    /// an eventfd, and one more wake-up later) whenever a new timer is due before every
+    /// pending one, which with no other timer pending was the first deadline of every
+    /// burst: 0.38 wake-ups per check in the Node benchmark. The keeper ticks at half the
+    /// timeout, at most once a second, and stops after a tick with no call, so an idle
+    /// limiter does not wake at all.
+    fn keep_timers(&self, timeout: Duration) {
+        let k = &self.timer_keeper;
+        if !k.busy.load(Ordering::Relaxed) {
+            k.busy.store(true, Ordering::Relaxed);
+        }
+        if k.running.load(Ordering::Relaxed) || k.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let k = Arc::clone(k);
+        let period = (timeout / 2).clamp(Duration::from_millis(1), Duration::from_secs(1));
+        self.handle.spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                if !k.busy.swap(false, Ordering::AcqRel) {
+                    break;
+                }
+            }
+            // a call racing with this exit only costs one wake-up of the driver
+            k.running.store(false, Ordering::Release);
+        });
+    }
+
     /// The handle of the I/O runtime: spawn on it, or `block_on` from outside it.
     pub fn runtime(&self) -> &Handle {
         &self.handle
@@ -565,6 +603,7 @@ impl RedisEngine {
             pipes: self.shards.iter().map(|_| PipeSlot::default()).collect(),
             submitted: Arc::default(),
             stream_tx,
+            timer_keeper: Arc::default(),
         });
         self.state.store(Some(st.clone()));
         Ok(st)
@@ -783,13 +822,13 @@ impl RedisEngine {
         Ok(pipe)
     }
 
-    /// Sends one command over shard `shard`'s pipelined connection (async checks) and
+    /// Sends one check script call over shard `shard`'s pipelined connection and
     /// returns its reply, under the same circuit, deadline, latency and failure accounting
     /// as [`RedisEngine::with_conn`].
     pub async fn request_pipelined(
         self: &Arc<Self>,
         shard: usize,
-        packed: Vec<u8>,
+        call: CheckCall,
     ) -> Result<Reply> {
         let Some(target) = &self.targets[shard] else {
             return Err(Error::Internal(format!(
@@ -799,10 +838,11 @@ impl RedisEngine {
         };
         let st = self.state()?;
         self.gate(&st, shard)?;
+        st.keep_timers(self.timeout);
         let start = Instant::now();
         let work = async {
             let pipe = self.pipe(&st, shard, target).await?;
-            pipe.request(packed)
+            pipe.request(call)
                 .await
                 .map_err(|e| self.io_error(shard, e))
         };
@@ -1009,13 +1049,13 @@ impl RedisEngine {
     ) -> Result<Raw> {
         let cmd = self.check_cmd(false, policy, eff, key, now_us, cost, mode, lease_id);
         if self.targets[shard].is_some() {
-            // the hot path: the pipelined connection
-            let mut reply =
-                Box::pin(self.request_pipelined(shard, cmd.get_packed_command())).await?;
+            // the hot path: the pipelined connection, which sends a burst's checks together
+            let scripts = scripts::check_scripts(eff.algorithm);
+            let call = |eval| CheckCall::from_cmd(scripts, eval, &cmd);
+            let mut reply = Box::pin(self.request_pipelined(shard, call(false))).await?;
             if reply.is_noscript() {
                 // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
-                let cmd = self.check_cmd(true, policy, eff, key, now_us, cost, mode, lease_id);
-                reply = Box::pin(self.request_pipelined(shard, cmd.get_packed_command())).await?;
+                reply = Box::pin(self.request_pipelined(shard, call(true))).await?;
             }
             return self.script_reply(shard, reply);
         }

@@ -27,23 +27,36 @@ macro_rules! all_algorithms {
 
 /// Check scripts give nothing back: no REFUND table, so the algorithm files skip defining
 /// their refund functions (see prelude.lua).
+/// Each algorithm has two: one check per call (`main_check.lua`) and a batch of checks per
+/// call (`main_batch.lua`).
 macro_rules! check_script {
-    ($name:ident, $file:literal) => {
+    ($name:ident, $main:literal, $file:literal) => {
         const $name: &str = concat!(
             "local REFUND\n",
             lua!("prelude.lua"),
             lua!($file),
-            lua!("main_check.lua")
+            lua!("check.lua"),
+            lua!($main)
         );
     };
 }
 
-check_script!(FIXED_WINDOW_SRC, "fixed_window.lua");
-check_script!(SLIDING_WINDOW_SRC, "sliding_window.lua");
-check_script!(SLIDING_LOG_SRC, "sliding_log.lua");
-check_script!(TOKEN_BUCKET_SRC, "token_bucket.lua");
-check_script!(LEAKY_BUCKET_SRC, "leaky_bucket.lua");
-check_script!(CONCURRENCY_SRC, "concurrency.lua");
+check_script!(FIXED_WINDOW_SRC, "main_check.lua", "fixed_window.lua");
+check_script!(SLIDING_WINDOW_SRC, "main_check.lua", "sliding_window.lua");
+check_script!(SLIDING_LOG_SRC, "main_check.lua", "sliding_log.lua");
+check_script!(TOKEN_BUCKET_SRC, "main_check.lua", "token_bucket.lua");
+check_script!(LEAKY_BUCKET_SRC, "main_check.lua", "leaky_bucket.lua");
+check_script!(CONCURRENCY_SRC, "main_check.lua", "concurrency.lua");
+check_script!(FIXED_WINDOW_BATCH_SRC, "main_batch.lua", "fixed_window.lua");
+check_script!(
+    SLIDING_WINDOW_BATCH_SRC,
+    "main_batch.lua",
+    "sliding_window.lua"
+);
+check_script!(SLIDING_LOG_BATCH_SRC, "main_batch.lua", "sliding_log.lua");
+check_script!(TOKEN_BUCKET_BATCH_SRC, "main_batch.lua", "token_bucket.lua");
+check_script!(LEAKY_BUCKET_BATCH_SRC, "main_batch.lua", "leaky_bucket.lua");
+check_script!(CONCURRENCY_BATCH_SRC, "main_batch.lua", "concurrency.lua");
 const LAYERED_SRC: &str = concat!(
     "local REFUND = {}\n",
     lua!("prelude.lua"),
@@ -73,6 +86,12 @@ const SOURCES: &[(&str, &str)] = &[
     ("reset", RESET_SRC),
     ("migrate_dump", MIGRATE_DUMP_SRC),
     ("migrate_restore", MIGRATE_RESTORE_SRC),
+    ("fixed_window_batch", FIXED_WINDOW_BATCH_SRC),
+    ("sliding_window_batch", SLIDING_WINDOW_BATCH_SRC),
+    ("sliding_log_batch", SLIDING_LOG_BATCH_SRC),
+    ("token_bucket_batch", TOKEN_BUCKET_BATCH_SRC),
+    ("leaky_bucket_batch", LEAKY_BUCKET_BATCH_SRC),
+    ("concurrency_batch", CONCURRENCY_BATCH_SRC),
 ];
 
 static SCRIPTS: LazyLock<Vec<Script>> =
@@ -86,6 +105,34 @@ pub(crate) fn for_algorithm(algorithm: Algorithm) -> &'static Script {
 /// The source of [`for_algorithm`]'s script (for EVAL after a NOSCRIPT reply).
 pub(crate) fn source_for_algorithm(algorithm: Algorithm) -> &'static str {
     SOURCES[check_index(algorithm)].1
+}
+
+const BATCH_BASE: usize = 11;
+const ALGORITHMS: usize = 6;
+
+/// An algorithm's two check scripts, as the pipelined connection sends them: a burst's
+/// checks of one algorithm go out as one batch call, a lone check as a single one.
+pub(crate) struct CheckScripts {
+    pub single_sha: &'static str,
+    pub single_src: &'static str,
+    pub batch_sha: &'static str,
+    pub batch_src: &'static str,
+}
+
+static CHECK_SCRIPTS: LazyLock<Vec<CheckScripts>> = LazyLock::new(|| {
+    (0..ALGORITHMS)
+        .map(|i| CheckScripts {
+            single_sha: SCRIPTS[i].get_hash(),
+            single_src: SOURCES[i].1,
+            batch_sha: SCRIPTS[BATCH_BASE + i].get_hash(),
+            batch_src: SOURCES[BATCH_BASE + i].1,
+        })
+        .collect()
+});
+
+/// [`CheckScripts`] of `algorithm`.
+pub(crate) fn check_scripts(algorithm: Algorithm) -> &'static CheckScripts {
+    &CHECK_SCRIPTS[check_index(algorithm)]
 }
 
 fn check_index(algorithm: Algorithm) -> usize {

@@ -224,6 +224,132 @@ fn a_burst_of_spawned_calls_leaves_in_one_write() {
     assert!(reads <= 8, "{reads} reads for a burst of 64 checks");
 }
 
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.conn())
+        .unwrap();
+    ["cmdstat_evalsha:calls=", "cmdstat_eval:calls="]
+        .iter()
+        .filter_map(|p| info.lines().find_map(|l| l.strip_prefix(p)))
+        .map(|rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+/// A burst's checks go out as one batch script call per algorithm, and every check still
+/// gets its own exact answer: a check whose key holds the wrong type gets its own error,
+/// and the checks batched with it are unaffected. After SCRIPT FLUSH the batch is sent
+/// again with EVAL.
+#[test]
+fn a_burst_of_checks_runs_as_batch_calls_with_answers_of_their_own() {
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server);
+    let s = Duration::from_secs;
+    let fw = Policy::new("bfw", Limit::fixed_window(10, s(3600))).unwrap();
+    // errors reach the caller (no fail-open decision hiding them)
+    let sl = Policy::new("bsl", Limit::sliding_log(5, s(3600)))
+        .unwrap()
+        .with_on_error(shardlimit::OnError::Error);
+    // a key whose sliding-log state is a plain string: its checks fail with WRONGTYPE
+    rt().block_on(limiter.check("wrong", &sl, 1)).unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*bsl*wrong*")
+        .query(&mut server.conn())
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    redis::cmd("SET")
+        .arg(&keys[0])
+        .arg("not a sorted set")
+        .exec(&mut server.conn())
+        .unwrap();
+    let spawner = limiter
+        .spawner()
+        .unwrap()
+        .expect("a Redis limiter has a runtime");
+    // (policy, key) of every check of one burst, and what came back for each
+    let run_burst = |checks: Vec<(Policy, &'static str)>| {
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        spawner.spawn(async move {
+            let _ = hold_rx.recv();
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        let n = checks.len();
+        for (i, (p, key)) in checks.into_iter().enumerate() {
+            let (l, tx) = (limiter.clone(), tx.clone());
+            spawner.spawn(async move {
+                let _ = tx.send((i, key, l.check(key, &p, 1).await));
+            });
+        }
+        let before = evalsha_calls(&server);
+        hold_tx.send(()).unwrap();
+        let mut out: Vec<_> = (0..n).map(|_| rx.recv().unwrap()).collect();
+        out.sort_by_key(|(i, _, _)| *i);
+        (out, evalsha_calls(&server) - before)
+    };
+    let burst = || {
+        let mut checks = Vec::new();
+        for i in 0..60 {
+            checks.push(match i % 3 {
+                0 => (fw.clone(), "a"),
+                1 => (sl.clone(), "b"),
+                _ if i % 9 == 2 => (sl.clone(), "wrong"),
+                _ => (fw.clone(), "c"),
+            });
+        }
+        checks
+    };
+    let count = |out: &[(usize, &str, shardlimit::Result<shardlimit::Decision>)], key: &str| {
+        let mine = out.iter().filter(|(_, k, _)| *k == key);
+        let allowed = mine.clone().filter(|(_, _, r)| r.as_ref().unwrap().allowed);
+        (mine.count(), allowed.count())
+    };
+    let check_burst = |out: &[(usize, &str, shardlimit::Result<shardlimit::Decision>)]| {
+        for (_, key, r) in out {
+            if *key == "wrong" {
+                let e = r.as_ref().unwrap_err();
+                assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+            }
+        }
+        count(out, "a")
+    };
+
+    let fresh = || {
+        redis::cmd("FLUSHALL").exec(&mut server.conn()).unwrap();
+        redis::cmd("SET")
+            .arg(&keys[0])
+            .arg("not a sorted set")
+            .exec(&mut server.conn())
+            .unwrap();
+    };
+    let exact = |out: &[(usize, &str, shardlimit::Result<shardlimit::Decision>)]| {
+        assert_eq!(check_burst(out), (20, 10), "key a: 20 checks, limit 10");
+        assert_eq!(count(out, "b"), (20, 5), "key b: 20 checks, limit 5");
+        assert_eq!(count(out, "c"), (13, 10), "key c: 13 checks, limit 10");
+    };
+
+    // the batch scripts are not loaded yet: NOSCRIPT, then the batches go again with EVAL
+    fresh();
+    let (out, _) = run_burst(burst());
+    exact(&out);
+
+    fresh();
+    let (out, calls) = run_burst(burst());
+    exact(&out);
+    // a batch call per algorithm (fixed window, sliding log) for each part of the burst
+    // the spawner polls in one go (futures-util's FuturesUnordered yields every 32), not
+    // one call per check
+    assert!(calls <= 4, "{calls} script calls for a burst of 60 checks");
+
+    // the server loses its scripts again
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .exec(&mut server.conn())
+        .unwrap();
+    fresh();
+    let (out, _) = run_burst(burst());
+    exact(&out);
+}
+
 fn engines(server: &RedisServer) -> Vec<(Limiter, Arc<ManualClock>)> {
     redis::cmd("FLUSHALL").exec(&mut server.conn()).unwrap();
     vec![

@@ -4,8 +4,8 @@
 // Starts its own redis-server on a free 127.0.0.1 port (or uses $BENCH_REDIS_URL), runs
 // the same policy on both (fixed window, limit high enough that every request is
 // admitted, 1000 keys), and prints decisions/s at N concurrent requests and the p50/p99
-// latency of sequential requests, plus the CPU each decision costs the event-loop thread and
-// shardlimit's I/O thread (from /proc). A benchmark, not a test: numbers depend on the machine.
+// latency of sequential requests, plus the CPU each decision costs the event-loop thread,
+// shardlimit's I/O thread and redis-server (from /proc). A benchmark, not a test: numbers depend on the machine.
 
 const fs = require('node:fs')
 const { performance } = require('node:perf_hooks')
@@ -24,19 +24,31 @@ const SEQUENTIAL = arg('sequential', 20_000)
 const KEYS = 1000
 const LIMIT = 1_000_000_000
 
-/** CPU time (µs) used so far by this process's threads, by thread name (Linux only). */
+/** CPU time (µs) used by the thread or process whose /proc stat file this is. */
+function statCpu(file) {
+  const stat = fs.readFileSync(file, 'utf8')
+  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+  return ((Number(f[11]) + Number(f[12])) * 1e6) / 100 // USER_HZ = 100
+}
+
+/**
+ * CPU time (µs) used so far by this process's threads, by thread name, and by the bench's
+ * own redis-server under the name `redis` (Linux only).
+ */
 function threadCpu() {
   const out = {}
   try {
     for (const tid of fs.readdirSync('/proc/self/task')) {
-      const stat = fs.readFileSync(`/proc/self/task/${tid}/stat`, 'utf8')
+      const file = `/proc/self/task/${tid}/stat`
+      const stat = fs.readFileSync(file, 'utf8')
       const name = stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')'))
-      const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
-      out[name] = (out[name] || 0) + ((Number(f[11]) + Number(f[12])) * 1e6) / 100 // USER_HZ = 100
+      out[name] = (out[name] || 0) + statCpu(file)
     }
+    if (redisPid) out.redis = statCpu(`/proc/${redisPid}/stat`)
   } catch {}
   return out
 }
+let redisPid = null
 
 async function throughput(name, check) {
   let next = 0
@@ -54,7 +66,12 @@ async function throughput(name, check) {
   const cpu1 = threadCpu()
   if (admitted !== TOTAL) throw new Error(`${name}: ${TOTAL - admitted} requests denied`)
   const perDecision = (thread) => ((cpu1[thread] || 0) - (cpu0[thread] || 0)) / TOTAL
-  return { rate: TOTAL / secs, mainCpu: perDecision('node'), ioCpu: perDecision('shardlimit-io') }
+  return {
+    rate: TOTAL / secs,
+    mainCpu: perDecision('node'),
+    ioCpu: perDecision('shardlimit-io'),
+    redisCpu: perDecision('redis'),
+  }
 }
 
 async function latency(check) {
@@ -79,6 +96,7 @@ async function measure(name, check) {
 async function main() {
   const own = process.env.BENCH_REDIS_URL ? null : await startRedis()
   const url = process.env.BENCH_REDIS_URL || own.url
+  redisPid = own ? own.pid : null
   const ioredis = new Redis(url, { enableAutoPipelining: false })
   try {
     const limiter = Limiter.fromJson({
@@ -96,10 +114,11 @@ async function main() {
     })
 
     console.log(`node ${process.version}, ${TOTAL} decisions at concurrency ${CONCURRENCY}, ${SEQUENTIAL} sequential`)
-    console.log('library                              decisions/s   p50 µs   p99 µs   event-loop CPU µs/decision   I/O-thread CPU µs/decision')
+    console.log(`CPU per decision at concurrency ${CONCURRENCY}, µs: the event-loop thread, shardlimit's I/O thread, redis-server`)
+    console.log('library                              decisions/s   p50 µs   p99 µs   event loop   I/O thread   redis')
     for (const r of [sl, flex]) {
       console.log(
-        `${r.name.padEnd(36)} ${r.rate.toFixed(0).padStart(11)} ${r.p50.toFixed(1).padStart(8)} ${r.p99.toFixed(1).padStart(8)} ${r.mainCpu.toFixed(1).padStart(28)} ${r.ioCpu.toFixed(1).padStart(28)}`
+        `${r.name.padEnd(36)} ${r.rate.toFixed(0).padStart(11)} ${r.p50.toFixed(1).padStart(8)} ${r.p99.toFixed(1).padStart(8)} ${r.mainCpu.toFixed(1).padStart(12)} ${r.ioCpu.toFixed(1).padStart(12)} ${own ? r.redisCpu.toFixed(1).padStart(7) : '      -'}`
       )
     }
     console.log(

@@ -46,6 +46,7 @@ async function startRedis() {
   return {
     port,
     url,
+    pid: child.pid,
     /** A config with this server as the only shard. */
     config(policies, extra = {}) {
       return { timeout_ms: 2000, shards: [{ name: 's0', url }], policies, ...extra }
