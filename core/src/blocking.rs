@@ -205,11 +205,12 @@ static SPINNING: AtomicUsize = AtomicUsize::new(0);
 static MAX_SPINNING: LazyLock<usize> =
     LazyLock::new(|| std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)));
 
-/// A place among the spinning threads, given back on drop.
-struct SpinSlot;
+/// A place among the spinning threads, given back on drop. (The I/O thread takes one too
+/// while it spins for async callers: `RtState::spin`.)
+pub(crate) struct SpinSlot;
 
 impl SpinSlot {
-    fn take() -> Option<SpinSlot> {
+    pub(crate) fn take() -> Option<SpinSlot> {
         let max = *MAX_SPINNING;
         SPINNING
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {

@@ -350,6 +350,44 @@ fn a_burst_of_checks_runs_as_batch_calls_with_answers_of_their_own() {
     exact(&out);
 }
 
+/// CPU time (clock ticks) used so far by this process's threads named `name` (Linux).
+#[cfg(target_os = "linux")]
+fn thread_ticks(name: &str) -> u64 {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let stat = std::fs::read_to_string(task.unwrap().path().join("stat")).unwrap_or_default();
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        if &stat[open + 1..close] != name {
+            continue;
+        }
+        let f: Vec<&str> = stat[close + 2..].split(' ').collect();
+        total += f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    }
+    total
+}
+
+/// The I/O thread spins while a lone async check waits (see `spin_wait`), and stops
+/// `spin_wait` after the last one: an idle limiter burns no CPU.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_io_thread_stops_spinning_when_idle() {
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server);
+    let p = Policy::new("idle", Limit::fixed_window(1000, Duration::from_secs(60))).unwrap();
+    let rt = rt();
+    for _ in 0..200 {
+        assert!(rt.block_on(limiter.check("k", &p, 1)).unwrap().allowed);
+    }
+    std::thread::sleep(Duration::from_millis(50)); // well past spin_wait (100 µs)
+    let before = thread_ticks("shardlimit-io");
+    std::thread::sleep(Duration::from_millis(500));
+    let used = thread_ticks("shardlimit-io") - before;
+    // a spinning thread would use about 50 ticks (USER_HZ 100) in half a second
+    assert!(used <= 5, "the idle I/O thread used {used} ticks in 500 ms");
+}
+
 fn engines(server: &RedisServer) -> Vec<(Limiter, Arc<ManualClock>)> {
     redis::cmd("FLUSHALL").exec(&mut server.conn()).unwrap();
     vec![
