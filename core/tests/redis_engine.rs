@@ -246,6 +246,8 @@ fn a_burst_of_checks_runs_as_batch_calls_with_answers_of_their_own() {
     let limiter = redis_limiter(&server);
     let s = Duration::from_secs;
     let fw = Policy::new("bfw", Limit::fixed_window(10, s(3600))).unwrap();
+    // a second fixed-window policy in the same batches: its own limit, sent once per batch
+    let fw3 = Policy::new("bfw3", Limit::fixed_window(3, s(3600))).unwrap();
     // errors reach the caller (no fail-open decision hiding them)
     let sl = Policy::new("bsl", Limit::sliding_log(5, s(3600)))
         .unwrap()
@@ -293,6 +295,7 @@ fn a_burst_of_checks_runs_as_batch_calls_with_answers_of_their_own() {
                 0 => (fw.clone(), "a"),
                 1 => (sl.clone(), "b"),
                 _ if i % 9 == 2 => (sl.clone(), "wrong"),
+                _ if i % 9 == 5 => (fw3.clone(), "d"),
                 _ => (fw.clone(), "c"),
             });
         }
@@ -324,7 +327,8 @@ fn a_burst_of_checks_runs_as_batch_calls_with_answers_of_their_own() {
     let exact = |out: &[(usize, &str, shardlimit::Result<shardlimit::Decision>)]| {
         assert_eq!(check_burst(out), (20, 10), "key a: 20 checks, limit 10");
         assert_eq!(count(out, "b"), (20, 5), "key b: 20 checks, limit 5");
-        assert_eq!(count(out, "c"), (13, 10), "key c: 13 checks, limit 10");
+        assert_eq!(count(out, "c"), (6, 6), "key c: 6 checks, limit 10");
+        assert_eq!(count(out, "d"), (7, 3), "key d: 7 checks, limit 3");
     };
 
     // the batch scripts are not loaded yet: NOSCRIPT, then the batches go again with EVAL
