@@ -124,7 +124,7 @@ pub(crate) struct RtState {
     /// The pipelined connection of each shard, for async checks.
     pipes: Vec<PipeSlot>,
     /// Futures handed over from other threads, not started yet (see [`RtState::submit`]).
-    submitted: Arc<Mutex<Vec<Job>>>,
+    inbox: Arc<Inbox>,
     stream_tx: Option<tokio::sync::mpsc::Sender<StreamItem>>,
     timer_keeper: Arc<TimerKeeper>,
     io_spin: Arc<IoSpin>,
@@ -138,6 +138,69 @@ struct IoSpin {
     spinning: AtomicBool,
     /// `mono_us()` when the last check finished
     last_done: AtomicU64,
+}
+
+/// Futures handed over to the I/O runtime from other threads ([`RtState::submit`]).
+///
+/// Waking the runtime's thread is a write to an eventfd that costs the caller 20-30 µs on
+/// a VM (the wake-up's interrupt), paid on the event loop's thread for every burst. So
+/// the caller wakes it only when it is parked: a current-thread runtime marks itself
+/// parked in its `on_thread_park` hook, which then starts what the inbox holds, and the
+/// spinning task of [`RtState::spin`] starts it too. (The multi-thread runtime is always
+/// woken.)
+pub(crate) struct Inbox {
+    jobs: Mutex<Vec<Job>>,
+    /// `jobs` is not empty (read without the lock)
+    pending: AtomicBool,
+    /// the runtime's thread is parked, or about to look at the inbox before parking
+    parked: AtomicBool,
+    /// false: park is not tracked (multi-thread runtime); always wake
+    tracked: bool,
+}
+
+impl Inbox {
+    fn new(tracked: bool) -> Arc<Inbox> {
+        Arc::new(Inbox {
+            jobs: Mutex::new(Vec::new()),
+            pending: AtomicBool::new(false),
+            parked: AtomicBool::new(true),
+            tracked,
+        })
+    }
+
+    /// Runs every job waiting, polled by one task: every job sends its command before the
+    /// connection's driver runs (spawned as tasks of their own, a multi-thread runtime
+    /// would run the driver each job wakes right after that job).
+    async fn run(self: Arc<Self>) {
+        let jobs = {
+            let mut q = self.jobs.lock();
+            self.pending.store(false, Ordering::SeqCst);
+            std::mem::take(&mut *q)
+        };
+        let mut jobs: futures_util::stream::FuturesUnordered<Job> = jobs.into_iter().collect();
+        while futures_util::StreamExt::next(&mut jobs).await.is_some() {}
+    }
+
+    /// On the runtime: starts the jobs waiting, if any.
+    fn start(self: &Arc<Self>) {
+        if self.pending.load(Ordering::Relaxed) && self.pending.swap(false, Ordering::SeqCst) {
+            tokio::spawn(Arc::clone(self).run());
+        }
+    }
+
+    /// The runtime's `on_thread_park` hook. (Paired with the caller in
+    /// [`RtState::submit`]: the caller stores `pending` then loads `parked`, this stores
+    /// `parked` then loads `pending`, all SeqCst, so one of the two sees the other.)
+    fn before_park(self: &Arc<Self>) {
+        self.parked.store(true, Ordering::SeqCst);
+        if self.pending.swap(false, Ordering::SeqCst) {
+            tokio::spawn(Arc::clone(self).run());
+        }
+    }
+
+    fn after_unpark(&self) {
+        self.parked.store(false, Ordering::SeqCst);
+    }
 }
 
 /// The I/O thread spins only while at most this many checks are in flight: a lone caller
@@ -232,9 +295,12 @@ impl RtState {
             return guard;
         };
         let io = Arc::clone(io);
+        let inbox = Arc::clone(&self.inbox);
         let wait = spin_wait.as_micros() as u64;
         self.handle.spawn(async move {
             loop {
+                // calls handed over meanwhile: their callers did not wake this thread
+                inbox.start();
                 let n = io.in_flight.load(Ordering::Acquire);
                 if n > SPIN_MAX_IN_FLIGHT
                     || (n == 0
@@ -262,21 +328,22 @@ impl RtState {
     /// leaves in one write and costs the I/O thread one wake-up. (Spawned one by one from
     /// outside, each job would run alone and be written alone: the runtime runs the driver
     /// it woke before taking the next job from its injection queue.)
+    ///
+    /// The caller wakes the runtime's thread only when it is parked (see [`Inbox`]); an
+    /// awake thread starts the jobs itself before it parks.
     pub fn submit(&self, job: Job) {
-        let mut queue = self.submitted.lock();
-        let first = queue.is_empty();
-        queue.push(job);
-        drop(queue);
-        if first {
-            let queue = Arc::clone(&self.submitted);
-            self.handle.spawn(async move {
-                // one task polls the whole burst: every job sends its command before the
-                // connection's driver runs (spawned as tasks of their own, a multi-thread
-                // runtime would run the driver each job wakes right after that job)
-                let mut jobs: futures_util::stream::FuturesUnordered<Job> =
-                    std::mem::take(&mut *queue.lock()).into_iter().collect();
-                while futures_util::StreamExt::next(&mut jobs).await.is_some() {}
-            });
+        let inbox = &self.inbox;
+        let first = {
+            let mut q = inbox.jobs.lock();
+            q.push(job);
+            q.len() == 1
+        };
+        if !first {
+            return; // whoever queued the first job of this burst saw to it
+        }
+        inbox.pending.store(true, Ordering::SeqCst);
+        if !inbox.tracked || inbox.parked.load(Ordering::SeqCst) {
+            self.handle.spawn(Arc::clone(inbox).run());
         }
     }
 }
@@ -324,15 +391,21 @@ fn is_current(t: &std::thread::JoinHandle<()>) -> bool {
 /// burst of concurrent calls leaves in one write (a multi-thread runtime runs the woken
 /// driver next, one write per command). `SHARDLIMIT_WORKER_THREADS=N` (N >= 1) asks for a
 /// multi-thread runtime with N workers instead.
-fn start_runtime(worker_threads: usize) -> std::io::Result<(Handle, Owner)> {
+fn start_runtime(worker_threads: usize) -> std::io::Result<(Handle, Owner, Arc<Inbox>)> {
     if worker_threads >= 1 {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(worker_threads)
             .thread_name("shardlimit-io")
             .enable_all()
             .build()?;
-        return Ok((rt.handle().clone(), Owner::Workers(Some(rt))));
+        return Ok((
+            rt.handle().clone(),
+            Owner::Workers(Some(rt)),
+            Inbox::new(false),
+        ));
     }
+    let inbox = Inbox::new(true);
+    let (parking, unparked) = (Arc::clone(&inbox), Arc::clone(&inbox));
     // built on its own thread, so that everything the runtime keeps of "its" thread is
     // that thread's and ends with it
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -349,6 +422,8 @@ fn start_runtime(worker_threads: usize) -> std::io::Result<(Handle, Owner)> {
         .spawn(move || {
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
+                .on_thread_park(move || parking.before_park())
+                .on_thread_unpark(move || unparked.after_unpark())
                 .build()
             {
                 Ok(rt) => rt,
@@ -373,6 +448,7 @@ fn start_runtime(worker_threads: usize) -> std::io::Result<(Handle, Owner)> {
             stop: Some(stop),
             thread: Some(thread),
         },
+        inbox,
     ))
 }
 
@@ -656,7 +732,7 @@ impl RedisEngine {
                 c.probing.store(false, Ordering::Relaxed);
             }
         }
-        let (handle, owner) = start_runtime(self.worker_threads)
+        let (handle, owner, inbox) = start_runtime(self.worker_threads)
             .map_err(|e| Error::Internal(format!("cannot start the I/O runtime: {e}")))?;
         let stream_tx = self.stream_maxlen.map(|maxlen| {
             let (tx, rx) = tokio::sync::mpsc::channel(STREAM_QUEUE);
@@ -671,7 +747,7 @@ impl RedisEngine {
             conns: self.shards.iter().map(|_| Slot::default()).collect(),
             blocking: self.shards.iter().map(|_| Mutex::default()).collect(),
             pipes: self.shards.iter().map(|_| PipeSlot::default()).collect(),
-            submitted: Arc::default(),
+            inbox,
             stream_tx,
             timer_keeper: Arc::default(),
             io_spin: Arc::default(),

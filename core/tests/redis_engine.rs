@@ -392,6 +392,48 @@ fn the_io_thread_stops_spinning_when_idle() {
     assert!(used <= 5, "the idle I/O thread used {used} ticks in 500 ms");
 }
 
+/// Calls handed to the I/O runtime wake its thread only when it is parked; an awake thread
+/// starts them before it parks. Many threads handing calls over in bursts while the
+/// runtime parks and wakes in between: every call runs.
+#[test]
+fn every_call_handed_over_runs_while_the_io_thread_parks_and_wakes() {
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server);
+    let spawner = limiter
+        .spawner()
+        .unwrap()
+        .expect("a Redis limiter has a runtime");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (threads, bursts, per_burst) = (4, 300, 7);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (spawner, tx) = (&spawner, tx.clone());
+            s.spawn(move || {
+                for b in 0..bursts {
+                    for _ in 0..per_burst {
+                        let tx = tx.clone();
+                        spawner.spawn(async move {
+                            // some calls finish at once, some after a timer (the thread
+                            // parks in between)
+                            if b % 3 == 0 {
+                                tokio::time::sleep(Duration::from_micros(200)).await;
+                            }
+                            let _ = tx.send(());
+                        });
+                    }
+                    if (b + t) % 5 == 0 {
+                        std::thread::sleep(Duration::from_micros(300));
+                    }
+                }
+            });
+        }
+    });
+    for i in 0..threads * bursts * per_burst {
+        rx.recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("call {i} never ran"));
+    }
+}
+
 fn engines(server: &RedisServer) -> Vec<(Limiter, Arc<ManualClock>)> {
     redis::cmd("FLUSHALL").exec(&mut server.conn()).unwrap();
     vec![
