@@ -208,6 +208,9 @@ impl Inbox {
 /// there would take a core from Redis and the event loop.
 const SPIN_MAX_IN_FLIGHT: usize = 2;
 
+/// How often the spinning I/O thread gives its CPU to other threads ready to run there.
+const OS_YIELD_EVERY_US: u64 = 10;
+
 /// One pipelined check in flight, for [`RtState::spin`]; counted out on drop (also when the
 /// caller gives up).
 struct InFlight(Arc<IoSpin>);
@@ -298,15 +301,23 @@ impl RtState {
         let inbox = Arc::clone(&self.inbox);
         let wait = spin_wait.as_micros() as u64;
         self.handle.spawn(async move {
+            let mut yielded = mono_us();
             loop {
                 // calls handed over meanwhile: their callers did not wake this thread
                 inbox.start();
                 let n = io.in_flight.load(Ordering::Acquire);
+                let now = mono_us();
                 if n > SPIN_MAX_IN_FLIGHT
-                    || (n == 0
-                        && mono_us().saturating_sub(io.last_done.load(Ordering::Relaxed)) > wait)
+                    || (n == 0 && now.saturating_sub(io.last_done.load(Ordering::Relaxed)) > wait)
                 {
                     break;
+                }
+                if now - yielded >= OS_YIELD_EVERY_US {
+                    // let a thread that is ready to run on this CPU have it: the event loop
+                    // that just woke this thread may be queued behind it (it waited out
+                    // the whole spin before, 100 µs, when the two shared a CPU)
+                    std::thread::yield_now();
+                    yielded = now;
                 }
                 tokio::task::yield_now().await;
             }

@@ -2,7 +2,8 @@
 
     python bindings/python/bench/bench_vs_limits.py [--n 20000] [--json out.json]
 
-Starts its own redis-server on a free 127.0.0.1 port and measures:
+Starts its own redis-server on a free 127.0.0.1 port and measures (each rate over rounds of
+`--n` decisions, for at least a second):
 
 1. sequential sync decisions/s (one thread, one call after another);
 2. asyncio decisions/s with 64 concurrent tasks (limits: both its coredis and redis-py
@@ -60,13 +61,20 @@ def rate(n: int, seconds: float) -> float:
     return n / seconds
 
 
+# A rate is measured over rounds of `n` decisions until at least this long has passed: a
+# fast library's 20,000 decisions take a fifth of a second, too short to be steady.
+MIN_SECONDS = 1.0
+
+
 def timed_sync(fn: Callable[[str], Any], n: int, key: str) -> float:
     for _ in range(min(500, n)):
         fn(key)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn(key)
-    return rate(n, time.perf_counter() - t0)
+    done, t0 = 0, time.perf_counter()
+    while done == 0 or time.perf_counter() - t0 < MIN_SECONDS:
+        for _ in range(n):
+            fn(key)
+        done += n
+    return rate(done, time.perf_counter() - t0)
 
 
 async def timed_async(fn: Callable[[str], Awaitable[Any]], n: int, key: str) -> float:
@@ -77,9 +85,11 @@ async def timed_async(fn: Callable[[str], Awaitable[Any]], n: int, key: str) -> 
             await fn(key)
 
     await asyncio.gather(*(task() for _ in range(TASKS)))  # warm-up: connections, scripts
-    t0 = time.perf_counter()
-    await asyncio.gather(*(task() for _ in range(TASKS)))
-    return rate(per_task * TASKS, time.perf_counter() - t0)
+    done, t0 = 0, time.perf_counter()
+    while done == 0 or time.perf_counter() - t0 < MIN_SECONDS:
+        await asyncio.gather(*(task() for _ in range(TASKS)))
+        done += per_task * TASKS
+    return rate(done, time.perf_counter() - t0)
 
 
 def latencies(fn: Callable[[], Any], n: int) -> list[float]:

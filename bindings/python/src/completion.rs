@@ -10,6 +10,7 @@
 //! of completions costs one wake-up of the loop.
 
 use crate::convert::core_err;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::{MutexExt, PyOnceLock};
 use std::future::Future;
@@ -36,16 +37,17 @@ fn settle<T: Send + 'static>(
 /// Resolves one asyncio future (unless it was cancelled meanwhile).
 fn resolve(py: Python<'_>, d: Done) {
     let fut = d.fut.bind(py);
+    // (interned names: a method name made for every call costs an allocation and a hash)
     if fut
-        .call_method0("done")
+        .call_method0(intern!(py, "done"))
         .and_then(|x| x.is_truthy())
         .unwrap_or(true)
     {
         return;
     }
     let r = match (d.settle)(py) {
-        Ok(v) => fut.call_method1("set_result", (v,)),
-        Err(e) => fut.call_method1("set_exception", (e.into_value(py),)),
+        Ok(v) => fut.call_method1(intern!(py, "set_result"), (v,)),
+        Err(e) => fut.call_method1(intern!(py, "set_exception"), (e.into_value(py),)),
     };
     if let Err(e) = r {
         e.write_unraisable(py, Some(fut));
@@ -176,7 +178,7 @@ impl Completers {
         let ev = GET_RUNNING_LOOP
             .import(py, "asyncio", "get_running_loop")?
             .call0()?;
-        let pyfut = ev.call_method0("create_future")?;
+        let pyfut = ev.call_method0(intern!(py, "create_future"))?;
         let Some(spawner) = limiter.spawner().map_err(core_err)? else {
             // the in-memory engine never waits: answer now
             let r = limiter.block_on(fut);
