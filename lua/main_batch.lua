@@ -1,14 +1,24 @@
 -- shardlimit main: N checks of one algorithm in one call (the pipelined connection of async
 -- callers sends the checks of a burst together). Running them back to back in one script
 -- is what N separate calls would do, one after another; the call's fixed cost (EVALSHA,
--- the script's setup, TIME) is paid once.
+-- the script's setup, TIME) is paid once, and the policy arguments the checks share are
+-- sent once.
 -- Assembled as prelude + one algorithm file + check.lua + this file.
--- KEYS[3i-2..3i] and ARGV[12(i-1)+1..12i]: check i's keys and arguments (see check.lua).
+-- KEYS[3i-2..3i]  check i's state key, block-list entry, denial counter (see check.lua)
+-- ARGV[1]         S, the number of distinct policy argument sets ("shapes")
+-- ARGV[2..1+8S]   the shapes: code, limit, period, mode, after, within, dur, reason each
+-- then 5 per check: now, cost, lease, need, its shape (1..S)
 -- Returns an array of N replies: check i's result, or an error reply of its own (one
 -- check's error, WRONGTYPE say, leaves the others' results standing).
+local S = tonumber(ARGV[1])
+local items = 2 + 8 * S
 local out = {}
 for i = 1, #KEYS / 3 do
-  local ok, r = pcall(check, KEYS, 3 * (i - 1), ARGV, 12 * (i - 1))
+  local a = items + 5 * (i - 1)
+  local s = 2 + 8 * (tonumber(ARGV[a + 4]) - 1)
+  local ok, r = pcall(check, KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], ARGV[a], ARGV[a + 1],
+    ARGV[a + 2], ARGV[a + 3], ARGV[s], ARGV[s + 1], ARGV[s + 2], ARGV[s + 3], ARGV[s + 4],
+    ARGV[s + 5], ARGV[s + 6], ARGV[s + 7])
   if ok then
     out[i] = r
   elseif type(r) == 'table' and r.err then

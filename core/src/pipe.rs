@@ -28,50 +28,53 @@ type Sender = oneshot::Sender<io::Result<Reply>>;
 /// The most checks one batch call carries: bounds how long one script call holds Redis.
 const MAX_BATCH: usize = 128;
 
+/// A check's keys, its own arguments and its policy's arguments (lua/main_check.lua).
+const KEYS: usize = 3;
+const ITEM_ARGS: usize = 4;
+const SHAPE_ARGS: usize = 8;
+
 /// One check script call, in parts the writer can put into a single or a batch call.
 pub(crate) struct CheckCall {
     /// the check's algorithm's scripts
-    pub scripts: &'static CheckScripts,
+    scripts: &'static CheckScripts,
     /// the server lost the scripts (NOSCRIPT): send the source (EVAL), which loads it
-    pub eval: bool,
-    /// the packed keys (`$<len>\r\n<key>\r\n` each) and then the packed arguments
-    pub packed: Vec<u8>,
-    /// where the arguments start in `packed`
-    pub args_at: usize,
-    pub keys: usize,
-    pub args: usize,
+    eval: bool,
+    /// packed (`$<len>\r\n<arg>\r\n` each): the keys, the check's own arguments from
+    /// `item_at`, its policy's from `shape_at`
+    packed: Vec<u8>,
+    item_at: usize,
+    shape_at: usize,
 }
 
 impl CheckCall {
-    /// The call of `cmd`, a check's `EVALSHA <sha> <numkeys> keys... args...`.
+    /// The call of `cmd`, a check's `EVALSHA <sha> 3 <keys> <item args> <shape args>` (the
+    /// order of lua/main_check.lua).
     pub fn from_cmd(scripts: &'static CheckScripts, eval: bool, cmd: &redis::Cmd) -> CheckCall {
-        let mut args = cmd.args_iter().skip(2);
-        let keys = match args.next() {
-            Some(redis::Arg::Simple(n)) => std::str::from_utf8(n)
-                .ok()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0),
-            _ => 0,
-        };
-        let mut packed = Vec::with_capacity(cmd.args_iter().len() * 16 + 128);
-        let (mut args_at, mut count) = (0, 0);
-        for a in args {
+        let mut packed = Vec::with_capacity(cmd.args_iter().len() * 24);
+        let (mut item_at, mut shape_at) = (0, 0);
+        // after EVALSHA, the SHA1 and the number of keys
+        for (i, a) in cmd.args_iter().skip(3).enumerate() {
+            if i == KEYS {
+                item_at = packed.len();
+            } else if i == KEYS + ITEM_ARGS {
+                shape_at = packed.len();
+            }
             if let redis::Arg::Simple(a) = a {
                 bulk(&mut packed, a);
-                count += 1;
-                if count == keys {
-                    args_at = packed.len();
-                }
             }
         }
+        debug_assert_eq!(cmd.args_iter().len(), 3 + KEYS + ITEM_ARGS + SHAPE_ARGS);
         CheckCall {
             scripts,
             eval,
             packed,
-            args_at,
-            keys,
-            args: count - keys,
+            item_at,
+            shape_at,
         }
+    }
+
+    fn shape(&self) -> &[u8] {
+        &self.packed[self.shape_at..]
     }
 }
 
@@ -254,33 +257,65 @@ fn bulk(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// Appends the script call of `calls` (all of one algorithm) to `out`: EVALSHA of the
-/// single script for one check, of the batch script for several; EVAL of the source when
-/// one of them saw NOSCRIPT.
-fn pack_calls(out: &mut Vec<u8>, calls: &[CheckCall]) {
-    let first = &calls[0];
-    let batch = calls.len() > 1;
-    let eval = calls.iter().any(|c| c.eval);
-    let (keys, args) = calls
-        .iter()
-        .fold((0, 0), |(k, a), c| (k + c.keys, a + c.args));
+fn header(out: &mut Vec<u8>, items: usize) {
     out.push(b'*');
-    out.extend_from_slice(itoa::Buffer::new().format(3 + keys + args).as_bytes());
+    out.extend_from_slice(itoa::Buffer::new().format(items).as_bytes());
     out.extend_from_slice(b"\r\n");
-    let script = match (batch, eval) {
-        (false, false) => first.scripts.single_sha,
-        (false, true) => first.scripts.single_src,
-        (true, false) => first.scripts.batch_sha,
-        (true, true) => first.scripts.batch_src,
+}
+
+/// Appends the script call of `calls` (all of one algorithm) to `out`: EVALSHA of the
+/// single script for one check, of the batch script for several, with each distinct
+/// policy argument set sent once (lua/main_batch.lua); EVAL of the source when one of them
+/// saw NOSCRIPT.
+fn pack_calls(out: &mut Vec<u8>, calls: &[CheckCall], scratch: (&mut Vec<usize>, &mut Vec<usize>)) {
+    let first = &calls[0];
+    let eval = calls.iter().any(|c| c.eval);
+    let (op, script): (&[u8], &str) = match (calls.len() > 1, eval) {
+        (false, false) => (b"EVALSHA", first.scripts.single_sha),
+        (false, true) => (b"EVAL", first.scripts.single_src),
+        (true, false) => (b"EVALSHA", first.scripts.batch_sha),
+        (true, true) => (b"EVAL", first.scripts.batch_src),
     };
-    bulk(out, if eval { b"EVAL" } else { b"EVALSHA" });
-    bulk(out, script.as_bytes());
-    bulk(out, itoa::Buffer::new().format(keys).as_bytes());
-    for c in calls {
-        out.extend_from_slice(&c.packed[..c.args_at]);
+    if calls.len() == 1 {
+        header(out, 3 + KEYS + ITEM_ARGS + SHAPE_ARGS);
+        bulk(out, op);
+        bulk(out, script.as_bytes());
+        bulk(out, b"3");
+        out.extend_from_slice(&first.packed);
+        return;
     }
+    // the first call of each distinct policy argument set, and each call's set (1..=S)
+    let (firsts, shapes) = scratch;
+    firsts.clear();
+    shapes.clear();
+    for (i, c) in calls.iter().enumerate() {
+        let k = match firsts.iter().position(|&j| calls[j].shape() == c.shape()) {
+            Some(k) => k,
+            None => {
+                firsts.push(i);
+                firsts.len() - 1
+            }
+        };
+        shapes.push(k + 1);
+    }
+    let n = calls.len();
+    header(
+        out,
+        3 + KEYS * n + 1 + SHAPE_ARGS * firsts.len() + (ITEM_ARGS + 1) * n,
+    );
+    bulk(out, op);
+    bulk(out, script.as_bytes());
+    bulk(out, itoa::Buffer::new().format(KEYS * n).as_bytes());
     for c in calls {
-        out.extend_from_slice(&c.packed[c.args_at..]);
+        out.extend_from_slice(&c.packed[..c.item_at]);
+    }
+    bulk(out, itoa::Buffer::new().format(firsts.len()).as_bytes());
+    for &j in firsts.iter() {
+        out.extend_from_slice(calls[j].shape());
+    }
+    for (c, shape) in calls.iter().zip(shapes.iter()) {
+        out.extend_from_slice(&c.packed[c.item_at..c.shape_at]);
+        bulk(out, itoa::Buffer::new().format(*shape).as_bytes());
     }
 }
 
@@ -293,6 +328,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     let mut out = Vec::with_capacity(16 * 1024);
     // the burst's checks, by algorithm: (scripts, calls, their callers)
     let mut groups: Vec<(&'static CheckScripts, Vec<CheckCall>, Vec<Sender>)> = Vec::new();
+    let (mut firsts, mut shapes) = (Vec::new(), Vec::new());
     // ends when every Pipe clone is gone (dropping `w` ends the reader too) or on an error
     while rx.recv_many(&mut burst, 1024).await > 0 {
         out.clear();
@@ -315,7 +351,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             }
             for (_, calls, mut senders) in groups.drain(..) {
                 for chunk in calls.chunks(MAX_BATCH) {
-                    pack_calls(&mut out, chunk);
+                    pack_calls(&mut out, chunk, (&mut firsts, &mut shapes));
                     waiting.push_back(if chunk.len() == 1 {
                         Waiter::One(senders.remove(0))
                     } else {

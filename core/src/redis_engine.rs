@@ -1161,17 +1161,20 @@ impl RedisEngine {
             c.arg(scripts::for_algorithm(eff.algorithm).get_hash());
             c
         };
+        // the order of lua/main_check.lua: keys, the check's own arguments (CHECK_ITEM_ARGS),
+        // then its policy's (CHECK_SHAPE_ARGS), which a batch call sends once per policy
         cmd.arg(3)
             .arg(state_key(&self.prefix, &policy.key_scope, key))
             .arg(block_key(&self.prefix, key))
             .arg(denial_key(&self.prefix, &policy.key_scope, key))
             .arg(now_us.unwrap_or(0))
+            .arg(cost)
+            .arg(lease_id)
+            .arg(need)
             .arg(eff.algorithm.code())
             .arg(eff.limit)
             .arg(eff.period_us)
-            .arg(cost)
-            .arg(mode_s)
-            .arg(lease_id);
+            .arg(mode_s);
         if after > 0 {
             cmd.arg(after)
                 .arg(within)
@@ -1180,7 +1183,6 @@ impl RedisEngine {
         } else {
             cmd.arg(0).arg(0).arg(0).arg("");
         }
-        cmd.arg(need);
         cmd
     }
 
