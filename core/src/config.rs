@@ -92,11 +92,13 @@ pub struct Config {
     /// from their old shard (`reshard_handoff`, default 10 minutes).
     pub reshard_handoff: Duration,
     /// How long a blocking call (`*_blocking`, Python sync, C, Go) may spin on its socket
-    /// for the reply before sleeping in `read`, and how long the I/O thread keeps spinning
-    /// after the last async check while at most two are in flight (`spin_wait`, default
-    /// 100 µs, at most 10 ms; 0 never spins). Spinning saves the wake-up of a sleeping
-    /// thread, which costs tens of microseconds on virtual machines; at most half the CPUs
-    /// spin at once.
+    /// for the reply before sleeping in `read`; also how long the I/O thread keeps
+    /// spinning after the last async check when calls have been coming back that fast
+    /// (it spins while async checks are in flight; `spin_wait`, default 100 µs, at most
+    /// 10 ms; 0 never spins). Spinning saves the wake-up of a sleeping thread, which costs
+    /// tens of microseconds on virtual machines, for CPU: under sustained async load the
+    /// I/O thread keeps a core busy (giving way to other ready threads every 10 µs). At
+    /// most half the CPUs spin at once.
     pub spin_wait: Duration,
 }
 

@@ -138,6 +138,10 @@ struct IoSpin {
     spinning: AtomicBool,
     /// `mono_us()` when the last check finished
     last_done: AtomicU64,
+    /// how long the thread typically went without checks before one came (µs, a moving
+    /// average over the checks that started with none in flight, each gap capped at
+    /// twice `spin_wait`)
+    idle_gap: AtomicU64,
 }
 
 /// Futures handed over to the I/O runtime from other threads ([`RtState::submit`]).
@@ -202,11 +206,6 @@ impl Inbox {
         self.parked.store(false, Ordering::SeqCst);
     }
 }
-
-/// The I/O thread spins only while at most this many checks are in flight: a lone caller
-/// (or a few) waits on wake-ups, a busy one keeps the thread awake anyway, and spinning
-/// there would take a core from Redis and the event loop.
-const SPIN_MAX_IN_FLIGHT: usize = 2;
 
 /// How often the spinning I/O thread gives its CPU to other threads ready to run there.
 const OS_YIELD_EVERY_US: u64 = 10;
@@ -274,20 +273,30 @@ impl RtState {
         });
     }
 
-    /// Counts a pipelined check in (until the guard drops) and, when it is one of few in
-    /// flight, keeps the I/O thread spinning instead of sleeping in epoll: until its reply
-    /// comes and for `spin_wait` after the last one, so that neither Redis's reply nor the
-    /// caller's next call has to wake the thread (two wake-ups of about 50 µs each on a VM;
-    /// a blocking caller spins on its socket for the same reason). The spinning is a task
-    /// that yields in a loop: the runtime then polls its driver without blocking and takes
-    /// calls handed over from other threads at once. It takes a place among the spinning
-    /// threads (half the CPUs), and stops as soon as more than a few checks are in flight.
+    /// Counts a pipelined check in (until the guard drops) and keeps the I/O thread
+    /// spinning instead of sleeping in epoll while checks are in flight, so that Redis's
+    /// replies and the callers' next calls find it awake (every wake-up of a sleeping
+    /// thread costs ~20-50 µs on a VM; a blocking caller spins on its socket for the same
+    /// reason). With none in flight it goes on spinning for `spin_wait` only when calls
+    /// have been coming back within `spin_wait` (a lone caller's next call, typically):
+    /// at a slower pace it would spin for nothing. The spinning is a task that yields in a
+    /// loop: the runtime then polls its driver without blocking and takes calls handed
+    /// over from other threads at once; every 10 µs it also gives the CPU to any thread
+    /// ready to run there. It takes a place among the spinning threads (half the CPUs).
     fn spin(&self, spin_wait: Duration) -> InFlight {
         let io = &self.io_spin;
+        let wait = spin_wait.as_micros() as u64;
         let n = io.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        if n == 1 {
+            // (capped, so that one pause of the caller's, a GC say, does not stop the
+            // spinning of a caller that is otherwise quick)
+            let gap = mono_us().saturating_sub(io.last_done.load(Ordering::Relaxed));
+            let avg = io.idle_gap.load(Ordering::Relaxed);
+            io.idle_gap
+                .store((avg * 7 + gap.min(2 * wait)) / 8, Ordering::Relaxed);
+        }
         let guard = InFlight(Arc::clone(io));
-        if spin_wait.is_zero()
-            || n > SPIN_MAX_IN_FLIGHT
+        if wait == 0
             || io.spinning.load(Ordering::Relaxed)
             || io.spinning.swap(true, Ordering::AcqRel)
         {
@@ -299,18 +308,22 @@ impl RtState {
         };
         let io = Arc::clone(io);
         let inbox = Arc::clone(&self.inbox);
-        let wait = spin_wait.as_micros() as u64;
         self.handle.spawn(async move {
             let mut yielded = mono_us();
             loop {
                 // calls handed over meanwhile: their callers did not wake this thread
                 inbox.start();
-                let n = io.in_flight.load(Ordering::Acquire);
                 let now = mono_us();
-                if n > SPIN_MAX_IN_FLIGHT
-                    || (n == 0 && now.saturating_sub(io.last_done.load(Ordering::Relaxed)) > wait)
-                {
-                    break;
+                if io.in_flight.load(Ordering::Acquire) == 0 {
+                    let idle = now.saturating_sub(io.last_done.load(Ordering::Relaxed));
+                    let tail = if io.idle_gap.load(Ordering::Relaxed) <= wait {
+                        wait
+                    } else {
+                        0
+                    };
+                    if idle > tail {
+                        break;
+                    }
                 }
                 if now - yielded >= OS_YIELD_EVERY_US {
                     // let a thread that is ready to run on this CPU have it: the event loop
