@@ -259,23 +259,27 @@ impl Limiter {
     fn build_engine(config: &Config, subscribers: Arc<Subscribers>) -> Result<Engine> {
         Ok(match (&config.shards, &config.cluster) {
             (Some(shards), _) => {
-                let mut e = RedisEngine::new(
+                let e = RedisEngine::new(
                     shards.clone(),
                     config.key_prefix.clone(),
                     config.timeout,
                     subscribers,
                     config.events_stream_maxlen,
                 )?;
-                e.spin_wait = config.spin_wait;
+                e.set_spin_wait(config.spin_wait);
                 Engine::Redis(Arc::new(e))
             }
-            (None, Some(nodes)) => Engine::Redis(Arc::new(RedisEngine::cluster(
-                nodes.clone(),
-                config.key_prefix.clone(),
-                config.timeout,
-                subscribers,
-                config.events_stream_maxlen,
-            )?)),
+            (None, Some(nodes)) => {
+                let e = RedisEngine::cluster(
+                    nodes.clone(),
+                    config.key_prefix.clone(),
+                    config.timeout,
+                    subscribers,
+                    config.events_stream_maxlen,
+                )?;
+                e.set_spin_wait(config.spin_wait);
+                Engine::Redis(Arc::new(e))
+            }
             (None, None) => Engine::Memory(Arc::new(MemoryEngine::default())),
         })
     }
@@ -374,7 +378,11 @@ impl Limiter {
         let engine = if same_backend {
             match &old.engine {
                 Engine::Memory(m) => Engine::Memory(m.clone()),
-                Engine::Redis(r) => Engine::Redis(r.clone()),
+                Engine::Redis(r) => {
+                    // the connections stay; the spinning follows the new config
+                    r.set_spin_wait(config.spin_wait);
+                    Engine::Redis(r.clone())
+                }
             }
         } else {
             Limiter::build_engine(&config, self.inner.subscribers.clone())?
@@ -1751,5 +1759,42 @@ fn poll_once<T>(fut: impl Future<Output = Result<T>>) -> Result<T> {
     match fut.as_mut().poll(&mut cx) {
         Poll::Ready(v) => v,
         Poll::Pending => Err(Error::Internal("in-memory call did not complete".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(spin_wait: &str) -> Config {
+        // never connected: the engine connects lazily
+        Config::from_json(&format!(
+            r#"{{"shards":[{{"name":"a","url":"redis://127.0.0.1:1"}}],
+                "spin_wait":"{spin_wait}","policies":{{}}}}"#
+        ))
+        .unwrap()
+    }
+
+    fn redis(l: &Limiter) -> Arc<RedisEngine> {
+        match &l.view().engine {
+            Engine::Redis(r) => Arc::clone(r),
+            Engine::Memory(_) => panic!("a Redis config made an in-memory engine"),
+        }
+    }
+
+    #[test]
+    fn a_reload_that_keeps_the_connections_applies_the_new_spin_wait() {
+        let l = Limiter::new(config("100us")).unwrap();
+        let before = redis(&l);
+        assert_eq!(before.spin_wait(), Duration::from_micros(100));
+        l.reload(config("2ms")).unwrap();
+        let after = redis(&l);
+        assert!(
+            Arc::ptr_eq(&before, &after),
+            "same shards: the engine is kept"
+        );
+        assert_eq!(after.spin_wait(), Duration::from_millis(2));
+        l.reload(config("0")).unwrap();
+        assert_eq!(redis(&l).spin_wait(), Duration::ZERO);
     }
 }

@@ -491,9 +491,10 @@ pub(crate) struct RedisEngine {
     /// Per shard, where blocking callers connect themselves (`None`: TLS, Cluster or
     /// Sentinel, which go through the I/O runtime).
     targets: Vec<Option<Target>>,
-    /// How long a blocking caller may spin on its socket before sleeping (config
-    /// `spin_wait`).
-    pub spin_wait: Duration,
+    /// How long a blocking caller may spin on its socket before sleeping, and the I/O
+    /// thread after the last async check (config `spin_wait`, µs; a reload that keeps the
+    /// engine sets it anew).
+    spin_wait_us: AtomicU64,
     pub timeout: Duration,
     prefix: String,
     worker_threads: usize,
@@ -630,6 +631,17 @@ fn auto_block_args(a: Option<&AutoBlock>) -> (u64, u64, u64) {
 }
 
 impl RedisEngine {
+    /// The config's `spin_wait`.
+    pub fn spin_wait(&self) -> Duration {
+        Duration::from_micros(self.spin_wait_us.load(Ordering::Relaxed))
+    }
+
+    /// Sets `spin_wait` (at build time, and on a reload that keeps this engine).
+    pub fn set_spin_wait(&self, d: Duration) {
+        self.spin_wait_us
+            .store(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
     pub fn new(
         shards: Vec<ShardConfig>,
         prefix: String,
@@ -712,7 +724,7 @@ impl RedisEngine {
             .collect();
         Ok(RedisEngine {
             targets,
-            spin_wait: crate::config::DEFAULT_SPIN_WAIT,
+            spin_wait_us: AtomicU64::new(crate::config::DEFAULT_SPIN_WAIT.as_micros() as u64),
             circuits: shards.iter().map(|_| Circuit::default()).collect(),
             shards,
             clients,
@@ -943,7 +955,7 @@ impl RedisEngine {
             None => BlockingConn::connect(target, self.timeout),
         }
         .and_then(|mut c| {
-            let reply = c.request(packed, deadline, self.spin_wait)?;
+            let reply = c.request(packed, deadline, self.spin_wait())?;
             Ok((reply, c))
         });
         let r = r
@@ -1010,7 +1022,7 @@ impl RedisEngine {
         let st = self.state()?;
         self.gate(&st, shard)?;
         st.keep_timers(self.timeout);
-        let _in_flight = st.spin(self.spin_wait);
+        let _in_flight = st.spin(self.spin_wait());
         let start = Instant::now();
         let work = async {
             let pipe = self.pipe(&st, shard, target).await?;
