@@ -132,16 +132,19 @@ enum Stream {
 
 impl Stream {
     fn set_timeouts(&self, t: Duration) -> io::Result<()> {
+        self.set_read_timeout(t)?;
         match self {
-            Stream::Tcp(s) => {
-                s.set_read_timeout(Some(t))?;
-                s.set_write_timeout(Some(t))
-            }
+            Stream::Tcp(s) => s.set_write_timeout(Some(t)),
             #[cfg(unix)]
-            Stream::Unix(s) => {
-                s.set_read_timeout(Some(t))?;
-                s.set_write_timeout(Some(t))
-            }
+            Stream::Unix(s) => s.set_write_timeout(Some(t)),
+        }
+    }
+
+    fn set_read_timeout(&self, t: Duration) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(Some(t)),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.set_read_timeout(Some(t)),
         }
     }
 
@@ -227,6 +230,10 @@ impl Drop for SpinSlot {
     }
 }
 
+/// How far past its deadline a blocking read may sleep, at most, before the socket's read
+/// timeout is set again.
+const READ_TIMEOUT_SLACK: Duration = Duration::from_millis(1);
+
 fn timed_out() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "no reply within the deadline")
 }
@@ -241,6 +248,8 @@ pub(crate) struct BlockingConn {
     buf: Vec<u8>,
     /// Start of the unparsed bytes in `buf`.
     pos: usize,
+    /// How long a read sleeps at most (the socket's read timeout).
+    read_timeout: Duration,
 }
 
 impl BlockingConn {
@@ -277,6 +286,7 @@ impl BlockingConn {
             stream,
             buf: Vec::with_capacity(512),
             pos: 0,
+            read_timeout: timeout,
         };
         for (what, packed) in target.handshake() {
             expect_ok(what, conn.request(&packed, deadline, Duration::ZERO)?)?;
@@ -340,6 +350,24 @@ impl BlockingConn {
                     }
                 }
             }
+            // sleep in read about as long as the deadline leaves (a retry's deadline is the
+            // call's, and a pooled connection's timeout may be one a retry shortened); the
+            // socket's timeout is set again only when it is off by over a millisecond,
+            // which a call's first try never is
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.buf.truncate(len);
+                return Err(timed_out());
+            }
+            if self.read_timeout > left + READ_TIMEOUT_SLACK
+                || self.read_timeout + READ_TIMEOUT_SLACK < left
+            {
+                if let Err(e) = self.stream.set_read_timeout(left) {
+                    self.buf.truncate(len);
+                    return Err(e);
+                }
+                self.read_timeout = left;
+            }
             let r = self.stream.read(&mut self.buf[len..]);
             match r {
                 Ok(0) => {
@@ -349,11 +377,18 @@ impl BlockingConn {
                 Ok(n) => self.buf.truncate(len + n),
                 Err(e) => {
                     self.buf.truncate(len);
-                    return Err(match e.kind() {
-                        // the socket's read timeout (the whole deadline) passed
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => timed_out(),
-                        _ => e,
-                    });
+                    match e.kind() {
+                        // the socket's read timeout passed: the deadline too, or (the
+                        // timeout being up to a millisecond short) read again
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                            if Instant::now() >= deadline {
+                                return Err(timed_out());
+                            }
+                            continue;
+                        }
+                        io::ErrorKind::Interrupted => continue,
+                        _ => return Err(e),
+                    }
                 }
             }
             if Instant::now() > deadline {

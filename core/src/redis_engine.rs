@@ -937,8 +937,14 @@ impl RedisEngine {
     /// [`RedisEngine::with_conn`]. No hand-off to the I/O runtime and back: the caller
     /// writes the command and reads the reply itself, which is what a synchronous caller (a
     /// Python thread, a C or Go call) waits for anyway. A connection that failed in any way
-    /// is dropped, never reused; one that got an error reply is fine.
-    pub fn request_blocking(self: &Arc<Self>, shard: usize, packed: &[u8]) -> Result<Reply> {
+    /// is dropped, never reused; one that got an error reply is fine. `deadline` is the
+    /// call's (a NOSCRIPT retry shares it with the try before).
+    pub fn request_blocking(
+        self: &Arc<Self>,
+        shard: usize,
+        packed: &[u8],
+        deadline: Instant,
+    ) -> Result<Reply> {
         let Some(target) = &self.targets[shard] else {
             return Err(Error::Internal(format!(
                 "shard {} has no blocking connections (Cluster, Sentinel or TLS)",
@@ -948,11 +954,16 @@ impl RedisEngine {
         let st = self.state()?;
         self.gate(&st, shard)?;
         let start = Instant::now();
-        let deadline = start + self.timeout;
+        let left = deadline.saturating_duration_since(start);
+        if left.is_zero() {
+            let r = Err(self.timeout_error(shard));
+            self.account(shard, start, &r);
+            return r;
+        }
         let pooled = st.blocking[shard].lock().pop();
         let r = match pooled {
             Some(c) => Ok(c),
-            None => BlockingConn::connect(target, self.timeout),
+            None => BlockingConn::connect(target, left),
         }
         .and_then(|mut c| {
             let reply = c.request(packed, deadline, self.spin_wait())?;
@@ -1007,11 +1018,13 @@ impl RedisEngine {
 
     /// Sends one check script call over shard `shard`'s pipelined connection and
     /// returns its reply, under the same circuit, deadline, latency and failure accounting
-    /// as [`RedisEngine::with_conn`].
+    /// as [`RedisEngine::with_conn`]. `deadline` is the call's (a NOSCRIPT retry shares it
+    /// with the try before).
     pub async fn request_pipelined(
         self: &Arc<Self>,
         shard: usize,
         call: CheckCall,
+        deadline: Instant,
     ) -> Result<Reply> {
         let Some(target) = &self.targets[shard] else {
             return Err(Error::Internal(format!(
@@ -1030,7 +1043,7 @@ impl RedisEngine {
                 .await
                 .map_err(|e| self.io_error(shard, e))
         };
-        let r = tokio::time::timeout(self.timeout, work)
+        let r = tokio::time::timeout_at(deadline.into(), work)
             .await
             .unwrap_or_else(|_| Err(self.timeout_error(shard)));
         self.account(shard, start, &r);
@@ -1238,10 +1251,12 @@ impl RedisEngine {
             // the hot path: the pipelined connection, which sends a burst's checks together
             let scripts = scripts::check_scripts(eff.algorithm);
             let call = |eval| CheckCall::from_cmd(scripts, eval, &cmd);
-            let mut reply = Box::pin(self.request_pipelined(shard, call(false))).await?;
+            // one deadline for the call, retry included
+            let deadline = Instant::now() + self.timeout;
+            let mut reply = Box::pin(self.request_pipelined(shard, call(false), deadline)).await?;
             if reply.is_noscript() {
                 // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
-                reply = Box::pin(self.request_pipelined(shard, call(true))).await?;
+                reply = Box::pin(self.request_pipelined(shard, call(true), deadline)).await?;
             }
             return self.script_reply(shard, reply);
         }
@@ -1279,11 +1294,13 @@ impl RedisEngine {
         lease_id: &str,
     ) -> Result<Raw> {
         let cmd = self.check_cmd(false, policy, eff, key, now_us, cost, mode, lease_id);
-        let mut reply = self.request_blocking(shard, &cmd.get_packed_command())?;
+        // one deadline for the call, retry included
+        let deadline = Instant::now() + self.timeout;
+        let mut reply = self.request_blocking(shard, &cmd.get_packed_command(), deadline)?;
         if reply.is_noscript() {
             // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
             let cmd = self.check_cmd(true, policy, eff, key, now_us, cost, mode, lease_id);
-            reply = self.request_blocking(shard, &cmd.get_packed_command())?;
+            reply = self.request_blocking(shard, &cmd.get_packed_command(), deadline)?;
         }
         self.script_reply(shard, reply)
     }

@@ -9,7 +9,7 @@ use shardlimit::{
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::RedisServer;
+use support::{RedisServer, SlowReplies};
 
 const T0: u64 = 1_800_000_000_000_000;
 
@@ -536,6 +536,50 @@ fn fault_injection_blocking_calls() {
 #[test]
 fn fault_injection_async_calls() {
     fault_injection_kill_restart_stop_flush_client_kill(async_call);
+}
+
+#[test]
+fn noscript_retry_keeps_the_deadline_blocking_calls() {
+    noscript_retry_keeps_the_deadline(blocking_call);
+}
+
+#[test]
+fn noscript_retry_keeps_the_deadline_async_calls() {
+    noscript_retry_keeps_the_deadline(async_call);
+}
+
+/// A check that gets NOSCRIPT and sends the script's source again has one deadline for
+/// both tries. Replies are held 600 ms on their way back and the timeout is 900 ms: one
+/// try fits, two cannot (the second reply comes back after 1200 ms at the earliest), so
+/// the call must fail as a timeout, at its deadline, and not answer after 1200 ms.
+fn noscript_retry_keeps_the_deadline(call: Call) {
+    const POLICY: &str =
+        r#"{"error": {"algorithm":"fixed_window","limit":100,"window":"1h","on_error":"error"}}"#;
+    let s = RedisServer::start();
+    // the scripts are loaded (a check straight to the server), so one try fits
+    let direct = json_limiter(&[&s], &format!(", \"policies\": {POLICY}"));
+    assert!(call(&direct, "error", "k").unwrap().allowed);
+    let slow = SlowReplies::start(s.port, Duration::from_millis(600));
+    let l = Limiter::from_json(&format!(
+        r#"{{"timeout_ms": 900, "shards":[{{"name":"s0","url":"{}"}}],
+        "policies": {POLICY}}}"#,
+        slow.url()
+    ))
+    .unwrap();
+    let d = call(&l, "error", "k").unwrap();
+    assert_eq!((d.allowed, d.remaining), (true, 98));
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .exec(&mut s.conn())
+        .unwrap();
+    let t = Instant::now();
+    let e = call(&l, "error", "k").unwrap_err();
+    let took = t.elapsed();
+    assert_eq!(e.kind(), shardlimit::ErrorKind::Timeout, "{e}");
+    // at the deadline (900 ms), well before the retry's reply could arrive (1200 ms)
+    assert!(took < Duration::from_millis(1150), "the call took {took:?}");
+    // the retry loaded the script: the next check needs one try and fits
+    assert!(call(&l, "error", "k").unwrap().allowed);
 }
 
 fn fault_injection_kill_restart_stop_flush_client_kill(call: Call) {

@@ -150,3 +150,68 @@ pub fn config(servers: &[&RedisServer], policies: &str) -> String {
         shards.join(",")
     )
 }
+
+/// A loopback TCP relay in front of a real server that holds every chunk of the server's
+/// replies for `delay` from its arrival before passing it on: a slow network or a slow server, with a known
+/// lower bound on each reply's latency. Requests pass straight through. It runs until the
+/// test process ends.
+pub struct SlowReplies {
+    pub port: u16,
+}
+
+impl SlowReplies {
+    pub fn start(upstream_port: u16, delay: Duration) -> SlowReplies {
+        use std::io::{Read, Write};
+        use std::net::TcpStream;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream_port)) else {
+                    continue;
+                };
+                let _ = (client.set_nodelay(true), server.set_nodelay(true));
+                let (mut c_in, mut s_out) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16384];
+                    while let Ok(n @ 1..) = c_in.read(&mut buf) {
+                        if s_out.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = s_out.shutdown(std::net::Shutdown::Write);
+                });
+                // each chunk is held `delay` from when it arrived, not after the one before
+                let (mut s_in, mut c_out) = (server, client);
+                let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16384];
+                    while let Ok(n @ 1..) = s_in.read(&mut buf) {
+                        if tx
+                            .send((Instant::now() + delay, buf[..n].to_vec()))
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+                std::thread::spawn(move || {
+                    for (due, chunk) in rx {
+                        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+                        if c_out.write_all(&chunk).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = c_out.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        SlowReplies { port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
