@@ -12,6 +12,11 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+# the oldest Rust the crates claim (rust-version in Cargo.toml) still builds them
+msrv=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
+echo "== cargo +$msrv check (the workspace's rust-version)"
+rustup toolchain list | grep -q "^$msrv" || rustup toolchain install "$msrv" --profile minimal
+CARGO_TARGET_DIR=target/msrv cargo "+$msrv" check --workspace --all-targets --quiet
 echo "== cargo test (Rust core, CLI, C ABI)"
 if ! cargo test --workspace --quiet > /tmp/shardlimit-cargo-test.log 2>&1; then
   tail -80 /tmp/shardlimit-cargo-test.log
