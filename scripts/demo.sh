@@ -69,7 +69,7 @@ if command -v node >/dev/null 2>&1; then
 else
   echo "node not available: no Node worker" >&2
 fi
-if command -v go >/dev/null 2>&1; then
+if ensure_go >&2; then
   crates+=(shardlimit-c)
   LANGS+=(go)
 else

@@ -32,3 +32,32 @@ ensure_rust() {
   command -v cargo >/dev/null 2>&1 || { echo "cargo not found: install Rust with rustup" >&2; return 1; }
   rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy
 }
+
+# ensure_go: a Go toolchain of at least $GO_MIN (examples/go's go.mod). When the machine
+# has none (or an older one), the toolchain $GO_FALLBACK is fetched once from the Go
+# module proxy (the golang.org/toolchain module, what `GOTOOLCHAIN` downloads) into
+# target/tools and put first on PATH.
+GO_MIN=1.22
+GO_FALLBACK=1.23.12
+ensure_go() {
+  if command -v go >/dev/null 2>&1; then
+    local v
+    v=$(go env GOVERSION 2>/dev/null | sed 's/^go//')
+    if [ -n "$v" ] && [ "$(printf '%s\n%s\n' "$GO_MIN" "$v" | sort -V | head -1)" = "$GO_MIN" ]; then
+      return 0
+    fi
+  fi
+  local root dir
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  dir="$root/target/tools/golang.org/toolchain@v0.0.1-go$GO_FALLBACK.linux-amd64"
+  if [ ! -x "$dir/bin/go" ]; then
+    echo "installing Go $GO_FALLBACK from the Go module proxy into target/tools"
+    command -v unzip >/dev/null 2>&1 || apt_install unzip || return 1
+    mkdir -p "$root/target/tools" || return 1
+    curl -sSfL -o "$root/target/tools/go.zip" \
+      "${GOPROXY_URL:-https://proxy.golang.org}/golang.org/toolchain/@v/v0.0.1-go$GO_FALLBACK.linux-amd64.zip" \
+      || { echo "could not download Go $GO_FALLBACK" >&2; return 1; }
+    (cd "$root/target/tools" && unzip -q -o go.zip && rm go.zip) || return 1
+  fi
+  export GOROOT="$dir" PATH="$dir/bin:$PATH" GOTOOLCHAIN=local
+}

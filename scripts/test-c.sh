@@ -29,10 +29,7 @@ step() { echo "== $*"; }
 step "dependencies"
 ensure_rust
 apt_install redis-server gcc g++ make cmake pkg-config valgrind libgtest-dev
-if ! command -v go >/dev/null 2>&1; then
-  echo "go not found: install Go >= 1.20 to /usr/local/go (https://go.dev/dl/)" >&2
-  exit 1
-fi
+ensure_go
 cbindgen="$(command -v cbindgen || true)"
 if [ -z "$cbindgen" ] || [ "$("$cbindgen" --version)" != "cbindgen $CBINDGEN_VERSION" ]; then
   cbindgen="$target/tools/bin/cbindgen"

@@ -25,6 +25,7 @@ import "C"
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -280,6 +281,133 @@ func (l *Limiter) Check(ctx context.Context, key, policy string, cost uint64) (D
 		return Decision{}, takeError(rc, e)
 	}
 	return decisionFromC(&d, policy), nil
+}
+
+// withPolicy looks up the named policy in the limiter's config and runs f with it; the
+// policy object is freed afterwards.
+func (l *Limiter) withPolicy(ctx context.Context, policy string, f func(h *handle, p *C.shardlimit_policy) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	h := l.h.Load()
+	if h == nil {
+		return ErrClosed
+	}
+	var p *C.shardlimit_policy
+	var e *C.shardlimit_error
+	pp, pn := cStr(policy)
+	if rc := C.shardlimit_limiter_policy(h.p, pp, pn, &p, &e); rc != C.SHARDLIMIT_OK {
+		return takeError(rc, e)
+	}
+	defer C.shardlimit_policy_free(p)
+	return f(h, p)
+}
+
+// Peek returns key's state under the named policy without consuming anything: Allowed
+// says whether a check of one unit would pass now, Remaining how many units are free.
+func (l *Limiter) Peek(ctx context.Context, key, policy string) (Decision, error) {
+	var d C.shardlimit_decision
+	err := l.withPolicy(ctx, policy, func(h *handle, p *C.shardlimit_policy) error {
+		var e *C.shardlimit_error
+		kp, kn := cStr(key)
+		if rc := C.shardlimit_peek(h.p, kp, kn, p, &d, &e); rc != C.SHARDLIMIT_OK {
+			return takeError(rc, e)
+		}
+		return nil
+	})
+	if err != nil {
+		return Decision{}, err
+	}
+	return decisionFromC(&d, policy), nil
+}
+
+// Reset forgets key's state under the named policy: its full budget is back.
+func (l *Limiter) Reset(ctx context.Context, key, policy string) error {
+	return l.withPolicy(ctx, policy, func(h *handle, p *C.shardlimit_policy) error {
+		var e *C.shardlimit_error
+		kp, kn := cStr(key)
+		if rc := C.shardlimit_reset(h.p, kp, kn, p, &e); rc != C.SHARDLIMIT_OK {
+			return takeError(rc, e)
+		}
+		return nil
+	})
+}
+
+// Lease is units of a concurrency policy held by one caller, from Acquire. Give it back
+// with Release (typically deferred); one never released frees itself after the policy's
+// lease TTL. Safe for concurrent use.
+type Lease struct {
+	l *Limiter
+	p atomic.Pointer[leaseHandle] // nil once released
+}
+
+// leaseHandle boxes the C lease (atomic.Pointer cannot hold an incomplete C type).
+type leaseHandle struct{ p *C.shardlimit_lease }
+
+// Acquire takes units (>= 1) of the named concurrency policy for key. When allowed, the
+// returned Lease is non-nil and holds the units until Release; when denied, the Lease is
+// nil and nothing was taken.
+func (l *Limiter) Acquire(ctx context.Context, key, policy string, units uint64) (Decision, *Lease, error) {
+	var d C.shardlimit_decision
+	var cl *C.shardlimit_lease
+	err := l.withPolicy(ctx, policy, func(h *handle, p *C.shardlimit_policy) error {
+		var e *C.shardlimit_error
+		kp, kn := cStr(key)
+		if rc := C.shardlimit_acquire(h.p, kp, kn, p, C.uint64_t(units), &d, &cl, &e); rc != C.SHARDLIMIT_OK {
+			return takeError(rc, e)
+		}
+		return nil
+	})
+	if err != nil {
+		return Decision{}, nil, err
+	}
+	dec := decisionFromC(&d, policy)
+	if cl == nil {
+		return dec, nil, nil
+	}
+	lease := &Lease{l: l}
+	lease.p.Store(&leaseHandle{cl})
+	// a lease dropped without Release: free the C object (the units expire on their own)
+	runtime.SetFinalizer(lease, func(le *Lease) {
+		if lh := le.p.Swap(nil); lh != nil {
+			C.shardlimit_lease_free(lh.p)
+		}
+	})
+	return dec, lease, nil
+}
+
+// Release gives the lease's units back. It reports whether the lease was still held:
+// false when it had already been released or had expired. Releasing twice is not an
+// error (the second call returns false). After the limiter is closed, Release returns
+// ErrClosed and the units expire after the lease TTL.
+func (le *Lease) Release(ctx context.Context) (bool, error) {
+	if le == nil {
+		return false, &Error{Code: CodeInvalidArgument, Message: "invalid argument `lease`: nil (a denied Acquire returns no lease)"}
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	h := le.l.h.Load()
+	if h == nil {
+		return false, ErrClosed
+	}
+	lh := le.p.Swap(nil)
+	if lh == nil {
+		return false, nil
+	}
+	var released C.bool
+	var e *C.shardlimit_error
+	rc := C.shardlimit_release(h.p, lh.p, &released, &e)
+	if rc != C.SHARDLIMIT_OK && Code(rc).IsBackend() {
+		// Redis did not answer: keep the lease, so that Release can be tried again
+		le.p.Store(lh)
+		return false, takeError(rc, e)
+	}
+	C.shardlimit_lease_free(lh.p)
+	if rc != C.SHARDLIMIT_OK {
+		return false, takeError(rc, e)
+	}
+	return bool(released), nil
 }
 
 // Layer is one layer of CheckAll: Cost units of the named Policy for Key.

@@ -268,6 +268,91 @@ func TestCheckAllAndBlockList(t *testing.T) {
 	}
 }
 
+func TestPeekResetAcquireRelease(t *testing.T) {
+	r := startRedis(t)
+	l, err := NewFromJSON(r.config(`"api":{"algorithm":"fixed_window","limit":5,"window":"1h"},
+		"jobs":{"algorithm":"concurrency","max":2,"lease_ttl":"1h"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+
+	// Peek reads without consuming; Reset gives the full budget back
+	for i := 0; i < 3; i++ {
+		if d, err := l.Check(ctx, "u:1", "api", 1); err != nil || !d.Allowed {
+			t.Fatalf("check %d: %+v %v", i, d, err)
+		}
+	}
+	for i := 0; i < 2; i++ {
+		d, err := l.Peek(ctx, "u:1", "api")
+		if err != nil || !d.Allowed || d.Remaining != 2 || d.Policy != "api" || d.Source != SourceRedis {
+			t.Fatalf("peek %d: %+v %v", i, d, err)
+		}
+	}
+	if err := l.Reset(ctx, "u:1", "api"); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := l.Peek(ctx, "u:1", "api"); err != nil || d.Remaining != 5 {
+		t.Fatalf("after Reset: %+v %v", d, err)
+	}
+
+	// two leases fit, the third is denied with no lease; a release frees one unit once
+	d1, a, err := l.Acquire(ctx, "tenant:7", "jobs", 1)
+	if err != nil || !d1.Allowed || a == nil || d1.Remaining != 1 {
+		t.Fatalf("first acquire: %+v %v %v", d1, a, err)
+	}
+	d2, b, err := l.Acquire(ctx, "tenant:7", "jobs", 1)
+	if err != nil || !d2.Allowed || b == nil || d2.Remaining != 0 {
+		t.Fatalf("second acquire: %+v %v %v", d2, b, err)
+	}
+	d3, c, err := l.Acquire(ctx, "tenant:7", "jobs", 1)
+	if err != nil || d3.Allowed || c != nil {
+		t.Fatalf("third acquire should be denied without a lease: %+v %v %v", d3, c, err)
+	}
+	if was, err := a.Release(ctx); err != nil || !was {
+		t.Fatalf("release: %v %v", was, err)
+	}
+	if was, err := a.Release(ctx); err != nil || was {
+		t.Fatalf("a second release must report false: %v %v", was, err)
+	}
+	if d, err := l.Peek(ctx, "tenant:7", "jobs"); err != nil || d.Remaining != 1 {
+		t.Fatalf("after one release: %+v %v", d, err)
+	}
+	d4, e, err := l.Acquire(ctx, "tenant:7", "jobs", 1)
+	if err != nil || !d4.Allowed || e == nil {
+		t.Fatalf("acquire after release: %+v %v", d4, err)
+	}
+
+	// bad input: a clear error, never a crash
+	if _, err := c.Release(ctx); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("nil lease: %v", err)
+	}
+	if _, err := l.Peek(ctx, "u:1", "nope"); !errors.Is(err, ErrUnknownPolicy) {
+		t.Fatalf("unknown policy: %v", err)
+	}
+	if err := l.Reset(ctx, "", "api"); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("empty key: %v", err)
+	}
+	if _, _, err := l.Acquire(ctx, "tenant:7", "jobs", 0); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("zero units: %v", err)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := l.Peek(cancelled, "u:1", "api"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled context: %v", err)
+	}
+
+	// after Close: ErrClosed, and the lease is not released (it expires with its TTL)
+	l.Close()
+	if _, err := b.Release(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("release after Close: %v", err)
+	}
+	if _, err := l.Peek(ctx, "u:1", "api"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("peek after Close: %v", err)
+	}
+}
+
 func TestClientIP(t *testing.T) {
 	trusted := []string{"10.0.0.0/8"}
 	cases := []struct{ peer, xff, want string }{
