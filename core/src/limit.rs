@@ -241,7 +241,7 @@ fn period(field: &str, name: &str, d: Duration) -> Result<u64> {
             format!("must be between 1ms and 366d, got {}ms", d.as_millis()),
         ));
     }
-    if us % 1_000 != 0 {
+    if !us.is_multiple_of(1_000) {
         return Err(Error::config(
             format!("{field}.{name}"),
             "must be a whole number of milliseconds",

@@ -339,7 +339,7 @@ pub fn svg(series: &[Series]) -> String {
             );
         }
         // minute boundaries
-        for sec in (0..seconds).filter(|s| (START_US / S + *s as u64) % 60 == 0) {
+        for sec in (0..seconds).filter(|s| (START_US / S + *s as u64).is_multiple_of(60)) {
             let x = px(sec);
             let _ = writeln!(
                 w,
