@@ -21,44 +21,164 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 pub const DEFAULT_SPIN_WAIT: Duration = Duration::from_micros(100);
 
 /// One Redis shard.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ShardConfig {
     pub name: String,
     /// `redis://[user:password@]host:port[/db]`, `rediss://...` for TLS, or
-    /// `redis+sentinel://host1:26379,host2:26379/master_name` for a primary that Sentinels
-    /// watch (the shard follows failover to the new primary).
+    /// `redis+sentinel://[[user]:password@]host1:26379,host2:26379/master_name[/db]
+    /// [?sentinel_username=...&sentinel_password=...]` for a primary that Sentinels watch
+    /// (the shard follows failover to the new primary).
     pub url: String,
 }
 
-/// A parsed `redis+sentinel://` URL: the Sentinels' URLs and the master name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SentinelUrl {
-    pub nodes: Vec<String>,
-    pub master: String,
+impl std::fmt::Debug for ShardConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardConfig")
+            .field("name", &self.name)
+            .field("url", &redact_url(&self.url))
+            .finish()
+    }
 }
 
-/// Parses `redis+sentinel://host:port[,host:port...]/master_name`.
+/// A parsed `redis+sentinel://` URL: the Sentinels' URLs, the master name, and how to log
+/// in to the primary.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct SentinelUrl {
+    /// `redis://[user:password@]host:port` of each Sentinel (with the Sentinels' own
+    /// credentials, when they have any).
+    pub nodes: Vec<String>,
+    pub master: String,
+    /// The primary's (and its replicas') ACL user and password, and database.
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub db: i64,
+}
+
+impl std::fmt::Debug for SentinelUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelUrl")
+            .field("nodes", &self.nodes.len())
+            .field("master", &self.master)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("db", &self.db)
+            .finish()
+    }
+}
+
+/// The form of a Sentinel URL, for error messages.
+const SENTINEL_URL_FORM: &str =
+    "redis+sentinel://[[user]:password@]host:port[,host:port...]/master_name[/db]\
+     [?sentinel_username=...&sentinel_password=...]";
+
+/// Characters that stay as they are in the user and password parts of a URL.
+const USERINFO: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+fn encode(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, USERINFO).to_string()
+}
+
+/// `url` with its credentials (and query) replaced by `***`, for messages and logs.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, _)) => (r, "?***"),
+        None => (rest, ""),
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let rest = match rest[..authority_end].rfind('@') {
+        Some(at) => format!("***@{}", &rest[at + 1..]),
+        None => rest.to_string(),
+    };
+    format!("{scheme}://{rest}{query}")
+}
+
+/// Parses `redis+sentinel://[[user]:password@]host:port[,host:port...]/master_name[/db]`,
+/// with optional `sentinel_username` and `sentinel_password` query parameters for
+/// Sentinels that require a login themselves. The user and password before `@` are the
+/// primary's; all credentials are percent-encoded.
 pub(crate) fn parse_sentinel_url(field: &str, url: &str) -> Result<SentinelUrl> {
     let bad = |m: &str| {
         Error::config(
             field,
-            format!("{url:?}: {m}; expected redis+sentinel://host:port[,host:port...]/master_name"),
+            format!("{:?}: {m}; expected {SENTINEL_URL_FORM}", redact_url(url)),
         )
+    };
+    let decode = |what: &str, s: &str| -> Result<String> {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .map(|c| c.into_owned())
+            .map_err(|_| bad(&format!("the {what} is not UTF-8 once percent-decoded")))
     };
     let rest = url
         .strip_prefix("redis+sentinel://")
         .ok_or_else(|| bad("not a sentinel URL"))?;
-    let (hosts, master) = rest.split_once('/').ok_or_else(|| bad("no master name"))?;
-    let master = master.trim_end_matches('/');
-    if master.is_empty() || master.contains('/') {
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let (authority, path) = rest.split_once('/').ok_or_else(|| bad("no master name"))?;
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let (mut username, mut password) = (None, None);
+    if let Some(u) = userinfo {
+        let (user, pass) = u
+            .split_once(':')
+            .ok_or_else(|| bad("credentials must be user:password@ or :password@"))?;
+        if !user.is_empty() {
+            username = Some(decode("user", user)?);
+        }
+        password = Some(decode("password", pass)?);
+    }
+    let path = path.trim_end_matches('/');
+    let (master, db) = match path.split_once('/') {
+        Some((m, d)) => {
+            let db = d
+                .parse::<i64>()
+                .ok()
+                .filter(|n| *n >= 0)
+                .ok_or_else(|| bad(&format!("bad database number {d:?}")))?;
+            (m, db)
+        }
+        None => (path, 0),
+    };
+    if master.is_empty() {
         return Err(bad("bad master name"));
     }
+    let (mut s_user, mut s_pass) = (None, None);
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "sentinel_username" => s_user = Some(decode("sentinel_username", v)?),
+            "sentinel_password" => s_pass = Some(decode("sentinel_password", v)?),
+            _ => return Err(bad(&format!("unknown parameter {k:?}"))),
+        }
+    }
+    if s_user.is_some() && s_pass.is_none() {
+        return Err(bad("sentinel_username needs sentinel_password"));
+    }
+    let login = match (&s_user, &s_pass) {
+        (_, None) => String::new(),
+        (u, Some(p)) => format!(
+            "{}:{}@",
+            u.as_deref().map(encode).unwrap_or_default(),
+            encode(p)
+        ),
+    };
     let mut nodes = Vec::new();
     for h in hosts.split(',') {
         if h.is_empty() {
             return Err(bad("empty sentinel address"));
         }
-        let node = format!("redis://{h}");
+        let node = format!("redis://{login}{h}");
         redis::Client::open(node.as_str())
             .map_err(|e| bad(&format!("bad sentinel address {h:?}: {e}")))?;
         nodes.push(node);
@@ -66,6 +186,9 @@ pub(crate) fn parse_sentinel_url(field: &str, url: &str) -> Result<SentinelUrl> 
     Ok(SentinelUrl {
         nodes,
         master: master.to_string(),
+        username,
+        password,
+        db,
     })
 }
 
@@ -329,6 +452,100 @@ fn on_error(field: &str, v: &Value) -> Result<OnError> {
     })
 }
 
+/// The `redis+sentinel://` URL of the structured form `{"nodes": ["host:port", ...],
+/// "master": "name", "username"?, "password"?, "db"?, "sentinel_username"?,
+/// "sentinel_password"?}`.
+fn sentinel_object_url(f: &str, sv: &Value) -> Result<String> {
+    let so = sv.as_object().ok_or_else(|| {
+        Error::config(
+            f,
+            "expected {\"nodes\": [\"host:port\"], \"master\": \"name\"}",
+        )
+    })?;
+    check_fields(
+        so,
+        &format!("{f}."),
+        &[
+            "nodes",
+            "master",
+            "username",
+            "password",
+            "db",
+            "sentinel_username",
+            "sentinel_password",
+        ],
+    )?;
+    let nodes: Vec<&str> = so
+        .get("nodes")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(|n| n.trim_start_matches("redis://"))
+                .collect()
+        })
+        .filter(|n: &Vec<&str>| !n.is_empty())
+        .ok_or_else(|| {
+            Error::config(
+                format!("{f}.nodes"),
+                "expected a non-empty list of \"host:port\"",
+            )
+        })?;
+    let text = |k: &str| -> Result<Option<&str>> {
+        match so.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.as_str())),
+            Some(_) => Err(Error::config(format!("{f}.{k}"), "expected a string")),
+        }
+    };
+    let master = text("master")?
+        .filter(|m| !m.is_empty() && !m.contains(['/', '?', '@']))
+        .ok_or_else(|| Error::config(format!("{f}.master"), "expected the master name"))?;
+    let (username, password) = (text("username")?, text("password")?);
+    if username.is_some() && password.is_none() {
+        return Err(Error::config(
+            format!("{f}.username"),
+            "needs a password too",
+        ));
+    }
+    let login = password
+        .map(|p| {
+            format!(
+                "{}:{}@",
+                username.map(encode).unwrap_or_default(),
+                encode(p)
+            )
+        })
+        .unwrap_or_default();
+    let db = match so.get("db") {
+        None | Some(Value::Null) => 0,
+        Some(v) => v
+            .as_i64()
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| Error::config(format!("{f}.db"), "expected a number >= 0"))?,
+    };
+    let mut query = Vec::new();
+    for k in ["sentinel_username", "sentinel_password"] {
+        if let Some(v) = text(k)? {
+            query.push(format!("{k}={}", encode(v)));
+        }
+    }
+    Ok(format!(
+        "redis+sentinel://{login}{}/{master}{}{}",
+        nodes.join(","),
+        if db != 0 {
+            format!("/{db}")
+        } else {
+            String::new()
+        },
+        if query.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", query.join("&"))
+        }
+    ))
+}
+
 fn shards(v: &Value) -> Result<Vec<ShardConfig>> {
     let list = v.as_array().ok_or_else(|| {
         Error::config(
@@ -365,34 +582,7 @@ fn shards(v: &Value) -> Result<Vec<ShardConfig>> {
                     "give either `url` or `sentinel`, not both",
                 ));
             }
-            (None, Some(sv)) => {
-                // the structured form {"nodes": ["host:port", ...], "master": "name"}
-                let f = format!("{field}.sentinel");
-                let so = sv
-                    .as_object()
-                    .ok_or_else(|| Error::config(&f, format!("expected {{\"nodes\": [\"host:port\"], \"master\": \"name\"}}, got {sv}")))?;
-                check_fields(so, &format!("{f}."), &["nodes", "master"])?;
-                let nodes: Vec<&str> = so
-                    .get("nodes")
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(Value::as_str)
-                            .map(|n| n.trim_start_matches("redis://"))
-                            .collect()
-                    })
-                    .filter(|n: &Vec<&str>| !n.is_empty())
-                    .ok_or_else(|| {
-                        Error::config(
-                            format!("{f}.nodes"),
-                            "expected a non-empty list of \"host:port\"",
-                        )
-                    })?;
-                let master = so.get("master").and_then(Value::as_str).ok_or_else(|| {
-                    Error::config(format!("{f}.master"), "expected the master name")
-                })?;
-                format!("redis+sentinel://{}/{master}", nodes.join(","))
-            }
+            (None, Some(sv)) => sentinel_object_url(&format!("{field}.sentinel"), sv)?,
             (Some(u), None) => u
                 .as_str()
                 .ok_or_else(|| {
@@ -433,7 +623,10 @@ pub(crate) fn validate_url(field: &str, url: &str) -> Result<()> {
     if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
         return Err(Error::config(
             field,
-            format!("expected a redis:// or rediss:// URL, got {url:?}"),
+            format!(
+                "expected a redis:// or rediss:// URL, got {:?}",
+                redact_url(url)
+            ),
         ));
     }
     redis::Client::open(url)
@@ -596,6 +789,127 @@ mod tests {
         let cfg = Config::from_json(&text).unwrap();
         assert_eq!(cfg.shards.as_ref().unwrap().len(), 3);
         assert!(cfg.policies.contains_key("login"));
+    }
+
+    #[test]
+    fn sentinel_urls_carry_logins_for_the_primary_and_the_sentinels() {
+        let su = parse_sentinel_url(
+            "f",
+            "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster",
+        )
+        .unwrap();
+        assert_eq!(
+            su.nodes,
+            ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"]
+        );
+        assert_eq!(
+            (su.master.as_str(), su.username, su.password, su.db),
+            ("mymaster", None, None, 0)
+        );
+
+        let su = parse_sentinel_url(
+            "f",
+            "redis+sentinel://app:p%40ss%3Aw%2Fd@h1:26379,h2:26379/mymaster/3\
+             ?sentinel_username=watch&sentinel_password=s%26cret",
+        )
+        .unwrap();
+        assert_eq!(su.username.as_deref(), Some("app"));
+        assert_eq!(su.password.as_deref(), Some("p@ss:w/d"));
+        assert_eq!((su.master.as_str(), su.db), ("mymaster", 3));
+        assert_eq!(
+            su.nodes,
+            [
+                "redis://watch:s%26cret@h1:26379",
+                "redis://watch:s%26cret@h2:26379"
+            ]
+        );
+        let su = parse_sentinel_url("f", "redis+sentinel://:pw@h1:26379/m").unwrap();
+        assert_eq!((su.username, su.password.as_deref()), (None, Some("pw")));
+
+        // the structured form means the same URL, with every part encoded
+        let cfg = Config::from_json(
+            r#"{"shards":[{"name":"ha","sentinel":{"nodes":["h1:26379","h2:26379"],
+               "master":"mymaster","username":"app","password":"p@ss:w/d","db":3,
+               "sentinel_username":"watch","sentinel_password":"s&cret"}}]}"#,
+        )
+        .unwrap();
+        let url = &cfg.shards.unwrap()[0].url;
+        let su2 = parse_sentinel_url("f", url).unwrap();
+        assert_eq!(
+            (su2.username.as_deref(), su2.password.as_deref(), su2.db),
+            (Some("app"), Some("p@ss:w/d"), 3)
+        );
+        assert_eq!(su2.nodes[0], "redis://watch:s%26cret@h1:26379");
+    }
+
+    #[test]
+    fn bad_sentinel_configs_are_named_and_never_show_a_password() {
+        for (url, why) in [
+            ("redis+sentinel://h1:26379", "no master name"),
+            ("redis+sentinel://h1:26379/", "bad master name"),
+            ("redis+sentinel://h1:26379/m/x", "bad database number \"x\""),
+            (
+                "redis+sentinel://h1:26379/m/-1",
+                "bad database number \"-1\"",
+            ),
+            ("redis+sentinel://h1:26379,,h2/m", "empty sentinel address"),
+            ("redis+sentinel://secret@h1:26379/m", "credentials must be"),
+            (
+                "redis+sentinel://h1:26379/m?password=secret",
+                "unknown parameter \"password\"",
+            ),
+            (
+                "redis+sentinel://h1:26379/m?sentinel_username=secret",
+                "sentinel_username needs sentinel_password",
+            ),
+            (
+                "redis+sentinel://u:secret@h1:26379/m/x",
+                "bad database number",
+            ),
+        ] {
+            let e = parse_sentinel_url("shards[0].url", url)
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("shards[0].url: "), "{e}");
+            assert!(e.contains(why), "{url}: {e}");
+            assert!(
+                !e.contains("secret"),
+                "{url}: the message shows the password: {e}"
+            );
+        }
+        let e = err(
+            r#"{"shards":[{"name":"ha","sentinel":{"nodes":["h1:26379"],"master":"m","username":"u"}}]}"#,
+        );
+        assert_eq!(e, "shards[0].sentinel.username: needs a password too");
+        let e = err(
+            r#"{"shards":[{"name":"ha","sentinel":{"nodes":["h1:26379"],"master":"m","db":-2,"password":"secret"}}]}"#,
+        );
+        assert_eq!(e, "shards[0].sentinel.db: expected a number >= 0");
+        let e = err(
+            r#"{"shards":[{"name":"ha","sentinel":{"nodes":["h1:26379"],"master":"m","pasword":"secret"}}]}"#,
+        );
+        assert!(
+            e.starts_with("shards[0].sentinel.pasword: unknown field"),
+            "{e}"
+        );
+        assert!(!e.contains("secret"), "{e}");
+        let su = parse_sentinel_url("f", "redis+sentinel://u:secret@h1:26379/m").unwrap();
+        assert!(!format!("{su:?}").contains("secret"));
+        for url in [
+            "redis://:secret@h:6379/2",
+            "rediss://u:secret@h:6379",
+            "redis+sentinel://:secret@h1,h2/m?sentinel_password=secret",
+        ] {
+            let shard = ShardConfig {
+                name: "s".into(),
+                url: url.into(),
+            };
+            let shown = format!("{shard:?}");
+            assert!(
+                !shown.contains("secret") && shown.contains("***@h"),
+                "{shown}"
+            );
+        }
     }
 
     #[test]

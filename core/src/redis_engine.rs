@@ -657,11 +657,25 @@ impl RedisEngine {
                 if s.url.starts_with("redis+sentinel://") {
                     let su = crate::config::parse_sentinel_url(&field, &s.url)?;
                     let nodes: Vec<&str> = su.nodes.iter().map(String::as_str).collect();
-                    let client =
-                        SentinelClient::build(nodes, su.master, None, SentinelServerType::Master)
-                            .map_err(|e| {
-                            Error::config(&field, format!("invalid sentinel configuration: {e}"))
-                        })?;
+                    // how to log in to the primary the Sentinels name
+                    let mut login = redis::RedisConnectionInfo::default().set_db(su.db);
+                    if let Some(u) = &su.username {
+                        login = login.set_username(u);
+                    }
+                    if let Some(p) = &su.password {
+                        login = login.set_password(p);
+                    }
+                    let info = redis::sentinel::SentinelNodeConnectionInfo::default()
+                        .set_redis_connection_info(login);
+                    let client = SentinelClient::build(
+                        nodes,
+                        su.master,
+                        Some(info),
+                        SentinelServerType::Master,
+                    )
+                    .map_err(|e| {
+                        Error::config(&field, format!("invalid sentinel configuration: {e}"))
+                    })?;
                     return Ok(Client::Sentinel(Box::new(tokio::sync::Mutex::new(client))));
                 }
                 redis::Client::open(s.url.as_str())

@@ -3,7 +3,7 @@
 
 mod support;
 
-use shardlimit::{Limiter, Source};
+use shardlimit::{ErrorKind, Limiter, Source};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use support::{free_port, RedisServer};
@@ -18,6 +18,11 @@ impl Drop for Sentinel {
 }
 
 fn sentinel(master_port: u16) -> Sentinel {
+    sentinel_with(master_port, "")
+}
+
+/// A Sentinel watching the primary on `master_port`, with `extra` lines of configuration.
+fn sentinel_with(master_port: u16, extra: &str) -> Sentinel {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let conf = dir.path().join("sentinel.conf");
@@ -25,7 +30,7 @@ fn sentinel(master_port: u16) -> Sentinel {
         &conf,
         format!(
             "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {master_port} 1\n\
-             sentinel down-after-milliseconds mymaster 1000\nsentinel failover-timeout mymaster 4000\n",
+             sentinel down-after-milliseconds mymaster 1000\nsentinel failover-timeout mymaster 4000\n{extra}",
             dir.path().display()
         ),
     )
@@ -144,4 +149,78 @@ fn sentinel_shard_follows_failover() {
     // and the client at its limit is still limited
     let d = l.check_named_blocking("login", "user:1", 1).unwrap();
     assert_eq!((d.allowed, d.source), (false, Source::Redis));
+}
+
+/// A primary that requires a password, behind a Sentinel that requires one of its own:
+/// both logins come from the config (structured form or URL), and a wrong one is a clear
+/// connection error.
+#[test]
+fn sentinel_shard_logs_in_to_the_sentinel_and_the_primary() {
+    let primary =
+        RedisServer::start_with(free_port(), vec!["--requirepass".into(), "p@ss:1".into()]);
+    let s = sentinel_with(
+        primary.port,
+        "sentinel auth-pass mymaster p@ss:1\nrequirepass s&pw\n",
+    );
+    let sport = s.1;
+    wait("the sentinel to answer", || {
+        redis::Client::open(format!("redis://:s%26pw@127.0.0.1:{sport}"))
+            .and_then(|c| c.get_connection())
+            .and_then(|mut c| {
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg("mymaster")
+                    .query::<Vec<String>>(&mut c)
+            })
+            .map(|a| a.get(1) == Some(&primary.port.to_string()))
+            .unwrap_or(false)
+    });
+    let policies = r#""policies": {"login": {"algorithm": "fixed_window", "limit": 3, "window": "1h", "on_error": "error"}}"#;
+    let structured = |password: &str, sentinel_password: &str| {
+        format!(
+            r#"{{"timeout_ms": 2000, "shards": [{{"name": "ha", "sentinel": {{"nodes": ["127.0.0.1:{sport}"],
+                "master": "mymaster", "password": "{password}", "sentinel_password": "{sentinel_password}"}}}}],
+                {policies}}}"#
+        )
+    };
+    let l = Limiter::from_json(&structured("p@ss:1", "s&pw")).unwrap();
+    for left in [2, 1] {
+        let d = l.check_named_blocking("login", "user:1", 1).unwrap();
+        assert_eq!(
+            (d.allowed, d.remaining, d.source),
+            (true, left, Source::Redis)
+        );
+    }
+    // the URL form, percent-encoded, reaches the same state
+    let by_url = Limiter::from_json(&format!(
+        r#"{{"timeout_ms": 2000, "shards": [{{"name": "ha",
+            "url": "redis+sentinel://:p%40ss%3A1@127.0.0.1:{sport}/mymaster?sentinel_password=s%26pw"}}],
+            {policies}}}"#
+    ))
+    .unwrap();
+    let d = by_url.check_named_blocking("login", "user:1", 1).unwrap();
+    assert_eq!((d.allowed, d.remaining), (true, 0));
+    let d = l.check_named_blocking("login", "user:1", 1).unwrap();
+    assert_eq!((d.allowed, d.source), (false, Source::Redis));
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("sl:login:*")
+        .query(
+            &mut redis::Client::open(format!("redis://:p%40ss%3A1@127.0.0.1:{}", primary.port))
+                .unwrap()
+                .get_connection()
+                .unwrap(),
+        )
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+
+    // a wrong password, for the primary or for the Sentinel: an error, never a decision
+    for (password, sentinel_password) in [("wrong", "s&pw"), ("p@ss:1", "wrong")] {
+        let l = Limiter::from_json(&structured(password, sentinel_password)).unwrap();
+        let e = l.check_named_blocking("login", "user:9", 1).unwrap_err();
+        assert!(
+            matches!(e.kind(), ErrorKind::Connection | ErrorKind::Unavailable),
+            "{password}/{sentinel_password}: {e:?}"
+        );
+        assert!(!e.to_string().contains("wrong"), "{e}");
+    }
 }
