@@ -230,6 +230,47 @@ impl Drop for SpinSlot {
     }
 }
 
+/// Blocking calls doing their own I/O right now, and how many may (see [`OwnIoSlot`]).
+static OWN_IO: AtomicUsize = AtomicUsize::new(0);
+static MAX_OWN_IO: LazyLock<usize> = LazyLock::new(|| {
+    std::env::var("SHARDLIMIT_OWN_IO_MAX")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+});
+
+/// A place among the blocking calls that write and read their own connection, given back
+/// on drop. A few such callers get the lowest latency (no thread hand-off); many of them
+/// (64 goroutines on 2 cores) each pay their own syscalls and wake-ups for one command,
+/// where the I/O thread would send their commands together. So beyond as many as there
+/// are CPUs, a blocking call hands its check to the I/O runtime instead.
+pub(crate) struct OwnIoSlot;
+
+impl OwnIoSlot {
+    pub(crate) fn take() -> Option<OwnIoSlot> {
+        let max = *MAX_OWN_IO;
+        OWN_IO
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| OwnIoSlot)
+    }
+}
+
+impl Drop for OwnIoSlot {
+    fn drop(&mut self) {
+        OWN_IO.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// In a forked child (only the forking thread, which holds no place, lives on): the
+/// places of the parent's other threads are free. Async-signal-safe (atomic stores).
+pub(crate) fn forget_slots_in_child() {
+    SPINNING.store(0, Ordering::Release);
+    OWN_IO.store(0, Ordering::Release);
+}
+
 /// How far past its deadline a blocking read may sleep, at most, before the socket's read
 /// timeout is set again.
 const READ_TIMEOUT_SLACK: Duration = Duration::from_millis(1);
@@ -467,6 +508,19 @@ pub(crate) fn parse(b: &[u8]) -> io::Result<Option<(Reply, usize)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn at_most_as_many_own_io_callers_as_places() {
+        // (no other test of this binary makes blocking calls)
+        let max = *MAX_OWN_IO;
+        let held: Vec<OwnIoSlot> = (0..max).map(|_| OwnIoSlot::take().unwrap()).collect();
+        assert!(OwnIoSlot::take().is_none(), "a place beyond {max}");
+        drop(held);
+        let again = OwnIoSlot::take();
+        assert!(again.is_some());
+        drop(again);
+        assert_eq!(OWN_IO.load(Ordering::Acquire), 0);
+    }
 
     #[test]
     fn parses_replies_and_waits_for_the_rest() {

@@ -590,6 +590,8 @@ pub fn fork_generation() -> u64 {
         static HOOK: std::sync::Once = std::sync::Once::new();
         extern "C" fn in_child() {
             FORKS.fetch_add(1, Ordering::AcqRel);
+            // the child has only the thread that forked: no other holds a place
+            crate::blocking::forget_slots_in_child();
         }
         HOOK.call_once(|| {
             // SAFETY: registers a handler that only touches an atomic (async-signal-safe).
