@@ -203,72 +203,61 @@ impl Write for Stream {
     }
 }
 
-/// Threads spinning on a socket right now, and how many may.
-static SPINNING: AtomicUsize = AtomicUsize::new(0);
-static MAX_SPINNING: LazyLock<usize> =
-    LazyLock::new(|| std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)));
+/// A number of places shared by the threads of the process: taken while a thread does
+/// something only so many should do at once, given back when its [`Place`] drops.
+pub(crate) struct Places {
+    taken: AtomicUsize,
+    max: LazyLock<usize>,
+}
 
-/// A place among the spinning threads, given back on drop. (The I/O thread takes one too
+/// A place taken from [`Places`], given back on drop.
+pub(crate) struct Place(&'static Places);
+
+impl Places {
+    pub(crate) fn take(&'static self) -> Option<Place> {
+        let max = *self.max;
+        self.taken
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Place(self))
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.taken.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Threads spinning on a socket: at most half the CPUs. (The I/O thread takes a place too
 /// while it spins for async callers: `RtState::spin`.)
-pub(crate) struct SpinSlot;
+pub(crate) static SPINNING: Places = Places {
+    taken: AtomicUsize::new(0),
+    max: LazyLock::new(|| std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))),
+};
 
-impl SpinSlot {
-    pub(crate) fn take() -> Option<SpinSlot> {
-        let max = *MAX_SPINNING;
-        SPINNING
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
-                (n < max).then_some(n + 1)
-            })
+/// Blocking calls that write and read their own connection: at most one per CPU
+/// (`SHARDLIMIT_OWN_IO_MAX` overrides). A few such callers get the lowest latency (no
+/// thread hand-off); many of them (64 goroutines on 2 cores) each pay their own syscalls
+/// and wake-ups for one command, where the I/O thread would send their commands together.
+/// So a blocking call that finds no place hands its check to the I/O runtime instead.
+pub(crate) static OWN_IO: Places = Places {
+    taken: AtomicUsize::new(0),
+    max: LazyLock::new(|| {
+        std::env::var("SHARDLIMIT_OWN_IO_MAX")
             .ok()
-            .map(|_| SpinSlot)
-    }
-}
-
-impl Drop for SpinSlot {
-    fn drop(&mut self) {
-        SPINNING.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Blocking calls doing their own I/O right now, and how many may (see [`OwnIoSlot`]).
-static OWN_IO: AtomicUsize = AtomicUsize::new(0);
-static MAX_OWN_IO: LazyLock<usize> = LazyLock::new(|| {
-    std::env::var("SHARDLIMIT_OWN_IO_MAX")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-});
-
-/// A place among the blocking calls that write and read their own connection, given back
-/// on drop. A few such callers get the lowest latency (no thread hand-off); many of them
-/// (64 goroutines on 2 cores) each pay their own syscalls and wake-ups for one command,
-/// where the I/O thread would send their commands together. So beyond as many as there
-/// are CPUs, a blocking call hands its check to the I/O runtime instead.
-pub(crate) struct OwnIoSlot;
-
-impl OwnIoSlot {
-    pub(crate) fn take() -> Option<OwnIoSlot> {
-        let max = *MAX_OWN_IO;
-        OWN_IO
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| OwnIoSlot)
-    }
-}
-
-impl Drop for OwnIoSlot {
-    fn drop(&mut self) {
-        OWN_IO.fetch_sub(1, Ordering::AcqRel);
-    }
-}
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }),
+};
 
 /// In a forked child (only the forking thread, which holds no place, lives on): the
 /// places of the parent's other threads are free. Async-signal-safe (atomic stores).
-pub(crate) fn forget_slots_in_child() {
-    SPINNING.store(0, Ordering::Release);
-    OWN_IO.store(0, Ordering::Release);
+pub(crate) fn forget_places_in_child() {
+    SPINNING.taken.store(0, Ordering::Release);
+    OWN_IO.taken.store(0, Ordering::Release);
 }
 
 /// How far past its deadline a blocking read may sleep, at most, before the socket's read
@@ -350,7 +339,7 @@ impl BlockingConn {
         let spin_until = if spin.is_zero() {
             None
         } else {
-            slot = SpinSlot::take();
+            slot = SPINNING.take();
             slot.as_ref().map(|_| Instant::now() + spin)
         };
         #[cfg(not(unix))]
@@ -512,14 +501,14 @@ mod tests {
     #[test]
     fn at_most_as_many_own_io_callers_as_places() {
         // (no other test of this binary makes blocking calls)
-        let max = *MAX_OWN_IO;
-        let held: Vec<OwnIoSlot> = (0..max).map(|_| OwnIoSlot::take().unwrap()).collect();
-        assert!(OwnIoSlot::take().is_none(), "a place beyond {max}");
+        let max = *OWN_IO.max;
+        let held: Vec<Place> = (0..max).map(|_| OWN_IO.take().unwrap()).collect();
+        assert!(OWN_IO.take().is_none(), "a place beyond {max}");
         drop(held);
-        let again = OwnIoSlot::take();
+        let again = OWN_IO.take();
         assert!(again.is_some());
         drop(again);
-        assert_eq!(OWN_IO.load(Ordering::Acquire), 0);
+        assert_eq!(OWN_IO.taken.load(Ordering::Acquire), 0);
     }
 
     #[test]

@@ -1467,7 +1467,7 @@ impl Limiter {
             return None;
         }
         // more blocking callers than CPUs: the I/O thread batches their commands better
-        let _slot = crate::blocking::OwnIoSlot::take()?;
+        let _slot = crate::blocking::OWN_IO.take()?;
         Some((|| {
             let (eff, cost, shard) = match self.plan(r, key, policy, cost)? {
                 Plan::Decided(d) => return Ok(d),

@@ -302,7 +302,7 @@ impl RtState {
         {
             return guard;
         }
-        let Some(slot) = crate::blocking::SpinSlot::take() else {
+        let Some(slot) = crate::blocking::SPINNING.take() else {
             io.spinning.store(false, Ordering::Release);
             return guard;
         };
@@ -591,7 +591,7 @@ pub fn fork_generation() -> u64 {
         extern "C" fn in_child() {
             FORKS.fetch_add(1, Ordering::AcqRel);
             // the child has only the thread that forked: no other holds a place
-            crate::blocking::forget_slots_in_child();
+            crate::blocking::forget_places_in_child();
         }
         HOOK.call_once(|| {
             // SAFETY: registers a handler that only touches an atomic (async-signal-safe).
