@@ -257,31 +257,22 @@ impl Limiter {
     }
 
     fn build_engine(config: &Config, subscribers: Arc<Subscribers>) -> Result<Engine> {
-        Ok(match (&config.shards, &config.cluster) {
+        let (prefix, timeout, maxlen) = (
+            config.key_prefix.clone(),
+            config.timeout,
+            config.events_stream_maxlen,
+        );
+        let e = match (&config.shards, &config.cluster) {
             (Some(shards), _) => {
-                let e = RedisEngine::new(
-                    shards.clone(),
-                    config.key_prefix.clone(),
-                    config.timeout,
-                    subscribers,
-                    config.events_stream_maxlen,
-                )?;
-                e.set_spin_wait(config.spin_wait);
-                Engine::Redis(Arc::new(e))
+                RedisEngine::new(shards.clone(), prefix, timeout, subscribers, maxlen)?
             }
             (None, Some(nodes)) => {
-                let e = RedisEngine::cluster(
-                    nodes.clone(),
-                    config.key_prefix.clone(),
-                    config.timeout,
-                    subscribers,
-                    config.events_stream_maxlen,
-                )?;
-                e.set_spin_wait(config.spin_wait);
-                Engine::Redis(Arc::new(e))
+                RedisEngine::cluster(nodes.clone(), prefix, timeout, subscribers, maxlen)?
             }
-            (None, None) => Engine::Memory(Arc::new(MemoryEngine::default())),
-        })
+            (None, None) => return Ok(Engine::Memory(Arc::new(MemoryEngine::default()))),
+        };
+        e.set_spin_wait(config.spin_wait);
+        Ok(Engine::Redis(Arc::new(e)))
     }
 
     /// Loads a JSON config file.
