@@ -107,8 +107,10 @@ pub(crate) fn source_for_algorithm(algorithm: Algorithm) -> &'static str {
     SOURCES[check_index(algorithm)].1
 }
 
-const BATCH_BASE: usize = 11;
 const ALGORITHMS: usize = 6;
+/// Where the batch scripts start in [`SOURCES`]: its last entries, one per algorithm in
+/// [`check_index`] order.
+const BATCH_BASE: usize = SOURCES.len() - ALGORITHMS;
 
 /// An algorithm's two check scripts, as the pipelined connection sends them: a burst's
 /// checks of one algorithm go out as one batch call, a lone check as a single one.
