@@ -82,6 +82,13 @@ fn encode(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, USERINFO).to_string()
 }
 
+/// The `[user]:password@` part of a URL, encoded; empty without a password.
+fn login_part(user: Option<&str>, password: Option<&str>) -> String {
+    password
+        .map(|p| format!("{}:{}@", user.map(encode).unwrap_or_default(), encode(p)))
+        .unwrap_or_default()
+}
+
 /// `url` with its credentials (and query) replaced by `***`, for messages and logs.
 pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -165,14 +172,7 @@ pub(crate) fn parse_sentinel_url(field: &str, url: &str) -> Result<SentinelUrl> 
     if s_user.is_some() && s_pass.is_none() {
         return Err(bad("sentinel_username needs sentinel_password"));
     }
-    let login = match (&s_user, &s_pass) {
-        (_, None) => String::new(),
-        (u, Some(p)) => format!(
-            "{}:{}@",
-            u.as_deref().map(encode).unwrap_or_default(),
-            encode(p)
-        ),
-    };
+    let login = login_part(s_user.as_deref(), s_pass.as_deref());
     let mut nodes = Vec::new();
     for h in hosts.split(',') {
         if h.is_empty() {
@@ -508,15 +508,7 @@ fn sentinel_object_url(f: &str, sv: &Value) -> Result<String> {
             "needs a password too",
         ));
     }
-    let login = password
-        .map(|p| {
-            format!(
-                "{}:{}@",
-                username.map(encode).unwrap_or_default(),
-                encode(p)
-            )
-        })
-        .unwrap_or_default();
+    let login = login_part(username, password);
     let db = match so.get("db") {
         None | Some(Value::Null) => 0,
         Some(v) => v
