@@ -266,12 +266,9 @@ func NewFromEnv() (*Limiter, error) {
 // error: it returns a Decision with Allowed false. ctx is checked before the call; the
 // call itself is bounded by the config's deadline (timeout_ms), not by ctx.
 func (l *Limiter) Check(ctx context.Context, key, policy string, cost uint64) (Decision, error) {
-	if err := ctx.Err(); err != nil {
+	h, err := l.open(ctx)
+	if err != nil {
 		return Decision{}, err
-	}
-	h := l.h.Load()
-	if h == nil {
-		return Decision{}, ErrClosed
 	}
 	var d C.shardlimit_decision
 	var e *C.shardlimit_error
@@ -283,15 +280,25 @@ func (l *Limiter) Check(ctx context.Context, key, policy string, cost uint64) (D
 	return decisionFromC(&d, policy), nil
 }
 
-// withPolicy looks up the named policy in the limiter's config and runs f with it; the
-// policy object is freed afterwards.
-func (l *Limiter) withPolicy(ctx context.Context, policy string, f func(h *handle, p *C.shardlimit_policy) error) error {
+// open is the limiter's live handle for a call with ctx: ctx's error when it is done
+// already, ErrClosed after Close.
+func (l *Limiter) open(ctx context.Context) (*handle, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
 	h := l.h.Load()
 	if h == nil {
-		return ErrClosed
+		return nil, ErrClosed
+	}
+	return h, nil
+}
+
+// withPolicy looks up the named policy in the limiter's config and runs f with it; the
+// policy object is freed afterwards.
+func (l *Limiter) withPolicy(ctx context.Context, policy string, f func(h *handle, p *C.shardlimit_policy) error) error {
+	h, err := l.open(ctx)
+	if err != nil {
+		return err
 	}
 	var p *C.shardlimit_policy
 	var e *C.shardlimit_error
@@ -384,12 +391,9 @@ func (le *Lease) Release(ctx context.Context) (bool, error) {
 	if le == nil {
 		return false, &Error{Code: CodeInvalidArgument, Message: "invalid argument `lease`: nil (a denied Acquire returns no lease)"}
 	}
-	if err := ctx.Err(); err != nil {
+	h, err := le.l.open(ctx)
+	if err != nil {
 		return false, err
-	}
-	h := le.l.h.Load()
-	if h == nil {
-		return false, ErrClosed
 	}
 	lh := le.p.Swap(nil)
 	if lh == nil {
@@ -421,12 +425,9 @@ type Layer struct {
 // allowed only if every layer allows; when any layer denies, no layer consumes.
 // Decision.Layer says which layer the decision describes.
 func (l *Limiter) CheckAll(ctx context.Context, layers []Layer) (Decision, error) {
-	if err := ctx.Err(); err != nil {
+	h, err := l.open(ctx)
+	if err != nil {
 		return Decision{}, err
-	}
-	h := l.h.Load()
-	if h == nil {
-		return Decision{}, ErrClosed
 	}
 	// The layer array holds pointers to Go strings, so it lives in C memory (cgo forbids
 	// passing Go memory that contains Go pointers).
@@ -463,12 +464,9 @@ func (l *Limiter) CheckAll(ctx context.Context, layers []Layer) (Decision, error
 // Block puts key on the block list for ttl (0: until Unblock), with a reason. Every
 // limiter sharing the shards, in any language, then denies it with SourceBlock.
 func (l *Limiter) Block(ctx context.Context, key string, ttl time.Duration, reason string) error {
-	if err := ctx.Err(); err != nil {
+	h, err := l.open(ctx)
+	if err != nil {
 		return err
-	}
-	h := l.h.Load()
-	if h == nil {
-		return ErrClosed
 	}
 	if ttl < 0 {
 		return &Error{Code: CodeInvalidArgument, Message: "invalid argument `ttl`: must not be negative"}
@@ -485,12 +483,9 @@ func (l *Limiter) Block(ctx context.Context, key string, ttl time.Duration, reas
 
 // Unblock removes key from the block list and reports whether it was blocked.
 func (l *Limiter) Unblock(ctx context.Context, key string) (bool, error) {
-	if err := ctx.Err(); err != nil {
+	h, err := l.open(ctx)
+	if err != nil {
 		return false, err
-	}
-	h := l.h.Load()
-	if h == nil {
-		return false, ErrClosed
 	}
 	var was C.bool
 	var e *C.shardlimit_error
@@ -511,12 +506,9 @@ type BlockInfo struct {
 
 // Blocked returns key's block-list entry, or nil when it is not blocked.
 func (l *Limiter) Blocked(ctx context.Context, key string) (*BlockInfo, error) {
-	if err := ctx.Err(); err != nil {
+	h, err := l.open(ctx)
+	if err != nil {
 		return nil, err
-	}
-	h := l.h.Load()
-	if h == nil {
-		return nil, ErrClosed
 	}
 	var info C.shardlimit_block_info
 	var e *C.shardlimit_error
