@@ -10,8 +10,11 @@
 //! other callers sleep in `read` straight away.
 //!
 //! The protocol is RESP2 over TCP or a Unix socket, with AUTH and SELECT from the shard's
-//! URL. Only the replies the scripts give (integers, strings, arrays, errors) are parsed;
-//! anything else is an error that drops the connection. TLS shards use the I/O runtime.
+//! URL, framed and parsed under the limits of [`crate::resp`]; anything else is an error
+//! that drops the connection. So is every doubt about the reply stream: a timeout, bytes
+//! after a reply, or bytes (or EOF) that arrived while the connection sat idle in the pool
+//! (those are found before a command is written, and that connection is replaced, so a
+//! call never reads an answer meant for nobody). TLS shards use the I/O runtime.
 
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -19,23 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
-/// A reply of Redis.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Reply {
-    Nil,
-    Int(i64),
-    Str(Vec<u8>),
-    Array(Vec<Reply>),
-    /// An error reply (`-ERR ...`, `-NOSCRIPT ...`).
-    Error(String),
-}
-
-impl Reply {
-    /// The server lost the script (restart, SCRIPT FLUSH): send it with EVAL.
-    pub fn is_noscript(&self) -> bool {
-        matches!(self, Reply::Error(e) if e.starts_with("NOSCRIPT"))
-    }
-}
+use crate::resp::{parse_frame, protocol, Framer, Reply, MAX_REPLY};
 
 /// The outcome of a handshake command (`what`: AUTH, SELECT), which answers +OK.
 pub(crate) fn expect_ok(what: &str, reply: Reply) -> io::Result<()> {
@@ -82,6 +69,11 @@ impl Target {
             username: settings.username().map(str::to_string),
             password: settings.password().map(str::to_string),
         })
+    }
+
+    /// The database the connection selects.
+    pub fn db(&self) -> i64 {
+        self.db
     }
 
     /// Host and port of a TCP target.
@@ -268,16 +260,12 @@ fn timed_out() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "no reply within the deadline")
 }
 
-fn protocol(msg: impl Into<String>) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, msg.into())
-}
-
 /// One blocking connection to a shard.
 pub(crate) struct BlockingConn {
     stream: Stream,
     buf: Vec<u8>,
-    /// Start of the unparsed bytes in `buf`.
-    pos: usize,
+    /// Where the reply being read ends, once known.
+    framer: Framer,
     /// How long a read sleeps at most (the socket's read timeout).
     read_timeout: Duration,
 }
@@ -315,13 +303,27 @@ impl BlockingConn {
         let mut conn = BlockingConn {
             stream,
             buf: Vec::with_capacity(512),
-            pos: 0,
+            framer: Framer::default(),
             read_timeout: timeout,
         };
         for (what, packed) in target.handshake() {
             expect_ok(what, conn.request(&packed, deadline, Duration::ZERO)?)?;
         }
         Ok(conn)
+    }
+
+    /// True when nothing arrived while the connection was idle: no bytes (a reply nobody
+    /// asked for) and no end of stream (the server closed it, e.g. its idle `timeout`).
+    /// Such a connection is dropped before anything is sent on it, so the call goes on
+    /// over a fresh one within its deadline.
+    pub fn quiet(&self) -> bool {
+        #[cfg(unix)]
+        {
+            let mut probe = [0u8; 1];
+            matches!(self.stream.read_now(&mut probe), Ok(None))
+        }
+        #[cfg(not(unix))]
+        true
     }
 
     /// Sends one packed command and reads its reply: spinning on the socket for up to
@@ -345,13 +347,18 @@ impl BlockingConn {
         #[cfg(not(unix))]
         let _ = spin;
         loop {
-            if let Some((reply, used)) = parse(&self.buf[self.pos..])? {
-                self.pos += used;
-                if self.pos == self.buf.len() {
-                    self.buf.clear();
-                    self.pos = 0;
+            if let Some(used) = self.framer.next(&self.buf, MAX_REPLY)? {
+                if used != self.buf.len() {
+                    // bytes after the reply: nobody asked for them, so which reply was
+                    // this one's is in doubt
+                    return Err(protocol("more bytes than the one reply asked for"));
                 }
-                return Ok(reply);
+                let reply = parse_frame(&self.buf[..used]);
+                self.buf.clear();
+                if self.buf.capacity() > 64 << 10 {
+                    self.buf.shrink_to(4096);
+                }
+                return reply;
             }
             let len = self.buf.len();
             self.buf.resize(len + 4096, 0);
@@ -428,72 +435,6 @@ impl BlockingConn {
     }
 }
 
-/// Parses one reply from the front of `b`: `Ok(None)` when it is not complete yet.
-pub(crate) fn parse(b: &[u8]) -> io::Result<Option<(Reply, usize)>> {
-    fn line(b: &[u8]) -> Option<(&[u8], usize)> {
-        let i = b.windows(2).position(|w| w == b"\r\n")?;
-        Some((&b[..i], i + 2))
-    }
-    fn int(s: &[u8]) -> io::Result<i64> {
-        std::str::from_utf8(s)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| protocol(format!("bad integer {:?}", String::from_utf8_lossy(s))))
-    }
-    let Some(&tag) = b.first() else {
-        return Ok(None);
-    };
-    let Some((head, mut used)) = line(&b[1..]) else {
-        return Ok(None);
-    };
-    used += 1;
-    Ok(Some(match tag {
-        b'+' => (Reply::Str(head.to_vec()), used),
-        b'-' => (
-            Reply::Error(String::from_utf8_lossy(head).into_owned()),
-            used,
-        ),
-        b':' => (Reply::Int(int(head)?), used),
-        b'$' => {
-            let n = int(head)?;
-            if n < 0 {
-                return Ok(Some((Reply::Nil, used)));
-            }
-            let n = n as usize;
-            if b.len() < used + n + 2 {
-                return Ok(None);
-            }
-            if &b[used + n..used + n + 2] != b"\r\n" {
-                return Err(protocol("bulk string without CRLF"));
-            }
-            (Reply::Str(b[used..used + n].to_vec()), used + n + 2)
-        }
-        b'*' => {
-            let n = int(head)?;
-            if n < 0 {
-                return Ok(Some((Reply::Nil, used)));
-            }
-            let mut items = Vec::with_capacity((n as usize).min(64));
-            for _ in 0..n {
-                match parse(&b[used..])? {
-                    Some((item, u)) => {
-                        items.push(item);
-                        used += u;
-                    }
-                    None => return Ok(None),
-                }
-            }
-            (Reply::Array(items), used)
-        }
-        other => {
-            return Err(protocol(format!(
-                "unsupported reply type {:?}",
-                other as char
-            )))
-        }
-    }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -509,31 +450,5 @@ mod tests {
         assert!(again.is_some());
         drop(again);
         assert_eq!(OWN_IO.taken.load(Ordering::Acquire), 0);
-    }
-
-    #[test]
-    fn parses_replies_and_waits_for_the_rest() {
-        let full = b"*3\r\n:1\r\n$3\r\nabc\r\n*2\r\n:-5\r\n$-1\r\n+OK\r\n";
-        let (r, used) = parse(full).unwrap().unwrap();
-        assert_eq!(
-            r,
-            Reply::Array(vec![
-                Reply::Int(1),
-                Reply::Str(b"abc".to_vec()),
-                Reply::Array(vec![Reply::Int(-5), Reply::Nil]),
-            ])
-        );
-        assert_eq!(&full[used..], b"+OK\r\n");
-        // every proper prefix is incomplete, never an error
-        for cut in 0..used {
-            assert_eq!(parse(&full[..cut]).unwrap(), None, "prefix of {cut} bytes");
-        }
-        assert_eq!(
-            parse(b"-NOSCRIPT No matching script\r\n").unwrap(),
-            Some((Reply::Error("NOSCRIPT No matching script".into()), 30))
-        );
-        assert!(parse(b":12x\r\n").is_err());
-        assert!(parse(b"%1\r\n").is_err());
-        assert!(parse(b"$3\r\nabcXY").is_err());
     }
 }

@@ -32,6 +32,7 @@ mod memory;
 pub mod metrics;
 mod pipe;
 mod redis_engine;
+mod resp;
 pub mod routing;
 pub mod scripts;
 

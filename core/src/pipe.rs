@@ -1,29 +1,39 @@
-//! A pipelined connection for the async check path.
+//! The pipelined connection of a standalone shard: every async call to the shard goes
+//! over it (checks, and through [`PipeConn`] every other command the engine sends).
 //!
-//! Checks are the hot path of every event-loop binding. They go over this small RESP2
-//! connection instead of the redis crate's multiplexed one: a writer task sends every
-//! command queued since its last write in one write, a reader task parses replies with the
-//! same parser as the blocking connections (`blocking::parse`) and hands each to the
-//! oldest waiting caller. Checks get one more step: the writer sends the checks of a burst
-//! that use the same algorithm as one call of that algorithm's batch script
-//! (`lua/main_batch.lua`), and the reader hands each caller its own element of the array
-//! that call answers. Both tasks live on the limiter's I/O runtime. Any I/O error
-//! breaks the connection: every caller waiting on it gets the error, and the next check
-//! connects again. A caller that gave up (deadline) leaves its slot in the queue, so later
-//! replies still reach their own callers.
+//! Checks are the hot path of every event-loop binding. A writer task sends every command
+//! queued since its last write in one write, a reader task frames and parses replies
+//! under the limits of [`crate::resp`] and hands each to the oldest waiting caller. Checks
+//! get one more step: the writer sends the checks of a burst that use the same algorithm
+//! as one call of that algorithm's batch script (`lua/main_batch.lua`), and the reader
+//! hands each caller its own element of the array that call answers. Both tasks live on
+//! the limiter's I/O runtime.
+//!
+//! Replies are matched to callers by order, so the connection is only as good as its
+//! reply stream: any doubt about it closes the connection, fails every caller waiting on
+//! it, and the next call connects again. Doubts are: an I/O error, a reply outside the
+//! limits, a reply nobody asked for, and a caller whose deadline passed before its reply
+//! came (a reply that is lost or late would otherwise shift every later reply onto the
+//! wrong caller). Closing aborts both tasks, so the socket is closed at once and nothing
+//! more is read or buffered for callers that are gone.
 
-use crate::blocking::{expect_ok, parse, Reply, Target};
+use crate::blocking::{expect_ok, Target};
+use crate::resp::{parse_frame, Framer, Reply, MAX_CHECK_REPLY, MAX_REPLY};
 use crate::scripts::CheckScripts;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
 
 type Sender = oneshot::Sender<io::Result<Reply>>;
+/// A caller of any other command waits for the bytes of its reply (parsed by the redis
+/// crate, see [`PipeConn`]).
+type RawSender = oneshot::Sender<io::Result<Vec<u8>>>;
 
 /// The most checks one batch call carries: bounds how long one script call holds Redis.
 const MAX_BATCH: usize = 128;
@@ -78,30 +88,54 @@ impl CheckCall {
     }
 }
 
-struct Request {
-    call: CheckCall,
-    reply: Sender,
+enum Request {
+    Check { call: CheckCall, reply: Sender },
+    /// Any other command, packed.
+    Command { packed: Vec<u8>, reply: RawSender },
 }
 
-/// Who waits for the next reply: one caller, or the callers of one batch call in order.
+/// Who waits for the next reply: one caller, the callers of one batch call in order, or
+/// the caller of another command.
 enum Waiter {
     One(Sender),
     Batch(Vec<Sender>),
+    Raw(RawSender),
 }
 
 impl Waiter {
     fn fail(self, e: &io::Error) {
-        let err = || Err(io::Error::new(e.kind(), e.to_string()));
+        let err = || io::Error::new(e.kind(), e.to_string());
         match self {
             Waiter::One(s) => {
-                let _ = s.send(err());
+                let _ = s.send(Err(err()));
             }
             Waiter::Batch(senders) => {
                 for s in senders {
-                    let _ = s.send(err());
+                    let _ = s.send(Err(err()));
                 }
             }
+            Waiter::Raw(s) => {
+                let _ = s.send(Err(err()));
+            }
         }
+    }
+
+    /// The longest reply this waiter may get.
+    fn max_reply(&self) -> usize {
+        match self {
+            Waiter::Raw(_) => MAX_REPLY,
+            _ => MAX_CHECK_REPLY,
+        }
+    }
+
+    /// Hands the framed reply `frame` to its caller(s).
+    fn answer_frame(self, frame: &[u8]) -> io::Result<()> {
+        if let Waiter::Raw(s) = self {
+            let _ = s.send(Ok(frame.to_vec()));
+            return Ok(());
+        }
+        self.answer(parse_frame(frame)?);
+        Ok(())
     }
 
     /// Hands the reply to its caller(s); the callers may have given up: fine.
@@ -132,6 +166,10 @@ impl Waiter {
                     }
                 }
             },
+            // (answer_frame hands raw waiters their bytes; never reached)
+            Waiter::Raw(s) => {
+                let _ = s.send(Err(io::Error::other("a parsed reply for a raw waiter")));
+            }
         }
     }
 }
@@ -139,15 +177,24 @@ impl Waiter {
 struct Shared {
     waiting: Mutex<VecDeque<Waiter>>,
     broken: AtomicBool,
+    /// The writer and reader tasks, aborted when the connection breaks.
+    tasks: Mutex<Vec<AbortHandle>>,
 }
 
 impl Shared {
-    /// Marks the connection broken and fails every caller still waiting on it.
+    /// Marks the connection broken, fails every caller still waiting on it and stops its
+    /// tasks (which closes the socket).
     fn fail(&self, e: &io::Error) {
-        self.broken.store(true, Ordering::Release);
+        if self.broken.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tracing::debug!(error = %e, "shardlimit: closing a pipelined connection");
         let waiting = std::mem::take(&mut *self.waiting.lock());
         for w in waiting {
             w.fail(e);
+        }
+        for t in self.tasks.lock().drain(..) {
+            t.abort();
         }
     }
 }
@@ -206,10 +253,12 @@ impl Pipe {
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let mut buf = Vec::with_capacity(16 * 1024);
+        let mut framer = Framer::default();
         for (what, packed) in target.handshake() {
             w.write_all(&packed).await?;
             let reply = loop {
-                if let Some((reply, used)) = parse(&buf)? {
+                if let Some(used) = framer.next(&buf, MAX_CHECK_REPLY)? {
+                    let reply = parse_frame(&buf[..used])?;
                     buf.drain(..used);
                     break reply;
                 }
@@ -219,13 +268,28 @@ impl Pipe {
             };
             expect_ok(what, reply)?;
         }
+        if !buf.is_empty() {
+            return Err(crate::resp::protocol(
+                "more bytes than the log-in asked for",
+            ));
+        }
         let shared = Arc::new(Shared {
             waiting: Mutex::new(VecDeque::new()),
             broken: AtomicBool::new(false),
+            tasks: Mutex::new(Vec::with_capacity(2)),
         });
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(write_loop(w, rx, Arc::clone(&shared)));
-        tokio::spawn(read_loop(r, buf, Arc::clone(&shared)));
+        let writer = tokio::spawn(write_loop(w, rx, Arc::clone(&shared)));
+        let reader = tokio::spawn(read_loop(r, buf, Arc::clone(&shared)));
+        shared
+            .tasks
+            .lock()
+            .extend([writer.abort_handle(), reader.abort_handle()]);
+        if shared.broken.load(Ordering::Acquire) {
+            // it broke before the handles were recorded
+            writer.abort();
+            reader.abort();
+        }
         Ok(Pipe { tx, shared })
     }
 
@@ -234,18 +298,97 @@ impl Pipe {
         self.shared.broken.load(Ordering::Acquire)
     }
 
-    /// Runs one check script call and waits for its reply. The call goes alone, or in a
-    /// batch call with the burst's other checks of its algorithm; its reply is its own
-    /// either way.
-    pub async fn request(&self, call: CheckCall) -> io::Result<Reply> {
+    /// Runs one check script call and waits for its reply until `deadline`. The call goes
+    /// alone, or in a batch call with the burst's other checks of its algorithm; its reply
+    /// is its own either way.
+    pub async fn request(&self, call: CheckCall, deadline: Instant) -> io::Result<Reply> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Request::Check { call, reply }, rx, deadline)
+            .await
+    }
+
+    /// Sends one packed command (anything but a check) and waits for the bytes of its
+    /// reply until `deadline`.
+    pub async fn command(&self, packed: Vec<u8>, deadline: Instant) -> io::Result<Vec<u8>> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Request::Command { packed, reply }, rx, deadline)
+            .await
+    }
+
+    async fn send<T>(
+        &self,
+        request: Request,
+        rx: oneshot::Receiver<io::Result<T>>,
+        deadline: Instant,
+    ) -> io::Result<T> {
         if self.is_broken() {
             return Err(broken());
         }
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request { call, reply })
-            .map_err(|_| broken())?;
-        rx.await.map_err(|_| broken())?
+        self.tx.send(request).map_err(|_| broken())?;
+        match tokio::time::timeout_at(deadline.into(), rx).await {
+            Ok(r) => r.map_err(|_| broken())?,
+            Err(_) => {
+                // the reply may still come, or never: either way every later reply on this
+                // connection could go to the wrong caller
+                self.shared.fail(&io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "a reply did not come within its deadline",
+                ));
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no reply within the deadline",
+                ))
+            }
+        }
+    }
+}
+
+/// A handle on a shard's pipelined connection that the redis crate's commands and scripts
+/// run on (`query_async`, `invoke_async`): what the engine sends besides checks. Each
+/// command has the deadline of the call it belongs to.
+#[derive(Clone)]
+pub(crate) struct PipeConn {
+    pub pipe: Arc<Pipe>,
+    pub deadline: Instant,
+    pub db: i64,
+}
+
+impl redis::aio::ConnectionLike for PipeConn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        Box::pin(async move {
+            let frame = self
+                .pipe
+                .command(cmd.get_packed_command(), self.deadline)
+                .await?;
+            // framed under our limits (depth, sizes) before the redis crate parses it
+            redis::parse_redis_value(&frame)
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        Box::pin(async move {
+            // the engine sends no pipelines; for completeness, one command at a time
+            let mut out = Vec::with_capacity(count);
+            for (i, c) in cmd.cmd_iter().enumerate() {
+                let v = self.req_packed_command(c).await?;
+                if i >= offset && out.len() < count {
+                    out.push(v);
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.db
     }
 }
 
@@ -338,7 +481,15 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             if shared.broken.load(Ordering::Acquire) {
                 return; // the burst's callers see their senders dropped: broken
             }
-            for Request { call, reply } in burst.drain(..) {
+            for request in burst.drain(..) {
+                let (call, reply) = match request {
+                    Request::Check { call, reply } => (call, reply),
+                    Request::Command { packed, reply } => {
+                        out.extend_from_slice(&packed);
+                        waiting.push_back(Waiter::Raw(reply));
+                        continue;
+                    }
+                };
                 let g = match groups.iter().position(|g| std::ptr::eq(g.0, call.scripts)) {
                     Some(g) => g,
                     None => {
@@ -368,20 +519,35 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 }
 
 async fn read_loop<R: AsyncRead + Unpin>(mut r: R, mut buf: Vec<u8>, shared: Arc<Shared>) {
+    let mut framer = Framer::default();
     let mut pos = 0;
     loop {
         loop {
-            match parse(&buf[pos..]) {
-                Ok(Some((reply, used))) => {
+            // the bound of the reply in front: that of the caller waiting for it
+            let max = match shared.waiting.lock().front() {
+                Some(w) => w.max_reply(),
+                None if pos == buf.len() => break,
+                None => {
+                    shared.fail(&io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "a reply nobody asked for",
+                    ));
+                    return;
+                }
+            };
+            match framer.next(&buf[pos..], max) {
+                Ok(Some(used)) => {
+                    let frame = &buf[pos..pos + used];
                     pos += used;
+                    // the front waiter is still there: only this task pops, and a failure
+                    // (which takes them all) ends this task
                     let Some(w) = shared.waiting.lock().pop_front() else {
-                        shared.fail(&io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            "a reply nobody asked for",
-                        ));
                         return;
                     };
-                    w.answer(reply);
+                    if let Err(e) = w.answer_frame(frame) {
+                        shared.fail(&e);
+                        return;
+                    }
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -392,6 +558,9 @@ async fn read_loop<R: AsyncRead + Unpin>(mut r: R, mut buf: Vec<u8>, shared: Arc
         }
         buf.drain(..pos);
         pos = 0;
+        if buf.is_empty() && buf.capacity() > 1 << 20 {
+            buf.shrink_to(16 * 1024); // after a large reply
+        }
         if buf.capacity() - buf.len() < 4096 {
             buf.reserve(16 * 1024);
         }

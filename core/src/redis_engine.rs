@@ -6,7 +6,8 @@
 //! background until it answers again.
 
 use crate::algo::Outcome;
-use crate::blocking::{BlockingConn, Reply, Target};
+use crate::blocking::{BlockingConn, Target};
+use crate::resp::Reply;
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::ShardConfig;
 use crate::error::{Error, Result};
@@ -14,7 +15,7 @@ use crate::events::{CircuitState, Event, Subscribers};
 use crate::limit::{AutoBlock, Compiled, PolicyInner};
 use crate::memory::{LayerReq, LayeredRaw, Raw};
 use crate::metrics::Latency;
-use crate::pipe::{CheckCall, Pipe};
+use crate::pipe::{CheckCall, Pipe, PipeConn};
 use crate::routing::routing_key;
 use crate::scripts;
 use arc_swap::ArcSwapOption;
@@ -59,6 +60,8 @@ type StreamItem = (usize, Vec<(&'static str, String)>);
 pub(crate) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    /// A standalone shard without TLS: its pipelined connection.
+    Pipe(PipeConn),
 }
 
 impl redis::aio::ConnectionLike for Conn {
@@ -69,6 +72,7 @@ impl redis::aio::ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Pipe(c) => c.req_packed_command(cmd),
         }
     }
     fn req_packed_commands<'a>(
@@ -80,12 +84,14 @@ impl redis::aio::ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Pipe(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
+            Conn::Pipe(c) => c.get_db(),
         }
     }
 }
@@ -885,13 +891,26 @@ impl RedisEngine {
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
+        let deadline = Instant::now() + self.timeout;
+        let map = |e| map_redis_error(&self.shards[shard], self.timeout, e);
+        if let Some(target) = &self.targets[shard] {
+            // the pipelined connection: every command of `f` carries the deadline, and one
+            // that outlives it closes the connection (its reply stream is in doubt)
+            let pipe = tokio::time::timeout_at(deadline.into(), self.pipe(st, shard, target))
+                .await
+                .unwrap_or_else(|_| Err(self.timeout_error(shard)))?;
+            let conn = Conn::Pipe(PipeConn {
+                pipe,
+                deadline,
+                db: target.db(),
+            });
+            return f(conn).await.map_err(map);
+        }
         let work = async {
             let conn = self.connection(st, shard).await?;
-            f(conn)
-                .await
-                .map_err(|e| map_redis_error(&self.shards[shard], self.timeout, e))
+            f(conn).await.map_err(map)
         };
-        match tokio::time::timeout(self.timeout, work).await {
+        match tokio::time::timeout_at(deadline.into(), work).await {
             Ok(r) => r,
             Err(_) => Err(self.timeout_error(shard)),
         }
@@ -976,7 +995,14 @@ impl RedisEngine {
             self.account(shard, start, &r);
             return r;
         }
-        let pooled = st.blocking[shard].lock().pop();
+        let pooled = loop {
+            let c = st.blocking[shard].lock().pop();
+            match c {
+                // dropped: it got bytes or an EOF while idle (see BlockingConn::quiet)
+                Some(c) if !c.quiet() => continue,
+                c => break c,
+            }
+        };
         let r = match pooled {
             Some(c) => Ok(c),
             None => BlockingConn::connect(target, left),
@@ -1054,14 +1080,16 @@ impl RedisEngine {
         let _in_flight = st.spin(self.spin_wait());
         let start = Instant::now();
         let work = async {
-            let pipe = self.pipe(&st, shard, target).await?;
-            pipe.request(call)
+            let pipe = tokio::time::timeout_at(deadline.into(), self.pipe(&st, shard, target))
+                .await
+                .unwrap_or_else(|_| Err(self.timeout_error(shard)))?;
+            // the request keeps the deadline itself: one that outlives it closes the
+            // connection (its reply stream is in doubt)
+            pipe.request(call, deadline)
                 .await
                 .map_err(|e| self.io_error(shard, e))
         };
-        let r = tokio::time::timeout_at(deadline.into(), work)
-            .await
-            .unwrap_or_else(|_| Err(self.timeout_error(shard)));
+        let r = work.await;
         self.account(shard, start, &r);
         r
     }
