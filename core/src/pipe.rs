@@ -89,9 +89,15 @@ impl CheckCall {
 }
 
 enum Request {
-    Check { call: CheckCall, reply: Sender },
+    Check {
+        call: CheckCall,
+        reply: Sender,
+    },
     /// Any other command, packed.
-    Command { packed: Vec<u8>, reply: RawSender },
+    Command {
+        packed: Vec<u8>,
+        reply: RawSender,
+    },
 }
 
 /// Who waits for the next reply: one caller, the callers of one batch call in order, or

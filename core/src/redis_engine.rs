@@ -7,7 +7,6 @@
 
 use crate::algo::Outcome;
 use crate::blocking::{BlockingConn, Target};
-use crate::resp::Reply;
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::ShardConfig;
 use crate::error::{Error, Result};
@@ -16,6 +15,7 @@ use crate::limit::{AutoBlock, Compiled, PolicyInner};
 use crate::memory::{LayerReq, LayeredRaw, Raw};
 use crate::metrics::Latency;
 use crate::pipe::{CheckCall, Pipe, PipeConn};
+use crate::resp::Reply;
 use crate::routing::routing_key;
 use crate::scripts;
 use arc_swap::ArcSwapOption;
@@ -611,12 +611,40 @@ fn mono_us() -> u64 {
     MonotonicClock.now_us()
 }
 
-fn outcome(r: &[i64], shard: &ShardConfig) -> Result<Outcome> {
-    if r.len() < 5 || r[0] < 0 || r[1] < 0 || r[2] < 0 || r[4] < 0 {
-        return Err(Error::Script {
-            shard: shard.name.clone(),
-            message: format!("unexpected script reply {r:?}"),
-        });
+/// The longest duration a script reply can carry: a bucket's span plus the longest window
+/// (block TTLs are shorter). Anything longer is not a reply of our scripts.
+const MAX_REPLY_US: i64 = (crate::limit::MAX_BUCKET_SPAN_US + crate::limit::MAX_PERIOD_US) as i64;
+
+/// An error for a script reply that our scripts cannot have given: every value read from
+/// Redis is checked before it becomes part of a decision.
+fn implausible(shard: &ShardConfig, r: &[i64], why: &str) -> Error {
+    let shown = &r[..r.len().min(12)];
+    let more = if r.len() > shown.len() { " ..." } else { "" };
+    Error::Script {
+        shard: shard.name.clone(),
+        message: format!("implausible script reply {shown:?}{more}: {why}"),
+    }
+}
+
+/// The outcome in `r` (allowed, remaining, reset_after, retry_after, delay), checked
+/// against the limit it was computed for.
+fn outcome(r: &[i64], shard: &ShardConfig, limit: u64) -> Result<Outcome> {
+    if r.len() < 5 {
+        return Err(implausible(shard, r, "fewer than 5 values"));
+    }
+    if !(0..=1).contains(&r[0]) {
+        return Err(implausible(shard, r, "allowed is neither 0 nor 1"));
+    }
+    if r[1] < 0 || r[1] as u64 > limit {
+        return Err(implausible(
+            shard,
+            r,
+            &format!("remaining outside 0..={limit}"),
+        ));
+    }
+    let span = |v: i64| (0..=MAX_REPLY_US).contains(&v);
+    if !span(r[2]) || !span(r[4]) || !(r[3] == -1 || span(r[3])) {
+        return Err(implausible(shard, r, "a duration out of range"));
     }
     Ok(Outcome {
         allowed: r[0] == 1,
@@ -625,6 +653,18 @@ fn outcome(r: &[i64], shard: &ShardConfig) -> Result<Outcome> {
         retry_us: (r[3] >= 0).then_some(r[3] as u64),
         delay_us: r[4] as u64,
     })
+}
+
+/// A block verdict of a reply: 0 not blocked, 1 blocked, 2 blocked by this denial.
+fn block_verdict(shard: &ShardConfig, r: &[i64], v: i64) -> Result<u8> {
+    match v {
+        0..=2 => Ok(v as u8),
+        _ => Err(implausible(
+            shard,
+            r,
+            "a block verdict other than 0, 1 or 2",
+        )),
+    }
 }
 
 fn auto_block_args(a: Option<&AutoBlock>) -> (u64, u64, u64) {
@@ -1268,12 +1308,25 @@ impl RedisEngine {
         cmd
     }
 
-    fn check_reply(&self, shard: usize, r: &[i64]) -> Result<Raw> {
-        let o = outcome(r, &self.shards[shard])?;
+    /// The [`Raw`] outcome of a check of `cost` units against `limit` in reply `r`.
+    fn check_reply(&self, shard: usize, r: &[i64], limit: u64, cost: u64) -> Result<Raw> {
+        let sc = &self.shards[shard];
+        if r.len() != 7 {
+            return Err(implausible(sc, r, "not 7 values"));
+        }
+        let o = outcome(r, sc, limit)?;
+        let granted = r[6];
+        if granted < 0 || granted as u64 > cost || (granted > 0 && !o.allowed) {
+            return Err(implausible(
+                sc,
+                r,
+                &format!("{granted} units admitted of {cost}"),
+            ));
+        }
         Ok(Raw {
             outcome: o,
-            blocked: r.get(5).copied().unwrap_or(0).clamp(0, 2) as u8,
-            granted: r.get(6).copied().unwrap_or(0).max(0) as u64,
+            blocked: block_verdict(sc, r, r[5])?,
+            granted: granted as u64,
         })
     }
 
@@ -1302,7 +1355,7 @@ impl RedisEngine {
                 // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
                 reply = Box::pin(self.request_pipelined(shard, call(true), deadline)).await?;
             }
-            return self.script_reply(shard, reply);
+            return self.script_reply(shard, reply, eff.limit, cost);
         }
         let r: Vec<i64> = self
             .with_conn(shard, |mut conn| async move {
@@ -1320,7 +1373,7 @@ impl RedisEngine {
                 }
             })
             .await?;
-        self.check_reply(shard, &r)
+        self.check_reply(shard, &r, eff.limit, cost)
     }
 
     /// [`RedisEngine::check`] on the calling thread, over a blocking connection (see
@@ -1346,11 +1399,11 @@ impl RedisEngine {
             let cmd = self.check_cmd(true, policy, eff, key, now_us, cost, mode, lease_id);
             reply = self.request_blocking(shard, &cmd.get_packed_command(), deadline)?;
         }
-        self.script_reply(shard, reply)
+        self.script_reply(shard, reply, eff.limit, cost)
     }
 
     /// The [`Raw`] outcome of a check script's reply.
-    fn script_reply(&self, shard: usize, reply: Reply) -> Result<Raw> {
+    fn script_reply(&self, shard: usize, reply: Reply, limit: u64, cost: u64) -> Result<Raw> {
         let script_error = |message: String| Error::Script {
             shard: self.shards[shard].name.clone(),
             message,
@@ -1366,7 +1419,7 @@ impl RedisEngine {
             Reply::Error(e) => return Err(script_error(e)),
             other => return Err(script_error(format!("unexpected script reply {other:?}"))),
         };
-        self.check_reply(shard, &r)
+        self.check_reply(shard, &r, limit, cost)
     }
 
     /// A layered check of layers that all live on shard `shard`, atomic in one script call.
@@ -1402,19 +1455,32 @@ impl RedisEngine {
                 inv.invoke_async(&mut conn).await
             })
             .await?;
+        let sc = &self.shards[shard];
         if r.len() != 3 + 5 * layers.len() {
-            return Err(Error::Script {
-                shard: self.shards[shard].name.clone(),
-                message: format!("unexpected layered reply {r:?}"),
-            });
+            return Err(implausible(
+                sc,
+                &r,
+                &format!("not 3 + 5 x {} values", layers.len()),
+            ));
         }
         let outcomes = (0..layers.len())
-            .map(|i| outcome(&r[3 + 5 * i..8 + 5 * i], &self.shards[shard]))
+            .map(|i| outcome(&r[3 + 5 * i..8 + 5 * i], sc, layers[i].0.compiled.limit))
             .collect::<Result<Vec<_>>>()?;
+        if r[0] < 0 {
+            return Err(implausible(sc, &r, "a negative time"));
+        }
+        // the deciding layer, 1-based, 0 for none
+        if r[1] < 0 || r[1] as usize > layers.len() {
+            return Err(implausible(
+                sc,
+                &r,
+                &format!("no layer {} of {}", r[1], layers.len()),
+            ));
+        }
         Ok(LayeredRaw {
-            now: r[0].max(0) as u64,
-            deciding: r[1].max(0) as usize,
-            blocked: r[2].clamp(0, 2) as u8,
+            now: r[0] as u64,
+            deciding: r[1] as usize,
+            blocked: block_verdict(sc, &r, r[2])?,
             outcomes,
         })
     }

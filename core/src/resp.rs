@@ -333,7 +333,11 @@ mod tests {
                 }
             }
         }
-        assert!(err.is_some(), "a reply of {} bytes was accepted", stream.len());
+        assert!(
+            err.is_some(),
+            "a reply of {} bytes was accepted",
+            stream.len()
+        );
         assert!(stream.len() < (64 << 10) + 8192);
         // a line that never ends
         let line = [b"+".as_slice(), &vec![b'a'; MAX_LINE + 8]].concat();

@@ -1,0 +1,535 @@
+//! Hostile replies: a fake Redis on loopback that answers with deep, endless, lost, extra,
+//! mistyped, out-of-range and truncated replies, against every path (async and blocking
+//! checks, batches, layered checks, the block list). A real server cannot misbehave on
+//! purpose, so this is the one place with a fake. Every call must end within its deadline
+//! with a typed error (or its policy's fallback), nothing may panic or grow without bound,
+//! and no caller may ever get a decision computed for another caller's key.
+
+use shardlimit::{ErrorKind, Layer, Limit, Limiter, Policy, Source};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What the fake answers to a check (or a layered check) whose key holds `who-N-who`.
+#[derive(Clone, Debug)]
+enum Mode {
+    /// allowed, with `remaining` = N: a reply that says whose it is
+    Honest,
+    /// `*1\r\n` nested this many times
+    Deep(usize),
+    /// a bulk string header of 2^40 bytes, then bytes for as long as the client reads
+    EndlessBulk,
+    /// an array of a billion elements, sent one by one for as long as the client reads
+    EndlessArray,
+    /// no reply at all to the key with this N; honest replies to the others
+    Lose(u64),
+    /// an honest reply followed by a reply nobody asked for (a denial)
+    Extra,
+    /// this exact reply to every check (raw RESP)
+    Fixed(&'static str),
+    /// the first half of an honest reply, then the connection is closed
+    Truncate,
+}
+
+struct Fake {
+    port: u16,
+    mode: Arc<Mutex<Mode>>,
+    /// bytes written by the fake on connections the client has not closed yet
+    sent: Arc<AtomicU64>,
+    /// connections the fake saw the client close
+    closed: Arc<AtomicUsize>,
+    connections: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+fn scripts_by_sha() -> Vec<(String, &'static str)> {
+    shardlimit::scripts::all()
+        .into_iter()
+        .map(|(name, _, sha)| (sha, name))
+        .collect()
+}
+
+/// The N of `who-N-who` in a key.
+fn who(key: &[u8]) -> Option<u64> {
+    let s = String::from_utf8_lossy(key);
+    let i = s.find("who-")?;
+    let rest = &s[i + 4..];
+    let j = rest.find("-who")?;
+    rest[..j].parse().ok()
+}
+
+fn read_command(r: &mut BufReader<TcpStream>) -> Option<Vec<Vec<u8>>> {
+    let mut line = String::new();
+    r.read_line(&mut line).ok()?;
+    let n: usize = line.trim_end().strip_prefix('*')?.parse().ok()?;
+    let mut args = Vec::with_capacity(n);
+    for _ in 0..n {
+        line.clear();
+        r.read_line(&mut line).ok()?;
+        let len: usize = line.trim_end().strip_prefix('$')?.parse().ok()?;
+        let mut buf = vec![0; len + 2];
+        r.read_exact(&mut buf).ok()?;
+        buf.truncate(len);
+        args.push(buf);
+    }
+    Some(args)
+}
+
+fn check_reply(n: u64) -> String {
+    format!("*7\r\n:1\r\n:{n}\r\n:1000000\r\n:-1\r\n:0\r\n:0\r\n:1\r\n")
+}
+
+impl Fake {
+    fn start(mode: Mode) -> Fake {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let fake = Fake {
+            port,
+            mode: Arc::new(Mutex::new(mode)),
+            sent: Arc::new(AtomicU64::new(0)),
+            closed: Arc::new(AtomicUsize::new(0)),
+            connections: Arc::new(AtomicUsize::new(0)),
+            stop: Arc::new(AtomicBool::new(false)),
+        };
+        let (mode, sent, closed, conns, stop) = (
+            fake.mode.clone(),
+            fake.sent.clone(),
+            fake.closed.clone(),
+            fake.connections.clone(),
+            fake.stop.clone(),
+        );
+        std::thread::spawn(move || {
+            for s in listener.incoming() {
+                if stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let Ok(s) = s else { continue };
+                conns.fetch_add(1, Ordering::AcqRel);
+                let (mode, sent, closed) = (mode.clone(), sent.clone(), closed.clone());
+                std::thread::spawn(move || serve(s, mode, sent, closed));
+            }
+        });
+        fake
+    }
+
+    fn set(&self, mode: Mode) {
+        *self.mode.lock().unwrap() = mode;
+    }
+
+    fn limiter(&self, on_error: &str, timeout_ms: u64) -> Limiter {
+        Limiter::from_json(&format!(
+            r#"{{"timeout_ms": {timeout_ms}, "on_error": "{on_error}",
+                "shards": [{{"name": "fake", "url": "redis://127.0.0.1:{}"}}],
+                "policies": {{"p": {{"algorithm": "fixed_window", "limit": 1000, "window": "1h"}},
+                              "q": {{"algorithm": "token_bucket", "capacity": 1000, "refill_per_sec": 1}}}}}}"#,
+            self.port
+        ))
+        .unwrap()
+    }
+}
+
+fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc<AtomicUsize>) {
+    let shas = scripts_by_sha();
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    let send = |w: &mut TcpStream, b: &[u8]| -> bool {
+        if w.write_all(b).is_err() {
+            closed.fetch_add(1, Ordering::AcqRel);
+            return false;
+        }
+        sent.fetch_add(b.len() as u64, Ordering::AcqRel);
+        true
+    };
+    while let Some(args) = read_command(&mut r) {
+        let name = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
+        let reply = match name.as_str() {
+            "PING" => "+PONG\r\n".to_string(),
+            "EVALSHA" | "EVAL" => {
+                let script = if name == "EVALSHA" {
+                    let sha = String::from_utf8_lossy(&args[1]).to_string();
+                    shas.iter().find(|(s, _)| *s == sha).map(|(_, n)| *n)
+                } else {
+                    let src = String::from_utf8_lossy(&args[1]).to_string();
+                    shardlimit::scripts::all()
+                        .into_iter()
+                        .find(|(_, s, _)| *s == src)
+                        .map(|(n, _, _)| n)
+                }
+                .unwrap_or("?");
+                let nkeys: usize = String::from_utf8_lossy(&args[2]).parse().unwrap_or(0);
+                let keys = &args[3..3 + nkeys];
+                let whos: Vec<u64> = keys.iter().step_by(3).filter_map(|k| who(k)).collect();
+                let mode = mode.lock().unwrap().clone();
+                let honest = || {
+                    if script.contains("layered") {
+                        let mut out = format!("*{}\r\n:1\r\n:0\r\n:0\r\n", 3 + 5 * whos.len());
+                        for n in &whos {
+                            out.push_str(&format!(":1\r\n:{n}\r\n:1000000\r\n:-1\r\n:0\r\n"));
+                        }
+                        out
+                    } else if script.contains("batch") {
+                        let mut out = format!("*{}\r\n", whos.len());
+                        for n in &whos {
+                            out.push_str(&check_reply(*n));
+                        }
+                        out
+                    } else {
+                        check_reply(whos.first().copied().unwrap_or(0))
+                    }
+                };
+                match mode {
+                    Mode::Honest => honest(),
+                    Mode::Deep(n) => "*1\r\n".repeat(n),
+                    Mode::EndlessBulk => {
+                        if !send(&mut w, b"$1099511627776\r\n") {
+                            return;
+                        }
+                        let chunk = vec![b'x'; 64 << 10];
+                        while send(&mut w, &chunk) {}
+                        return;
+                    }
+                    Mode::EndlessArray => {
+                        if !send(&mut w, b"*1000000000\r\n") {
+                            return;
+                        }
+                        let chunk = ":1\r\n".repeat(16 << 10);
+                        while send(&mut w, chunk.as_bytes()) {}
+                        return;
+                    }
+                    Mode::Lose(n) if whos.contains(&n) => continue,
+                    Mode::Lose(_) => honest(),
+                    Mode::Extra => format!(
+                        "{}{}",
+                        honest(),
+                        "*7\r\n:0\r\n:0\r\n:1\r\n:1\r\n:0\r\n:0\r\n:0\r\n"
+                    ),
+                    Mode::Fixed(r) => r.to_string(),
+                    Mode::Truncate => {
+                        let h = honest();
+                        let _ = send(&mut w, &h.as_bytes()[..h.len() / 2]);
+                        return;
+                    }
+                }
+            }
+            "GET" => "$-1\r\n".to_string(),
+            "PTTL" => ":-2\r\n".to_string(),
+            _ => "+OK\r\n".to_string(),
+        };
+        if !send(&mut w, reply.as_bytes()) {
+            return;
+        }
+    }
+    closed.fetch_add(1, Ordering::AcqRel);
+}
+
+fn key(n: u64) -> String {
+    format!("user:who-{n}-who")
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Waits (bounded) until `f` holds.
+fn eventually(what: &str, within: Duration, f: impl Fn() -> bool) {
+    let end = Instant::now() + within;
+    while !f() {
+        assert!(Instant::now() < end, "not within {within:?}: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits (bounded) until the shard's circuit, opened by the failures a test provoked,
+/// lets calls through again (its probe finds the server answering).
+fn recovered(l: &Limiter, p: &Policy) {
+    eventually("the circuit closes again", Duration::from_secs(5), || {
+        l.check_blocking(&key(999), p, 1).is_ok()
+    });
+}
+
+/// The decision of key `n`, checked to be its own (or a typed backend error).
+fn own_or_backend_error(n: u64, r: shardlimit::Result<shardlimit::Decision>) -> bool {
+    match r {
+        Ok(d) => {
+            assert_eq!(d.source, Source::Redis, "{d:?}");
+            assert!(
+                d.allowed,
+                "key {n} got a denial nobody computed for it: {d:?}"
+            );
+            assert_eq!(d.remaining, n, "key {n} got another key's decision: {d:?}");
+            true
+        }
+        Err(e) => {
+            assert!(e.is_backend(), "key {n}: {e} is not a backend error");
+            false
+        }
+    }
+}
+
+#[test]
+fn an_honest_fake_is_decided_by_its_replies() {
+    // the harness itself: every path gets the reply meant for its key
+    let fake = Fake::start(Mode::Honest);
+    let l = fake.limiter("error", 500);
+    let p = l.policy("p").unwrap();
+    let q = l.policy("q").unwrap();
+    for n in 0..5 {
+        assert!(own_or_backend_error(n, l.check_blocking(&key(n), &p, 1)));
+    }
+    let rt = rt();
+    rt.block_on(async {
+        let calls = (0..40).map(|n| {
+            let (l, p) = (l.clone(), p.clone());
+            tokio::spawn(async move { (n, l.check(&key(n), &p, 1).await) })
+        });
+        for c in calls {
+            let (n, r) = c.await.unwrap();
+            assert!(own_or_backend_error(n, r));
+        }
+    });
+    let d = l
+        .check_all_blocking(&[Layer::new(key(3), &p, 1), Layer::new(key(4), &q, 1)])
+        .unwrap();
+    assert!(d.allowed);
+    assert_eq!(l.blocked_blocking(&key(1)).unwrap(), None);
+}
+
+#[test]
+fn a_deep_reply_is_an_error_not_a_crash() {
+    // 100,000 levels (400 KB) overflowed the stack of the old parser: SIGABRT even with
+    // on_error open; 15,000 levels killed the shared I/O thread
+    let fake = Fake::start(Mode::Deep(100_000));
+    let l = fake.limiter("error", 500);
+    let p = l.policy("p").unwrap();
+    let q = l.policy("q").unwrap();
+    let started = Instant::now();
+    let e = l.check_blocking(&key(1), &p, 1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    assert!(e.to_string().contains("nested deeper"), "{e}");
+    let e = rt().block_on(l.check(&key(2), &p, 1)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    let e = l
+        .check_all_blocking(&[Layer::new(key(3), &p, 1), Layer::new(key(4), &q, 1)])
+        .unwrap_err();
+    assert!(e.is_backend(), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // the same limiter decides again once the server behaves
+    fake.set(Mode::Honest);
+    recovered(&l, &p);
+    assert!(own_or_backend_error(5, l.check_blocking(&key(5), &p, 1)));
+    assert!(own_or_backend_error(
+        6,
+        rt().block_on(l.check(&key(6), &p, 1))
+    ));
+    // and with on_error open, a deep reply falls back instead of failing
+    fake.set(Mode::Deep(100_000));
+    let open = fake.limiter("open", 500);
+    let p = open.policy("p").unwrap();
+    let d = open.check_blocking(&key(7), &p, 1).unwrap();
+    assert_eq!(d.source, Source::Fallback);
+    let d = rt().block_on(open.check(&key(8), &p, 1)).unwrap();
+    assert_eq!(d.source, Source::Fallback);
+}
+
+#[test]
+fn an_endless_reply_is_cut_off_at_its_bound() {
+    // a bulk header of 2^40 bytes followed by streamed data took the process to 2.96 GB
+    // and an abort; now the header alone closes the connection
+    for mode in [Mode::EndlessBulk, Mode::EndlessArray] {
+        let fake = Fake::start(mode.clone());
+        let l = fake.limiter("error", 300);
+        let p = l.policy("p").unwrap();
+        let started = Instant::now();
+        let e = l.check_blocking(&key(1), &p, 1).unwrap_err();
+        assert!(e.is_backend(), "{mode:?}: {e}");
+        let e = rt().block_on(l.check(&key(2), &p, 1)).unwrap_err();
+        assert!(e.is_backend(), "{mode:?}: {e}");
+        assert!(started.elapsed() < Duration::from_millis(1500), "{mode:?}");
+        // both connections were closed by the client, after at most the reply bound (1 MiB
+        // for a check) plus what the sockets' buffers hold
+        eventually(
+            "the client closes both connections",
+            Duration::from_secs(5),
+            || fake.closed.load(Ordering::Acquire) >= 2,
+        );
+        let sent = fake.sent.load(Ordering::Acquire);
+        assert!(
+            sent < 16 << 20,
+            "{mode:?}: {sent} bytes were sent before the close"
+        );
+    }
+}
+
+#[test]
+fn a_lost_reply_never_shifts_replies_onto_other_callers() {
+    // after one lost reply, 20 of 24 callers got another key's decision (user:110 got
+    // user:111's): the connection never resynchronised
+    let fake = Fake::start(Mode::Lose(5));
+    let l = fake.limiter("error", 300);
+    let p = l.policy("p").unwrap();
+    let rt = rt();
+    for round in 0..3 {
+        let (own, failed) = rt.block_on(async {
+            let calls: Vec<_> = (0..24)
+                .map(|n| {
+                    let (l, p) = (l.clone(), p.clone());
+                    tokio::spawn(async move { (n, l.check(&key(n), &p, 1).await) })
+                })
+                .collect();
+            let (mut own, mut failed) = (0, 0);
+            for c in calls {
+                let (n, r) = c.await.unwrap();
+                if own_or_backend_error(n, r) {
+                    own += 1;
+                } else {
+                    failed += 1;
+                }
+            }
+            (own, failed)
+        });
+        assert!(
+            failed >= 1,
+            "round {round}: the lost reply's caller must fail"
+        );
+        assert_eq!(own + failed, 24);
+        // later calls on a fresh connection are all their own
+        recovered(&l, &p);
+        for n in 10..20 {
+            assert!(
+                own_or_backend_error(n, rt.block_on(l.check(&key(n), &p, 1))),
+                "round {round}: key {n} failed after the connection was replaced"
+            );
+        }
+    }
+    // blocking callers: the lost reply times out, and the connection is not reused
+    for n in [5, 6, 7, 5, 8] {
+        let r = l.check_blocking(&key(n), &p, 1);
+        if n == 5 {
+            assert_eq!(r.unwrap_err().kind(), ErrorKind::Timeout);
+        } else {
+            assert!(own_or_backend_error(n, r), "key {n}");
+        }
+    }
+    // (two timeouts in a row leave the circuit closed: it opens after three)
+}
+
+#[test]
+fn a_reply_nobody_asked_for_is_never_taken_as_an_answer() {
+    // on the blocking path, unsolicited replies were handed to the next caller: injected
+    // denials
+    let fake = Fake::start(Mode::Extra);
+    let l = fake.limiter("error", 300);
+    let p = l.policy("p").unwrap();
+    for n in 0..20 {
+        own_or_backend_error(n, l.check_blocking(&key(n), &p, 1));
+    }
+    let rt = rt();
+    for n in 0..20 {
+        own_or_backend_error(n, rt.block_on(l.check(&key(n), &p, 1)));
+    }
+    // (own_or_backend_error fails the test on any denial or another key's decision)
+}
+
+#[test]
+fn mistyped_and_out_of_range_replies_are_script_errors() {
+    // a deciding index beyond the layer count panicked (index out of bounds); remaining
+    // above the limit and a 292,000-year delay were passed through as they came
+    let cases: &[(&str, &'static str)] = &[
+        (
+            "a string for an integer",
+            "*7\r\n:1\r\n$2\r\n10\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:1\r\n",
+        ),
+        (
+            "remaining above the limit",
+            "*7\r\n:1\r\n:1001\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:1\r\n",
+        ),
+        (
+            "allowed neither 0 nor 1",
+            "*7\r\n:7\r\n:1\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:1\r\n",
+        ),
+        (
+            "a 292,000-year delay",
+            "*7\r\n:1\r\n:1\r\n:1\r\n:-1\r\n:9223372036854775807\r\n:0\r\n:1\r\n",
+        ),
+        (
+            "a negative reset",
+            "*7\r\n:1\r\n:1\r\n:-5\r\n:-1\r\n:0\r\n:0\r\n:1\r\n",
+        ),
+        (
+            "a block verdict of 5",
+            "*7\r\n:0\r\n:0\r\n:1\r\n:1\r\n:0\r\n:5\r\n:0\r\n",
+        ),
+        (
+            "more units than asked for",
+            "*7\r\n:1\r\n:1\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:9\r\n",
+        ),
+        ("too few values", "*3\r\n:1\r\n:1\r\n:1\r\n"),
+        ("an integer for an array", ":1\r\n"),
+        ("nil", "$-1\r\n"),
+    ];
+    let fake = Fake::start(Mode::Honest);
+    let l = fake.limiter("error", 500);
+    let p = l.policy("p").unwrap();
+    let rt = rt();
+    for (what, reply) in cases {
+        fake.set(Mode::Fixed(reply));
+        let e = l.check_blocking(&key(1), &p, 1).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Script, "{what}: {e}");
+        let e = rt.block_on(l.check(&key(1), &p, 1)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Script, "{what}: {e}");
+    }
+    let q = l.policy("q").unwrap();
+    let layers = [Layer::new(key(3), &p, 1), Layer::new(key(4), &q, 1)];
+    let layered: &[(&str, &'static str)] = &[
+        (
+            "a deciding layer beyond the count",
+            "*13\r\n:1\r\n:3\r\n:0\r\n:0\r\n:0\r\n:1\r\n:1\r\n:0\r\n:0\r\n:0\r\n:1\r\n:1\r\n:0\r\n",
+        ),
+        (
+            "remaining above a layer's limit",
+            "*13\r\n:1\r\n:0\r\n:0\r\n:1\r\n:5000\r\n:1\r\n:-1\r\n:0\r\n:1\r\n:1\r\n:1\r\n:-1\r\n:0\r\n",
+        ),
+        ("too few values", "*4\r\n:1\r\n:0\r\n:0\r\n:1\r\n"),
+    ];
+    for (what, reply) in layered {
+        fake.set(Mode::Fixed(reply));
+        let e = l.check_all_blocking(&layers).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Script, "{what}: {e}");
+        let e = rt.block_on(l.check_all(&layers)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Script, "{what}: {e}");
+    }
+    // the limiter is fine afterwards
+    fake.set(Mode::Honest);
+    assert!(own_or_backend_error(9, l.check_blocking(&key(9), &p, 1)));
+}
+
+#[test]
+fn a_truncated_reply_is_a_connection_error() {
+    let fake = Fake::start(Mode::Truncate);
+    let l = fake.limiter("error", 500);
+    let p = l.policy("p").unwrap();
+    let e = l.check_blocking(&key(1), &p, 1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    let e = rt().block_on(l.check(&key(2), &p, 1)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    fake.set(Mode::Honest);
+    recovered(&l, &p);
+    assert!(own_or_backend_error(3, l.check_blocking(&key(3), &p, 1)));
+    assert!(own_or_backend_error(
+        4,
+        rt().block_on(l.check(&key(4), &p, 1))
+    ));
+}
