@@ -5,7 +5,7 @@
 //! with a typed error (or its policy's fallback), nothing may panic or grow without bound,
 //! and no caller may ever get a decision computed for another caller's key.
 
-use shardlimit::{ErrorKind, Layer, Limit, Limiter, Policy, Source};
+use shardlimit::{ErrorKind, Layer, Limiter, Policy, Source};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
