@@ -365,4 +365,110 @@ mod tests {
             other => panic!("{other:?}"),
         }
     }
+
+    /// A small deterministic generator (xorshift), so the property tests need no crate and
+    /// replay the same cases every run.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n.max(1)
+        }
+    }
+
+    fn random_reply(rng: &mut Rng, depth: usize) -> Reply {
+        match rng.below(if depth >= MAX_DEPTH { 5 } else { 7 }) {
+            0 => Reply::Nil,
+            1 => Reply::Int(rng.next() as i64),
+            2 => Reply::Int(rng.below(1000) as i64 - 500),
+            3 => Reply::Str((0..rng.below(40)).map(|_| rng.next() as u8).collect()),
+            4 => Reply::Error(format!("ERR case {}", rng.below(1000))),
+            _ => Reply::Array(
+                (0..rng.below(6))
+                    .map(|_| random_reply(rng, depth + 1))
+                    .collect(),
+            ),
+        }
+    }
+
+    fn encode(r: &Reply, out: &mut Vec<u8>) {
+        match r {
+            Reply::Nil => out.extend_from_slice(b"$-1\r\n"),
+            Reply::Int(n) => out.extend_from_slice(format!(":{n}\r\n").as_bytes()),
+            Reply::Str(s) => {
+                out.extend_from_slice(format!("${}\r\n", s.len()).as_bytes());
+                out.extend_from_slice(s);
+                out.extend_from_slice(b"\r\n");
+            }
+            Reply::Error(e) => out.extend_from_slice(format!("-{e}\r\n").as_bytes()),
+            Reply::Array(items) => {
+                out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
+                for i in items {
+                    encode(i, out);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn property_any_reply_round_trips_however_it_is_cut() {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        for case in 0..3000 {
+            // two replies back to back, fed in random pieces
+            let (a, b) = (random_reply(&mut rng, 0), random_reply(&mut rng, 0));
+            let mut wire = Vec::new();
+            encode(&a, &mut wire);
+            let first = wire.len();
+            encode(&b, &mut wire);
+            let mut f = Framer::default();
+            let mut fed = 0;
+            let len = loop {
+                fed = (fed + 1 + rng.below(16) as usize).min(wire.len());
+                if let Some(n) = f.next(&wire[..fed], MAX_CHECK_REPLY).unwrap() {
+                    break n;
+                }
+                assert!(fed < wire.len(), "case {case}: never complete");
+            };
+            assert_eq!(len, first, "case {case}");
+            assert_eq!(parse_frame(&wire[..len]).unwrap(), a, "case {case}");
+            let rest = &wire[len..];
+            assert_eq!(f.next(rest, MAX_CHECK_REPLY).unwrap(), Some(rest.len()));
+            assert_eq!(parse_frame(rest).unwrap(), b, "case {case}");
+        }
+    }
+
+    #[test]
+    fn property_mangled_bytes_never_panic_and_never_frame_past_the_input() {
+        let mut rng = Rng(0xD1B5_4A32_D192_ED03);
+        for _ in 0..20_000 {
+            let mut wire = Vec::new();
+            encode(&random_reply(&mut rng, 0), &mut wire);
+            // flip, drop, insert or truncate a few bytes
+            for _ in 0..1 + rng.below(3) {
+                if wire.is_empty() {
+                    break;
+                }
+                let at = rng.below(wire.len() as u64) as usize;
+                match rng.below(4) {
+                    0 => wire[at] = rng.next() as u8,
+                    1 => {
+                        wire.remove(at);
+                    }
+                    2 => wire.insert(at, b"*$:+-\r\n0123456789"[rng.below(17) as usize]),
+                    _ => wire.truncate(at),
+                }
+            }
+            let mut f = Framer::default();
+            if let Ok(Some(n)) = f.next(&wire, 1 << 16) {
+                assert!(n <= wire.len());
+                // a framed reply always parses
+                parse_frame(&wire[..n]).unwrap();
+            }
+        }
+    }
 }
