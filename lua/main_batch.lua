@@ -7,19 +7,21 @@
 -- KEYS[3i-2..3i]  check i's state key, block-list entry, denial counter (see check.lua)
 -- ARGV[1]         S, the number of distinct policy argument sets ("shapes")
 -- ARGV[2..1+8S]   the shapes: code, limit, period, mode, after, within, dur, reason each
--- then 5 per check: now, cost, lease, need, its shape (1..S)
+-- then 6 per check: now, cost, lease, need, its shape (1..S), its tag (echoed as the 8th
+-- value of its reply, see main_check.lua)
 -- Returns an array of N replies: check i's result, or an error reply of its own (one
 -- check's error, WRONGTYPE say, leaves the others' results standing).
 local S = tonumber(ARGV[1])
 local items = 2 + 8 * S
 local out = {}
 for i = 1, #KEYS / 3 do
-  local a = items + 5 * (i - 1)
+  local a = items + 6 * (i - 1)
   local s = 2 + 8 * (tonumber(ARGV[a + 4]) - 1)
   local ok, r = pcall(check, KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], ARGV[a], ARGV[a + 1],
     ARGV[a + 2], ARGV[a + 3], ARGV[s], ARGV[s + 1], ARGV[s + 2], ARGV[s + 3], ARGV[s + 4],
     ARGV[s + 5], ARGV[s + 6], ARGV[s + 7])
   if ok then
+    r[8] = tonumber(ARGV[a + 5])
     out[i] = r
   elseif type(r) == 'table' and r.err then
     out[i] = r

@@ -38,10 +38,39 @@ type RawSender = oneshot::Sender<io::Result<Vec<u8>>>;
 /// The most checks one batch call carries: bounds how long one script call holds Redis.
 const MAX_BATCH: usize = 128;
 
-/// A check's keys, its own arguments and its policy's arguments (lua/main_check.lua).
+/// A check's keys, its own arguments, its policy's arguments and its tag
+/// (lua/main_check.lua).
 const KEYS: usize = 3;
 const ITEM_ARGS: usize = 4;
 const SHAPE_ARGS: usize = 8;
+const TAG_ARGS: usize = 1;
+
+/// A number no other check call of this process carries at the same time (it wraps after
+/// 2^53 calls; Lua numbers hold it exactly). The check scripts echo it as the last value of
+/// their reply, so a reply is taken only by the call it answers: whatever goes wrong with
+/// a reply stream, no caller gets a decision made for another.
+pub(crate) fn next_tag() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed) & ((1 << 53) - 1)
+}
+
+/// What becomes of a check's reply, given the tag of its call: the tag is taken off a
+/// reply that carries it (`Ok`); a reply that carries another call's tag is `Err` (the
+/// stream it came on is in doubt). Replies without a tag at the end (error replies,
+/// malformed ones) pass as they are, for the caller's checks of the reply to reject.
+pub(crate) fn untag(reply: Reply, tag: u64) -> Result<Reply, Reply> {
+    match reply {
+        Reply::Array(mut items) => match items.last() {
+            Some(Reply::Int(t)) if *t as u64 == tag && *t >= 0 => {
+                items.pop();
+                Ok(Reply::Array(items))
+            }
+            Some(Reply::Int(_)) => Err(Reply::Array(items)),
+            _ => Ok(Reply::Array(items)),
+        },
+        other => Ok(other),
+    }
+}
 
 /// One check script call, in parts the writer can put into a single or a batch call.
 pub(crate) struct CheckCall {
@@ -50,41 +79,56 @@ pub(crate) struct CheckCall {
     /// the server lost the scripts (NOSCRIPT): send the source (EVAL), which loads it
     eval: bool,
     /// packed (`$<len>\r\n<arg>\r\n` each): the keys, the check's own arguments from
-    /// `item_at`, its policy's from `shape_at`
+    /// `item_at`, its policy's from `shape_at`, its tag from `tag_at`
     packed: Vec<u8>,
     item_at: usize,
     shape_at: usize,
+    tag_at: usize,
+    /// the tag its reply must carry
+    tag: u64,
 }
 
 impl CheckCall {
-    /// The call of `cmd`, a check's `EVALSHA <sha> 3 <keys> <item args> <shape args>` (the
-    /// order of lua/main_check.lua).
-    pub fn from_cmd(scripts: &'static CheckScripts, eval: bool, cmd: &redis::Cmd) -> CheckCall {
+    /// The call of `cmd`, a check's `EVALSHA <sha> 3 <keys> <item args> <shape args> <tag>`
+    /// (the order of lua/main_check.lua) whose tag is `tag`.
+    pub fn from_cmd(
+        scripts: &'static CheckScripts,
+        eval: bool,
+        cmd: &redis::Cmd,
+        tag: u64,
+    ) -> CheckCall {
         let mut packed = Vec::with_capacity(cmd.args_iter().len() * 24);
-        let (mut item_at, mut shape_at) = (0, 0);
+        let (mut item_at, mut shape_at, mut tag_at) = (0, 0, 0);
         // after EVALSHA, the SHA1 and the number of keys
         for (i, a) in cmd.args_iter().skip(3).enumerate() {
             if i == KEYS {
                 item_at = packed.len();
             } else if i == KEYS + ITEM_ARGS {
                 shape_at = packed.len();
+            } else if i == KEYS + ITEM_ARGS + SHAPE_ARGS {
+                tag_at = packed.len();
             }
             if let redis::Arg::Simple(a) = a {
                 bulk(&mut packed, a);
             }
         }
-        debug_assert_eq!(cmd.args_iter().len(), 3 + KEYS + ITEM_ARGS + SHAPE_ARGS);
+        debug_assert_eq!(
+            cmd.args_iter().len(),
+            3 + KEYS + ITEM_ARGS + SHAPE_ARGS + TAG_ARGS
+        );
         CheckCall {
             scripts,
             eval,
             packed,
             item_at,
             shape_at,
+            tag_at,
+            tag,
         }
     }
 
     fn shape(&self) -> &[u8] {
-        &self.packed[self.shape_at..]
+        &self.packed[self.shape_at..self.tag_at]
     }
 }
 
@@ -103,8 +147,8 @@ enum Request {
 /// Who waits for the next reply: one caller, the callers of one batch call in order, or
 /// the caller of another command.
 enum Waiter {
-    One(Sender),
-    Batch(Vec<Sender>),
+    One(u64, Sender),
+    Batch(Vec<(u64, Sender)>),
     Raw(RawSender),
 }
 
@@ -112,11 +156,11 @@ impl Waiter {
     fn fail(self, e: &io::Error) {
         let err = || io::Error::new(e.kind(), e.to_string());
         match self {
-            Waiter::One(s) => {
+            Waiter::One(_, s) => {
                 let _ = s.send(Err(err()));
             }
             Waiter::Batch(senders) => {
-                for s in senders {
+                for (_, s) in senders {
                     let _ = s.send(Err(err()));
                 }
             }
@@ -134,49 +178,52 @@ impl Waiter {
         }
     }
 
-    /// Hands the framed reply `frame` to its caller(s).
+    /// Hands the framed reply `frame` to its caller(s). `Err`: the reply is not theirs
+    /// (another call's tag): the stream is in doubt.
     fn answer_frame(self, frame: &[u8]) -> io::Result<()> {
-        if let Waiter::Raw(s) = self {
-            let _ = s.send(Ok(frame.to_vec()));
-            return Ok(());
-        }
-        self.answer(parse_frame(frame)?);
-        Ok(())
-    }
-
-    /// Hands the reply to its caller(s); the callers may have given up: fine.
-    fn answer(self, reply: Reply) {
-        match self {
-            Waiter::One(s) => {
-                let _ = s.send(Ok(reply));
-            }
-            Waiter::Batch(senders) => match reply {
-                Reply::Array(items) if items.len() == senders.len() => {
-                    for (s, r) in senders.into_iter().zip(items) {
-                        let _ = s.send(Ok(r));
-                    }
-                }
-                // the whole call failed (NOSCRIPT, OOM, ...): every check gets its error
-                Reply::Error(e) => {
-                    for s in senders {
-                        let _ = s.send(Ok(Reply::Error(e.clone())));
-                    }
-                }
-                other => {
-                    let e = format!(
-                        "a batch of {} checks got the reply {other:?}",
-                        senders.len()
-                    );
-                    for s in senders {
-                        let _ = s.send(Ok(Reply::Error(e.clone())));
-                    }
-                }
-            },
-            // (answer_frame hands raw waiters their bytes; never reached)
+        let not_theirs = || crate::resp::protocol("a reply carrying another call's tag");
+        let reply = match self {
             Waiter::Raw(s) => {
-                let _ = s.send(Err(io::Error::other("a parsed reply for a raw waiter")));
+                let _ = s.send(Ok(frame.to_vec()));
+                return Ok(());
+            }
+            Waiter::One(tag, s) => {
+                let r = untag(parse_frame(frame)?, tag).map_err(|_| not_theirs())?;
+                let _ = s.send(Ok(r));
+                return Ok(());
+            }
+            Waiter::Batch(senders) => (parse_frame(frame)?, senders),
+        };
+        let (reply, senders) = reply;
+        match reply {
+            Reply::Array(items) if items.len() == senders.len() => {
+                // every element must be its caller's before any is handed out
+                let mut out = Vec::with_capacity(items.len());
+                for (r, (tag, _)) in items.into_iter().zip(senders.iter()) {
+                    out.push(untag(r, *tag).map_err(|_| not_theirs())?);
+                }
+                for (r, (_, s)) in out.into_iter().zip(senders) {
+                    let _ = s.send(Ok(r));
+                }
+            }
+            // the whole call failed (NOSCRIPT, OOM, ...): every check gets its error
+            Reply::Error(e) => {
+                for (_, s) in senders {
+                    let _ = s.send(Ok(Reply::Error(e.clone())));
+                }
+            }
+            other => {
+                let e = format!(
+                    "a batch of {} checks got the reply {:?}",
+                    senders.len(),
+                    crate::resp::Shown(&other)
+                );
+                for (_, s) in senders {
+                    let _ = s.send(Ok(Reply::Error(e.clone())));
+                }
             }
         }
+        Ok(())
     }
 }
 
@@ -426,7 +473,7 @@ fn pack_calls(out: &mut Vec<u8>, calls: &[CheckCall], scratch: (&mut Vec<usize>,
         (true, true) => (b"EVAL", first.scripts.batch_src),
     };
     if calls.len() == 1 {
-        header(out, 3 + KEYS + ITEM_ARGS + SHAPE_ARGS);
+        header(out, 3 + KEYS + ITEM_ARGS + SHAPE_ARGS + TAG_ARGS);
         bulk(out, op);
         bulk(out, script.as_bytes());
         bulk(out, b"3");
@@ -450,7 +497,7 @@ fn pack_calls(out: &mut Vec<u8>, calls: &[CheckCall], scratch: (&mut Vec<usize>,
     let n = calls.len();
     header(
         out,
-        3 + KEYS * n + 1 + SHAPE_ARGS * firsts.len() + (ITEM_ARGS + 1) * n,
+        3 + KEYS * n + 1 + SHAPE_ARGS * firsts.len() + (ITEM_ARGS + 1 + TAG_ARGS) * n,
     );
     bulk(out, op);
     bulk(out, script.as_bytes());
@@ -465,8 +512,13 @@ fn pack_calls(out: &mut Vec<u8>, calls: &[CheckCall], scratch: (&mut Vec<usize>,
     for (c, shape) in calls.iter().zip(shapes.iter()) {
         out.extend_from_slice(&c.packed[c.item_at..c.shape_at]);
         bulk(out, itoa::Buffer::new().format(*shape).as_bytes());
+        out.extend_from_slice(&c.packed[c.tag_at..]);
     }
 }
+
+/// The checks of a burst that use one algorithm: its scripts, the calls, and their callers
+/// with the tags their replies must carry.
+type Group = (&'static CheckScripts, Vec<CheckCall>, Vec<(u64, Sender)>);
 
 async fn write_loop<W: AsyncWrite + Unpin>(
     mut w: W,
@@ -476,7 +528,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     let mut burst = Vec::with_capacity(64);
     let mut out = Vec::with_capacity(16 * 1024);
     // the burst's checks, by algorithm: (scripts, calls, their callers)
-    let mut groups: Vec<(&'static CheckScripts, Vec<CheckCall>, Vec<Sender>)> = Vec::new();
+    let mut groups: Vec<Group> = Vec::new();
     let (mut firsts, mut shapes) = (Vec::new(), Vec::new());
     // ends when every Pipe clone is gone (dropping `w` ends the reader too) or on an error
     while rx.recv_many(&mut burst, 1024).await > 0 {
@@ -503,14 +555,15 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                         groups.len() - 1
                     }
                 };
+                groups[g].2.push((call.tag, reply));
                 groups[g].1.push(call);
-                groups[g].2.push(reply);
             }
             for (_, calls, mut senders) in groups.drain(..) {
                 for chunk in calls.chunks(MAX_BATCH) {
                     pack_calls(&mut out, chunk, (&mut firsts, &mut shapes));
                     waiting.push_back(if chunk.len() == 1 {
-                        Waiter::One(senders.remove(0))
+                        let (tag, s) = senders.remove(0);
+                        Waiter::One(tag, s)
                     } else {
                         Waiter::Batch(senders.drain(..chunk.len()).collect())
                     });

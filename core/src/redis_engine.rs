@@ -14,7 +14,7 @@ use crate::events::{CircuitState, Event, Subscribers};
 use crate::limit::{AutoBlock, Compiled, PolicyInner};
 use crate::memory::{LayerReq, LayeredRaw, Raw};
 use crate::metrics::Latency;
-use crate::pipe::{CheckCall, Pipe, PipeConn};
+use crate::pipe::{next_tag, untag, CheckCall, Pipe, PipeConn};
 use crate::resp::Reply;
 use crate::routing::routing_key;
 use crate::scripts;
@@ -1012,13 +1012,15 @@ impl RedisEngine {
     /// [`RedisEngine::with_conn`]. No hand-off to the I/O runtime and back: the caller
     /// writes the command and reads the reply itself, which is what a synchronous caller (a
     /// Python thread, a C or Go call) waits for anyway. A connection that failed in any way
-    /// is dropped, never reused; one that got an error reply is fine. `deadline` is the
-    /// call's (a NOSCRIPT retry shares it with the try before).
+    /// is dropped, never reused; one that got an error reply is fine, one that got a reply
+    /// carrying another call's `tag` is not (see `pipe::untag`). `deadline` is the call's
+    /// (a NOSCRIPT retry shares it with the try before).
     pub fn request_blocking(
         self: &Arc<Self>,
         shard: usize,
         packed: &[u8],
         deadline: Instant,
+        tag: u64,
     ) -> Result<Reply> {
         let Some(target) = &self.targets[shard] else {
             return Err(Error::Internal(format!(
@@ -1049,6 +1051,9 @@ impl RedisEngine {
         }
         .and_then(|mut c| {
             let reply = c.request(packed, deadline, self.spin_wait())?;
+            // a reply with another call's tag: the connection is not reused
+            let reply = untag(reply, tag)
+                .map_err(|_| crate::resp::protocol("a reply carrying another call's tag"))?;
             Ok((reply, c))
         });
         let r = r
@@ -1267,6 +1272,7 @@ impl RedisEngine {
         cost: u64,
         mode: Mode,
         lease_id: &str,
+        tag: u64,
     ) -> redis::Cmd {
         let (after, within, dur) = auto_block_args(policy.auto_block.as_ref());
         let (mode_s, need) = match mode {
@@ -1305,6 +1311,7 @@ impl RedisEngine {
         } else {
             cmd.arg(0).arg(0).arg(0).arg("");
         }
+        cmd.arg(tag);
         cmd
     }
 
@@ -1343,11 +1350,13 @@ impl RedisEngine {
         mode: Mode,
         lease_id: &str,
     ) -> Result<Raw> {
-        let cmd = self.check_cmd(false, policy, eff, key, now_us, cost, mode, lease_id);
+        let tag = next_tag();
+        let cmd = self.check_cmd(false, policy, eff, key, now_us, cost, mode, lease_id, tag);
         if self.targets[shard].is_some() {
             // the hot path: the pipelined connection, which sends a burst's checks together
+            // (and takes a reply only if it carries the call's tag)
             let scripts = scripts::check_scripts(eff.algorithm);
-            let call = |eval| CheckCall::from_cmd(scripts, eval, &cmd);
+            let call = |eval| CheckCall::from_cmd(scripts, eval, &cmd, tag);
             // one deadline for the call, retry included
             let deadline = Instant::now() + self.timeout;
             let mut reply = Box::pin(self.request_pipelined(shard, call(false), deadline)).await?;
@@ -1365,7 +1374,7 @@ impl RedisEngine {
                             == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                     {
                         // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
-                        self.check_cmd(true, policy, eff, key, now_us, cost, mode, lease_id)
+                        self.check_cmd(true, policy, eff, key, now_us, cost, mode, lease_id, tag)
                             .query_async(&mut conn)
                             .await
                     }
@@ -1373,7 +1382,22 @@ impl RedisEngine {
                 }
             })
             .await?;
+        let r = match untag(Reply::Array(r.into_iter().map(Reply::Int).collect()), tag) {
+            Ok(Reply::Array(items)) => items
+                .into_iter()
+                .map(|i| if let Reply::Int(n) = i { n } else { -1 })
+                .collect::<Vec<i64>>(),
+            _ => return Err(self.not_theirs(shard)),
+        };
         self.check_reply(shard, &r, eff.limit, cost)
+    }
+
+    /// The error of a reply that carries another call's tag.
+    fn not_theirs(&self, shard: usize) -> Error {
+        Error::Connection {
+            shard: self.shards[shard].name.clone(),
+            message: "a reply carrying another call's tag".into(),
+        }
     }
 
     /// [`RedisEngine::check`] on the calling thread, over a blocking connection (see
@@ -1390,14 +1414,15 @@ impl RedisEngine {
         mode: Mode,
         lease_id: &str,
     ) -> Result<Raw> {
-        let cmd = self.check_cmd(false, policy, eff, key, now_us, cost, mode, lease_id);
+        let tag = next_tag();
+        let cmd = self.check_cmd(false, policy, eff, key, now_us, cost, mode, lease_id, tag);
         // one deadline for the call, retry included
         let deadline = Instant::now() + self.timeout;
-        let mut reply = self.request_blocking(shard, &cmd.get_packed_command(), deadline)?;
+        let mut reply = self.request_blocking(shard, &cmd.get_packed_command(), deadline, tag)?;
         if reply.is_noscript() {
             // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
-            let cmd = self.check_cmd(true, policy, eff, key, now_us, cost, mode, lease_id);
-            reply = self.request_blocking(shard, &cmd.get_packed_command(), deadline)?;
+            let cmd = self.check_cmd(true, policy, eff, key, now_us, cost, mode, lease_id, tag);
+            reply = self.request_blocking(shard, &cmd.get_packed_command(), deadline, tag)?;
         }
         self.script_reply(shard, reply, eff.limit, cost)
     }

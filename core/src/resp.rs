@@ -44,6 +44,20 @@ impl Reply {
     }
 }
 
+/// A reply shown in an error message: at most a couple hundred characters of it (a
+/// hostile reply can be megabytes).
+pub(crate) struct Shown<'a>(pub &'a Reply);
+
+impl std::fmt::Debug for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let full = format!("{:?}", self.0);
+        match full.char_indices().nth(200) {
+            Some((i, _)) => write!(f, "{} ...", &full[..i]),
+            None => f.write_str(&full),
+        }
+    }
+}
+
 pub(crate) fn protocol(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }

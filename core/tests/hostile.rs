@@ -31,6 +31,8 @@ enum Mode {
     Fixed(&'static str),
     /// the first half of an honest reply, then the connection is closed
     Truncate,
+    /// a batch's replies in the wrong order
+    Swap,
 }
 
 struct Fake {
@@ -84,8 +86,9 @@ fn read_command(r: &mut BufReader<TcpStream>) -> Option<Vec<Vec<u8>>> {
     Some(args)
 }
 
-fn check_reply(n: u64) -> String {
-    format!("*7\r\n:1\r\n:{n}\r\n:1000000\r\n:-1\r\n:0\r\n:0\r\n:1\r\n")
+/// An honest check reply for key N, carrying the call's tag (lua/main_check.lua).
+fn check_reply(n: u64, tag: &str) -> String {
+    format!("*8\r\n:1\r\n:{n}\r\n:1000000\r\n:-1\r\n:0\r\n:0\r\n:1\r\n:{tag}\r\n")
 }
 
 impl Fake {
@@ -168,6 +171,21 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                 let nkeys: usize = String::from_utf8_lossy(&args[2]).parse().unwrap_or(0);
                 let keys = &args[3..3 + nkeys];
                 let whos: Vec<u64> = keys.iter().step_by(3).filter_map(|k| who(k)).collect();
+                let argv = &args[3 + nkeys..];
+                // each check's tag: the last argument of a single call, the last of each
+                // check's six in a batch call (lua/main_batch.lua)
+                let tags: Vec<String> = if script.contains("batch") {
+                    let s: usize = String::from_utf8_lossy(&argv[0]).parse().unwrap_or(0);
+                    argv[1 + 8 * s..]
+                        .chunks(6)
+                        .map(|c| String::from_utf8_lossy(&c[5]).to_string())
+                        .collect()
+                } else {
+                    argv.last()
+                        .map(|t| String::from_utf8_lossy(t).to_string())
+                        .into_iter()
+                        .collect()
+                };
                 let mode = mode.lock().unwrap().clone();
                 let honest = || {
                     if script.contains("layered") {
@@ -178,12 +196,12 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                         out
                     } else if script.contains("batch") {
                         let mut out = format!("*{}\r\n", whos.len());
-                        for n in &whos {
-                            out.push_str(&check_reply(*n));
+                        for (n, tag) in whos.iter().zip(&tags) {
+                            out.push_str(&check_reply(*n, tag));
                         }
                         out
                     } else {
-                        check_reply(whos.first().copied().unwrap_or(0))
+                        check_reply(whos.first().copied().unwrap_or(0), &tags[0])
                     }
                 };
                 match mode {
@@ -207,12 +225,30 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                     }
                     Mode::Lose(n) if whos.contains(&n) => continue,
                     Mode::Lose(_) => honest(),
+                    // the extra one in the old format, and one with a tag of its own
                     Mode::Extra => format!(
-                        "{}{}",
+                        "{}{}{}",
                         honest(),
-                        "*7\r\n:0\r\n:0\r\n:1\r\n:1\r\n:0\r\n:0\r\n:0\r\n"
+                        "*7\r\n:0\r\n:0\r\n:1\r\n:1\r\n:0\r\n:0\r\n:0\r\n",
+                        "*8\r\n:0\r\n:0\r\n:1\r\n:1\r\n:0\r\n:0\r\n:0\r\n:77\r\n"
                     ),
-                    Mode::Fixed(r) => r.to_string(),
+                    // `{tag}` stands for the call's tag
+                    Mode::Fixed(r) => r.replace("{tag}", tags.first().map_or("0", |t| t)),
+                    Mode::Swap => {
+                        // a batch whose replies come in the wrong order: each reply says
+                        // whose it is, and carries its own tag
+                        let mut items: Vec<String> = whos
+                            .iter()
+                            .zip(&tags)
+                            .map(|(n, t)| check_reply(*n, t))
+                            .collect();
+                        if script.contains("batch") && items.len() > 1 {
+                            items.swap(0, 1);
+                            format!("*{}\r\n{}", items.len(), items.concat())
+                        } else {
+                            honest()
+                        }
+                    }
                     Mode::Truncate => {
                         let h = honest();
                         let _ = send(&mut w, &h.as_bytes()[..h.len() / 2]);
@@ -450,33 +486,33 @@ fn mistyped_and_out_of_range_replies_are_script_errors() {
     let cases: &[(&str, &'static str)] = &[
         (
             "a string for an integer",
-            "*7\r\n:1\r\n$2\r\n10\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:1\r\n",
+            "*8\r\n:1\r\n$2\r\n10\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:1\r\n:{tag}\r\n",
         ),
         (
             "remaining above the limit",
-            "*7\r\n:1\r\n:1001\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:1\r\n",
+            "*8\r\n:1\r\n:1001\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:1\r\n:{tag}\r\n",
         ),
         (
             "allowed neither 0 nor 1",
-            "*7\r\n:7\r\n:1\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:1\r\n",
+            "*8\r\n:7\r\n:1\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:1\r\n:{tag}\r\n",
         ),
         (
             "a 292,000-year delay",
-            "*7\r\n:1\r\n:1\r\n:1\r\n:-1\r\n:9223372036854775807\r\n:0\r\n:1\r\n",
+            "*8\r\n:1\r\n:1\r\n:1\r\n:-1\r\n:9223372036854775807\r\n:0\r\n:1\r\n:{tag}\r\n",
         ),
         (
             "a negative reset",
-            "*7\r\n:1\r\n:1\r\n:-5\r\n:-1\r\n:0\r\n:0\r\n:1\r\n",
+            "*8\r\n:1\r\n:1\r\n:-5\r\n:-1\r\n:0\r\n:0\r\n:1\r\n:{tag}\r\n",
         ),
         (
             "a block verdict of 5",
-            "*7\r\n:0\r\n:0\r\n:1\r\n:1\r\n:0\r\n:5\r\n:0\r\n",
+            "*8\r\n:0\r\n:0\r\n:1\r\n:1\r\n:0\r\n:5\r\n:0\r\n:{tag}\r\n",
         ),
         (
             "more units than asked for",
-            "*7\r\n:1\r\n:1\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:9\r\n",
+            "*8\r\n:1\r\n:1\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:9\r\n:{tag}\r\n",
         ),
-        ("too few values", "*3\r\n:1\r\n:1\r\n:1\r\n"),
+        ("too few values", "*3\r\n:1\r\n:1\r\n:{tag}\r\n"),
         ("an integer for an array", ":1\r\n"),
         ("nil", "$-1\r\n"),
     ];
@@ -532,4 +568,38 @@ fn a_truncated_reply_is_a_connection_error() {
         4,
         rt().block_on(l.check(&key(4), &p, 1))
     ));
+}
+
+#[test]
+fn a_reply_carrying_another_calls_tag_is_never_taken() {
+    // a batch answered out of order would give each caller the other's decision
+    let fake = Fake::start(Mode::Swap);
+    let l = fake.limiter("error", 300);
+    let p = l.policy("p").unwrap();
+    let rt = rt();
+    for _ in 0..5 {
+        rt.block_on(async {
+            let calls: Vec<_> = (0..16)
+                .map(|n| {
+                    let (l, p) = (l.clone(), p.clone());
+                    tokio::spawn(async move { (n, l.check(&key(n), &p, 1).await) })
+                })
+                .collect();
+            for c in calls {
+                let (n, r) = c.await.unwrap();
+                // its own decision or an error, never the other's
+                own_or_backend_error(n, r);
+            }
+        });
+    }
+    // a single call answered with a well-formed reply that carries another tag
+    recovered(&l, &p);
+    fake.set(Mode::Fixed(
+        "*8\r\n:1\r\n:1\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:1\r\n:12345\r\n",
+    ));
+    let e = l.check_blocking(&key(1), &p, 1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    assert!(e.to_string().contains("another call's tag"), "{e}");
+    let e = rt.block_on(l.check(&key(1), &p, 1)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
 }
