@@ -663,6 +663,7 @@ impl Limiter {
                 format!("at most 64 layers, got {}", layers.len()),
             ));
         }
+        tokio::task::consume_budget().await; // see Limiter::run
         let global = self.global_scale();
         let mut effs = Vec::with_capacity(layers.len());
         let mut leases = Vec::with_capacity(layers.len());
@@ -1405,6 +1406,12 @@ impl Limiter {
         peek: bool,
         lease: &str,
     ) -> Result<Decision> {
+        // A check can answer at once (in memory, from the block cache, or failing fast
+        // while a shard's circuit is open), so a caller's loop of checks might never give
+        // its runtime back: other tasks on it, and their timers, would starve (seen in
+        // the chaos run as calls outliving their deadline by 27 s). Tokio's cooperative
+        // budget makes such a loop yield now and then, as tokio's own I/O does.
+        tokio::task::consume_budget().await;
         let view = self.view();
         let r = match &view.engine {
             Engine::Memory(m) => return self.check_memory(m, key, policy, cost, peek, lease),
