@@ -40,6 +40,8 @@ const BACKOFF_MAX_US: u64 = 5_000_000;
 const BLOCKING_IDLE_MAX: usize = 64;
 /// Events queued for the Redis stream writer before new ones are dropped.
 const STREAM_QUEUE: usize = 4096;
+/// The event stream expires this long after its last event (7 days).
+const EVENTS_STREAM_TTL_MS: u64 = 7 * 86_400_000;
 
 /// How a check script runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1250,7 +1252,15 @@ impl RedisEngine {
                     for (k, v) in fields {
                         cmd.arg(k).arg(v);
                     }
-                    cmd.query_async::<String>(&mut conn).await
+                    cmd.query_async::<String>(&mut conn).await?;
+                    // trimmed by length above, and gone a while after the last event, so a
+                    // stream that is turned off does not stay forever
+                    redis::cmd("PEXPIRE")
+                        .arg(&key)
+                        .arg(EVENTS_STREAM_TTL_MS)
+                        .query_async::<i64>(&mut conn)
+                        .await
+                        .map(|_| String::new())
                 })
                 .await;
             if r.is_err() {

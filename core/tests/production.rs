@@ -429,6 +429,9 @@ fn events_reach_subscribers_and_a_capped_stream_and_metrics_count() {
         if added >= 300 {
             assert!(!entries.is_empty());
             assert!(len <= 50 + 100, "stream not capped: {len}");
+            // and it expires a week after its last event
+            let ttl: i64 = redis::cmd("PTTL").arg("sl:events").query(&mut c).unwrap();
+            assert!(ttl > 0 && ttl <= 7 * 86_400_000, "stream TTL {ttl}");
             break;
         }
         assert!(
