@@ -34,6 +34,7 @@ mod pipe;
 mod redis_engine;
 pub mod routing;
 pub mod scripts;
+mod tls;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{Config, ShardConfig};
@@ -49,6 +50,7 @@ pub use limiter::{
 };
 pub use metrics::{MetricsSnapshot, PolicyMetrics};
 pub use redis_engine::fork_generation;
+pub use tls::TlsConfig;
 
 /// The crate version, shared by every binding.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
