@@ -333,3 +333,175 @@ fn validate_describes_each_connection() {
     assert!(!shown.contains("PRIVATE KEY"), "{shown}");
     assert!(shown.contains("client.key"), "{shown}");
 }
+
+/// A Sentinel that listens on a plain port (for the test's readiness check) and on a TLS
+/// port, and watches the primary on its TLS port (`tls-replication yes`).
+struct TlsSentinel {
+    child: std::process::Child,
+    tls_port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for TlsSentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tls_sentinel(certs: &TestCerts, primary_tls_port: u16) -> TlsSentinel {
+    let dir = tempfile::tempdir().unwrap();
+    let (port, tls_port) = (support::free_port(), support::free_port());
+    let conf = dir.path().join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port {port}\nbind 127.0.0.1\ndir {dir}\ntls-port {tls_port}\n\
+             tls-cert-file {crt}\ntls-key-file {key}\ntls-ca-cert-file {ca}\n\
+             tls-auth-clients no\ntls-replication yes\n\
+             sentinel monitor mymaster 127.0.0.1 {primary_tls_port} 1\n",
+            dir = dir.path().display(),
+            crt = certs.path("server.crt"),
+            key = certs.path("server.key"),
+            ca = certs.path("ca.crt"),
+        ),
+    )
+    .unwrap();
+    let child = std::process::Command::new("redis-server")
+        .arg(&conf)
+        .arg("--sentinel")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server --sentinel");
+    let sentinel = TlsSentinel {
+        child,
+        tls_port,
+        _dir: dir,
+    };
+    // readiness, not a race: it answers PING on its plain port (every listener is bound)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let pong = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .and_then(|c| c.get_connection())
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+        if pong.is_ok() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sentinel did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    sentinel
+}
+
+#[test]
+fn sentinel_over_tls_to_the_sentinels_and_the_primary() {
+    let certs = TestCerts::generate(DEFAULT_SAN);
+    let primary = RedisServer::start_tls(&certs, false);
+    let sentinel = tls_sentinel(&certs, primary.tls_port.unwrap());
+    let cfg = |primary_ca: &str, sentinel_ca: &str| {
+        format!(
+            r#"{{"timeout_ms": 2000,
+                "shards": [{{"name": "ha",
+                  "sentinel": {{"nodes": ["127.0.0.1:{}"], "master": "mymaster"}},
+                  "tls": {{"ca_file": "{}"}}, "sentinel_tls": {{"ca_file": "{}"}}}}],
+                "policies": {{
+                  "strict": {{"algorithm": "fixed_window", "limit": 5, "window": "1h", "on_error": "error"}},
+                  "open": {{"algorithm": "fixed_window", "limit": 5, "window": "1h", "on_error": "open"}},
+                  "closed": {{"algorithm": "fixed_window", "limit": 5, "window": "1h", "on_error": "closed"}}}}}}"#,
+            sentinel.tls_port,
+            certs.path(primary_ca),
+            certs.path(sentinel_ca)
+        )
+    };
+    let parsed = Config::from_json(&cfg("ca.crt", "ca.crt")).unwrap();
+    let mode = parsed.shards.as_ref().unwrap()[0].tls_mode();
+    assert!(
+        mode.starts_with("primary: TLS, verified") && mode.contains("sentinels: TLS, verified"),
+        "{mode}"
+    );
+    let limiter = Limiter::new(parsed).unwrap();
+    assert_decides_on_redis(&limiter, &primary);
+    // either side untrusted: a connection error that follows on_error
+    for (p, s) in [("other-ca.crt", "ca.crt"), ("ca.crt", "other-ca.crt")] {
+        let limiter = Limiter::from_json(&cfg(p, s)).unwrap();
+        assert_rejected(&limiter, "UnknownIssuer");
+    }
+}
+
+#[test]
+fn cluster_over_tls() {
+    // a one-node cluster holding every slot; `tls-cluster yes` makes it announce its TLS
+    // port in CLUSTER SLOTS, which the cluster client follows
+    let certs = TestCerts::generate(DEFAULT_SAN);
+    let node = RedisServer::start_tls_with(
+        &certs,
+        true,
+        &[
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--tls-cluster",
+            "yes",
+        ],
+    );
+    redis::cmd("CLUSTER")
+        .arg("ADDSLOTSRANGE")
+        .arg(0)
+        .arg(16383)
+        .exec(&mut node.conn())
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query(&mut node.conn())
+            .unwrap();
+        if info.contains("cluster_state:ok") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "cluster not ok: {info}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let cfg = |tls: &str| {
+        format!(
+            r#"{{"timeout_ms": 2000,
+                "cluster": {{"nodes": ["{}"], "tls": {tls}}},
+                "policies": {{
+                  "strict": {{"algorithm": "fixed_window", "limit": 5, "window": "1h", "on_error": "error"}},
+                  "open": {{"algorithm": "fixed_window", "limit": 5, "window": "1h", "on_error": "open"}},
+                  "closed": {{"algorithm": "fixed_window", "limit": 5, "window": "1h", "on_error": "closed"}}}}}}"#,
+            node.tls_url("127.0.0.1")
+        )
+    };
+    let mtls = cfg(&format!(
+        r#"{{"ca_file": "{}", "cert_file": "{}", "key_file": "{}"}}"#,
+        certs.path("ca.crt"),
+        certs.path("client.crt"),
+        certs.path("client.key")
+    ));
+    let parsed = Config::from_json(&mtls).unwrap();
+    let mode = parsed.cluster_tls_mode().unwrap();
+    assert!(mode.starts_with("TLS, verified against ca_file"), "{mode}");
+    let limiter = Limiter::new(parsed).unwrap();
+    let d = limiter.check_named_blocking("strict", "user:1", 1).unwrap();
+    assert_eq!((d.allowed, d.source, d.remaining), (true, Source::Redis, 4));
+    let limiter = Limiter::from_json(&cfg(&format!(
+        r#"{{"ca_file": "{}"}}"#,
+        certs.path("other-ca.crt")
+    )))
+    .unwrap();
+    let e = limiter
+        .check_named_blocking("strict", "user:1", 1)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    assert!(e.to_string().contains("UnknownIssuer"), "{e}");
+    let d = limiter.check_named_blocking("closed", "user:1", 1).unwrap();
+    assert_eq!((d.allowed, d.source), (false, Source::Fallback));
+}

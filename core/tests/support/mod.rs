@@ -97,8 +97,13 @@ impl RedisServer {
     /// certificate of `certs`; `auth_clients`: it requires a client certificate signed by the
     /// test CA (mTLS). The plain port stays open, for the test's own inspection.
     pub fn start_tls(certs: &TestCerts, auth_clients: bool) -> RedisServer {
+        Self::start_tls_with(certs, auth_clients, &[])
+    }
+
+    /// [`RedisServer::start_tls`] with `more` command-line arguments.
+    pub fn start_tls_with(certs: &TestCerts, auth_clients: bool, more: &[&str]) -> RedisServer {
         let tls_port = free_port();
-        let extra = vec![
+        let mut extra = vec![
             "--tls-port".to_string(),
             tls_port.to_string(),
             "--tls-cert-file".to_string(),
@@ -110,6 +115,7 @@ impl RedisServer {
             "--tls-auth-clients".to_string(),
             if auth_clients { "yes" } else { "no" }.to_string(),
         ];
+        extra.extend(more.iter().map(|s| s.to_string()));
         let mut server = Self::start_with(free_port(), extra);
         server.tls_port = Some(tls_port);
         server.wait_tls_ready();
