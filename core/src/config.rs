@@ -706,16 +706,14 @@ fn shards(v: &Value, default_tls: Option<&TlsConfig>) -> Result<Vec<ShardConfig>
                 "only a Sentinel shard has Sentinels to talk to; use `tls`",
             ));
         }
-        for (k, t) in [("tls", &own_tls), ("sentinel_tls", &sentinel_tls)] {
-            if let (true, Some(t)) = (sentinel, t) {
-                if t.insecure_skip_verify && t.cert_file.is_some() {
-                    // the redis crate drops the client certificate of an insecure
-                    // Sentinel connection: say so rather than fail at the handshake
-                    return Err(Error::config(
-                        format!("{field}.{k}.cert_file"),
-                        "a Sentinel shard cannot combine a client certificate with insecure_skip_verify",
-                    ));
-                }
+        if let (true, Some(t)) = (sentinel, &own_tls) {
+            if t.insecure_skip_verify && t.cert_file.is_some() {
+                // the redis crate sends no client certificate to a Sentinel-managed
+                // primary it does not verify: say so rather than fail at the handshake
+                return Err(Error::config(
+                    format!("{field}.tls.cert_file"),
+                    "a Sentinel shard's primary cannot combine a client certificate with insecure_skip_verify",
+                ));
             }
         }
         // the top-level `tls` applies to every TLS connection without settings of its own:

@@ -505,3 +505,23 @@ fn cluster_over_tls() {
     let d = limiter.check_named_blocking("closed", "user:1", 1).unwrap();
     assert_eq!((d.allowed, d.source), (false, Source::Fallback));
 }
+
+#[test]
+fn an_insecure_sentinel_primary_cannot_send_a_client_certificate() {
+    let certs = TestCerts::generate(DEFAULT_SAN);
+    let cfg = format!(
+        r#"{{"shards": [{{"name": "ha", "sentinel": {{"nodes": ["127.0.0.1:1"], "master": "m"}},
+            "tls": {{"insecure_skip_verify": true, "cert_file": "{}", "key_file": "{}"}}}}]}}"#,
+        certs.path("client.crt"),
+        certs.path("client.key")
+    );
+    let e = Config::from_json(&cfg).unwrap_err().to_string();
+    assert!(e.starts_with("shards[0].tls.cert_file: "), "{e}");
+    // to the Sentinels the redis crate does send it
+    let cfg = cfg.replace(r#""tls""#, r#""sentinel_tls""#);
+    let mode = Config::from_json(&cfg).unwrap().shards.unwrap()[0].tls_mode();
+    assert!(
+        mode.starts_with("primary: plain TCP") && mode.contains("sentinels: TLS, INSECURE"),
+        "{mode}"
+    );
+}
