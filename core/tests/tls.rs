@@ -2,6 +2,8 @@
 //! (`tests/tls/gen-certs.sh`): verified by default, wrong CA and wrong name rejected, mTLS,
 //! the insecure opt-out, and every rejection a `connection` error that follows `on_error`.
 
+#![cfg(feature = "tls")]
+
 mod support;
 
 use shardlimit::{Config, ErrorKind, Limiter, Source};
