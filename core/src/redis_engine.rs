@@ -1137,7 +1137,7 @@ impl RedisEngine {
             .runtime()
             .spawn(async move { Pipe::connect(&target, timeout).await })
             .await
-            .map_err(|e| Error::Internal(format!("connect task failed: {e}")))?
+            .map_err(|e| connect_panic(&self.shards[shard], e))?
             .map_err(|e| self.io_error(shard, e))?;
         let pipe = Arc::new(pipe);
         slot.pipe.store(Some(Arc::clone(&pipe)));

@@ -527,3 +527,23 @@ fn an_insecure_sentinel_primary_cannot_send_a_client_certificate() {
         "{mode}"
     );
 }
+
+#[test]
+fn a_reload_with_new_tls_settings_reconnects() {
+    let certs = TestCerts::generate(DEFAULT_SAN);
+    let server = RedisServer::start_tls(&certs, false);
+    let wrong = config(
+        &server,
+        &format!(r#"{{"ca_file": "{}"}}"#, certs.path("other-ca.crt")),
+    );
+    let limiter = Limiter::from_json(&wrong).unwrap();
+    assert_rejected(&limiter, "UnknownIssuer");
+    // same URL, another CA: the connections are made again with it
+    let right = Config::from_json(&config(
+        &server,
+        &format!(r#"{{"ca_file": "{}"}}"#, certs.path("ca.crt")),
+    ))
+    .unwrap();
+    limiter.reload(right).unwrap();
+    assert_decides_on_redis(&limiter, &server);
+}
