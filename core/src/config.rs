@@ -706,16 +706,6 @@ fn shards(v: &Value, default_tls: Option<&TlsConfig>) -> Result<Vec<ShardConfig>
                 "only a Sentinel shard has Sentinels to talk to; use `tls`",
             ));
         }
-        if let (true, Some(t)) = (sentinel, &own_tls) {
-            if t.insecure_skip_verify && t.cert_file.is_some() {
-                // the redis crate sends no client certificate to a Sentinel-managed
-                // primary it does not verify: say so rather than fail at the handshake
-                return Err(Error::config(
-                    format!("{field}.tls.cert_file"),
-                    "a Sentinel shard's primary cannot combine a client certificate with insecure_skip_verify",
-                ));
-            }
-        }
         // the top-level `tls` applies to every TLS connection without settings of its own:
         // rediss:// shards, and the primaries of Sentinel shards
         let tls = own_tls.or_else(|| {
@@ -723,6 +713,21 @@ fn shards(v: &Value, default_tls: Option<&TlsConfig>) -> Result<Vec<ShardConfig>
                 .filter(|_| !url.starts_with("redis://"))
                 .cloned()
         });
+        if let (true, Some(t)) = (sentinel, &tls) {
+            if t.insecure_skip_verify && t.cert_file.is_some() {
+                // the redis crate sends no client certificate to a Sentinel-managed
+                // primary it does not verify: say so rather than fail at the handshake
+                let whose = if obj.contains_key("tls") {
+                    format!("{field}.tls")
+                } else {
+                    "tls".to_string()
+                };
+                return Err(Error::config(
+                    format!("{whose}.cert_file"),
+                    format!("{field} is a Sentinel shard, whose primary cannot combine a client certificate with insecure_skip_verify"),
+                ));
+            }
+        }
         out.push(ShardConfig {
             name,
             url: url.to_string(),

@@ -518,7 +518,10 @@ fn an_insecure_sentinel_primary_cannot_send_a_client_certificate() {
         certs.path("client.key")
     );
     let e = Config::from_json(&cfg).unwrap_err().to_string();
-    assert!(e.starts_with("shards[0].tls.cert_file: "), "{e}");
+    assert!(
+        e.starts_with("shards[0].tls.cert_file: shards[0] is a Sentinel shard"),
+        "{e}"
+    );
     // to the Sentinels the redis crate does send it
     let cfg = cfg.replace(r#""tls""#, r#""sentinel_tls""#);
     let mode = Config::from_json(&cfg).unwrap().shards.unwrap()[0].tls_mode();
