@@ -506,6 +506,16 @@ fn cluster_over_tls() {
     assert!(e.to_string().contains("UnknownIssuer"), "{e}");
     let d = limiter.check_named_blocking("closed", "user:1", 1).unwrap();
     assert_eq!((d.allowed, d.source), (false, Source::Fallback));
+    // the insecure opt-out: an untrusted CA, and the client certificate still sent
+    let limiter = Limiter::from_json(&cfg(&format!(
+        r#"{{"ca_file": "{}", "cert_file": "{}", "key_file": "{}", "insecure_skip_verify": true}}"#,
+        certs.path("other-ca.crt"),
+        certs.path("client.crt"),
+        certs.path("client.key")
+    )))
+    .unwrap();
+    let d = limiter.check_named_blocking("strict", "user:1", 1).unwrap();
+    assert_eq!((d.allowed, d.source, d.remaining), (true, Source::Redis, 3));
 }
 
 #[test]
