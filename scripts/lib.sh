@@ -21,8 +21,10 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# ensure_redis: makes redis-server and redis-cli available.
+# ensure_redis: makes redis-server and redis-cli available, and openssl, which the TLS
+# tests use to make their CA (tests/tls/gen-certs.sh).
 ensure_redis() {
+  command -v openssl >/dev/null 2>&1 || apt_install openssl
   command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 && return 0
   apt_install redis-server redis-tools
 }

@@ -7,11 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "test-node: installing redis-server"
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v openssl >/dev/null 2>&1; then
+  # openssl: test/tls.test.js makes its CA with tests/tls/gen-certs.sh
+  echo "test-node: installing redis-server and openssl"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq redis-server >/dev/null
+  apt-get install -y -qq redis-server openssl >/dev/null
 fi
 
 cd "$root/bindings/node"

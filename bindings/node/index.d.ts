@@ -130,9 +130,24 @@ export interface ShardRoute {
   name: string
 }
 
+/**
+ * TLS settings of a rediss:// shard, of `cluster`, or (top level) of every TLS shard without
+ * its own. The server is verified against the built-in roots, or `ca_file` only when set.
+ */
+export interface TlsConfig {
+  /** PEM file of the CAs to trust instead of the built-in roots. */
+  ca_file?: string
+  /** PEM file of a client certificate (mTLS); needs `key_file`. */
+  cert_file?: string
+  key_file?: string
+  /** INSECURE: accept any server certificate for any name. */
+  insecure_skip_verify?: boolean
+}
+
 /** A shardlimit config object (see the repository's shard-config.json). */
 export interface ShardlimitConfig {
-  shards?: Array<{ name: string; url: string }>
+  shards?: Array<{ name: string; url: string; tls?: TlsConfig; sentinel_tls?: TlsConfig }>
+  tls?: TlsConfig
   key_prefix?: string
   timeout_ms?: number | string
   on_error?: 'open' | 'closed' | 'local'

@@ -255,6 +255,12 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
                     cfg.policies.len()
                 ),
             }
+            for s in cfg.shards.iter().flatten() {
+                println!("  shard {}: {}", s.name, s.tls_mode());
+            }
+            if let (Some(nodes), Some(mode)) = (&cfg.cluster, cfg.cluster_tls_mode()) {
+                println!("  cluster ({} seed nodes): {mode}", nodes.len());
+            }
             for (name, p) in &cfg.policies {
                 println!("  {name}: {}, on_error {}", p.limit(), p.on_error().name());
             }

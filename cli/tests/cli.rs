@@ -82,6 +82,44 @@ fn validate_reports_the_bad_field_and_exits_2() {
 }
 
 #[test]
+fn validate_shows_the_tls_mode_of_every_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    let certs = dir.path().join("certs");
+    let gen = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/tls/gen-certs.sh");
+    let st = Command::new("sh").arg(gen).arg(&certs).status().unwrap();
+    assert!(st.success());
+    std::fs::copy(certs.join("ca.crt"), &ca).unwrap();
+    let cfg = dir.path().join("tls.json");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"tls": {{"ca_file": {ca:?}}},
+                "shards": [{{"name": "plain", "url": "redis://127.0.0.1:6379"}},
+                           {{"name": "ok", "url": "rediss://127.0.0.1:6380"}},
+                           {{"name": "skip", "url": "rediss://127.0.0.1:6381",
+                             "tls": {{"insecure_skip_verify": true}}}}]}}"#
+        ),
+    )
+    .unwrap();
+    let o = sl(&["config", "validate", cfg.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let out = stdout(&o);
+    assert!(out.contains("shard plain: plain TCP (no TLS)"), "{out}");
+    assert!(
+        out.contains(&format!("shard ok: TLS, verified against ca_file {ca:?}")),
+        "{out}"
+    );
+    assert!(out.contains("shard skip: TLS, INSECURE"), "{out}");
+    // a CA file that cannot be read: exit 2 and the field
+    std::fs::remove_file(&ca).unwrap();
+    let o = sl(&["config", "validate", cfg.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("tls.ca_file: cannot read"), "{err}");
+}
+
+#[test]
 fn route_prints_key_index_shard() {
     let o = sl(&[
         "route",

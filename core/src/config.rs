@@ -7,6 +7,7 @@ use crate::limit::{
     validate_auto_block, validate_local, Algorithm, AutoBlock, Limit, LocalAdmission, OnError,
     Policy,
 };
+use crate::tls::TlsConfig;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -29,6 +30,44 @@ pub struct ShardConfig {
     /// [?sentinel_username=...&sentinel_password=...]` for a primary that Sentinels watch
     /// (the shard follows failover to the new primary).
     pub url: String,
+    /// TLS settings of the connection to the server (for a Sentinel shard: to the primary,
+    /// which is then reached over TLS): the shard's own `tls`, or the top-level one.
+    /// `None` on a `rediss://` shard: verified against the built-in roots.
+    pub tls: Option<TlsConfig>,
+    /// Sentinel shards: TLS to the Sentinels themselves (`sentinel_tls`); `None`: plain TCP.
+    pub sentinel_tls: Option<TlsConfig>,
+}
+
+impl ShardConfig {
+    /// A shard without TLS settings of its own.
+    pub fn new(name: impl Into<String>, url: impl Into<String>) -> ShardConfig {
+        ShardConfig {
+            name: name.into(),
+            url: url.into(),
+            tls: None,
+            sentinel_tls: None,
+        }
+    }
+
+    /// True when the connection to the server (the primary, for Sentinel) uses TLS.
+    pub fn is_tls(&self) -> bool {
+        self.url.starts_with("rediss://")
+            || (self.url.starts_with("redis+sentinel://") && self.tls.is_some())
+    }
+
+    /// How this shard connects, for `config validate`: plain TCP, or TLS and how the server
+    /// is verified (INSECURE when it is not).
+    pub fn tls_mode(&self) -> String {
+        let main = crate::tls::describe(self.is_tls(), self.tls.as_ref());
+        if self.url.starts_with("redis+sentinel://") {
+            format!(
+                "primary: {main}; sentinels: {}",
+                crate::tls::describe(self.sentinel_tls.is_some(), self.sentinel_tls.as_ref())
+            )
+        } else {
+            main
+        }
+    }
 }
 
 impl std::fmt::Debug for ShardConfig {
@@ -36,6 +75,8 @@ impl std::fmt::Debug for ShardConfig {
         f.debug_struct("ShardConfig")
             .field("name", &self.name)
             .field("url", &redact_url(&self.url))
+            .field("tls", &self.tls)
+            .field("sentinel_tls", &self.sentinel_tls)
             .finish()
     }
 }
@@ -201,6 +242,10 @@ pub struct Config {
     /// the cluster routes keys by slot (MOVED/ASK, topology refresh and failover are the
     /// redis crate's), and every script's keys share one hash tag.
     pub cluster: Option<Vec<String>>,
+    /// TLS settings of the cluster's `rediss://` nodes: `cluster.tls`, or the top-level one.
+    pub cluster_tls: Option<TlsConfig>,
+    /// The top-level `tls`: the default of every shard (and of `cluster`) without its own.
+    pub tls: Option<TlsConfig>,
     pub key_prefix: String,
     pub timeout: Duration,
     /// The default failure mode of policies that do not set their own.
@@ -230,6 +275,8 @@ impl Default for Config {
         Config {
             shards: None,
             cluster: None,
+            cluster_tls: None,
+            tls: None,
             key_prefix: DEFAULT_PREFIX.to_string(),
             timeout: DEFAULT_TIMEOUT,
             on_error: OnError::Open,
@@ -243,6 +290,14 @@ impl Default for Config {
 }
 
 impl Config {
+    /// How the nodes of `cluster` connect (plain TCP, or TLS and how the server is
+    /// verified), for `config validate`; `None` without `cluster`.
+    pub fn cluster_tls_mode(&self) -> Option<String> {
+        let nodes = self.cluster.as_ref()?;
+        let tls = nodes.first().is_some_and(|n| n.starts_with("rediss://"));
+        Some(crate::tls::describe(tls, self.cluster_tls.as_ref()))
+    }
+
     /// Parses and validates a JSON config.
     pub fn from_json(text: &str) -> Result<Config> {
         let value: Value = serde_json::from_str(text).map_err(|e| {
@@ -303,6 +358,7 @@ impl Config {
                 "events",
                 "reshard_handoff",
                 "spin_wait",
+                "tls",
                 "$schema",
                 "description",
             ],
@@ -377,8 +433,11 @@ impl Config {
                 }
             }
         }
+        if let Some(v) = obj.get("tls") {
+            cfg.tls = Some(TlsConfig::from_json("tls", v)?);
+        }
         if let Some(v) = obj.get("shards") {
-            cfg.shards = Some(shards(v)?);
+            cfg.shards = Some(shards(v, cfg.tls.as_ref())?);
         }
         if let Some(v) = obj.get("cluster") {
             if cfg.shards.is_some() {
@@ -393,7 +452,7 @@ impl Config {
                     format!("expected {{\"nodes\": [\"redis://host:port\", ...]}}, got {v}"),
                 )
             })?;
-            check_fields(o, "cluster.", &["nodes"])?;
+            check_fields(o, "cluster.", &["nodes", "tls"])?;
             let nodes = o
                 .get("nodes")
                 .and_then(Value::as_array)
@@ -404,15 +463,38 @@ impl Config {
                         "expected a non-empty list of redis:// URLs",
                     )
                 })?;
-            let mut urls = Vec::new();
+            let mut urls: Vec<String> = Vec::new();
             for (i, n) in nodes.iter().enumerate() {
                 let f = format!("cluster.nodes[{i}]");
                 let url = n.as_str().ok_or_else(|| {
                     Error::config(&f, format!("expected a redis:// URL, got {n}"))
                 })?;
                 validate_url(&f, url)?;
+                if url.starts_with("redis+sentinel://") {
+                    return Err(Error::config(&f, "expected a redis:// or rediss:// URL"));
+                }
+                if urls
+                    .first()
+                    .is_some_and(|u| u.starts_with("rediss://") != url.starts_with("rediss://"))
+                {
+                    return Err(Error::config(
+                        &f,
+                        "every node must use the same scheme (all redis:// or all rediss://)",
+                    ));
+                }
                 urls.push(url.to_string());
             }
+            let tls = match o.get("tls") {
+                Some(t) => Some(TlsConfig::from_json("cluster.tls", t)?),
+                None => cfg.tls.clone(),
+            };
+            if o.contains_key("tls") && !urls[0].starts_with("rediss://") {
+                return Err(Error::config(
+                    "cluster.tls",
+                    "the nodes are redis:// (plain TCP); use rediss:// URLs for TLS",
+                ));
+            }
+            cfg.cluster_tls = tls.filter(|_| urls[0].starts_with("rediss://"));
             cfg.cluster = Some(urls);
         }
         if let Some(v) = obj.get("policies") {
@@ -538,7 +620,7 @@ fn sentinel_object_url(f: &str, sv: &Value) -> Result<String> {
     ))
 }
 
-fn shards(v: &Value) -> Result<Vec<ShardConfig>> {
+fn shards(v: &Value, default_tls: Option<&TlsConfig>) -> Result<Vec<ShardConfig>> {
     let list = v.as_array().ok_or_else(|| {
         Error::config(
             "shards",
@@ -557,7 +639,11 @@ fn shards(v: &Value) -> Result<Vec<ShardConfig>> {
         let obj = s.as_object().ok_or_else(|| {
             Error::config(&field, format!("expected an object {{name, url}}, got {s}"))
         })?;
-        check_fields(obj, &format!("{field}."), &["name", "url", "sentinel"])?;
+        check_fields(
+            obj,
+            &format!("{field}."),
+            &["name", "url", "sentinel", "tls", "sentinel_tls"],
+        )?;
         let name = match obj.get("name").and_then(Value::as_str) {
             Some(n) if !n.trim().is_empty() => n.to_string(),
             _ => {
@@ -599,9 +685,54 @@ fn shards(v: &Value) -> Result<Vec<ShardConfig>> {
                 format!("duplicate shard name {name:?}"),
             ));
         }
+        let sentinel = url.starts_with("redis+sentinel://");
+        let own_tls = obj
+            .get("tls")
+            .map(|t| TlsConfig::from_json(&format!("{field}.tls"), t))
+            .transpose()?;
+        if own_tls.is_some() && url.starts_with("redis://") {
+            return Err(Error::config(
+                format!("{field}.tls"),
+                "the URL is redis:// (plain TCP); use rediss:// for TLS",
+            ));
+        }
+        let sentinel_tls = obj
+            .get("sentinel_tls")
+            .map(|t| TlsConfig::from_json(&format!("{field}.sentinel_tls"), t))
+            .transpose()?;
+        if sentinel_tls.is_some() && !sentinel {
+            return Err(Error::config(
+                format!("{field}.sentinel_tls"),
+                "only a Sentinel shard has Sentinels to talk to; use `tls`",
+            ));
+        }
+        // the top-level `tls` applies to every TLS connection without settings of its own:
+        // rediss:// shards, and the primaries of Sentinel shards
+        let tls = own_tls.or_else(|| {
+            default_tls
+                .filter(|_| !url.starts_with("redis://"))
+                .cloned()
+        });
+        if let (true, Some(t)) = (sentinel, &tls) {
+            if t.insecure_skip_verify && t.cert_file.is_some() {
+                // the redis crate sends no client certificate to a Sentinel-managed
+                // primary it does not verify: say so rather than fail at the handshake
+                let whose = if obj.contains_key("tls") {
+                    format!("{field}.tls")
+                } else {
+                    "tls".to_string()
+                };
+                return Err(Error::config(
+                    format!("{whose}.cert_file"),
+                    format!("{field} is a Sentinel shard, whose primary cannot combine a client certificate with insecure_skip_verify"),
+                ));
+            }
+        }
         out.push(ShardConfig {
             name,
             url: url.to_string(),
+            tls,
+            sentinel_tls,
         });
     }
     Ok(out)
@@ -611,6 +742,19 @@ fn shards(v: &Value) -> Result<Vec<ShardConfig>> {
 pub(crate) fn validate_url(field: &str, url: &str) -> Result<()> {
     if url.starts_with("redis+sentinel://") {
         return parse_sentinel_url(field, url).map(|_| ());
+    }
+    if url.starts_with("rediss://") && !cfg!(feature = "tls") {
+        return Err(Error::config(
+            field,
+            "rediss:// needs TLS support, and this build has none (the `tls` feature is off)",
+        ));
+    }
+    if url.contains('#') {
+        return Err(Error::config(
+            field,
+            "a URL fragment (#insecure) is not accepted; to skip certificate verification, \
+             set `\"tls\": {\"insecure_skip_verify\": true}`, which `config validate` reports",
+        ));
     }
     if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
         return Err(Error::config(
@@ -892,10 +1036,7 @@ mod tests {
             "rediss://u:secret@h:6379",
             "redis+sentinel://:secret@h1,h2/m?sentinel_password=secret",
         ] {
-            let shard = ShardConfig {
-                name: "s".into(),
-                url: url.into(),
-            };
+            let shard = ShardConfig::new("s", url);
             let shown = format!("{shard:?}");
             assert!(
                 !shown.contains("secret") && shown.contains("***@h"),

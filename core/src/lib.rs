@@ -35,6 +35,7 @@ mod redis_engine;
 mod resp;
 pub mod routing;
 pub mod scripts;
+mod tls;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{Config, ShardConfig};
@@ -50,6 +51,7 @@ pub use limiter::{
 };
 pub use metrics::{MetricsSnapshot, PolicyMetrics};
 pub use redis_engine::fork_generation;
+pub use tls::TlsConfig;
 
 /// The crate version, shared by every binding.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

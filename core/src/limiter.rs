@@ -267,7 +267,8 @@ impl Limiter {
                 RedisEngine::new(shards.clone(), prefix, timeout, subscribers, maxlen)?
             }
             (None, Some(nodes)) => {
-                RedisEngine::cluster(nodes.clone(), prefix, timeout, subscribers, maxlen)?
+                let tls = config.cluster_tls.clone();
+                RedisEngine::cluster(nodes.clone(), tls, prefix, timeout, subscribers, maxlen)?
             }
             (None, None) => return Ok(Engine::Memory(Arc::new(MemoryEngine::default()))),
         };
@@ -363,6 +364,7 @@ impl Limiter {
         let old = self.view();
         let same_backend = old.config.shards == config.shards
             && old.config.cluster == config.cluster
+            && old.config.cluster_tls == config.cluster_tls
             && old.config.key_prefix == config.key_prefix
             && old.config.timeout == config.timeout
             && old.config.events_stream_maxlen == config.events_stream_maxlen;

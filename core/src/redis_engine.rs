@@ -19,6 +19,7 @@ use crate::resp::Reply;
 use crate::routing::routing_key;
 use crate::scripts;
 use arc_swap::ArcSwapOption;
+use futures_util::FutureExt;
 use parking_lot::Mutex;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -560,6 +561,117 @@ fn denial_key(prefix: &str, key_scope: &str, key: &str) -> String {
     s
 }
 
+/// The client of a `redis://` or `rediss://` shard, with its TLS settings.
+fn single_client(field: &str, s: &ShardConfig) -> Result<redis::Client> {
+    let bad = |e: redis::RedisError| Error::config(field, format!("invalid Redis URL: {e}"));
+    #[cfg(feature = "tls")]
+    if let (true, Some(t)) = (s.url.starts_with("rediss://"), &s.tls) {
+        use redis::IntoConnectionInfo;
+        let mut info = s.url.as_str().into_connection_info().map_err(bad)?;
+        if t.insecure_skip_verify {
+            if let redis::ConnectionAddr::TcpTls { host, port, .. } = info.addr().clone() {
+                info = info.set_addr(redis::ConnectionAddr::TcpTls {
+                    host,
+                    port,
+                    insecure: true,
+                    tls_params: None,
+                });
+            }
+        }
+        return match t.certificates() {
+            Some(c) => redis::Client::build_with_tls(info, c),
+            None => redis::Client::open(info),
+        }
+        .map_err(bad);
+    }
+    redis::Client::open(s.url.as_str()).map_err(bad)
+}
+
+/// The client of a Sentinel shard: the Sentinels (over TLS with `sentinel_tls`), and how to
+/// log in to the primary they name (over TLS with `tls`).
+fn sentinel_client(field: &str, s: &ShardConfig) -> Result<SentinelClient> {
+    use redis::IntoConnectionInfo;
+    let bad =
+        |e: redis::RedisError| Error::config(field, format!("invalid sentinel configuration: {e}"));
+    let su = crate::config::parse_sentinel_url(field, &s.url)?;
+    let mut sentinels = Vec::with_capacity(su.nodes.len());
+    let (mut s_user, mut s_pass) = (None, None);
+    for node in &su.nodes {
+        let info = node.as_str().into_connection_info().map_err(bad)?;
+        s_user = info.redis_settings().username().map(str::to_string);
+        s_pass = info.redis_settings().password().map(str::to_string);
+        sentinels.push(match (info.addr(), &s.sentinel_tls) {
+            (redis::ConnectionAddr::Tcp(host, port), Some(_)) => redis::ConnectionAddr::TcpTls {
+                host: host.clone(),
+                port: *port,
+                insecure: false,
+                tls_params: None,
+            },
+            (addr, _) => addr.clone(),
+        });
+    }
+    let mut b = redis::sentinel::SentinelClientBuilder::new(
+        sentinels,
+        &su.master,
+        SentinelServerType::Master,
+    )
+    .map_err(bad)?
+    .set_client_to_redis_db(su.db);
+    // how to log in to the primary the Sentinels name, and to the Sentinels
+    if let Some(u) = &su.username {
+        b = b.set_client_to_redis_username(u);
+    }
+    if let Some(p) = &su.password {
+        b = b.set_client_to_redis_password(p);
+    }
+    if let Some(u) = &s_user {
+        b = b.set_client_to_sentinel_username(u);
+    }
+    if let Some(p) = &s_pass {
+        b = b.set_client_to_sentinel_password(p);
+    }
+    #[cfg(feature = "tls")]
+    {
+        if let Some(t) = &s.tls {
+            b = b.set_client_to_redis_tls_mode(t.mode());
+            if let Some(c) = t.certificates() {
+                b = b.set_client_to_redis_certificates(c);
+            }
+        }
+        if let Some(t) = &s.sentinel_tls {
+            b = b.set_client_to_sentinel_tls_mode(t.mode());
+            if let Some(c) = t.certificates() {
+                b = b.set_client_to_sentinel_certificates(c);
+            }
+        }
+    }
+    b.build().map_err(bad)
+}
+
+/// The error of a connect to `shard` that panicked.
+fn connect_panic(shard: &ShardConfig, e: tokio::task::JoinError) -> Error {
+    match e.try_into_panic() {
+        Ok(p) => connect_panic_payload(shard, p.as_ref()),
+        Err(e) => Error::Connection {
+            shard: shard.name.clone(),
+            message: format!("connect task failed: {e}"),
+        },
+    }
+}
+
+fn connect_panic_payload(shard: &ShardConfig, p: &(dyn std::any::Any + Send)) -> Error {
+    let what = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string());
+    tracing::error!(shard = %shard.name, panic = %what, "shardlimit: connecting panicked");
+    Error::Connection {
+        shard: shard.name.clone(),
+        message: format!("connecting panicked: {what}"),
+    }
+}
+
 fn map_redis_error(shard: &ShardConfig, timeout: Duration, e: redis::RedisError) -> Error {
     if e.is_timeout() {
         Error::Timeout {
@@ -705,57 +817,53 @@ impl RedisEngine {
             .map(|(i, s)| {
                 let field = format!("shards[{i}].url");
                 if s.url.starts_with("redis+sentinel://") {
-                    let su = crate::config::parse_sentinel_url(&field, &s.url)?;
-                    let nodes: Vec<&str> = su.nodes.iter().map(String::as_str).collect();
-                    // how to log in to the primary the Sentinels name
-                    let mut login = redis::RedisConnectionInfo::default().set_db(su.db);
-                    if let Some(u) = &su.username {
-                        login = login.set_username(u);
-                    }
-                    if let Some(p) = &su.password {
-                        login = login.set_password(p);
-                    }
-                    let info = redis::sentinel::SentinelNodeConnectionInfo::default()
-                        .set_redis_connection_info(login);
-                    let client = SentinelClient::build(
-                        nodes,
-                        su.master,
-                        Some(info),
-                        SentinelServerType::Master,
-                    )
-                    .map_err(|e| {
-                        Error::config(&field, format!("invalid sentinel configuration: {e}"))
-                    })?;
+                    let client = sentinel_client(&field, s)?;
                     return Ok(Client::Sentinel(Box::new(tokio::sync::Mutex::new(client))));
                 }
-                redis::Client::open(s.url.as_str())
-                    .map(|c| Client::Single(Box::new(c)))
-                    .map_err(|e| Error::config(field, format!("invalid Redis URL: {e}")))
+                single_client(&field, s).map(|c| Client::Single(Box::new(c)))
             })
             .collect::<Result<Vec<_>>>()?;
+        #[cfg(feature = "tls")]
+        if shards
+            .iter()
+            .any(|s| s.is_tls() || s.sentinel_tls.is_some())
+        {
+            crate::tls::ensure_crypto_provider();
+        }
         RedisEngine::build(shards, clients, prefix, timeout, subscribers, stream_maxlen)
     }
 
     /// One logical shard that is a whole Redis Cluster, from its seed nodes.
     pub fn cluster(
         nodes: Vec<String>,
+        tls: Option<crate::TlsConfig>,
         prefix: String,
         timeout: Duration,
         subscribers: Arc<Subscribers>,
         stream_maxlen: Option<u64>,
     ) -> Result<RedisEngine> {
-        let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+        #[allow(unused_mut)]
+        let mut builder = ClusterClient::builder(nodes.iter().map(String::as_str))
             .connection_timeout(timeout)
             .response_timeout(timeout)
             .retries(2)
             .min_retry_wait(10)
-            .max_retry_wait(200)
+            .max_retry_wait(200);
+        #[cfg(feature = "tls")]
+        if nodes.iter().any(|n| n.starts_with("rediss://")) {
+            crate::tls::ensure_crypto_provider();
+            if let Some(t) = &tls {
+                if let Some(c) = t.certificates() {
+                    builder = builder.certs(c);
+                }
+                builder = builder.tls(t.mode());
+            }
+        }
+        let client = builder
             .build()
             .map_err(|e| Error::config("cluster.nodes", format!("invalid cluster: {e}")))?;
-        let shard = ShardConfig {
-            name: "cluster".to_string(),
-            url: nodes.join(","),
-        };
+        let mut shard = ShardConfig::new("cluster", nodes.join(","));
+        shard.tls = tls;
         RedisEngine::build(
             vec![shard],
             vec![Client::Cluster(Box::new(client))],
@@ -879,7 +987,10 @@ impl RedisEngine {
                 .set_max_delay(Duration::from_millis(500));
             ConnectionManager::new_with_config(client, cfg)
         };
-        let join = |e: tokio::task::JoinError| Error::Internal(format!("connect task failed: {e}"));
+        // A panic while connecting (in the redis crate or rustls, say) is this shard failing
+        // to connect: a `connection` error that follows the policy's `on_error`, never an
+        // `internal` one that would bypass it.
+        let join = |e: tokio::task::JoinError| connect_panic(&self.shards[shard], e);
         // connect inside our runtime, so the connection's driver tasks live there
         let conn = match &self.clients[shard] {
             Client::Single(client) => st
@@ -900,12 +1011,13 @@ impl RedisEngine {
             }
             Client::Sentinel(sentinel) => {
                 // ask the Sentinels which server is the primary now
-                let primary = sentinel
-                    .lock()
+                let mut sentinel = sentinel.lock().await;
+                let primary = std::panic::AssertUnwindSafe(sentinel.async_get_client())
+                    .catch_unwind()
                     .await
-                    .async_get_client()
-                    .await
+                    .map_err(|p| connect_panic_payload(&self.shards[shard], p.as_ref()))?
                     .map_err(map)?;
+                drop(sentinel);
                 tracing::debug!(shard = %self.shards[shard].name, primary = ?primary.get_connection_info().addr(), "shardlimit: sentinel resolved the primary");
                 st.runtime()
                     .spawn(manager(primary))
@@ -1098,7 +1210,7 @@ impl RedisEngine {
             .runtime()
             .spawn(async move { Pipe::connect(&target, timeout).await })
             .await
-            .map_err(|e| Error::Internal(format!("connect task failed: {e}")))?
+            .map_err(|e| connect_panic(&self.shards[shard], e))?
             .map_err(|e| self.io_error(shard, e))?;
         let pipe = Arc::new(pipe);
         slot.pipe.store(Some(Arc::clone(&pipe)));
@@ -1715,5 +1827,38 @@ impl RedisEngine {
             (Some(r), t) if t >= 0 => Some((r, Some(Duration::from_millis(t as u64)))),
             _ => None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tls_tests {
+    use super::*;
+
+    /// A connect that panics (in the redis crate or rustls) is a `connection` error, which
+    /// follows the policy's `on_error`, and never an `internal` one, which would bypass it.
+    #[test]
+    fn a_panicking_connect_is_a_connection_error() {
+        let shard = ShardConfig::new("s0", "rediss://127.0.0.1:1");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let join = rt.block_on(async {
+            tokio::spawn(async { panic!("no crypto provider") })
+                .await
+                .unwrap_err()
+        });
+        let e = connect_panic(&shard, join);
+        assert_eq!(e.kind(), crate::ErrorKind::Connection, "{e}");
+        assert!(e.to_string().contains("no crypto provider"), "{e}");
+        assert!(e.is_backend());
+        let e = rt.block_on(async {
+            std::panic::AssertUnwindSafe(async { panic!("{}", String::from("owned")) })
+                .catch_unwind()
+                .await
+                .map_err(|p| connect_panic_payload(&shard, p.as_ref()))
+                .unwrap_err()
+        });
+        assert_eq!(e.kind(), crate::ErrorKind::Connection, "{e}");
+        assert!(e.to_string().contains("owned"), "{e}");
     }
 }

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 
 def free_port() -> int:
@@ -89,7 +90,7 @@ class Connection:
 
 
 class RedisServer:
-    def __init__(self) -> None:
+    def __init__(self, extra: Sequence[str] = ()) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed (scripts/test-python.sh installs it)")
@@ -97,7 +98,7 @@ class RedisServer:
         self.port = free_port()
         self.proc: Optional[subprocess.Popen[bytes]] = subprocess.Popen(
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir.name],
+             "--appendonly", "no", "--dir", self.dir.name, *extra],
             stdout=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
@@ -144,3 +145,35 @@ def config(
     }
     cfg.update(extra)
     return json.dumps(cfg)
+
+
+# `tests/tls/gen-certs.sh` of the repository: the test PKI every language's TLS tests use
+GEN_CERTS = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests", "tls", "gen-certs.sh"
+)
+
+
+def generate_certs(directory: str, san: str = "DNS:localhost,IP:127.0.0.1") -> None:
+    """A throw-away CA, a server certificate for ``san``, a client certificate and a second
+    CA (``other-ca.crt``) in ``directory`` (openssl, through the shared script)."""
+    subprocess.run(["sh", GEN_CERTS, directory, san], check=True, timeout=60)
+
+
+class TlsRedisServer(RedisServer):
+    """A redis-server that also listens for TLS (``tls_port``) with the server certificate of
+    ``certs``; with ``auth_clients`` it requires a client certificate signed by the test CA."""
+
+    def __init__(self, certs: str, auth_clients: bool) -> None:
+        self.tls_port = free_port()
+        super().__init__([
+            "--tls-port", str(self.tls_port),
+            "--tls-cert-file", os.path.join(certs, "server.crt"),
+            "--tls-key-file", os.path.join(certs, "server.key"),
+            "--tls-ca-cert-file", os.path.join(certs, "ca.crt"),
+            "--tls-auth-clients", "yes" if auth_clients else "no",
+        ])
+        # the plain port answering PING means every listener, the TLS one too, is bound
+
+    @property
+    def tls_url(self) -> str:
+        return f"rediss://127.0.0.1:{self.tls_port}"

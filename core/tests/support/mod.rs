@@ -11,6 +11,41 @@ pub struct RedisServer {
     pub port: u16,
     dir: tempfile::TempDir,
     extra: Vec<String>,
+    /// The TLS port of a server made by [`RedisServer::start_tls`].
+    pub tls_port: Option<u16>,
+}
+
+/// A throw-away PKI made by `tests/tls/gen-certs.sh` (openssl): a CA, a server certificate
+/// signed by it for the given subject alternative names, a client certificate signed by it,
+/// and a second CA that signed nothing here.
+pub struct TestCerts {
+    dir: tempfile::TempDir,
+}
+
+impl TestCerts {
+    /// Certificates for `san` (`"DNS:localhost,IP:127.0.0.1"`, `"DNS:localhost"`, ...).
+    pub fn generate(san: &str) -> TestCerts {
+        let dir = tempfile::tempdir().unwrap();
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/tls/gen-certs.sh");
+        let out = Command::new("sh")
+            .arg(script)
+            .arg(dir.path())
+            .arg(san)
+            .output()
+            .expect("sh and openssl must be installed");
+        assert!(
+            out.status.success(),
+            "gen-certs.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        TestCerts { dir }
+    }
+
+    /// The path of `name` (`ca.crt`, `server.key`, `client.crt`, `other-ca.crt`, ...), as a
+    /// string for a JSON config.
+    pub fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
 }
 
 pub fn free_port() -> u16 {
@@ -52,9 +87,61 @@ impl RedisServer {
             port,
             dir,
             extra,
+            tls_port: None,
         };
         server.spawn();
         server
+    }
+
+    /// A server that also listens for TLS on a second free loopback port, with the server
+    /// certificate of `certs`; `auth_clients`: it requires a client certificate signed by the
+    /// test CA (mTLS). The plain port stays open, for the test's own inspection.
+    pub fn start_tls(certs: &TestCerts, auth_clients: bool) -> RedisServer {
+        Self::start_tls_with(certs, auth_clients, &[])
+    }
+
+    /// [`RedisServer::start_tls`] with `more` command-line arguments.
+    pub fn start_tls_with(certs: &TestCerts, auth_clients: bool, more: &[&str]) -> RedisServer {
+        let tls_port = free_port();
+        let mut extra = vec![
+            "--tls-port".to_string(),
+            tls_port.to_string(),
+            "--tls-cert-file".to_string(),
+            certs.path("server.crt"),
+            "--tls-key-file".to_string(),
+            certs.path("server.key"),
+            "--tls-ca-cert-file".to_string(),
+            certs.path("ca.crt"),
+            "--tls-auth-clients".to_string(),
+            if auth_clients { "yes" } else { "no" }.to_string(),
+        ];
+        extra.extend(more.iter().map(|s| s.to_string()));
+        let mut server = Self::start_with(free_port(), extra);
+        server.tls_port = Some(tls_port);
+        server.wait_tls_ready();
+        server
+    }
+
+    /// Waits until the TLS port accepts TCP connections (the plain port answering PING
+    /// means the server has loaded its config, so this is at once in practice).
+    fn wait_tls_ready(&self) {
+        let port = self.tls_port.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not listen for TLS on port {port}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `rediss://HOST:TLS_PORT`.
+    pub fn tls_url(&self, host: &str) -> String {
+        format!(
+            "rediss://{host}:{}",
+            self.tls_port.expect("not a TLS server")
+        )
     }
 
     fn spawn(&mut self) {

@@ -20,12 +20,12 @@ function freePort() {
   })
 }
 
-async function startRedis() {
+async function startRedis(extraArgs = []) {
   const port = await freePort()
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'shardlimit-node-redis-'))
   const child = spawn(
     'redis-server',
-    ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir],
+    ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir, ...extraArgs],
     { stdio: ['ignore', 'pipe', 'inherit'] }
   )
   await new Promise((resolve, reject) => {
