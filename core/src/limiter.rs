@@ -1306,9 +1306,10 @@ impl Limiter {
             return Err(e);
         }
         let o = match p.on_error {
+            // nothing was measured: no invented budget (Decision::measured)
             OnError::Open => Outcome {
                 allowed: true,
-                remaining: eff.limit.saturating_sub(cost),
+                remaining: 0,
                 reset_us: 0,
                 retry_us: None,
                 delay_us: 0,

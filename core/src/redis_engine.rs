@@ -31,14 +31,26 @@ use tokio::runtime::{Handle, Runtime};
 
 /// Consecutive failures that open a shard's circuit.
 const FAILURES_TO_OPEN: u32 = 3;
-/// First and longest back-off between probes of an open circuit.
-const BACKOFF_MIN_US: u64 = 200_000;
-const BACKOFF_MAX_US: u64 = 5_000_000;
+/// First and longest back-off between probes of an open circuit (each wait is jittered
+/// down to half of it). The longest is short because it is also how long a shard that
+/// answers again may go on being skipped: a probe is one connection and a PING per
+/// shard and process, a few per second at most (issue 13, defect 14).
+const BACKOFF_MIN_US: u64 = 25_000;
+const BACKOFF_MAX_US: u64 = 250_000;
+/// First and longest back-off between connection attempts to a shard after one failed
+/// (refused, reset, or refused in the handshake: `-ERR max number of clients reached`,
+/// an AUTH error). Healthy shards are not gated at all.
+const RECONNECT_MIN_US: u64 = 20_000;
+const RECONNECT_MAX_US: u64 = 1_000_000;
 /// Idle blocking connections kept per shard: one per thread that waits on the shard at
 /// the same moment, as a connection pool of a synchronous client would.
 const BLOCKING_IDLE_MAX: usize = 64;
 /// Events queued for the Redis stream writer before new ones are dropped.
 const STREAM_QUEUE: usize = 4096;
+
+/// The message of the error a caller gets when a connection attempt to its shard is
+/// backing off after one failed (see [`RedisEngine::may_connect`]).
+const RECONNECT_WAIT: &str = "not connecting yet: the last attempt failed, backing off";
 
 /// How a check script runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +121,9 @@ struct Slot {
 struct PipeSlot {
     pipe: ArcSwapOption<Pipe>,
     connecting: tokio::sync::Mutex<()>,
+    /// the pipe stored is new: no reply has shown yet that the server took it (a server
+    /// at `maxclients` accepts the connection and answers its first command with an error)
+    fresh: AtomicBool,
 }
 
 /// The runtime and connections of one process.
@@ -479,10 +494,53 @@ fn start_runtime(worker_threads: usize) -> std::io::Result<(Handle, Owner, Arc<I
 #[derive(Default)]
 struct Circuit {
     failures: AtomicU32,
-    /// Monotonic µs until which the shard is skipped; 0 = closed.
+    /// Nonzero while open: the shard is skipped (monotonic µs when it opened).
     open_until: AtomicU64,
     backoff_us: AtomicU64,
+    /// the probe task of an open circuit runs
     probing: AtomicBool,
+}
+
+/// The connection attempts of one shard: after one failed, the next waits a back-off
+/// (doubling, jittered), and only one caller makes it; the others fail at once.
+#[derive(Default)]
+struct Reconnect {
+    /// monotonic µs before which no connection attempt is made; 0 = no back-off
+    next_at: AtomicU64,
+    backoff_us: AtomicU64,
+}
+
+/// `us` jittered down to between half and all of it (xorshift of the clock and `salt`:
+/// processes that saw one failure at one moment spread their retries).
+fn jitter(us: u64, salt: u64) -> u64 {
+    let mut x =
+        mono_us() ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(std::process::id());
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    us / 2 + x % (us / 2 + 1)
+}
+
+/// True for an error reply that says the server did not serve the command at all rather
+/// than that the command failed: it refused the client (`maxclients`, AUTH), is loading,
+/// is a replica now (a failover), or its cluster cannot serve the slot. These are backend
+/// failures (`connection`), which feed the circuit and close the connection.
+fn refused_reply(e: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "ERR max number of clients",
+        "NOAUTH",
+        "WRONGPASS",
+        "ERR invalid password",
+        "ERR AUTH",
+        "NOPERM",
+        "LOADING",
+        "READONLY",
+        "MASTERDOWN",
+        "CLUSTERDOWN",
+        "TRYAGAIN",
+        "BUSY ",
+    ];
+    PREFIXES.iter().any(|p| e.starts_with(p))
 }
 
 pub(crate) struct RedisEngine {
@@ -501,6 +559,7 @@ pub(crate) struct RedisEngine {
     state: ArcSwapOption<RtState>,
     init: Mutex<()>,
     circuits: Vec<Circuit>,
+    reconnects: Vec<Reconnect>,
     subscribers: Arc<Subscribers>,
     stream_maxlen: Option<u64>,
     pub latency: Latency,
@@ -562,6 +621,7 @@ fn map_redis_error(shard: &ShardConfig, timeout: Duration, e: redis::RedisError)
         || e.is_connection_refusal()
         || e.is_connection_dropped()
         || e.is_unrecoverable_error()
+        || refused_kind(&e)
     {
         Error::Connection {
             shard: shard.name.clone(),
@@ -572,6 +632,28 @@ fn map_redis_error(shard: &ShardConfig, timeout: Duration, e: redis::RedisError)
             shard: shard.name.clone(),
             message: e.to_string(),
         }
+    }
+}
+
+/// True for an error of the redis crate that says the command was not served (see
+/// [`refused_reply`]): a Cluster that cannot serve the slot (`CLUSTERDOWN`, `TRYAGAIN`,
+/// a `MOVED`/`ASK` it could not follow, to a dead node), a primary that is down or a
+/// replica now, a server loading or refusing the client. Backend failures, not script
+/// errors.
+fn refused_kind(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind as K, ServerErrorKind as S};
+    match e.kind() {
+        K::Server(
+            S::ClusterDown
+            | S::TryAgain
+            | S::MasterDown
+            | S::ReadOnly
+            | S::BusyLoading
+            | S::Moved
+            | S::Ask,
+        ) => true,
+        K::AuthenticationFailed | K::ClusterConnectionNotFound => true,
+        _ => refused_reply(&e.to_string()) || e.to_string().contains("max number of clients"),
     }
 }
 
@@ -742,6 +824,7 @@ impl RedisEngine {
             targets,
             spin_wait_us: AtomicU64::new(crate::config::DEFAULT_SPIN_WAIT.as_micros() as u64),
             circuits: shards.iter().map(|_| Circuit::default()).collect(),
+            reconnects: shards.iter().map(|_| Reconnect::default()).collect(),
             shards,
             clients,
             timeout,
@@ -783,6 +866,10 @@ impl RedisEngine {
                 c.open_until.store(0, Ordering::Relaxed);
                 c.probing.store(false, Ordering::Relaxed);
             }
+            for r in &self.reconnects {
+                r.next_at.store(0, Ordering::Relaxed);
+                r.backoff_us.store(0, Ordering::Relaxed);
+            }
         }
         let (handle, owner, inbox) = start_runtime(self.worker_threads)
             .map_err(|e| Error::Internal(format!("cannot start the I/O runtime: {e}")))?;
@@ -822,6 +909,7 @@ impl RedisEngine {
         if let Some(c) = slot.conn.load_full() {
             return Ok((*c).clone());
         }
+        self.may_connect(shard)?;
         let map = |e| map_redis_error(&self.shards[shard], self.timeout, e);
         let manager = |client: redis::Client| {
             let cfg = ConnectionManagerConfig::new()
@@ -910,16 +998,20 @@ impl RedisEngine {
         // boxed: keeps the futures of callers shallow (deeply nested async fns overflow
         // the compiler's layout query depth in downstream crates)
         let r = Box::pin(self.raw(&st, shard, f)).await;
-        self.account(shard, start, &r);
-        if matches!(&r, Err(e) if e.is_backend()) {
-            self.forget_connection(&st, shard);
+        self.account(&st, shard, start, &r);
+        match &r {
+            Err(e) if e.is_backend() => self.forget_connection(&st, shard),
+            Err(_) => {}
+            // (the redis crate's connection reconnects by itself: any answer proves it)
+            Ok(_) => self.connect_ok(shard),
         }
         r
     }
 
     /// Records a call to shard `shard` that started at `start`: its latency, and for its
-    /// circuit a success (which ends a run of failures) or a backend failure.
-    fn account<T>(&self, shard: usize, start: Instant, r: &Result<T>) {
+    /// circuit a success (which ends a run of failures) or a backend failure; a
+    /// connection failure also backs off the next connection attempt.
+    fn account<T>(self: &Arc<Self>, st: &RtState, shard: usize, start: Instant, r: &Result<T>) {
         self.latency.record(start.elapsed().as_micros() as u64);
         match r {
             Ok(_) => {
@@ -927,9 +1019,80 @@ impl RedisEngine {
                 if c.failures.load(Ordering::Relaxed) != 0 {
                     c.failures.store(0, Ordering::Relaxed);
                 }
+                if c.backoff_us.load(Ordering::Relaxed) != 0 {
+                    c.backoff_us.store(0, Ordering::Relaxed);
+                }
             }
-            Err(e) if e.is_backend() => self.failed(shard, e),
+            Err(e) if e.is_backend() => {
+                // (a caller turned away while connecting backs off made no attempt: it
+                // counts for the circuit, the shard cannot be used, not for the back-off)
+                let turned_away =
+                    matches!(e, Error::Connection { message, .. } if message == RECONNECT_WAIT);
+                if e.kind() == crate::error::ErrorKind::Connection && !turned_away {
+                    self.connect_failed(shard);
+                }
+                self.failed(st, shard, e)
+            }
             Err(_) => {}
+        }
+    }
+
+    /// Claims a connection attempt to shard `shard`: at once when no attempt failed
+    /// lately; after a failure, one caller per back-off period, the others get
+    /// [`RECONNECT_WAIT`] without connecting (at `maxclients` one process made 1031
+    /// refused connections in 0.1 s before this).
+    fn may_connect(&self, shard: usize) -> Result<()> {
+        let r = &self.reconnects[shard];
+        let next = r.next_at.load(Ordering::Acquire);
+        if next == 0 {
+            return Ok(());
+        }
+        let now = mono_us();
+        let wait = jitter(
+            r.backoff_us.load(Ordering::Relaxed).max(RECONNECT_MIN_US),
+            shard as u64,
+        );
+        if now >= next
+            && r.next_at
+                .compare_exchange(next, now + wait, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            return Ok(());
+        }
+        Err(Error::Connection {
+            shard: self.shards[shard].name.clone(),
+            message: RECONNECT_WAIT.to_string(),
+        })
+    }
+
+    /// A connection attempt to `shard` failed (or the server refused the connection's
+    /// first command): back off the next one, doubling up to [`RECONNECT_MAX_US`].
+    fn connect_failed(&self, shard: usize) {
+        let r = &self.reconnects[shard];
+        let b =
+            (r.backoff_us.load(Ordering::Relaxed) * 2).clamp(RECONNECT_MIN_US, RECONNECT_MAX_US);
+        r.backoff_us.store(b, Ordering::Relaxed);
+        r.next_at
+            .store(mono_us() + jitter(b, shard as u64), Ordering::Release);
+    }
+
+    /// A new connection to `shard` served a command: connect freely again.
+    fn connect_ok(&self, shard: usize) {
+        let r = &self.reconnects[shard];
+        if r.next_at.load(Ordering::Relaxed) != 0 {
+            r.next_at.store(0, Ordering::Release);
+            r.backoff_us.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// The error of a command the server refused to serve ([`refused_reply`]).
+    fn refused(&self, shard: usize, e: &str) -> Error {
+        let mut message = String::from("the server refused the command: ");
+        // (untrusted bytes: keep it short)
+        message.extend(e.chars().take(200));
+        Error::Connection {
+            shard: self.shards[shard].name.clone(),
+            message,
         }
     }
 
@@ -973,28 +1136,35 @@ impl RedisEngine {
         let left = deadline.saturating_duration_since(start);
         if left.is_zero() {
             let r = Err(self.timeout_error(shard));
-            self.account(shard, start, &r);
+            self.account(&st, shard, start, &r);
             return r;
         }
         let pooled = st.blocking[shard].lock().pop();
-        let r = match pooled {
+        let fresh = pooled.is_none();
+        let conn = match pooled {
             Some(c) => Ok(c),
-            None => BlockingConn::connect(target, left),
-        }
-        .and_then(|mut c| {
-            let reply = c.request(packed, deadline, self.spin_wait())?;
-            Ok((reply, c))
-        });
-        let r = r
-            .map(|(reply, conn)| {
-                let mut idle = st.blocking[shard].lock();
-                if idle.len() < BLOCKING_IDLE_MAX {
-                    idle.push(conn);
+            None => self.may_connect(shard).and_then(|()| {
+                BlockingConn::connect(target, left).map_err(|e| self.io_error(shard, e))
+            }),
+        };
+        let r = conn.and_then(
+            |mut c| match c.request(packed, deadline, self.spin_wait()) {
+                // the connection is dropped, never reused
+                Err(e) => Err(self.io_error(shard, e)),
+                Ok(Reply::Error(e)) if refused_reply(&e) => Err(self.refused(shard, &e)),
+                Ok(reply) => {
+                    if fresh {
+                        self.connect_ok(shard);
+                    }
+                    let mut idle = st.blocking[shard].lock();
+                    if idle.len() < BLOCKING_IDLE_MAX {
+                        idle.push(c);
+                    }
+                    Ok(reply)
                 }
-                reply
-            })
-            .map_err(|e| self.io_error(shard, e));
-        self.account(shard, start, &r);
+            },
+        );
+        self.account(&st, shard, start, &r);
         r
     }
 
@@ -1020,6 +1190,7 @@ impl RedisEngine {
         if let Some(p) = slot.pipe.load_full().filter(|p| !p.is_broken()) {
             return Ok(p);
         }
+        self.may_connect(shard)?;
         let (target, timeout) = (target.clone(), self.timeout);
         let pipe = st
             .runtime()
@@ -1028,6 +1199,7 @@ impl RedisEngine {
             .map_err(|e| Error::Internal(format!("connect task failed: {e}")))?
             .map_err(|e| self.io_error(shard, e))?;
         let pipe = Arc::new(pipe);
+        slot.fresh.store(true, Ordering::Release);
         slot.pipe.store(Some(Arc::clone(&pipe)));
         Ok(pipe)
     }
@@ -1059,78 +1231,147 @@ impl RedisEngine {
                 .await
                 .map_err(|e| self.io_error(shard, e))
         };
-        let r = tokio::time::timeout_at(deadline.into(), work)
-            .await
-            .unwrap_or_else(|_| Err(self.timeout_error(shard)));
-        self.account(shard, start, &r);
+        let r = match tokio::time::timeout_at(deadline.into(), work).await {
+            Err(_) => Err(self.timeout_error(shard)),
+            // (a server that refuses a client closes its connection: the pipe breaks)
+            Ok(Ok(Reply::Error(e))) if refused_reply(&e) => Err(self.refused(shard, &e)),
+            Ok(Ok(reply)) => {
+                let slot = &st.pipes[shard];
+                if slot.fresh.load(Ordering::Relaxed) && slot.fresh.swap(false, Ordering::AcqRel) {
+                    self.connect_ok(shard);
+                }
+                Ok(reply)
+            }
+            Ok(Err(e)) => Err(e),
+        };
+        self.account(&st, shard, start, &r);
         r
     }
 
-    fn gate(self: &Arc<Self>, st: &RtState, shard: usize) -> Result<()> {
-        let c = &self.circuits[shard];
-        let until = c.open_until.load(Ordering::Acquire);
-        if until == 0 {
+    fn gate(&self, _st: &RtState, shard: usize) -> Result<()> {
+        if self.circuits[shard].open_until.load(Ordering::Acquire) == 0 {
             return Ok(());
-        }
-        let now = mono_us();
-        if now >= until && !c.probing.swap(true, Ordering::AcqRel) {
-            let me = Arc::clone(self);
-            st.runtime().spawn(async move { me.probe(shard).await });
         }
         Err(Error::Unavailable {
             shard: self.shards[shard].name.clone(),
         })
     }
 
-    fn failed(&self, shard: usize, e: &Error) {
+    /// Counts a backend failure of `shard`; the last of [`FAILURES_TO_OPEN`] in a row
+    /// opens its circuit and starts its probe. (Right after a probe closed it, one
+    /// failure is enough: the first calls are the trial.)
+    fn failed(self: &Arc<Self>, st: &RtState, shard: usize, e: &Error) {
         let c = &self.circuits[shard];
         let n = c.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if n >= FAILURES_TO_OPEN
             && c.open_until
-                .compare_exchange(
-                    0,
-                    mono_us() + BACKOFF_MIN_US,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
+                .compare_exchange(0, mono_us().max(1), Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
         {
-            c.backoff_us.store(BACKOFF_MIN_US, Ordering::Relaxed);
+            if c.backoff_us.load(Ordering::Relaxed) == 0 {
+                c.backoff_us.store(BACKOFF_MIN_US, Ordering::Relaxed);
+            }
             tracing::warn!(shard = %self.shards[shard].name, error = %e, "shardlimit: circuit opened after {n} consecutive failures");
             self.emit(Event::Circuit {
                 shard: self.shards[shard].name.clone(),
                 state: CircuitState::Open,
             });
+            if !c.probing.swap(true, Ordering::AcqRel) {
+                let me = Arc::downgrade(self);
+                st.runtime().spawn(RedisEngine::probe(me, shard));
+            }
         }
     }
 
-    /// One background PING of an open shard: closes the circuit when it answers, or backs
-    /// off further.
-    async fn probe(self: Arc<Self>, shard: usize) {
-        let Ok(st) = self.state() else { return };
-        let ok = self
-            .raw(&st, shard, |mut conn| async move {
-                redis::cmd("PING").query_async::<String>(&mut conn).await
-            })
-            .await
-            .is_ok();
-        let c = &self.circuits[shard];
-        if ok {
-            c.failures.store(0, Ordering::Relaxed);
+    /// Probes an open circuit until the shard answers: a new connection and a PING after
+    /// each back-off (jittered, doubling up to [`BACKOFF_MAX_US`]), so a shard that
+    /// answers again is used again within that back-off, whether calls come or not.
+    /// The circuit closes half-open: the next failure opens it again at once. Ends when
+    /// the limiter is gone.
+    async fn probe(me: std::sync::Weak<Self>, shard: usize) {
+        loop {
+            let backoff = match me.upgrade() {
+                Some(e) => e.circuits[shard]
+                    .backoff_us
+                    .load(Ordering::Relaxed)
+                    .clamp(BACKOFF_MIN_US, BACKOFF_MAX_US),
+                None => return,
+            };
+            tokio::time::sleep(Duration::from_micros(jitter(backoff, shard as u64))).await;
+            let Some(e) = me.upgrade() else { return };
+            let ok = e.ping_new_connection(shard).await;
+            let c = &e.circuits[shard];
+            if !ok {
+                c.backoff_us
+                    .store((backoff * 2).min(BACKOFF_MAX_US), Ordering::Relaxed);
+                tracing::debug!(shard = %e.shards[shard].name, backoff_ms = backoff / 1000, "shardlimit: probe failed");
+                continue;
+            }
+            e.connect_ok(shard);
+            if let Ok(st) = e.state() {
+                // connections idle since before the outage are likely dead: the trial
+                // calls must not fail on them
+                st.blocking[shard].lock().clear();
+                if matches!(e.clients[shard], Client::Single(_)) {
+                    st.conns[shard].conn.store(None);
+                }
+            }
+            c.failures.store(FAILURES_TO_OPEN - 1, Ordering::Relaxed);
+            // (before closing: a failure right after the close starts a new probe)
+            c.probing.store(false, Ordering::Release);
             c.open_until.store(0, Ordering::Release);
-            tracing::info!(shard = %self.shards[shard].name, "shardlimit: shard answers again, circuit closed");
-            self.emit(Event::Circuit {
-                shard: self.shards[shard].name.clone(),
+            tracing::info!(shard = %e.shards[shard].name, "shardlimit: shard answers again, circuit closed");
+            e.emit(Event::Circuit {
+                shard: e.shards[shard].name.clone(),
                 state: CircuitState::Closed,
             });
-        } else {
-            let backoff =
-                (c.backoff_us.load(Ordering::Relaxed) * 2).clamp(BACKOFF_MIN_US, BACKOFF_MAX_US);
-            c.backoff_us.store(backoff, Ordering::Relaxed);
-            c.open_until.store(mono_us() + backoff, Ordering::Release);
-            tracing::debug!(shard = %self.shards[shard].name, backoff_ms = backoff / 1000, "shardlimit: probe failed");
+            return;
         }
-        c.probing.store(false, Ordering::Release);
+    }
+
+    /// True when shard `shard` takes a new connection and answers PING within the
+    /// timeout. (A new connection: the shard's own may be broken, and a server at
+    /// `maxclients` still answers on the connections it has.) A Sentinel shard asks the
+    /// Sentinels for the primary first and, when it answers, forgets the connection it
+    /// had, so the next call goes to the primary found.
+    async fn ping_new_connection(self: &Arc<Self>, shard: usize) -> bool {
+        let cfg = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        let ping = |mut c: redis::aio::MultiplexedConnection| async move {
+            redis::cmd("PING").query_async::<String>(&mut c).await
+        };
+        let work = async {
+            match &self.clients[shard] {
+                Client::Single(client) => {
+                    let c = client
+                        .get_multiplexed_async_connection_with_config(&cfg)
+                        .await?;
+                    ping(c).await
+                }
+                Client::Cluster(client) => {
+                    let mut c = client.get_async_connection().await?;
+                    redis::cmd("PING").query_async::<String>(&mut c).await
+                }
+                Client::Sentinel(sentinel) => {
+                    let primary = sentinel.lock().await.async_get_client().await?;
+                    let c = primary
+                        .get_multiplexed_async_connection_with_config(&cfg)
+                        .await?;
+                    ping(c).await
+                }
+            }
+        };
+        let ok = matches!(
+            tokio::time::timeout(self.timeout, work).await,
+            Ok(Ok(pong)) if pong == "PONG"
+        );
+        if ok && matches!(self.clients[shard], Client::Sentinel(_)) {
+            if let Ok(st) = self.state() {
+                st.conns[shard].conn.store(None);
+            }
+        }
+        ok
     }
 
     /// True while shard `shard`'s circuit is open.
