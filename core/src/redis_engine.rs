@@ -501,6 +501,162 @@ struct Circuit {
     probing: AtomicBool,
 }
 
+/// Which circuit a call goes through: its shard's, or in a Redis Cluster the one of the
+/// primary that owns the slot of the call's key (circuits follow what fails: one dead
+/// primary must not take the other primaries' slots down with it).
+#[derive(Clone)]
+enum Breaker {
+    Shard,
+    Node(Arc<NodeCircuit>),
+}
+
+/// The circuit of one Cluster primary, by address.
+struct NodeCircuit {
+    host: String,
+    port: u16,
+    circuit: Circuit,
+}
+
+impl NodeCircuit {
+    fn name(&self) -> String {
+        format!("cluster/{}:{}", self.host, self.port)
+    }
+}
+
+/// Which primary owns each slot, from `CLUSTER SLOTS`.
+struct Topology {
+    /// slot → index into `nodes`; `u16::MAX` when no primary owns it
+    owners: Vec<u16>,
+    nodes: Vec<Arc<NodeCircuit>>,
+}
+
+/// What a Cluster shard knows of its nodes: the slot map (read on connect, again after
+/// failures and while a node's circuit is open) and one circuit per primary, kept over
+/// refreshes of the map.
+struct ClusterNodes {
+    topology: ArcSwapOption<Topology>,
+    circuits: Mutex<std::collections::HashMap<(String, u16), Arc<NodeCircuit>>>,
+    refreshing: AtomicBool,
+    /// monotonic µs of the last refresh
+    refreshed_at: AtomicU64,
+    /// how to connect to a node (the first seed's login and TLS settings)
+    seed: redis::ConnectionInfo,
+}
+
+/// Slots, primaries and reply items of a `CLUSTER SLOTS` reply accepted at most (its
+/// bytes are untrusted like every reply).
+const CLUSTER_SLOTS: usize = 16384;
+const CLUSTER_NODES_MAX: usize = 1000;
+
+impl ClusterNodes {
+    /// The slot map of a `CLUSTER SLOTS` reply; `None` when it is malformed.
+    fn parse(&self, v: &redis::Value) -> Option<Topology> {
+        use redis::Value as V;
+        let V::Array(ranges) = v else { return None };
+        if ranges.len() > CLUSTER_SLOTS {
+            return None;
+        }
+        let text = |v: &V| match v {
+            V::BulkString(b) => std::str::from_utf8(b).ok().map(str::to_string),
+            V::SimpleString(s) => Some(s.clone()),
+            _ => None,
+        };
+        let mut owners = vec![u16::MAX; CLUSTER_SLOTS];
+        let mut nodes: Vec<Arc<NodeCircuit>> = Vec::new();
+        let mut circuits = self.circuits.lock();
+        for r in ranges {
+            let V::Array(r) = r else { return None };
+            let (Some(V::Int(start)), Some(V::Int(end)), Some(V::Array(primary))) =
+                (r.first(), r.get(1), r.get(2))
+            else {
+                return None;
+            };
+            if !(0..CLUSTER_SLOTS as i64).contains(start)
+                || !(*start..CLUSTER_SLOTS as i64).contains(end)
+            {
+                return None;
+            }
+            let host = primary.first().and_then(text)?;
+            let port = match primary.get(1) {
+                Some(V::Int(p)) => u16::try_from(*p).ok().filter(|p| *p != 0)?,
+                _ => return None,
+            };
+            if host.is_empty() || host.len() > 255 {
+                continue; // an unknown endpoint: its slots keep the shard's circuit
+            }
+            let at = match nodes.iter().position(|n| n.host == host && n.port == port) {
+                Some(i) => i,
+                None => {
+                    if nodes.len() >= CLUSTER_NODES_MAX {
+                        return None;
+                    }
+                    if circuits.len() >= 4 * CLUSTER_NODES_MAX {
+                        circuits.clear(); // nodes come and go: forget the old ones
+                    }
+                    let n = circuits
+                        .entry((host.clone(), port))
+                        .or_insert_with(|| {
+                            Arc::new(NodeCircuit {
+                                host: host.clone(),
+                                port,
+                                circuit: Circuit::default(),
+                            })
+                        })
+                        .clone();
+                    nodes.push(n);
+                    nodes.len() - 1
+                }
+            };
+            for slot in *start..=*end {
+                owners[slot as usize] = at as u16;
+            }
+        }
+        Some(Topology { owners, nodes })
+    }
+
+    /// The circuit of the primary that owns the slot of `redis_key`, when known.
+    fn breaker(&self, redis_key: &str) -> Breaker {
+        let Some(t) = self.topology.load_full() else {
+            return Breaker::Shard;
+        };
+        let slot = crate::routing::cluster_slot(redis_key) as usize;
+        match t
+            .owners
+            .get(slot)
+            .and_then(|i| t.nodes.get(usize::from(*i)))
+        {
+            Some(n) => Breaker::Node(Arc::clone(n)),
+            None => Breaker::Shard,
+        }
+    }
+
+    /// True when the map names `n` as the owner of a slot.
+    fn owns_slots(&self, n: &NodeCircuit) -> bool {
+        self.topology
+            .load()
+            .as_ref()
+            .is_some_and(|t| t.nodes.iter().any(|m| m.host == n.host && m.port == n.port))
+    }
+
+    /// How to connect to node `host:port`: the seed's settings at another address.
+    fn node_client(&self, host: &str, port: u16) -> redis::RedisResult<redis::Client> {
+        let addr = match self.seed.addr() {
+            redis::ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => redis::ConnectionAddr::TcpTls {
+                host: host.to_string(),
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => redis::ConnectionAddr::Tcp(host.to_string(), port),
+        };
+        redis::Client::open(self.seed.clone().set_addr(addr))
+    }
+}
+
 /// The connection attempts of one shard: after one failed, the next waits a back-off
 /// (doubling, jittered), and only one caller makes it; the others fail at once.
 #[derive(Default)]
@@ -560,6 +716,8 @@ pub(crate) struct RedisEngine {
     init: Mutex<()>,
     circuits: Vec<Circuit>,
     reconnects: Vec<Reconnect>,
+    /// A Cluster shard's nodes and their circuits (`None`: not a Cluster).
+    cluster_nodes: Option<ClusterNodes>,
     subscribers: Arc<Subscribers>,
     stream_maxlen: Option<u64>,
     pub latency: Latency,
@@ -820,11 +978,28 @@ impl RedisEngine {
                 _ => None,
             })
             .collect();
+        let cluster_nodes = match (clients.first(), shards.first()) {
+            (Some(Client::Cluster(_)), Some(shard)) => {
+                let first = shard.url.split(',').next().unwrap_or_default();
+                let seed = redis::IntoConnectionInfo::into_connection_info(first).map_err(|e| {
+                    Error::config("cluster.nodes", format!("invalid node URL: {e}"))
+                })?;
+                Some(ClusterNodes {
+                    topology: ArcSwapOption::empty(),
+                    circuits: Mutex::default(),
+                    refreshing: AtomicBool::new(false),
+                    refreshed_at: AtomicU64::new(0),
+                    seed,
+                })
+            }
+            _ => None,
+        };
         Ok(RedisEngine {
             targets,
             spin_wait_us: AtomicU64::new(crate::config::DEFAULT_SPIN_WAIT.as_micros() as u64),
             circuits: shards.iter().map(|_| Circuit::default()).collect(),
             reconnects: shards.iter().map(|_| Reconnect::default()).collect(),
+            cluster_nodes,
             shards,
             clients,
             timeout,
@@ -956,7 +1131,92 @@ impl RedisEngine {
             }
         };
         slot.conn.store(Some(Arc::new(conn.clone())));
+        if let Conn::Cluster(c) = &conn {
+            // which primary owns which slot, for their circuits (best effort: until it is
+            // known, the whole Cluster's circuit applies)
+            self.refresh_topology(c.clone()).await;
+        }
         Ok(conn)
+    }
+
+    /// Reads the Cluster's slot map (`CLUSTER SLOTS`) over `conn`, within the timeout.
+    async fn refresh_topology(&self, mut conn: ClusterConnection) {
+        let Some(cn) = &self.cluster_nodes else {
+            return;
+        };
+        if cn.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let r = tokio::time::timeout(
+            self.timeout,
+            redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async::<redis::Value>(&mut conn),
+        )
+        .await;
+        match r {
+            Ok(Ok(v)) => match cn.parse(&v) {
+                Some(t) => cn.topology.store(Some(Arc::new(t))),
+                None => tracing::warn!("shardlimit: malformed CLUSTER SLOTS reply ignored"),
+            },
+            Ok(Err(e)) => tracing::debug!(error = %e, "shardlimit: CLUSTER SLOTS failed"),
+            Err(_) => tracing::debug!("shardlimit: CLUSTER SLOTS timed out"),
+        }
+        cn.refreshed_at.store(mono_us(), Ordering::Relaxed);
+        cn.refreshing.store(false, Ordering::Release);
+    }
+
+    /// After a failure in a Cluster: reads the slot map again in the background (at most
+    /// every 200 ms), so keys of slots that moved (a failover) follow their new owner.
+    fn refresh_topology_soon(self: &Arc<Self>, st: &RtState) {
+        let Some(cn) = &self.cluster_nodes else {
+            return;
+        };
+        if mono_us().saturating_sub(cn.refreshed_at.load(Ordering::Relaxed)) < 200_000 {
+            return;
+        }
+        let Some(conn) = st.conns[0].conn.load_full() else {
+            return;
+        };
+        if let Conn::Cluster(c) = &*conn {
+            let (me, c) = (Arc::clone(self), c.clone());
+            st.runtime()
+                .spawn(async move { me.refresh_topology(c).await });
+        }
+    }
+
+    /// The circuit a call on `shard` for Redis key `redis_key` goes through.
+    fn breaker(&self, redis_key: Option<&str>) -> Breaker {
+        match (&self.cluster_nodes, redis_key) {
+            (Some(cn), Some(k)) => cn.breaker(k),
+            _ => Breaker::Shard,
+        }
+    }
+
+    /// In a Cluster, the Redis key that picks a command's circuit (see
+    /// [`RedisEngine::with_conn_at`]); `None` otherwise.
+    fn at(&self, redis_key: &str) -> Option<String> {
+        self.cluster_nodes.as_ref().map(|_| redis_key.to_string())
+    }
+
+    /// [`RedisEngine::at`] of a layered call (its keys share one slot).
+    fn layers_at(&self, layers: &[(LayerReq<'_>, &str)]) -> Option<String> {
+        let (l, key_scope) = layers.first().filter(|_| self.cluster_nodes.is_some())?;
+        Some(state_key(&self.prefix, key_scope, l.key))
+    }
+
+    fn circuit<'a>(&'a self, shard: usize, b: &'a Breaker) -> &'a Circuit {
+        match b {
+            Breaker::Shard => &self.circuits[shard],
+            Breaker::Node(n) => &n.circuit,
+        }
+    }
+
+    fn breaker_name(&self, shard: usize, b: &Breaker) -> String {
+        match b {
+            Breaker::Shard => self.shards[shard].name.clone(),
+            Breaker::Node(n) => n.name(),
+        }
     }
 
     /// After a failure on a Sentinel shard, forget the connection: the next call asks the
@@ -992,15 +1252,34 @@ impl RedisEngine {
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
+        self.with_conn_at(shard, None, f).await
+    }
+
+    /// [`RedisEngine::with_conn`] for a command on Redis key `redis_key`: in a Cluster it
+    /// goes through the circuit of the primary that owns the key's slot.
+    async fn with_conn_at<T, F, Fut>(
+        self: &Arc<Self>,
+        shard: usize,
+        redis_key: Option<&str>,
+        f: F,
+    ) -> Result<T>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
         let st = self.state()?;
-        self.gate(&st, shard)?;
+        let b = self.breaker(redis_key);
+        self.gate(shard, &b)?;
         let start = Instant::now();
         // boxed: keeps the futures of callers shallow (deeply nested async fns overflow
         // the compiler's layout query depth in downstream crates)
         let r = Box::pin(self.raw(&st, shard, f)).await;
-        self.account(&st, shard, start, &r);
+        self.account(&st, shard, &b, start, &r);
         match &r {
-            Err(e) if e.is_backend() => self.forget_connection(&st, shard),
+            Err(e) if e.is_backend() => {
+                self.forget_connection(&st, shard);
+                self.refresh_topology_soon(&st);
+            }
             Err(_) => {}
             // (the redis crate's connection reconnects by itself: any answer proves it)
             Ok(_) => self.connect_ok(shard),
@@ -1011,11 +1290,18 @@ impl RedisEngine {
     /// Records a call to shard `shard` that started at `start`: its latency, and for its
     /// circuit a success (which ends a run of failures) or a backend failure; a
     /// connection failure also backs off the next connection attempt.
-    fn account<T>(self: &Arc<Self>, st: &RtState, shard: usize, start: Instant, r: &Result<T>) {
+    fn account<T>(
+        self: &Arc<Self>,
+        st: &RtState,
+        shard: usize,
+        b: &Breaker,
+        start: Instant,
+        r: &Result<T>,
+    ) {
         self.latency.record(start.elapsed().as_micros() as u64);
         match r {
             Ok(_) => {
-                let c = &self.circuits[shard];
+                let c = self.circuit(shard, b);
                 if c.failures.load(Ordering::Relaxed) != 0 {
                     c.failures.store(0, Ordering::Relaxed);
                 }
@@ -1031,7 +1317,7 @@ impl RedisEngine {
                 if e.kind() == crate::error::ErrorKind::Connection && !turned_away {
                     self.connect_failed(shard);
                 }
-                self.failed(st, shard, e)
+                self.failed(st, shard, b, e)
             }
             Err(_) => {}
         }
@@ -1131,12 +1417,12 @@ impl RedisEngine {
             )));
         };
         let st = self.state()?;
-        self.gate(&st, shard)?;
+        self.gate(shard, &Breaker::Shard)?;
         let start = Instant::now();
         let left = deadline.saturating_duration_since(start);
         if left.is_zero() {
             let r = Err(self.timeout_error(shard));
-            self.account(&st, shard, start, &r);
+            self.account(&st, shard, &Breaker::Shard, start, &r);
             return r;
         }
         let pooled = st.blocking[shard].lock().pop();
@@ -1164,7 +1450,7 @@ impl RedisEngine {
                 }
             },
         );
-        self.account(&st, shard, start, &r);
+        self.account(&st, shard, &Breaker::Shard, start, &r);
         r
     }
 
@@ -1221,7 +1507,7 @@ impl RedisEngine {
             )));
         };
         let st = self.state()?;
-        self.gate(&st, shard)?;
+        self.gate(shard, &Breaker::Shard)?;
         st.keep_timers(self.timeout);
         let _in_flight = st.spin(self.spin_wait());
         let start = Instant::now();
@@ -1244,24 +1530,24 @@ impl RedisEngine {
             }
             Ok(Err(e)) => Err(e),
         };
-        self.account(&st, shard, start, &r);
+        self.account(&st, shard, &Breaker::Shard, start, &r);
         r
     }
 
-    fn gate(&self, _st: &RtState, shard: usize) -> Result<()> {
-        if self.circuits[shard].open_until.load(Ordering::Acquire) == 0 {
+    fn gate(&self, shard: usize, b: &Breaker) -> Result<()> {
+        if self.circuit(shard, b).open_until.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
         Err(Error::Unavailable {
-            shard: self.shards[shard].name.clone(),
+            shard: self.breaker_name(shard, b),
         })
     }
 
-    /// Counts a backend failure of `shard`; the last of [`FAILURES_TO_OPEN`] in a row
-    /// opens its circuit and starts its probe. (Right after a probe closed it, one
-    /// failure is enough: the first calls are the trial.)
-    fn failed(self: &Arc<Self>, st: &RtState, shard: usize, e: &Error) {
-        let c = &self.circuits[shard];
+    /// Counts a backend failure of `shard` (through circuit `b`); the last of
+    /// [`FAILURES_TO_OPEN`] in a row opens the circuit and starts its probe. (Right after
+    /// a probe closed it, one failure is enough: the first calls are the trial.)
+    fn failed(self: &Arc<Self>, st: &RtState, shard: usize, b: &Breaker, e: &Error) {
+        let c = self.circuit(shard, b);
         let n = c.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if n >= FAILURES_TO_OPEN
             && c.open_until
@@ -1271,14 +1557,15 @@ impl RedisEngine {
             if c.backoff_us.load(Ordering::Relaxed) == 0 {
                 c.backoff_us.store(BACKOFF_MIN_US, Ordering::Relaxed);
             }
-            tracing::warn!(shard = %self.shards[shard].name, error = %e, "shardlimit: circuit opened after {n} consecutive failures");
+            let name = self.breaker_name(shard, b);
+            tracing::warn!(shard = %name, error = %e, "shardlimit: circuit opened after {n} consecutive failures");
             self.emit(Event::Circuit {
-                shard: self.shards[shard].name.clone(),
+                shard: name,
                 state: CircuitState::Open,
             });
             if !c.probing.swap(true, Ordering::AcqRel) {
                 let me = Arc::downgrade(self);
-                st.runtime().spawn(RedisEngine::probe(me, shard));
+                st.runtime().spawn(RedisEngine::probe(me, shard, b.clone()));
             }
         }
     }
@@ -1287,11 +1574,13 @@ impl RedisEngine {
     /// each back-off (jittered, doubling up to [`BACKOFF_MAX_US`]), so a shard that
     /// answers again is used again within that back-off, whether calls come or not.
     /// The circuit closes half-open: the next failure opens it again at once. Ends when
-    /// the limiter is gone.
-    async fn probe(me: std::sync::Weak<Self>, shard: usize) {
+    /// the limiter is gone. A Cluster node's probe reads the slot map first: once the
+    /// node owns no slot (its replica took over), nothing routes to it and it closes.
+    async fn probe(me: std::sync::Weak<Self>, shard: usize, b: Breaker) {
         loop {
             let backoff = match me.upgrade() {
-                Some(e) => e.circuits[shard]
+                Some(e) => e
+                    .circuit(shard, &b)
                     .backoff_us
                     .load(Ordering::Relaxed)
                     .clamp(BACKOFF_MIN_US, BACKOFF_MAX_US),
@@ -1299,16 +1588,19 @@ impl RedisEngine {
             };
             tokio::time::sleep(Duration::from_micros(jitter(backoff, shard as u64))).await;
             let Some(e) = me.upgrade() else { return };
-            let ok = e.ping_new_connection(shard).await;
-            let c = &e.circuits[shard];
+            let ok = match &b {
+                Breaker::Shard => e.ping_new_connection(shard).await,
+                Breaker::Node(n) => e.probe_node(n).await,
+            };
+            let c = e.circuit(shard, &b);
             if !ok {
                 c.backoff_us
                     .store((backoff * 2).min(BACKOFF_MAX_US), Ordering::Relaxed);
-                tracing::debug!(shard = %e.shards[shard].name, backoff_ms = backoff / 1000, "shardlimit: probe failed");
+                tracing::debug!(shard = %e.breaker_name(shard, &b), backoff_ms = backoff / 1000, "shardlimit: probe failed");
                 continue;
             }
-            e.connect_ok(shard);
-            if let Ok(st) = e.state() {
+            if let (Breaker::Shard, Ok(st)) = (&b, e.state()) {
+                e.connect_ok(shard);
                 // connections idle since before the outage are likely dead: the trial
                 // calls must not fail on them
                 st.blocking[shard].lock().clear();
@@ -1320,13 +1612,46 @@ impl RedisEngine {
             // (before closing: a failure right after the close starts a new probe)
             c.probing.store(false, Ordering::Release);
             c.open_until.store(0, Ordering::Release);
-            tracing::info!(shard = %e.shards[shard].name, "shardlimit: shard answers again, circuit closed");
+            let name = e.breaker_name(shard, &b);
+            tracing::info!(shard = %name, "shardlimit: shard answers again, circuit closed");
             e.emit(Event::Circuit {
-                shard: e.shards[shard].name.clone(),
+                shard: name,
                 state: CircuitState::Closed,
             });
             return;
         }
+    }
+
+    /// One probe of Cluster node `n`: the slot map again, then a PING on a new
+    /// connection to the node when it still owns slots.
+    async fn probe_node(self: &Arc<Self>, n: &NodeCircuit) -> bool {
+        let Some(cn) = &self.cluster_nodes else {
+            return true;
+        };
+        if let Ok(st) = self.state() {
+            if let Some(conn) = st.conns[0].conn.load_full() {
+                if let Conn::Cluster(c) = &*conn {
+                    self.refresh_topology(c.clone()).await;
+                }
+            }
+        }
+        if !cn.owns_slots(n) {
+            return true;
+        }
+        let cfg = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        let work = async {
+            let client = cn.node_client(&n.host, n.port)?;
+            let mut c = client
+                .get_multiplexed_async_connection_with_config(&cfg)
+                .await?;
+            redis::cmd("PING").query_async::<String>(&mut c).await
+        };
+        matches!(
+            tokio::time::timeout(self.timeout, work).await,
+            Ok(Ok(pong)) if pong == "PONG"
+        )
     }
 
     /// True when shard `shard` takes a new connection and answers PING within the
@@ -1517,8 +1842,12 @@ impl RedisEngine {
             }
             return self.script_reply(shard, reply);
         }
+        let at = self
+            .cluster_nodes
+            .as_ref()
+            .map(|_| state_key(&self.prefix, &policy.key_scope, key));
         let r: Vec<i64> = self
-            .with_conn(shard, |mut conn| async move {
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 match cmd.query_async(&mut conn).await {
                     Err(e)
                         if e.kind()
@@ -1610,8 +1939,9 @@ impl RedisEngine {
                     String::new()
                 });
         }
+        let at = self.layers_at(layers);
         let r: Vec<i64> = self
-            .with_conn(shard, |mut conn| async move {
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 inv.invoke_async(&mut conn).await
             })
             .await?;
@@ -1648,8 +1978,9 @@ impl RedisEngine {
                 .arg(l.cost)
                 .arg(l.lease);
         }
+        let at = self.layers_at(layers);
         let _: i64 = self
-            .with_conn(shard, |mut conn| async move {
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 inv.invoke_async(&mut conn).await
             })
             .await?;
@@ -1667,8 +1998,9 @@ impl RedisEngine {
     ) -> Result<bool> {
         let rkey = state_key(&self.prefix, &policy.key_scope, key);
         let members: Vec<String> = (1..=units).map(|i| format!("{lease_id}:{i}")).collect();
+        let at = self.at(&rkey);
         let removed: i64 = self
-            .with_conn(shard, |mut conn| async move {
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 redis::cmd("ZREM")
                     .arg(rkey)
                     .arg(members)
@@ -1694,8 +2026,9 @@ impl RedisEngine {
         } else {
             0
         };
+        let at = self.at(&rkey);
         let _: i64 = self
-            .with_conn(shard, |mut conn| async move {
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 scripts::reset()
                     .key(rkey)
                     .arg(now_us.unwrap_or(0))
@@ -1782,8 +2115,9 @@ impl RedisEngine {
         reason: &str,
     ) -> Result<()> {
         let bkey = block_key(&self.prefix, key);
+        let at = self.at(&bkey);
         let reason = reason.to_string();
-        self.with_conn(shard, |mut conn| async move {
+        self.with_conn_at(shard, at.as_deref(), |mut conn| async move {
             let mut cmd = redis::cmd("SET");
             cmd.arg(bkey).arg(reason);
             if let Some(t) = ttl {
@@ -1796,8 +2130,9 @@ impl RedisEngine {
 
     pub async fn unblock(self: &Arc<Self>, shard: usize, key: &str) -> Result<bool> {
         let bkey = block_key(&self.prefix, key);
+        let at = self.at(&bkey);
         let n: i64 = self
-            .with_conn(shard, |mut conn| async move {
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 redis::cmd("DEL").arg(bkey).query_async(&mut conn).await
             })
             .await?;
@@ -1811,8 +2146,9 @@ impl RedisEngine {
         key: &str,
     ) -> Result<Option<(String, Option<Duration>)>> {
         let bkey = block_key(&self.prefix, key);
+        let at = self.at(&bkey);
         let (reason, ttl): (Option<String>, i64) = self
-            .with_conn(shard, |mut conn| async move {
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 redis::pipe()
                     .cmd("GET")
                     .arg(&bkey)
