@@ -657,6 +657,14 @@ impl ClusterNodes {
     }
 }
 
+/// The Sentinels of a shard and the primary's name there, for [`RedisEngine::watch_sentinels`].
+#[derive(Clone)]
+struct SentinelWatch {
+    /// `redis://[user:password@]host:port` of each Sentinel
+    nodes: Vec<String>,
+    master: String,
+}
+
 /// The connection attempts of one shard: after one failed, the next waits a back-off
 /// (doubling, jittered), and only one caller makes it; the others fail at once.
 #[derive(Default)]
@@ -718,6 +726,8 @@ pub(crate) struct RedisEngine {
     reconnects: Vec<Reconnect>,
     /// A Cluster shard's nodes and their circuits (`None`: not a Cluster).
     cluster_nodes: Option<ClusterNodes>,
+    /// Per shard behind Sentinels: whom to ask for `+switch-master`.
+    sentinel_watch: Vec<Option<SentinelWatch>>,
     subscribers: Arc<Subscribers>,
     stream_maxlen: Option<u64>,
     pub latency: Latency,
@@ -891,6 +901,7 @@ impl RedisEngine {
         subscribers: Arc<Subscribers>,
         stream_maxlen: Option<u64>,
     ) -> Result<RedisEngine> {
+        let mut watch = vec![None; shards.len()];
         let clients = shards
             .iter()
             .enumerate()
@@ -898,6 +909,10 @@ impl RedisEngine {
                 let field = format!("shards[{i}].url");
                 if s.url.starts_with("redis+sentinel://") {
                     let su = crate::config::parse_sentinel_url(&field, &s.url)?;
+                    watch[i] = Some(SentinelWatch {
+                        nodes: su.nodes.clone(),
+                        master: su.master.clone(),
+                    });
                     let nodes: Vec<&str> = su.nodes.iter().map(String::as_str).collect();
                     // how to log in to the primary the Sentinels name
                     let mut login = redis::RedisConnectionInfo::default().set_db(su.db);
@@ -925,7 +940,10 @@ impl RedisEngine {
                     .map_err(|e| Error::config(field, format!("invalid Redis URL: {e}")))
             })
             .collect::<Result<Vec<_>>>()?;
-        RedisEngine::build(shards, clients, prefix, timeout, subscribers, stream_maxlen)
+        let mut engine =
+            RedisEngine::build(shards, clients, prefix, timeout, subscribers, stream_maxlen)?;
+        engine.sentinel_watch = watch;
+        Ok(engine)
     }
 
     /// One logical shard that is a whole Redis Cluster, from its seed nodes.
@@ -1000,6 +1018,7 @@ impl RedisEngine {
             circuits: shards.iter().map(|_| Circuit::default()).collect(),
             reconnects: shards.iter().map(|_| Reconnect::default()).collect(),
             cluster_nodes,
+            sentinel_watch: Vec::new(),
             shards,
             clients,
             timeout,
@@ -1048,6 +1067,15 @@ impl RedisEngine {
         }
         let (handle, owner, inbox) = start_runtime(self.worker_threads)
             .map_err(|e| Error::Internal(format!("cannot start the I/O runtime: {e}")))?;
+        for (shard, w) in self.sentinel_watch.iter().enumerate() {
+            if let Some(w) = w {
+                handle.spawn(RedisEngine::watch_sentinels(
+                    Arc::downgrade(self),
+                    shard,
+                    w.clone(),
+                ));
+            }
+        }
         let stream_tx = self.stream_maxlen.map(|maxlen| {
             let (tx, rx) = tokio::sync::mpsc::channel(STREAM_QUEUE);
             handle.spawn(Arc::clone(self).stream_writer(rx, maxlen));
@@ -1652,6 +1680,64 @@ impl RedisEngine {
             tokio::time::timeout(self.timeout, work).await,
             Ok(Ok(pong)) if pong == "PONG"
         )
+    }
+
+    /// Follows failovers of a shard behind Sentinels as Sentinel reports them: subscribed
+    /// to `+switch-master` on one Sentinel after another, it drops the shard's connection
+    /// when the primary switches, so the next call asks the Sentinels for the new one at
+    /// once (calls followed only when the old primary failed them, then after the probe's
+    /// back-off: 0.9-1 s after the switch). An open circuit closes half-open. Runs on the
+    /// limiter's runtime, until the limiter is gone.
+    async fn watch_sentinels(me: std::sync::Weak<Self>, shard: usize, w: SentinelWatch) {
+        use futures_util::StreamExt;
+        let mut backoff = BACKOFF_MIN_US * 4;
+        for url in w.nodes.iter().cycle() {
+            let Some(timeout) = me.upgrade().map(|e| e.timeout) else {
+                return;
+            };
+            let subscribed = async {
+                let client = redis::Client::open(url.as_str())?;
+                let mut ps = client.get_async_pubsub().await?;
+                ps.subscribe("+switch-master").await?;
+                redis::RedisResult::Ok(ps)
+            };
+            if let Ok(Ok(ps)) = tokio::time::timeout(timeout, subscribed).await {
+                backoff = BACKOFF_MIN_US * 4;
+                let mut messages = ps.into_on_message();
+                while let Some(m) = messages.next().await {
+                    // "<master name> <old ip> <old port> <new ip> <new port>"
+                    let Ok(payload) = m.get_payload::<String>() else {
+                        continue;
+                    };
+                    if payload.split(' ').next() != Some(w.master.as_str()) {
+                        continue;
+                    }
+                    let Some(e) = me.upgrade() else { return };
+                    e.followed_switch(shard);
+                }
+            }
+            // the Sentinel went away: the next one, after a back-off
+            tokio::time::sleep(Duration::from_micros(jitter(backoff, shard as u64))).await;
+            backoff = (backoff * 2).min(2_000_000);
+        }
+    }
+
+    /// Sentinel switched shard `shard`'s primary: forget the connection to the old one.
+    fn followed_switch(&self, shard: usize) {
+        tracing::info!(shard = %self.shards[shard].name, "shardlimit: sentinel switched the primary");
+        if let Some(st) = self.state.load_full() {
+            st.conns[shard].conn.store(None);
+        }
+        self.connect_ok(shard);
+        let c = &self.circuits[shard];
+        if c.open_until.load(Ordering::Acquire) != 0 {
+            c.failures.store(FAILURES_TO_OPEN - 1, Ordering::Relaxed);
+            c.open_until.store(0, Ordering::Release);
+            self.emit(Event::Circuit {
+                shard: self.shards[shard].name.clone(),
+                state: CircuitState::Closed,
+            });
+        }
     }
 
     /// True when shard `shard` takes a new connection and answers PING within the
