@@ -13,7 +13,8 @@ pub enum Source {
     Memory,
     /// Admitted locally from units leased in advance from Redis.
     Local,
-    /// The shard failed and the policy's `on_error` mode decided.
+    /// The shard failed and the policy's `on_error` mode decided: the limit was not
+    /// measured (see [`Decision::measured`]).
     Fallback,
     /// The key is on the block list.
     Block,
@@ -72,14 +73,38 @@ fn ceil_secs(d: Duration) -> u64 {
 }
 
 impl Decision {
+    /// False for a fallback decision: the shard could not be asked and the policy's
+    /// `on_error` mode decided, so `remaining` and `reset_after` are not the limit's state
+    /// (an `open` fallback reports 0 remaining; `local` reports its in-process share).
+    pub fn measured(&self) -> bool {
+        self.source != Source::Fallback
+    }
+
     /// The standard rate-limit response headers, in a stable order:
     /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (seconds until the
     /// budget is full again), `RateLimit-Policy` and `RateLimit` (IETF
     /// draft-ietf-httpapi-ratelimit-headers structured fields), and `Retry-After` (seconds)
-    /// when denied and a retry can succeed.
+    /// when denied and a retry can succeed. A decision that did not measure the limit
+    /// ([`Decision::measured`]) renders no remaining budget or reset time, only the
+    /// limit, `RateLimit-Policy`, `X-RateLimit-Status: unmeasured` and `Retry-After` when
+    /// denied.
     pub fn headers(&self) -> Vec<(&'static str, String)> {
         let reset = ceil_secs(self.reset_after);
         let window = ceil_secs(self.window).max(1);
+        if !self.measured() {
+            let mut h = vec![
+                ("X-RateLimit-Limit", self.limit.to_string()),
+                (
+                    "RateLimit-Policy",
+                    format!("\"{}\";q={};w={}", self.policy, self.limit, window),
+                ),
+                ("X-RateLimit-Status", "unmeasured".to_string()),
+            ];
+            if let Some(retry) = self.retry_after.filter(|_| !self.allowed) {
+                h.push(("Retry-After", ceil_secs(retry).to_string()));
+            }
+            return h;
+        }
         let mut h = vec![
             ("X-RateLimit-Limit", self.limit.to_string()),
             ("X-RateLimit-Remaining", self.remaining.to_string()),
@@ -101,10 +126,20 @@ impl Decision {
 
     /// The JSON body of a 429 response:
     /// `{"error":"rate_limited","policy","limit","remaining","retry_after","message"}` with
-    /// `retry_after` in whole seconds (null when the request can never fit).
+    /// `retry_after` in whole seconds (null when the request can never fit). When the
+    /// limit was not measured ([`Decision::measured`]) `remaining` is null and the message
+    /// says the limit could not be checked.
     pub fn body(&self) -> serde_json::Value {
         let retry = self.retry_after.map(ceil_secs);
         let message = match retry {
+            _ if !self.measured() => format!(
+                "The rate limit of policy \"{}\" could not be checked; the request is refused{}.",
+                self.policy,
+                match retry {
+                    Some(s) => format!(": retry in {s} second{}", if s == 1 { "" } else { "s" }),
+                    None => String::new(),
+                }
+            ),
             Some(s) => format!(
                 "Rate limit exceeded for policy \"{}\": retry in {s} second{}.",
                 self.policy,
@@ -122,7 +157,7 @@ impl Decision {
             "error": "rate_limited",
             "policy": &*self.policy,
             "limit": self.limit,
-            "remaining": self.remaining,
+            "remaining": if self.measured() { Some(self.remaining) } else { None },
             "retry_after": retry,
             "message": message,
         })
@@ -195,5 +230,39 @@ mod tests {
         let never = d(false, None);
         assert!(never.headers().iter().all(|(k, _)| *k != "Retry-After"));
         assert!(never.body()["retry_after"].is_null());
+    }
+
+    /// A fallback decision renders no invented budget (an `open` fallback said
+    /// `X-RateLimit-Remaining: 99`) and says the limit was not measured.
+    #[test]
+    fn fallback_headers_say_the_limit_was_not_measured() {
+        let mut open = d(true, None);
+        open.source = Source::Fallback;
+        assert!(!open.measured());
+        assert_eq!(
+            open.headers(),
+            vec![
+                ("X-RateLimit-Limit", "100".to_string()),
+                ("RateLimit-Policy", "\"api\";q=100;w=60".to_string()),
+                ("X-RateLimit-Status", "unmeasured".to_string()),
+            ]
+        );
+        let mut closed = d(false, Some(1_000));
+        closed.source = Source::Fallback;
+        let h = closed.headers();
+        assert_eq!(h.last().unwrap(), &("Retry-After", "1".to_string()));
+        assert!(h
+            .iter()
+            .all(|(k, _)| !k.contains("Remaining") && !k.contains("Reset") && *k != "RateLimit"));
+        let b = closed.body();
+        assert!(b["remaining"].is_null());
+        assert!(
+            b["message"]
+                .as_str()
+                .unwrap()
+                .contains("could not be checked"),
+            "{b}"
+        );
+        assert!(d(true, None).measured());
     }
 }

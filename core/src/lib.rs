@@ -25,6 +25,7 @@ mod decision;
 mod duration;
 mod error;
 pub mod events;
+mod expiry;
 mod ip;
 mod limit;
 mod limiter;

@@ -6,6 +6,7 @@ use crate::config::Config;
 use crate::decision::{Decision, Source};
 use crate::error::{Error, Result};
 use crate::events::{Event, Subscriber, Subscribers};
+use crate::expiry::ExpiringMap;
 use crate::limit::{validate_scale, Algorithm, Compiled, Limit, OnError, Policy, PolicyInner};
 use crate::memory::{blocked_outcome, LayerReq, LayeredRaw, MemoryEngine, Raw};
 use crate::metrics::{LatencySnapshot, MetricsSnapshot};
@@ -13,7 +14,6 @@ use crate::redis_engine::{Mode, RedisEngine};
 use crate::routing::shard_index;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -198,9 +198,11 @@ struct Inner {
     /// Ad-hoc policies seen by this limiter, for metrics.
     adhoc: Mutex<Vec<Policy>>,
     /// key → (cached until, block ends at or None = permanent), clock µs
-    block_cache: Mutex<HashMap<String, (u64, Option<u64>)>>,
+    /// key → block ends at or None = permanent, expiring when cached until (clock µs)
+    block_cache: Mutex<ExpiringMap<String, Option<u64>>>,
     block_cache_len: AtomicUsize,
-    local: Mutex<HashMap<String, LocalBatch>>,
+    /// local admission batches, expiring with the batch
+    local: Mutex<ExpiringMap<String, LocalBatch>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -249,9 +251,9 @@ impl Limiter {
                 global_scale: AtomicU64::new(1.0f64.to_bits()),
                 scale_hook: Mutex::new(None),
                 adhoc: Mutex::new(Vec::new()),
-                block_cache: Mutex::new(HashMap::new()),
+                block_cache: Mutex::new(ExpiringMap::default()),
                 block_cache_len: AtomicUsize::new(0),
-                local: Mutex::new(HashMap::new()),
+                local: Mutex::new(ExpiringMap::default()),
             }),
         })
     }
@@ -939,7 +941,8 @@ impl Limiter {
         }
         match &self.view().engine {
             Engine::Memory(m) => {
-                m.block(key, ttl.map(|t| self.now() + t.as_micros() as u64), reason);
+                let now = self.now();
+                m.block(key, ttl.map(|t| now + t.as_micros() as u64), now, reason);
                 Ok(())
             }
             Engine::Redis(r) => {
@@ -1259,15 +1262,17 @@ impl Limiter {
         }
         let now = self.now();
         let mut c = self.inner.block_cache.lock();
-        match c.get(key) {
-            Some((until, expires)) if *until > now => Some(expires.map(|e| e.saturating_sub(now))),
+        c.sweep(now, |_| false);
+        let r = match c.get(key) {
+            Some((expires, until)) if until > now => Some(expires.map(|e| e.saturating_sub(now))),
             Some(_) => {
                 c.remove(key);
-                self.inner.block_cache_len.store(c.len(), Ordering::Release);
                 None
             }
             None => None,
-        }
+        };
+        self.inner.block_cache_len.store(c.len(), Ordering::Release);
+        r
     }
 
     fn cache_block(&self, key: &str, remaining_us: Option<u64>) {
@@ -1278,13 +1283,8 @@ impl Limiter {
             return;
         }
         let mut c = self.inner.block_cache.lock();
-        if c.len() > 100_000 {
-            c.retain(|_, (until, _)| *until > now);
-        }
-        c.insert(
-            key.to_string(),
-            (now + for_us, remaining_us.map(|r| now + r)),
-        );
+        c.sweep(now, |_| false);
+        c.insert(key.to_string(), remaining_us.map(|r| now + r), now + for_us);
         self.inner.block_cache_len.store(c.len(), Ordering::Release);
     }
 
@@ -1309,9 +1309,10 @@ impl Limiter {
             return Err(e);
         }
         let o = match p.on_error {
+            // nothing was measured: no invented budget (Decision::measured)
             OnError::Open => Outcome {
                 allowed: true,
-                remaining: eff.limit.saturating_sub(cost),
+                remaining: 0,
                 reset_us: 0,
                 retry_us: None,
                 delay_us: 0,
@@ -1572,10 +1573,9 @@ impl Limiter {
         let now = self.now();
         let reserve_from = {
             let mut map = self.inner.local.lock();
-            if map.len() > 100_000 {
-                map.retain(|_, b| b.expires_at > now || b.fetching);
-            }
-            let b = map.entry(lkey.clone()).or_insert(LocalBatch {
+            // (a batch being reserved stays: it holds the one reservation of its key)
+            map.sweep(now, |b| b.fetching);
+            let b = map.get_or_insert_with(lkey.clone(), 0, || LocalBatch {
                 fetching: false,
                 units: 0,
                 expires_at: 0,
@@ -1646,7 +1646,7 @@ impl Limiter {
         let mut o = raw.outcome;
         if reserving {
             let mut map = self.inner.local.lock();
-            let b = map.entry(lkey).or_insert(LocalBatch {
+            let b = map.get_or_insert_with(lkey.clone(), 0, || LocalBatch {
                 fetching: false,
                 units: 0,
                 expires_at: 0,
@@ -1674,6 +1674,8 @@ impl Limiter {
             } else {
                 b.global_remaining = 0;
             }
+            let expires_at = b.expires_at;
+            map.set_expiry(lkey.as_str(), expires_at);
         }
         let d = self.finish(
             p,

@@ -4,10 +4,10 @@
 //! counters of automatic blocking, like the scripts do in Redis.
 
 use crate::algo::{self, Outcome, State};
+use crate::expiry::{ExpiringMap, NEVER};
 use crate::limit::{Algorithm, AutoBlock, Compiled};
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -121,19 +121,14 @@ impl Shard {
     }
 }
 
-#[derive(Debug, Clone)]
-struct Block {
-    expires_at: Option<u64>,
-    reason: String,
-}
-
 pub(crate) struct MemoryEngine {
     shards: Box<[Mutex<Shard>]>,
     hasher: foldhash::fast::FixedState,
-    blocks: Mutex<HashMap<String, Block>>,
+    /// key → reason, expiring when the block ends
+    blocks: Mutex<ExpiringMap<String, String>>,
     block_count: AtomicUsize,
-    /// (policy, key) → (window end, denials) for automatic blocking
-    denials: Mutex<HashMap<DenialKey, (u64, u64)>>,
+    /// (policy, key) → denials for automatic blocking, expiring when the window ends
+    denials: Mutex<ExpiringMap<DenialKey, u64>>,
 }
 
 impl std::fmt::Debug for MemoryEngine {
@@ -156,9 +151,9 @@ impl Default for MemoryEngine {
                 })
                 .collect(),
             hasher: foldhash::fast::FixedState::with_seed(0x5eed_1e55),
-            blocks: Mutex::new(HashMap::new()),
+            blocks: Mutex::new(ExpiringMap::default()),
             block_count: AtomicUsize::new(0),
-            denials: Mutex::new(HashMap::new()),
+            denials: Mutex::new(ExpiringMap::default()),
         }
     }
 }
@@ -176,37 +171,43 @@ impl MemoryEngine {
             return None;
         }
         let mut blocks = self.blocks.lock();
-        match blocks.get(key) {
-            Some(b) => match b.expires_at {
-                None => Some(None),
-                Some(t) if t > now => Some(Some(t - now)),
-                Some(_) => {
-                    blocks.remove(key);
-                    self.block_count.store(blocks.len(), Ordering::Release);
-                    None
-                }
-            },
+        blocks.sweep(now, |_| false);
+        let r = match blocks.get(key).map(|(_, t)| t) {
+            Some(NEVER) => Some(None),
+            Some(t) if t > now => Some(Some(t - now)),
+            Some(_) => {
+                blocks.remove(key);
+                None
+            }
             None => None,
-        }
+        };
+        self.block_count.store(blocks.len(), Ordering::Release);
+        r
     }
 
     /// Counts a denial for automatic blocking; true when it put the key on the block list.
     fn count_denial(&self, scope: &Arc<str>, key: &str, a: &AutoBlock, now: u64) -> bool {
         let mut d = self.denials.lock();
-        if d.len() > 100_000 {
-            d.retain(|_, (end, _)| *end > now);
+        d.sweep(now, |_| false);
+        let dk = (scope.clone(), key.to_string());
+        let n = match d.get(&dk) {
+            Some((n, end)) if end > now => *n + 1,
+            // none yet, or its window ended: a new window
+            _ => {
+                d.insert(dk.clone(), 0, now + a.within.as_micros() as u64);
+                1
+            }
+        };
+        if let Some(c) = d.get_mut(&dk) {
+            *c = n;
         }
-        let e = d.entry((scope.clone(), key.to_string())).or_insert((0, 0));
-        if e.0 <= now {
-            *e = (now + a.within.as_micros() as u64, 0);
-        }
-        e.1 += 1;
-        if e.1 >= a.after {
-            d.remove(&(scope.clone(), key.to_string()));
+        if n >= a.after {
+            d.remove(&dk);
             drop(d);
             self.block(
                 key,
                 Some(now + a.duration.as_micros() as u64),
+                now,
                 &format!("auto: policy {scope}"),
             );
             return true;
@@ -359,14 +360,13 @@ impl MemoryEngine {
     }
 
     /// Puts `key` on the block list until `expires_at` (µs; `None` = permanent).
-    pub fn block(&self, key: &str, expires_at: Option<u64>, reason: &str) {
+    pub fn block(&self, key: &str, expires_at: Option<u64>, now: u64, reason: &str) {
         let mut b = self.blocks.lock();
+        b.sweep(now, |_| false);
         b.insert(
             key.to_string(),
-            Block {
-                expires_at,
-                reason: reason.to_string(),
-            },
+            reason.to_string(),
+            expires_at.map_or(NEVER, |t| t.min(NEVER - 1)),
         );
         self.block_count.store(b.len(), Ordering::Release);
     }
@@ -381,12 +381,113 @@ impl MemoryEngine {
     /// (reason, remaining µs or None when permanent) when `key` is blocked at `now`.
     pub fn blocked(&self, key: &str, now: u64) -> Option<(String, Option<u64>)> {
         let ttl = self.block_ttl(key, now)?;
-        let reason = self.blocks.lock().get(key).map(|b| b.reason.clone())?;
+        let reason = self.blocks.lock().get(key).map(|(r, _)| r.clone())?;
         Some((reason, ttl))
     }
 
     /// Number of keys held (live or not yet swept).
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().table.len()).sum()
+    }
+
+    /// (block-list entries, denial counters) held, expired or not yet reclaimed.
+    #[cfg(test)]
+    fn held(&self) -> (usize, usize) {
+        (self.blocks.lock().len(), self.denials.lock().len())
+    }
+
+    /// Queued expiry items looked at so far (block list + denial counters).
+    #[cfg(test)]
+    fn visited(&self) -> u64 {
+        self.blocks.lock().visited() + self.denials.lock().visited()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::expiry::SWEEP_BUDGET;
+    use std::time::Duration;
+
+    const KEYS: usize = 200_000;
+
+    /// 200k keys blocked automatically: while they are blocked, a denial or a check costs
+    /// the same bounded work as with none; once the blocks (and the denial windows) have
+    /// ended, the state is reclaimed by the calls that come, with no scan of the map.
+    #[test]
+    fn auto_blocks_of_200k_keys_cost_bounded_work_per_call_and_are_reclaimed() {
+        let m = MemoryEngine::default();
+        let scope: Arc<str> = Arc::from("login");
+        let c = Compiled {
+            algorithm: Algorithm::FixedWindow,
+            limit: 1,
+            period_us: 3_600_000_000,
+        };
+        let a = AutoBlock {
+            after: 2,
+            within: Duration::from_secs(10),
+            duration: Duration::from_secs(60),
+        };
+        let check = |key: &str, now: u64| m.check(&scope, &c, key, now, 1, false, "", Some(&a));
+        let keys: Vec<String> = (0..KEYS).map(|i| format!("user:{i}")).collect();
+        let mut now = 1_000_000;
+        for k in &keys {
+            assert!(check(k, now).outcome.allowed);
+            assert_eq!(check(k, now).blocked, 0, "first denial");
+        }
+        assert_eq!(m.held(), (0, KEYS), "one denial counter per key");
+        // a denial with 200k counters live: no scan (the old code retained over the whole
+        // map on every denial past 100k entries)
+        let before = m.visited();
+        for k in &keys {
+            assert_eq!(check(k, now).blocked, 2, "second denial blocks");
+        }
+        assert_eq!(m.held(), (KEYS, 0));
+        assert_eq!(
+            m.visited(),
+            before,
+            "nothing is due yet: no entry was looked at"
+        );
+        // each call while everything is still blocked
+        let before = m.visited();
+        assert_eq!(check("user:7", now).blocked, 1);
+        assert!(m.visited() - before <= SWEEP_BUDGET as u64);
+        // the blocks end; every call after that reclaims a bounded number of them
+        now += 61_000_000;
+        let mut calls = 0;
+        while m.held().0 > 0 {
+            let before = m.visited();
+            let r = check(&format!("other:{calls}"), now);
+            assert!(r.outcome.allowed);
+            assert!(
+                m.visited() - before <= 2 * SWEEP_BUDGET as u64,
+                "one call's work is bounded"
+            );
+            calls += 1;
+            assert!(calls <= KEYS, "reclaimed at SWEEP_BUDGET per call");
+        }
+        assert!(calls <= KEYS / SWEEP_BUDGET + 1, "{calls} calls to reclaim");
+        assert_eq!(m.held(), (0, 0));
+        let r = check("user:1", now);
+        assert_eq!(
+            (r.outcome.allowed, r.blocked),
+            (false, 0),
+            "denied by its window, no longer blocked"
+        );
+    }
+
+    #[test]
+    fn manual_blocks_expire_and_permanent_ones_stay() {
+        let m = MemoryEngine::default();
+        m.block("a", Some(100_000), 0, "r");
+        m.block("b", None, 0, "forever");
+        assert_eq!(m.blocked("a", 50_000), Some(("r".into(), Some(50_000))));
+        for i in 0..4 {
+            assert!(m.blocked(&format!("x{i}"), 10_000_000).is_none());
+        }
+        assert_eq!(m.held().0, 1, "the expired block was reclaimed");
+        assert_eq!(m.blocked("b", u64::MAX - 1), Some(("forever".into(), None)));
+        assert!(m.unblock("b"));
+        assert_eq!(m.held().0, 0);
     }
 }

@@ -33,9 +33,17 @@ use tokio::runtime::{Handle, Runtime};
 
 /// Consecutive failures that open a shard's circuit.
 const FAILURES_TO_OPEN: u32 = 3;
-/// First and longest back-off between probes of an open circuit.
-const BACKOFF_MIN_US: u64 = 200_000;
-const BACKOFF_MAX_US: u64 = 5_000_000;
+/// First and longest back-off between probes of an open circuit (each wait is jittered
+/// down to half of it). The longest is short because it is also how long a shard that
+/// answers again may go on being skipped: a probe is one connection and a PING per
+/// shard and process, a few per second at most (issue 13, defect 14).
+const BACKOFF_MIN_US: u64 = 25_000;
+const BACKOFF_MAX_US: u64 = 250_000;
+/// First and longest back-off between connection attempts to a shard after one failed
+/// (refused, reset, or refused in the handshake: `-ERR max number of clients reached`,
+/// an AUTH error). Healthy shards are not gated at all.
+const RECONNECT_MIN_US: u64 = 20_000;
+const RECONNECT_MAX_US: u64 = 1_000_000;
 /// Idle blocking connections kept per shard: one per thread that waits on the shard at
 /// the same moment, as a connection pool of a synchronous client would.
 const BLOCKING_IDLE_MAX: usize = 64;
@@ -43,6 +51,10 @@ const BLOCKING_IDLE_MAX: usize = 64;
 const STREAM_QUEUE: usize = 4096;
 /// The event stream expires this long after its last event (7 days).
 const EVENTS_STREAM_TTL_MS: u64 = 7 * 86_400_000;
+
+/// The message of the error a caller gets when a connection attempt to its shard is
+/// backing off after one failed (see [`RedisEngine::may_connect`]).
+const RECONNECT_WAIT: &str = "not connecting yet: the last attempt failed, backing off";
 
 /// How a check script runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +130,9 @@ struct Slot {
 struct PipeSlot {
     pipe: ArcSwapOption<Pipe>,
     connecting: tokio::sync::Mutex<()>,
+    /// the pipe stored is new: no reply has shown yet that the server took it (a server
+    /// at `maxclients` accepts the connection and answers its first command with an error)
+    fresh: AtomicBool,
 }
 
 /// The runtime and connections of one process.
@@ -488,10 +503,217 @@ fn start_runtime(worker_threads: usize) -> std::io::Result<(Handle, Owner, Arc<I
 #[derive(Default)]
 struct Circuit {
     failures: AtomicU32,
-    /// Monotonic µs until which the shard is skipped; 0 = closed.
+    /// Nonzero while open: the shard is skipped (monotonic µs when it opened).
     open_until: AtomicU64,
     backoff_us: AtomicU64,
+    /// the probe task of an open circuit runs
     probing: AtomicBool,
+}
+
+/// Which circuit a call goes through: its shard's, or in a Redis Cluster the one of the
+/// primary that owns the slot of the call's key (circuits follow what fails: one dead
+/// primary must not take the other primaries' slots down with it).
+#[derive(Clone)]
+enum Breaker {
+    Shard,
+    Node(Arc<NodeCircuit>),
+}
+
+/// The circuit of one Cluster primary, by address.
+struct NodeCircuit {
+    host: String,
+    port: u16,
+    circuit: Circuit,
+}
+
+impl NodeCircuit {
+    fn name(&self) -> String {
+        format!("cluster/{}:{}", self.host, self.port)
+    }
+}
+
+/// Which primary owns each slot, from `CLUSTER SLOTS`.
+struct Topology {
+    /// slot → index into `nodes`; `u16::MAX` when no primary owns it
+    owners: Vec<u16>,
+    nodes: Vec<Arc<NodeCircuit>>,
+}
+
+/// What a Cluster shard knows of its nodes: the slot map (read on connect, again after
+/// failures and while a node's circuit is open) and one circuit per primary, kept over
+/// refreshes of the map.
+struct ClusterNodes {
+    topology: ArcSwapOption<Topology>,
+    circuits: Mutex<std::collections::HashMap<(String, u16), Arc<NodeCircuit>>>,
+    refreshing: AtomicBool,
+    /// monotonic µs of the last refresh
+    refreshed_at: AtomicU64,
+    /// how to connect to a node (the first seed's login and TLS settings)
+    seed: redis::ConnectionInfo,
+}
+
+/// Slots, primaries and reply items of a `CLUSTER SLOTS` reply accepted at most (its
+/// bytes are untrusted like every reply).
+const CLUSTER_SLOTS: usize = 16384;
+const CLUSTER_NODES_MAX: usize = 1000;
+
+impl ClusterNodes {
+    /// The slot map of a `CLUSTER SLOTS` reply; `None` when it is malformed.
+    fn parse(&self, v: &redis::Value) -> Option<Topology> {
+        use redis::Value as V;
+        let V::Array(ranges) = v else { return None };
+        if ranges.len() > CLUSTER_SLOTS {
+            return None;
+        }
+        let text = |v: &V| match v {
+            V::BulkString(b) => std::str::from_utf8(b).ok().map(str::to_string),
+            V::SimpleString(s) => Some(s.clone()),
+            _ => None,
+        };
+        let mut owners = vec![u16::MAX; CLUSTER_SLOTS];
+        let mut nodes: Vec<Arc<NodeCircuit>> = Vec::new();
+        let mut circuits = self.circuits.lock();
+        for r in ranges {
+            let V::Array(r) = r else { return None };
+            let (Some(V::Int(start)), Some(V::Int(end)), Some(V::Array(primary))) =
+                (r.first(), r.get(1), r.get(2))
+            else {
+                return None;
+            };
+            if !(0..CLUSTER_SLOTS as i64).contains(start)
+                || !(*start..CLUSTER_SLOTS as i64).contains(end)
+            {
+                return None;
+            }
+            let host = primary.first().and_then(text)?;
+            let port = match primary.get(1) {
+                Some(V::Int(p)) => u16::try_from(*p).ok().filter(|p| *p != 0)?,
+                _ => return None,
+            };
+            if host.is_empty() || host.len() > 255 {
+                continue; // an unknown endpoint: its slots keep the shard's circuit
+            }
+            let at = match nodes.iter().position(|n| n.host == host && n.port == port) {
+                Some(i) => i,
+                None => {
+                    if nodes.len() >= CLUSTER_NODES_MAX {
+                        return None;
+                    }
+                    if circuits.len() >= 4 * CLUSTER_NODES_MAX {
+                        circuits.clear(); // nodes come and go: forget the old ones
+                    }
+                    let n = circuits
+                        .entry((host.clone(), port))
+                        .or_insert_with(|| {
+                            Arc::new(NodeCircuit {
+                                host: host.clone(),
+                                port,
+                                circuit: Circuit::default(),
+                            })
+                        })
+                        .clone();
+                    nodes.push(n);
+                    nodes.len() - 1
+                }
+            };
+            for slot in *start..=*end {
+                owners[slot as usize] = at as u16;
+            }
+        }
+        Some(Topology { owners, nodes })
+    }
+
+    /// The circuit of the primary that owns the slot of `redis_key`, when known.
+    fn breaker(&self, redis_key: &str) -> Breaker {
+        let Some(t) = self.topology.load_full() else {
+            return Breaker::Shard;
+        };
+        let slot = crate::routing::cluster_slot(redis_key) as usize;
+        match t
+            .owners
+            .get(slot)
+            .and_then(|i| t.nodes.get(usize::from(*i)))
+        {
+            Some(n) => Breaker::Node(Arc::clone(n)),
+            None => Breaker::Shard,
+        }
+    }
+
+    /// True when the map names `n` as the owner of a slot.
+    fn owns_slots(&self, n: &NodeCircuit) -> bool {
+        self.topology
+            .load()
+            .as_ref()
+            .is_some_and(|t| t.nodes.iter().any(|m| m.host == n.host && m.port == n.port))
+    }
+
+    /// How to connect to node `host:port`: the seed's settings at another address.
+    fn node_client(&self, host: &str, port: u16) -> redis::RedisResult<redis::Client> {
+        let addr = match self.seed.addr() {
+            redis::ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => redis::ConnectionAddr::TcpTls {
+                host: host.to_string(),
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => redis::ConnectionAddr::Tcp(host.to_string(), port),
+        };
+        redis::Client::open(self.seed.clone().set_addr(addr))
+    }
+}
+
+/// The Sentinels of a shard and the primary's name there, for [`RedisEngine::watch_sentinels`].
+#[derive(Clone)]
+struct SentinelWatch {
+    /// `redis://[user:password@]host:port` of each Sentinel
+    nodes: Vec<String>,
+    master: String,
+}
+
+/// The connection attempts of one shard: after one failed, the next waits a back-off
+/// (doubling, jittered), and only one caller makes it; the others fail at once.
+#[derive(Default)]
+struct Reconnect {
+    /// monotonic µs before which no connection attempt is made; 0 = no back-off
+    next_at: AtomicU64,
+    backoff_us: AtomicU64,
+}
+
+/// `us` jittered down to between half and all of it (xorshift of the clock and `salt`:
+/// processes that saw one failure at one moment spread their retries).
+fn jitter(us: u64, salt: u64) -> u64 {
+    let mut x =
+        mono_us() ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(std::process::id());
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    us / 2 + x % (us / 2 + 1)
+}
+
+/// True for an error reply that says the server did not serve the command at all rather
+/// than that the command failed: it refused the client (`maxclients`, AUTH), is loading,
+/// is a replica now (a failover), or its cluster cannot serve the slot. These are backend
+/// failures (`connection`), which feed the circuit and close the connection.
+fn refused_reply(e: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "ERR max number of clients",
+        "NOAUTH",
+        "WRONGPASS",
+        "ERR invalid password",
+        "ERR AUTH",
+        "NOPERM",
+        "LOADING",
+        "READONLY",
+        "MASTERDOWN",
+        "CLUSTERDOWN",
+        "TRYAGAIN",
+        "BUSY ",
+    ];
+    PREFIXES.iter().any(|p| e.starts_with(p))
 }
 
 pub(crate) struct RedisEngine {
@@ -510,6 +732,11 @@ pub(crate) struct RedisEngine {
     state: ArcSwapOption<RtState>,
     init: Mutex<()>,
     circuits: Vec<Circuit>,
+    reconnects: Vec<Reconnect>,
+    /// A Cluster shard's nodes and their circuits (`None`: not a Cluster).
+    cluster_nodes: Option<ClusterNodes>,
+    /// Per shard behind Sentinels: whom to ask for `+switch-master`.
+    sentinel_watch: Vec<Option<SentinelWatch>>,
     subscribers: Arc<Subscribers>,
     stream_maxlen: Option<u64>,
     pub latency: Latency,
@@ -682,6 +909,7 @@ fn map_redis_error(shard: &ShardConfig, timeout: Duration, e: redis::RedisError)
         || e.is_connection_refusal()
         || e.is_connection_dropped()
         || e.is_unrecoverable_error()
+        || refused_kind(&e)
     {
         Error::Connection {
             shard: shard.name.clone(),
@@ -692,6 +920,28 @@ fn map_redis_error(shard: &ShardConfig, timeout: Duration, e: redis::RedisError)
             shard: shard.name.clone(),
             message: e.to_string(),
         }
+    }
+}
+
+/// True for an error of the redis crate that says the command was not served (see
+/// [`refused_reply`]): a Cluster that cannot serve the slot (`CLUSTERDOWN`, `TRYAGAIN`,
+/// a `MOVED`/`ASK` it could not follow, to a dead node), a primary that is down or a
+/// replica now, a server loading or refusing the client. Backend failures, not script
+/// errors.
+fn refused_kind(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind as K, ServerErrorKind as S};
+    match e.kind() {
+        K::Server(
+            S::ClusterDown
+            | S::TryAgain
+            | S::MasterDown
+            | S::ReadOnly
+            | S::BusyLoading
+            | S::Moved
+            | S::Ask,
+        ) => true,
+        K::AuthenticationFailed | K::ClusterConnectionNotFound => true,
+        _ => refused_reply(&e.to_string()) || e.to_string().contains("max number of clients"),
     }
 }
 
@@ -811,6 +1061,7 @@ impl RedisEngine {
         subscribers: Arc<Subscribers>,
         stream_maxlen: Option<u64>,
     ) -> Result<RedisEngine> {
+        let mut watch = vec![None; shards.len()];
         let clients = shards
             .iter()
             .enumerate()
@@ -818,6 +1069,15 @@ impl RedisEngine {
                 let field = format!("shards[{i}].url");
                 if s.url.starts_with("redis+sentinel://") {
                     let client = sentinel_client(&field, s)?;
+                    // the watch of +switch-master (plain TCP to the Sentinels; with
+                    // `sentinel_tls` the switch is followed when a call fails instead)
+                    if s.sentinel_tls.is_none() {
+                        let su = crate::config::parse_sentinel_url(&field, &s.url)?;
+                        watch[i] = Some(SentinelWatch {
+                            nodes: su.nodes.clone(),
+                            master: su.master.clone(),
+                        });
+                    }
                     return Ok(Client::Sentinel(Box::new(tokio::sync::Mutex::new(client))));
                 }
                 single_client(&field, s).map(|c| Client::Single(Box::new(c)))
@@ -830,7 +1090,10 @@ impl RedisEngine {
         {
             crate::tls::ensure_crypto_provider();
         }
-        RedisEngine::build(shards, clients, prefix, timeout, subscribers, stream_maxlen)
+        let mut engine =
+            RedisEngine::build(shards, clients, prefix, timeout, subscribers, stream_maxlen)?;
+        engine.sentinel_watch = watch;
+        Ok(engine)
     }
 
     /// One logical shard that is a whole Redis Cluster, from its seed nodes.
@@ -894,10 +1157,29 @@ impl RedisEngine {
                 _ => None,
             })
             .collect();
+        let cluster_nodes = match (clients.first(), shards.first()) {
+            (Some(Client::Cluster(_)), Some(shard)) => {
+                let first = shard.url.split(',').next().unwrap_or_default();
+                let seed = redis::IntoConnectionInfo::into_connection_info(first).map_err(|e| {
+                    Error::config("cluster.nodes", format!("invalid node URL: {e}"))
+                })?;
+                Some(ClusterNodes {
+                    topology: ArcSwapOption::empty(),
+                    circuits: Mutex::default(),
+                    refreshing: AtomicBool::new(false),
+                    refreshed_at: AtomicU64::new(0),
+                    seed,
+                })
+            }
+            _ => None,
+        };
         Ok(RedisEngine {
             targets,
             spin_wait_us: AtomicU64::new(crate::config::DEFAULT_SPIN_WAIT.as_micros() as u64),
             circuits: shards.iter().map(|_| Circuit::default()).collect(),
+            reconnects: shards.iter().map(|_| Reconnect::default()).collect(),
+            cluster_nodes,
+            sentinel_watch: Vec::new(),
             shards,
             clients,
             timeout,
@@ -939,9 +1221,22 @@ impl RedisEngine {
                 c.open_until.store(0, Ordering::Relaxed);
                 c.probing.store(false, Ordering::Relaxed);
             }
+            for r in &self.reconnects {
+                r.next_at.store(0, Ordering::Relaxed);
+                r.backoff_us.store(0, Ordering::Relaxed);
+            }
         }
         let (handle, owner, inbox) = start_runtime(self.worker_threads)
             .map_err(|e| Error::Internal(format!("cannot start the I/O runtime: {e}")))?;
+        for (shard, w) in self.sentinel_watch.iter().enumerate() {
+            if let Some(w) = w {
+                handle.spawn(RedisEngine::watch_sentinels(
+                    Arc::downgrade(self),
+                    shard,
+                    w.clone(),
+                ));
+            }
+        }
         let stream_tx = self.stream_maxlen.map(|maxlen| {
             let (tx, rx) = tokio::sync::mpsc::channel(STREAM_QUEUE);
             handle.spawn(Arc::clone(self).stream_writer(rx, maxlen));
@@ -978,6 +1273,7 @@ impl RedisEngine {
         if let Some(c) = slot.conn.load_full() {
             return Ok((*c).clone());
         }
+        self.may_connect(shard)?;
         let map = |e| map_redis_error(&self.shards[shard], self.timeout, e);
         let manager = |client: redis::Client| {
             let cfg = ConnectionManagerConfig::new()
@@ -1028,7 +1324,92 @@ impl RedisEngine {
             }
         };
         slot.conn.store(Some(Arc::new(conn.clone())));
+        if let Conn::Cluster(c) = &conn {
+            // which primary owns which slot, for their circuits (best effort: until it is
+            // known, the whole Cluster's circuit applies)
+            self.refresh_topology(c.clone()).await;
+        }
         Ok(conn)
+    }
+
+    /// Reads the Cluster's slot map (`CLUSTER SLOTS`) over `conn`, within the timeout.
+    async fn refresh_topology(&self, mut conn: ClusterConnection) {
+        let Some(cn) = &self.cluster_nodes else {
+            return;
+        };
+        if cn.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let r = tokio::time::timeout(
+            self.timeout,
+            redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async::<redis::Value>(&mut conn),
+        )
+        .await;
+        match r {
+            Ok(Ok(v)) => match cn.parse(&v) {
+                Some(t) => cn.topology.store(Some(Arc::new(t))),
+                None => tracing::warn!("shardlimit: malformed CLUSTER SLOTS reply ignored"),
+            },
+            Ok(Err(e)) => tracing::debug!(error = %e, "shardlimit: CLUSTER SLOTS failed"),
+            Err(_) => tracing::debug!("shardlimit: CLUSTER SLOTS timed out"),
+        }
+        cn.refreshed_at.store(mono_us(), Ordering::Relaxed);
+        cn.refreshing.store(false, Ordering::Release);
+    }
+
+    /// After a failure in a Cluster: reads the slot map again in the background (at most
+    /// every 200 ms), so keys of slots that moved (a failover) follow their new owner.
+    fn refresh_topology_soon(self: &Arc<Self>, st: &RtState) {
+        let Some(cn) = &self.cluster_nodes else {
+            return;
+        };
+        if mono_us().saturating_sub(cn.refreshed_at.load(Ordering::Relaxed)) < 200_000 {
+            return;
+        }
+        let Some(conn) = st.conns[0].conn.load_full() else {
+            return;
+        };
+        if let Conn::Cluster(c) = &*conn {
+            let (me, c) = (Arc::clone(self), c.clone());
+            st.runtime()
+                .spawn(async move { me.refresh_topology(c).await });
+        }
+    }
+
+    /// The circuit a call on `shard` for Redis key `redis_key` goes through.
+    fn breaker(&self, redis_key: Option<&str>) -> Breaker {
+        match (&self.cluster_nodes, redis_key) {
+            (Some(cn), Some(k)) => cn.breaker(k),
+            _ => Breaker::Shard,
+        }
+    }
+
+    /// In a Cluster, the Redis key that picks a command's circuit (see
+    /// [`RedisEngine::with_conn_at`]); `None` otherwise.
+    fn at(&self, redis_key: &str) -> Option<String> {
+        self.cluster_nodes.as_ref().map(|_| redis_key.to_string())
+    }
+
+    /// [`RedisEngine::at`] of a layered call (its keys share one slot).
+    fn layers_at(&self, layers: &[(LayerReq<'_>, &str)]) -> Option<String> {
+        let (l, key_scope) = layers.first().filter(|_| self.cluster_nodes.is_some())?;
+        Some(state_key(&self.prefix, key_scope, l.key))
+    }
+
+    fn circuit<'a>(&'a self, shard: usize, b: &'a Breaker) -> &'a Circuit {
+        match b {
+            Breaker::Shard => &self.circuits[shard],
+            Breaker::Node(n) => &n.circuit,
+        }
+    }
+
+    fn breaker_name(&self, shard: usize, b: &Breaker) -> String {
+        match b {
+            Breaker::Shard => self.shards[shard].name.clone(),
+            Breaker::Node(n) => n.name(),
+        }
     }
 
     /// After a failure on a Sentinel shard, forget the connection: the next call asks the
@@ -1077,32 +1458,133 @@ impl RedisEngine {
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
+        self.with_conn_at(shard, None, f).await
+    }
+
+    /// [`RedisEngine::with_conn`] for a command on Redis key `redis_key`: in a Cluster it
+    /// goes through the circuit of the primary that owns the key's slot.
+    async fn with_conn_at<T, F, Fut>(
+        self: &Arc<Self>,
+        shard: usize,
+        redis_key: Option<&str>,
+        f: F,
+    ) -> Result<T>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
         let st = self.state()?;
-        self.gate(&st, shard)?;
+        let b = self.breaker(redis_key);
+        self.gate(shard, &b)?;
         let start = Instant::now();
         // boxed: keeps the futures of callers shallow (deeply nested async fns overflow
         // the compiler's layout query depth in downstream crates)
         let r = Box::pin(self.raw(&st, shard, f)).await;
-        self.account(shard, start, &r);
-        if matches!(&r, Err(e) if e.is_backend()) {
-            self.forget_connection(&st, shard);
+        self.account(&st, shard, &b, start, &r);
+        match &r {
+            Err(e) if e.is_backend() => {
+                self.forget_connection(&st, shard);
+                self.refresh_topology_soon(&st);
+            }
+            Err(_) => {}
+            // (the redis crate's connection reconnects by itself: any answer proves it)
+            Ok(_) => self.connect_ok(shard),
         }
         r
     }
 
     /// Records a call to shard `shard` that started at `start`: its latency, and for its
-    /// circuit a success (which ends a run of failures) or a backend failure.
-    fn account<T>(&self, shard: usize, start: Instant, r: &Result<T>) {
+    /// circuit a success (which ends a run of failures) or a backend failure; a
+    /// connection failure also backs off the next connection attempt.
+    fn account<T>(
+        self: &Arc<Self>,
+        st: &RtState,
+        shard: usize,
+        b: &Breaker,
+        start: Instant,
+        r: &Result<T>,
+    ) {
         self.latency.record(start.elapsed().as_micros() as u64);
         match r {
             Ok(_) => {
-                let c = &self.circuits[shard];
+                let c = self.circuit(shard, b);
                 if c.failures.load(Ordering::Relaxed) != 0 {
                     c.failures.store(0, Ordering::Relaxed);
                 }
+                if c.backoff_us.load(Ordering::Relaxed) != 0 {
+                    c.backoff_us.store(0, Ordering::Relaxed);
+                }
             }
-            Err(e) if e.is_backend() => self.failed(shard, e),
+            Err(e) if e.is_backend() => {
+                // (a caller turned away while connecting backs off made no attempt: it
+                // counts for the circuit, the shard cannot be used, not for the back-off)
+                let turned_away =
+                    matches!(e, Error::Connection { message, .. } if message == RECONNECT_WAIT);
+                if e.kind() == crate::error::ErrorKind::Connection && !turned_away {
+                    self.connect_failed(shard);
+                }
+                self.failed(st, shard, b, e)
+            }
             Err(_) => {}
+        }
+    }
+
+    /// Claims a connection attempt to shard `shard`: at once when no attempt failed
+    /// lately; after a failure, one caller per back-off period, the others get
+    /// [`RECONNECT_WAIT`] without connecting (at `maxclients` one process made 1031
+    /// refused connections in 0.1 s before this).
+    fn may_connect(&self, shard: usize) -> Result<()> {
+        let r = &self.reconnects[shard];
+        let next = r.next_at.load(Ordering::Acquire);
+        if next == 0 {
+            return Ok(());
+        }
+        let now = mono_us();
+        let wait = jitter(
+            r.backoff_us.load(Ordering::Relaxed).max(RECONNECT_MIN_US),
+            shard as u64,
+        );
+        if now >= next
+            && r.next_at
+                .compare_exchange(next, now + wait, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            return Ok(());
+        }
+        Err(Error::Connection {
+            shard: self.shards[shard].name.clone(),
+            message: RECONNECT_WAIT.to_string(),
+        })
+    }
+
+    /// A connection attempt to `shard` failed (or the server refused the connection's
+    /// first command): back off the next one, doubling up to [`RECONNECT_MAX_US`].
+    fn connect_failed(&self, shard: usize) {
+        let r = &self.reconnects[shard];
+        let b =
+            (r.backoff_us.load(Ordering::Relaxed) * 2).clamp(RECONNECT_MIN_US, RECONNECT_MAX_US);
+        r.backoff_us.store(b, Ordering::Relaxed);
+        r.next_at
+            .store(mono_us() + jitter(b, shard as u64), Ordering::Release);
+    }
+
+    /// A new connection to `shard` served a command: connect freely again.
+    fn connect_ok(&self, shard: usize) {
+        let r = &self.reconnects[shard];
+        if r.next_at.load(Ordering::Relaxed) != 0 {
+            r.next_at.store(0, Ordering::Release);
+            r.backoff_us.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// The error of a command the server refused to serve ([`refused_reply`]).
+    fn refused(&self, shard: usize, e: &str) -> Error {
+        let mut message = String::from("the server refused the command: ");
+        // (untrusted bytes: keep it short)
+        message.extend(e.chars().take(200));
+        Error::Connection {
+            shard: self.shards[shard].name.clone(),
+            message,
         }
     }
 
@@ -1143,12 +1625,12 @@ impl RedisEngine {
             )));
         };
         let st = self.state()?;
-        self.gate(&st, shard)?;
+        self.gate(shard, &Breaker::Shard)?;
         let start = Instant::now();
         let left = deadline.saturating_duration_since(start);
         if left.is_zero() {
             let r = Err(self.timeout_error(shard));
-            self.account(shard, start, &r);
+            self.account(&st, shard, &Breaker::Shard, start, &r);
             return r;
         }
         let pooled = loop {
@@ -1159,27 +1641,38 @@ impl RedisEngine {
                 c => break c,
             }
         };
-        let r = match pooled {
+        let fresh = pooled.is_none();
+        let conn = match pooled {
             Some(c) => Ok(c),
-            None => BlockingConn::connect(target, left),
-        }
-        .and_then(|mut c| {
-            let reply = c.request(packed, deadline, self.spin_wait())?;
-            // a reply with another call's tag: the connection is not reused
-            let reply = untag(reply, tag)
-                .map_err(|_| crate::resp::protocol("a reply carrying another call's tag"))?;
-            Ok((reply, c))
-        });
-        let r = r
-            .map(|(reply, conn)| {
-                let mut idle = st.blocking[shard].lock();
-                if idle.len() < BLOCKING_IDLE_MAX {
-                    idle.push(conn);
+            None => self.may_connect(shard).and_then(|()| {
+                BlockingConn::connect(target, left).map_err(|e| self.io_error(shard, e))
+            }),
+        };
+        let r = conn.and_then(
+            |mut c| match c.request(packed, deadline, self.spin_wait()) {
+                // the connection is dropped, never reused
+                Err(e) => Err(self.io_error(shard, e)),
+                Ok(Reply::Error(e)) if refused_reply(&e) => Err(self.refused(shard, &e)),
+                Ok(reply) => {
+                    // a reply with another call's tag: the connection is not reused
+                    let reply = untag(reply, tag).map_err(|_| {
+                        self.io_error(
+                            shard,
+                            crate::resp::protocol("a reply carrying another call's tag"),
+                        )
+                    })?;
+                    if fresh {
+                        self.connect_ok(shard);
+                    }
+                    let mut idle = st.blocking[shard].lock();
+                    if idle.len() < BLOCKING_IDLE_MAX {
+                        idle.push(c);
+                    }
+                    Ok(reply)
                 }
-                reply
-            })
-            .map_err(|e| self.io_error(shard, e));
-        self.account(shard, start, &r);
+            },
+        );
+        self.account(&st, shard, &Breaker::Shard, start, &r);
         r
     }
 
@@ -1205,6 +1698,7 @@ impl RedisEngine {
         if let Some(p) = slot.pipe.load_full().filter(|p| !p.is_broken()) {
             return Ok(p);
         }
+        self.may_connect(shard)?;
         let (target, timeout) = (target.clone(), self.timeout);
         let pipe = st
             .runtime()
@@ -1213,6 +1707,7 @@ impl RedisEngine {
             .map_err(|e| connect_panic(&self.shards[shard], e))?
             .map_err(|e| self.io_error(shard, e))?;
         let pipe = Arc::new(pipe);
+        slot.fresh.store(true, Ordering::Release);
         slot.pipe.store(Some(Arc::clone(&pipe)));
         Ok(pipe)
     }
@@ -1234,7 +1729,7 @@ impl RedisEngine {
             )));
         };
         let st = self.state()?;
-        self.gate(&st, shard)?;
+        self.gate(shard, &Breaker::Shard)?;
         st.keep_timers(self.timeout);
         let _in_flight = st.spin(self.spin_wait());
         let start = Instant::now();
@@ -1248,76 +1743,244 @@ impl RedisEngine {
                 .await
                 .map_err(|e| self.io_error(shard, e))
         };
-        let r = work.await;
-        self.account(shard, start, &r);
+        // (no timeout around `work`: both of its steps keep the deadline themselves)
+        let r = match work.await {
+            // (a server that refuses a client closes its connection: the pipe breaks)
+            Ok(Reply::Error(e)) if refused_reply(&e) => Err(self.refused(shard, &e)),
+            Ok(reply) => {
+                let slot = &st.pipes[shard];
+                if slot.fresh.load(Ordering::Relaxed) && slot.fresh.swap(false, Ordering::AcqRel) {
+                    self.connect_ok(shard);
+                }
+                Ok(reply)
+            }
+            Err(e) => Err(e),
+        };
+        self.account(&st, shard, &Breaker::Shard, start, &r);
         r
     }
 
-    fn gate(self: &Arc<Self>, st: &RtState, shard: usize) -> Result<()> {
-        let c = &self.circuits[shard];
-        let until = c.open_until.load(Ordering::Acquire);
-        if until == 0 {
+    fn gate(&self, shard: usize, b: &Breaker) -> Result<()> {
+        if self.circuit(shard, b).open_until.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
-        let now = mono_us();
-        if now >= until && !c.probing.swap(true, Ordering::AcqRel) {
-            let me = Arc::clone(self);
-            st.runtime().spawn(async move { me.probe(shard).await });
-        }
         Err(Error::Unavailable {
-            shard: self.shards[shard].name.clone(),
+            shard: self.breaker_name(shard, b),
         })
     }
 
-    fn failed(&self, shard: usize, e: &Error) {
-        let c = &self.circuits[shard];
+    /// Counts a backend failure of `shard` (through circuit `b`); the last of
+    /// [`FAILURES_TO_OPEN`] in a row opens the circuit and starts its probe. (Right after
+    /// a probe closed it, one failure is enough: the first calls are the trial.)
+    fn failed(self: &Arc<Self>, st: &RtState, shard: usize, b: &Breaker, e: &Error) {
+        let c = self.circuit(shard, b);
         let n = c.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if n >= FAILURES_TO_OPEN
             && c.open_until
-                .compare_exchange(
-                    0,
-                    mono_us() + BACKOFF_MIN_US,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
+                .compare_exchange(0, mono_us().max(1), Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
         {
-            c.backoff_us.store(BACKOFF_MIN_US, Ordering::Relaxed);
-            tracing::warn!(shard = %self.shards[shard].name, error = %e, "shardlimit: circuit opened after {n} consecutive failures");
+            if c.backoff_us.load(Ordering::Relaxed) == 0 {
+                c.backoff_us.store(BACKOFF_MIN_US, Ordering::Relaxed);
+            }
+            let name = self.breaker_name(shard, b);
+            tracing::warn!(shard = %name, error = %e, "shardlimit: circuit opened after {n} consecutive failures");
             self.emit(Event::Circuit {
-                shard: self.shards[shard].name.clone(),
+                shard: name,
                 state: CircuitState::Open,
             });
+            if !c.probing.swap(true, Ordering::AcqRel) {
+                let me = Arc::downgrade(self);
+                st.runtime().spawn(RedisEngine::probe(me, shard, b.clone()));
+            }
         }
     }
 
-    /// One background PING of an open shard: closes the circuit when it answers, or backs
-    /// off further.
-    async fn probe(self: Arc<Self>, shard: usize) {
-        let Ok(st) = self.state() else { return };
-        let ok = self
-            .raw(&st, shard, |mut conn| async move {
-                redis::cmd("PING").query_async::<String>(&mut conn).await
-            })
-            .await
-            .is_ok();
-        let c = &self.circuits[shard];
-        if ok {
-            c.failures.store(0, Ordering::Relaxed);
+    /// Probes an open circuit until the shard answers: a new connection and a PING after
+    /// each back-off (jittered, doubling up to [`BACKOFF_MAX_US`]), so a shard that
+    /// answers again is used again within that back-off, whether calls come or not.
+    /// The circuit closes half-open: the next failure opens it again at once. Ends when
+    /// the limiter is gone. A Cluster node's probe reads the slot map first: once the
+    /// node owns no slot (its replica took over), nothing routes to it and it closes.
+    async fn probe(me: std::sync::Weak<Self>, shard: usize, b: Breaker) {
+        loop {
+            let backoff = match me.upgrade() {
+                Some(e) => e
+                    .circuit(shard, &b)
+                    .backoff_us
+                    .load(Ordering::Relaxed)
+                    .clamp(BACKOFF_MIN_US, BACKOFF_MAX_US),
+                None => return,
+            };
+            tokio::time::sleep(Duration::from_micros(jitter(backoff, shard as u64))).await;
+            let Some(e) = me.upgrade() else { return };
+            let ok = match &b {
+                Breaker::Shard => e.ping_new_connection(shard).await,
+                Breaker::Node(n) => e.probe_node(n).await,
+            };
+            let c = e.circuit(shard, &b);
+            if !ok {
+                c.backoff_us
+                    .store((backoff * 2).min(BACKOFF_MAX_US), Ordering::Relaxed);
+                tracing::debug!(shard = %e.breaker_name(shard, &b), backoff_ms = backoff / 1000, "shardlimit: probe failed");
+                continue;
+            }
+            if let (Breaker::Shard, Ok(st)) = (&b, e.state()) {
+                e.connect_ok(shard);
+                // connections idle since before the outage are likely dead: the trial
+                // calls must not fail on them
+                st.blocking[shard].lock().clear();
+                if matches!(e.clients[shard], Client::Single(_)) {
+                    st.conns[shard].conn.store(None);
+                }
+            }
+            c.failures.store(FAILURES_TO_OPEN - 1, Ordering::Relaxed);
+            // (before closing: a failure right after the close starts a new probe)
+            c.probing.store(false, Ordering::Release);
             c.open_until.store(0, Ordering::Release);
-            tracing::info!(shard = %self.shards[shard].name, "shardlimit: shard answers again, circuit closed");
+            let name = e.breaker_name(shard, &b);
+            tracing::info!(shard = %name, "shardlimit: shard answers again, circuit closed");
+            e.emit(Event::Circuit {
+                shard: name,
+                state: CircuitState::Closed,
+            });
+            return;
+        }
+    }
+
+    /// One probe of Cluster node `n`: the slot map again, then a PING on a new
+    /// connection to the node when it still owns slots.
+    async fn probe_node(self: &Arc<Self>, n: &NodeCircuit) -> bool {
+        let Some(cn) = &self.cluster_nodes else {
+            return true;
+        };
+        if let Ok(st) = self.state() {
+            if let Some(conn) = st.conns[0].conn.load_full() {
+                if let Conn::Cluster(c) = &*conn {
+                    self.refresh_topology(c.clone()).await;
+                }
+            }
+        }
+        if !cn.owns_slots(n) {
+            return true;
+        }
+        let cfg = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        let work = async {
+            let client = cn.node_client(&n.host, n.port)?;
+            let mut c = client
+                .get_multiplexed_async_connection_with_config(&cfg)
+                .await?;
+            redis::cmd("PING").query_async::<String>(&mut c).await
+        };
+        matches!(
+            tokio::time::timeout(self.timeout, work).await,
+            Ok(Ok(pong)) if pong == "PONG"
+        )
+    }
+
+    /// Follows failovers of a shard behind Sentinels as Sentinel reports them: subscribed
+    /// to `+switch-master` on one Sentinel after another, it drops the shard's connection
+    /// when the primary switches, so the next call asks the Sentinels for the new one at
+    /// once (calls followed only when the old primary failed them, then after the probe's
+    /// back-off: 0.9-1 s after the switch). An open circuit closes half-open. Runs on the
+    /// limiter's runtime, until the limiter is gone.
+    async fn watch_sentinels(me: std::sync::Weak<Self>, shard: usize, w: SentinelWatch) {
+        use futures_util::StreamExt;
+        let mut backoff = BACKOFF_MIN_US * 4;
+        for url in w.nodes.iter().cycle() {
+            let Some(timeout) = me.upgrade().map(|e| e.timeout) else {
+                return;
+            };
+            let subscribed = async {
+                let client = redis::Client::open(url.as_str())?;
+                let mut ps = client.get_async_pubsub().await?;
+                ps.subscribe("+switch-master").await?;
+                redis::RedisResult::Ok(ps)
+            };
+            if let Ok(Ok(ps)) = tokio::time::timeout(timeout, subscribed).await {
+                backoff = BACKOFF_MIN_US * 4;
+                let mut messages = ps.into_on_message();
+                while let Some(m) = messages.next().await {
+                    // "<master name> <old ip> <old port> <new ip> <new port>"
+                    let Ok(payload) = m.get_payload::<String>() else {
+                        continue;
+                    };
+                    if payload.split(' ').next() != Some(w.master.as_str()) {
+                        continue;
+                    }
+                    let Some(e) = me.upgrade() else { return };
+                    e.followed_switch(shard);
+                }
+            }
+            // the Sentinel went away: the next one, after a back-off
+            tokio::time::sleep(Duration::from_micros(jitter(backoff, shard as u64))).await;
+            backoff = (backoff * 2).min(2_000_000);
+        }
+    }
+
+    /// Sentinel switched shard `shard`'s primary: forget the connection to the old one.
+    fn followed_switch(&self, shard: usize) {
+        tracing::info!(shard = %self.shards[shard].name, "shardlimit: sentinel switched the primary");
+        if let Some(st) = self.state.load_full() {
+            st.conns[shard].conn.store(None);
+        }
+        self.connect_ok(shard);
+        let c = &self.circuits[shard];
+        if c.open_until.load(Ordering::Acquire) != 0 {
+            c.failures.store(FAILURES_TO_OPEN - 1, Ordering::Relaxed);
+            c.open_until.store(0, Ordering::Release);
             self.emit(Event::Circuit {
                 shard: self.shards[shard].name.clone(),
                 state: CircuitState::Closed,
             });
-        } else {
-            let backoff =
-                (c.backoff_us.load(Ordering::Relaxed) * 2).clamp(BACKOFF_MIN_US, BACKOFF_MAX_US);
-            c.backoff_us.store(backoff, Ordering::Relaxed);
-            c.open_until.store(mono_us() + backoff, Ordering::Release);
-            tracing::debug!(shard = %self.shards[shard].name, backoff_ms = backoff / 1000, "shardlimit: probe failed");
         }
-        c.probing.store(false, Ordering::Release);
+    }
+
+    /// True when shard `shard` takes a new connection and answers PING within the
+    /// timeout. (A new connection: the shard's own may be broken, and a server at
+    /// `maxclients` still answers on the connections it has.) A Sentinel shard asks the
+    /// Sentinels for the primary first and, when it answers, forgets the connection it
+    /// had, so the next call goes to the primary found.
+    async fn ping_new_connection(self: &Arc<Self>, shard: usize) -> bool {
+        let cfg = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        let ping = |mut c: redis::aio::MultiplexedConnection| async move {
+            redis::cmd("PING").query_async::<String>(&mut c).await
+        };
+        let work = async {
+            match &self.clients[shard] {
+                Client::Single(client) => {
+                    let c = client
+                        .get_multiplexed_async_connection_with_config(&cfg)
+                        .await?;
+                    ping(c).await
+                }
+                Client::Cluster(client) => {
+                    let mut c = client.get_async_connection().await?;
+                    redis::cmd("PING").query_async::<String>(&mut c).await
+                }
+                Client::Sentinel(sentinel) => {
+                    let primary = sentinel.lock().await.async_get_client().await?;
+                    let c = primary
+                        .get_multiplexed_async_connection_with_config(&cfg)
+                        .await?;
+                    ping(c).await
+                }
+            }
+        };
+        let ok = matches!(
+            tokio::time::timeout(self.timeout, work).await,
+            Ok(Ok(pong)) if pong == "PONG"
+        );
+        if ok && matches!(self.clients[shard], Client::Sentinel(_)) {
+            if let Ok(st) = self.state() {
+                st.conns[shard].conn.store(None);
+            }
+        }
+        ok
     }
 
     /// True while shard `shard`'s circuit is open.
@@ -1488,8 +2151,12 @@ impl RedisEngine {
             }
             return self.script_reply(shard, reply, eff.limit, cost);
         }
+        let at = self
+            .cluster_nodes
+            .as_ref()
+            .map(|_| state_key(&self.prefix, &policy.key_scope, key));
         let r: Vec<i64> = self
-            .with_conn(shard, |mut conn| async move {
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 match cmd.query_async(&mut conn).await {
                     Err(e)
                         if e.kind()
@@ -1597,8 +2264,9 @@ impl RedisEngine {
                     String::new()
                 });
         }
+        let at = self.layers_at(layers);
         let r: Vec<i64> = self
-            .with_conn(shard, |mut conn| async move {
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 inv.invoke_async(&mut conn).await
             })
             .await?;
@@ -1648,8 +2316,9 @@ impl RedisEngine {
                 .arg(l.cost)
                 .arg(l.lease);
         }
+        let at = self.layers_at(layers);
         let _: i64 = self
-            .with_conn(shard, |mut conn| async move {
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 inv.invoke_async(&mut conn).await
             })
             .await?;
@@ -1667,8 +2336,9 @@ impl RedisEngine {
     ) -> Result<bool> {
         let rkey = state_key(&self.prefix, &policy.key_scope, key);
         let members: Vec<String> = (1..=units).map(|i| format!("{lease_id}:{i}")).collect();
+        let at = self.at(&rkey);
         let removed: i64 = self
-            .with_conn(shard, |mut conn| async move {
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 redis::cmd("ZREM")
                     .arg(rkey)
                     .arg(members)
@@ -1694,8 +2364,9 @@ impl RedisEngine {
         } else {
             0
         };
+        let at = self.at(&rkey);
         let _: i64 = self
-            .with_conn(shard, |mut conn| async move {
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 scripts::reset()
                     .key(rkey)
                     .arg(now_us.unwrap_or(0))
@@ -1782,8 +2453,9 @@ impl RedisEngine {
         reason: &str,
     ) -> Result<()> {
         let bkey = block_key(&self.prefix, key);
+        let at = self.at(&bkey);
         let reason = reason.to_string();
-        self.with_conn(shard, |mut conn| async move {
+        self.with_conn_at(shard, at.as_deref(), |mut conn| async move {
             let mut cmd = redis::cmd("SET");
             cmd.arg(bkey).arg(reason);
             if let Some(t) = ttl {
@@ -1796,8 +2468,9 @@ impl RedisEngine {
 
     pub async fn unblock(self: &Arc<Self>, shard: usize, key: &str) -> Result<bool> {
         let bkey = block_key(&self.prefix, key);
+        let at = self.at(&bkey);
         let n: i64 = self
-            .with_conn(shard, |mut conn| async move {
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 redis::cmd("DEL").arg(bkey).query_async(&mut conn).await
             })
             .await?;
@@ -1811,8 +2484,9 @@ impl RedisEngine {
         key: &str,
     ) -> Result<Option<(String, Option<Duration>)>> {
         let bkey = block_key(&self.prefix, key);
+        let at = self.at(&bkey);
         let (reason, ttl): (Option<String>, i64) = self
-            .with_conn(shard, |mut conn| async move {
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 redis::pipe()
                     .cmd("GET")
                     .arg(&bkey)

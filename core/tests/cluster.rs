@@ -197,3 +197,94 @@ fn cluster_mode_end_to_end() {
             .unwrap_or(false)
     });
 }
+
+/// A key whose slot `nodes[i]` owns (any other node answers MOVED, an error).
+fn key_owned_by(nodes: &[RedisServer], i: usize, prefix: &str) -> String {
+    (0..10_000)
+        .map(|n| format!("{prefix}{n}"))
+        .find(|k| {
+            redis::cmd("GET")
+                .arg(format!("{{{k}}}"))
+                .query::<Option<String>>(&mut nodes[i].conn())
+                .is_ok()
+        })
+        .unwrap()
+}
+
+fn set_full_coverage(nodes: &[RedisServer], yes: bool) {
+    for n in nodes {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg(if yes { "yes" } else { "no" })
+            .exec(&mut n.conn())
+            .unwrap();
+    }
+}
+
+/// One dead primary took every slot down: the whole Cluster shared one circuit, so
+/// three failures on the dead primary's slots opened it for all (a key on a healthy
+/// primary fell back for 4.4 s while Redis was serving it). Circuits follow the slot's
+/// owner now: the dead primary's keys fall back, fast once its circuit is open, and
+/// every check of a key on a healthy primary is decided by Redis. `CLUSTERDOWN` is a
+/// backend error (the failure mode applies), not a script error.
+#[test]
+fn a_dead_primary_takes_only_its_own_slots_down() {
+    let mut nodes = create_cluster();
+    // the healthy primaries go on serving their slots while one is down
+    set_full_coverage(&nodes, false);
+    let l = limiter(&nodes, 300);
+    let victim = 1;
+    let dead_key = key_owned_by(&nodes, victim, "dead");
+    let live_key = key_owned_by(&nodes, 0, "live");
+    let ip = |key: &str| l.check_named_blocking("ip", key, 1).unwrap();
+    assert_eq!(ip(&dead_key).source, Source::Redis);
+    assert_eq!(ip(&live_key).source, Source::Redis);
+
+    nodes[victim].kill();
+    let start = Instant::now();
+    let mut fast_fallbacks = 0;
+    for i in 0..20 {
+        // (several in a row: enough to open a circuit)
+        for _ in 0..3 {
+            let t = Instant::now();
+            let d = ip(&dead_key);
+            assert_eq!(
+                (d.allowed, d.source),
+                (false, Source::Fallback),
+                "check {i}"
+            );
+            if t.elapsed() < Duration::from_millis(50) {
+                fast_fallbacks += 1;
+            }
+        }
+        let e = l.check_named_blocking("api", &dead_key, 1).unwrap_err();
+        assert!(
+            e.is_backend() && e.kind() != shardlimit::ErrorKind::Script,
+            "{e}"
+        );
+        let d = ip(&live_key);
+        assert_eq!(
+            d.source,
+            Source::Redis,
+            "check {i}: a healthy primary's key"
+        );
+    }
+    assert!(
+        fast_fallbacks >= 50,
+        "the dead primary's circuit opened: {fast_fallbacks} of 60 fallbacks were fast"
+    );
+    eprintln!("20 rounds in {:?}", start.elapsed());
+
+    // with full coverage required, the healthy primaries refuse every slot
+    set_full_coverage(&nodes[..1], true);
+    set_full_coverage(&nodes[2..], true);
+    wait("cluster_state:fail", || !cluster_ok(&nodes[0]));
+    let e = l.check_named_blocking("api", &live_key, 1).unwrap_err();
+    assert!(
+        e.is_backend() && e.kind() != shardlimit::ErrorKind::Script,
+        "CLUSTERDOWN is a backend error: {e}"
+    );
+    let d = ip(&live_key);
+    assert_eq!((d.allowed, d.source), (false, Source::Fallback));
+}

@@ -224,3 +224,120 @@ fn sentinel_shard_logs_in_to_the_sentinel_and_the_primary() {
         assert!(!e.to_string().contains("wrong"), "{e}");
     }
 }
+
+/// After a failover, a long-running limiter went on with the old primary until that one
+/// failed its calls, then waited out the probe's back-off: it returned to Redis 0.9-1 s
+/// after Sentinel had switched. It follows the switch as Sentinel reports it now
+/// (`+switch-master`): checks made from 300 ms after the report on land on the new primary.
+#[test]
+fn sentinel_shard_follows_the_switch_as_sentinel_reports_it() {
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_with(
+        free_port(),
+        vec![
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            primary.port.to_string(),
+        ],
+    );
+    let s = sentinel(primary.port);
+    let sport = s.1;
+    wait("the replica to sync", || {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut replica.conn())
+            .unwrap_or_default();
+        info.contains("master_link_status:up")
+    });
+    wait("the sentinel to see the replica", || {
+        sentinel_cmd::<Vec<redis::Value>>(sport, &["SENTINEL", "REPLICAS", "mymaster"])
+            .map(|r| !r.is_empty())
+            .unwrap_or(false)
+    });
+    let l = Limiter::from_json(&format!(
+        r#"{{"timeout_ms": 300, "shards": [{{"name": "ha", "sentinel": {{"nodes": ["127.0.0.1:{sport}"], "master": "mymaster"}}}}],
+            "policies": {{"api": {{"algorithm": "fixed_window", "limit": 1000000, "window": "1h", "on_error": "open"}}}}}}"#
+    ))
+    .unwrap();
+    assert_eq!(
+        l.check_named_blocking("api", "seq:warm", 1).unwrap().source,
+        Source::Redis
+    );
+    // the moment Sentinel reports the switch, seen by a subscriber of our own
+    let mut sub = redis::Client::open(format!("redis://127.0.0.1:{sport}"))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    let switched = std::thread::spawn(move || {
+        let mut ps = sub.as_pubsub();
+        ps.subscribe("+switch-master").unwrap();
+        ready_tx.send(()).unwrap();
+        ps.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        ps.get_message().expect("+switch-master within 20 s");
+        Instant::now()
+    });
+    ready.recv().unwrap();
+    // (the limiter's subscription is in place before the failover starts: a Sentinel
+    // has no PUBSUB NUMSUB, its client list shows the subscribers)
+    wait("the limiter's subscription", || {
+        sentinel_cmd::<String>(sport, &["CLIENT", "LIST"])
+            .map(|list| list.lines().filter(|c| c.contains(" sub=1 ")).count() >= 2)
+            .unwrap_or(false)
+    });
+    let _: String = sentinel_cmd(sport, &["SENTINEL", "FAILOVER", "mymaster"]).unwrap();
+    // checks of distinct keys, one after another, until 1.5 s after the switch
+    let mut sent: Vec<(u64, Instant)> = Vec::new();
+    let mut n = 0u64;
+    let t_switch = loop {
+        let t = Instant::now();
+        let _ = l.check_named_blocking("api", &format!("seq:{n}"), 1);
+        sent.push((n, t));
+        n += 1;
+        if switched.is_finished() {
+            break switched.join().unwrap();
+        }
+        assert!(sent.len() < 200_000, "no switch");
+    };
+    while t_switch.elapsed() < Duration::from_millis(1500) {
+        let t = Instant::now();
+        let _ = l.check_named_blocking("api", &format!("seq:{n}"), 1);
+        sent.push((n, t));
+        n += 1;
+    }
+    // writes that went to the old primary were lost when it became a replica
+    wait("the old primary to be demoted", || {
+        let role: Vec<redis::Value> = redis::cmd("ROLE")
+            .query(&mut primary.conn())
+            .unwrap_or_default();
+        matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"slave")
+    });
+    let on_new: Vec<String> = redis::cmd("KEYS")
+        .arg("*seq:*")
+        .query(&mut replica.conn())
+        .unwrap();
+    let landed: std::collections::HashSet<u64> = on_new
+        .iter()
+        .filter_map(|k| {
+            let rest = &k[k.find("seq:")? + 4..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .collect();
+    let late: Vec<u64> = sent
+        .iter()
+        .filter(|(n, t)| *t >= t_switch + Duration::from_millis(300) && !landed.contains(n))
+        .map(|(n, _)| *n)
+        .collect();
+    let first = sent
+        .iter()
+        .find(|(n, t)| *t >= t_switch && landed.contains(n))
+        .map(|(_, t)| t.duration_since(t_switch));
+    eprintln!("first check on the new primary {first:?} after the switch was reported");
+    assert!(
+        late.is_empty(),
+        "{} checks from 300 ms after the switch did not reach the new primary (first: {:?})",
+        late.len(),
+        late.first()
+    );
+}
