@@ -50,8 +50,8 @@ pub(crate) struct Held {
 pub(crate) enum State {
     /// Fixed and sliding window counters: `cur` units in window `idx`, `prev` in `idx - 1`.
     Window { idx: u64, cur: u64, prev: u64 },
-    /// Sliding log: admission times of live units, oldest first.
-    Log(VecDeque<u64>),
+    /// Sliding log: one entry per admitted check, oldest first.
+    Log(VecDeque<LogEntry>),
     /// Token and leaky bucket: the theoretical arrival (drain) time.
     Tat(u64),
     /// Concurrency: the leases held.
@@ -71,7 +71,7 @@ impl State {
                 };
                 (idx + windows) * c.period_us
             }
-            State::Log(log) => log.back().map_or(0, |t| t + c.period_us),
+            State::Log(log) => log.back().map_or(0, |e| e.t + c.period_us),
             State::Tat(t) => *t,
             State::Leases(h) => h.iter().map(|l| l.expiry_us).max().unwrap_or(0),
         }
@@ -220,6 +220,24 @@ fn sliding_window(
     )
 }
 
+/// Mirrors `SL_MOD` of `lua/sliding_log.lua`: `before` counts units modulo 2^52, so the
+/// script's doubles hold it exactly.
+pub(crate) const SL_MOD: u64 = 1 << 52;
+/// Mirrors `SL_EXPIRE`: the most expired entries one write removes.
+pub(crate) const SL_EXPIRE: usize = 64;
+
+/// One admitted check of a sliding log: `cost` units recorded at `t` (µs), after `before`
+/// units (mod [`SL_MOD`]) were recorded on the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LogEntry {
+    pub t: u64,
+    pub before: u64,
+    pub cost: u64,
+}
+
+/// Weighted sliding log, step for step as `lua/sliding_log.lua`: the live units are the
+/// newest entry's `before + cost` minus the oldest live entry's `before`, so no call walks
+/// the entries or depends on the cost.
 fn sliding_log(
     c: &Compiled,
     state: &mut Option<State>,
@@ -228,37 +246,57 @@ fn sliding_log(
     peek: bool,
 ) -> Outcome {
     let (limit, w) = (c.limit, c.period_us);
-    let horizon = now.saturating_sub(w);
     let mut empty = VecDeque::new();
     let log = match state {
         Some(State::Log(l)) => l,
         _ => &mut empty,
     };
-    // units with time <= now - window have expired
-    let live_from = log.partition_point(|t| *t <= horizon);
-    let n = (log.len() - live_from) as u64;
-    let reset_after = |log: &VecDeque<u64>| log.back().map_or(0, |t| (t + w).saturating_sub(now));
+    // entries recorded at t <= now - window have expired
+    let expired = log.partition_point(|e| e.t + w <= now);
+    let newest = log.back().copied();
+    let top = newest.map_or(0, |e| (e.before + e.cost) % SL_MOD);
+    let base = log.get(expired).map(|e| e.before);
+    let n = base.map_or(0, |b| (top + SL_MOD - b) % SL_MOD);
+    let reset_after = newest.map_or(0, |e| (e.t + w).saturating_sub(now));
     if cost > limit {
-        return Outcome::deny(limit.saturating_sub(n), reset_after(log), None);
+        return Outcome::deny(limit.saturating_sub(n), reset_after, None);
     }
     if n + cost > limit {
-        let k = (n + cost - limit) as usize;
-        let t = log[live_from + k - 1];
-        return Outcome::deny(limit - n, reset_after(log), Some(t + w - now));
+        // the first live entry whose units bring the count from `base` to k
+        let (k, base) = (n + cost - limit, base.unwrap_or(0));
+        let (mut lo, mut hi) = (expired, log.len() - 1);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let e = log[mid];
+            if (e.before + e.cost + SL_MOD - base) % SL_MOD >= k {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        let t = log[lo].t;
+        return Outcome::deny(limit.saturating_sub(n), reset_after, Some(t + w - now));
     }
     if peek {
-        return Outcome::allow(limit - n, reset_after(log), 0);
+        return Outcome::allow(limit - n, reset_after, 0);
     }
-    log.drain(..live_from);
-    let at = log.partition_point(|t| *t <= now);
-    for _ in 0..cost {
-        log.insert(at, now);
+    log.drain(..expired.min(SL_EXPIRE));
+    let mut at = now;
+    if let Some(e) = newest {
+        at = at.max(e.t);
+        if top < e.before && at == e.t {
+            at += 1;
+        }
     }
-    let reset = reset_after(log);
+    log.push_back(LogEntry {
+        t: at,
+        before: top,
+        cost,
+    });
     if !matches!(state, Some(State::Log(_))) {
         *state = Some(State::Log(empty));
     }
-    Outcome::allow(limit - n - cost, reset, 0)
+    Outcome::allow(limit - n - cost, at + w - now, 0)
 }
 
 fn gcra(
@@ -324,44 +362,57 @@ fn concurrency(
         return Outcome::deny(max.saturating_sub(n), reset_after(held), None);
     }
     if n + cost > max {
-        // with no releases, the (n + cost - max)-th earliest expiring unit frees enough
-        let mut expiries: Vec<(u64, u64)> = held
+        // with no releases, the k-th earliest expiring unit frees enough; like the script,
+        // walk at most CC_WALK leases in its order (expiry, then member "id*units")
+        let mut first: Vec<(u64, String, u64)> = held
             .iter()
             .filter(|l| l.expiry_us > now)
-            .map(|l| (l.expiry_us, l.units))
+            .map(|l| (l.expiry_us, format!("{}*{}", l.id, l.units), l.units))
             .collect();
-        expiries.sort_unstable();
+        first.sort_unstable();
         let mut k = n + cost - max;
-        let mut at = now;
-        for (e, units) in expiries {
-            at = e;
+        let mut at = now + reset_after(held);
+        for (e, _, units) in first.into_iter().take(CC_WALK) {
             if units >= k {
+                at = e;
                 break;
             }
             k -= units;
         }
-        return Outcome::deny(max - n, reset_after(held), Some(at - now));
+        return Outcome::deny(max.saturating_sub(n), reset_after(held), Some(at - now));
     }
     if peek {
         return Outcome::allow(max - n, reset_after(held), 0);
     }
-    held.push(Held {
-        expiry_us: now + ttl,
-        id: lease_id.into(),
-        units: cost,
-    });
+    match held
+        .iter_mut()
+        .find(|l| *l.id == *lease_id && l.units == cost)
+    {
+        // the same lease again (the script's ZADD of an existing member): a new expiry
+        Some(l) => l.expiry_us = now + ttl,
+        None => held.push(Held {
+            expiry_us: now + ttl,
+            id: lease_id.into(),
+            units: cost,
+        }),
+    }
+    let n = held.iter().map(|l| l.units).sum::<u64>();
     let reset = reset_after(held);
     if !matches!(state, Some(State::Leases(_))) {
         *state = Some(State::Leases(empty));
     }
-    Outcome::allow(max - n - cost, reset, 0)
+    Outcome::allow(max - n, reset, 0)
 }
 
-/// Releases lease `id`; true when it was held.
-pub(crate) fn release(state: &mut Option<State>, id: &str) -> bool {
+/// Mirrors `CC_WALK` of `lua/concurrency.lua`: the most leases a denied check's
+/// `retry_after` walks.
+pub(crate) const CC_WALK: usize = 64;
+
+/// Releases lease `id` of `units` units; true when it was held (and had not expired).
+pub(crate) fn release(state: &mut Option<State>, id: &str, units: u64, now: u64) -> bool {
     if let Some(State::Leases(h)) = state {
         let before = h.len();
-        h.retain(|l| &*l.id != id);
+        h.retain(|l| !(&*l.id == id && l.units == units && l.expiry_us > now));
         return h.len() != before;
     }
     false

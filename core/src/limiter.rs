@@ -619,10 +619,17 @@ impl Limiter {
     pub async fn release_with(&self, policy: &Policy, lease: &Lease) -> Result<bool> {
         validate_key(&lease.key)?;
         match &self.view().engine {
-            Engine::Memory(m) => Ok(m.release(&policy.0.name, &lease.key, &lease.id)),
+            Engine::Memory(m) => Ok(m.release(
+                &policy.0.name,
+                &lease.key,
+                &lease.id,
+                lease.units,
+                self.now(),
+            )),
             Engine::Redis(r) => {
                 let shard = shard_index(&lease.key, r.shards.len() as u32) as usize;
-                r.release(&policy.0, &lease.key, shard, &lease.id, lease.units)
+                let now = self.now_override();
+                r.release(&policy.0, &lease.key, shard, &lease.id, lease.units, now)
                     .await
             }
         }
