@@ -186,32 +186,25 @@ fn sliding_window(
             0,
         );
     }
-    let retry = if cur + cost <= limit {
-        // wait in this window for the previous window's weight to decay (prev > 0 here)
-        let guess = (w as f64 - ((limit - cur - cost) as f64) * w as f64 / prev as f64).ceil();
-        let mut e = (guess.max(elapsed as f64) as u64).min(w);
-        while e < w && !sw_fits(prev, cur, e, w, cost, limit) {
-            e += 1;
-        }
-        while e > elapsed + 1 && sw_fits(prev, cur, e - 1, w, cost, limit) {
-            e -= 1;
-        }
-        e.min(w) - elapsed
-    } else {
-        let mut e = 0;
-        if cur > 0 {
-            let guess = (w as f64 - ((limit - cost) as f64) * w as f64 / cur as f64).ceil();
-            if guess > 0.0 {
-                e = (guess as u64).min(w);
+    // the smallest e in [lo, hi] where the cost fits (hi when none is smaller): a bisection,
+    // as the script does; `sw_fits` only grows with e
+    let first_fit = |p: u64, cur: u64, mut lo: u64, mut hi: u64| {
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if sw_fits(p, cur, mid, w, cost, limit) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
             }
         }
-        while e < w && !sw_fits(cur, 0, e, w, cost, limit) {
-            e += 1;
-        }
-        while e > 0 && sw_fits(cur, 0, e - 1, w, cost, limit) {
-            e -= 1;
-        }
-        w - elapsed + e
+        lo
+    };
+    let retry = if cur + cost <= limit {
+        // wait in this window for the previous window's weight to decay (prev > 0 here)
+        first_fit(prev, cur, elapsed + 1, w) - elapsed
+    } else {
+        // in the next window, where this window's count becomes the previous one
+        w - elapsed + first_fit(cur, 0, 0, w)
     };
     Outcome::deny(
         sw_remaining(prev, cur, elapsed, w, limit),
