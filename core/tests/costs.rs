@@ -481,3 +481,47 @@ fn sliding_log_with_a_clock_that_goes_back_engines_agree() {
         assert_eq!(got[0], got[1], "step {step}, t {t}, cost {cost}");
     }
 }
+
+/// State an older version wrote (one member per unit) never fails a check: a sliding log
+/// starts afresh on its first write, old leases count one unit each until they expire.
+#[test]
+fn state_of_the_previous_format_is_read_safely() {
+    let server = RedisServer::start();
+    let (limiter, clock) = with_clock(redis_limiter(&server), T0);
+    let sl = Policy::new("sl", Limit::sliding_log(10, HOUR))
+        .unwrap()
+        .with_on_error(OnError::Error);
+    let cc = Policy::new("cc", Limit::concurrency(10, HOUR))
+        .unwrap()
+        .with_on_error(OnError::Error);
+    let mut c = server.conn();
+    for p in [&sl, &cc] {
+        // find the state key by making one, then replace it with members of the old format
+        limiter.check_blocking("k", p, 1).unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+        redis::cmd("DEL").arg(&keys).exec(&mut c).unwrap();
+        let score = if p.name() == "sl" {
+            T0
+        } else {
+            T0 + 3_600_000_000
+        };
+        for i in 1..=4 {
+            redis::cmd("ZADD")
+                .arg(&keys[0])
+                .arg(score)
+                .arg(format!("{T0}-{i}"))
+                .exec(&mut c)
+                .unwrap();
+        }
+        clock.set_us(T0 + 1);
+        let peek = limiter.peek_blocking("k", p).unwrap();
+        let d = limiter.check_blocking("k", p, 5).unwrap();
+        assert!(d.allowed, "{}: {d:?}", p.name());
+        if p.name() == "sl" {
+            assert_eq!((peek.remaining, d.remaining), (10, 5));
+        } else {
+            assert_eq!((peek.remaining, d.remaining), (6, 1));
+        }
+        clock.set_us(T0);
+    }
+}
