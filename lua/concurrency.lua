@@ -1,11 +1,14 @@
 -- concurrency: at most `limit` units held at once. One sorted-set member per lease,
 -- "<lease>*<units>", scored by its expiry (µs); the member "#", scored -(1 + units held),
 -- keeps the sum of the leases' units, so no call depends on a lease's size. Every call
--- (a peek too: it changes no decision) removes the leases that expired, each read once.
--- A denied check's retry_after walks at most CC_WALK leases, earliest expiry first (when
--- more would have to expire, it is the time every current lease has expired: later than
--- the exact time, never earlier). core/src/algo.rs mirrors every step. `period` is the TTL.
+-- (a peek too: it changes no decision) reclaims the leases that expired, at most
+-- CC_EXPIRE of them, earliest first: when more expire at once, the rest count as held
+-- until later calls reclaim them (later admissions, never more). A denied check's
+-- retry_after walks at most CC_WALK live leases, earliest expiry first (when more would
+-- have to expire, it is the time every current lease has expired: later than the exact
+-- time, never earlier). core/src/algo.rs mirrors every step. `period` is the lease TTL.
 local CC_WALK = 64
+local CC_EXPIRE = 512
 
 -- units of a lease member ("id*units"; a member of an older version held one unit)
 local function cc_units(m)
@@ -22,7 +25,7 @@ local function cc_store(key, held)
   end
 end
 
--- units held after the expired leases are removed
+-- units held after reclaiming expired leases
 local function cc_held(key, now)
   local t = redis.call('ZSCORE', key, '#')
   local held
@@ -31,10 +34,10 @@ local function cc_held(key, now)
   else
     held = redis.call('ZCARD', key) -- none yet, or an older version's member per unit
   end
-  local gone = redis.call('ZRANGEBYSCORE', key, 0, int(now))
+  local gone = redis.call('ZRANGEBYSCORE', key, 0, int(now), 'LIMIT', 0, CC_EXPIRE)
   if #gone > 0 then
     for _, m in ipairs(gone) do held = held - cc_units(m) end
-    redis.call('ZREMRANGEBYSCORE', key, 0, int(now))
+    redis.call('ZREM', key, unpack(gone))
     cc_store(key, held)
   end
   return math.max(held, 0)

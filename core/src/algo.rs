@@ -4,7 +4,7 @@
 //! sequence of (time, key, cost). `tests/vectors/*.json` holds that promise.
 
 use crate::limit::{Algorithm, Compiled};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// What an algorithm decided, in integers (µs). `retry_us` is `None` when absent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,12 +37,56 @@ impl Outcome {
     }
 }
 
-/// One lease of a concurrency limit: `units` held until `expiry_us`.
-#[derive(Debug, Clone)]
-pub(crate) struct Held {
-    pub expiry_us: u64,
-    pub id: Box<str>,
-    pub units: u64,
+/// The leases of a concurrency limit, as the script keeps them: ordered by (expiry,
+/// member "id*units") like the sorted set, with the sum of their units, so that no call
+/// walks them (the denial's walk stops after [`CC_WALK`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Leases {
+    by_expiry: BTreeMap<(u64, Box<str>), u64>,
+    expiry_of: HashMap<Box<str>, u64>,
+    held: u64,
+}
+
+impl Leases {
+    /// Reclaims the leases expired at `now`, at most [`CC_EXPIRE`], earliest first (like
+    /// the script: the rest count as held until later calls reclaim them).
+    fn expire(&mut self, now: u64) {
+        for _ in 0..CC_EXPIRE {
+            let Some(entry) = self.by_expiry.first_entry() else {
+                break;
+            };
+            if entry.key().0 > now {
+                break;
+            }
+            let ((_, member), units) = entry.remove_entry();
+            self.expiry_of.remove(&member);
+            self.held -= units;
+        }
+    }
+    fn latest(&self) -> Option<u64> {
+        self.by_expiry.last_key_value().map(|((e, _), _)| *e)
+    }
+    /// Adds (or, for a member already held, renews) a lease; the units held after.
+    fn hold(&mut self, member: Box<str>, units: u64, expiry: u64) {
+        match self.expiry_of.insert(member.clone(), expiry) {
+            Some(old) => {
+                self.by_expiry.remove(&(old, member.clone()));
+            }
+            None => self.held += units,
+        }
+        self.by_expiry.insert((expiry, member), units);
+    }
+    /// Removes a lease; its expiry when it was there.
+    fn take(&mut self, member: &str, units: u64) -> Option<u64> {
+        let (member, expiry) = self.expiry_of.remove_entry(member)?;
+        self.by_expiry.remove(&(expiry, member));
+        self.held -= units;
+        Some(expiry)
+    }
+}
+
+fn lease_member(id: &str, units: u64) -> Box<str> {
+    format!("{id}*{units}").into()
 }
 
 /// Per-key state of one policy.
@@ -55,7 +99,7 @@ pub(crate) enum State {
     /// Token and leaky bucket: the theoretical arrival (drain) time.
     Tat(u64),
     /// Concurrency: the leases held.
-    Leases(Vec<Held>),
+    Leases(Leases),
 }
 
 impl State {
@@ -73,7 +117,7 @@ impl State {
             }
             State::Log(log) => log.back().map_or(0, |e| e.t + c.period_us),
             State::Tat(t) => *t,
-            State::Leases(h) => h.iter().map(|l| l.expiry_us).max().unwrap_or(0),
+            State::Leases(h) => h.latest().unwrap_or(0),
         }
     }
 }
@@ -331,66 +375,38 @@ fn concurrency(
     lease_id: &str,
 ) -> Outcome {
     let (max, ttl) = (c.limit, c.period_us);
-    let mut empty = Vec::new();
-    let held = match state {
+    let mut empty = Leases::default();
+    let leases = match state {
         Some(State::Leases(h)) => h,
         _ => &mut empty,
     };
-    if !peek {
-        held.retain(|l| l.expiry_us > now);
-    }
-    let n: u64 = held
-        .iter()
-        .filter(|l| l.expiry_us > now)
-        .map(|l| l.units)
-        .sum();
-    let reset_after = |held: &Vec<Held>| {
-        held.iter()
-            .map(|l| l.expiry_us)
-            .max()
-            .filter(|e| *e > now)
-            .map_or(0, |e| e - now)
-    };
+    // like the script, every call (a peek too) drops what expired: no decision changes
+    leases.expire(now);
+    let n = leases.held;
+    let reset_after = |l: &Leases| l.latest().map_or(0, |e| e.saturating_sub(now));
     if cost > max {
-        return Outcome::deny(max.saturating_sub(n), reset_after(held), None);
+        return Outcome::deny(max.saturating_sub(n), reset_after(leases), None);
     }
     if n + cost > max {
-        // with no releases, the k-th earliest expiring unit frees enough; like the script,
-        // walk at most CC_WALK leases in its order (expiry, then member "id*units")
-        let mut first: Vec<(u64, String, u64)> = held
-            .iter()
-            .filter(|l| l.expiry_us > now)
-            .map(|l| (l.expiry_us, format!("{}*{}", l.id, l.units), l.units))
-            .collect();
-        first.sort_unstable();
+        // with no releases, the k-th earliest expiring unit frees enough: walk at most
+        // CC_WALK leases, else the time every lease has expired
         let mut k = n + cost - max;
-        let mut at = now + reset_after(held);
-        for (e, _, units) in first.into_iter().take(CC_WALK) {
-            if units >= k {
-                at = e;
+        let mut at = now + reset_after(leases);
+        let live = leases.by_expiry.range((now + 1, Box::<str>::from(""))..);
+        for ((e, _), units) in live.take(CC_WALK) {
+            if *units >= k {
+                at = *e;
                 break;
             }
             k -= units;
         }
-        return Outcome::deny(max.saturating_sub(n), reset_after(held), Some(at - now));
+        return Outcome::deny(max.saturating_sub(n), reset_after(leases), Some(at - now));
     }
     if peek {
-        return Outcome::allow(max - n, reset_after(held), 0);
+        return Outcome::allow(max - n, reset_after(leases), 0);
     }
-    match held
-        .iter_mut()
-        .find(|l| *l.id == *lease_id && l.units == cost)
-    {
-        // the same lease again (the script's ZADD of an existing member): a new expiry
-        Some(l) => l.expiry_us = now + ttl,
-        None => held.push(Held {
-            expiry_us: now + ttl,
-            id: lease_id.into(),
-            units: cost,
-        }),
-    }
-    let n = held.iter().map(|l| l.units).sum::<u64>();
-    let reset = reset_after(held);
+    leases.hold(lease_member(lease_id, cost), cost, now + ttl);
+    let (n, reset) = (leases.held, reset_after(leases));
     if !matches!(state, Some(State::Leases(_))) {
         *state = Some(State::Leases(empty));
     }
@@ -400,13 +416,15 @@ fn concurrency(
 /// Mirrors `CC_WALK` of `lua/concurrency.lua`: the most leases a denied check's
 /// `retry_after` walks.
 pub(crate) const CC_WALK: usize = 64;
+/// Mirrors `CC_EXPIRE`: the most expired leases one call reclaims.
+pub(crate) const CC_EXPIRE: usize = 512;
 
 /// Releases lease `id` of `units` units; true when it was held (and had not expired).
 pub(crate) fn release(state: &mut Option<State>, id: &str, units: u64, now: u64) -> bool {
-    if let Some(State::Leases(h)) = state {
-        let before = h.len();
-        h.retain(|l| !(&*l.id == id && l.units == units && l.expiry_us > now));
-        return h.len() != before;
+    match state {
+        Some(State::Leases(l)) => l
+            .take(&lease_member(id, units), units)
+            .is_some_and(|expiry| expiry > now),
+        _ => false,
     }
-    false
 }
