@@ -603,3 +603,44 @@ fn leases_expiring_at_once_are_reclaimed_in_bounded_steps() {
     let worst = cpu.iter().max().unwrap();
     assert!(*worst < CALL_BUDGET_US, "Redis CPU µs per call: {cpu:?}");
 }
+
+/// A sliding log's running count of units wraps at 2^52 (every number the script handles
+/// stays exact in a double): on a 10^12 log, after ~9,000 checks of ~5·10^11 units. Both
+/// engines agree across the wrap, including the check recorded one µs later so that the
+/// members of one instant stay in order, and retry_after still finds the right entry.
+#[test]
+fn sliding_log_running_count_wraps_and_engines_agree() {
+    let server = RedisServer::start();
+    let p = Policy::new("sl", Limit::sliding_log(MAX_LIMIT, Duration::from_secs(1)))
+        .unwrap()
+        .with_on_error(OnError::Error);
+    let pair = engines(&server);
+    let c: u64 = 499_500_000_000; // floor(2^52 / c) is even: the wrap falls inside a pair
+    let mut t = T0;
+    let mut recorded: u128 = 0;
+    let mut wrapped_retry = None;
+    for step in 0..4600 {
+        for cost in [c, c, MAX_LIMIT - 2 * c + 1, MAX_LIMIT - c + 1] {
+            let got: Vec<(String, Decision)> = pair
+                .iter()
+                .map(|(l, clock)| {
+                    clock.set_us(t);
+                    let d = l.check_blocking("k", &p, cost).unwrap();
+                    (fields(&d), d)
+                })
+                .collect();
+            assert_eq!(got[0].0, got[1].0, "step {step}, cost {cost}");
+            let d = &got[0].1;
+            if d.allowed {
+                recorded += cost as u128;
+            } else if cost == MAX_LIMIT - c + 1 && d.retry_after > Some(Duration::from_secs(1)) {
+                // the second check of the pair that wrapped was recorded 1 µs later
+                wrapped_retry.get_or_insert((step, d.retry_after));
+            }
+        }
+        t += 1_000_000;
+    }
+    assert!(recorded > 1 << 52, "{recorded}");
+    let (step, retry) = wrapped_retry.expect("a check recorded 1 µs later at the wrap");
+    assert_eq!(retry, Some(Duration::from_micros(1_000_001)), "step {step}");
+}
