@@ -66,7 +66,7 @@ impl Leases {
     fn latest(&self) -> Option<u64> {
         self.by_expiry.last_key_value().map(|((e, _), _)| *e)
     }
-    /// Adds (or, for a member already held, renews) a lease; the units held after.
+    /// Adds (or, for a member already held, renews) a lease.
     fn hold(&mut self, member: Box<str>, units: u64, expiry: u64) {
         match self.expiry_of.insert(member.clone(), expiry) {
             Some(old) => {
@@ -380,7 +380,7 @@ fn concurrency(
         Some(State::Leases(h)) => h,
         _ => &mut empty,
     };
-    // like the script, every call (a peek too) drops what expired: no decision changes
+    // like the script, every call (a peek too) reclaims up to CC_EXPIRE expired leases
     leases.expire(now);
     let n = leases.held;
     let reset_after = |l: &Leases| l.latest().map_or(0, |e| e.saturating_sub(now));
