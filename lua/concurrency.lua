@@ -1,11 +1,50 @@
--- concurrency: at most `limit` units held at once. Each held unit is a sorted-set member
--- lease..':'..i scored by its expiry (µs); expired leases are reclaimed on every call.
--- `period` is the lease TTL.
-ALGO.cc = function(key, now, max, ttl, cost, peek, lease)
-  if not peek then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
+-- concurrency: at most `limit` units held at once. One sorted-set member per lease,
+-- "<lease>*<units>", scored by its expiry (µs); the member "#", scored -(1 + units held),
+-- keeps the sum of the leases' units, so no call depends on a lease's size. Every call
+-- (a peek too: it changes no decision) reclaims the leases that expired, at most
+-- CC_EXPIRE of them, earliest first: when more expire at once, the rest count as held
+-- until later calls reclaim them (later admissions, never more). A denied check's
+-- retry_after walks at most CC_WALK live leases, earliest expiry first (when more would
+-- have to expire, it is the time every current lease has expired: later than the exact
+-- time, never earlier). core/src/algo.rs mirrors every step. `period` is the lease TTL.
+local CC_WALK = 64
+local CC_EXPIRE = 512
+
+-- units of a lease member ("id*units"; a member of an older version held one unit)
+local function cc_units(m)
+  local u = string.match(m, '%*(%d+)$')
+  if u then return tonumber(u) end
+  return 1
+end
+
+local function cc_store(key, held)
+  if held <= 0 and redis.call('ZCARD', key) <= 1 then
+    redis.call('DEL', key)
+  else
+    redis.call('ZADD', key, -(math.max(held, 0) + 1), '#')
   end
-  local n = redis.call('ZCOUNT', key, '(' .. int(now), '+inf')
+end
+
+-- units held after reclaiming expired leases
+local function cc_held(key, now)
+  local t = redis.call('ZSCORE', key, '#')
+  local held
+  if t then
+    held = -tonumber(t) - 1
+  else
+    held = redis.call('ZCARD', key) -- none yet, or an older version's member per unit
+  end
+  local gone = redis.call('ZRANGEBYSCORE', key, 0, int(now), 'LIMIT', 0, CC_EXPIRE)
+  if #gone > 0 then
+    for _, m in ipairs(gone) do held = held - cc_units(m) end
+    redis.call('ZREM', key, unpack(gone))
+    cc_store(key, held)
+  end
+  return math.max(held, 0)
+end
+
+ALGO.cc = function(key, now, max, ttl, cost, peek, lease)
+  local n = cc_held(key, now)
   local function reset_after()
     local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     if last[2] == nil or tonumber(last[2]) <= now then return 0 end
@@ -15,27 +54,42 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease)
     return {0, math.max(max - n, 0), reset_after(), -1, 0}
   end
   if n + cost > max then
-    -- with no releases, the (n + cost - max)-th earliest expiry frees enough units
-    local skip = redis.call('ZCOUNT', key, '-inf', int(now))
+    -- with no releases, the k-th earliest expiring unit frees enough
     local k = n + cost - max
-    local e = redis.call('ZRANGE', key, skip + k - 1, skip + k - 1, 'WITHSCORES')
-    return {0, max - n, reset_after(), tonumber(e[2]) - now, 0}
+    local first = redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES',
+      'LIMIT', 0, CC_WALK)
+    local at = reset_after() + now
+    for i = 1, #first, 2 do
+      k = k - cc_units(first[i])
+      if k <= 0 then
+        at = tonumber(first[i + 1])
+        break
+      end
+    end
+    return {0, math.max(max - n, 0), reset_after(), at - now, 0}
   end
   if not peek then
-    local expiry = int(now + ttl)
-    for i = 1, cost do
-      redis.call('ZADD', key, expiry, lease .. ':' .. i)
-    end
+    local member = lease .. '*' .. int(cost)
+    if redis.call('ZSCORE', key, member) == false then n = n + cost end
+    redis.call('ZADD', key, int(now + ttl), member)
+    cc_store(key, n)
     redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
-    n = n + cost
   end
   return {1, max - n, reset_after(), -1, 0}
 end
 
-if REFUND then -- only the layered and refund scripts give units back
+if REFUND then -- only the layered, refund and release scripts give units back
+  -- gives back lease `lease` of `cost` units; 1 when it was held at `now`
   REFUND.cc = function(key, now, ttl, cost, lease)
-    for i = 1, cost do
-      redis.call('ZREM', key, lease .. ':' .. i)
-    end
+    local member = lease .. '*' .. int(cost)
+    local e = redis.call('ZSCORE', key, member)
+    if e == false then return 0 end
+    redis.call('ZREM', key, member)
+    local t = redis.call('ZSCORE', key, '#')
+    local held
+    if t then held = -tonumber(t) - 1 - cost else held = redis.call('ZCARD', key) end
+    cc_store(key, held)
+    if tonumber(e) <= now then return 0 end
+    return 1
   end
 end

@@ -3,7 +3,8 @@
 --
 -- Every algorithm is a function ALGO.<code>(key, now, limit, period, cost, peek, lease)
 -- returning {allowed (0/1), remaining, reset_after_us, retry_after_us (-1 = absent),
--- delay_us}. `peek` true never writes. `period` is the window, the lease TTL, or the
+-- delay_us}. `peek` true never consumes (concurrency reclaims expired leases, which
+-- changes no decision). `period` is the window, the lease TTL, or the
 -- emission interval (µs per unit) of a bucket. Integers are formatted with %d, never
 -- tostring, so that values up to 2^53 survive exactly.
 local ALGO = {}

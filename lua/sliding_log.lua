@@ -1,49 +1,98 @@
--- sliding_log: exact. One sorted-set member per admitted unit, scored by its admission
--- time (µs); a unit counts while score > now - window.
+-- sliding_log: exact, with weighted entries. One sorted-set member per admitted check,
+-- scored by the time (µs) it was recorded at and named "<before>:<cost>": `before` is the
+-- number of units recorded on this key before it (mod 2^52, 16 digits, zero-padded so that
+-- members of one score sort by it). A unit counts while its time > now - window, so the
+-- live units are the units recorded from the oldest live entry on: newest's before + cost
+-- minus oldest live's before, found in O(log N) whatever the cost or the number of entries.
+-- A check is recorded at max(now, the newest entry's time) (one more µs when `before`
+-- wraps), so that `before` grows with the score. A write removes at most SL_EXPIRE expired
+-- entries (they no longer count; the key's PEXPIRE drops the rest); the walk to the unit
+-- that must expire before a denied check fits is a binary search. core/src/algo.rs mirrors
+-- every step.
+local SL_MOD = 4503599627370496 -- 2^52
+local SL_EXPIRE = 64
+
+-- entry at `rank`: time, before, cost; nil when there is none or it is not ours (a member
+-- of another format: state written by an older version)
+local function sl_entry(key, rank)
+  local e = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+  if e[1] == nil then return nil end
+  local b, c = string.match(e[1], '^(%d+):(%d+)$')
+  if b == nil then return nil end
+  return tonumber(e[2]), tonumber(b), tonumber(c)
+end
+
 ALGO.sl = function(key, now, limit, window, cost, peek)
-  if not peek then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
+  local horizon = int(now - window)
+  local total = redis.call('ZCARD', key)
+  local expired = redis.call('ZCOUNT', key, '-inf', horizon)
+  local n, top, newest, nb, nc, base = 0, 0, nil, 0, 0, 0
+  if total > 0 then
+    newest, nb, nc = sl_entry(key, -1)
+    local ok = newest ~= nil
+    if ok and expired < total then
+      local _
+      _, base = sl_entry(key, expired)
+      ok = base ~= nil
+    end
+    if not ok then
+      -- not a state this script wrote: start afresh (UNLINK frees a large one off-thread)
+      if not peek then redis.call('UNLINK', key) end
+      total, expired, newest = 0, 0, nil
+    else
+      top = (nb + nc) % SL_MOD
+      if expired < total then n = (top - base) % SL_MOD end
+    end
   end
-  local n = redis.call('ZCOUNT', key, '(' .. int(now - window), '+inf')
-  local function reset_after()
-    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    if newest[2] == nil then return 0 end
-    local r = tonumber(newest[2]) + window - now
+  local function reset_after(t)
+    if t == nil then return 0 end
+    local r = t + window - now
     if r < 0 then r = 0 end
     return r
   end
   if cost > limit then
-    return {0, math.max(limit - n, 0), reset_after(), -1, 0}
+    return {0, math.max(limit - n, 0), reset_after(newest), -1, 0}
   end
   if n + cost > limit then
-    -- the (n + cost - limit)-th oldest live unit must expire first
-    local skip = redis.call('ZCOUNT', key, '-inf', int(now - window))
+    -- the k-th oldest live unit must expire first: the first live entry whose units
+    -- bring the count from `base` to k (binary search over ranks; the newest qualifies)
     local k = n + cost - limit
-    local e = redis.call('ZRANGE', key, skip + k - 1, skip + k - 1, 'WITHSCORES')
-    return {0, limit - n, reset_after(), tonumber(e[2]) + window - now, 0}
-  end
-  if not peek then
-    -- members must be unique: number them after the ones already stored at this instant
-    local seq = redis.call('ZCOUNT', key, int(now), int(now))
-    local args = {}
-    for i = 1, cost do
-      args[#args + 1] = int(now)
-      args[#args + 1] = int(now) .. '-' .. int(seq + i)
+    local lo, hi = expired, total - 1
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      local _, b, c = sl_entry(key, mid)
+      if b ~= nil and (b + c - base) % SL_MOD >= k then hi = mid else lo = mid + 1 end
     end
-    for i = 1, #args, 7998 do
-      redis.call('ZADD', key, unpack(args, i, math.min(i + 7997, #args)))
-    end
-    redis.call('PEXPIRE', key, math.ceil(window / 1000))
-    n = n + cost
+    local t = sl_entry(key, lo) or newest
+    return {0, math.max(limit - n, 0), reset_after(newest), t + window - now, 0}
   end
-  return {1, limit - n, reset_after(), -1, 0}
+  if peek then
+    return {1, limit - n, reset_after(newest), -1, 0}
+  end
+  if expired > 0 then
+    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, SL_EXPIRE) - 1)
+  end
+  local at = now
+  if newest ~= nil and newest > at then at = newest end
+  if newest ~= nil and top < nb and at == newest then at = at + 1 end
+  redis.call('ZADD', key, int(at), string.format('%016d:%d', top, cost))
+  redis.call('PEXPIRE', key, math.ceil((at + window - now) / 1000))
+  return {1, limit - n - cost, at + window - now, -1, 0}
 end
 
 if REFUND then -- only the layered and refund scripts give units back
+  -- The check being refunded is the newest entry recorded at or after `now` with this
+  -- cost (the refund follows its admission by one round trip). Removing the newest entry
+  -- is exact; an entry with newer ones after it keeps being counted in theirs (`before`),
+  -- so its units stay counted until the entry before it expires: never more admitted.
   REFUND.sl = function(key, now, window, cost)
-    local members = redis.call('ZRANGEBYSCORE', key, int(now), int(now), 'LIMIT', 0, cost)
-    if #members > 0 then
-      redis.call('ZREM', key, unpack(members))
+    local es = redis.call('ZREVRANGEBYSCORE', key, '+inf', int(now), 'LIMIT', 0, SL_EXPIRE)
+    for _, m in ipairs(es) do
+      local c = string.match(m, '^%d+:(%d+)$')
+      if c ~= nil and tonumber(c) == cost then
+        redis.call('ZREM', key, m)
+        return
+      end
     end
   end
 end

@@ -33,26 +33,25 @@ ALGO.sw = function(key, now, limit, window, cost, peek)
     end
     return {1, remaining(prev, cur, elapsed), reset, -1, 0}
   end
-  -- Denied: the earliest offset where the same cost fits with no other traffic.
+  -- Denied: the earliest offset where the same cost fits with no other traffic. `fits` only
+  -- grows with the offset (every operation in it is monotone, rounding too), so the first
+  -- offset that fits is found by bisection: ~40 steps, where a walk of one µs at a time
+  -- took millions when the previous window's weight was below the limit's rounding.
+  local function first_fit(p, c, lo, hi)
+    -- the smallest e in [lo, hi] with fits(p, c, e); hi when none is smaller
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      if fits(p, c, mid) then hi = mid else lo = mid + 1 end
+    end
+    return lo
+  end
   local retry
   if cur + cost <= limit then
     -- in this window, once the previous window's weight has decayed (prev > 0 here)
-    local e = math.ceil(window - (limit - cur - cost) * window / prev)
-    if e < elapsed then e = elapsed end
-    if e > window then e = window end
-    while e < window and not fits(prev, cur, e) do e = e + 1 end
-    while e > elapsed + 1 and fits(prev, cur, e - 1) do e = e - 1 end
-    retry = e - elapsed
-    if e >= window then retry = window - elapsed end
+    retry = first_fit(prev, cur, elapsed + 1, window) - elapsed
   else
     -- in the next window, where this window's count becomes the previous one
-    local e = 0
-    if cur > 0 then e = math.ceil(window - (limit - cost) * window / cur) end
-    if e < 0 then e = 0 end
-    if e > window then e = window end
-    while e < window and not fits(cur, 0, e) do e = e + 1 end
-    while e > 0 and fits(cur, 0, e - 1) do e = e - 1 end
-    retry = window - elapsed + e
+    retry = window - elapsed + first_fit(cur, 0, 0, window)
   end
   return {0, remaining(prev, cur, elapsed), reset, retry, 0}
 end

@@ -4,7 +4,7 @@
 //! sequence of (time, key, cost). `tests/vectors/*.json` holds that promise.
 
 use crate::limit::{Algorithm, Compiled};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// What an algorithm decided, in integers (µs). `retry_us` is `None` when absent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,12 +37,56 @@ impl Outcome {
     }
 }
 
-/// One lease of a concurrency limit: `units` held until `expiry_us`.
-#[derive(Debug, Clone)]
-pub(crate) struct Held {
-    pub expiry_us: u64,
-    pub id: Box<str>,
-    pub units: u64,
+/// The leases of a concurrency limit, as the script keeps them: ordered by (expiry,
+/// member "id*units") like the sorted set, with the sum of their units, so that no call
+/// walks them (the denial's walk stops after [`CC_WALK`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Leases {
+    by_expiry: BTreeMap<(u64, Box<str>), u64>,
+    expiry_of: HashMap<Box<str>, u64>,
+    held: u64,
+}
+
+impl Leases {
+    /// Reclaims the leases expired at `now`, at most [`CC_EXPIRE`], earliest first (like
+    /// the script: the rest count as held until later calls reclaim them).
+    fn expire(&mut self, now: u64) {
+        for _ in 0..CC_EXPIRE {
+            let Some(entry) = self.by_expiry.first_entry() else {
+                break;
+            };
+            if entry.key().0 > now {
+                break;
+            }
+            let ((_, member), units) = entry.remove_entry();
+            self.expiry_of.remove(&member);
+            self.held -= units;
+        }
+    }
+    fn latest(&self) -> Option<u64> {
+        self.by_expiry.last_key_value().map(|((e, _), _)| *e)
+    }
+    /// Adds (or, for a member already held, renews) a lease.
+    fn hold(&mut self, member: Box<str>, units: u64, expiry: u64) {
+        match self.expiry_of.insert(member.clone(), expiry) {
+            Some(old) => {
+                self.by_expiry.remove(&(old, member.clone()));
+            }
+            None => self.held += units,
+        }
+        self.by_expiry.insert((expiry, member), units);
+    }
+    /// Removes a lease; its expiry when it was there.
+    fn take(&mut self, member: &str, units: u64) -> Option<u64> {
+        let (member, expiry) = self.expiry_of.remove_entry(member)?;
+        self.by_expiry.remove(&(expiry, member));
+        self.held -= units;
+        Some(expiry)
+    }
+}
+
+fn lease_member(id: &str, units: u64) -> Box<str> {
+    format!("{id}*{units}").into()
 }
 
 /// Per-key state of one policy.
@@ -50,12 +94,12 @@ pub(crate) struct Held {
 pub(crate) enum State {
     /// Fixed and sliding window counters: `cur` units in window `idx`, `prev` in `idx - 1`.
     Window { idx: u64, cur: u64, prev: u64 },
-    /// Sliding log: admission times of live units, oldest first.
-    Log(VecDeque<u64>),
+    /// Sliding log: one entry per admitted check, oldest first.
+    Log(VecDeque<LogEntry>),
     /// Token and leaky bucket: the theoretical arrival (drain) time.
     Tat(u64),
     /// Concurrency: the leases held.
-    Leases(Vec<Held>),
+    Leases(Leases),
 }
 
 impl State {
@@ -71,9 +115,9 @@ impl State {
                 };
                 (idx + windows) * c.period_us
             }
-            State::Log(log) => log.back().map_or(0, |t| t + c.period_us),
+            State::Log(log) => log.back().map_or(0, |e| e.t + c.period_us),
             State::Tat(t) => *t,
-            State::Leases(h) => h.iter().map(|l| l.expiry_us).max().unwrap_or(0),
+            State::Leases(h) => h.latest().unwrap_or(0),
         }
     }
 }
@@ -186,32 +230,25 @@ fn sliding_window(
             0,
         );
     }
-    let retry = if cur + cost <= limit {
-        // wait in this window for the previous window's weight to decay (prev > 0 here)
-        let guess = (w as f64 - ((limit - cur - cost) as f64) * w as f64 / prev as f64).ceil();
-        let mut e = (guess.max(elapsed as f64) as u64).min(w);
-        while e < w && !sw_fits(prev, cur, e, w, cost, limit) {
-            e += 1;
-        }
-        while e > elapsed + 1 && sw_fits(prev, cur, e - 1, w, cost, limit) {
-            e -= 1;
-        }
-        e.min(w) - elapsed
-    } else {
-        let mut e = 0;
-        if cur > 0 {
-            let guess = (w as f64 - ((limit - cost) as f64) * w as f64 / cur as f64).ceil();
-            if guess > 0.0 {
-                e = (guess as u64).min(w);
+    // the smallest e in [lo, hi] where the cost fits (hi when none is smaller): a bisection,
+    // as the script does; `sw_fits` only grows with e
+    let first_fit = |p: u64, cur: u64, mut lo: u64, mut hi: u64| {
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if sw_fits(p, cur, mid, w, cost, limit) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
             }
         }
-        while e < w && !sw_fits(cur, 0, e, w, cost, limit) {
-            e += 1;
-        }
-        while e > 0 && sw_fits(cur, 0, e - 1, w, cost, limit) {
-            e -= 1;
-        }
-        w - elapsed + e
+        lo
+    };
+    let retry = if cur + cost <= limit {
+        // wait in this window for the previous window's weight to decay (prev > 0 here)
+        first_fit(prev, cur, elapsed + 1, w) - elapsed
+    } else {
+        // in the next window, where this window's count becomes the previous one
+        w - elapsed + first_fit(cur, 0, 0, w)
     };
     Outcome::deny(
         sw_remaining(prev, cur, elapsed, w, limit),
@@ -220,6 +257,24 @@ fn sliding_window(
     )
 }
 
+/// Mirrors `SL_MOD` of `lua/sliding_log.lua`: `before` counts units modulo 2^52, so the
+/// script's doubles hold it exactly.
+pub(crate) const SL_MOD: u64 = 1 << 52;
+/// Mirrors `SL_EXPIRE`: the most expired entries one write removes.
+pub(crate) const SL_EXPIRE: usize = 64;
+
+/// One admitted check of a sliding log: `cost` units recorded at `t` (µs), after `before`
+/// units (mod [`SL_MOD`]) were recorded on the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LogEntry {
+    pub t: u64,
+    pub before: u64,
+    pub cost: u64,
+}
+
+/// Weighted sliding log, step for step as `lua/sliding_log.lua`: the live units are the
+/// newest entry's `before + cost` minus the oldest live entry's `before`, so no call walks
+/// the entries or depends on the cost.
 fn sliding_log(
     c: &Compiled,
     state: &mut Option<State>,
@@ -228,37 +283,57 @@ fn sliding_log(
     peek: bool,
 ) -> Outcome {
     let (limit, w) = (c.limit, c.period_us);
-    let horizon = now.saturating_sub(w);
     let mut empty = VecDeque::new();
     let log = match state {
         Some(State::Log(l)) => l,
         _ => &mut empty,
     };
-    // units with time <= now - window have expired
-    let live_from = log.partition_point(|t| *t <= horizon);
-    let n = (log.len() - live_from) as u64;
-    let reset_after = |log: &VecDeque<u64>| log.back().map_or(0, |t| (t + w).saturating_sub(now));
+    // entries recorded at t <= now - window have expired
+    let expired = log.partition_point(|e| e.t + w <= now);
+    let newest = log.back().copied();
+    let top = newest.map_or(0, |e| (e.before + e.cost) % SL_MOD);
+    let base = log.get(expired).map(|e| e.before);
+    let n = base.map_or(0, |b| (top + SL_MOD - b) % SL_MOD);
+    let reset_after = newest.map_or(0, |e| (e.t + w).saturating_sub(now));
     if cost > limit {
-        return Outcome::deny(limit.saturating_sub(n), reset_after(log), None);
+        return Outcome::deny(limit.saturating_sub(n), reset_after, None);
     }
     if n + cost > limit {
-        let k = (n + cost - limit) as usize;
-        let t = log[live_from + k - 1];
-        return Outcome::deny(limit - n, reset_after(log), Some(t + w - now));
+        // the first live entry whose units bring the count from `base` to k
+        let (k, base) = (n + cost - limit, base.unwrap_or(0));
+        let (mut lo, mut hi) = (expired, log.len() - 1);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let e = log[mid];
+            if (e.before + e.cost + SL_MOD - base) % SL_MOD >= k {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        let t = log[lo].t;
+        return Outcome::deny(limit.saturating_sub(n), reset_after, Some(t + w - now));
     }
     if peek {
-        return Outcome::allow(limit - n, reset_after(log), 0);
+        return Outcome::allow(limit - n, reset_after, 0);
     }
-    log.drain(..live_from);
-    let at = log.partition_point(|t| *t <= now);
-    for _ in 0..cost {
-        log.insert(at, now);
+    log.drain(..expired.min(SL_EXPIRE));
+    let mut at = now;
+    if let Some(e) = newest {
+        at = at.max(e.t);
+        if top < e.before && at == e.t {
+            at += 1;
+        }
     }
-    let reset = reset_after(log);
+    log.push_back(LogEntry {
+        t: at,
+        before: top,
+        cost,
+    });
     if !matches!(state, Some(State::Log(_))) {
         *state = Some(State::Log(empty));
     }
-    Outcome::allow(limit - n - cost, reset, 0)
+    Outcome::allow(limit - n - cost, at + w - now, 0)
 }
 
 fn gcra(
@@ -300,69 +375,56 @@ fn concurrency(
     lease_id: &str,
 ) -> Outcome {
     let (max, ttl) = (c.limit, c.period_us);
-    let mut empty = Vec::new();
-    let held = match state {
+    let mut empty = Leases::default();
+    let leases = match state {
         Some(State::Leases(h)) => h,
         _ => &mut empty,
     };
-    if !peek {
-        held.retain(|l| l.expiry_us > now);
-    }
-    let n: u64 = held
-        .iter()
-        .filter(|l| l.expiry_us > now)
-        .map(|l| l.units)
-        .sum();
-    let reset_after = |held: &Vec<Held>| {
-        held.iter()
-            .map(|l| l.expiry_us)
-            .max()
-            .filter(|e| *e > now)
-            .map_or(0, |e| e - now)
-    };
+    // like the script, every call (a peek too) reclaims up to CC_EXPIRE expired leases
+    leases.expire(now);
+    let n = leases.held;
+    let reset_after = |l: &Leases| l.latest().map_or(0, |e| e.saturating_sub(now));
     if cost > max {
-        return Outcome::deny(max.saturating_sub(n), reset_after(held), None);
+        return Outcome::deny(max.saturating_sub(n), reset_after(leases), None);
     }
     if n + cost > max {
-        // with no releases, the (n + cost - max)-th earliest expiring unit frees enough
-        let mut expiries: Vec<(u64, u64)> = held
-            .iter()
-            .filter(|l| l.expiry_us > now)
-            .map(|l| (l.expiry_us, l.units))
-            .collect();
-        expiries.sort_unstable();
+        // with no releases, the k-th earliest expiring unit frees enough: walk at most
+        // CC_WALK leases, else the time every lease has expired
         let mut k = n + cost - max;
-        let mut at = now;
-        for (e, units) in expiries {
-            at = e;
-            if units >= k {
+        let mut at = now + reset_after(leases);
+        let live = leases.by_expiry.range((now + 1, Box::<str>::from(""))..);
+        for ((e, _), units) in live.take(CC_WALK) {
+            if *units >= k {
+                at = *e;
                 break;
             }
             k -= units;
         }
-        return Outcome::deny(max - n, reset_after(held), Some(at - now));
+        return Outcome::deny(max.saturating_sub(n), reset_after(leases), Some(at - now));
     }
     if peek {
-        return Outcome::allow(max - n, reset_after(held), 0);
+        return Outcome::allow(max - n, reset_after(leases), 0);
     }
-    held.push(Held {
-        expiry_us: now + ttl,
-        id: lease_id.into(),
-        units: cost,
-    });
-    let reset = reset_after(held);
+    leases.hold(lease_member(lease_id, cost), cost, now + ttl);
+    let (n, reset) = (leases.held, reset_after(leases));
     if !matches!(state, Some(State::Leases(_))) {
         *state = Some(State::Leases(empty));
     }
-    Outcome::allow(max - n - cost, reset, 0)
+    Outcome::allow(max - n, reset, 0)
 }
 
-/// Releases lease `id`; true when it was held.
-pub(crate) fn release(state: &mut Option<State>, id: &str) -> bool {
-    if let Some(State::Leases(h)) = state {
-        let before = h.len();
-        h.retain(|l| &*l.id != id);
-        return h.len() != before;
+/// Mirrors `CC_WALK` of `lua/concurrency.lua`: the most leases a denied check's
+/// `retry_after` walks.
+pub(crate) const CC_WALK: usize = 64;
+/// Mirrors `CC_EXPIRE`: the most expired leases one call reclaims.
+pub(crate) const CC_EXPIRE: usize = 512;
+
+/// Releases lease `id` of `units` units; true when it was held (and had not expired).
+pub(crate) fn release(state: &mut Option<State>, id: &str, units: u64, now: u64) -> bool {
+    match state {
+        Some(State::Leases(l)) => l
+            .take(&lease_member(id, units), units)
+            .is_some_and(|expiry| expiry > now),
+        _ => false,
     }
-    false
 }

@@ -83,7 +83,7 @@ pub enum Limit {
     FixedWindow { limit: u64, window: Duration },
     /// Two-counter estimate of a sliding window (Cloudflare).
     SlidingWindow { limit: u64, window: Duration },
-    /// Exact sliding window: one log entry per admitted unit.
+    /// Exact sliding window: one log entry per admitted check, carrying its cost.
     SlidingLog { limit: u64, window: Duration },
     /// Starts full with `capacity` tokens, refills continuously.
     TokenBucket { capacity: u64, refill_per_sec: f64 },

@@ -622,11 +622,19 @@ impl Limiter {
     /// Releases a lease of an ad-hoc concurrency policy.
     pub async fn release_with(&self, policy: &Policy, lease: &Lease) -> Result<bool> {
         validate_key(&lease.key)?;
+        validate_lease(policy, lease)?;
         match &self.view().engine {
-            Engine::Memory(m) => Ok(m.release(&policy.0.name, &lease.key, &lease.id)),
+            Engine::Memory(m) => Ok(m.release(
+                &policy.0.name,
+                &lease.key,
+                &lease.id,
+                lease.units,
+                self.now(),
+            )),
             Engine::Redis(r) => {
                 let shard = shard_index(&lease.key, r.shards.len() as u32) as usize;
-                r.release(&policy.0, &lease.key, shard, &lease.id, lease.units)
+                let now = self.now_override();
+                r.release(&policy.0, &lease.key, shard, &lease.id, lease.units, now)
                     .await
             }
         }
@@ -1754,6 +1762,48 @@ fn validate_key(key: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// A lease comes back from the caller (a binding's object, a JS literal, a C struct), so
+/// it is checked before anything is built from it: a lease of a concurrency policy, `units`
+/// between 1 and the policy's `max`, and an id of the form [`Limiter::lease_id`] makes.
+fn validate_lease(policy: &Policy, lease: &Lease) -> Result<()> {
+    if policy.algorithm() != Algorithm::Concurrency {
+        return Err(Error::invalid(
+            "lease.policy",
+            format!("policy {} is not a concurrency policy", policy.name()),
+        ));
+    }
+    let max = policy.0.compiled.limit;
+    if lease.units == 0 || lease.units > max {
+        return Err(Error::invalid(
+            "lease.units",
+            format!(
+                "must be between 1 and the policy's max {max}, got {}",
+                lease.units
+            ),
+        ));
+    }
+    let id = lease.id.as_bytes();
+    if !(LEASE_ID_LEN.contains(&id.len())
+        && id
+            .iter()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b)))
+    {
+        return Err(Error::invalid(
+            "lease.id",
+            format!(
+                "must be {} to {} lowercase hex digits, as acquire returns it",
+                LEASE_ID_LEN.start(),
+                LEASE_ID_LEN.end()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Lengths of the ids [`Limiter::lease_id`] makes: 16 hex digits of hash, then the
+/// sequence number in hex (1 to 16 digits).
+const LEASE_ID_LEN: std::ops::RangeInclusive<usize> = 17..=32;
 
 /// Polls a future that is known never to wait (memory engine) to completion.
 fn poll_once<T>(fut: impl Future<Output = Result<T>>) -> Result<T> {

@@ -330,15 +330,22 @@ impl MemoryEngine {
         out
     }
 
-    /// Releases a concurrency lease; true when it was held.
-    pub fn release(&self, scope: &Arc<str>, key: &str, lease_id: &str) -> bool {
+    /// Releases a concurrency lease of `units` units; true when it was held at `now`.
+    pub fn release(
+        &self,
+        scope: &Arc<str>,
+        key: &str,
+        lease_id: &str,
+        units: u64,
+        now: u64,
+    ) -> bool {
         let (hash, shard) = self.locate(scope, key);
         let mut shard = self.shards[shard].lock();
         match shard
             .table
             .find_mut(hash, |e| *e.scope == **scope && *e.key == *key)
         {
-            Some(e) => algo::release(&mut e.state, lease_id),
+            Some(e) => algo::release(&mut e.state, lease_id, units, now),
             None => false,
         }
     }

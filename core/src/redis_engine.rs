@@ -2333,20 +2333,22 @@ impl RedisEngine {
         shard: usize,
         lease_id: &str,
         units: u64,
+        now_us: Option<u64>,
     ) -> Result<bool> {
         let rkey = state_key(&self.prefix, &policy.key_scope, key);
-        let members: Vec<String> = (1..=units).map(|i| format!("{lease_id}:{i}")).collect();
         let at = self.at(&rkey);
         let removed: i64 = self
             .with_conn_at(shard, at.as_deref(), |mut conn| async move {
-                redis::cmd("ZREM")
-                    .arg(rkey)
-                    .arg(members)
-                    .query_async(&mut conn)
+                scripts::release()
+                    .key(rkey)
+                    .arg(lease_id)
+                    .arg(units)
+                    .arg(now_us.unwrap_or(0))
+                    .invoke_async(&mut conn)
                     .await
             })
             .await?;
-        Ok(removed > 0)
+        Ok(removed == 1)
     }
 
     /// Deletes `key`'s state for `policy`.

@@ -72,6 +72,12 @@ const REFUND_SRC: &str = concat!(
 const RESET_SRC: &str = concat!(lua!("prelude.lua"), lua!("reset.lua"));
 const MIGRATE_DUMP_SRC: &str = concat!(lua!("prelude.lua"), lua!("migrate_dump.lua"));
 const MIGRATE_RESTORE_SRC: &str = concat!(lua!("prelude.lua"), lua!("migrate_restore.lua"));
+const RELEASE_SRC: &str = concat!(
+    "local REFUND = {}\n",
+    lua!("prelude.lua"),
+    lua!("concurrency.lua"),
+    lua!("release.lua")
+);
 
 /// (name, source) of every assembled script.
 const SOURCES: &[(&str, &str)] = &[
@@ -86,6 +92,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("reset", RESET_SRC),
     ("migrate_dump", MIGRATE_DUMP_SRC),
     ("migrate_restore", MIGRATE_RESTORE_SRC),
+    ("release", RELEASE_SRC),
     ("fixed_window_batch", FIXED_WINDOW_BATCH_SRC),
     ("sliding_window_batch", SLIDING_WINDOW_BATCH_SRC),
     ("sliding_log_batch", SLIDING_LOG_BATCH_SRC),
@@ -162,6 +169,9 @@ pub(crate) fn migrate_dump() -> &'static Script {
 }
 pub(crate) fn migrate_restore() -> &'static Script {
     &SCRIPTS[10]
+}
+pub(crate) fn release() -> &'static Script {
+    &SCRIPTS[11]
 }
 
 /// Every assembled script as (name, source, SHA1), for tests and tooling.

@@ -288,3 +288,30 @@ fn a_dead_primary_takes_only_its_own_slots_down() {
     let d = ip(&live_key);
     assert_eq!((d.allowed, d.source), (false, Source::Fallback));
 }
+
+/// Weighted sliding-log entries and leases in Cluster mode: a cost of 4000 on a 10,000/h
+/// log, and a lease of 600,000 units acquired and released (the release script routes by
+/// its key like the checks).
+#[test]
+fn cluster_mode_costs_up_to_the_limit_and_lease_release() {
+    let nodes = create_cluster();
+    let l = limiter(&nodes, 1000);
+    let h = Duration::from_secs(3600);
+    let log = shardlimit::Policy::new("log", shardlimit::Limit::sliding_log(10_000, h))
+        .unwrap()
+        .with_on_error(shardlimit::OnError::Error);
+    let cc = shardlimit::Policy::new("cc", shardlimit::Limit::concurrency(1_000_000, h))
+        .unwrap()
+        .with_on_error(shardlimit::OnError::Error);
+    let admitted = (0..10)
+        .filter(|_| l.check_blocking("tenant:7", &log, 4000).unwrap().allowed)
+        .count();
+    assert_eq!(admitted, 2);
+    for key in ["user:1", "user:2", "user:3"] {
+        let (d, lease) = l.acquire_blocking(key, &cc, 600_000).unwrap();
+        assert!(d.allowed && d.remaining == 400_000, "{d:?}");
+        assert!(!l.acquire_blocking(key, &cc, 400_001).unwrap().0.allowed);
+        assert!(l.release_with_blocking(&cc, &lease.unwrap()).unwrap());
+        assert_eq!(l.peek_blocking(key, &cc).unwrap().remaining, 1_000_000);
+    }
+}
