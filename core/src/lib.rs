@@ -26,6 +26,7 @@ mod duration;
 mod error;
 pub mod events;
 mod ip;
+pub mod keys;
 mod limit;
 mod limiter;
 mod memory;

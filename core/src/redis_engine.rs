@@ -11,11 +11,11 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::config::ShardConfig;
 use crate::error::{Error, Result};
 use crate::events::{CircuitState, Event, Subscribers};
+use crate::keys::{block_key, denial_key, events_key, state_key};
 use crate::limit::{AutoBlock, Compiled, PolicyInner};
 use crate::memory::{LayerReq, LayeredRaw, Raw};
 use crate::metrics::Latency;
 use crate::pipe::{CheckCall, Pipe};
-use crate::routing::routing_key;
 use crate::scripts;
 use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
@@ -514,42 +514,6 @@ impl std::fmt::Debug for RedisEngine {
             .field("timeout", &self.timeout)
             .finish()
     }
-}
-
-/// `key` with a hash tag: the user's own `{tag}`, or the whole key wrapped in braces.
-fn tagged(out: &mut String, key: &str) {
-    if routing_key(key).len() != key.len() {
-        out.push_str(key);
-    } else {
-        out.push('{');
-        out.push_str(key);
-        out.push('}');
-    }
-}
-
-/// The Redis key holding `key`'s state for `policy`. It always carries a hash tag, so every
-/// key one check touches lands in one Redis Cluster slot.
-pub(crate) fn state_key(prefix: &str, key_scope: &str, key: &str) -> String {
-    let mut s = String::with_capacity(prefix.len() + key_scope.len() + key.len() + 2);
-    s.push_str(prefix);
-    s.push_str(key_scope);
-    tagged(&mut s, key);
-    s
-}
-
-/// The block-list entry of `key` (shared by every policy).
-pub(crate) fn block_key(prefix: &str, key: &str) -> String {
-    state_key(prefix, "block:", key)
-}
-
-/// The denial counter of automatic blocking for (policy, key).
-fn denial_key(prefix: &str, key_scope: &str, key: &str) -> String {
-    let mut s = String::with_capacity(prefix.len() + key_scope.len() + key.len() + 7);
-    s.push_str(prefix);
-    s.push_str("deny:");
-    s.push_str(key_scope);
-    tagged(&mut s, key);
-    s
 }
 
 fn map_redis_error(shard: &ShardConfig, timeout: Duration, e: redis::RedisError) -> Error {
@@ -1162,7 +1126,7 @@ impl RedisEngine {
         mut rx: tokio::sync::mpsc::Receiver<StreamItem>,
         maxlen: u64,
     ) {
-        let key = format!("{}events", self.prefix);
+        let key = events_key(&self.prefix);
         while let Some((shard, fields)) = rx.recv().await {
             if self.circuit_open(shard) {
                 self.events_dropped.fetch_add(1, Ordering::Relaxed);
