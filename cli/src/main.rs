@@ -227,6 +227,27 @@ fn decision_json(d: &Decision, l: &Limiter, key: &str) -> serde_json::Value {
     v
 }
 
+/// `d` in the largest whole unit that shows it exactly (`1h`, `90s`, `1500ms`, `7us`).
+fn human(d: Duration) -> String {
+    let us = d.as_micros();
+    for (unit, n) in [
+        ("d", 86_400_000_000),
+        ("h", 3_600_000_000),
+        ("m", 60_000_000),
+    ] {
+        if us >= n && us.is_multiple_of(n) {
+            return format!("{}{unit}", us / n);
+        }
+    }
+    if us.is_multiple_of(1_000_000) {
+        format!("{}s", us / 1_000_000)
+    } else if us.is_multiple_of(1000) {
+        format!("{}ms", us / 1000)
+    } else {
+        format!("{us}us")
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -244,19 +265,37 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
             command: ConfigCommand::Validate { file },
         } => {
             let cfg = Config::from_file(&file)?;
-            match &cfg.shards {
-                Some(s) => println!(
+            match (&cfg.shards, &cfg.cluster) {
+                (Some(s), _) => println!(
                     "{file}: ok: {} shard(s), {} policies",
                     s.len(),
                     cfg.policies.len()
                 ),
-                None => println!(
+                (None, Some(nodes)) => println!(
+                    "{file}: ok: Redis Cluster ({} seed node(s)), {} policies",
+                    nodes.len(),
+                    cfg.policies.len()
+                ),
+                (None, None) => println!(
                     "{file}: ok: in-memory engine (no shards), {} policies",
                     cfg.policies.len()
                 ),
             }
             for (name, p) in &cfg.policies {
                 println!("  {name}: {}, on_error {}", p.limit(), p.on_error().name());
+            }
+            if cfg.shards.is_some() || cfg.cluster.is_some() {
+                let handoff = human(cfg.reshard_handoff);
+                match cfg.longest_window() {
+                    _ if cfg.reshard_handoff_configured => {
+                        println!("reshard_handoff: {handoff} (set in the config)")
+                    }
+                    Some((name, _)) => println!(
+                        "reshard_handoff: {handoff} (default: the longest window among the \
+                         policies, {name})"
+                    ),
+                    None => println!("reshard_handoff: {handoff} (default: no policies)"),
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -640,13 +640,22 @@ impl RedisEngine {
                         SentinelServerType::Master,
                     )
                     .map_err(|e| {
-                        Error::config(&field, format!("invalid sentinel configuration: {e}"))
+                        Error::config(
+                            &field,
+                            format!(
+                                "invalid sentinel configuration: {}",
+                                crate::config::scrub(&e.to_string(), &s.url)
+                            ),
+                        )
                     })?;
                     return Ok(Client::Sentinel(Box::new(tokio::sync::Mutex::new(client))));
                 }
                 redis::Client::open(s.url.as_str())
                     .map(|c| Client::Single(Box::new(c)))
-                    .map_err(|e| Error::config(field, format!("invalid Redis URL: {e}")))
+                    .map_err(|e| {
+                        let e = crate::config::scrub(&e.to_string(), &s.url);
+                        Error::config(field, format!("invalid Redis URL: {e}"))
+                    })
             })
             .collect::<Result<Vec<_>>>()?;
         RedisEngine::build(shards, clients, prefix, timeout, subscribers, stream_maxlen)
@@ -667,7 +676,12 @@ impl RedisEngine {
             .min_retry_wait(10)
             .max_retry_wait(200)
             .build()
-            .map_err(|e| Error::config("cluster.nodes", format!("invalid cluster: {e}")))?;
+            .map_err(|e| {
+                let e = nodes
+                    .iter()
+                    .fold(e.to_string(), |e, n| crate::config::scrub(&e, n));
+                Error::config("cluster.nodes", format!("invalid cluster: {e}"))
+            })?;
         let shard = ShardConfig {
             name: "cluster".to_string(),
             url: nodes.join(","),
