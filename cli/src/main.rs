@@ -101,6 +101,13 @@ enum Command {
         /// A trusted proxy network (repeatable), e.g. 10.0.0.0/8.
         #[arg(long = "trusted")]
         trusted: Vec<String>,
+        /// Print the rate-limit key part instead of the address: IPv6 clients aggregated
+        /// to their network of --ipv6-prefix bits, IPv4 (also IPv4-mapped) as itself.
+        #[arg(long)]
+        key: bool,
+        /// The IPv6 prefix length of --key (1 to 128).
+        #[arg(long, default_value_t = shardlimit::DEFAULT_IPV6_PREFIX, requires = "key")]
+        ipv6_prefix: u8,
     },
     /// Print an assembled Redis script (as loaded by EVALSHA) and its SHA1 on stderr.
     Script {
@@ -503,11 +510,20 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
                 }),
             }
         }
-        Command::ClientIp { peer, xff, trusted } => {
-            println!(
-                "{}",
-                shardlimit::client_ip(&peer, xff.as_deref(), &trusted)?
-            );
+        Command::ClientIp {
+            peer,
+            xff,
+            trusted,
+            key,
+            ipv6_prefix,
+        } => {
+            let xff = xff.as_deref();
+            if key {
+                let k = shardlimit::client_ip_key(&peer, xff, &trusted, ipv6_prefix)?;
+                println!("{k}");
+            } else {
+                println!("{}", shardlimit::client_ip(&peer, xff, &trusted)?);
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench {

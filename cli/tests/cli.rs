@@ -323,6 +323,20 @@ fn memory_engine_without_config_and_bad_input() {
         "10.0.0.0/8",
     ]);
     assert_eq!(stdout(&o).trim(), "198.51.100.7");
+    let key = |args: &[&str]| stdout(&sl(&[&["client-ip", "--key"][..], args].concat()));
+    assert_eq!(
+        key(&["--peer", "[2001:db8:1:2::77]:443"]).trim(),
+        "2001:db8:1:2::/64"
+    );
+    let k = key(&["--peer", "2001:db8:1:2ff::1%eth0", "--ipv6-prefix", "56"]);
+    assert_eq!(k.trim(), "2001:db8:1:200::/56");
+    assert_eq!(
+        key(&["--peer", "::ffff:198.51.100.7"]).trim(),
+        "198.51.100.7"
+    );
+    let o = sl(&["client-ip", "--key", "--peer", "::1", "--ipv6-prefix", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("ipv6_prefix"));
 }
 
 #[test]
