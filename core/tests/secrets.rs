@@ -2,8 +2,12 @@
 //! built from the config (issue 14, "Secrets leak"). Every field that takes a password gets
 //! URLs that are wrong in every way we know: bad ports, databases, schemes, hosts, logins.
 
+mod support;
+
 use shardlimit::config::Config;
-use shardlimit::Limiter;
+use shardlimit::{Event, Limiter};
+use std::sync::{Arc, Mutex};
+use support::RedisServer;
 
 /// Passwords with characters that URL parsers trip over (`/ ? # @ :`), raw and encoded.
 const SECRETS: [(&str, &str); 4] = [
@@ -133,4 +137,58 @@ fn the_redacted_message_still_names_the_field() {
         .to_string();
     assert!(e.starts_with("cluster.nodes[0]: "), "{e}");
     assert!(!e.contains("s3cr3tpw"), "{e}");
+}
+
+#[test]
+fn runtime_errors_events_and_metrics_never_show_a_password() {
+    let server = RedisServer::start_with(
+        support::free_port(),
+        vec!["--requirepass".into(), "right-one".into()],
+    );
+    let dead = support::free_port();
+    for secret in ["wr0ngs3cr3t", "p@ss/w?rd"] {
+        let enc = secret
+            .replace('@', "%40")
+            .replace('/', "%2F")
+            .replace('?', "%3F");
+        for url in [
+            format!("redis://:{enc}@127.0.0.1:{}", server.port),
+            format!("redis://bob:{enc}@127.0.0.1:{}", server.port),
+            format!("redis://:{enc}@127.0.0.1:{dead}"),
+        ] {
+            for on_error in ["open", "error"] {
+                let text = format!(
+                    r#"{{"timeout_ms":500,"shards":[{{"name":"s","url":{}}}],"on_error":"{on_error}",
+                        "policies":{{"p":{{"algorithm":"fixed_window","limit":5,"window":"1m"}}}}}}"#,
+                    serde_json::to_string(&url).unwrap()
+                );
+                let l = Limiter::from_json(&text).unwrap();
+                let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+                let s2 = seen.clone();
+                l.subscribe(Arc::new(move |e: &Event| {
+                    s2.lock().unwrap().push(format!("{e:?}"))
+                }));
+                let mut out = vec![format!("{l:?}")];
+                for _ in 0..4 {
+                    out.push(format!("{:?}", l.check_named_blocking("p", "k", 1)));
+                    if let Err(e) = l.check_named_blocking("p", "k", 1) {
+                        out.push(e.to_string());
+                    }
+                }
+                out.push(format!("{:?}", l.blocked_blocking("k")));
+                out.push(l.metrics().to_prometheus());
+                out.push(format!("{:?}", l.metrics()));
+                out.extend(seen.lock().unwrap().iter().cloned());
+                // the failure was reached and described (so there was something to leak)
+                let all = out.join("\n");
+                assert!(
+                    all.contains("connection failed") || all.contains("Fallback"),
+                    "{all}"
+                );
+                for o in out {
+                    assert_clean(&format!("{url} ({on_error})"), &o, secret, &enc);
+                }
+            }
+        }
+    }
 }
