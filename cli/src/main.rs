@@ -182,11 +182,18 @@ fn policy(l: &Limiter, p: &PolicyArg) -> shardlimit::Result<Policy> {
     match (&p.policy, &p.limit) {
         (Some(name), _) => l.policy(name),
         (None, Some(json)) => {
-            let v: serde_json::Value =
-                serde_json::from_str(json).map_err(|e| shardlimit::Error::Config {
-                    field: "--limit".into(),
-                    message: format!("not valid JSON: {e}"),
-                })?;
+            // strict like a config file: a repeated key is an error, never last-wins
+            let v = shardlimit::config::parse_strict_json(json).map_err(|e| match e {
+                shardlimit::Error::Config { field, message } => shardlimit::Error::Config {
+                    field: if field == "config" {
+                        "--limit".into()
+                    } else {
+                        format!("--limit.{field}")
+                    },
+                    message,
+                },
+                other => other,
+            })?;
             let cfg = Config::from_value(&serde_json::json!({ "policies": { "adhoc": v } }))
                 .map_err(|e| match e {
                     shardlimit::Error::Config { field, message } => shardlimit::Error::Config {

@@ -308,6 +308,17 @@ fn memory_engine_without_config_and_bad_input() {
     ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--limit.limit"));
+    let o = sl(&[
+        "check",
+        "--limit",
+        r#"{"algorithm":"sliding_log","limit":5,"limit":500,"window":"1h"}"#,
+        "k",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--limit.limit: duplicate key"), "{err}");
+    let o = sl(&["check", "--limit", "{not json", "k"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--limit: not valid JSON"));
     let o = sl(&["check", "k"]);
     assert_eq!(o.status.code(), Some(2));
     let o = sl(&["check", "--limit", lim, ""]);

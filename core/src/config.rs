@@ -547,8 +547,8 @@ impl Config {
 }
 
 /// Parses JSON like `serde_json::from_str::<Value>`, but fails on a key that appears twice
-/// in one object, naming its path (`policies.login`, `shards[1].url`).
-pub(crate) fn parse_strict_json(text: &str) -> Result<Value> {
+/// in one object, naming its path (`policies.login`, `shards[1].url`): how configs are read.
+pub fn parse_strict_json(text: &str) -> Result<Value> {
     use serde::de::DeserializeSeed;
     let duplicate = std::cell::RefCell::new(None);
     let mut de = serde_json::Deserializer::from_str(text);
