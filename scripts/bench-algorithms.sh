@@ -36,7 +36,7 @@ JSON
 import re, sys
 total = sum(int(m) for m in re.findall(r"^cmdstat_eval(?:sha)?:.*?,usec=(\d+),", sys.stdin.read(), re.M))
 print("%.1f" % (total / float(sys.argv[1])))' "$N")
-  key=$(redis-cli -p "$PORT" --scan --pattern 'sl:p:*' | head -1 || true)
+  key=$(redis-cli -p "$PORT" --scan --pattern 'sl:s:p:*' | head -1 || true)
   bytes=$(redis-cli -p "$PORT" MEMORY USAGE "$key")
   python3 -c 'import json,sys; d=json.loads(sys.argv[2]); print("%-16s %12.0f %10.0f %10.0f %18s %12s" % (sys.argv[1], d["decisions_per_sec"], d["p50_us"], d["p99_us"], sys.argv[3], sys.argv[4]))' "$name" "$out" "$usec" "$bytes"
 done

@@ -24,7 +24,7 @@ SHA=$(redis-cli -p "$PORT" -x SCRIPT LOAD <"$DIR/tb.lua")
 [ "$SHA" = "$(cat "$DIR/sha")" ] || { echo "SHA mismatch" >&2; exit 1; }
 echo "redis-benchmark -P 16 -c 50, EVALSHA of the token bucket script ($N requests, 1000 keys):"
 RB=$(redis-benchmark -p "$PORT" -P 16 -c 50 -n "$N" -r 1000 --csv \
-  EVALSHA "$SHA" 3 'sl:api:tb:{bench:__rand_int__}' 'sl:block:{bench:__rand_int__}' 'sl:deny:api:tb:{bench:__rand_int__}' \
+  EVALSHA "$SHA" 3 'sl:s:api:tb:{bench:__rand_int__}' 'sl:b:{bench:__rand_int__}' 'sl:d:api:tb:{bench:__rand_int__}' \
   0 1 - 0 tb 100 100000 check 0 0 0 - | tail -1 | cut -d, -f2 | tr -d '"')
 echo "  $RB requests/s"
 redis-cli -p "$PORT" FLUSHALL >/dev/null

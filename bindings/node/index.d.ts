@@ -194,10 +194,16 @@ export declare class Limiter {
 
 /** Trusted proxy networks, parsed once. */
 export declare class TrustedProxies {
-  constructor(cidrs: string[])
+  /** `ipv6Prefix` (1 to 128, default 64): the bits of an IPv6 client's address that make its key. */
+  constructor(cidrs: string[], ipv6Prefix?: number | null)
   /** The client address: the peer unless it is a trusted proxy; then X-Forwarded-For from the right. */
   clientIp(peer: string, xForwardedFor?: string | null): string
+  /** The client's rate-limit key: its address, IPv6 aggregated to the prefix (`2001:db8:1:2::/64`). */
+  clientKey(peer: string, xForwardedFor?: string | null): string
 }
+
+/** The rate-limit key of a client address: IPv4 (also IPv4-mapped) as itself, IPv6 as its network. */
+export declare function ipKey(ip: string, ipv6Prefix?: number): string
 
 /** The client address behind proxies, by the core's trusted-proxy rule. */
 export declare function clientIp(peer: string, xForwardedFor?: string | null, trustedProxies?: string[]): string
@@ -253,6 +259,8 @@ export interface MiddlewareOptions<Req> {
   cost?: number | ((req: Req) => number)
   /** CIDRs of proxies whose X-Forwarded-For is believed (default none: the peer address is the client). */
   trustedProxies?: string[]
+  /** The default key keys IPv6 clients by their network of this many bits (1 to 128, default 64). */
+  ipv6Prefix?: number
 }
 
 declare module 'node:http' {

@@ -335,6 +335,13 @@ function clientIp(peer, xForwardedFor, trustedProxies) {
   return native.clientIp(peer, xForwardedFor == null ? null : xForwardedFor, list)
 }
 
+/** The rate-limit key of a client address: IPv4 as itself, IPv6 as its /ipv6Prefix network. */
+function ipKey(ip, ipv6Prefix) {
+  checkString('ip', ip)
+  if (ipv6Prefix !== undefined && !Number.isInteger(ipv6Prefix)) throw argError('ipv6Prefix', 'an integer from 1 to 128', ipv6Prefix)
+  return native.ipKey(ip, ipv6Prefix === undefined ? null : ipv6Prefix)
+}
+
 const middleware = require('./middleware.js')
 
 module.exports = {
@@ -356,6 +363,7 @@ module.exports = {
   ERROR_CODES,
   TrustedProxies,
   clientIp,
+  ipKey,
   errorKinds: native.errorKinds,
   coreVersion: native.coreVersion,
   platformTag,

@@ -23,5 +23,8 @@ export const {
   expressMiddleware,
   fastifyHook,
   fastifyPlugin,
+  TrustedProxies,
+  clientIp,
+  ipKey,
 } = shardlimit
 export default shardlimit

@@ -10,7 +10,8 @@ function ipOf(req, proxies) {
   const peer = (req.socket && req.socket.remoteAddress) || ''
   // the core's trusted-proxy rule: X-Forwarded-For is believed only from trusted hops
   const xff = req.headers && req.headers['x-forwarded-for']
-  return proxies.clientIp(peer, Array.isArray(xff) ? xff.join(',') : xff || null)
+  // IPv6 clients by their network (the core's client key), so a /64 is one client
+  return proxies.clientKey(peer, Array.isArray(xff) ? xff.join(',') : xff || null)
 }
 
 function compile(limiter, options) {
@@ -19,7 +20,7 @@ function compile(limiter, options) {
   }
   const opts = options || {}
   if (typeof opts !== 'object') throw new TypeError('The "options" argument must be an object')
-  const { policy, key, cost, trustedProxies } = opts
+  const { policy, key, cost, trustedProxies, ipv6Prefix } = opts
   if (policy !== undefined && typeof policy !== 'string') {
     throw new TypeError('The "options.policy" argument must be of type string')
   }
@@ -32,7 +33,11 @@ function compile(limiter, options) {
   if (trustedProxies !== undefined && !Array.isArray(trustedProxies)) {
     throw new TypeError('The "options.trustedProxies" argument must be an array of CIDR strings')
   }
-  const proxies = new native.TrustedProxies(trustedProxies || []) // parsed once
+  if (ipv6Prefix !== undefined && !Number.isInteger(ipv6Prefix)) {
+    throw new TypeError('The "options.ipv6Prefix" argument must be an integer from 1 to 128')
+  }
+  // parsed once; a bad prefix fails here
+  const proxies = new native.TrustedProxies(trustedProxies || [], ipv6Prefix === undefined ? null : ipv6Prefix)
   /** (req) → { key, policy, cost } | null (null: not limited). */
   return function resolve(req) {
     const k = key ? key(req) : ipOf(req, proxies)

@@ -101,6 +101,13 @@ enum Command {
         /// A trusted proxy network (repeatable), e.g. 10.0.0.0/8.
         #[arg(long = "trusted")]
         trusted: Vec<String>,
+        /// Print the rate-limit key part instead of the address: IPv6 clients aggregated
+        /// to their network of --ipv6-prefix bits, IPv4 (also IPv4-mapped) as itself.
+        #[arg(long)]
+        key: bool,
+        /// The IPv6 prefix length of --key (1 to 128).
+        #[arg(long, default_value_t = shardlimit::DEFAULT_IPV6_PREFIX, requires = "key")]
+        ipv6_prefix: u8,
     },
     /// Print an assembled Redis script (as loaded by EVALSHA) and its SHA1 on stderr.
     Script {
@@ -175,11 +182,18 @@ fn policy(l: &Limiter, p: &PolicyArg) -> shardlimit::Result<Policy> {
     match (&p.policy, &p.limit) {
         (Some(name), _) => l.policy(name),
         (None, Some(json)) => {
-            let v: serde_json::Value =
-                serde_json::from_str(json).map_err(|e| shardlimit::Error::Config {
-                    field: "--limit".into(),
-                    message: format!("not valid JSON: {e}"),
-                })?;
+            // strict like a config file: a repeated key is an error, never last-wins
+            let v = shardlimit::config::parse_strict_json(json).map_err(|e| match e {
+                shardlimit::Error::Config { field, message } => shardlimit::Error::Config {
+                    field: if field == "config" {
+                        "--limit".into()
+                    } else {
+                        format!("--limit.{field}")
+                    },
+                    message,
+                },
+                other => other,
+            })?;
             let cfg = Config::from_value(&serde_json::json!({ "policies": { "adhoc": v } }))
                 .map_err(|e| match e {
                     shardlimit::Error::Config { field, message } => shardlimit::Error::Config {
@@ -227,6 +241,27 @@ fn decision_json(d: &Decision, l: &Limiter, key: &str) -> serde_json::Value {
     v
 }
 
+/// `d` in the largest whole unit that shows it exactly (`1h`, `90s`, `1500ms`, `7us`).
+fn human(d: Duration) -> String {
+    let us = d.as_micros();
+    for (unit, n) in [
+        ("d", 86_400_000_000),
+        ("h", 3_600_000_000),
+        ("m", 60_000_000),
+    ] {
+        if us >= n && us.is_multiple_of(n) {
+            return format!("{}{unit}", us / n);
+        }
+    }
+    if us.is_multiple_of(1_000_000) {
+        format!("{}s", us / 1_000_000)
+    } else if us.is_multiple_of(1000) {
+        format!("{}ms", us / 1000)
+    } else {
+        format!("{us}us")
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -244,13 +279,18 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
             command: ConfigCommand::Validate { file },
         } => {
             let cfg = Config::from_file(&file)?;
-            match &cfg.shards {
-                Some(s) => println!(
+            match (&cfg.shards, &cfg.cluster) {
+                (Some(s), _) => println!(
                     "{file}: ok: {} shard(s), {} policies",
                     s.len(),
                     cfg.policies.len()
                 ),
-                None => println!(
+                (None, Some(nodes)) => println!(
+                    "{file}: ok: Redis Cluster ({} seed node(s)), {} policies",
+                    nodes.len(),
+                    cfg.policies.len()
+                ),
+                (None, None) => println!(
                     "{file}: ok: in-memory engine (no shards), {} policies",
                     cfg.policies.len()
                 ),
@@ -263,6 +303,19 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
             }
             for (name, p) in &cfg.policies {
                 println!("  {name}: {}, on_error {}", p.limit(), p.on_error().name());
+            }
+            if cfg.shards.is_some() || cfg.cluster.is_some() {
+                let handoff = human(cfg.reshard_handoff);
+                match cfg.longest_window() {
+                    _ if cfg.reshard_handoff_configured => {
+                        println!("reshard_handoff: {handoff} (set in the config)")
+                    }
+                    Some((name, _)) => println!(
+                        "reshard_handoff: {handoff} (default: the longest window among the \
+                         policies, {name})"
+                    ),
+                    None => println!("reshard_handoff: {handoff} (default: no policies)"),
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -470,11 +523,20 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
                 }),
             }
         }
-        Command::ClientIp { peer, xff, trusted } => {
-            println!(
-                "{}",
-                shardlimit::client_ip(&peer, xff.as_deref(), &trusted)?
-            );
+        Command::ClientIp {
+            peer,
+            xff,
+            trusted,
+            key,
+            ipv6_prefix,
+        } => {
+            let xff = xff.as_deref();
+            if key {
+                let k = shardlimit::client_ip_key(&peer, xff, &trusted, ipv6_prefix)?;
+                println!("{k}");
+            } else {
+                println!("{}", shardlimit::client_ip(&peer, xff, &trusted)?);
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench {

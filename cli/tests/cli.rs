@@ -120,6 +120,79 @@ fn validate_shows_the_tls_mode_of_every_shard() {
 }
 
 #[test]
+fn validate_describes_cluster_configs_and_the_reshard_handoff() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let policies = r#""policies":{"a":{"algorithm":"fixed_window","limit":5,"window":"10m"},
+        "b":{"algorithm":"sliding_log","limit":5,"window":"2h"}}"#;
+    let cluster = write(
+        "cluster.json",
+        &format!(
+            r#"{{"cluster":{{"nodes":["redis://127.0.0.1:7000","redis://127.0.0.1:7001"]}},{policies}}}"#
+        ),
+    );
+    let out = stdout(&sl(&["config", "validate", &cluster]));
+    assert!(
+        out.contains("ok: Redis Cluster (2 seed node(s)), 2 policies"),
+        "{out}"
+    );
+    assert!(!out.contains("in-memory"), "{out}");
+    assert!(
+        out.contains("reshard_handoff: 2h (default: the longest window among the policies, b)"),
+        "{out}"
+    );
+    let set = write(
+        "set.json",
+        &format!(
+            r#"{{"shards":[{{"name":"a","url":"redis://127.0.0.1:1"}}],"reshard_handoff":"90s",{policies}}}"#
+        ),
+    );
+    let out = stdout(&sl(&["config", "validate", &set]));
+    assert!(
+        out.contains("reshard_handoff: 90s (set in the config)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn validate_never_prints_a_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        r#"{"shards":[{"name":"a","url":"redis://bob:s3cr3tpw@127.0.0.1:6379/abc"}]}"#,
+        r#"{"shards":[{"name":"a","url":"redis://bob:s3cr3tpw@127.0.0.1:99999"}]}"#,
+        r#"{"shards":[{"name":"a","url":"http://bob:s3cr3tpw@127.0.0.1:6379"}]}"#,
+        r#"{"shards":["redis://bob:s3cr3tpw@127.0.0.1:6379"]}"#,
+        r#"{"cluster":{"nodes":["redis://bob:s3cr3tpw@127.0.0.1:6379/abc"]}}"#,
+        r#"{"cluster":{"nodes":["redis://bob:s3cr3tpw@bad host:1"]}}"#,
+        r#"{"shards":[{"name":"a","url":"redis+sentinel://:s3cr3tpw@h:1/m/x"}]}"#,
+        r#"{"shards":[{"name":"a","url":"redis+sentinel://h:1/m?sentinel_password=s3cr3tpw&x=1"}]}"#,
+        r#"{"shards":[{"name":"a","sentinel":{"nodes":["h:1"],"master":"m","password":"s3cr3tpw","db":-1}}]}"#,
+        r#"{"shards":[{"name":"a","url":"redis://bob:s3cr3tpw@127.0.0.1:6379"}],"shards":[]}"#,
+        r#"{"shards":[{"name":"a","url":"redis://bob:s3cr3tpw@127.0.0.1:6379"}]}"#,
+        r#"{"cluster":{"nodes":["redis://bob:s3cr3tpw@127.0.0.1:7000"]}}"#,
+    ];
+    for (i, text) in cases.iter().enumerate() {
+        let p = dir.path().join(format!("c{i}.json"));
+        std::fs::write(&p, text).unwrap();
+        for cmd in [&["config", "validate"][..], &["route", "--config"][..]] {
+            let mut args = cmd.to_vec();
+            args.push(p.to_str().unwrap());
+            if cmd[0] == "route" {
+                args.push("user:1");
+            }
+            let o = sl(&args);
+            let all = format!("{}{}", stdout(&o), String::from_utf8_lossy(&o.stderr));
+            assert!(!all.contains("s3cr3tpw"), "{args:?} on {text}: {all}");
+            assert!(!all.is_empty(), "{args:?}");
+        }
+    }
+}
+
+#[test]
 fn route_prints_key_index_shard() {
     let o = sl(&[
         "route",
@@ -273,6 +346,17 @@ fn memory_engine_without_config_and_bad_input() {
     ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--limit.limit"));
+    let o = sl(&[
+        "check",
+        "--limit",
+        r#"{"algorithm":"sliding_log","limit":5,"limit":500,"window":"1h"}"#,
+        "k",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--limit.limit: duplicate key"), "{err}");
+    let o = sl(&["check", "--limit", "{not json", "k"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--limit: not valid JSON"));
     let o = sl(&["check", "k"]);
     assert_eq!(o.status.code(), Some(2));
     let o = sl(&["check", "--limit", lim, ""]);
@@ -288,6 +372,20 @@ fn memory_engine_without_config_and_bad_input() {
         "10.0.0.0/8",
     ]);
     assert_eq!(stdout(&o).trim(), "198.51.100.7");
+    let key = |args: &[&str]| stdout(&sl(&[&["client-ip", "--key"][..], args].concat()));
+    assert_eq!(
+        key(&["--peer", "[2001:db8:1:2::77]:443"]).trim(),
+        "2001:db8:1:2::/64"
+    );
+    let k = key(&["--peer", "2001:db8:1:2ff::1%eth0", "--ipv6-prefix", "56"]);
+    assert_eq!(k.trim(), "2001:db8:1:200::/56");
+    assert_eq!(
+        key(&["--peer", "::ffff:198.51.100.7"]).trim(),
+        "198.51.100.7"
+    );
+    let o = sl(&["client-ip", "--key", "--peer", "::1", "--ipv6-prefix", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("ipv6_prefix"));
 }
 
 #[test]

@@ -18,6 +18,8 @@ pub const CONFIG_ENV: &str = "SHARDLIMIT_CONFIG";
 pub const DEFAULT_PREFIX: &str = "sl:";
 /// The default per-call deadline: small enough for a request path.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+/// `reshard_handoff` of a config without policies (ad-hoc limits only).
+pub const DEFAULT_RESHARD_HANDOFF: Duration = Duration::from_secs(600);
 /// How long a blocking call may spin on its socket for the reply before sleeping.
 pub const DEFAULT_SPIN_WAIT: Duration = Duration::from_micros(100);
 
@@ -131,20 +133,80 @@ fn login_part(user: Option<&str>, password: Option<&str>) -> String {
 }
 
 /// `url` with its credentials (and query) replaced by `***`, for messages and logs.
+/// Made for URLs that may be malformed: everything before the last `@` (after the scheme)
+/// is a login, whatever characters it holds, and a query may hold Sentinel passwords.
 pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
+    let (scheme, rest) = match url.split_once("://") {
+        Some((s, r)) => (format!("{s}://"), r),
+        None => (String::new(), url),
     };
-    let (rest, query) = match rest.split_once('?') {
-        Some((r, _)) => (r, "?***"),
-        None => (rest, ""),
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let rest = match rest[..authority_end].rfind('@') {
+    let rest = match rest.rfind('@') {
         Some(at) => format!("***@{}", &rest[at + 1..]),
         None => rest.to_string(),
     };
-    format!("{scheme}://{rest}{query}")
+    let rest = match rest.split_once('?') {
+        Some((r, _)) => format!("{r}?***"),
+        None => rest,
+    };
+    format!("{scheme}{rest}")
+}
+
+/// The secrets a URL may carry (its login, and Sentinel passwords in its query), raw and
+/// percent-decoded: what [`scrub`] removes from messages that third-party code wrote.
+fn url_secrets(url: &str) -> Vec<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let mut raw = Vec::new();
+    if let Some(at) = rest.rfind('@') {
+        let login = &rest[..at];
+        raw.push(login.to_string());
+        if let Some((user, pass)) = login.split_once(':') {
+            raw.push(pass.to_string());
+            raw.push(user.to_string());
+        }
+    }
+    if let Some((_, q)) = rest.split_once('?') {
+        raw.push(q.to_string());
+        for pair in q.split('&') {
+            raw.push(pair.split_once('=').map_or(pair, |(_, v)| v).to_string());
+        }
+    }
+    let mut all: Vec<String> = raw
+        .iter()
+        .flat_map(|s| {
+            let d = percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned();
+            [s.clone(), d]
+        })
+        .filter(|s| s.len() >= 2)
+        .collect();
+    // longest first, so that a password inside a login is replaced with the login
+    all.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    all.dedup();
+    all
+}
+
+/// `text` (e.g. the redis crate's message about `url`) with every secret of `url` replaced
+/// by `***`.
+pub(crate) fn scrub(text: &str, url: &str) -> String {
+    let mut out = text.to_string();
+    for secret in url_secrets(url) {
+        out = out.replace(&secret, "***");
+    }
+    out
+}
+
+/// What a JSON value is, for messages about values that may hold secrets (URLs with
+/// passwords), which are never echoed.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
 }
 
 /// Parses `redis+sentinel://[[user]:password@]host:port[,host:port...]/master_name[/db]`,
@@ -220,8 +282,13 @@ pub(crate) fn parse_sentinel_url(field: &str, url: &str) -> Result<SentinelUrl> 
             return Err(bad("empty sentinel address"));
         }
         let node = format!("redis://{login}{h}");
-        redis::Client::open(node.as_str())
-            .map_err(|e| bad(&format!("bad sentinel address {h:?}: {e}")))?;
+        redis::Client::open(node.as_str()).map_err(|e| {
+            bad(&format!(
+                "bad sentinel address {:?}: {}",
+                redact_url(h),
+                scrub(&scrub(&e.to_string(), &node), url)
+            ))
+        })?;
         nodes.push(node);
     }
     Ok(SentinelUrl {
@@ -233,8 +300,8 @@ pub(crate) fn parse_sentinel_url(field: &str, url: &str) -> Result<SentinelUrl> 
     })
 }
 
-/// A validated configuration.
-#[derive(Debug, Clone)]
+/// A validated configuration. Its `Debug` shows URLs without their credentials.
+#[derive(Clone)]
 pub struct Config {
     /// `None` runs on the in-memory engine (the embedded default), unless `cluster` is set.
     pub shards: Option<Vec<ShardConfig>>,
@@ -257,8 +324,11 @@ pub struct Config {
     /// `<prefix>events` on each shard, trimmed to about this many entries. `None`: off.
     pub events_stream_maxlen: Option<u64>,
     /// After a reload changes the shard list, how long moved keys carry their state over
-    /// from their old shard (`reshard_handoff`, default 10 minutes).
+    /// from their old shard (`reshard_handoff`; by default the longest time any configured
+    /// policy's state matters, [`Config::longest_window`], or 10 minutes without policies).
     pub reshard_handoff: Duration,
+    /// True when the config set `reshard_handoff` itself.
+    pub reshard_handoff_configured: bool,
     /// How long a blocking call (`*_blocking`, Python sync, C, Go) may spin on its socket
     /// for the reply before sleeping in `read`; also how long the I/O thread keeps
     /// spinning after the last async check when calls have been coming back that fast
@@ -268,6 +338,27 @@ pub struct Config {
     /// I/O thread keeps a core busy (giving way to other ready threads every 10 µs). At
     /// most half the CPUs spin at once.
     pub spin_wait: Duration,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let cluster: Option<Vec<String>> = self
+            .cluster
+            .as_ref()
+            .map(|n| n.iter().map(|u| redact_url(u)).collect());
+        f.debug_struct("Config")
+            .field("shards", &self.shards)
+            .field("cluster", &cluster)
+            .field("key_prefix", &self.key_prefix)
+            .field("timeout", &self.timeout)
+            .field("on_error", &self.on_error)
+            .field("instances", &self.instances)
+            .field("policies", &self.policies)
+            .field("events_stream_maxlen", &self.events_stream_maxlen)
+            .field("reshard_handoff", &self.reshard_handoff)
+            .field("spin_wait", &self.spin_wait)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for Config {
@@ -283,7 +374,8 @@ impl Default for Config {
             instances: 1,
             policies: BTreeMap::new(),
             events_stream_maxlen: None,
-            reshard_handoff: Duration::from_secs(600),
+            reshard_handoff: DEFAULT_RESHARD_HANDOFF,
+            reshard_handoff_configured: false,
             spin_wait: DEFAULT_SPIN_WAIT,
         }
     }
@@ -299,18 +391,10 @@ impl Config {
     }
 
     /// Parses and validates a JSON config.
+    /// Duplicate keys are rejected anywhere in the document (JSON parsers differ on which
+    /// one wins, so two services could read one file differently).
     pub fn from_json(text: &str) -> Result<Config> {
-        let value: Value = serde_json::from_str(text).map_err(|e| {
-            Error::config(
-                "config",
-                format!(
-                    "not valid JSON: {e} (line {}, column {})",
-                    e.line(),
-                    e.column()
-                ),
-            )
-        })?;
-        Config::from_value(&value)
+        Config::from_value(&parse_strict_json(text)?)
     }
 
     /// Reads, parses and validates a JSON config file.
@@ -402,6 +486,7 @@ impl Config {
         }
         if let Some(v) = obj.get("reshard_handoff") {
             cfg.reshard_handoff = Duration::from_micros(duration_from_json("reshard_handoff", v)?);
+            cfg.reshard_handoff_configured = true;
         }
         if let Some(v) = obj.get("spin_wait") {
             let us = duration_from_json("spin_wait", v)?;
@@ -449,7 +534,10 @@ impl Config {
             let o = v.as_object().ok_or_else(|| {
                 Error::config(
                     "cluster",
-                    format!("expected {{\"nodes\": [\"redis://host:port\", ...]}}, got {v}"),
+                    format!(
+                        "expected {{\"nodes\": [\"redis://host:port\", ...]}}, got {}",
+                        kind(v)
+                    ),
                 )
             })?;
             check_fields(o, "cluster.", &["nodes", "tls"])?;
@@ -467,7 +555,7 @@ impl Config {
             for (i, n) in nodes.iter().enumerate() {
                 let f = format!("cluster.nodes[{i}]");
                 let url = n.as_str().ok_or_else(|| {
-                    Error::config(&f, format!("expected a redis:// URL, got {n}"))
+                    Error::config(&f, format!("expected a redis:// URL, got {}", kind(n)))
                 })?;
                 validate_url(&f, url)?;
                 if url.starts_with("redis+sentinel://") {
@@ -509,7 +597,155 @@ impl Config {
                 cfg.policies.insert(name.clone(), policy);
             }
         }
+        if !cfg.reshard_handoff_configured {
+            if let Some((_, w)) = cfg.longest_window() {
+                cfg.reshard_handoff = w;
+            }
+        }
         Ok(cfg)
+    }
+
+    /// The policy whose state matters longest, and for how long: its window
+    /// (`fixed_window`, `sliding_log`), twice its window (`sliding_window`, which weighs
+    /// the previous window in), the time to refill or drain a full bucket, or the lease TTL.
+    /// The default `reshard_handoff`, so that no moved key starts with a fresh budget while
+    /// its old state would still count.
+    pub fn longest_window(&self) -> Option<(&str, Duration)> {
+        self.policies
+            .iter()
+            .map(|(name, p)| {
+                let c = &p.0.compiled;
+                let us = match c.algorithm {
+                    Algorithm::SlidingWindow => c.period_us.saturating_mul(2),
+                    Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                        c.limit.saturating_mul(c.period_us)
+                    }
+                    _ => c.period_us,
+                };
+                (name.as_str(), Duration::from_micros(us))
+            })
+            .max_by_key(|(_, d)| *d)
+    }
+}
+
+/// Parses JSON like `serde_json::from_str::<Value>`, but fails on a key that appears twice
+/// in one object, naming its path (`policies.login`, `shards[1].url`): how configs are read.
+pub fn parse_strict_json(text: &str) -> Result<Value> {
+    use serde::de::DeserializeSeed;
+    let duplicate = std::cell::RefCell::new(None);
+    let mut de = serde_json::Deserializer::from_str(text);
+    let parsed = StrictValue {
+        path: String::new(),
+        duplicate: &duplicate,
+    }
+    .deserialize(&mut de)
+    .and_then(|v| de.end().map(|_| v));
+    parsed.map_err(|e| match duplicate.take() {
+        Some(path) => Error::config(
+            path,
+            format!(
+                "duplicate key (line {}, column {}); each key may appear only once",
+                e.line(),
+                e.column()
+            ),
+        ),
+        None => Error::config(
+            "config",
+            format!(
+                "not valid JSON: {e} (line {}, column {})",
+                e.line(),
+                e.column()
+            ),
+        ),
+    })
+}
+
+/// A JSON value at `path` whose objects may not repeat a key; the path of the first
+/// repeated key goes to `duplicate`. serde_json's recursion limit still applies.
+struct StrictValue<'a> {
+    path: String,
+    duplicate: &'a std::cell::RefCell<Option<String>>,
+}
+
+impl<'a> StrictValue<'a> {
+    fn child(&self, path: String) -> StrictValue<'a> {
+        StrictValue {
+            path,
+            duplicate: self.duplicate,
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for StrictValue<'_> {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> std::result::Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for StrictValue<'_> {
+    type Value = Value;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> std::result::Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> std::result::Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> std::result::Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> std::result::Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> std::result::Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> std::result::Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> std::result::Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> std::result::Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(v) =
+            seq.next_element_seed(self.child(format!("{}[{}]", self.path, out.len())))?
+        {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(k) = map.next_key::<String>()? {
+            let path = if self.path.is_empty() {
+                k.clone()
+            } else {
+                format!("{}.{k}", self.path)
+            };
+            if out.contains_key(&k) {
+                *self.duplicate.borrow_mut() = Some(path);
+                return Err(serde::de::Error::custom("duplicate key"));
+            }
+            let v = map.next_value_seed(self.child(path))?;
+            out.insert(k, v);
+        }
+        Ok(Value::Object(out))
     }
 }
 
@@ -624,7 +860,7 @@ fn shards(v: &Value, default_tls: Option<&TlsConfig>) -> Result<Vec<ShardConfig>
     let list = v.as_array().ok_or_else(|| {
         Error::config(
             "shards",
-            format!("expected a list of {{name, url}}, got {v}"),
+            format!("expected a list of {{name, url}}, got {}", kind(v)),
         )
     })?;
     if list.is_empty() {
@@ -637,7 +873,10 @@ fn shards(v: &Value, default_tls: Option<&TlsConfig>) -> Result<Vec<ShardConfig>
     for (i, s) in list.iter().enumerate() {
         let field = format!("shards[{i}]");
         let obj = s.as_object().ok_or_else(|| {
-            Error::config(&field, format!("expected an object {{name, url}}, got {s}"))
+            Error::config(
+                &field,
+                format!("expected an object {{name, url}}, got {}", kind(s)),
+            )
         })?;
         check_fields(
             obj,
@@ -765,9 +1004,16 @@ pub(crate) fn validate_url(field: &str, url: &str) -> Result<()> {
             ),
         ));
     }
-    redis::Client::open(url)
-        .map(|_| ())
-        .map_err(|e| Error::config(field, format!("invalid Redis URL {url:?}: {e}")))
+    redis::Client::open(url).map(|_| ()).map_err(|e| {
+        Error::config(
+            field,
+            format!(
+                "invalid Redis URL {:?}: {}",
+                redact_url(url),
+                scrub(&e.to_string(), url)
+            ),
+        )
+    })
 }
 
 fn count(field: String, v: Option<&Value>) -> Result<u64> {
@@ -1096,5 +1342,87 @@ mod tests {
         .unwrap();
         assert!(cfg.shards.is_none());
         assert_eq!(cfg.policies["a"].max(), 5);
+    }
+
+    #[test]
+    fn duplicate_keys_are_rejected_with_their_path() {
+        let tb = r#"{"algorithm":"token_bucket","capacity":5,"refill_per_sec":1}"#;
+        for (json, path) in [
+            (r#"{"timeout_ms":10,"timeout_ms":20}"#.to_string(), "timeout_ms"),
+            (format!(r#"{{"policies":{{"login":{tb},"login":{tb}}}}}"#), "policies.login"),
+            (
+                r#"{"policies":{"a":{"algorithm":"fixed_window","limit":1,"limit":2,"window":1}}}"#
+                    .to_string(),
+                "policies.a.limit",
+            ),
+            (
+                r#"{"shards":[{"name":"a","url":"redis://h:1"},{"name":"b","url":"redis://h:2","url":"redis://h:3"}]}"#
+                    .to_string(),
+                "shards[1].url",
+            ),
+            (r#"{"x":[[{"k":1,"k":1}]]}"#.to_string(), "x[0][0].k"),
+        ] {
+            let e = err(&json);
+            assert!(
+                e.starts_with(&format!("{path}: duplicate key (line 1, column ")),
+                "{json}: {e}"
+            );
+        }
+        // distinct keys, and the same key in different objects, are fine
+        Config::from_json(&format!(r#"{{"policies":{{"a":{tb},"b":{tb}}}}}"#)).unwrap();
+        // bad JSON is still reported as such, trailing garbage too
+        assert!(err(r#"{"a":1} x"#).starts_with("config: not valid JSON"));
+        assert!(err(&"[".repeat(100_000)).starts_with("config: not valid JSON"));
+    }
+
+    #[test]
+    fn reshard_handoff_defaults_to_the_longest_window() {
+        let cfg = |policies: &str, extra: &str| {
+            Config::from_json(&format!(
+                r#"{{"shards":[{{"name":"a","url":"redis://h:1"}}]{extra},"policies":{{{policies}}}}}"#
+            ))
+            .unwrap()
+        };
+        let fw = r#""fw":{"algorithm":"fixed_window","limit":5,"window":"1h"}"#;
+        let sw = r#""sw":{"algorithm":"sliding_window","limit":5,"window":"40m"}"#;
+        let tb = r#""tb":{"algorithm":"token_bucket","capacity":7200,"refill_per_sec":1}"#;
+        let c = cfg(fw, "");
+        assert_eq!(c.reshard_handoff, Duration::from_secs(3600));
+        assert!(!c.reshard_handoff_configured);
+        // a sliding window weighs the previous window in: 2 × 40 min
+        let c = cfg(&format!("{fw},{sw}"), "");
+        assert_eq!(c.longest_window(), Some(("sw", Duration::from_secs(4800))));
+        assert_eq!(c.reshard_handoff, Duration::from_secs(4800));
+        // a bucket: the time to refill it completely
+        assert_eq!(
+            cfg(&format!("{fw},{tb}"), "").reshard_handoff,
+            Duration::from_secs(7200)
+        );
+        // no policies: ten minutes; set explicitly: as set
+        assert_eq!(cfg("", "").reshard_handoff, DEFAULT_RESHARD_HANDOFF);
+        let c = cfg(fw, r#","reshard_handoff":"5m""#);
+        assert_eq!(c.reshard_handoff, Duration::from_secs(300));
+        assert!(c.reshard_handoff_configured);
+    }
+
+    #[test]
+    fn redact_url_hides_every_login_form() {
+        for (url, want) in [
+            ("redis://bob:pw@h:1/2", "redis://***@h:1/2"),
+            ("redis://bob:p/w@h:1", "redis://***@h:1"),
+            ("redis://bob:p?w@h:1", "redis://***@h:1"),
+            ("bob:pw@h:1", "***@h:1"),
+            (
+                "redis+sentinel://h:1/m?sentinel_password=pw",
+                "redis+sentinel://h:1/m?***",
+            ),
+            ("redis://h:1", "redis://h:1"),
+        ] {
+            assert_eq!(redact_url(url), want, "{url}");
+        }
+        assert_eq!(
+            scrub("bad URL p%40ss and p@ss", "redis://u:p%40ss@h"),
+            "bad URL *** and ***"
+        );
     }
 }

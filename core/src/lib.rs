@@ -27,6 +27,7 @@ mod error;
 pub mod events;
 mod expiry;
 mod ip;
+pub mod keys;
 mod limit;
 mod limiter;
 mod memory;
@@ -44,7 +45,10 @@ pub use decision::{Decision, Source};
 pub use duration::parse_duration_us;
 pub use error::{Error, ErrorKind, Result};
 pub use events::{CircuitState, Event, Subscriber};
-pub use ip::{client_ip, client_ip_with, parse_peer, Cidr, TrustedProxies};
+pub use ip::{
+    client_ip, client_ip_key, client_ip_with, ip_key, parse_peer, Cidr, TrustedProxies,
+    DEFAULT_IPV6_PREFIX,
+};
 pub use limit::{Algorithm, AutoBlock, Limit, LocalAdmission, OnError, Policy, MAX_LIMIT};
 pub use limiter::{
     latency_scale, BlockInfo, ConfigWatcher, Layer, Lease, Limiter, ReloadReport, ScaleHook,

@@ -11,12 +11,12 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::config::ShardConfig;
 use crate::error::{Error, Result};
 use crate::events::{CircuitState, Event, Subscribers};
+use crate::keys::{block_key, denial_key, events_key, state_key};
 use crate::limit::{AutoBlock, Compiled, PolicyInner};
 use crate::memory::{LayerReq, LayeredRaw, Raw};
 use crate::metrics::Latency;
 use crate::pipe::{next_tag, untag, CheckCall, Pipe, PipeConn};
 use crate::resp::Reply;
-use crate::routing::routing_key;
 use crate::scripts;
 use arc_swap::ArcSwapOption;
 use futures_util::FutureExt;
@@ -752,45 +752,12 @@ impl std::fmt::Debug for RedisEngine {
     }
 }
 
-/// `key` with a hash tag: the user's own `{tag}`, or the whole key wrapped in braces.
-fn tagged(out: &mut String, key: &str) {
-    if routing_key(key).len() != key.len() {
-        out.push_str(key);
-    } else {
-        out.push('{');
-        out.push_str(key);
-        out.push('}');
-    }
-}
-
-/// The Redis key holding `key`'s state for `policy`. It always carries a hash tag, so every
-/// key one check touches lands in one Redis Cluster slot.
-pub(crate) fn state_key(prefix: &str, key_scope: &str, key: &str) -> String {
-    let mut s = String::with_capacity(prefix.len() + key_scope.len() + key.len() + 2);
-    s.push_str(prefix);
-    s.push_str(key_scope);
-    tagged(&mut s, key);
-    s
-}
-
-/// The block-list entry of `key` (shared by every policy).
-pub(crate) fn block_key(prefix: &str, key: &str) -> String {
-    state_key(prefix, "block:", key)
-}
-
-/// The denial counter of automatic blocking for (policy, key).
-fn denial_key(prefix: &str, key_scope: &str, key: &str) -> String {
-    let mut s = String::with_capacity(prefix.len() + key_scope.len() + key.len() + 7);
-    s.push_str(prefix);
-    s.push_str("deny:");
-    s.push_str(key_scope);
-    tagged(&mut s, key);
-    s
-}
-
 /// The client of a `redis://` or `rediss://` shard, with its TLS settings.
 fn single_client(field: &str, s: &ShardConfig) -> Result<redis::Client> {
-    let bad = |e: redis::RedisError| Error::config(field, format!("invalid Redis URL: {e}"));
+    let bad = |e: redis::RedisError| {
+        let e = crate::config::scrub(&e.to_string(), &s.url);
+        Error::config(field, format!("invalid Redis URL: {e}"))
+    };
     #[cfg(feature = "tls")]
     if let (true, Some(t)) = (s.url.starts_with("rediss://"), &s.tls) {
         use redis::IntoConnectionInfo;
@@ -818,8 +785,10 @@ fn single_client(field: &str, s: &ShardConfig) -> Result<redis::Client> {
 /// log in to the primary they name (over TLS with `tls`).
 fn sentinel_client(field: &str, s: &ShardConfig) -> Result<SentinelClient> {
     use redis::IntoConnectionInfo;
-    let bad =
-        |e: redis::RedisError| Error::config(field, format!("invalid sentinel configuration: {e}"));
+    let bad = |e: redis::RedisError| {
+        let e = crate::config::scrub(&e.to_string(), &s.url);
+        Error::config(field, format!("invalid sentinel configuration: {e}"))
+    };
     let su = crate::config::parse_sentinel_url(field, &s.url)?;
     let mut sentinels = Vec::with_capacity(su.nodes.len());
     let (mut s_user, mut s_pass) = (None, None);
@@ -1122,9 +1091,12 @@ impl RedisEngine {
                 builder = builder.tls(t.mode());
             }
         }
-        let client = builder
-            .build()
-            .map_err(|e| Error::config("cluster.nodes", format!("invalid cluster: {e}")))?;
+        let client = builder.build().map_err(|e| {
+            let e = nodes
+                .iter()
+                .fold(e.to_string(), |e, n| crate::config::scrub(&e, n));
+            Error::config("cluster.nodes", format!("invalid cluster: {e}"))
+        })?;
         let mut shard = ShardConfig::new("cluster", nodes.join(","));
         shard.tls = tls;
         RedisEngine::build(
@@ -2012,7 +1984,7 @@ impl RedisEngine {
         mut rx: tokio::sync::mpsc::Receiver<StreamItem>,
         maxlen: u64,
     ) {
-        let key = format!("{}events", self.prefix);
+        let key = events_key(&self.prefix);
         while let Some((shard, fields)) = rx.recv().await {
             if self.circuit_open(shard) {
                 self.events_dropped.fetch_add(1, Ordering::Relaxed);

@@ -58,10 +58,22 @@ fn crc16(data: &[u8]) -> u16 {
     crc
 }
 
+/// The hash tag shardlimit puts in braces in every Redis key it writes for `key`: its
+/// routing key, with `}` written `%7D` (a routing key holds a `}` only when it is the whole
+/// key), so that Redis reads back exactly this tag (docs/keys.md).
+pub fn hash_tag(key: &str) -> std::borrow::Cow<'_, str> {
+    let r = routing_key(key);
+    if r.contains('}') {
+        std::borrow::Cow::Owned(r.replace('}', "%7D"))
+    } else {
+        std::borrow::Cow::Borrowed(r)
+    }
+}
+
 /// The Redis Cluster slot of every Redis key shardlimit writes for `key`: they all carry
-/// `key`'s hash tag (its own `{tag}`, or the whole key in braces).
+/// the hash tag [`hash_tag`] of `key`.
 pub fn cluster_slot(key: &str) -> u16 {
-    crc16(routing_key(key).as_bytes()) % 16384
+    crc16(hash_tag(key).as_bytes()) % 16384
 }
 
 #[cfg(test)]

@@ -131,6 +131,27 @@ fn cluster_mode_end_to_end() {
         97
     );
 
+    // keys whose routing key holds braces (`x{}y` has an empty tag, so its routing key is
+    // the whole key): grouped by the slot their Redis keys really have. `k` is a plain key
+    // in the slot Redis gives the bare `x{}y`, which is not the slot of its hash tag.
+    let bare: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg("x{}y")
+        .query(&mut nodes[0].conn())
+        .unwrap();
+    let k = (0..1_000_000)
+        .map(|i| format!("k{i}"))
+        .find(|k| shardlimit::routing::cluster_slot(k) == bare)
+        .unwrap();
+    let ip = l.policy("ip").unwrap();
+    let keys = ["w", "{w}", "{w}:x", "x{}y", "a}b", k.as_str()];
+    let layers: Vec<Layer> = keys.iter().map(|k| Layer::new(*k, &ip, 1)).collect();
+    let d = l.check_all_blocking(&layers).unwrap();
+    assert_eq!((d.allowed, d.source), (true, Source::Redis), "{d:?}");
+    for k in keys {
+        assert_eq!(l.peek_blocking(k, &ip).unwrap().remaining, 99, "{k}");
+    }
+
     // block list
     l.block_blocking("user:bad", Some(Duration::from_secs(60)), "cluster test")
         .unwrap();

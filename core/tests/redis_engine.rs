@@ -581,7 +581,7 @@ fn every_key_written_has_a_ttl() {
     for k in keys {
         let ttl: i64 = redis::cmd("PTTL").arg(&k).query(&mut c).unwrap();
         assert!(ttl > 0, "key {k} has no TTL ({ttl})");
-        assert!(k.starts_with("sl:p"), "{k}");
+        assert!(k.starts_with("sl:s:p"), "{k}");
         assert!(
             k.contains("{a}") || k.contains("{t}:b") || k.contains("{c}"),
             "hash tag missing: {k}"
@@ -640,7 +640,7 @@ fn keys_land_on_the_routed_shard() {
         assert_eq!(name, format!("s{shard}"));
         used[shard as usize] += 1;
         let exists: bool = redis::cmd("EXISTS")
-            .arg(format!("sl:r:tb:{{{key}}}"))
+            .arg(format!("sl:s:r:tb:{{{key}}}"))
             .query(&mut servers[shard as usize].conn())
             .unwrap();
         assert!(exists, "{key} not on shard {shard}");
@@ -729,9 +729,9 @@ fn redis_memory_per_active_key() {
     clock.advance_us(1_000_000);
     swl.check_blocking("user:12345", &sw, 1).unwrap();
     let (tbu, fwu, swu) = (
-        usage(&mut c, "sl:api:tb:*"),
-        usage(&mut c, "sl:api:fw:*"),
-        usage(&mut c, "sl:api:sw:*"),
+        usage(&mut c, "sl:s:api:tb:*"),
+        usage(&mut c, "sl:s:api:fw:*"),
+        usage(&mut c, "sl:s:api:sw:*"),
     );
     println!("MEMORY USAGE: token_bucket {tbu} B, fixed_window {fwu} B, sliding_window (2 counters) {swu} B");
     assert!(tbu <= 96, "token bucket {tbu}");

@@ -104,7 +104,7 @@ fn sentinel_shard_follows_failover() {
     // the state has reached the replica before we fail over to it
     wait("replication of the counter", || {
         let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("sl:login:*")
+            .arg("sl:s:login:*")
             .query(&mut replica.conn())
             .unwrap_or_default();
         keys.iter().any(|k| {
@@ -139,7 +139,7 @@ fn sentinel_shard_follows_failover() {
     let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut replica.conn()).unwrap();
     assert!(matches!(&role[0], redis::Value::BulkString(r) if r == b"master"));
     let on_new: Vec<String> = redis::cmd("KEYS")
-        .arg("sl:login:*user:2*")
+        .arg("sl:s:login:*user:2*")
         .query(&mut replica.conn())
         .unwrap();
     assert!(
@@ -203,7 +203,7 @@ fn sentinel_shard_logs_in_to_the_sentinel_and_the_primary() {
     let d = l.check_named_blocking("login", "user:1", 1).unwrap();
     assert_eq!((d.allowed, d.source), (false, Source::Redis));
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("sl:login:*")
+        .arg("sl:s:login:*")
         .query(
             &mut redis::Client::open(format!("redis://:p%40ss%3A1@127.0.0.1:{}", primary.port))
                 .unwrap()

@@ -165,7 +165,8 @@ where
     }
 }
 
-/// Keys requests by client IP (`ip:<address>`), found with the core's trusted-proxy walk
+/// Keys requests by client IP (`ip:<address>`, IPv6 clients by their /64:
+/// [`shardlimit::ip_key`]), found with the core's trusted-proxy walk
 /// ([`shardlimit::client_ip_with`]): the peer address unless it is a trusted proxy, then
 /// `X-Forwarded-For` from the right up to the first untrusted hop, so a client cannot
 /// choose its own key by sending the header.
@@ -196,6 +197,13 @@ impl IpKey {
     pub fn with_cost(mut self, units: u64) -> IpKey {
         self.cost = units;
         self
+    }
+
+    /// IPv6 clients share one key per network of `prefix` bits (default 64; 1 to 128), see
+    /// [`shardlimit::ip_key`].
+    pub fn with_ipv6_prefix(mut self, prefix: u8) -> shardlimit::Result<IpKey> {
+        self.trusted = self.trusted.with_ipv6_prefix(prefix)?;
+        Ok(self)
     }
 
     /// The client address of `req` (see the type's documentation).
@@ -231,7 +239,7 @@ fn peer_addr<B>(req: &Request<B>) -> Option<IpAddr> {
 
 impl<B> KeyFn<B> for IpKey {
     fn check_for(&self, req: &Request<B>) -> Result<Check, Error> {
-        let ip = self.client_ip(req)?;
+        let ip = shardlimit::ip_key(self.client_ip(req)?, self.trusted.ipv6_prefix());
         Ok(Check::new(format!("ip:{ip}"), &self.policy).cost(self.cost))
     }
 }

@@ -203,6 +203,66 @@ async fn ip_key_trusts_forwarded_for_only_from_trusted_proxies() {
     }
 }
 
+async fn status_from<S>(svc: &S, peer: &str) -> StatusCode
+where
+    S: Service<Request<String>, Response = Response<String>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    svc.clone()
+        .oneshot(from_peer(peer, None))
+        .await
+        .unwrap()
+        .status()
+}
+
+#[tokio::test]
+async fn ipv6_clients_are_keyed_by_their_network() {
+    let (limiter, _clock) = limiter();
+    let per_ip = Policy::new("per_ip", Limit::fixed_window(2, Duration::from_secs(60))).unwrap();
+    let layer = |key: IpKey| {
+        RateLimitLayer::new(limiter.clone(), key).layer(counting(Arc::new(AtomicUsize::new(0))))
+    };
+    // one client rotating through its /64: two allowed, then denied whatever the address
+    let s = layer(IpKey::new(per_ip.clone(), &[] as &[&str]).unwrap());
+    let mut got = Vec::new();
+    for peer in [
+        "[2001:db8:1:2::1]:1",
+        "[2001:db8:1:2::2]:1",
+        "[2001:db8:1:2:ffff::9]:1",
+    ] {
+        got.push(status_from(&s, peer).await);
+    }
+    assert_eq!(
+        got,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    // the next /64 is another client
+    assert_eq!(status_from(&s, "[2001:db8:1:3::1]:1").await, StatusCode::OK);
+    // with /56, the /64s of 2001:db8:1::/56 are one client
+    let key = IpKey::new(per_ip, &[] as &[&str]).unwrap();
+    let s = layer(key.with_ipv6_prefix(56).unwrap());
+    let mut got = Vec::new();
+    for peer in [
+        "[2001:db8:1:4::1]:1",
+        "[2001:db8:1:5::1]:1",
+        "[2001:db8:1:ff::1]:1",
+    ] {
+        got.push(status_from(&s, peer).await);
+    }
+    assert_eq!(
+        got,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+}
+
 #[tokio::test]
 async fn errors_become_json_responses_or_the_handler_s() {
     let (limiter, _clock) = limiter();

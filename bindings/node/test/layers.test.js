@@ -68,6 +68,65 @@ for (const engine of ['memory', 'redis']) {
   })
 }
 
+test('ipKey: IPv4 as itself, IPv6 by its network, in every form the core takes', () => {
+  for (const [ip, prefix, want] of [
+    ['2001:db8:1:2::1', undefined, '2001:db8:1:2::/64'],
+    ['[2001:0db8:0001:0002:ffff::9]:443', 64, '2001:db8:1:2::/64'],
+    ['2001:db8:1:2::abcd%eth0', 64, '2001:db8:1:2::/64'],
+    ['2001:db8:1:2ff::1', 56, '2001:db8:1:200::/56'],
+    ['2001:db8::1', 128, '2001:db8::1'],
+    ['::ffff:203.0.113.9', 64, '203.0.113.9'],
+    ['203.0.113.9:80', 64, '203.0.113.9'],
+  ]) {
+    assert.equal(sl.ipKey(ip, prefix), want, ip)
+  }
+  assert.equal(new TrustedProxies(['10.0.0.0/8']).clientKey('10.0.0.5', '2001:db9::5:6'), '2001:db9::/64')
+  assert.equal(new TrustedProxies([], 48).clientKey('[2001:db9:7:8::1]:1'), '2001:db9:7::/48')
+  for (const bad of [0, 129, 300]) {
+    assert.throws(() => sl.ipKey('::1', bad), { code: 'ERR_SHARDLIMIT_INVALID_ARGUMENT', message: /ipv6_prefix/ })
+    assert.throws(() => new TrustedProxies([], bad), { code: 'ERR_SHARDLIMIT_INVALID_ARGUMENT' })
+  }
+  assert.throws(() => sl.ipKey('nope'), { code: 'ERR_SHARDLIMIT_INVALID_ARGUMENT', message: /peer_addr/ })
+  assert.throws(() => sl.ipKey('::1', 1.5), TypeError)
+  assert.throws(() => expressMiddleware(Limiter.memory(), { policy: 'ip', ipv6Prefix: 0 }), {
+    code: 'ERR_SHARDLIMIT_INVALID_ARGUMENT',
+  })
+})
+
+test('the middleware keys IPv6 clients by their /64 (or the prefix it is given)', async () => {
+  const limiter = Limiter.fromJson({ policies: { ip: policies.ip } }, { clock: new ManualClock(T0) })
+  const serve = async (options) => {
+    const mw = expressMiddleware(limiter, { policy: 'ip', trustedProxies: ['127.0.0.1'], ...options })
+    const server = http.createServer((req, res) => mw(req, res, () => res.end('ok')))
+    await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
+    return server
+  }
+  const statuses = async (server, clients) => {
+    const out = []
+    for (const c of clients) {
+      const r = await fetch(`http://127.0.0.1:${server.address().port}/`, { headers: { 'x-forwarded-for': c } })
+      await r.text()
+      out.push(r.status)
+    }
+    return out
+  }
+  const s64 = await serve({})
+  try {
+    // one client rotating through its /64: limit 3, then denied; the next /64 is another client
+    const got = await statuses(s64, ['2001:db8:1:2::1', '2001:db8:1:2::2', '2001:db8:1:2::3', '2001:db8:1:2:ffff::4', '2001:db8:1:3::1'])
+    assert.deepEqual(got, [200, 200, 200, 429, 200])
+  } finally {
+    await new Promise((resolve) => s64.close(resolve))
+  }
+  const s56 = await serve({ ipv6Prefix: 56 })
+  try {
+    const got = await statuses(s56, ['2001:db8:5:10::1', '2001:db8:5:20::1', '2001:db8:5:30::1', '2001:db8:5:ff::1'])
+    assert.deepEqual(got, [200, 200, 200, 429])
+  } finally {
+    await new Promise((resolve) => s56.close(resolve))
+  }
+})
+
 test('clientIp follows the core: X-Forwarded-For only from trusted proxies', () => {
   const proxies = ['10.0.0.0/8']
   assert.equal(clientIp('203.0.113.9:4431', '1.1.1.1', proxies), '203.0.113.9')

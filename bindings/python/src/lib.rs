@@ -336,6 +336,14 @@ impl TrustedProxies {
     }
 }
 
+/// The rate-limit key of a client address (the core's `ip_key`): IPv4, also IPv4-mapped,
+/// as itself; IPv6 as its network of `ipv6_prefix` bits (1 to 128), `2001:db8:1:2::/64`.
+#[pyfunction]
+#[pyo3(signature = (ip, ipv6_prefix = shardlimit::DEFAULT_IPV6_PREFIX))]
+fn ip_key(ip: &str, ipv6_prefix: u8) -> PyResult<String> {
+    shardlimit::client_ip_key(ip, None, &[] as &[&str], ipv6_prefix).map_err(core_err)
+}
+
 /// The client's address behind proxies (see `TrustedProxies.client_ip`).
 #[pyfunction]
 #[pyo3(signature = (peer, x_forwarded_for = None, trusted_proxies = Vec::new()))]
@@ -844,6 +852,7 @@ fn _shardlimit(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<BlockInfo>()?;
     m.add_class::<TrustedProxies>()?;
     m.add_function(wrap_pyfunction!(client_ip, m)?)?;
+    m.add_function(wrap_pyfunction!(ip_key, m)?)?;
     m.add_class::<Limiter>()?;
     Ok(())
 }

@@ -132,6 +132,31 @@ def test_client_ip(peer: str, xff: Optional[str], want: str) -> None:
     assert TrustedProxies(PROXIES).client_ip(peer, xff) == want
 
 
+@pytest.mark.parametrize(
+    "ip, prefix, want",
+    [
+        ("2001:db8:1:2::1", 64, "2001:db8:1:2::/64"),
+        ("[2001:0db8:0001:0002:ffff::9]:443", 64, "2001:db8:1:2::/64"),
+        ("2001:db8:1:2::abcd%eth0", 64, "2001:db8:1:2::/64"),
+        ("2001:db8:1:2ff::1", 56, "2001:db8:1:200::/56"),
+        ("2001:db8::1", 128, "2001:db8::1"),
+        ("::ffff:203.0.113.9", 64, "203.0.113.9"),
+        ("203.0.113.9:80", 64, "203.0.113.9"),
+    ],
+)
+def test_ip_key_aggregates_ipv6(ip: str, prefix: int, want: str) -> None:
+    assert shardlimit.ip_key(ip, prefix) == want
+
+
+def test_ip_key_bad_input() -> None:
+    with pytest.raises(shardlimit.InvalidArgumentError, match="peer_addr"):
+        shardlimit.ip_key("nope")
+    with pytest.raises(shardlimit.InvalidArgumentError, match="ipv6_prefix"):
+        shardlimit.ip_key("::1", 0)
+    with pytest.raises(shardlimit.InvalidArgumentError, match="ipv6_prefix"):
+        shardlimit.ip_key("::1", 129)
+
+
 def test_client_ip_bad_input() -> None:
     with pytest.raises(shardlimit.InvalidArgumentError, match="peer_addr"):
         shardlimit.client_ip("nope")

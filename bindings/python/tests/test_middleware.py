@@ -16,6 +16,7 @@ from starlette.requests import Request as StarletteRequest
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
+import shardlimit
 from shardlimit import Limit, Limiter, asgi, wsgi
 from shardlimit._http import Request, Target
 
@@ -116,6 +117,23 @@ def test_asgi_by_client_ip_with_a_limit(limiter: Limiter) -> None:
                 for ip in ("10.9.9.9", "10.9.9.9", "10.9.9.8")]
 
     assert asyncio.run(main()) == [200, 429, 200]
+
+
+def test_asgi_by_client_ip_keys_ipv6_by_network(limiter: Limiter) -> None:
+    app = starlette_app(limiter, policy=Limit.fixed_window(2, 3600))
+
+    async def main() -> list[int]:
+        return [(await asgi_get(app, "/", client=ip)).status_code
+                for ip in ("2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2:ffff::3",
+                           "2001:db8:1:3::1")]
+
+    # one client rotating through its /64 is one budget; the next /64 is another client
+    assert asyncio.run(main()) == [200, 200, 429, 200]
+
+
+def test_by_client_ip_rejects_a_bad_prefix() -> None:
+    with pytest.raises(shardlimit.InvalidArgumentError, match="ipv6_prefix"):
+        asgi.by_client_ip("api", ipv6_prefix=0)
 
 
 def test_asgi_passes_non_http_scopes(limiter: Limiter) -> None:

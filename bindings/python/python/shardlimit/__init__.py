@@ -40,6 +40,7 @@ from ._shardlimit import (
     TrustedProxies,
     __version__,
     client_ip,
+    ip_key,
 )
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "BlockInfo",
     "TrustedProxies",
     "client_ip",
+    "ip_key",
     "Error",
     "ConfigError",
     "ConfigFileError",

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 from ._errors import InvalidArgumentError
-from ._shardlimit import Decision, Limit, Limiter, Policy, TrustedProxies
+from ._shardlimit import Decision, Limit, Limiter, Policy, TrustedProxies, ip_key
 
 PolicyLike = Union[str, Policy, Limit]
 #: One check: (key, policy) or (key, policy, cost).
@@ -39,13 +39,21 @@ class Request:
     raw: Any
 
 
-def by_client_ip(policy: PolicyLike, prefix: str = "ip:") -> Rule:
-    """A rule limiting every request by client address under ``policy``."""
+def by_client_ip(policy: PolicyLike, prefix: str = "ip:", ipv6_prefix: int = 64) -> Rule:
+    """A rule limiting every request by client address under ``policy``: IPv6 clients by
+    their network of ``ipv6_prefix`` bits (the core's ``ip_key``), so that one client cannot
+    rotate through its /64 for fresh budgets."""
+    ip_key("::1", ipv6_prefix)  # a bad prefix fails here, not on every request
 
     def rule(request: Request) -> Optional[Target]:
         if request.client_ip is None:
             return None
-        return (prefix + request.client_ip, policy)
+        try:
+            key = ip_key(request.client_ip, ipv6_prefix)
+        except InvalidArgumentError:
+            # not an IP address (a Unix socket path, a test client's name): as it is
+            key = request.client_ip
+        return (prefix + key, policy)
 
     return rule
 

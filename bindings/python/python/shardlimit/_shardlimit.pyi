@@ -139,6 +139,10 @@ class TrustedProxies:
 def client_ip(
     peer: str, x_forwarded_for: Optional[str] = None, trusted_proxies: Sequence[str] = ...
 ) -> str: ...
+def ip_key(ip: str, ipv6_prefix: int = 64) -> str:
+    """The rate-limit key of a client address: IPv4 (also IPv4-mapped) as itself, IPv6 as
+    its network of ipv6_prefix bits (1 to 128), e.g. "2001:db8:1:2::/64".
+    InvalidArgumentError for an address or prefix that is not valid."""
 
 #: One layer of a layered check: (key, policy) or (key, policy, cost).
 LayerLike = Union[tuple[str, PolicyLike], tuple[str, PolicyLike, int]]
