@@ -82,3 +82,38 @@ func TestCloseWhileGoroutinesCheck(t *testing.T) {
 	}
 	t.Logf("%d calls reached the library after Close and got CLOSED", raced.Load())
 }
+
+// The same race made deterministic: Close, and the successor's creation, land between a
+// call's load of the handle and the library's use of it, so the call reaches the library
+// with a freed handle every time. It must get CLOSED from the library, not
+// INVALID_ARGUMENT, and never a decision of the successor (limit 7), which an allocator
+// is likely to place at the freed address.
+func TestCallRacingCloseGetsClosedFromTheLibrary(t *testing.T) {
+	r := startRedis(t)
+	oldConfig := r.config(`"api":{"algorithm":"fixed_window","limit":1000000,"window":"1h"}`)
+	newConfig := r.config(`"api":{"algorithm":"fixed_window","limit":7,"window":"1h"}`)
+	ctx := context.Background()
+	for round := 0; round < 20; round++ {
+		old, err := NewFromJSON(oldConfig)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var next *Limiter
+		old.afterOpen = func() {
+			old.afterOpen = nil
+			old.Close()
+			if next, err = NewFromJSON(newConfig); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d, err := old.Check(ctx, "k", "api", 1)
+		var e *Error
+		if !errors.Is(err, ErrClosed) || !errors.As(err, &e) || e.Message == "" {
+			t.Fatalf("round %d: want CLOSED from the library, got %+v, %v", round, d, err)
+		}
+		if d, err := next.Check(ctx, "k", "api", 1); err != nil || d.Limit != 7 {
+			t.Fatalf("round %d: successor: %+v %v", round, d, err)
+		}
+		next.Close()
+	}
+}

@@ -223,6 +223,9 @@ func (d *Decision) Body() ([]byte, error) {
 // when done.
 type Limiter struct {
 	h atomic.Pointer[handle] // nil once closed
+	// afterOpen, set by tests only, runs between a call's load of the handle and its use:
+	// where a Close on another goroutine can land.
+	afterOpen func()
 }
 
 // handle boxes the C pointer (atomic.Pointer cannot hold a pointer to an incomplete type).
@@ -291,6 +294,9 @@ func (l *Limiter) open(ctx context.Context) (*handle, error) {
 	h := l.h.Load()
 	if h == nil {
 		return nil, ErrClosed
+	}
+	if l.afterOpen != nil {
+		l.afterOpen()
 	}
 	return h, nil
 }
