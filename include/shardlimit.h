@@ -6,7 +6,8 @@
  * - Names start with shardlimit_. Arguments: the handle first, then inputs, then outputs,
  *   then `shardlimit_error **err`.
  * - Fallible functions return a shardlimit_result. SHARDLIMIT_OK (0) is success; the
- *   other codes are stable numbers shared with the core's error kinds. A denied check is
+ *   other codes are stable numbers shared with the core's error kinds (codes from 100
+ *   on, such as SHARDLIMIT_ERR_CLOSED, are the C ABI's own). A denied check is
  *   not an error: it returns SHARDLIMIT_OK with decision.allowed == false.
  * - When `err` is not NULL and the call fails, *err receives an error object the caller
  *   owns (code and message); free it with shardlimit_error_free(). *err is left untouched
@@ -16,9 +17,15 @@
  *   A NULL pointer with length 0 is the empty string. Strings handed out are either a
  *   borrowed shardlimit_str (the function says how long it lives) or an owned
  *   shardlimit_string (free with shardlimit_string_free()); both are also NUL-terminated.
- * - Every object from a shardlimit_*_new function has a _free function; _free(NULL) and a
- *   second _free of the same object do nothing. A freed object passed to another function
- *   gives SHARDLIMIT_ERR_INVALID_ARGUMENT (unless its address was reused by a new object).
+ * - Objects (limiter, policy, lease, clock, error, header list) are handed out as opaque
+ *   handles: never dereference one. A handle is a token, not an address, and is never
+ *   reused in the life of the process. Every object has a _free function; _free(NULL), a
+ *   second _free of the same handle, and a _free of something that is not a handle of
+ *   that type all do nothing. A freed handle passed to any other function gives
+ *   SHARDLIMIT_ERR_CLOSED, never the answer of another object, even when another thread
+ *   frees it during the call: a call in flight finishes with the object it started with.
+ *   NULL, a pointer that is not a handle, or a handle of another type gives
+ *   SHARDLIMIT_ERR_INVALID_ARGUMENT.
  * - No panic crosses the boundary: it becomes SHARDLIMIT_ERR_INTERNAL.
  * - Every function is thread-safe. Calls that talk to Redis block the calling thread for
  *   at most the configured deadline (timeout_ms); the limiter owns its I/O runtime and
@@ -53,7 +60,8 @@
 
 // The result of every fallible function. The numbers are a stable public contract
 // shared with the core crate's `ErrorKind` codes (and so with the Python exception
-// classes and the Node `err.code` values): a retired number is never reused.
+// classes and the Node `err.code` values), except the codes from 100 on, which only the
+// C ABI has: a retired number is never reused.
 // `shardlimit_result_name()` gives each code's stable snake_case name.
 //
 // A denied check is not an error: it returns `SHARDLIMIT_OK` with `allowed == false`.
@@ -87,6 +95,11 @@ enum shardlimit_result
   // A shard's circuit breaker is open after repeated failures: it is skipped (no time
   // spent) until a background probe sees it answer again.
   SHARDLIMIT_ERR_UNAVAILABLE = 10,
+  // The handle was freed (`shardlimit_limiter_free()` and the like): a use after free,
+  // or a call racing the free on another thread. Handles are never reused, so a freed
+  // handle always gives CLOSED, never another object's answer. Codes from 100 on belong
+  // to the C ABI (handles exist only here) and never collide with the core's kinds.
+  SHARDLIMIT_ERR_CLOSED = 100,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -175,32 +188,39 @@ typedef uint32_t shardlimit_on_error;
 
 // A manual clock for deterministic tests: limiters created with it read time from it
 // instead of Redis `TIME` or the monotonic clock. Thread-safe. Free with
-// `shardlimit_clock_free()` (limiters using it keep their own reference).
+// `shardlimit_clock_free()` (limiters using it keep their own reference). An opaque
+// handle owned by the caller.
 typedef struct shardlimit_clock shardlimit_clock;
 
 // The details of a failure: its result code and a message naming what went wrong.
-// Owned by the caller; free with `shardlimit_error_free()`.
+// An opaque handle owned by the caller; free with `shardlimit_error_free()`. Readable
+// from any thread; its message is borrowed from it, so free it only when no thread still
+// reads the message.
 typedef struct shardlimit_error shardlimit_error;
 
 // The rate-limit HTTP headers of a decision, from `shardlimit_decision_headers()`.
-// Free with `shardlimit_headers_free()`.
+// An opaque handle owned by the caller; free with `shardlimit_headers_free()`, once no
+// thread still reads the strings borrowed from it. Readable from any thread.
 typedef struct shardlimit_headers shardlimit_headers;
 
 // A held lease of a concurrency policy, from `shardlimit_acquire()`. Give it back with
 // `shardlimit_release()` (or let it expire after the policy's lease TTL), then free the
-// object with `shardlimit_lease_free()`. Freeing does not release the lease.
+// object with `shardlimit_lease_free()`. Freeing does not release the lease. An opaque
+// handle owned by the caller; thread-safe (releasing it twice is harmless).
 typedef struct shardlimit_lease shardlimit_lease;
 
 // A rate limiter: a configuration, an engine (Redis shards or in-memory), and for Redis
 // its own I/O runtime and one connection per shard, created on first use and re-created
 // in a forked child. Thread-safe: one handle may be used from any number of threads at
-// once. Create with a `shardlimit_limiter_new_*` function, free with
-// `shardlimit_limiter_free()`.
+// once, and freed while they do (see `shardlimit_limiter_free()`). An opaque handle:
+// never dereference it. Create with a `shardlimit_limiter_new_*` function; the caller owns
+// it and frees it with `shardlimit_limiter_free()`.
 typedef struct shardlimit_limiter shardlimit_limiter;
 
 // A validated policy (a named limit). Immutable and thread-safe. From
-// `shardlimit_limiter_policy()` or `shardlimit_policy_new()`; free with
-// `shardlimit_policy_free()`.
+// `shardlimit_limiter_policy()` or `shardlimit_policy_new()`; an opaque handle the caller
+// owns and frees with `shardlimit_policy_free()` (a call using it on another thread then
+// finishes; later ones return CLOSED).
 typedef struct shardlimit_policy shardlimit_policy;
 
 // A borrowed string: `len` bytes of UTF-8 at `ptr`, followed by a NUL byte that `len`
@@ -318,7 +338,8 @@ struct shardlimit_str shardlimit_version(void);
 
 // The stable snake_case name of a result code: `"ok"`, `"config"`, `"invalid_argument"`,
 // `"connection"`, `"timeout"`, `"script"`, `"routing"`, `"unknown_policy"`, `"io"`,
-// `"internal"`, or `"unknown"` for a number that is not a code. Static, never freed.
+// `"internal"`, `"unavailable"`, `"closed"`, or `"unknown"` for a number that is not a
+// code. Static, never freed.
 // Thread-safe.
 struct shardlimit_str shardlimit_result_name(uint32_t code);
 
@@ -331,8 +352,8 @@ bool shardlimit_result_is_backend(uint32_t code);
 // `"fallback"`, `"block"`, or `"unknown"`. Static, never freed. Thread-safe.
 struct shardlimit_str shardlimit_source_name(uint32_t source);
 
-// The result code of an error; `SHARDLIMIT_ERR_INVALID_ARGUMENT` when `err` is NULL or
-// not a live error. Thread-safe.
+// The result code of an error. `SHARDLIMIT_ERR_CLOSED` when `err` was freed already,
+// `SHARDLIMIT_ERR_INVALID_ARGUMENT` when it is NULL or not an error. Thread-safe.
 shardlimit_result shardlimit_error_code(const struct shardlimit_error *err);
 
 // The human-readable message of an error, naming the field or argument at fault (for
@@ -341,13 +362,14 @@ shardlimit_result shardlimit_error_code(const struct shardlimit_error *err);
 // error. Thread-safe.
 struct shardlimit_str shardlimit_error_message(const struct shardlimit_error *err);
 
-// Frees an error from any function's `err` out-parameter. NULL, or an error already
-// freed, is a no-op.
+// Frees an error from any function's `err` out-parameter. NULL, an error already freed
+// (a double free) or a pointer that is not an error is a no-op.
 void shardlimit_error_free(struct shardlimit_error *err);
 
 // Frees the bytes of an owned string and sets `s->ptr` to NULL and `s->len` to 0, so
-// freeing the same struct twice is harmless. `s == NULL`, or `s->ptr == NULL`, is a
-// no-op.
+// freeing the same struct twice is harmless. `s == NULL`, `s->ptr == NULL`, or bytes
+// that are not (or no longer) an owned string of the library, is a no-op. A string is
+// real memory, not a handle: free it through one struct, not through copies of it.
 void shardlimit_string_free(struct shardlimit_string *s);
 
 // Creates a manual clock reading `start_us` microseconds (Unix time is a good start).
@@ -423,10 +445,13 @@ shardlimit_result shardlimit_limiter_new_env(const struct shardlimit_clock *cloc
                                              struct shardlimit_limiter **out,
                                              struct shardlimit_error **err);
 
-// Frees a limiter: its runtime and connections are shut down once no call on another
-// thread still uses them (calls in flight finish normally). Policies and leases obtained
-// from it stay valid objects and must be freed separately. NULL, or a limiter already
-// freed, is a no-op; a freed limiter passed to another function gives INVALID_ARGUMENT.
+// Closes and frees a limiter. Safe while other threads use it: calls already in flight
+// finish normally with this limiter (their decisions are this limiter's), every later
+// call with the handle returns `SHARDLIMIT_ERR_CLOSED`; the runtime and connections are
+// shut down when the last call in flight returns. The handle is never given to another
+// limiter, so a limiter created right after (a config reload) can never answer for it.
+// Policies and leases obtained from it stay valid objects and must be freed separately.
+// NULL, a limiter already freed, or a pointer that is not a limiter, is a no-op.
 void shardlimit_limiter_free(struct shardlimit_limiter *limiter);
 
 // Looks up the policy named by `name_len` bytes at `name` in the limiter's configuration.

@@ -24,7 +24,6 @@ import "C"
 
 import (
 	"context"
-	"errors"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -46,6 +45,8 @@ const (
 	CodeIO              Code = C.SHARDLIMIT_ERR_IO
 	CodeInternal        Code = C.SHARDLIMIT_ERR_INTERNAL
 	CodeUnavailable     Code = C.SHARDLIMIT_ERR_UNAVAILABLE
+	// CodeClosed: the handle was freed (a call racing Close); the C ABI's own code.
+	CodeClosed Code = C.SHARDLIMIT_ERR_CLOSED
 )
 
 // String is the code's stable snake_case name ("config", "timeout", ...).
@@ -90,8 +91,9 @@ var (
 	ErrIO              = &Error{Code: CodeIO}
 	ErrInternal        = &Error{Code: CodeInternal}
 	ErrUnavailable     = &Error{Code: CodeUnavailable}
-	// ErrClosed is returned by calls on a Limiter after Close.
-	ErrClosed = errors.New("shardlimit: limiter is closed")
+	// ErrClosed is returned by calls on a Limiter after Close, including calls that race
+	// Close on other goroutines (the library then reports CodeClosed).
+	ErrClosed = &Error{Code: CodeClosed}
 )
 
 // takeError converts a failed call's result code and error object, freeing the object.
@@ -221,6 +223,9 @@ func (d *Decision) Body() ([]byte, error) {
 // when done.
 type Limiter struct {
 	h atomic.Pointer[handle] // nil once closed
+	// afterOpen, set by tests only, runs between a call's load of the handle and its use:
+	// where a Close on another goroutine can land.
+	afterOpen func()
 }
 
 // handle boxes the C pointer (atomic.Pointer cannot hold a pointer to an incomplete type).
@@ -289,6 +294,9 @@ func (l *Limiter) open(ctx context.Context) (*handle, error) {
 	h := l.h.Load()
 	if h == nil {
 		return nil, ErrClosed
+	}
+	if l.afterOpen != nil {
+		l.afterOpen()
 	}
 	return h, nil
 }
@@ -562,8 +570,10 @@ func ClientIP(peer, xff string, trusted []string) (string, error) {
 	return C.GoStringN(out.ptr, C.int(out.len)), nil
 }
 
-// Close frees the limiter. Calls already in flight finish normally; later calls return
-// ErrClosed. Closing twice is a no-op.
+// Close frees the limiter. Safe while other goroutines use it: calls already in flight
+// finish normally with this limiter, later calls return ErrClosed, and a Limiter created
+// afterwards never answers for this one (the C handles are never reused). Closing twice
+// is a no-op.
 func (l *Limiter) Close() error {
 	if h := l.h.Swap(nil); h != nil {
 		C.shardlimit_limiter_free(h.p)

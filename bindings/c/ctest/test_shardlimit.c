@@ -13,7 +13,9 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,12 +177,17 @@ static void test_clock(void) {
   CHECK_RC(shardlimit_clock_new(T0, NULL, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
   CHECK_RC(shardlimit_clock_set_us(NULL, 1, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
   CHECK_RC(shardlimit_clock_advance_us(NULL, 1, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
-  /* a freed clock is detected */
+  /* a freed clock is CLOSED, even once a new clock exists (handles are never reused) */
   shardlimit_clock *other = NULL;
   CHECK_RC(shardlimit_clock_new(0, &other, &err), SHARDLIMIT_OK, err);
   shardlimit_clock_free(other);
   shardlimit_clock_free(other); /* double free: no-op */
-  CHECK_RC(shardlimit_clock_set_us(other, 1, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  shardlimit_clock *next = NULL;
+  CHECK_RC(shardlimit_clock_new(0, &next, &err), SHARDLIMIT_OK, err);
+  CHECK(next != other);
+  CHECK_RC(shardlimit_clock_set_us(other, 1, &err), SHARDLIMIT_ERR_CLOSED, err);
+  CHECK(str_eq(shardlimit_result_name(SHARDLIMIT_ERR_CLOSED), "closed"));
+  shardlimit_clock_free(next);
 }
 
 static void test_limiter_constructors(void) {
@@ -251,7 +258,7 @@ static void test_limiter_constructors(void) {
   shardlimit_clock *gone = NULL;
   CHECK_RC(shardlimit_clock_new(0, &gone, &err), SHARDLIMIT_OK, err);
   shardlimit_clock_free(gone);
-  CHECK_RC(shardlimit_limiter_new_memory(gone, &l, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_limiter_new_memory(gone, &l, &err), SHARDLIMIT_ERR_CLOSED, err);
   CHECK(l == sentinel);
 }
 
@@ -337,7 +344,7 @@ static void test_check_and_render(void) {
   shardlimit_headers_free(h);
   shardlimit_headers_free(h); /* double free: no-op */
   CHECK(shardlimit_headers_len(h) == 0);
-  CHECK_RC(shardlimit_headers_get(h, 0, &name, &value, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_headers_get(h, 0, &name, &value, &err), SHARDLIMIT_ERR_CLOSED, err);
   CHECK_RC(shardlimit_decision_headers(NULL, &h, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
   CHECK_RC(shardlimit_decision_headers(&d, NULL, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
 
@@ -418,7 +425,7 @@ static void test_check_errors(void) {
 
   /* a policy used after it was freed */
   shardlimit_policy_free(p);
-  CHECK_RC(shardlimit_check(lim, S("k"), p, 1, &d, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_check(lim, S("k"), p, 1, &d, &err), SHARDLIMIT_ERR_CLOSED, err);
   CHECK(d.limit == 4242);
 }
 
@@ -472,7 +479,7 @@ static void test_leases(void) {
   shardlimit_lease_free(b);
   shardlimit_lease_free(c);
   shardlimit_lease_free(c); /* double free: no-op */
-  CHECK_RC(shardlimit_release(lim, c, &released, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_release(lim, c, &released, &err), SHARDLIMIT_ERR_CLOSED, err);
   shardlimit_policy_free(conc);
 }
 
@@ -677,11 +684,68 @@ static void test_freed_limiter(void) {
   CHECK_RC(shardlimit_limiter_new_json(config, strlen(config), NULL, &l, &err), SHARDLIMIT_OK, err);
   shardlimit_limiter_free(l);
   shardlimit_limiter_free(l); /* double free: no-op */
-  CHECK(shardlimit_check_named(l, S("k"), S("api"), 1, &d, &err) ==
-        SHARDLIMIT_ERR_INVALID_ARGUMENT);
-  CHECK(err != NULL && strstr(shardlimit_error_message(err).ptr, "not a live limiter") != NULL);
+  CHECK(shardlimit_check_named(l, S("k"), S("api"), 1, &d, &err) == SHARDLIMIT_ERR_CLOSED);
+  CHECK(err != NULL && shardlimit_error_code(err) == SHARDLIMIT_ERR_CLOSED);
+  CHECK(err != NULL && strstr(shardlimit_error_message(err).ptr, "was freed") != NULL);
   shardlimit_error_free(err);
   shardlimit_error_free(err); /* double free: no-op */
+}
+
+/* Closing a limiter while threads check through it, and creating its successor at once
+ * (a config reload): every call returns a decision of the closed limiter (burst: limit
+ * 100) or CLOSED, never one of the successor (limit 9). */
+static shardlimit_limiter *closing;
+static atomic_int closing_calls;
+
+static void *check_until_closed(void *arg) {
+  (void)arg;
+  long decided = 0;
+  for (int closed = 0; closed < 20;) {
+    shardlimit_error *err = NULL;
+    shardlimit_decision d;
+    shardlimit_result rc = shardlimit_check_named(closing, S("closing"), S("burst"), 1, &d, &err);
+    if (rc == SHARDLIMIT_OK) {
+      if (closed > 0 || d.limit != 100) return (void *)-1L;
+      decided++;
+      atomic_fetch_add(&closing_calls, 1);
+    } else {
+      int ok = rc == SHARDLIMIT_ERR_CLOSED && shardlimit_error_code(err) == SHARDLIMIT_ERR_CLOSED;
+      shardlimit_error_free(err);
+      if (!ok) return (void *)-1L;
+      closed++;
+    }
+  }
+  return (void *)decided;
+}
+
+static void test_close_while_checking(void) {
+  shardlimit_error *err = NULL;
+  char next_config[sizeof config];
+  snprintf(next_config, sizeof next_config,
+           "{\"shards\":[{\"name\":\"only\",\"url\":\"redis://127.0.0.1:%d\"}],"
+           "\"timeout_ms\":2000,\"policies\":{"
+           "\"burst\":{\"algorithm\":\"fixed_window\",\"limit\":9,\"window\":\"60s\"}}}",
+           redis_port);
+  CHECK_RC(shardlimit_limiter_new_json(config, strlen(config), NULL, &closing, &err), SHARDLIMIT_OK,
+           err);
+  atomic_store(&closing_calls, 0);
+  pthread_t t[THREADS];
+  for (int i = 0; i < THREADS; i++)
+    CHECK(pthread_create(&t[i], NULL, check_until_closed, NULL) == 0);
+  while (atomic_load(&closing_calls) < THREADS * 3) sched_yield();
+  shardlimit_limiter_free(closing);
+  shardlimit_limiter *next = NULL;
+  CHECK_RC(shardlimit_limiter_new_json(next_config, strlen(next_config), NULL, &next, &err),
+           SHARDLIMIT_OK, err);
+  for (int i = 0; i < THREADS; i++) {
+    void *r = NULL;
+    pthread_join(t[i], &r);
+    CHECK((long)r >= 0);
+  }
+  shardlimit_decision d;
+  CHECK_RC(shardlimit_check_named(next, S("closing"), S("burst"), 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.limit == 9);
+  shardlimit_limiter_free(next);
 }
 
 int main(void) {
@@ -710,6 +774,7 @@ int main(void) {
   test_block_list();
   test_client_ip();
   test_freed_limiter();
+  test_close_while_checking();
 
   shardlimit_limiter_free(lim);
   shardlimit_clock_free(clock_);

@@ -8,8 +8,10 @@
 //! - out-parameters are written only when it returns `SHARDLIMIT_OK`;
 //! - errors come back as an owned `shardlimit_error` through the last (nullable) argument,
 //!   never through thread-local state, because Go moves goroutines between OS threads;
-//! - every object it hands out is recorded in a registry of live objects, so a NULL, freed
-//!   or foreign pointer is an error code (or a no-op for `_free`), not a crash.
+//! - every object it hands out is a handle: a token, never reused, naming a reference-
+//!   counted object in a table of live objects (see "Handles" below), so a NULL, foreign or
+//!   wrong-type pointer is INVALID_ARGUMENT, a freed handle is CLOSED (also while another
+//!   thread frees it), and `_free` of any of them is a no-op; none is ever dereferenced.
 
 #![allow(non_camel_case_types)]
 // Every exported function takes raw pointers from C; their contracts are in the docs.
@@ -17,9 +19,10 @@
 
 use parking_lot::RwLock;
 use shardlimit::{
-    BlockInfo, Decision, Error, ErrorKind, Layer, Lease, Limit, Limiter, ManualClock, OnError,
-    Policy, Source, MAX_KEY_LEN,
+    BlockInfo, Decision, Error as CoreError, ErrorKind, Layer, Lease, Limit, Limiter, ManualClock,
+    OnError, Policy, Source, MAX_KEY_LEN,
 };
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -43,7 +46,8 @@ pub const SHARDLIMIT_POLICY_NAME_CAP: usize = 129;
 
 /// The result of every fallible function. The numbers are a stable public contract
 /// shared with the core crate's `ErrorKind` codes (and so with the Python exception
-/// classes and the Node `err.code` values): a retired number is never reused.
+/// classes and the Node `err.code` values), except the codes from 100 on, which only the
+/// C ABI has: a retired number is never reused.
 /// `shardlimit_result_name()` gives each code's stable snake_case name.
 ///
 /// A denied check is not an error: it returns `SHARDLIMIT_OK` with `allowed == false`.
@@ -75,9 +79,37 @@ pub enum shardlimit_result {
     /// A shard's circuit breaker is open after repeated failures: it is skipped (no time
     /// spent) until a background probe sees it answer again.
     SHARDLIMIT_ERR_UNAVAILABLE = 10,
+    /// The handle was freed (`shardlimit_limiter_free()` and the like): a use after free,
+    /// or a call racing the free on another thread. Handles are never reused, so a freed
+    /// handle always gives CLOSED, never another object's answer. Codes from 100 on belong
+    /// to the C ABI (handles exist only here) and never collide with the core's kinds.
+    SHARDLIMIT_ERR_CLOSED = 100,
 }
 
 use shardlimit_result::*;
+
+/// A failure of an ABI call: a result code and its message. Core errors convert with `?`;
+/// CLOSED is the ABI's own.
+#[derive(Debug)]
+struct Error {
+    code: shardlimit_result,
+    message: String,
+}
+
+impl From<CoreError> for Error {
+    fn from(e: CoreError) -> Error {
+        Error {
+            code: shardlimit_result::from_kind(e.kind()),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
 
 impl shardlimit_result {
     /// The C code of a core error kind. Kinds added to the core later map to INTERNAL
@@ -313,29 +345,32 @@ pub struct shardlimit_limit {
 /// A rate limiter: a configuration, an engine (Redis shards or in-memory), and for Redis
 /// its own I/O runtime and one connection per shard, created on first use and re-created
 /// in a forked child. Thread-safe: one handle may be used from any number of threads at
-/// once. Create with a `shardlimit_limiter_new_*` function, free with
-/// `shardlimit_limiter_free()`.
+/// once, and freed while they do (see `shardlimit_limiter_free()`). An opaque handle:
+/// never dereference it. Create with a `shardlimit_limiter_new_*` function; the caller owns
+/// it and frees it with `shardlimit_limiter_free()`.
 pub struct shardlimit_limiter {
     limiter: Limiter,
 }
 
 /// A validated policy (a named limit). Immutable and thread-safe. From
-/// `shardlimit_limiter_policy()` or `shardlimit_policy_new()`; free with
-/// `shardlimit_policy_free()`.
+/// `shardlimit_limiter_policy()` or `shardlimit_policy_new()`; an opaque handle the caller
+/// owns and frees with `shardlimit_policy_free()` (a call using it on another thread then
+/// finishes; later ones return CLOSED).
 pub struct shardlimit_policy {
     policy: Policy,
     /// The name again, NUL-terminated for `shardlimit_policy_name()`.
     name: CString,
 }
 
-fn new_policy(policy: Policy) -> *mut shardlimit_policy {
+fn new_policy(policy: Policy) -> Result<*mut shardlimit_policy, Error> {
     let name = to_cstring(policy.name().to_string());
-    register(Box::new(shardlimit_policy { policy, name }), Tag::Policy)
+    register(shardlimit_policy { policy, name })
 }
 
 /// A held lease of a concurrency policy, from `shardlimit_acquire()`. Give it back with
 /// `shardlimit_release()` (or let it expire after the policy's lease TTL), then free the
-/// object with `shardlimit_lease_free()`. Freeing does not release the lease.
+/// object with `shardlimit_lease_free()`. Freeing does not release the lease. An opaque
+/// handle owned by the caller; thread-safe (releasing it twice is harmless).
 pub struct shardlimit_lease {
     lease: Lease,
     policy: Policy,
@@ -343,84 +378,207 @@ pub struct shardlimit_lease {
 
 /// A manual clock for deterministic tests: limiters created with it read time from it
 /// instead of Redis `TIME` or the monotonic clock. Thread-safe. Free with
-/// `shardlimit_clock_free()` (limiters using it keep their own reference).
+/// `shardlimit_clock_free()` (limiters using it keep their own reference). An opaque
+/// handle owned by the caller.
 pub struct shardlimit_clock {
     clock: Arc<ManualClock>,
 }
 
 /// The details of a failure: its result code and a message naming what went wrong.
-/// Owned by the caller; free with `shardlimit_error_free()`.
+/// An opaque handle owned by the caller; free with `shardlimit_error_free()`. Readable
+/// from any thread; its message is borrowed from it, so free it only when no thread still
+/// reads the message.
 pub struct shardlimit_error {
     code: shardlimit_result,
     message: CString,
 }
 
 /// The rate-limit HTTP headers of a decision, from `shardlimit_decision_headers()`.
-/// Free with `shardlimit_headers_free()`.
+/// An opaque handle owned by the caller; free with `shardlimit_headers_free()`, once no
+/// thread still reads the strings borrowed from it. Readable from any thread.
 pub struct shardlimit_headers {
     items: Vec<(CString, CString)>,
 }
 
 // ---------------------------------------------------------------------------------------
-// Live-object registry: every pointer handed to C is recorded with its type, so that a
-// NULL, freed or foreign pointer is detected instead of dereferenced.
+// Handles. A handle given to C is not the address of its object: it is a token naming one
+// object for the life of the process, looked up in a table of live objects on every call.
+// Tokens are never reused, so a freed handle stays recognisable as freed (CLOSED) and can
+// never name an object created later, even one allocated where the old one was (the
+// config-reload pattern: free a limiter, create its successor). Objects are reference
+// counted: a call clones what it needs out of the table under a read lock and works on its
+// own reference, so `_free` on another thread removes the table's reference without
+// waiting, the call finishes with the object it started with, and later calls see CLOSED.
+//
+// A token is `HANDLE_BASE | id << TAG_BITS | tag`: the top half of the address space,
+// where no user-space object (C heap, Go heap) can ever live on a 64-bit platform, so a
+// token can never equal the address of a real object, and Go's garbage collector, which
+// looks only at addresses inside its own heap, ignores it. Never dereference one.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Tag {
-    Limiter,
-    Policy,
-    Lease,
-    Clock,
-    Error,
-    Headers,
-    String,
+    Limiter = 1,
+    Policy = 2,
+    Lease = 3,
+    Clock = 4,
+    Error = 5,
+    Headers = 6,
 }
 
-/// A B-tree rather than a hash map: its nodes are pointed to at their start, so leak
-/// checkers see this process-lifetime table as reachable, not "possibly lost".
-static LIVE: RwLock<BTreeMap<usize, Tag>> = RwLock::new(BTreeMap::new());
-
-fn register<T>(b: Box<T>, tag: Tag) -> *mut T {
-    let p = Box::into_raw(b);
-    LIVE.write().insert(p as usize, tag);
-    p
+impl Tag {
+    const ALL: [Tag; 6] = [
+        Tag::Limiter,
+        Tag::Policy,
+        Tag::Lease,
+        Tag::Clock,
+        Tag::Error,
+        Tag::Headers,
+    ];
+    fn c_name(self) -> &'static str {
+        match self {
+            Tag::Limiter => "shardlimit_limiter",
+            Tag::Policy => "shardlimit_policy",
+            Tag::Lease => "shardlimit_lease",
+            Tag::Clock => "shardlimit_clock",
+            Tag::Error => "shardlimit_error",
+            Tag::Headers => "shardlimit_headers",
+        }
+    }
 }
 
-/// Runs `f` on the object at `p` if it is a live object of type `tag`. The read lock
-/// keeps a concurrent `_free` from dropping it meanwhile, so `f` should only clone.
-unsafe fn with_live<T, R>(p: *const T, tag: Tag, f: impl FnOnce(&T) -> R) -> Option<R> {
-    if p.is_null() {
-        return None;
-    }
-    let live = LIVE.read();
-    if live.get(&(p as usize)) != Some(&tag) {
-        return None;
-    }
-    Some(f(&*p))
+/// A type whose objects are handed to C as handles.
+trait Object: Any + Send + Sync {
+    const TAG: Tag;
 }
 
-/// Takes the object at `p` out of the registry; `None` if it is not a live `tag`.
-unsafe fn unregister<T>(p: *mut T, tag: Tag) -> Option<Box<T>> {
-    if p.is_null() {
-        return None;
-    }
-    let mut live = LIVE.write();
-    if live.get(&(p as usize)) != Some(&tag) {
-        return None;
-    }
-    live.remove(&(p as usize));
-    drop(live);
-    Some(Box::from_raw(p))
+impl Object for shardlimit_limiter {
+    const TAG: Tag = Tag::Limiter;
 }
+impl Object for shardlimit_policy {
+    const TAG: Tag = Tag::Policy;
+}
+impl Object for shardlimit_lease {
+    const TAG: Tag = Tag::Lease;
+}
+impl Object for shardlimit_clock {
+    const TAG: Tag = Tag::Clock;
+}
+impl Object for shardlimit_error {
+    const TAG: Tag = Tag::Error;
+}
+impl Object for shardlimit_headers {
+    const TAG: Tag = Tag::Headers;
+}
+
+const HANDLE_BASE: usize = 1 << (usize::BITS - 1);
+const TAG_BITS: u32 = 3;
+/// The last id a token can carry: 2^60 on 64-bit platforms, more than a process can use.
+const MAX_ID: usize = (usize::MAX - HANDLE_BASE) >> TAG_BITS;
+
+type Shared = Arc<dyn Any + Send + Sync>;
+
+struct Handles {
+    /// The id of the next handle; ids below it were issued, ids at or above were not.
+    next: usize,
+    /// Live objects by token. A B-tree rather than a hash map: its nodes are pointed to at
+    /// their start, so leak checkers see objects never freed as reachable, not "possibly
+    /// lost".
+    live: BTreeMap<usize, Shared>,
+}
+
+static HANDLES: RwLock<Handles> = RwLock::new(Handles {
+    next: 1,
+    live: BTreeMap::new(),
+});
+
+/// Hands `v` to C: a new token, never issued before.
+fn register<T: Object>(v: T) -> Result<*mut T, Error> {
+    let obj: Shared = Arc::new(v);
+    let mut h = HANDLES.write();
+    if h.next > MAX_ID {
+        return Err(CoreError::Internal("no handle ids left in this process".to_string()).into());
+    }
+    let token = HANDLE_BASE | h.next << TAG_BITS | T::TAG as usize;
+    h.next += 1;
+    h.live.insert(token, obj);
+    Ok(std::ptr::without_provenance_mut(token))
+}
+
+/// What a pointer from C names.
+enum Found<T> {
+    Live(Arc<T>),
+    /// A handle of this type that was freed.
+    Closed,
+    /// A live or freed handle of another type.
+    OtherType(Tag),
+    /// NULL, or not a value this library ever returned.
+    Foreign,
+}
+
+fn find<T: Object>(p: *const T) -> Found<T> {
+    let token = p as usize;
+    if token < HANDLE_BASE {
+        return Found::Foreign;
+    }
+    let id = (token - HANDLE_BASE) >> TAG_BITS;
+    let tag = token & ((1 << TAG_BITS) - 1);
+    let h = HANDLES.read();
+    if id == 0 || id >= h.next {
+        return Found::Foreign;
+    }
+    let Some(tag) = Tag::ALL.into_iter().find(|t| *t as usize == tag) else {
+        return Found::Foreign;
+    };
+    if tag != T::TAG {
+        return Found::OtherType(tag);
+    }
+    match h.live.get(&token).map(|o| o.clone().downcast::<T>()) {
+        Some(Ok(obj)) => Found::Live(obj),
+        Some(Err(_)) => Found::Foreign,
+        None => Found::Closed,
+    }
+}
+
+/// The live object `p` names, or the error saying why there is none: INVALID_ARGUMENT for
+/// NULL, a foreign pointer or a handle of another type, CLOSED for a freed handle.
+fn live<T: Object>(what: &str, p: *const T) -> Result<Arc<T>, Error> {
+    let name = T::TAG.c_name();
+    match find(p) {
+        Found::Live(obj) => Ok(obj),
+        Found::Closed => Err(Error {
+            code: SHARDLIMIT_ERR_CLOSED,
+            message: format!("`{what}`: this {name} was freed ({name}_free) and cannot be used"),
+        }),
+        Found::OtherType(t) => Err(invalid(what, format!("is a {}, not a {name}", t.c_name()))),
+        Found::Foreign if p.is_null() => Err(invalid(what, "is NULL")),
+        Found::Foreign => Err(invalid(
+            what,
+            format!("is not a {name}: it was never returned by shardlimit"),
+        )),
+    }
+}
+
+/// Takes the table's reference to the object `p` names, if it is a live `T`: `_free`.
+fn unregister<T: Object>(p: *mut T) -> Option<Shared> {
+    if !matches!(find(p.cast_const()), Found::Live(_)) {
+        return None;
+    }
+    HANDLES.write().live.remove(&(p as usize))
+}
+
+/// The addresses of the owned strings (`shardlimit_string`) not yet freed. A B-tree, for
+/// the reason given on `Handles::live`.
+static STRINGS: RwLock<BTreeMap<usize, ()>> = RwLock::new(BTreeMap::new());
 
 // ---------------------------------------------------------------------------------------
 // Argument conversion
 
 fn invalid(what: &str, message: impl Into<String>) -> Error {
-    Error::InvalidArgument {
+    CoreError::InvalidArgument {
         what: what.to_string(),
         message: message.into(),
     }
+    .into()
 }
 
 unsafe fn bytes_arg<'a>(what: &str, ptr: *const c_char, len: usize) -> Result<&'a [u8], Error> {
@@ -469,9 +627,10 @@ unsafe fn key_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a str, Error> 
 /// Policy names are at most 128 bytes (the core validates the rest).
 unsafe fn policy_name_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
     if len >= SHARDLIMIT_POLICY_NAME_CAP {
-        return Err(Error::UnknownPolicy(format!(
+        return Err(CoreError::UnknownPolicy(format!(
             "<{len} bytes: longer than any policy name>"
-        )));
+        ))
+        .into());
     }
     str_arg("policy", ptr, len)
 }
@@ -486,49 +645,30 @@ fn out_arg<T>(what: &str, p: *mut T) -> Result<*mut T, Error> {
     }
 }
 
-unsafe fn limiter_arg(p: *const shardlimit_limiter) -> Result<Limiter, Error> {
-    if p.is_null() {
-        return Err(invalid("limiter", "is NULL"));
-    }
-    with_live(p, Tag::Limiter, |l| l.limiter.clone()).ok_or_else(|| {
-        invalid(
-            "limiter",
-            "is not a live limiter (already freed, or not from shardlimit_limiter_new_*)",
-        )
-    })
+fn limiter_arg(p: *const shardlimit_limiter) -> Result<Limiter, Error> {
+    Ok(live("limiter", p)?.limiter.clone())
 }
 
-unsafe fn policy_arg(p: *const shardlimit_policy) -> Result<Policy, Error> {
-    if p.is_null() {
-        return Err(invalid("policy", "is NULL"));
-    }
-    with_live(p, Tag::Policy, |p| p.policy.clone()).ok_or_else(|| {
-        invalid(
-            "policy",
-            "is not a live policy (already freed, or not from shardlimit_*policy*)",
-        )
-    })
+fn policy_arg(p: *const shardlimit_policy) -> Result<Policy, Error> {
+    Ok(live("policy", p)?.policy.clone())
 }
 
-unsafe fn clock_arg(p: *const shardlimit_clock) -> Result<Option<Arc<ManualClock>>, Error> {
+/// An optional clock: NULL is none.
+fn clock_arg(p: *const shardlimit_clock) -> Result<Option<Arc<ManualClock>>, Error> {
     if p.is_null() {
         return Ok(None);
     }
-    with_live(p, Tag::Clock, |c| Some(c.clock.clone())).ok_or_else(|| {
-        invalid(
-            "clock",
-            "is not a live clock (already freed, or not from shardlimit_clock_new)",
-        )
-    })
+    Ok(Some(live("clock", p)?.clock.clone()))
 }
 
 fn decision_to_c(d: &Decision) -> Result<shardlimit_decision, Error> {
     let name = d.policy.as_bytes();
     if name.len() >= SHARDLIMIT_POLICY_NAME_CAP {
-        return Err(Error::Internal(format!(
+        return Err(CoreError::Internal(format!(
             "policy name of {} bytes does not fit shardlimit_decision.policy",
             name.len()
-        )));
+        ))
+        .into());
     }
     let mut policy = [0 as c_char; SHARDLIMIT_POLICY_NAME_CAP];
     for (dst, src) in policy.iter_mut().zip(name) {
@@ -600,7 +740,7 @@ fn owned_string(s: String) -> shardlimit_string {
     let c = to_cstring(s);
     let len = c.as_bytes().len();
     let ptr = c.into_raw();
-    LIVE.write().insert(ptr as usize, Tag::String);
+    STRINGS.write().insert(ptr as usize, ());
     shardlimit_string { ptr, len }
 }
 
@@ -639,7 +779,7 @@ unsafe fn guard(
 ) -> shardlimit_result {
     let (code, message) = match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => return SHARDLIMIT_OK,
-        Ok(Err(e)) => (shardlimit_result::from_kind(e.kind()), e.to_string()),
+        Ok(Err(e)) => (e.code, e.message),
         Err(payload) => (
             SHARDLIMIT_ERR_INTERNAL,
             format!(
@@ -650,15 +790,12 @@ unsafe fn guard(
     };
     if !err.is_null() && err.is_aligned() {
         let reported = catch_unwind(AssertUnwindSafe(|| {
-            register(
-                Box::new(shardlimit_error {
-                    code,
-                    message: to_cstring(message),
-                }),
-                Tag::Error,
-            )
+            register(shardlimit_error {
+                code,
+                message: to_cstring(message),
+            })
         }));
-        if let Ok(e) = reported {
+        if let Ok(Ok(e)) = reported {
             *err = e;
         }
     }
@@ -684,13 +821,17 @@ pub extern "C" fn shardlimit_version() -> shardlimit_str {
 
 /// The stable snake_case name of a result code: `"ok"`, `"config"`, `"invalid_argument"`,
 /// `"connection"`, `"timeout"`, `"script"`, `"routing"`, `"unknown_policy"`, `"io"`,
-/// `"internal"`, or `"unknown"` for a number that is not a code. Static, never freed.
+/// `"internal"`, `"unavailable"`, `"closed"`, or `"unknown"` for a number that is not a
+/// code. Static, never freed.
 /// Thread-safe.
 #[no_mangle]
 pub extern "C" fn shardlimit_result_name(code: u32) -> shardlimit_str {
     quiet(shardlimit_str::EMPTY, || {
         if code == SHARDLIMIT_OK as u32 {
             return shardlimit_str::from_static(c"ok");
+        }
+        if code == SHARDLIMIT_ERR_CLOSED as u32 {
+            return shardlimit_str::from_static(c"closed");
         }
         static NAMES: LazyLock<Vec<(u32, CString)>> = LazyLock::new(|| {
             ErrorKind::ALL
@@ -742,12 +883,13 @@ pub extern "C" fn shardlimit_source_name(source: u32) -> shardlimit_str {
     })
 }
 
-/// The result code of an error; `SHARDLIMIT_ERR_INVALID_ARGUMENT` when `err` is NULL or
-/// not a live error. Thread-safe.
+/// The result code of an error. `SHARDLIMIT_ERR_CLOSED` when `err` was freed already,
+/// `SHARDLIMIT_ERR_INVALID_ARGUMENT` when it is NULL or not an error. Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_error_code(err: *const shardlimit_error) -> shardlimit_result {
-    quiet(SHARDLIMIT_ERR_INVALID_ARGUMENT, || {
-        with_live(err, Tag::Error, |e| e.code).unwrap_or(SHARDLIMIT_ERR_INVALID_ARGUMENT)
+    quiet(SHARDLIMIT_ERR_INVALID_ARGUMENT, || match live("err", err) {
+        Ok(e) => e.code,
+        Err(e) => e.code,
     })
 }
 
@@ -758,23 +900,23 @@ pub unsafe extern "C" fn shardlimit_error_code(err: *const shardlimit_error) -> 
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_error_message(err: *const shardlimit_error) -> shardlimit_str {
     quiet(shardlimit_str::EMPTY, || {
-        with_live(err, Tag::Error, |e| {
+        live("err", err).map_or(shardlimit_str::EMPTY, |e| {
             shardlimit_str::from_cstring(&e.message)
         })
-        .unwrap_or(shardlimit_str::EMPTY)
     })
 }
 
-/// Frees an error from any function's `err` out-parameter. NULL, or an error already
-/// freed, is a no-op.
+/// Frees an error from any function's `err` out-parameter. NULL, an error already freed
+/// (a double free) or a pointer that is not an error is a no-op.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_error_free(err: *mut shardlimit_error) {
-    quiet((), || drop(unregister(err, Tag::Error)))
+    quiet((), || drop(unregister(err)))
 }
 
 /// Frees the bytes of an owned string and sets `s->ptr` to NULL and `s->len` to 0, so
-/// freeing the same struct twice is harmless. `s == NULL`, or `s->ptr == NULL`, is a
-/// no-op.
+/// freeing the same struct twice is harmless. `s == NULL`, `s->ptr == NULL`, or bytes
+/// that are not (or no longer) an owned string of the library, is a no-op. A string is
+/// real memory, not a handle: free it through one struct, not through copies of it.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_string_free(s: *mut shardlimit_string) {
     quiet((), || {
@@ -785,10 +927,8 @@ pub unsafe extern "C" fn shardlimit_string_free(s: *mut shardlimit_string) {
         if ptr.is_null() {
             return;
         }
-        let mut live = LIVE.write();
-        if live.get(&(ptr as usize)) == Some(&Tag::String) {
-            live.remove(&(ptr as usize));
-            drop(live);
+        let ours = STRINGS.write().remove(&(ptr as usize)).is_some();
+        if ours {
             drop(CString::from_raw(ptr));
         }
         (*s).ptr = std::ptr::null_mut();
@@ -812,12 +952,9 @@ pub unsafe extern "C" fn shardlimit_clock_new(
 ) -> shardlimit_result {
     guard(err, || {
         let out = out_arg("out", out)?;
-        let c = register(
-            Box::new(shardlimit_clock {
-                clock: ManualClock::new(start_us),
-            }),
-            Tag::Clock,
-        );
+        let c = register(shardlimit_clock {
+            clock: ManualClock::new(start_us),
+        })?;
         *out = c;
         Ok(())
     })
@@ -857,7 +994,7 @@ pub unsafe extern "C" fn shardlimit_clock_advance_us(
 /// already freed, is a no-op.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_clock_free(clock: *mut shardlimit_clock) {
-    quiet((), || drop(unregister(clock, Tag::Clock)))
+    quiet((), || drop(unregister(clock)))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -866,7 +1003,7 @@ pub unsafe extern "C" fn shardlimit_clock_free(clock: *mut shardlimit_clock) {
 unsafe fn new_limiter(
     clock: *const shardlimit_clock,
     out: *mut *mut shardlimit_limiter,
-    make: impl FnOnce() -> Result<Limiter, Error>,
+    make: impl FnOnce() -> Result<Limiter, CoreError>,
 ) -> Result<(), Error> {
     let out = out_arg("out", out)?;
     let clock = clock_arg(clock)?;
@@ -874,7 +1011,7 @@ unsafe fn new_limiter(
     if let Some(c) = clock {
         limiter = limiter.with_clock(c)?;
     }
-    *out = register(Box::new(shardlimit_limiter { limiter }), Tag::Limiter);
+    *out = register(shardlimit_limiter { limiter })?;
     Ok(())
 }
 
@@ -898,7 +1035,7 @@ pub unsafe extern "C" fn shardlimit_limiter_new_json(
 ) -> shardlimit_result {
     guard(err, || {
         let text = bytes_arg("json", json, json_len)?;
-        let text = std::str::from_utf8(text).map_err(|e| Error::Config {
+        let text = std::str::from_utf8(text).map_err(|e| CoreError::Config {
             field: "config".to_string(),
             message: format!("not valid UTF-8 (at byte {})", e.valid_up_to()),
         })?;
@@ -969,13 +1106,16 @@ pub unsafe extern "C" fn shardlimit_limiter_new_env(
     guard(err, || new_limiter(clock, out, Limiter::from_env))
 }
 
-/// Frees a limiter: its runtime and connections are shut down once no call on another
-/// thread still uses them (calls in flight finish normally). Policies and leases obtained
-/// from it stay valid objects and must be freed separately. NULL, or a limiter already
-/// freed, is a no-op; a freed limiter passed to another function gives INVALID_ARGUMENT.
+/// Closes and frees a limiter. Safe while other threads use it: calls already in flight
+/// finish normally with this limiter (their decisions are this limiter's), every later
+/// call with the handle returns `SHARDLIMIT_ERR_CLOSED`; the runtime and connections are
+/// shut down when the last call in flight returns. The handle is never given to another
+/// limiter, so a limiter created right after (a config reload) can never answer for it.
+/// Policies and leases obtained from it stay valid objects and must be freed separately.
+/// NULL, a limiter already freed, or a pointer that is not a limiter, is a no-op.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_limiter_free(limiter: *mut shardlimit_limiter) {
-    quiet((), || drop(unregister(limiter, Tag::Limiter)))
+    quiet((), || drop(unregister(limiter)))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1000,7 +1140,7 @@ pub unsafe extern "C" fn shardlimit_limiter_policy(
         let name = policy_name_arg(name, name_len)?;
         let out = out_arg("out", out)?;
         let policy = l.policy(name)?;
-        *out = new_policy(policy);
+        *out = new_policy(policy)?;
         Ok(())
     })
 }
@@ -1074,7 +1214,7 @@ pub unsafe extern "C" fn shardlimit_policy_new(
         if let Some(mode) = on_error {
             policy = policy.with_on_error(mode);
         }
-        *out = new_policy(policy);
+        *out = new_policy(policy)?;
         Ok(())
     })
 }
@@ -1086,17 +1226,16 @@ pub unsafe extern "C" fn shardlimit_policy_name(
     policy: *const shardlimit_policy,
 ) -> shardlimit_str {
     quiet(shardlimit_str::EMPTY, || {
-        with_live(policy, Tag::Policy, |p| {
+        live("policy", policy).map_or(shardlimit_str::EMPTY, |p| {
             shardlimit_str::from_cstring(&p.name)
         })
-        .unwrap_or(shardlimit_str::EMPTY)
     })
 }
 
 /// Frees a policy object. NULL, or a policy already freed, is a no-op.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_policy_free(policy: *mut shardlimit_policy) {
-    quiet((), || drop(unregister(policy, Tag::Policy)))
+    quiet((), || drop(unregister(policy)))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1214,7 +1353,7 @@ pub unsafe extern "C" fn shardlimit_acquire(
         let (d, lease) = l.acquire_blocking(key, &p, units)?;
         let d = decision_to_c(&d)?;
         let lease = match lease {
-            Some(lease) => register(Box::new(shardlimit_lease { lease, policy: p }), Tag::Lease),
+            Some(lease) => register(shardlimit_lease { lease, policy: p })?,
             None => std::ptr::null_mut(),
         };
         out.write(d);
@@ -1238,8 +1377,8 @@ pub unsafe extern "C" fn shardlimit_release(
 ) -> shardlimit_result {
     guard(err, || {
         let l = limiter_arg(limiter)?;
-        let (lease, policy) = with_live(lease, Tag::Lease, |x| (x.lease.clone(), x.policy.clone()))
-            .ok_or_else(|| invalid("lease", "is NULL or not a live lease"))?;
+        let held = live("lease", lease)?;
+        let (lease, policy) = (held.lease.clone(), held.policy.clone());
         if !out_released.is_null() && !out_released.is_aligned() {
             return Err(invalid("out_released", "is not aligned for its type"));
         }
@@ -1257,7 +1396,7 @@ pub unsafe extern "C" fn shardlimit_release(
 /// no-op.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_lease_free(lease: *mut shardlimit_lease) {
-    quiet((), || drop(unregister(lease, Tag::Lease)))
+    quiet((), || drop(unregister(lease)))
 }
 
 /// Forgets `key`'s state under `policy`: its full budget is back.
@@ -1275,7 +1414,7 @@ pub unsafe extern "C" fn shardlimit_reset(
         let l = limiter_arg(limiter)?;
         let key = key_arg(key, key_len)?;
         let p = policy_arg(policy)?;
-        l.reset_blocking(key, &p)
+        Ok(l.reset_blocking(key, &p)?)
     })
 }
 
@@ -1360,7 +1499,7 @@ pub unsafe extern "C" fn shardlimit_block(
         }
         let reason = str_arg("reason", reason, reason_len)?;
         let ttl = (ttl_ms > 0).then(|| Duration::from_millis(ttl_ms));
-        l.block_blocking(key, ttl, reason)
+        Ok(l.block_blocking(key, ttl, reason)?)
     })
 }
 
@@ -1510,7 +1649,7 @@ pub unsafe extern "C" fn shardlimit_decision_headers(
             .into_iter()
             .map(|(k, v)| (to_cstring(k.to_string()), to_cstring(v)))
             .collect();
-        *out = register(Box::new(shardlimit_headers { items }), Tag::Headers);
+        *out = register(shardlimit_headers { items })?;
         Ok(())
     })
 }
@@ -1518,9 +1657,7 @@ pub unsafe extern "C" fn shardlimit_decision_headers(
 /// The number of headers in `headers`; 0 when it is NULL or not live. Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_headers_len(headers: *const shardlimit_headers) -> usize {
-    quiet(0, || {
-        with_live(headers, Tag::Headers, |h| h.items.len()).unwrap_or(0)
-    })
+    quiet(0, || live("headers", headers).map_or(0, |h| h.items.len()))
 }
 
 /// The name and value of header number `index` (from 0). On success `*out_name` and
@@ -1539,16 +1676,17 @@ pub unsafe extern "C" fn shardlimit_headers_get(
     guard(err, || {
         let out_name = out_arg("out_name", out_name)?;
         let out_value = out_arg("out_value", out_value)?;
-        let (name, value) = with_live(headers, Tag::Headers, |h| {
-            h.items.get(index).map(|(k, v)| {
+        let h = live("headers", headers)?;
+        let (name, value) = h
+            .items
+            .get(index)
+            .map(|(k, v)| {
                 (
                     shardlimit_str::from_cstring(k),
                     shardlimit_str::from_cstring(v),
                 )
             })
-        })
-        .ok_or_else(|| invalid("headers", "is NULL or not a live header list"))?
-        .ok_or_else(|| invalid("index", format!("{index} is out of range")))?;
+            .ok_or_else(|| invalid("index", format!("{index} is out of range")))?;
         *out_name = name;
         *out_value = value;
         Ok(())
@@ -1558,7 +1696,7 @@ pub unsafe extern "C" fn shardlimit_headers_get(
 /// Frees a header list. NULL, or a list already freed, is a no-op.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_headers_free(headers: *mut shardlimit_headers) {
-    quiet((), || drop(unregister(headers, Tag::Headers)))
+    quiet((), || drop(unregister(headers)))
 }
 
 /// Renders the JSON body of a 429 response for `*decision`:

@@ -349,41 +349,207 @@ fn bad_configs_name_the_field() {
     assert!(lim.is_null());
 }
 
+fn memory_limiter(config: &str) -> *mut shardlimit_limiter {
+    let mut lim = null_mut();
+    let mut e = null_mut();
+    let rc = unsafe {
+        shardlimit_limiter_new_json(
+            config.as_ptr().cast(),
+            config.len(),
+            null(),
+            &mut lim,
+            &mut e,
+        )
+    };
+    assert_eq!(rc, SHARDLIMIT_OK);
+    lim
+}
+
+fn check_raw(
+    lim: *const shardlimit_limiter,
+    policy: &str,
+) -> Result<shardlimit_decision, (shardlimit_result, String)> {
+    let mut d = std::mem::MaybeUninit::<shardlimit_decision>::uninit();
+    let mut e = null_mut();
+    let key = "k";
+    let rc = unsafe {
+        shardlimit_check_named(
+            lim,
+            key.as_ptr().cast(),
+            key.len(),
+            policy.as_ptr().cast(),
+            policy.len(),
+            1,
+            d.as_mut_ptr(),
+            &mut e,
+        )
+    };
+    if rc == SHARDLIMIT_OK {
+        assert!(e.is_null());
+        Ok(unsafe { d.assume_init() })
+    } else {
+        Err(take_err(e))
+    }
+}
+
 #[test]
 fn freed_and_foreign_handles_are_detected() {
-    let mut lim = null_mut();
     unsafe {
-        assert_eq!(
-            shardlimit_limiter_new_memory(null(), &mut lim, null_mut()),
-            SHARDLIMIT_OK
-        );
+        let lim = memory_limiter("{}");
         shardlimit_limiter_free(lim);
-        shardlimit_limiter_free(lim);
+        shardlimit_limiter_free(lim); // a double free is a no-op
         shardlimit_limiter_free(null_mut());
         let mut p = null_mut();
         let mut e = null_mut();
         let n = "x";
         assert_eq!(
             shardlimit_limiter_policy(lim, n.as_ptr().cast(), 1, &mut p, &mut e),
-            SHARDLIMIT_ERR_INVALID_ARGUMENT
+            SHARDLIMIT_ERR_CLOSED
         );
-        assert!(take_err(e).1.contains("not a live limiter"));
-        // a pointer of another type is not a limiter
+        let (code, msg) = take_err(e);
+        assert_eq!(code, SHARDLIMIT_ERR_CLOSED);
+        assert!(msg.contains("shardlimit_limiter was freed"), "{msg}");
+        assert_eq!(
+            s(shardlimit_result_name(SHARDLIMIT_ERR_CLOSED as u32)),
+            "closed"
+        );
+        assert!(!shardlimit_result_is_backend(SHARDLIMIT_ERR_CLOSED as u32));
+
+        // a handle of another type is not a limiter, and freeing it as one frees nothing
         let mut clock = null_mut();
         assert_eq!(
             shardlimit_clock_new(0, &mut clock, null_mut()),
             SHARDLIMIT_OK
         );
+        let mut e = null_mut();
         assert_eq!(
-            shardlimit_limiter_policy(clock.cast(), n.as_ptr().cast(), 1, &mut p, null_mut()),
+            shardlimit_limiter_policy(clock.cast(), n.as_ptr().cast(), 1, &mut p, &mut e),
             SHARDLIMIT_ERR_INVALID_ARGUMENT
         );
+        let msg = take_err(e).1;
+        assert!(
+            msg.contains("is a shardlimit_clock, not a shardlimit_limiter"),
+            "{msg}"
+        );
+        shardlimit_limiter_free(clock.cast());
+        shardlimit_policy_free(clock.cast());
+        assert_eq!(shardlimit_clock_set_us(clock, 5, null_mut()), SHARDLIMIT_OK);
         shardlimit_clock_free(clock);
         assert_eq!(
             shardlimit_clock_set_us(clock, 5, null_mut()),
+            SHARDLIMIT_ERR_CLOSED
+        );
+
+        // a real address, NULL, and a value in the handle range never issued
+        let real = Box::into_raw(Box::new(0u64));
+        for (bogus, want) in [
+            (
+                real as *const shardlimit_limiter,
+                "never returned by shardlimit",
+            ),
+            (null(), "is NULL"),
+            (
+                std::ptr::without_provenance(HANDLE_BASE | (MAX_ID >> 1) << TAG_BITS | 1),
+                "never returned by shardlimit",
+            ),
+        ] {
+            let mut e = null_mut();
+            assert_eq!(
+                shardlimit_limiter_policy(bogus, n.as_ptr().cast(), 1, &mut p, &mut e),
+                SHARDLIMIT_ERR_INVALID_ARGUMENT
+            );
+            let msg = take_err(e).1;
+            assert!(msg.contains(want), "{msg}");
+            shardlimit_limiter_free(bogus.cast_mut()); // a no-op, not a crash
+        }
+        drop(Box::from_raw(real));
+        assert!(p.is_null());
+
+        // errors: a freed error says CLOSED, a double free is a no-op
+        let mut e = null_mut();
+        assert_eq!(
+            shardlimit_clock_new(0, null_mut(), &mut e),
             SHARDLIMIT_ERR_INVALID_ARGUMENT
         );
-        assert!(p.is_null());
+        assert_eq!(shardlimit_error_code(e), SHARDLIMIT_ERR_INVALID_ARGUMENT);
+        shardlimit_error_free(e);
+        shardlimit_error_free(e);
+        assert_eq!(shardlimit_error_code(e), SHARDLIMIT_ERR_CLOSED);
+        assert_eq!(shardlimit_error_message(e).len, 0);
+        assert_eq!(
+            shardlimit_error_code(null()),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+    }
+}
+
+#[test]
+fn a_freed_handle_is_never_given_to_a_new_object() {
+    unsafe {
+        let first = memory_limiter(CONFIG);
+        shardlimit_limiter_free(first);
+        // an allocator hands the freed block to the next object of the same size; a handle
+        // table keyed by address then answered for the new limiter through the old handle
+        let later: Vec<_> = (0..64).map(|_| memory_limiter(CONFIG)).collect();
+        assert!(later.iter().all(|l| *l != first));
+        let (code, _) = check_raw(first, "api").unwrap_err();
+        assert_eq!(code, SHARDLIMIT_ERR_CLOSED);
+        for l in later {
+            assert_eq!(check_raw(l, "api").unwrap().limit, 3);
+            shardlimit_limiter_free(l);
+        }
+    }
+}
+
+/// The config-reload pattern of issue 13: threads check through one limiter while it is
+/// freed and a new one (another limit) is created at once. Every call must return a
+/// decision of the limiter it was given, or CLOSED; never the new limiter's decision.
+#[test]
+fn closing_a_limiter_while_threads_check() {
+    const OLD: &str =
+        r#"{"policies":{"api":{"algorithm":"fixed_window","limit":1000000,"window":"1h"}}}"#;
+    const NEW: &str =
+        r#"{"policies":{"api":{"algorithm":"fixed_window","limit":7,"window":"1h"}}}"#;
+    const THREADS: usize = 4;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    for _round in 0..50 {
+        let old = memory_limiter(OLD) as usize;
+        let checked = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let checked = checked.clone();
+                std::thread::spawn(move || {
+                    let lim = old as *const shardlimit_limiter;
+                    let (mut decided, mut closed) = (0, 0);
+                    // until CLOSED, then 100 calls more: each must be CLOSED again
+                    while closed < 100 {
+                        match check_raw(lim, "api") {
+                            Ok(d) => {
+                                assert_eq!(closed, 0, "a decision after CLOSED");
+                                assert_eq!(d.limit, 1_000_000, "another limiter's decision");
+                                decided += 1;
+                                checked.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err((code, msg)) => {
+                                assert_eq!(code, SHARDLIMIT_ERR_CLOSED, "{msg}");
+                                closed += 1;
+                            }
+                        }
+                    }
+                    decided
+                })
+            })
+            .collect();
+        // free only once every thread is checking (each has made some decisions)
+        while checked.load(Ordering::Relaxed) < THREADS * 20 {
+            std::thread::yield_now();
+        }
+        unsafe { shardlimit_limiter_free(old as *mut shardlimit_limiter) };
+        let new = memory_limiter(NEW);
+        let decided: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert!(decided >= THREADS * 20);
+        assert_eq!(check_raw(new, "api").unwrap().limit, 7);
+        unsafe { shardlimit_limiter_free(new) };
     }
 }
 
@@ -495,9 +661,10 @@ fn ad_hoc_policies_peek_reset_and_leases() {
         );
         assert!(!released);
         shardlimit_lease_free(lease);
+        shardlimit_lease_free(lease);
         assert_eq!(
             shardlimit_release(f.lim, lease, &mut released, null_mut()),
-            SHARDLIMIT_ERR_INVALID_ARGUMENT
+            SHARDLIMIT_ERR_CLOSED
         );
         shardlimit_policy_free(conc);
     }

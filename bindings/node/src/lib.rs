@@ -801,11 +801,19 @@ pub struct ShardRoute {
     pub name: String,
 }
 
-/// mimalloc instead of glibc's malloc for the addon's Rust allocations. A call's memory is
-/// allocated on the JavaScript thread and freed on the I/O thread, and a decision's the other
-/// way round; glibc locks the owning arena for such a free, and the two threads then wait on
-/// each other's arena lock (1.6 futex calls per decision in `bench/bench.js`, measured with
-/// `perf stat -e syscalls:sys_enter_futex`; 0.03 with mimalloc, whose cross-thread frees take
-/// no lock).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// The addon's image stays mapped for the life of the process. Node unloads an addon when
+/// the last environment that loaded it goes away (a worker that exits when the main thread
+/// never loaded it), but the core's I/O runtime threads and the thread-local destructors of
+/// the threads that called in outlive that environment and run the addon's code. Runs once,
+/// when the image is loaded.
+///
+/// The addon uses the system allocator, not mimalloc: mimalloc takes the thread that
+/// loads it for the process's main thread, whose heap is static and set up once. Loaded
+/// from a worker, that thread exits and its heap is torn down; glibc gives the exited
+/// thread's descriptor to the next thread it creates, which mimalloc then takes for the
+/// main thread and hands the torn-down heap: the next worker to load the addon crashed
+/// in its first allocation (issue 13.5, `test/worker-reload.test.js`).
+#[napi_derive::module_init]
+fn pin_the_addon_image() {
+    napi::bindgen_prelude::retain_current_module_for_unload_safety();
+}
