@@ -1,5 +1,5 @@
 //! The six algorithms in Rust, for the in-memory engine. Each function mirrors its Lua
-//! script in `lua/` operation for operation (including the floating-point expression of the
+//! script in `core/lua/` operation for operation (including the floating-point expression of the
 //! sliding-window estimate), so that both engines give identical decisions for the same
 //! sequence of (time, key, cost). `tests/vectors/*.json` holds that promise.
 
