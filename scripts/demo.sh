@@ -107,7 +107,7 @@ for lang in "${LANGS[@]}"; do
       # worker load that one.
       echo "go build ./cmd/demo-worker (cgo, against $OUT/libshardlimit.so; in the background)"
       LIBRARY_PATH="$root/$OUT${LIBRARY_PATH:+:$LIBRARY_PATH}" \
-        go -C examples/go build -buildvcs=false -o "$root/$OUT/go-demo-worker" ./cmd/demo-worker >"$WORK/go-build.log" 2>&1 &
+        go -C bindings/go build -buildvcs=false -o "$root/$OUT/go-demo-worker" ./cmd/demo-worker >"$WORK/go-build.log" 2>&1 &
       GO_BUILD=$!
       ;;
   esac

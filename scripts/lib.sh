@@ -33,7 +33,7 @@ ensure_rust() {
   rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy
 }
 
-# ensure_go: a Go toolchain of at least $GO_MIN (examples/go's go.mod). When the machine
+# ensure_go: a Go toolchain of at least $GO_MIN (bindings/go's go.mod). When the machine
 # has none (or an older one), the toolchain $GO_FALLBACK is fetched once from the Go
 # module proxy (the golang.org/toolchain module, what `GOTOOLCHAIN` downloads) into
 # target/tools and put first on PATH.

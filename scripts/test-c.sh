@@ -7,7 +7,7 @@
 #   3. builds the C test (-Wall -Wextra -Werror) against the shared library and runs it
 #      under valgrind (any leak or memory error fails), then links it statically and runs
 #      it again;
-#   4. go vet + go test in examples/go (and one short run of the benchmark);
+#   4. go vet + go test in bindings/go (and one short run of the benchmark);
 #   5. cmake + ctest in examples/cpp.
 #
 # Every test starts its own redis-server on a free 127.0.0.1 port and stops it.
@@ -85,9 +85,9 @@ cc "${cflags[@]}" $(pkg-config --cflags shardlimit) bindings/c/ctest/test_shardl
   -o "$work/test_shardlimit_static" $static_libs -lpthread
 "$work/test_shardlimit_static"
 
-step "Go (examples/go)"
+step "Go (bindings/go)"
 (
-  cd examples/go
+  cd bindings/go
   if [ "$lib" != "$root/target/release" ]; then
     export CGO_LDFLAGS="-L$lib -Wl,-rpath,$lib ${CGO_LDFLAGS:-}"
   fi
