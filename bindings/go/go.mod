@@ -1,3 +1,3 @@
-module example.invalid/shardlimit/examples/go
+module github.com/shardlimit/shardlimit/bindings/go
 
 go 1.22
