@@ -67,18 +67,27 @@ ok() { echo "ok: $*"; passed=$((passed + 1)); }
 # flush PORT: forget the windows of the previous program (each checks the same key)
 flush() { redis-cli -p "$1" FLUSHALL >/dev/null; }
 
+# has WHAT CMD...: fails naming WHAT unless CMD succeeds
+has() {
+  local what=$1
+  shift
+  "$@" >/dev/null || { echo "metadata: $what" >&2; return 1; }
+}
+
 t_metadata() {
   echo "== metadata: one version ($version), license, project URLs"
   local url
   url=$(sed -n 's/^repository = "\(.*\)"$/\1/p' Cargo.toml)
   [ "$url" = "https://github.com/shardlimit/shardlimit" ] || { echo "repository is $url" >&2; return 1; }
-  [ "$(node -p 'require("./bindings/node/package.json").version')" = "$version" ]
-  grep -q "^#define SHARDLIMIT_VERSION \"$version\"" include/shardlimit.h
-  grep -q "^## \[$version\]" CHANGELOG.md
-  grep -q "Apache License" LICENSE && grep -q "Version 2.0" LICENSE
-  grep -q "^module ${url#https://}/bindings/go$" bindings/go/go.mod
-  grep -q "$url" bindings/python/pyproject.toml
-  [ "$(node -p 'require("./bindings/node/package.json").repository.url')" = "git+$url.git" ]
+  has "bindings/node/package.json version is not $version" \
+    node -e 'const p = require("./bindings/node/package.json"); process.exit(p.version === process.argv[1] && Object.values(p.optionalDependencies).every((v) => v === p.version) ? 0 : 1)' "$version"
+  has "SHARDLIMIT_VERSION in include/shardlimit.h is not $version" grep -q "^#define SHARDLIMIT_VERSION \"$version\"" include/shardlimit.h
+  has "CHANGELOG.md has no section for $version" grep -q "^## \[$version\]" CHANGELOG.md
+  has "LICENSE is not the Apache License 2.0" grep -q "Version 2.0, January 2004" LICENSE
+  has "bindings/go/go.mod is not module ${url#https://}/bindings/go" grep -q "^module ${url#https://}/bindings/go$" bindings/go/go.mod
+  has "bindings/python/pyproject.toml does not name $url" grep -q "$url" bindings/python/pyproject.toml
+  has "bindings/node/package.json repository is not $url" \
+    node -e 'process.exit(require("./bindings/node/package.json").repository.url === `git+${process.argv[1]}.git` ? 0 : 1)' "$url"
   local whl
   whl=$(ls "$DIST"/python/shardlimit-"$version"-cp39-abi3-manylinux_2_28_x86_64.whl)
   python3 - "$whl" "$version" "$url" <<'PY'
@@ -90,12 +99,16 @@ assert f"\nVersion: {version}\n" in meta and "License-Expression: Apache-2.0" in
 assert url in meta, "no project URL in METADATA"
 assert f"shardlimit-{version}.dist-info/licenses/LICENSE" in z.namelist()
 PY
-  tar -xzOf "$DIST/npm/shardlimit-binding-linux-x64-gnu-$version.tgz" package/package.json | grep -q "\"version\": \"$version\""
-  tar -xzOf "$DIST/c/shardlimit-$version-$triple.tar.gz" "shardlimit-$version-$triple/lib/pkgconfig/shardlimit.pc" | grep -q "^URL: $url$"
+  has "the npm platform package is not version $version" \
+    sh -c 'tar -xzOf "$1" package/package.json | grep -q "\"version\": \"$2\""' _ "$DIST/npm/shardlimit-binding-linux-x64-gnu-$version.tgz" "$version"
+  has "shardlimit.pc of the SDK has no URL: $url" \
+    sh -c 'tar -xzOf "$1" "$2" | grep -q "^URL: $3$"' _ "$DIST/c/shardlimit-$version-$triple.tar.gz" "shardlimit-$version-$triple/lib/pkgconfig/shardlimit.pc" "$url"
   for c in shardlimit shardlimit-tower shardlimit-cli; do
-    tar -xzOf "$DIST/crates/$c-$version.crate" "$c-$version/Cargo.toml" | grep -q "^repository = \"$url\""
+    has "$c-$version.crate: no repository $url or no LICENSE" \
+      sh -c 'tar -xzOf "$1" "$2/Cargo.toml" | grep -q "^repository = \"$3\"" && tar -tzf "$1" | grep -q "^$2/LICENSE$"' _ "$DIST/crates/$c-$version.crate" "$c-$version" "$url"
   done
-  tar -tzf "$DIST/crates/shardlimit-$version.crate" | grep -q "^shardlimit-$version/lua/prelude.lua$"
+  has "shardlimit-$version.crate does not carry the Lua scripts" \
+    sh -c 'tar -tzf "$1" | grep -q "^$2/lua/prelude.lua$"' _ "$DIST/crates/shardlimit-$version.crate" "shardlimit-$version"
   ok "metadata"
 }
 
