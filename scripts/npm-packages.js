@@ -2,8 +2,10 @@
 'use strict'
 // Packs the npm packages of a release in napi-rs's layout (scripts/dist.sh):
 //   node scripts/npm-packages.js ADDON STAGEDIR OUTDIR
-// - shardlimit: bindings/node as it is (JS, .d.ts, README, LICENSE; no binary, no install
-//   script), its optionalDependencies naming one package per platform;
+// - shardlimit: bindings/node (JS, .d.ts, README, LICENSE; no binary, no install script),
+//   its package.json given optionalDependencies on one package per napi.targets entry, as
+//   `napi prepublish` does (the source package.json has none: `npm ci` in a checkout
+//   would need them in the lock file, and they are not published yet);
 // - @shardlimit/binding-linux-x64-gnu: ADDON (libshardlimit_node.so of the shared release
 //   build) as shardlimit.linux-x64-gnu.node, with os/cpu/libc so npm installs it only there.
 // Both are packed with `npm pack`; the tarballs go to OUTDIR.
@@ -33,11 +35,8 @@ const platforms = {
 const expected = Object.fromEntries(
   main.napi.targets.map((t) => [`${main.napi.packageName}-${platforms[t].tag}`, main.version])
 )
-if (JSON.stringify(main.optionalDependencies) !== JSON.stringify(expected)) {
-  console.error(
-    'bindings/node/package.json: optionalDependencies must list one package per napi.targets entry, ' +
-      `at the package's version:\n${JSON.stringify(expected, null, 2)}`
-  )
+if (main.optionalDependencies) {
+  console.error('bindings/node/package.json: optionalDependencies are added here, at release time')
   process.exit(1)
 }
 if (main.scripts && (main.scripts.install || main.scripts.preinstall || main.scripts.postinstall)) {
@@ -60,7 +59,13 @@ fs.mkdirSync(outdir, { recursive: true })
 const mainDir = path.join(stage, 'shardlimit')
 fs.mkdirSync(mainDir, { recursive: true })
 for (const f of main.files) fs.cpSync(path.join(src, f), path.join(mainDir, f), { recursive: true })
-fs.copyFileSync(path.join(src, 'package.json'), path.join(mainDir, 'package.json'))
+const published = {}
+for (const [k, v] of Object.entries(main)) {
+  published[k] = v
+  if (k === 'engines') published.optionalDependencies = expected
+}
+if (!published.optionalDependencies) published.optionalDependencies = expected
+fs.writeFileSync(path.join(mainDir, 'package.json'), JSON.stringify(published, null, 2) + '\n')
 fs.copyFileSync(path.join(root, 'LICENSE'), path.join(mainDir, 'LICENSE'))
 const packed = pack(mainDir)
 if (packed.files.some((f) => f.path.endsWith('.node'))) {

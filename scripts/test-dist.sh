@@ -80,7 +80,10 @@ t_metadata() {
   url=$(sed -n 's/^repository = "\(.*\)"$/\1/p' Cargo.toml)
   [ "$url" = "https://github.com/shardlimit/shardlimit" ] || { echo "repository is $url" >&2; return 1; }
   has "bindings/node/package.json version is not $version" \
-    node -e 'const p = require("./bindings/node/package.json"); process.exit(p.version === process.argv[1] && Object.values(p.optionalDependencies).every((v) => v === p.version) ? 0 : 1)' "$version"
+    node -e 'process.exit(require("./bindings/node/package.json").version === process.argv[1] ? 0 : 1)' "$version"
+  has "the npm main package is not $version, or its optionalDependencies are not all at $version" \
+    sh -c 'tar -xzOf "$1" package/package.json | node -e "const p = JSON.parse(require(\"fs\").readFileSync(0)); const o = Object.values(p.optionalDependencies || {}); process.exit(p.version === process.argv[1] && o.length === p.napi.targets.length && o.every((v) => v === p.version) ? 0 : 1)" "$2"' \
+    _ "$DIST/npm/shardlimit-$version.tgz" "$version"
   has "SHARDLIMIT_VERSION in include/shardlimit.h is not $version" grep -q "^#define SHARDLIMIT_VERSION \"$version\"" include/shardlimit.h
   has "CHANGELOG.md has no section for $version" grep -q "^## \[$version\]" CHANGELOG.md
   has "LICENSE is not the Apache License 2.0" grep -q "Version 2.0, January 2004" LICENSE
