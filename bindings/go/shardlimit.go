@@ -4,9 +4,9 @@
 //
 // It links the shardlimit C/C++ SDK through pkg-config (install the SDK and put its
 // lib/pkgconfig on PKG_CONFIG_PATH; see bindings/go/README.md). By default it links
-// libshardlimit.a statically (pkg-config module shardlimit-static), so the Go binary
-// runs without libshardlimit.so; build with -tags shardlimit_dynamic to link
-// libshardlimit.so instead (pkg-config module shardlimit).
+// libshardlimit.a statically (pkg-config module shardlimit-static, link_static.go), so
+// the Go binary runs without libshardlimit.so; build with -tags shardlimit_dynamic to
+// link libshardlimit.so instead (pkg-config module shardlimit, link_dynamic.go).
 //
 // A Limiter is safe for concurrent use by many goroutines. Each call blocks its
 // goroutine's OS thread for at most the configured deadline (timeout_ms); Go's scheduler
@@ -14,8 +14,6 @@
 package shardlimit
 
 /*
-#cgo !shardlimit_dynamic pkg-config: shardlimit-static
-#cgo shardlimit_dynamic pkg-config: shardlimit
 #include <stdlib.h>
 #include "shardlimit.h"
 */
