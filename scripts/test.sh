@@ -33,7 +33,7 @@ echo "== make dist"
 scripts/dist.sh
 for suite in c python node dist; do
   if [ -x "scripts/test-$suite.sh" ]; then
-    echo "== $suite binding"
+    echo "== scripts/test-$suite.sh"
     "scripts/test-$suite.sh"
   fi
 done
