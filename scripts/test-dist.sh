@@ -11,8 +11,9 @@
 #   go      a module that `go get`s the binding from GOPROXY=file://dist/go and links the
 #           SDK statically: ldd shows no libshardlimit.so
 #   rust    a project outside the workspace depending on the unpacked .crate (with Rust)
+#   sdist   (only when asked: a release build, minutes) pip builds the sdist with Rust
 # Plus the metadata: one version everywhere, LICENSE and URLs in every package.
-#   scripts/test-dist.sh [python|npm|c|go|rust|metadata]...   (default: all)
+#   scripts/test-dist.sh [metadata|python|npm|c|go|rust|sdist]...   (default: all but sdist)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -229,6 +230,19 @@ t_rust() {
   (cd "$proj" && cargo tree --quiet --depth 1 -e normal | grep -q "shardlimit v$version ($crate)") ||
     { echo "shardlimit did not come from the unpacked crate" >&2; return 1; }
   ok "rust"
+}
+
+t_sdist() {
+  echo "== sdist: pip builds it where Rust is installed"
+  ensure_rust
+  local venv=$home/venv-sdist port
+  /usr/bin/python3 -m venv "$venv"
+  # PyPI for maturin (the build requirement); the core's crates from the cargo cache
+  CARGO_TARGET_DIR="$(target_dir)/sdist-check" "$venv/bin/pip" install -q --disable-pip-version-check \
+    "$DIST/python/shardlimit-$version.tar.gz"
+  port=$(start_redis)
+  (cd "$home" && "$venv/bin/python" "$root/scripts/dist-tests/check.py" "$port" "$version")
+  ok "sdist"
 }
 
 for s in "${suites[@]}"; do "t_$s"; done
