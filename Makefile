@@ -1,13 +1,24 @@
-# The two commands a newcomer needs:
+# The commands a newcomer needs:
 #   make demo   - the main job: limits enforced across local Redis shards
-#   make test   - every test (installs redis-server and the tools each suite needs)
-.PHONY: demo test build bench fmt lint
+#   make test   - every test (installs redis-server and the tools each suite needs),
+#                 including the install tests of the release artifacts (after make dist)
+#   make dist   - the release artifacts in dist/ (wheel + sdist, npm tarballs, C/C++ SDK,
+#                 Go module proxy, .crate files), from one release build
+# Every script honours CARGO_TARGET_DIR.
+.PHONY: demo test dist test-dist build bench fmt lint
 
 demo:
 	bash scripts/demo.sh
 
 test:
 	bash scripts/test.sh
+
+dist:
+	bash scripts/dist.sh
+
+# the install tests alone, on an existing dist/
+test-dist:
+	bash scripts/test-dist.sh
 
 build:
 	cargo build --release -p shardlimit-cli

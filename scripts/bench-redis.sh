@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 ensure_redis
 N=${1:-500000}
 cargo build --release --quiet -p shardlimit-cli
-SL=target/release/shardlimit
+SL=$(target_dir)/release/shardlimit
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 DIR=$(mktemp -d)
 redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$DIR" >/dev/null 2>&1 &

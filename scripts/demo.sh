@@ -25,7 +25,7 @@ REQUESTS=${DEMO_REQUESTS:-2400}   # checks per worker
 CONCURRENCY=16                    # concurrent callers per worker
 KEYS=8                            # user:0..7 under each policy
 POLICIES=billing,demo_daily,demo_burst
-OUT=target/demo                   # the demo's cargo profile: everything the demo builds
+OUT=$(target_dir)/demo            # the demo's cargo profile (honours CARGO_TARGET_DIR)
 
 step() { printf '\n== %s\n' "$*"; }
 
@@ -95,19 +95,24 @@ for lang in "${LANGS[@]}"; do
       echo "python package: $OUT/python/shardlimit (imported with PYTHONPATH=$OUT/python)"
       ;;
     node)
-      # Node loads an addon by its .node extension (as napi build and scripts/install.js name it)
+      # Node loads an addon by its .node extension (as napi build names it)
       mkdir -p "$OUT/node"
       cp "$OUT/libshardlimit_node.so" "$OUT/node/shardlimit.node"
       echo "node addon: $OUT/node/shardlimit.node (loaded with SHARDLIMIT_NATIVE_LIBRARY)"
       ;;
     go)
-      # in the background while the shards start. The cgo flags name target/release; rather
-      # than CGO_LDFLAGS (which would make Go rebuild its own cgo packages too), LIBRARY_PATH
-      # lets the linker find libshardlimit.so in target/demo, and LD_LIBRARY_PATH makes the
-      # worker load that one.
+      # in the background while the shards start. The binding links through pkg-config:
+      # a shardlimit.pc naming $OUT, and -tags shardlimit_dynamic (libshardlimit.so, which
+      # LD_LIBRARY_PATH makes the worker load) rather than linking the unoptimized archive.
+      bindings/c/gen-pkgconfig.sh "$OUT" "$root/include" "$OUT/pkgconfig" >/dev/null
+      # the name the worker asks the loader for: the library's SONAME (bindings/c/build.rs)
+      major=$(workspace_version); major=${major%%.*}
+      ln -sf libshardlimit.so "$OUT/libshardlimit.so.$major"
       echo "go build ./cmd/demo-worker (cgo, against $OUT/libshardlimit.so; in the background)"
-      LIBRARY_PATH="$root/$OUT${LIBRARY_PATH:+:$LIBRARY_PATH}" \
-        go -C examples/go build -buildvcs=false -o "$root/$OUT/go-demo-worker" ./cmd/demo-worker >"$WORK/go-build.log" 2>&1 &
+      # GOCACHE: its own, as the go command does not rerun pkg-config to key its cache (a
+      # package cached by another build would link that build's -L)
+      PKG_CONFIG_PATH="$OUT/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" GOCACHE="$OUT/go-cache" \
+        go -C bindings/go build -buildvcs=false -tags shardlimit_dynamic -o "$OUT/go-demo-worker" ./cmd/demo-worker >"$WORK/go-build.log" 2>&1 &
       GO_BUILD=$!
       ;;
   esac
@@ -191,9 +196,9 @@ for lang in "${LANGS[@]}"; do
     rust)
       if [ $ENGINE = redis ]; then cmd=("$OUT/shardlimit-demo-worker" --instance 0)
       else cmd=("$OUT/shardlimit-demo-worker" --instance 0 --threads 4); fi ;;
-    python) cmd=(env PYTHONPATH="$root/$OUT/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" examples/demo/worker.py --instance 1) ;;
-    node) cmd=(env SHARDLIMIT_NATIVE_LIBRARY="$root/$OUT/node/shardlimit.node" node examples/demo/worker.mjs --instance 2) ;;
-    go) cmd=(env LD_LIBRARY_PATH="$root/$OUT${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$OUT/go-demo-worker" --instance 3) ;;
+    python) cmd=(env PYTHONPATH="$OUT/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" examples/demo/worker.py --instance 1) ;;
+    node) cmd=(env SHARDLIMIT_NATIVE_LIBRARY="$OUT/node/shardlimit.node" node examples/demo/worker.mjs --instance 2) ;;
+    go) cmd=(env LD_LIBRARY_PATH="$OUT${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$OUT/go-demo-worker" --instance 3) ;;
   esac
   # each worker connects, prints "ready", then waits for the start fifo to close
   "${cmd[@]}" --config "$CONFIG" "${common[@]}" --barrier <"$WORK/start" >"$WORK/$lang.json" 2>"$WORK/$lang.err" &

@@ -1,4 +1,6 @@
 # Shared helpers for the project's scripts. Source it: `. scripts/lib.sh`.
+# the repository root, absolute (the helpers below work from any directory)
+SHARDLIMIT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PATH="$HOME/.cargo/bin:/usr/local/go/bin:$HOME/go/bin:$PATH"
 
 APT_UPDATED=${APT_UPDATED:-}
@@ -35,10 +37,10 @@ ensure_rust() {
   rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy
 }
 
-# ensure_go: a Go toolchain of at least $GO_MIN (examples/go's go.mod). When the machine
+# ensure_go: a Go toolchain of at least $GO_MIN (bindings/go's go.mod). When the machine
 # has none (or an older one), the toolchain $GO_FALLBACK is fetched once from the Go
 # module proxy (the golang.org/toolchain module, what `GOTOOLCHAIN` downloads) into
-# target/tools and put first on PATH.
+# $CARGO_TARGET_DIR/tools and put first on PATH.
 GO_MIN=1.22
 GO_FALLBACK=1.23.12
 ensure_go() {
@@ -49,17 +51,54 @@ ensure_go() {
       return 0
     fi
   fi
-  local root dir
-  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-  dir="$root/target/tools/golang.org/toolchain@v0.0.1-go$GO_FALLBACK.linux-amd64"
+  local tools dir
+  tools="$(target_dir)/tools"
+  dir="$tools/golang.org/toolchain@v0.0.1-go$GO_FALLBACK.linux-amd64"
   if [ ! -x "$dir/bin/go" ]; then
-    echo "installing Go $GO_FALLBACK from the Go module proxy into target/tools"
+    echo "installing Go $GO_FALLBACK from the Go module proxy into $tools"
     command -v unzip >/dev/null 2>&1 || apt_install unzip || return 1
-    mkdir -p "$root/target/tools" || return 1
-    curl -sSfL -o "$root/target/tools/go.zip" \
+    mkdir -p "$tools" || return 1
+    curl -sSfL -o "$tools/go.zip" \
       "${GOPROXY_URL:-https://proxy.golang.org}/golang.org/toolchain/@v/v0.0.1-go$GO_FALLBACK.linux-amd64.zip" \
       || { echo "could not download Go $GO_FALLBACK" >&2; return 1; }
-    (cd "$root/target/tools" && unzip -q -o go.zip && rm go.zip) || return 1
+    (cd "$tools" && unzip -q -o go.zip && rm go.zip) || return 1
   fi
   export GOROOT="$dir" PATH="$dir/bin:$PATH" GOTOOLCHAIN=local
+}
+
+# target_dir: the absolute cargo target directory ($CARGO_TARGET_DIR, else ./target).
+target_dir() {
+  local t
+  t="${CARGO_TARGET_DIR:-$SHARDLIMIT_ROOT/target}"
+  case "$t" in /*) ;; *) t="$SHARDLIMIT_ROOT/$t" ;; esac
+  echo "$t"
+}
+
+# workspace_version: [workspace.package] version of the root Cargo.toml, the one version
+# every artifact carries.
+workspace_version() {
+  sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$SHARDLIMIT_ROOT/Cargo.toml"
+}
+
+# ensure_dist_tools: the release build's tools, pinned, in a venv of /usr/bin/python3
+# under $CARGO_TARGET_DIR/tools/py (all from PyPI, prebuilt): cargo-zigbuild and zig
+# (linking against an older glibc), auditwheel (checks the wheel's manylinux tag), maturin
+# (the sdist). Sets TOOLS_PY, TOOLS_BIN and puts TOOLS_BIN first on PATH.
+DIST_TOOLS=("cargo-zigbuild==0.24.1" "ziglang==0.14.1" "auditwheel==6.8.2" "maturin==1.16.0")
+ensure_dist_tools() {
+  local venv
+  venv="$(target_dir)/tools/py"
+  TOOLS_BIN="$venv/bin"
+  TOOLS_PY="$TOOLS_BIN/python"
+  if [ ! -x "$TOOLS_PY" ]; then
+    command -v /usr/bin/python3 >/dev/null 2>&1 || apt_install python3 || return 1
+    /usr/bin/python3 -m venv "$venv" 2>/dev/null || { apt_install python3-venv && rm -rf "$venv" && /usr/bin/python3 -m venv "$venv"; } || return 1
+  fi
+  if ! "$TOOLS_PY" -m pip freeze 2>/dev/null | sort >"$venv/.have" ||
+    [ -n "$(printf '%s\n' "${DIST_TOOLS[@]}" | sort | comm -23 - "$venv/.have")" ]; then
+    echo "installing ${DIST_TOOLS[*]} into $venv"
+    "$TOOLS_PY" -m pip install -q --disable-pip-version-check "${DIST_TOOLS[@]}" || return 1
+  fi
+  command -v strip readelf >/dev/null 2>&1 || apt_install binutils || return 1
+  export PATH="$TOOLS_BIN:$PATH" TOOLS_PY TOOLS_BIN
 }

@@ -2,13 +2,15 @@
 # Tests of the C ABI and the Go and C++ examples that link it. Run from anywhere (it cds
 # to the repository root); installs what is missing (Debian, as root):
 #
-#   1. builds libshardlimit (release) and runs the ABI's Rust tests;
+#   1. runs the ABI's Rust tests;
 #   2. regenerates include/shardlimit.h with cbindgen and fails if it changed;
-#   3. builds the C test (-Wall -Wextra -Werror) against the shared library and runs it
-#      under valgrind (any leak or memory error fails), then links it statically and runs
-#      it again;
-#   4. go vet + go test in examples/go (and one short run of the benchmark);
-#   5. cmake + ctest in examples/cpp.
+#   3. builds the C test (-Wall -Wextra -Werror) against the shared library of the C SDK in
+#      dist/c (`make dist`; built by scripts/dist.sh when missing) and runs it under
+#      valgrind (any leak or memory error fails), then links it statically and runs it
+#      again;
+#   4. go vet + go test in bindings/go, linked to the SDK through pkg-config (and one short
+#      run of the benchmark);
+#   5. cmake + ctest in examples/cpp against the SDK.
 #
 # Every test starts its own redis-server on a free 127.0.0.1 port and stops it.
 set -euo pipefail
@@ -18,9 +20,9 @@ root="$PWD"
 
 CBINDGEN_VERSION=0.29.4 # the header is byte-compared, so the generator is pinned
 
-target="${CARGO_TARGET_DIR:-$root/target}"
-case "$target" in /*) ;; *) target="$root/$target" ;; esac
-lib="$target/release"
+target="$(target_dir)"
+version="$(workspace_version)"
+DIST=${DIST_DIR:-$root/dist}
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
@@ -39,8 +41,25 @@ if [ -z "$cbindgen" ] || [ "$("$cbindgen" --version)" != "cbindgen $CBINDGEN_VER
   fi
 fi
 
-step "cargo build --release -p shardlimit-c"
-cargo build --release --quiet -p shardlimit-c
+step "the C SDK (dist/c)"
+sdk_tar="$DIST/c/shardlimit-$version-x86_64-unknown-linux-gnu.tar.gz"
+[ -f "$sdk_tar" ] || scripts/dist.sh
+# Unpacked at a path named by the tarball's hash, with a Go build cache of its own there:
+# the go command does not rerun pkg-config to key its cache, so a cached package would
+# keep linking the -L of an SDK unpacked elsewhere (or of an older build).
+sdk_id="$(sha256sum "$sdk_tar" | cut -c1-16)"
+sdk_base="$target/test-c/$sdk_id"
+sdk="$sdk_base/shardlimit-$version-x86_64-unknown-linux-gnu"
+if [ ! -d "$sdk" ]; then
+  rm -rf "$target/test-c"
+  mkdir -p "$sdk_base"
+  tar -C "$sdk_base" -xzf "$sdk_tar"
+fi
+export GOCACHE="$sdk_base/go-cache"
+lib="$sdk/lib"
+# the SDK carries the committed headers: the ones tested here
+cmp include/shardlimit.h "$sdk/include/shardlimit.h"
+cmp include/shardlimit.hpp "$sdk/include/shardlimit.hpp"
 step "cargo test -p shardlimit-c"
 if ! cargo test --quiet -p shardlimit-c >"$work/cargo-test.log" 2>&1; then
   tail -60 "$work/cargo-test.log"
@@ -64,7 +83,6 @@ else
 fi
 
 step "pkg-config"
-bindings/c/gen-pkgconfig.sh "$lib" "$root/include" "$lib/pkgconfig" >/dev/null
 export PKG_CONFIG_PATH="$lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 echo "shardlimit $(pkg-config --modversion shardlimit): $(pkg-config --cflags --libs shardlimit)"
 
@@ -80,29 +98,33 @@ valgrind --quiet --error-exitcode=99 --leak-check=full --show-leak-kinds=definit
   "$work/test_shardlimit"
 
 step "C test, statically linked"
-static_libs="$(pkg-config --static --libs shardlimit | sed 's/-lshardlimit/-l:libshardlimit.a/')"
-cc "${cflags[@]}" $(pkg-config --cflags shardlimit) bindings/c/ctest/test_shardlimit.c \
-  -o "$work/test_shardlimit_static" $static_libs -lpthread
+cc "${cflags[@]}" $(pkg-config --cflags shardlimit-static) bindings/c/ctest/test_shardlimit.c \
+  -o "$work/test_shardlimit_static" $(pkg-config --libs shardlimit-static)
+if ldd "$work/test_shardlimit_static" | grep -q libshardlimit; then
+  echo "the static C test needs libshardlimit.so" >&2
+  exit 1
+fi
 "$work/test_shardlimit_static"
 
-step "Go (examples/go)"
+step "Go (bindings/go)"
 (
-  cd examples/go
-  if [ "$lib" != "$root/target/release" ]; then
-    export CGO_LDFLAGS="-L$lib -Wl,-rpath,$lib ${CGO_LDFLAGS:-}"
-  fi
+  cd bindings/go
+  # links libshardlimit.a (pkg-config module shardlimit-static), the binding's default
   unformatted="$(gofmt -l .)"
   [ -z "$unformatted" ] || { echo "gofmt needed: $unformatted" >&2; exit 1; }
   go vet ./...
   go test -race -count=1 ./...
   # the benchmark compiles and runs (figures: see bindings/c/README.md)
   go test -count=1 -run '^$' -bench BenchmarkCheck64 -benchtime 2000x . | grep -E "^(Benchmark|ok)"
+  # -tags shardlimit_dynamic links libshardlimit.so (pkg-config module shardlimit)
+  LD_LIBRARY_PATH="$lib" go test -count=1 -tags shardlimit_dynamic -run 'TestCheck' .
 )
 
 step "C++ (examples/cpp)"
-cmake -S examples/cpp -B "$target/cpp-build" -DSHARDLIMIT_LIB_DIR="$lib" \
-  -DSHARDLIMIT_INCLUDE_DIR="$root/include" -DCMAKE_BUILD_TYPE=Debug >/dev/null
+# -U: the library found by a previous run (another SDK) is looked up again
+cmake -S examples/cpp -B "$target/cpp-build" -USHARDLIMIT_LIBRARY -DSHARDLIMIT_LIB_DIR="$lib" \
+  -DSHARDLIMIT_INCLUDE_DIR="$sdk/include" -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build "$target/cpp-build" -j2 >/dev/null
-ctest --test-dir "$target/cpp-build" --output-on-failure
+LD_LIBRARY_PATH="$lib" ctest --test-dir "$target/cpp-build" --output-on-failure
 
 echo "C, Go and C++ suites passed"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The Python binding's suite: builds and installs the wheel with `pip install
-# ./bindings/python` (maturin as the PEP 517 backend), type-checks the package, its stub,
-# tests and benchmark with mypy, and runs pytest against real redis-server processes that
-# the tests start on free 127.0.0.1 ports. Installs what is missing (Debian, as root).
+# The Python binding's suite: installs the release wheel from dist/python (`make dist`;
+# built by scripts/dist.sh when missing), type-checks the package, its stub, tests and
+# benchmark with mypy, and runs pytest against real redis-server processes that the tests
+# start on free 127.0.0.1 ports. Installs what is missing (Debian, as root).
 #
 #   scripts/test-python.sh            # from the repository root
 #   PYTHON=python3.12 scripts/test-python.sh
@@ -12,7 +12,10 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
 ensure_redis
-ensure_rust
+DIST=${DIST_DIR:-$PWD/dist}
+version=$(workspace_version)
+wheel="$DIST/python/shardlimit-$version-cp39-abi3-manylinux_2_28_x86_64.whl"
+[ -f "$wheel" ] || scripts/dist.sh
 
 PYTHON=${PYTHON:-python3}
 VENV=${SHARDLIMIT_PY_VENV:-.venv}
@@ -34,11 +37,11 @@ PY="$(cd "$VENV" && pwd)/bin/python"
 echo "== python tools ($("$PY" --version))"
 "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
 "$PY" -m pip install -q --disable-pip-version-check \
-  "maturin>=1.9.4,<2" "pytest>=8" "mypy>=1.10" "starlette>=0.37" "httpx>=0.27" "flask>=3" \
+  "pytest>=8" "mypy>=1.10" "starlette>=0.37" "httpx>=0.27" "flask>=3" \
   "redis>=5" "limits[redis,async-redis]>=4"
 
-echo "== pip install ./bindings/python (maturin, release, abi3)"
-"$PY" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps ./bindings/python
+echo "== pip install $(basename "$wheel")"
+"$PY" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheel"
 "$PY" - <<'PY'
 import pathlib, shardlimit, shardlimit._shardlimit as ext
 so = pathlib.Path(ext.__file__).name

@@ -1,5 +1,5 @@
 //! The six algorithms in Rust, for the in-memory engine. Each function mirrors its Lua
-//! script in `lua/` operation for operation (including the floating-point expression of the
+//! script in `core/lua/` operation for operation (including the floating-point expression of the
 //! sliding-window estimate), so that both engines give identical decisions for the same
 //! sequence of (time, key, cost). `tests/vectors/*.json` holds that promise.
 
@@ -257,7 +257,7 @@ fn sliding_window(
     )
 }
 
-/// Mirrors `SL_MOD` of `lua/sliding_log.lua`: `before` counts units modulo 2^52, so the
+/// Mirrors `SL_MOD` of `core/lua/sliding_log.lua`: `before` counts units modulo 2^52, so the
 /// script's doubles hold it exactly.
 pub(crate) const SL_MOD: u64 = 1 << 52;
 /// Mirrors `SL_EXPIRE`: the most expired entries one write removes.
@@ -272,7 +272,7 @@ pub(crate) struct LogEntry {
     pub cost: u64,
 }
 
-/// Weighted sliding log, step for step as `lua/sliding_log.lua`: the live units are the
+/// Weighted sliding log, step for step as `core/lua/sliding_log.lua`: the live units are the
 /// newest entry's `before + cost` minus the oldest live entry's `before`, so no call walks
 /// the entries or depends on the cost.
 fn sliding_log(
@@ -413,7 +413,7 @@ fn concurrency(
     Outcome::allow(max - n, reset, 0)
 }
 
-/// Mirrors `CC_WALK` of `lua/concurrency.lua`: the most leases a denied check's
+/// Mirrors `CC_WALK` of `core/lua/concurrency.lua`: the most leases a denied check's
 /// `retry_after` walks.
 pub(crate) const CC_WALK: usize = 64;
 /// Mirrors `CC_EXPIRE`: the most expired leases one call reclaims.

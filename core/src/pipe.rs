@@ -5,7 +5,7 @@
 //! queued since its last write in one write, a reader task frames and parses replies
 //! under the limits of [`crate::resp`] and hands each to the oldest waiting caller. Checks
 //! get one more step: the writer sends the checks of a burst that use the same algorithm
-//! as one call of that algorithm's batch script (`lua/main_batch.lua`), and the reader
+//! as one call of that algorithm's batch script (`core/lua/main_batch.lua`), and the reader
 //! hands each caller its own element of the array that call answers. Both tasks live on
 //! the limiter's I/O runtime.
 //!
@@ -39,7 +39,7 @@ type RawSender = oneshot::Sender<io::Result<Vec<u8>>>;
 const MAX_BATCH: usize = 128;
 
 /// A check's keys, its own arguments, its policy's arguments and its tag
-/// (lua/main_check.lua).
+/// (core/lua/main_check.lua).
 const KEYS: usize = 3;
 const ITEM_ARGS: usize = 4;
 const SHAPE_ARGS: usize = 8;
@@ -90,7 +90,7 @@ pub(crate) struct CheckCall {
 
 impl CheckCall {
     /// The call of `cmd`, a check's `EVALSHA <sha> 3 <keys> <item args> <shape args> <tag>`
-    /// (the order of lua/main_check.lua) whose tag is `tag`.
+    /// (the order of core/lua/main_check.lua) whose tag is `tag`.
     pub fn from_cmd(
         scripts: &'static CheckScripts,
         eval: bool,
@@ -461,7 +461,7 @@ fn header(out: &mut Vec<u8>, items: usize) {
 
 /// Appends the script call of `calls` (all of one algorithm) to `out`: EVALSHA of the
 /// single script for one check, of the batch script for several, with each distinct
-/// policy argument set sent once (lua/main_batch.lua); EVAL of the source when one of them
+/// policy argument set sent once (core/lua/main_batch.lua); EVAL of the source when one of them
 /// saw NOSCRIPT.
 fn pack_calls(out: &mut Vec<u8>, calls: &[CheckCall], scratch: (&mut Vec<usize>, &mut Vec<usize>)) {
     let first = &calls[0];

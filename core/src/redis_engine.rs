@@ -2046,7 +2046,7 @@ impl RedisEngine {
             c.arg(scripts::for_algorithm(eff.algorithm).get_hash());
             c
         };
-        // the order of lua/main_check.lua: keys, the check's own arguments (CHECK_ITEM_ARGS),
+        // the order of core/lua/main_check.lua: keys, the check's own arguments (CHECK_ITEM_ARGS),
         // then its policy's (CHECK_SHAPE_ARGS), which a batch call sends once per policy
         cmd.arg(3)
             .arg(state_key(&self.prefix, &policy.key_scope, key))

@@ -1,4 +1,4 @@
-//! The Lua scripts in `lua/`, assembled at compile time and embedded with their SHA1
+//! The Lua scripts in `core/lua/`, assembled at compile time and embedded with their SHA1
 //! computed once. Every script is `prelude.lua` + the algorithm file(s) it needs + one
 //! `main_*.lua`, so each algorithm is written once and shared by single and layered checks.
 
@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 
 macro_rules! lua {
     ($file:literal) => {
-        include_str!(concat!("../../lua/", $file))
+        include_str!(concat!("../lua/", $file))
     };
 }
 

@@ -86,7 +86,7 @@ fn read_command(r: &mut BufReader<TcpStream>) -> Option<Vec<Vec<u8>>> {
     Some(args)
 }
 
-/// An honest check reply for key N, carrying the call's tag (lua/main_check.lua).
+/// An honest check reply for key N, carrying the call's tag (core/lua/main_check.lua).
 fn check_reply(n: u64, tag: &str) -> String {
     format!("*8\r\n:1\r\n:{n}\r\n:1000000\r\n:-1\r\n:0\r\n:0\r\n:1\r\n:{tag}\r\n")
 }
@@ -173,7 +173,7 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                 let whos: Vec<u64> = keys.iter().step_by(3).filter_map(|k| who(k)).collect();
                 let argv = &args[3 + nkeys..];
                 // each check's tag: the last argument of a single call, the last of each
-                // check's six in a batch call (lua/main_batch.lua)
+                // check's six in a batch call (core/lua/main_batch.lua)
                 let tags: Vec<String> = if script.contains("batch") {
                     let s: usize = String::from_utf8_lossy(&argv[0]).parse().unwrap_or(0);
                     argv[1 + 8 * s..]

@@ -22,7 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	shardlimit "example.invalid/shardlimit/examples/go"
+	shardlimit "github.com/shardlimit/shardlimit/bindings/go"
 )
 
 func main() {

@@ -9,7 +9,7 @@ import (
 	"log"
 	"net/http"
 
-	shardlimit "example.invalid/shardlimit/examples/go"
+	shardlimit "github.com/shardlimit/shardlimit/bindings/go"
 )
 
 func main() {

@@ -2,12 +2,11 @@
 // (include/shardlimit.h, libshardlimit): distributed rate limiting shared with Rust,
 // Python and Node services through the same Redis shards and config.
 //
-// Build the library first (from the repository root):
-//
-//	cargo build --release -p shardlimit-c
-//
-// The cgo directives below link ../../target/release/libshardlimit.so with an rpath; to
-// link an installed copy instead, replace them with `#cgo pkg-config: shardlimit`.
+// It links the shardlimit C/C++ SDK through pkg-config (install the SDK and put its
+// lib/pkgconfig on PKG_CONFIG_PATH; see bindings/go/README.md). By default it links
+// libshardlimit.a statically (pkg-config module shardlimit-static, link_static.go), so
+// the Go binary runs without libshardlimit.so; build with -tags shardlimit_dynamic to
+// link libshardlimit.so instead (pkg-config module shardlimit, link_dynamic.go).
 //
 // A Limiter is safe for concurrent use by many goroutines. Each call blocks its
 // goroutine's OS thread for at most the configured deadline (timeout_ms); Go's scheduler
@@ -15,8 +14,6 @@
 package shardlimit
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/../../include
-#cgo LDFLAGS: -L${SRCDIR}/../../target/release -lshardlimit -Wl,-rpath,${SRCDIR}/../../target/release
 #include <stdlib.h>
 #include "shardlimit.h"
 */

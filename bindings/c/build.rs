@@ -1,0 +1,12 @@
+//! Gives libshardlimit.so a SONAME, libshardlimit.so.<major>, so that programs linked
+//! against the SDK (lib/libshardlimit.so -> libshardlimit.so.<major>) record the major
+//! version they were built for and the loader refuses an incompatible one.
+fn main() {
+    let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+    if os == "linux" {
+        let major =
+            std::env::var("CARGO_PKG_VERSION_MAJOR").expect("cargo sets CARGO_PKG_VERSION_MAJOR");
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libshardlimit.so.{major}");
+    }
+    println!("cargo:rerun-if-changed=build.rs");
+}

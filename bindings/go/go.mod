@@ -1,0 +1,3 @@
+module github.com/shardlimit/shardlimit/bindings/go
+
+go 1.22

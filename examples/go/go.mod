@@ -1,3 +1,0 @@
-module example.invalid/shardlimit/examples/go
-
-go 1.22
