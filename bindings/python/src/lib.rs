@@ -857,9 +857,9 @@ fn _shardlimit(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// mimalloc instead of glibc's malloc for the extension's Rust allocations: an asyncio call's
-/// memory is allocated on the Python thread and freed on the I/O thread (and a decision's the
-/// other way round), and glibc locks the owning arena for every such free, so the two threads
-/// wait on each other's lock. mimalloc's cross-thread frees take no lock.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// The system allocator, not mimalloc: mimalloc takes the thread that first loads it for the
+// process's main thread and gives it a static heap, which it tears down when that thread
+// exits; glibc then reuses the thread's descriptor for the next thread, which mimalloc takes
+// for the main thread again and hands the dead heap (a segfault on the first allocation).
+// Importing shardlimit on a thread that exits, then using it from another, did exactly
+// that (tests/test_threads.py).
