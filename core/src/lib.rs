@@ -15,7 +15,7 @@
 //! ```
 //!
 //! With a config that lists Redis `shards`, the same calls run on Redis, one round trip
-//! per decision; see `DESIGN.md` for the contracts.
+//! per decision; see `docs/DESIGN.md` for the contracts.
 
 mod algo;
 mod blocking;
