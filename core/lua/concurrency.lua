@@ -8,7 +8,7 @@
 -- have to expire, it is the time every current lease has expired: later than the exact
 -- time, never earlier). core/src/algo.rs mirrors every step. `period` is the lease TTL.
 local CC_WALK = 64
-local CC_EXPIRE = 512
+local CC_EXPIRE = 128
 
 -- units of a lease member ("id*units"; a member of an older version held one unit)
 local function cc_units(m)

@@ -417,7 +417,7 @@ fn concurrency(
 /// `retry_after` walks.
 pub(crate) const CC_WALK: usize = 64;
 /// Mirrors `CC_EXPIRE`: the most expired leases one call reclaims.
-pub(crate) const CC_EXPIRE: usize = 512;
+pub(crate) const CC_EXPIRE: usize = 128;
 
 /// Releases lease `id` of `units` units; true when it was held (and had not expired).
 pub(crate) fn release(state: &mut Option<State>, id: &str, units: u64, now: u64) -> bool {
