@@ -645,6 +645,26 @@ shardlimit_result shardlimit_client_ip(const char *peer,
                                        struct shardlimit_string *out,
                                        struct shardlimit_error **err);
 
+// The rate-limit key of the client that `shardlimit_client_ip()` finds (same arguments):
+// an IPv4 address (or an IPv4-mapped IPv6 one) as the IPv4 address, an IPv6 address as its
+// network of `ipv6_prefix` bits (`2001:db8:1:2::/64`; 1 to 128, 64 in every binding's
+// default), so that one client cannot get a fresh budget per address of its network. The
+// rule lives in the core: every language gives the same key.
+//
+// On success `*out` is the key, an owned string the caller frees with
+// `shardlimit_string_free()`. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT (a peer that is not an address, a bad CIDR, a prefix
+// outside 1..=128), INTERNAL.
+shardlimit_result shardlimit_client_ip_key(const char *peer,
+                                           size_t peer_len,
+                                           const char *xff,
+                                           size_t xff_len,
+                                           const struct shardlimit_str *trusted,
+                                           size_t trusted_count,
+                                           uint8_t ipv6_prefix,
+                                           struct shardlimit_string *out,
+                                           struct shardlimit_error **err);
+
 // Renders the standard rate-limit response headers of `*decision` (as filled by a check),
 // in a stable order: `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`,
 // `RateLimit-Policy`, `RateLimit`, and `Retry-After` when denied and a retry can succeed.

@@ -319,6 +319,24 @@ inline std::string client_ip(std::string_view peer, std::string_view xff,
   return ip;
 }
 
+/// The client's rate-limit key (see shardlimit_client_ip_key): IPv4 as the address, IPv6 as
+/// its network of `ipv6_prefix` bits (64 by default, as in every binding).
+inline std::string client_ip_key(std::string_view peer, std::string_view xff,
+                                 const std::vector<std::string>& trusted = {},
+                                 uint8_t ipv6_prefix = 64) {
+  std::vector<shardlimit_str> t;
+  for (const auto& c : trusted) t.push_back({c.data(), c.size()});
+  shardlimit_string out{nullptr, 0};
+  shardlimit_error* err = nullptr;
+  detail::check(shardlimit_client_ip_key(peer.data(), peer.size(),
+                                         xff.empty() ? nullptr : xff.data(), xff.size(),
+                                         t.data(), t.size(), ipv6_prefix, &out, &err),
+                err);
+  std::string key(out.ptr, out.len);
+  shardlimit_string_free(&out);
+  return key;
+}
+
 /// The version of the linked library.
 inline std::string_view version() noexcept {
   shardlimit_str s = shardlimit_version();

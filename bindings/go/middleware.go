@@ -11,9 +11,12 @@ type MiddlewareOptions struct {
 	Limiter *Limiter
 	// Policy is the name of a policy in the limiter's config.
 	Policy string
-	// Key returns the rate-limit key of a request. The default is the client IP from
-	// ClientIP(RemoteAddr, X-Forwarded-For, TrustedProxies).
+	// Key returns the rate-limit key of a request. The default is the client's key from
+	// ClientIPKey(RemoteAddr, X-Forwarded-For, TrustedProxies, IPv6Prefix): IPv6
+	// clients are keyed by their network, not their address.
 	Key func(*http.Request) string
+	// IPv6Prefix is the network size the default Key gives IPv6 clients (0: 64).
+	IPv6Prefix int
 	// TrustedProxies are the CIDRs of reverse proxies whose X-Forwarded-For is believed
 	// by the default Key. Empty: X-Forwarded-For is ignored.
 	TrustedProxies []string
@@ -35,13 +38,29 @@ func RequestIP(r *http.Request, trusted []string) string {
 	return ip
 }
 
+// RequestKey is the rate-limit key of r's client per ClientIPKey (trusting
+// X-Forwarded-For only from the trusted proxies). A RemoteAddr that is not an address is
+// returned as it is.
+func RequestKey(r *http.Request, trusted []string, ipv6Prefix int) string {
+	xff := strings.Join(r.Header.Values("X-Forwarded-For"), ",")
+	k, err := ClientIPKey(r.RemoteAddr, xff, trusted, ipv6Prefix)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return k
+}
+
 // Middleware limits next with a policy: every response carries the rate-limit headers;
 // a denied request gets 429 with the JSON body rendered by the core and never reaches
 // next.
 func Middleware(o MiddlewareOptions, next http.Handler) http.Handler {
 	key := o.Key
 	if key == nil {
-		key = func(r *http.Request) string { return RequestIP(r, o.TrustedProxies) }
+		prefix := o.IPv6Prefix
+		if prefix == 0 {
+			prefix = DefaultIPv6Prefix
+		}
+		key = func(r *http.Request) string { return RequestKey(r, o.TrustedProxies, prefix) }
 	}
 	onError := o.OnError
 	if onError == nil {

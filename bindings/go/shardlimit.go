@@ -21,6 +21,7 @@ import "C"
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -537,6 +538,27 @@ func (l *Limiter) Blocked(ctx context.Context, key string) (*BlockInfo, error) {
 // X-Forwarded-For entries from the right, skipping trusted proxies. xff is the raw
 // header ("" when absent). The rule lives in the core, shared by every binding.
 func ClientIP(peer, xff string, trusted []string) (string, error) {
+	return clientIP(peer, xff, trusted, -1)
+}
+
+// DefaultIPv6Prefix is the network size that ClientIPKey and the middleware key IPv6
+// clients by, as every binding does.
+const DefaultIPv6Prefix = 64
+
+// ClientIPKey is the rate-limit key of the client ClientIP finds: an IPv4 address (or an
+// IPv4-mapped IPv6 one) as the IPv4 address, an IPv6 address as its network of
+// ipv6Prefix bits ("2001:db8:1:2::/64"; 1 to 128), so that one client cannot take a
+// fresh budget per address of its network. The same key in every language.
+func ClientIPKey(peer, xff string, trusted []string, ipv6Prefix int) (string, error) {
+	if ipv6Prefix < 0 || ipv6Prefix > 255 {
+		// (what fits a uint8 goes to the core, which checks the range)
+		return "", &Error{Code: CodeInvalidArgument, Message: fmt.Sprintf("invalid argument `ipv6_prefix`: must be between 1 and 128, got %d", ipv6Prefix)}
+	}
+	return clientIP(peer, xff, trusted, ipv6Prefix)
+}
+
+// clientIP calls shardlimit_client_ip, or shardlimit_client_ip_key with a prefix >= 0.
+func clientIP(peer, xff string, trusted []string, ipv6Prefix int) (string, error) {
 	var cxff *C.char
 	xp, xn := cStr(xff)
 	if xff != "" {
@@ -560,7 +582,13 @@ func ClientIP(peer, xff string, trusted []string) (string, error) {
 	var out C.shardlimit_string
 	var e *C.shardlimit_error
 	pp, pn := cStr(peer)
-	if rc := C.shardlimit_client_ip(pp, pn, cxff, xn, ct, C.size_t(len(trusted)), &out, &e); rc != C.SHARDLIMIT_OK {
+	var rc C.shardlimit_result
+	if ipv6Prefix < 0 {
+		rc = C.shardlimit_client_ip(pp, pn, cxff, xn, ct, C.size_t(len(trusted)), &out, &e)
+	} else {
+		rc = C.shardlimit_client_ip_key(pp, pn, cxff, xn, ct, C.size_t(len(trusted)), C.uint8_t(ipv6Prefix), &out, &e)
+	}
+	if rc != C.SHARDLIMIT_OK {
 		return "", takeError(rc, e)
 	}
 	defer C.shardlimit_string_free(&out)

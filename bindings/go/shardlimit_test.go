@@ -426,3 +426,34 @@ func TestMiddleware(t *testing.T) {
 		t.Fatalf("OnError: %d %v", rec.Code, got)
 	}
 }
+
+func TestClientIPKey(t *testing.T) {
+	for _, c := range []struct {
+		peer   string
+		prefix int
+		want   string
+	}{
+		{"[2001:db8:1:2:aaaa::5]:443", 64, "2001:db8:1:2::/64"},
+		{"2001:db8:1:2:bbbb::9", 64, "2001:db8:1:2::/64"},
+		{"2001:db8:1:2:bbbb::9", 56, "2001:db8:1::/56"},
+		{"[::ffff:198.51.100.7]:80", 64, "198.51.100.7"},
+		{"198.51.100.7:80", 64, "198.51.100.7"},
+	} {
+		if got, err := ClientIPKey(c.peer, "", nil, c.prefix); err != nil || got != c.want {
+			t.Errorf("ClientIPKey(%q, %d) = %q, %v; want %q", c.peer, c.prefix, got, err, c.want)
+		}
+	}
+	for _, bad := range []int{0, 129, -1, 1000} {
+		if _, err := ClientIPKey("2001:db8::1", "", nil, bad); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("prefix %d: %v, want ErrInvalidArgument", bad, err)
+		}
+	}
+	// the middleware's default key: two addresses of one /64 share a budget
+	r1 := httptest.NewRequest("GET", "/", nil)
+	r1.RemoteAddr = "[2001:db8:1:2::1]:1000"
+	r2 := httptest.NewRequest("GET", "/", nil)
+	r2.RemoteAddr = "[2001:db8:1:2::2]:2000"
+	if k1, k2 := RequestKey(r1, nil, DefaultIPv6Prefix), RequestKey(r2, nil, DefaultIPv6Prefix); k1 != k2 {
+		t.Errorf("one /64, two keys: %q, %q", k1, k2)
+	}
+}

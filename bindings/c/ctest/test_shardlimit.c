@@ -664,6 +664,17 @@ static void test_client_ip(void) {
   CHECK_RC(shardlimit_client_ip(S("[::1]:80"), NULL, 0, NULL, 0, &ip, &err), SHARDLIMIT_OK, err);
   CHECK(ip.ptr != NULL && strcmp(ip.ptr, "::1") == 0);
   shardlimit_string_free(&ip);
+  /* the client's key: an IPv6 client by its /64, an IPv4-mapped one as IPv4 */
+  CHECK_RC(shardlimit_client_ip_key(S("[2001:db8:1:2::5]:80"), NULL, 0, NULL, 0, 64, &ip, &err),
+           SHARDLIMIT_OK, err);
+  CHECK(ip.ptr != NULL && strcmp(ip.ptr, "2001:db8:1:2::/64") == 0);
+  shardlimit_string_free(&ip);
+  CHECK_RC(shardlimit_client_ip_key(S("::ffff:198.51.100.7"), NULL, 0, NULL, 0, 64, &ip, &err),
+           SHARDLIMIT_OK, err);
+  CHECK(ip.ptr != NULL && strcmp(ip.ptr, "198.51.100.7") == 0);
+  shardlimit_string_free(&ip);
+  CHECK_RC(shardlimit_client_ip_key(S("2001:db8::1"), NULL, 0, NULL, 0, 0, &ip, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
   /* errors */
   CHECK_RC(shardlimit_client_ip(S("not-an-ip"), NULL, 0, NULL, 0, &ip, &err),
            SHARDLIMIT_ERR_INVALID_ARGUMENT, err);

@@ -879,6 +879,56 @@ fn layered_checks_block_list_and_client_ip() {
         );
         assert!(take_err(e).1.contains("peer"));
         assert!(out.ptr.is_null());
+        // the key of a client: IPv6 per network of the prefix, IPv4-mapped as IPv4
+        for (peer, prefix, want) in [
+            ("[2001:db8:1:2:aaaa::5]:443", 64, "2001:db8:1:2::/64"),
+            ("2001:db8:1:2:bbbb::9", 64, "2001:db8:1:2::/64"),
+            ("2001:db8:1:2:bbbb::9", 56, "2001:db8:1::/56"),
+            ("[::ffff:198.51.100.7]:80", 64, "198.51.100.7"),
+            ("198.51.100.7:80", 64, "198.51.100.7"),
+        ] {
+            assert_eq!(
+                shardlimit_client_ip_key(
+                    peer.as_ptr().cast(),
+                    peer.len(),
+                    null(),
+                    0,
+                    null(),
+                    0,
+                    prefix,
+                    &mut out,
+                    null_mut()
+                ),
+                SHARDLIMIT_OK,
+                "{peer}"
+            );
+            assert_eq!(
+                s(shardlimit_str {
+                    ptr: out.ptr,
+                    len: out.len
+                }),
+                want,
+                "{peer}"
+            );
+            shardlimit_string_free(&mut out);
+        }
+        let mut e = null_mut();
+        let peer = "2001:db8::1";
+        assert_eq!(
+            shardlimit_client_ip_key(
+                peer.as_ptr().cast(),
+                peer.len(),
+                null(),
+                0,
+                null(),
+                0,
+                0,
+                &mut out,
+                &mut e
+            ),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+        assert!(take_err(e).1.contains("prefix"));
     }
 }
 
