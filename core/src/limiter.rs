@@ -1808,7 +1808,9 @@ const LEASE_ID_LEN: std::ops::RangeInclusive<usize> = 17..=32;
 /// Polls a future that is known never to wait (memory engine) to completion.
 fn poll_once<T>(fut: impl Future<Output = Result<T>>) -> Result<T> {
     use std::task::{Context, Poll, Waker};
-    let mut fut = std::pin::pin!(fut);
+    // unconstrained: inside a tokio task the checks' cooperative budget could run out
+    // (Limiter::run), and a future polled once must not be asked to yield
+    let mut fut = std::pin::pin!(tokio::task::unconstrained(fut));
     let mut cx = Context::from_waker(Waker::noop());
     match fut.as_mut().poll(&mut cx) {
         Poll::Ready(v) => v,

@@ -65,3 +65,31 @@ fn a_loop_of_fast_failing_checks_yields() {
     let p = l.policy("p").unwrap();
     a_loop_of_checks_lets_a_timer_fire(l, p);
 }
+
+#[test]
+fn blocking_memory_calls_inside_a_task_never_run_out_of_budget() {
+    // the blocking calls poll an in-memory future once: it must never be asked to yield,
+    // however many a task makes in one go
+    let l = Limiter::memory();
+    let p = Policy::new("p", Limit::fixed_window(1_000_000, Duration::from_secs(60))).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::spawn(async move {
+            let layers = [
+                shardlimit::Layer::new("a", &p, 1),
+                shardlimit::Layer::new("b", &p, 1),
+            ];
+            for i in 0..1000 {
+                l.check_all_blocking(&layers)
+                    .unwrap_or_else(|e| panic!("call {i}: {e}"));
+                l.peek_blocking("a", &p)
+                    .unwrap_or_else(|e| panic!("call {i}: {e}"));
+            }
+        })
+        .await
+        .unwrap();
+    });
+}
