@@ -54,6 +54,9 @@ pub(crate) fn next_tag() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed) & ((1 << 53) - 1)
 }
 
+/// Why a reply with another call's tag is refused (and its connection closed).
+pub(crate) const NOT_THEIRS: &str = "a reply carrying another call's tag";
+
 /// What becomes of a check's reply, given the tag of its call: the tag is taken off a
 /// reply that carries it (`Ok`); a reply that carries another call's tag is `Err` (the
 /// stream it came on is in doubt). Replies without a tag at the end (error replies,
@@ -181,7 +184,7 @@ impl Waiter {
     /// Hands the framed reply `frame` to its caller(s). `Err`: the reply is not theirs
     /// (another call's tag): the stream is in doubt.
     fn answer_frame(self, frame: &[u8]) -> io::Result<()> {
-        let not_theirs = || crate::resp::protocol("a reply carrying another call's tag");
+        let not_theirs = || crate::resp::protocol(NOT_THEIRS);
         let reply = match self {
             Waiter::Raw(s) => {
                 let _ = s.send(Ok(frame.to_vec()));

@@ -1403,9 +1403,7 @@ impl RedisEngine {
         if let Some(target) = &self.targets[shard] {
             // the pipelined connection: every command of `f` carries the deadline, and one
             // that outlives it closes the connection (its reply stream is in doubt)
-            let pipe = tokio::time::timeout_at(deadline.into(), self.pipe(st, shard, target))
-                .await
-                .unwrap_or_else(|_| Err(self.timeout_error(shard)))?;
+            let pipe = self.pipe(st, shard, target, deadline).await?;
             let conn = Conn::Pipe(PipeConn {
                 pipe,
                 deadline,
@@ -1628,10 +1626,7 @@ impl RedisEngine {
                 Ok(reply) => {
                     // a reply with another call's tag: the connection is not reused
                     let reply = untag(reply, tag).map_err(|_| {
-                        self.io_error(
-                            shard,
-                            crate::resp::protocol("a reply carrying another call's tag"),
-                        )
+                        self.io_error(shard, crate::resp::protocol(crate::pipe::NOT_THEIRS))
                     })?;
                     if fresh {
                         self.connect_ok(shard);
@@ -1661,11 +1656,26 @@ impl RedisEngine {
 
     /// The pipelined connection of shard `shard`, made (on the I/O runtime) when there is
     /// none or the last one broke.
-    async fn pipe(&self, st: &RtState, shard: usize, target: &Target) -> Result<Arc<Pipe>> {
+    /// The wait for another caller's connect and the connect itself end at `deadline`; a
+    /// pipe that is there is handed out with no timer.
+    async fn pipe(
+        &self,
+        st: &RtState,
+        shard: usize,
+        target: &Target,
+        deadline: Instant,
+    ) -> Result<Arc<Pipe>> {
         let slot = &st.pipes[shard];
         if let Some(p) = slot.pipe.load_full().filter(|p| !p.is_broken()) {
             return Ok(p);
         }
+        tokio::time::timeout_at(deadline.into(), self.connect_pipe(st, shard, target))
+            .await
+            .unwrap_or_else(|_| Err(self.timeout_error(shard)))
+    }
+
+    async fn connect_pipe(&self, st: &RtState, shard: usize, target: &Target) -> Result<Arc<Pipe>> {
+        let slot = &st.pipes[shard];
         let _one_at_a_time = slot.connecting.lock().await;
         if let Some(p) = slot.pipe.load_full().filter(|p| !p.is_broken()) {
             return Ok(p);
@@ -1706,9 +1716,7 @@ impl RedisEngine {
         let _in_flight = st.spin(self.spin_wait());
         let start = Instant::now();
         let work = async {
-            let pipe = tokio::time::timeout_at(deadline.into(), self.pipe(&st, shard, target))
-                .await
-                .unwrap_or_else(|_| Err(self.timeout_error(shard)))?;
+            let pipe = self.pipe(&st, shard, target, deadline).await?;
             // the request keeps the deadline itself: one that outlives it closes the
             // connection (its reply stream is in doubt)
             pipe.request(call, deadline)
@@ -2143,13 +2151,15 @@ impl RedisEngine {
                 }
             })
             .await?;
-        let r = match untag(Reply::Array(r.into_iter().map(Reply::Int).collect()), tag) {
-            Ok(Reply::Array(items)) => items
-                .into_iter()
-                .map(|i| if let Reply::Int(n) = i { n } else { -1 })
-                .collect::<Vec<i64>>(),
-            _ => return Err(self.not_theirs(shard)),
-        };
+        // the rule of `untag` for a reply of integers: the last one is the call's tag
+        let mut r = r;
+        match r.last() {
+            Some(&t) if t >= 0 && t as u64 == tag => {
+                r.pop();
+            }
+            Some(_) => return Err(self.not_theirs(shard)),
+            None => {}
+        }
         self.check_reply(shard, &r, eff.limit, cost)
     }
 
@@ -2157,7 +2167,7 @@ impl RedisEngine {
     fn not_theirs(&self, shard: usize) -> Error {
         Error::Connection {
             shard: self.shards[shard].name.clone(),
-            message: "a reply carrying another call's tag".into(),
+            message: crate::pipe::NOT_THEIRS.into(),
         }
     }
 
