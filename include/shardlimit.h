@@ -84,8 +84,6 @@ enum shardlimit_result
   SHARDLIMIT_ERR_TIMEOUT = 4,
   // Redis answered with an error while running a script or command.
   SHARDLIMIT_ERR_SCRIPT = 5,
-  // A key could not be routed to a shard.
-  SHARDLIMIT_ERR_ROUTING = 6,
   // A named policy does not exist in the configuration.
   SHARDLIMIT_ERR_UNKNOWN_POLICY = 7,
   // Reading a file (the configuration) failed.

@@ -38,7 +38,6 @@ const (
 	CodeConnection      Code = C.SHARDLIMIT_ERR_CONNECTION
 	CodeTimeout         Code = C.SHARDLIMIT_ERR_TIMEOUT
 	CodeScript          Code = C.SHARDLIMIT_ERR_SCRIPT
-	CodeRouting         Code = C.SHARDLIMIT_ERR_ROUTING
 	CodeUnknownPolicy   Code = C.SHARDLIMIT_ERR_UNKNOWN_POLICY
 	CodeIO              Code = C.SHARDLIMIT_ERR_IO
 	CodeInternal        Code = C.SHARDLIMIT_ERR_INTERNAL
@@ -84,7 +83,6 @@ var (
 	ErrConnection      = &Error{Code: CodeConnection}
 	ErrTimeout         = &Error{Code: CodeTimeout}
 	ErrScript          = &Error{Code: CodeScript}
-	ErrRouting         = &Error{Code: CodeRouting}
 	ErrUnknownPolicy   = &Error{Code: CodeUnknownPolicy}
 	ErrIO              = &Error{Code: CodeIO}
 	ErrInternal        = &Error{Code: CodeInternal}

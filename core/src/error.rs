@@ -24,8 +24,7 @@ pub enum ErrorKind {
     Timeout = 4,
     /// Redis answered with an error while running a script or command.
     Script = 5,
-    /// A key could not be routed to a shard.
-    Routing = 6,
+    // 6 was `Routing`, retired unused (every key routes to a shard): never reuse it.
     /// A named policy does not exist in the configuration.
     UnknownPolicy = 7,
     /// Reading a file (configuration) failed.
@@ -38,6 +37,9 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Codes once used and retired: never reused. `(code, name)`.
+    pub const RETIRED: &'static [(u32, &'static str)] = &[(6, "routing")];
+
     /// Every kind, in code order. Bindings generate or test their tables from this.
     pub const ALL: &'static [ErrorKind] = &[
         ErrorKind::Config,
@@ -45,7 +47,6 @@ impl ErrorKind {
         ErrorKind::Connection,
         ErrorKind::Timeout,
         ErrorKind::Script,
-        ErrorKind::Routing,
         ErrorKind::UnknownPolicy,
         ErrorKind::Io,
         ErrorKind::Internal,
@@ -65,11 +66,34 @@ impl ErrorKind {
             ErrorKind::Connection => "connection",
             ErrorKind::Timeout => "timeout",
             ErrorKind::Script => "script",
-            ErrorKind::Routing => "routing",
             ErrorKind::UnknownPolicy => "unknown_policy",
             ErrorKind::Io => "io",
             ErrorKind::Internal => "internal",
             ErrorKind::Unavailable => "unavailable",
+        }
+    }
+
+    /// One sentence a user reads in every binding's docs: what this kind means.
+    pub fn description(self) -> &'static str {
+        match self {
+            ErrorKind::Config => "the configuration is invalid: a field is missing, malformed or out of range",
+            ErrorKind::InvalidArgument => "an argument of a call is invalid (empty key, zero cost, ...)",
+            ErrorKind::Connection => "a Redis shard could not be reached or the connection broke",
+            ErrorKind::Timeout => "a Redis shard did not answer within the deadline",
+            ErrorKind::Script => "Redis answered with an error, or with a reply shardlimit does not trust",
+            ErrorKind::UnknownPolicy => "a named policy does not exist in the configuration",
+            ErrorKind::Io => "reading a file (a configuration) failed",
+            ErrorKind::Internal => "a bug in shardlimit: an invariant was broken (please report it)",
+            ErrorKind::Unavailable => "a shard's circuit is open after repeated failures; it is skipped until a probe sees it answer",
+        }
+    }
+
+    /// The kind this one is a special case of, if any: every binding's error hierarchy
+    /// follows it (an unknown policy is an invalid argument everywhere).
+    pub fn parent(self) -> Option<ErrorKind> {
+        match self {
+            ErrorKind::UnknownPolicy => Some(ErrorKind::InvalidArgument),
+            _ => None,
         }
     }
 
@@ -108,8 +132,6 @@ pub enum Error {
     Timeout { shard: String, timeout_ms: u64 },
     #[error("shard `{shard}`: redis error: {message}")]
     Script { shard: String, message: String },
-    #[error("routing: {0}")]
-    Routing(String),
     #[error("{path}: {message}")]
     Io { path: String, message: String },
     #[error("internal error (a bug in shardlimit): {0}")]
@@ -128,7 +150,6 @@ impl Error {
             Error::Connection { .. } => ErrorKind::Connection,
             Error::Timeout { .. } => ErrorKind::Timeout,
             Error::Script { .. } => ErrorKind::Script,
-            Error::Routing(_) => ErrorKind::Routing,
             Error::Io { .. } => ErrorKind::Io,
             Error::Internal(_) => ErrorKind::Internal,
             Error::Unavailable { .. } => ErrorKind::Unavailable,

@@ -68,8 +68,7 @@ pub enum shardlimit_result {
     SHARDLIMIT_ERR_TIMEOUT = 4,
     /// Redis answered with an error while running a script or command.
     SHARDLIMIT_ERR_SCRIPT = 5,
-    /// A key could not be routed to a shard.
-    SHARDLIMIT_ERR_ROUTING = 6,
+    // 6 was SHARDLIMIT_ERR_ROUTING, retired unused; never reused.
     /// A named policy does not exist in the configuration.
     SHARDLIMIT_ERR_UNKNOWN_POLICY = 7,
     /// Reading a file (the configuration) failed.
@@ -122,7 +121,6 @@ impl shardlimit_result {
             ErrorKind::Connection => SHARDLIMIT_ERR_CONNECTION,
             ErrorKind::Timeout => SHARDLIMIT_ERR_TIMEOUT,
             ErrorKind::Script => SHARDLIMIT_ERR_SCRIPT,
-            ErrorKind::Routing => SHARDLIMIT_ERR_ROUTING,
             ErrorKind::UnknownPolicy => SHARDLIMIT_ERR_UNKNOWN_POLICY,
             ErrorKind::Io => SHARDLIMIT_ERR_IO,
             ErrorKind::Internal => SHARDLIMIT_ERR_INTERNAL,
