@@ -1760,6 +1760,14 @@ fn validate_key(key: &str) -> Result<()> {
             format!("is {} bytes long; the maximum is {MAX_KEY_LEN}", key.len()),
         ));
     }
+    // The rule every binding shares (tests/vectors/keys.json): UTF-8 (the type), no NUL.
+    // A NUL would let `a\0b` under one scope collide with composite keys built of parts.
+    if let Some(at) = key.bytes().position(|b| b == 0) {
+        return Err(Error::invalid(
+            "key",
+            format!("contains a NUL byte at offset {at}; keys are UTF-8 text without NUL"),
+        ));
+    }
     Ok(())
 }
 

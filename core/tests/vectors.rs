@@ -121,3 +121,42 @@ fn routing_matches_vectors() {
         }
     }
 }
+
+/// The one key rule (tests/vectors/keys.json): every binding accepts and rejects the same keys.
+#[test]
+fn key_rule_vectors() {
+    let doc = load("keys.json");
+    let limiter = Limiter::memory();
+    let policy = Policy::new(
+        "p",
+        shardlimit::Limit::fixed_window(10, std::time::Duration::from_secs(60)),
+    )
+    .unwrap();
+    let mut seen = 0;
+    for case in doc["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let hex = case["hex"].as_str().unwrap();
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let accepted = case["accepted"].as_bool().unwrap();
+        match String::from_utf8(bytes) {
+            // a &str cannot hold it: rejected by the type, as the case expects
+            Err(_) => assert!(!accepted, "{name}: not UTF-8 yet expected to be accepted"),
+            Ok(key) => {
+                let got = limiter.check_blocking(&key, &policy, 1);
+                match (accepted, got) {
+                    (true, Ok(_)) => {}
+                    (false, Err(e)) => {
+                        assert!(e.is_invalid_argument(), "{name}: {e}");
+                        assert!(e.to_string().contains("`key`"), "{name}: {e}");
+                    }
+                    (want, got) => panic!("{name}: expected accepted={want}, got {got:?}"),
+                }
+            }
+        }
+        seen += 1;
+    }
+    assert!(seen >= 10);
+}
