@@ -33,6 +33,7 @@ mod limiter;
 mod memory;
 pub mod metrics;
 mod pipe;
+mod rate;
 mod redis_engine;
 mod resp;
 pub mod routing;
@@ -55,6 +56,7 @@ pub use limiter::{
     Spawner, BLOCK_CACHE_TTL, CLOSED_RETRY_AFTER, MAX_KEY_LEN,
 };
 pub use metrics::{MetricsSnapshot, PolicyMetrics};
+pub use rate::{parse_rate, parse_rate_as};
 pub use redis_engine::fork_generation;
 pub use tls::TlsConfig;
 
