@@ -160,6 +160,7 @@ pub struct Completers {
 }
 
 static GET_RUNNING_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static RUN: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 impl Completers {
     /// Runs `fut` on the limiter's runtime and returns an asyncio future of its result,
@@ -202,6 +203,40 @@ impl Completers {
             });
         });
         Ok(pyfut)
+    }
+
+    /// A coroutine that, when first awaited, runs `fut` as [`Completers::spawn`] does. The
+    /// asyncio future is made only then, on the loop that awaits it, so that
+    /// `asyncio.run(limiter.acheck(...))` works: the call itself needs no running loop.
+    pub fn coroutine<'py, T, F, C>(
+        self: &Arc<Self>,
+        py: Python<'py>,
+        limiter: &shardlimit::Limiter,
+        fut: F,
+        convert: C,
+    ) -> PyResult<Bound<'py, PyAny>>
+    where
+        T: Send + 'static,
+        F: Future<Output = shardlimit::Result<T>> + Send + 'static,
+        C: FnOnce(Python<'_>, T) -> PyResult<Py<PyAny>> + Send + 'static,
+    {
+        let me = self.clone();
+        let limiter = limiter.clone();
+        let once = Mutex::new(Some((fut, convert)));
+        let start = pyo3::types::PyCFunction::new_closure(
+            py,
+            None,
+            None,
+            move |args, _kwargs| -> PyResult<Py<PyAny>> {
+                let py = args.py();
+                let taken = once.lock().unwrap_or_else(|e| e.into_inner()).take();
+                let (fut, convert) = taken.ok_or_else(|| {
+                    pyo3::exceptions::PyRuntimeError::new_err("this call was awaited already")
+                })?;
+                me.spawn(py, &limiter, fut, convert).map(Bound::unbind)
+            },
+        )?;
+        RUN.import(py, "shardlimit._aio", "_run")?.call1((start,))
     }
 
     fn for_loop(&self, py: Python<'_>, ev: &Bound<'_, PyAny>) -> PyResult<Arc<Shared>> {

@@ -1,6 +1,6 @@
 //! Conversions between Python values and core types, and core errors to exceptions.
 
-use crate::{Decision, Lease, Limit, Policy};
+use crate::{Decision, Lease, Limit, Limiter, Policy};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -75,36 +75,123 @@ pub fn cost_arg(v: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
     })
 }
 
-/// Seconds (a float) to a Duration, to the microsecond.
-pub fn duration_secs(field: &str, secs: f64) -> PyResult<Duration> {
-    let us = secs * 1_000_000.0;
-    if !us.is_finite() || us < 0.0 || us >= u64::MAX as f64 {
-        return Err(core_err(CoreError::Config {
-            field: field.to_string(),
-            message: format!("expected a finite, non-negative number of seconds, got {secs}"),
-        }));
-    }
-    Ok(Duration::from_micros(us.round() as u64))
+/// True for a string that can only be a rate string: policy names hold no space, `/`,
+/// `;`, `,` or `|`.
+fn is_rate(s: &str) -> bool {
+    s.contains(['/', ' ', ';', ',', '|'])
 }
 
-/// A policy argument: a name of the config, a Policy or a Limit.
-pub fn resolve_policy(
-    limiter: &shardlimit::Limiter,
+/// Policies for a rate string (`"5/minute"`, `"100/hour; 1000/day"`): fixed windows.
+pub fn rate_policies(text: &str) -> PyResult<Vec<shardlimit::Policy>> {
+    shardlimit::parse_rate(text)
+        .and_then(|limits| {
+            limits
+                .into_iter()
+                .map(shardlimit::Policy::try_from)
+                .collect::<shardlimit::Result<Vec<_>>>()
+        })
+        .map_err(|e| core_err(as_invalid_argument(e)))
+}
+
+/// The policies of the rate strings a limiter was given, parsed once: the same string
+/// names the same policies (and counters) on every call. Holds at most [`RATE_CACHE`]
+/// strings; past that a string is parsed on each call.
+#[derive(Default)]
+pub struct Rates(std::sync::Mutex<std::collections::HashMap<String, Vec<shardlimit::Policy>>>);
+
+/// How many distinct rate strings a limiter remembers.
+pub const RATE_CACHE: usize = 1024;
+
+impl Rates {
+    pub fn get(&self, text: &str) -> PyResult<Vec<shardlimit::Policy>> {
+        if let Some(ps) = self.lock().get(text) {
+            return Ok(ps.clone());
+        }
+        let ps = rate_policies(text)?;
+        let mut m = self.lock();
+        if m.len() < RATE_CACHE {
+            m.insert(text.to_string(), ps.clone());
+        }
+        Ok(ps)
+    }
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Vec<shardlimit::Policy>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A limit that a call's arguments describe is an invalid argument, not a bad config.
+pub fn as_invalid_argument(e: CoreError) -> CoreError {
+    match e {
+        CoreError::Config { field, message } => CoreError::InvalidArgument {
+            what: field,
+            message,
+        },
+        e => e,
+    }
+}
+
+/// A policy argument: a name of the config, a rate string, a Policy or a Limit. A rate
+/// string of several limits (`"10/second; 100/minute"`) gives one policy per limit.
+pub fn resolve_policies(
+    limiter: &Limiter,
     p: &Bound<'_, PyAny>,
-) -> PyResult<shardlimit::Policy> {
+) -> PyResult<Vec<shardlimit::Policy>> {
     if let Ok(name) = p.cast::<PyString>() {
-        return limiter.policy(&name.to_cow()?).map_err(core_err);
+        let name = name.to_cow()?;
+        if is_rate(&name) {
+            return limiter.rates.get(&name);
+        }
+        return limiter
+            .inner
+            .policy(&name)
+            .map(|p| vec![p])
+            .map_err(core_err);
     }
     if let Ok(pol) = p.cast::<Policy>() {
-        return Ok(pol.get().0.clone());
+        return Ok(vec![pol.get().0.clone()]);
     }
     if let Ok(lim) = p.cast::<Limit>() {
-        return Ok(lim.get().policy.clone());
+        return Ok(vec![lim.get().policy.clone()]);
     }
     Err(PyTypeError::new_err(format!(
-        "policy must be a policy name (str), a Policy or a Limit, not {}",
+        "policy must be a policy name or a rate string (str), a Policy or a Limit, not {}",
         p.get_type().name()?
     )))
+}
+
+/// A policy argument that must be one limit (peek, acquire, lease).
+pub fn resolve_policy(limiter: &Limiter, p: &Bound<'_, PyAny>) -> PyResult<shardlimit::Policy> {
+    let mut ps = resolve_policies(limiter, p)?;
+    if ps.len() != 1 {
+        return Err(invalid(
+            "policy",
+            format!(
+                "this call takes one limit; the rate string {} has {}",
+                p.str()?,
+                ps.len()
+            ),
+        ));
+    }
+    Ok(ps.remove(0))
+}
+
+/// A count of a limit (`limit`, `capacity`, `max`): an int; a negative or huge one is an
+/// InvalidArgumentError naming the field, anything but an int a TypeError.
+pub fn count_arg(what: &str, v: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "{what} must be an int, not {}",
+            v.get_type().name()?
+        )));
+    }
+    v.extract::<u64>().map_err(|_| {
+        invalid(
+            what,
+            format!("must be between 1 and {}, got {v}", shardlimit::MAX_LIMIT),
+        )
+    })
 }
 
 pub fn json_to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
@@ -175,7 +262,7 @@ pub fn ttl_arg(secs: f64) -> PyResult<Duration> {
 
 /// The layers of a layered check: an iterable of (key, policy) or (key, policy, cost).
 pub fn layers_arg(
-    limiter: &shardlimit::Limiter,
+    limiter: &Limiter,
     layers: &Bound<'_, PyAny>,
 ) -> PyResult<Vec<shardlimit::Layer>> {
     if layers.is_instance_of::<PyString>() {
@@ -199,12 +286,10 @@ pub fn layers_arg(
             }
         };
         let key: String = key.extract()?;
-        let policy = resolve_policy(limiter, &policy)?;
-        out.push(shardlimit::Layer::new(
-            key,
-            &policy,
-            cost_arg(cost.as_ref())?,
-        ));
+        let cost = cost_arg(cost.as_ref())?;
+        for policy in resolve_policies(limiter, &policy)? {
+            out.push(shardlimit::Layer::new(key.clone(), &policy, cost));
+        }
     }
     Ok(out)
 }

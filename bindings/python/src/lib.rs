@@ -9,8 +9,8 @@ mod completion;
 mod convert;
 
 use convert::{
-    core_err, cost_arg, decision_obj, duration_secs, json_to_py, layers_arg, lease_pair,
-    rate_limit_exceeded, resolve_policy, ttl_arg,
+    as_invalid_argument, core_err, cost_arg, count_arg, decision_obj, json_to_py, layers_arg,
+    lease_pair, rate_limit_exceeded, resolve_policies, resolve_policy, ttl_arg,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
@@ -132,54 +132,110 @@ pub struct Limit {
 
 impl Limit {
     fn build(limit: CoreLimit) -> PyResult<Limit> {
-        let policy = shardlimit::Policy::try_from(limit.clone()).map_err(core_err)?;
+        let policy = shardlimit::Policy::try_from(limit.clone())
+            .map_err(|e| core_err(as_invalid_argument(e)))?;
         Ok(Limit { limit, policy })
     }
+}
+
+/// Seconds of a limit's window or lease: a bad value is an invalid argument.
+fn period_arg(field: &str, secs: f64) -> PyResult<std::time::Duration> {
+    let us = secs * 1_000_000.0;
+    if !us.is_finite() || us < 0.0 || us >= u64::MAX as f64 {
+        return Err(core_err(CoreError::InvalidArgument {
+            what: field.to_string(),
+            message: format!("expected a finite, non-negative number of seconds, got {secs}"),
+        }));
+    }
+    Ok(std::time::Duration::from_micros(us.round() as u64))
+}
+
+fn algorithm_arg(name: &str) -> PyResult<shardlimit::Algorithm> {
+    shardlimit::Algorithm::from_name(name).ok_or_else(|| {
+        core_err(CoreError::InvalidArgument {
+            what: "algorithm".into(),
+            message: format!(
+                "expected one of fixed_window, sliding_window, sliding_log, token_bucket, leaky_bucket, got {name:?}"
+            ),
+        })
+    })
+}
+
+/// The limits of a rate string (`"5/minute"`, `"10 per second"`, `"100/hour; 1000/day"`,
+/// `"3/5 minutes"`: the `limits` package's syntax), of `algorithm` (fixed windows by
+/// default), in the order written.
+#[pyfunction]
+#[pyo3(signature = (text, algorithm = "fixed_window"))]
+fn parse_rate(text: &str, algorithm: &str) -> PyResult<Vec<Limit>> {
+    let limits = shardlimit::parse_rate_as(text, algorithm_arg(algorithm)?).map_err(core_err)?;
+    limits.into_iter().map(Limit::build).collect()
 }
 
 #[pymethods]
 impl Limit {
     /// At most `limit` units per aligned window of `window` seconds.
     #[staticmethod]
-    fn fixed_window(limit: u64, window: f64) -> PyResult<Limit> {
+    fn fixed_window(limit: &Bound<'_, PyAny>, window: f64) -> PyResult<Limit> {
         Limit::build(CoreLimit::fixed_window(
-            limit,
-            duration_secs("limit.window", window)?,
+            count_arg("limit.limit", limit)?,
+            period_arg("limit.window", window)?,
         ))
     }
     /// Two-counter estimate of a sliding window of `window` seconds.
     #[staticmethod]
-    fn sliding_window(limit: u64, window: f64) -> PyResult<Limit> {
+    fn sliding_window(limit: &Bound<'_, PyAny>, window: f64) -> PyResult<Limit> {
         Limit::build(CoreLimit::sliding_window(
-            limit,
-            duration_secs("limit.window", window)?,
+            count_arg("limit.limit", limit)?,
+            period_arg("limit.window", window)?,
         ))
     }
     /// Exact sliding window of `window` seconds (one log entry per admitted unit).
     #[staticmethod]
-    fn sliding_log(limit: u64, window: f64) -> PyResult<Limit> {
+    fn sliding_log(limit: &Bound<'_, PyAny>, window: f64) -> PyResult<Limit> {
         Limit::build(CoreLimit::sliding_log(
-            limit,
-            duration_secs("limit.window", window)?,
+            count_arg("limit.limit", limit)?,
+            period_arg("limit.window", window)?,
         ))
     }
     /// Starts full with `capacity` tokens and refills `refill_per_sec` per second.
     #[staticmethod]
-    fn token_bucket(capacity: u64, refill_per_sec: f64) -> PyResult<Limit> {
-        Limit::build(CoreLimit::token_bucket(capacity, refill_per_sec))
+    fn token_bucket(capacity: &Bound<'_, PyAny>, refill_per_sec: f64) -> PyResult<Limit> {
+        Limit::build(CoreLimit::token_bucket(
+            count_arg("limit.capacity", capacity)?,
+            refill_per_sec,
+        ))
     }
     /// A shaper: admitted requests are told how long to wait (`Decision.delay`).
     #[staticmethod]
-    fn leaky_bucket(capacity: u64, leak_per_sec: f64) -> PyResult<Limit> {
-        Limit::build(CoreLimit::leaky_bucket(capacity, leak_per_sec))
+    fn leaky_bucket(capacity: &Bound<'_, PyAny>, leak_per_sec: f64) -> PyResult<Limit> {
+        Limit::build(CoreLimit::leaky_bucket(
+            count_arg("limit.capacity", capacity)?,
+            leak_per_sec,
+        ))
     }
     /// At most `max` units held at once; leases expire after `lease_ttl` seconds.
     #[staticmethod]
-    fn concurrency(max: u64, lease_ttl: f64) -> PyResult<Limit> {
+    fn concurrency(max: &Bound<'_, PyAny>, lease_ttl: f64) -> PyResult<Limit> {
         Limit::build(CoreLimit::concurrency(
-            max,
-            duration_secs("limit.lease_ttl", lease_ttl)?,
+            count_arg("limit.max", max)?,
+            period_arg("limit.lease_ttl", lease_ttl)?,
         ))
+    }
+    /// The one limit of a rate string (`"5/minute"`); `parse_rate` reads several.
+    #[staticmethod]
+    #[pyo3(signature = (text, algorithm = "fixed_window"))]
+    fn parse(text: &str, algorithm: &str) -> PyResult<Limit> {
+        let mut limits = parse_rate(text, algorithm)?;
+        if limits.len() != 1 {
+            return Err(core_err(CoreError::InvalidArgument {
+                what: "rate".into(),
+                message: format!(
+                    "expected one limit, {text:?} has {}: use parse_rate",
+                    limits.len()
+                ),
+            }));
+        }
+        Ok(limits.remove(0))
     }
     #[getter]
     fn algorithm(&self) -> &'static str {
@@ -386,7 +442,8 @@ impl ManualClock {
 #[pyclass(frozen, module = "shardlimit", name = "Limiter")]
 pub struct Limiter {
     pub(crate) inner: shardlimit::Limiter,
-    completers: completion::Completers,
+    completers: Arc<completion::Completers>,
+    pub(crate) rates: convert::Rates,
 }
 
 fn with_clock(
@@ -400,6 +457,7 @@ fn with_clock(
     Ok(Limiter {
         inner: l,
         completers: Default::default(),
+        rates: Default::default(),
     })
 }
 
@@ -474,14 +532,20 @@ impl Limiter {
         policy: &Bound<'_, PyAny>,
         cost: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Decision> {
-        let p = resolve_policy(&self.inner, policy)?;
+        let ps = resolve_policies(self, policy)?;
         let cost = cost_arg(cost)?;
-        self.blocking(py, |l| l.check_blocking(&key, &p, cost))
-            .map(Decision)
+        match &ps[..] {
+            [p] => self.blocking(py, |l| l.check_blocking(&key, p, cost)),
+            _ => {
+                let layers = same_key(&key, &ps, cost);
+                self.blocking(py, |l| l.check_all_blocking(&layers))
+            }
+        }
+        .map(Decision)
     }
     /// `key`'s state without consuming: would a check of one unit pass now?
     fn peek(&self, py: Python<'_>, key: String, policy: &Bound<'_, PyAny>) -> PyResult<Decision> {
-        let p = resolve_policy(&self.inner, policy)?;
+        let p = resolve_policy(self, policy)?;
         self.blocking(py, |l| l.peek_blocking(&key, &p))
             .map(Decision)
     }
@@ -494,7 +558,7 @@ impl Limiter {
         policy: &Bound<'py, PyAny>,
         units: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        let p = resolve_policy(&self.inner, policy)?;
+        let p = resolve_policy(self, policy)?;
         let units = cost_arg(units)?;
         let r = self.blocking(py, |l| l.acquire_blocking(&key, &p, units))?;
         lease_pair(py, r, p)
@@ -509,8 +573,10 @@ impl Limiter {
     }
     /// Forgets `key`'s state under `policy`: its full budget is back.
     fn reset(&self, py: Python<'_>, key: String, policy: &Bound<'_, PyAny>) -> PyResult<()> {
-        let p = resolve_policy(&self.inner, policy)?;
-        self.blocking(py, |l| l.reset_blocking(&key, &p))
+        let ps = resolve_policies(self, policy)?;
+        self.blocking(py, |l| {
+            ps.iter().try_for_each(|p| l.reset_blocking(&key, p))
+        })
     }
     /// A context manager holding `units` of a concurrency policy for the `with` block
     /// (`with` and `async with`); raises RateLimitExceeded when denied.
@@ -525,7 +591,7 @@ impl Limiter {
         Ok(LeaseContext {
             limiter: slf.clone().unbind(),
             key,
-            policy: resolve_policy(&me.inner, policy)?,
+            policy: resolve_policy(me, policy)?,
             units: cost_arg(units)?,
             held: Mutex::new(None),
         })
@@ -535,7 +601,7 @@ impl Limiter {
     /// only if every layer allows; when any layer denies, no layer consumes.
     /// `decision.layer` is the index of the layer the decision describes.
     fn check_all(&self, py: Python<'_>, layers: &Bound<'_, PyAny>) -> PyResult<Decision> {
-        let layers = layers_arg(&self.inner, layers)?;
+        let layers = layers_arg(self, layers)?;
         self.blocking(py, |l| l.check_all_blocking(&layers))
             .map(Decision)
     }
@@ -561,9 +627,9 @@ impl Limiter {
         py: Python<'py>,
         layers: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let layers = layers_arg(&self.inner, layers)?;
+        let layers = layers_arg(self, layers)?;
         let l = self.inner.clone();
-        self.completers.spawn(
+        self.completers.coroutine(
             py,
             &self.inner,
             async move { l.check_all(&layers).await },
@@ -581,7 +647,7 @@ impl Limiter {
     ) -> PyResult<Bound<'py, PyAny>> {
         let ttl = ttl.map(ttl_arg).transpose()?;
         let l = self.inner.clone();
-        self.completers.spawn(
+        self.completers.coroutine(
             py,
             &self.inner,
             async move { l.block(&key, ttl, &reason).await },
@@ -591,7 +657,7 @@ impl Limiter {
     /// `await limiter.aunblock(key)`.
     fn aunblock<'py>(&self, py: Python<'py>, key: String) -> PyResult<Bound<'py, PyAny>> {
         let l = self.inner.clone();
-        self.completers.spawn(
+        self.completers.coroutine(
             py,
             &self.inner,
             async move { l.unblock(&key).await },
@@ -606,7 +672,7 @@ impl Limiter {
     /// `await limiter.ablocked(key)`.
     fn ablocked<'py>(&self, py: Python<'py>, key: String) -> PyResult<Bound<'py, PyAny>> {
         let l = self.inner.clone();
-        self.completers.spawn(
+        self.completers.coroutine(
             py,
             &self.inner,
             async move { l.blocked(&key).await },
@@ -628,13 +694,18 @@ impl Limiter {
         policy: &Bound<'py, PyAny>,
         cost: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let p = resolve_policy(&self.inner, policy)?;
+        let ps = resolve_policies(self, policy)?;
         let cost = cost_arg(cost)?;
         let l = self.inner.clone();
-        self.completers.spawn(
+        self.completers.coroutine(
             py,
             &self.inner,
-            async move { l.check(&key, &p, cost).await },
+            async move {
+                match &ps[..] {
+                    [p] => l.check(&key, p, cost).await,
+                    _ => l.check_all(&same_key(&key, &ps, cost)).await,
+                }
+            },
             decision_obj,
         )
     }
@@ -645,9 +716,9 @@ impl Limiter {
         key: String,
         policy: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let p = resolve_policy(&self.inner, policy)?;
+        let p = resolve_policy(self, policy)?;
         let l = self.inner.clone();
-        self.completers.spawn(
+        self.completers.coroutine(
             py,
             &self.inner,
             async move { l.peek(&key, &p).await },
@@ -663,11 +734,11 @@ impl Limiter {
         policy: &Bound<'py, PyAny>,
         units: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let p = resolve_policy(&self.inner, policy)?;
+        let p = resolve_policy(self, policy)?;
         let units = cost_arg(units)?;
         let l = self.inner.clone();
         let p2 = p.clone();
-        self.completers.spawn(
+        self.completers.coroutine(
             py,
             &self.inner,
             async move { l.acquire(&key, &p, units).await },
@@ -678,7 +749,7 @@ impl Limiter {
     fn arelease<'py>(&self, py: Python<'py>, lease: &Lease) -> PyResult<Bound<'py, PyAny>> {
         let (policy, lease) = (lease.policy.clone(), lease.lease.clone());
         let l = self.inner.clone();
-        self.completers.spawn(
+        self.completers.coroutine(
             py,
             &self.inner,
             async move { l.release_with(&policy, &lease).await },
@@ -697,14 +768,163 @@ impl Limiter {
         key: String,
         policy: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let p = resolve_policy(&self.inner, policy)?;
+        let ps = resolve_policies(self, policy)?;
         let l = self.inner.clone();
-        self.completers.spawn(
+        self.completers.coroutine(
             py,
             &self.inner,
-            async move { l.reset(&key, &p).await },
+            async move {
+                for p in &ps {
+                    l.reset(&key, p).await?;
+                }
+                Ok(())
+            },
             |py, ()| Ok(py.None()),
         )
+    }
+
+    /// How many keys the in-memory engine holds; None on Redis.
+    #[getter]
+    fn memory_keys(&self) -> Option<usize> {
+        self.inner.memory_keys()
+    }
+
+    /// Calls `callback(event)` for every event (denials, blocks, fallbacks, circuit
+    /// changes); `event` is a dict of strings with at least `"event"` (the kind) and the
+    /// kind's fields (`policy`, `key`, `limit`, `retry_after_ms`, `error`, `allowed`,
+    /// `shard`, `state`). Callbacks run on one thread per subscription, never on the I/O
+    /// thread; at most 1024 events wait for a slow callback, later ones are dropped.
+    /// An exception in the callback is reported as unraisable and the next event delivered.
+    /// Not inherited by a forked child: subscribe again there.
+    fn subscribe(&self, callback: Py<PyAny>) -> PyResult<()> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<(&'static str, String)>>(1024);
+        std::thread::Builder::new()
+            .name("shardlimit-events".into())
+            .spawn(move || {
+                for fields in rx {
+                    Python::attach(|py| {
+                        let call = || -> PyResult<()> {
+                            let d = PyDict::new(py);
+                            for (k, v) in fields {
+                                d.set_item(k, v)?;
+                            }
+                            callback.call1(py, (d,))?;
+                            Ok(())
+                        };
+                        if let Err(e) = call() {
+                            e.write_unraisable(py, Some(callback.bind(py)));
+                        }
+                    });
+                }
+            })?;
+        self.inner.subscribe(Arc::new(move |e: &shardlimit::Event| {
+            let _ = tx.try_send(e.fields());
+        }));
+        Ok(())
+    }
+
+    /// Applies a new config (JSON text or a dict) to the running limiter: connections and
+    /// counters are kept where they still apply; a bad config raises and the old one stays.
+    /// Returns what changed: `{"engine_changed", "handoff", "policies_added",
+    /// "policies_removed", "policies_changed"}`.
+    fn reload<'py>(
+        &self,
+        py: Python<'py>,
+        config: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let text = config_text(py, config)?;
+        let cfg = shardlimit::Config::from_json(&text).map_err(core_err)?;
+        let r = py.detach(|| self.inner.reload(cfg)).map_err(core_err)?;
+        reload_report(py, r)
+    }
+    /// `reload` from a config file.
+    fn reload_from_file<'py>(
+        &self,
+        py: Python<'py>,
+        path: std::path::PathBuf,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let r = py
+            .detach(|| self.inner.reload_from_file(path))
+            .map_err(core_err)?;
+        reload_report(py, r)
+    }
+    /// Reloads whenever `path` changes (its modification time is polled every `every`
+    /// seconds); a bad new config is logged and ignored. Watches until the returned
+    /// watcher is stopped (`stop()`, or the end of its `with` block) or collected.
+    #[pyo3(signature = (path, every = 1.0))]
+    fn watch_config(&self, path: std::path::PathBuf, every: f64) -> PyResult<ConfigWatcher> {
+        let every = ttl_arg(every)?;
+        if every.is_zero() {
+            return Err(core_err(CoreError::InvalidArgument {
+                what: "every".into(),
+                message: "must be above 0 seconds".into(),
+            }));
+        }
+        Ok(ConfigWatcher(Mutex::new(Some(
+            self.inner.watch_config(path, every),
+        ))))
+    }
+
+    /// Scales limits by `factor` (0 < factor <= 1): every policy when `policies` is empty,
+    /// else the named ones. Decisions and headers report the effective limit.
+    #[pyo3(signature = (factor, policies = Vec::new()))]
+    fn set_scale(&self, factor: f64, policies: Vec<String>) -> PyResult<()> {
+        let names: Vec<&str> = policies.iter().map(String::as_str).collect();
+        self.inner.set_scale(factor, &names).map_err(core_err)
+    }
+    /// The global scale factor in force (policies may have their own on top).
+    fn scale(&self) -> f64 {
+        self.inner.scale()
+    }
+    /// Installs the core's latency hook for `observe_health`: full limits while the
+    /// signal (seconds, e.g. a dependency's p99) is at or under `target`, `target / signal`
+    /// above it, never below `min_factor`.
+    #[pyo3(signature = (target, min_factor = 0.1))]
+    fn set_latency_scale(&self, target: f64, min_factor: f64) -> PyResult<()> {
+        let target = ttl_arg(target)?;
+        self.inner
+            .set_scale_hook(shardlimit::latency_scale(target, min_factor));
+        Ok(())
+    }
+    /// Feeds a health signal to the scale hook (`set_latency_scale`) and applies the
+    /// factor it returns; returns the factor now in force.
+    fn observe_health(&self, signal: f64) -> PyResult<f64> {
+        self.inner.observe_health(signal).map_err(core_err)
+    }
+
+    /// Counters per policy (`allowed`, `denied`, `fallback`, `blocked`, `local_admitted`,
+    /// `redis_errors`), the Redis latency histogram and dropped events, as a dict.
+    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let m = self.inner.metrics();
+        let d = PyDict::new(py);
+        let policies = PyList::empty(py);
+        for p in &m.policies {
+            let pd = PyDict::new(py);
+            pd.set_item("policy", &p.policy)?;
+            pd.set_item("allowed", p.allowed)?;
+            pd.set_item("denied", p.denied)?;
+            pd.set_item("fallback", p.fallback)?;
+            pd.set_item("blocked", p.blocked)?;
+            pd.set_item("local_admitted", p.local_admitted)?;
+            pd.set_item("redis_errors", p.redis_errors)?;
+            policies.append(pd)?;
+        }
+        d.set_item("policies", policies)?;
+        let lat = PyDict::new(py);
+        lat.set_item(
+            "bucket_bounds_us",
+            shardlimit::metrics::LATENCY_BUCKETS_US.to_vec(),
+        )?;
+        lat.set_item("buckets", m.redis_latency.buckets.clone())?;
+        lat.set_item("sum_us", m.redis_latency.sum_us)?;
+        lat.set_item("count", m.redis_latency.count)?;
+        d.set_item("redis_latency", lat)?;
+        d.set_item("events_dropped", m.events_dropped)?;
+        Ok(d)
+    }
+    /// The metrics in the Prometheus text exposition format (0.0.4), for a `/metrics` route.
+    fn prometheus(&self) -> String {
+        self.inner.metrics().to_prometheus()
     }
 
     fn __repr__(&self) -> String {
@@ -717,6 +937,68 @@ impl Limiter {
             },
             self.inner.config().policies.keys().collect::<Vec<_>>()
         )
+    }
+}
+
+/// The layers of a check of several limits (a rate string such as "10/second; 100/minute")
+/// on one key: one atomic layered check.
+fn same_key(key: &str, ps: &[shardlimit::Policy], cost: u64) -> Vec<shardlimit::Layer> {
+    ps.iter()
+        .map(|p| shardlimit::Layer::new(key.to_string(), p, cost))
+        .collect()
+}
+
+/// A config argument: JSON text, or a dict (serialised with `json.dumps`).
+fn config_text(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<String> {
+    if let Ok(s) = config.cast::<pyo3::types::PyString>() {
+        return Ok(s.to_cow()?.into_owned());
+    }
+    if config.is_instance_of::<PyDict>() {
+        return py
+            .import("json")?
+            .call_method1("dumps", (config,))?
+            .extract();
+    }
+    Err(pyo3::exceptions::PyTypeError::new_err(format!(
+        "config must be JSON text (str) or a dict, not {}",
+        config.get_type().name()?
+    )))
+}
+
+fn reload_report(py: Python<'_>, r: shardlimit::ReloadReport) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("engine_changed", r.engine_changed)?;
+    d.set_item("handoff", r.handoff)?;
+    d.set_item("policies_added", r.policies_added)?;
+    d.set_item("policies_removed", r.policies_removed)?;
+    d.set_item("policies_changed", r.policies_changed)?;
+    Ok(d)
+}
+
+/// Watches a config file for `Limiter.watch_config`; `stop()` (or leaving its `with`
+/// block) ends the watch.
+#[pyclass(frozen, module = "shardlimit", name = "ConfigWatcher")]
+pub struct ConfigWatcher(Mutex<Option<shardlimit::ConfigWatcher>>);
+
+#[pymethods]
+impl ConfigWatcher {
+    /// Stops watching (waits for the polling thread to finish). Idempotent.
+    fn stop(&self, py: Python<'_>) {
+        let w = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        py.detach(move || drop(w));
+    }
+    /// True until stopped.
+    #[getter]
+    fn active(&self) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> bool {
+        self.stop(py);
+        false
     }
 }
 
@@ -853,6 +1135,8 @@ fn _shardlimit(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TrustedProxies>()?;
     m.add_function(wrap_pyfunction!(client_ip, m)?)?;
     m.add_function(wrap_pyfunction!(ip_key, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_rate, m)?)?;
+    m.add_class::<ConfigWatcher>()?;
     m.add_class::<Limiter>()?;
     Ok(())
 }

@@ -10,7 +10,8 @@ Python, Node, Go and Rust services on one Redis and one config enforce the same 
     >>> bool(d), d.remaining
     (True, 4)
 
-Middleware: :mod:`shardlimit.asgi` (Starlette, FastAPI) and :mod:`shardlimit.wsgi` (Flask).
+Route limits and middleware: :mod:`shardlimit.asgi` (Starlette, FastAPI),
+:mod:`shardlimit.flask` (Flask) and :mod:`shardlimit.wsgi` (any WSGI app).
 """
 
 from ._errors import (
@@ -22,7 +23,6 @@ from ._errors import (
     InternalError,
     InvalidArgumentError,
     RateLimitExceeded,
-    RoutingError,
     ScriptError,
     TimeoutError,
     UnavailableError,
@@ -30,6 +30,7 @@ from ._errors import (
 )
 from ._shardlimit import (
     BlockInfo,
+    ConfigWatcher,
     Decision,
     Lease,
     LeaseContext,
@@ -41,6 +42,7 @@ from ._shardlimit import (
     __version__,
     client_ip,
     ip_key,
+    parse_rate,
 )
 
 __all__ = [
@@ -56,6 +58,8 @@ __all__ = [
     "TrustedProxies",
     "client_ip",
     "ip_key",
+    "parse_rate",
+    "ConfigWatcher",
     "Error",
     "ConfigError",
     "ConfigFileError",
@@ -66,7 +70,6 @@ __all__ = [
     "TimeoutError",
     "ScriptError",
     "UnavailableError",
-    "RoutingError",
     "InternalError",
     "RateLimitExceeded",
 ]

@@ -1,7 +1,10 @@
 """The exception hierarchy, one class per core ``ErrorKind`` (``ERROR_KINDS``).
 
 The extension raises these through :func:`_from_core`; ``kind`` and ``code`` are the core's
-stable kind name and number, the message is the core's own.
+stable kind name and number, the message is the core's own. The tree follows
+``spec/errors.json`` (``UnknownPolicyError`` is an ``InvalidArgumentError``; code 6 is
+retired). No class derives from ``OSError``: servers such as gunicorn take an ``OSError``
+escaping a request for a dead client socket and send no response at all.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ __all__ = [
     "TimeoutError",
     "ScriptError",
     "UnavailableError",
-    "RoutingError",
     "InternalError",
     "RateLimitExceeded",
 ]
@@ -47,8 +49,8 @@ class ConfigError(Error, builtins.ValueError):
     code = 1
 
 
-class ConfigFileError(ConfigError, builtins.OSError):
-    """The configuration file could not be read."""
+class ConfigFileError(Error):
+    """The configuration file could not be read (not an ``OSError``: see the module)."""
 
     kind = "io"
     code = 8
@@ -72,14 +74,14 @@ class BackendError(Error):
     """Redis failed rather than the caller: the errors a policy's ``on_error`` applies to."""
 
 
-class ConnectionError(BackendError, builtins.ConnectionError):
+class ConnectionError(BackendError):
     """A Redis shard could not be reached, or the connection broke."""
 
     kind = "connection"
     code = 3
 
 
-class TimeoutError(BackendError, builtins.TimeoutError):
+class TimeoutError(BackendError):
     """A Redis shard did not answer within the configured deadline (``timeout_ms``)."""
 
     kind = "timeout"
@@ -99,13 +101,6 @@ class UnavailableError(BackendError):
 
     kind = "unavailable"
     code = 10
-
-
-class RoutingError(Error):
-    """A key could not be routed to a shard."""
-
-    kind = "routing"
-    code = 6
 
 
 class InternalError(Error):
@@ -140,7 +135,6 @@ ERRORS_BY_KIND: dict[str, type[Error]] = {
         ConnectionError,
         TimeoutError,
         ScriptError,
-        RoutingError,
         UnknownPolicyError,
         ConfigFileError,
         InternalError,

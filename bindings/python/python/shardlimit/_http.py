@@ -4,13 +4,16 @@ core decides, renders the headers and the 429 body."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from email.utils import formatdate
 from typing import Any, Callable, Optional, Union
 
-from ._errors import InvalidArgumentError
-from ._shardlimit import Decision, Limit, Limiter, Policy, TrustedProxies, ip_key
+from ._errors import BackendError, InvalidArgumentError
+from ._shardlimit import Decision, Limit, Limiter, Policy, TrustedProxies, ip_key, parse_rate
 
 PolicyLike = Union[str, Policy, Limit]
 #: One check: (key, policy) or (key, policy, cost).
@@ -58,6 +61,19 @@ def by_client_ip(policy: PolicyLike, prefix: str = "ip:", ipv6_prefix: int = 64)
     return rule
 
 
+def _no_rule(request: Request) -> Optional[Target]:
+    return None
+
+
+def _validate_policy(limiter: Limiter, policy: str) -> None:
+    """An unknown policy name or a bad rate string fails when the middleware or decorator
+    is built, not with a 500 on every request."""
+    if any(c in policy for c in "/ ;,|"):
+        parse_rate(policy)
+    else:
+        limiter.policy(policy)
+
+
 class Checker:
     """Runs a rule's answer against the limiter (sync or async)."""
 
@@ -67,11 +83,17 @@ class Checker:
         rule: Optional[Rule],
         policy: Optional[PolicyLike],
         trusted_proxies: Iterable[str],
+        routes: bool = False,
     ) -> None:
         if rule is None:
             if policy is None:
-                raise TypeError("pass rule= (request -> (key, policy)) or policy=")
-            rule = by_client_ip(policy)
+                if not routes:
+                    raise TypeError("pass rule= (request -> (key, policy)), policy= or routes=")
+                rule = _no_rule
+            else:
+                if isinstance(policy, str):
+                    _validate_policy(limiter, policy)
+                rule = by_client_ip(policy)
         elif policy is not None:
             raise TypeError("pass either rule= or policy=, not both")
         self.limiter = limiter
@@ -104,10 +126,171 @@ class Checker:
         return await self.limiter.acheck(*target)
 
 
-def too_many_requests(decision: Decision) -> tuple[list[tuple[str, str]], bytes]:
-    """Headers and body of the 429 answer for a denied decision."""
-    body = json.dumps(decision.body(), separators=(",", ":")).encode()
-    headers = list(decision.headers().items())
+def layers(target: Optional[Target]) -> list[Layer]:
+    """A rule's answer as a list of layers."""
+    if target is None:
+        return []
+    return list(target) if isinstance(target, list) else [target]
+
+
+HEADER_SETS = ("both", "x-ratelimit", "ietf", "none")
+RETRY_AFTER_FORMATS = ("seconds", "http-date")
+_IETF = ("ratelimit", "ratelimit-policy")
+
+
+@dataclass(frozen=True)
+class Options:
+    """How a middleware answers: which headers, and the status of a denial.
+
+    ``headers``: ``"both"`` (default), ``"x-ratelimit"`` (``X-RateLimit-*``, with
+    ``X-RateLimit-Reset`` a Unix timestamp as GitHub and Stripe send it), ``"ietf"``
+    (``RateLimit`` and ``RateLimit-Policy``, delta seconds) or ``"none"``.
+    ``retry_after``: ``"seconds"`` or ``"http-date"``. ``outage_retry_after``: the
+    ``Retry-After`` seconds of a 503, sent when a fallback denies (``on_error: closed``, an
+    open circuit): the client did nothing wrong, so it is not told it was rate limited.
+    """
+
+    headers: str = "both"
+    retry_after: str = "seconds"
+    outage_retry_after: int = 1
+
+    def __post_init__(self) -> None:
+        if self.headers not in HEADER_SETS:
+            raise InvalidArgumentError(f"headers must be one of {HEADER_SETS}, got {self.headers!r}")
+        if self.retry_after not in RETRY_AFTER_FORMATS:
+            raise InvalidArgumentError(
+                f"retry_after must be one of {RETRY_AFTER_FORMATS}, got {self.retry_after!r}"
+            )
+        if isinstance(self.outage_retry_after, bool) or not isinstance(self.outage_retry_after, int) \
+                or self.outage_retry_after < 0:
+            raise InvalidArgumentError(
+                f"outage_retry_after must be whole seconds >= 0, got {self.outage_retry_after!r}"
+            )
+
+
+def is_outage(decision: Decision) -> bool:
+    """A denial by a fallback (the limit could not be checked), answered with 503."""
+    return not decision.allowed and decision.source == "fallback"
+
+
+def rate_headers(decision: Decision, options: Options, now: Optional[float] = None) -> list[tuple[str, str]]:
+    """The decision's headers as ``options`` ask, ``X-RateLimit-Reset`` as a Unix time."""
+    now = time.time() if now is None else now
+    out: list[tuple[str, str]] = []
+    for name, value in decision.headers().items():
+        low = name.lower()
+        if low == "retry-after":
+            if is_outage(decision):
+                value = str(options.outage_retry_after)
+            if options.retry_after == "http-date":
+                value = formatdate(now + int(value), usegmt=True)
+            out.append((name, value))
+            continue
+        ietf = low in _IETF
+        if options.headers == "none" or (ietf and options.headers == "x-ratelimit") \
+                or (not ietf and options.headers == "ietf"):
+            continue
+        if low == "x-ratelimit-reset":
+            value = str(int(now) + int(value))
+        out.append((name, value))
+    if is_outage(decision) and not any(k.lower() == "retry-after" for k, _ in out):
+        value = str(options.outage_retry_after)
+        if options.retry_after == "http-date":
+            value = formatdate(now + options.outage_retry_after, usegmt=True)
+        out.append(("Retry-After", value))
+    return out
+
+
+def has_rate_headers(names: Iterable[str]) -> bool:
+    """Whether a response already carries rate-limit headers (or its own ``Retry-After``):
+    then the middleware adds none, so that no response has two sets."""
+    return any(n.lower().startswith("x-ratelimit-") or n.lower() in _IETF
+               or n.lower() == "retry-after" for n in names)
+
+
+def denial(decision: Decision, options: Options) -> tuple[int, list[tuple[str, str]], bytes]:
+    """Status, headers and JSON body of the answer to a denied decision: 429 when the limit
+    said no, 503 when the limit could not be checked."""
+    if is_outage(decision):
+        status = 503
+        payload: dict[str, Any] = {
+            "error": "unavailable",
+            "policy": decision.policy,
+            "retry_after": options.outage_retry_after,
+            "message": "The rate limiter could not be reached; the request is refused: "
+            f"retry in {options.outage_retry_after} second"
+            f"{'' if options.outage_retry_after == 1 else 's'}.",
+        }
+    else:
+        status = 429
+        payload = decision.body()
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    headers = rate_headers(decision, options)
     headers.append(("Content-Type", "application/json"))
     headers.append(("Content-Length", str(len(body))))
+    return status, headers, body
+
+
+STATUS_LINES = {429: "429 Too Many Requests", 503: "503 Service Unavailable"}
+
+
+def too_many_requests(decision: Decision) -> tuple[list[tuple[str, str]], bytes]:
+    """Headers and body of the 429 answer for a denied decision (default options)."""
+    _, headers, body = denial(decision, Options())
     return headers, body
+
+
+def warm_up(limiter: Limiter, timeout: float) -> Optional[str]:
+    """Connects to every shard before traffic arrives: one ``peek`` per shard, repeated
+    until it answers or ``timeout`` seconds pass, so that the first requests do not spend
+    their per-call deadline on a TCP connect and fall back. Returns None when every shard
+    answered, else what failed (which the middleware logs as a warning)."""
+    if not limiter.is_redis or timeout <= 0:
+        return None
+    probe = _probe()
+    keys = _one_key_per_shard(limiter)
+    deadline = time.monotonic() + timeout
+    for key in keys:
+        while True:
+            try:
+                limiter.peek(key, probe)
+                break
+            except BackendError as e:
+                if time.monotonic() >= deadline:
+                    return f"shard {limiter.route(key)} did not answer within {timeout} s: {e}"
+                time.sleep(0.05)
+    return None
+
+
+async def awarm_up(limiter: Limiter, timeout: float) -> Optional[str]:
+    """:func:`warm_up` on asyncio."""
+    if not limiter.is_redis or timeout <= 0:
+        return None
+    probe = _probe()
+    keys = _one_key_per_shard(limiter)
+    deadline = time.monotonic() + timeout
+    for key in keys:
+        while True:
+            try:
+                await limiter.apeek(key, probe)
+                break
+            except BackendError as e:
+                if time.monotonic() >= deadline:
+                    return f"shard {limiter.route(key)} did not answer within {timeout} s: {e}"
+                await asyncio.sleep(0.05)
+    return None
+
+
+def _probe() -> Policy:
+    # on_error "error": a fallback would hide that the shard did not answer
+    return Policy("shardlimit-warm-up", Limit.fixed_window(1, 1), "error")
+
+
+def _one_key_per_shard(limiter: Limiter) -> list[str]:
+    seen: dict[int, str] = {}
+    for i in range(4096):
+        key = f"shardlimit-warm-up:{i}"
+        r = limiter.route(key)
+        if r is not None and r[0] not in seen:
+            seen[r[0]] = key
+    return list(seen.values())

@@ -1,204 +1,321 @@
 # Type stub of the extension module (bindings/python/src/lib.rs).
 import os
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Optional, Union, final
 
+#: The version of the core and of every binding (the workspace's).
 __version__: str
 #: Every core error kind as (code, name), in code order.
 ERROR_KINDS: list[tuple[int, str]]
 #: The kinds that mean "the backend failed" (BackendError subclasses).
 BACKEND_ERROR_KINDS: list[str]
 
-#: A policy argument: a policy name of the config, a Policy, or a Limit.
+#: A policy argument: a policy name of the config, a rate string ("5/minute",
+#: "10/second; 100/minute"), a Policy, or a Limit.
 PolicyLike = Union[str, "Policy", "Limit"]
 
 @final
 class Decision:
     """The answer to a check. Immutable; ``bool(decision)`` is ``decision.allowed``."""
     @property
-    def allowed(self) -> bool: ...
+    def allowed(self) -> bool:
+        """Whether the request may proceed. A denied check consumed nothing."""
     @property
-    def limit(self) -> int: ...
+    def limit(self) -> int:
+        """The effective limit (units per window, bucket capacity, or max concurrent)."""
     @property
-    def remaining(self) -> int: ...
+    def remaining(self) -> int:
+        """Units still available after this check."""
     @property
     def reset_after(self) -> float:
-        """Seconds until the budget is full again."""
+        """Seconds until the budget is full again with no further traffic."""
     @property
     def retry_after(self) -> Optional[float]:
-        """When denied: seconds until the same check could pass; None when allowed or never."""
+        """When denied: seconds until the same check would pass; None when allowed or when
+        the cost can never fit."""
     @property
     def delay(self) -> float:
-        """Leaky bucket: seconds to wait before sending; 0.0 otherwise."""
+        """Leaky bucket: seconds to wait before sending. 0.0 otherwise."""
     @property
-    def window(self) -> float: ...
+    def window(self) -> float:
+        """The window the limit is measured over, in seconds."""
     @property
-    def policy(self) -> str: ...
+    def policy(self) -> str:
+        """The policy that decided (an ad-hoc limit's id)."""
     @property
     def source(self) -> str:
-        """"redis", "memory", "local", "fallback" or "block"."""
+        """Who decided: "redis", "memory", "local", "fallback" or "block"."""
     @property
-    def shard(self) -> Optional[int]: ...
+    def shard(self) -> Optional[int]:
+        """The index of the Redis shard that decided, if one did."""
     @property
     def layer(self) -> Optional[int]:
         """Layered checks: the index of the layer this decision describes."""
     def headers(self) -> dict[str, str]:
-        """X-RateLimit-*, RateLimit-Policy, RateLimit and (when denied) Retry-After."""
+        """The standard rate-limit response headers, in a stable order."""
     def body(self) -> dict[str, Any]:
-        """The 429 JSON body."""
-    def to_dict(self) -> dict[str, Any]: ...
-    def to_json(self) -> str: ...
+        """The JSON body of a 429 response, as a dict."""
+    def to_dict(self) -> dict[str, Any]:
+        """The decision as the CLI prints it (durations in milliseconds)."""
+    def to_json(self) -> str:
+        """The decision as the CLI prints it, as JSON text."""
     def __bool__(self) -> bool: ...
     def __eq__(self, other: object) -> bool: ...
 
 @final
 class Limit:
-    """An algorithm with its parameters; durations in seconds. Raises ConfigError when invalid."""
+    """An algorithm with its parameters, validated when built (InvalidArgumentError)."""
     @staticmethod
-    def fixed_window(limit: int, window: float) -> Limit: ...
+    def fixed_window(limit: int, window: float) -> Limit:
+        """At most ``limit`` units per aligned window of ``window`` seconds."""
     @staticmethod
-    def sliding_window(limit: int, window: float) -> Limit: ...
+    def sliding_window(limit: int, window: float) -> Limit:
+        """Two-counter estimate of a sliding window of ``window`` seconds."""
     @staticmethod
-    def sliding_log(limit: int, window: float) -> Limit: ...
+    def sliding_log(limit: int, window: float) -> Limit:
+        """Exact sliding window of ``window`` seconds (one entry per admitted unit)."""
     @staticmethod
-    def token_bucket(capacity: int, refill_per_sec: float) -> Limit: ...
+    def token_bucket(capacity: int, refill_per_sec: float) -> Limit:
+        """Starts full with ``capacity`` tokens and refills ``refill_per_sec`` per second."""
     @staticmethod
-    def leaky_bucket(capacity: int, leak_per_sec: float) -> Limit: ...
+    def leaky_bucket(capacity: int, leak_per_sec: float) -> Limit:
+        """A shaper: admitted requests are told how long to wait (``Decision.delay``)."""
     @staticmethod
-    def concurrency(max: int, lease_ttl: float) -> Limit: ...
+    def concurrency(max: int, lease_ttl: float) -> Limit:
+        """At most ``max`` units held at once; leases expire after ``lease_ttl`` seconds."""
+    @staticmethod
+    def parse(text: str, algorithm: str = "fixed_window") -> Limit:
+        """The one limit of a rate string (``"5/minute"``); ``parse_rate`` reads several."""
     @property
-    def algorithm(self) -> str: ...
+    def algorithm(self) -> str:
+        """The algorithm's name (``"fixed_window"``, ...)."""
     @property
-    def id(self) -> str: ...
+    def id(self) -> str:
+        """The stable identifier used as the policy name of checks against this limit."""
 
 @final
 class Policy:
-    """A named limit with its failure mode ("open", "closed" or "local")."""
-    def __init__(self, name: str, limit: Limit, on_error: Optional[str] = None) -> None: ...
+    """A named, validated limit with its failure mode (``on_error``)."""
+    def __init__(self, name: str, limit: Limit, on_error: Optional[str] = None) -> None:
+        """``on_error``: "open" (default), "closed", "local" or "error"."""
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The policy's name."""
     @property
-    def algorithm(self) -> str: ...
+    def algorithm(self) -> str:
+        """The algorithm's name."""
     @property
-    def max(self) -> int: ...
+    def max(self) -> int:
+        """The effective limit (units per window, capacity, or max concurrent)."""
     @property
-    def on_error(self) -> str: ...
+    def on_error(self) -> str:
+        """What happens when the shard fails: "open", "closed", "local" or "error"."""
 
 @final
 class Lease:
-    """Held units of a concurrency policy."""
+    """Held units of a concurrency policy; give them back with ``Limiter.release``."""
     @property
-    def key(self) -> str: ...
+    def key(self) -> str:
+        """The key the units are held for."""
     @property
-    def policy(self) -> str: ...
+    def policy(self) -> str:
+        """The concurrency policy's name."""
     @property
-    def id(self) -> str: ...
+    def id(self) -> str:
+        """The lease's unique id."""
     @property
-    def units(self) -> int: ...
+    def units(self) -> int:
+        """How many units are held."""
     @property
-    def decision(self) -> Decision: ...
+    def decision(self) -> Decision:
+        """The decision that granted this lease."""
 
 @final
 class LeaseContext:
     """``with limiter.lease(...) as lease`` / ``async with``; RateLimitExceeded when denied."""
-    def __enter__(self) -> Lease: ...
+    def __enter__(self) -> Lease:
+        """Acquires the units (RateLimitExceeded when denied)."""
     def __exit__(
         self,
         exc_type: Optional[type[BaseException]],
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
-    ) -> bool: ...
-    def __aenter__(self) -> Awaitable[Lease]: ...
+    ) -> bool:
+        """Releases the units."""
+    def __aenter__(self) -> Awaitable[Lease]:
+        """Acquires the units (RateLimitExceeded when denied)."""
     def __aexit__(
         self,
         exc_type: Optional[type[BaseException]],
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
-    ) -> Awaitable[bool]: ...
+    ) -> Awaitable[bool]:
+        """Releases the units."""
 
 @final
 class BlockInfo:
     """A block-list entry."""
     @property
-    def reason(self) -> str: ...
+    def reason(self) -> str:
+        """Why the key was blocked."""
     @property
     def remaining(self) -> Optional[float]:
         """Seconds left; None for a permanent block."""
 
 @final
 class TrustedProxies:
-    """Trusted proxy networks ("10.0.0.0/8", "2001:db8::/32", bare addresses), parsed once."""
-    def __init__(self, cidrs: Sequence[str] = ...) -> None: ...
+    """Trusted proxy networks (``10.0.0.0/8``, ``2001:db8::/32``, bare addresses)."""
+    def __init__(self, cidrs: Sequence[str] = ...) -> None:
+        """Parses the networks once (InvalidArgumentError naming a bad one)."""
     def client_ip(self, peer: str, x_forwarded_for: Optional[str] = None) -> str:
-        """The client's address: peer unless it is a trusted proxy, then X-Forwarded-For
-        from the right up to the first untrusted address. InvalidArgumentError for a peer
-        that is not an IP address."""
-    def __contains__(self, ip: str) -> bool: ...
+        """The client's address: ``peer`` unless it is a trusted proxy; then
+        X-Forwarded-For from the right, up to the first address not trusted."""
+    def __contains__(self, ip: str) -> bool:
+        """Whether ``ip`` is in a trusted network."""
 
 def client_ip(
     peer: str, x_forwarded_for: Optional[str] = None, trusted_proxies: Sequence[str] = ...
-) -> str: ...
+) -> str:
+    """The client's address behind proxies (see ``TrustedProxies.client_ip``)."""
 def ip_key(ip: str, ipv6_prefix: int = 64) -> str:
-    """The rate-limit key of a client address: IPv4 (also IPv4-mapped) as itself, IPv6 as
-    its network of ipv6_prefix bits (1 to 128), e.g. "2001:db8:1:2::/64".
-    InvalidArgumentError for an address or prefix that is not valid."""
+    """The rate-limit key of a client address: IPv4 as itself, IPv6 as its network of
+    ``ipv6_prefix`` bits (``2001:db8:1:2::/64``)."""
+def parse_rate(text: str, algorithm: str = "fixed_window") -> list[Limit]:
+    """The limits of a rate string (``"5/minute"``, ``"10 per second"``,
+    ``"100/hour; 1000/day"``, ``"3/5 minutes"``), of ``algorithm``, in the order written.
+    InvalidArgumentError names the bad part."""
 
-#: One layer of a layered check: (key, policy) or (key, policy, cost).
+#: One check of a layered check: (key, policy) or (key, policy, cost).
 LayerLike = Union[tuple[str, PolicyLike], tuple[str, PolicyLike, int]]
 
 @final
 class ManualClock:
-    """A clock that moves only when told to (µs since the Unix epoch), for tests."""
-    def __init__(self, start_us: int = 0) -> None: ...
-    def set_us(self, us: int) -> None: ...
-    def advance_us(self, us: int) -> None: ...
-    def now_us(self) -> int: ...
+    """A clock that moves only when told to (microseconds since the Unix epoch)."""
+    def __init__(self, start_us: int = 0) -> None:
+        """A clock reading ``start_us``."""
+    def set_us(self, us: int) -> None:
+        """Sets the time."""
+    def advance_us(self, us: int) -> None:
+        """Moves the time forward."""
+    def now_us(self) -> int:
+        """The time."""
+
+@final
+class ConfigWatcher:
+    """Watches a config file (``Limiter.watch_config``) until stopped."""
+    def stop(self) -> None:
+        """Stops watching (waits for the polling thread). Idempotent."""
+    @property
+    def active(self) -> bool:
+        """True until stopped."""
+    def __enter__(self) -> ConfigWatcher: ...
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool: ...
 
 @final
 class Limiter:
-    """A rate limiter. Thread-safe and fork-safe: create one per process (or before fork)."""
+    """A rate limiter. Thread-safe and fork-safe: create one per process (or before fork).
+    The async calls (``a``-prefixed) return coroutines for asyncio."""
     @staticmethod
-    def memory(*, clock: Optional[ManualClock] = None) -> Limiter: ...
+    def memory(*, clock: Optional[ManualClock] = None) -> Limiter:
+        """A limiter on the in-memory engine with no named policies."""
     @staticmethod
-    def from_json(text: str, *, clock: Optional[ManualClock] = None) -> Limiter: ...
+    def from_json(text: str, *, clock: Optional[ManualClock] = None) -> Limiter:
+        """Parses a JSON config. Does not connect: connections are made on first use."""
     @staticmethod
     def from_config(
         path: Union[str, os.PathLike[str]], *, clock: Optional[ManualClock] = None
-    ) -> Limiter: ...
+    ) -> Limiter:
+        """Loads a JSON config file."""
     @staticmethod
-    def from_env(*, clock: Optional[ManualClock] = None) -> Limiter: ...
+    def from_env(*, clock: Optional[ManualClock] = None) -> Limiter:
+        """Uses ``$SHARDLIMIT_CONFIG``; the in-memory engine when unset."""
     @property
-    def is_redis(self) -> bool: ...
+    def is_redis(self) -> bool:
+        """True when Redis shards decide, False for the in-memory engine."""
     @property
-    def policies(self) -> list[str]: ...
-    def policy(self, name: str) -> Policy: ...
-    def route(self, key: str) -> Optional[tuple[int, str]]: ...
-    # sync: release the GIL while waiting on Redis
-    def check(self, key: str, policy: PolicyLike, cost: int = 1) -> Decision: ...
-    def peek(self, key: str, policy: PolicyLike) -> Decision: ...
+    def policies(self) -> list[str]:
+        """The names of the configured policies."""
+    @property
+    def memory_keys(self) -> Optional[int]:
+        """How many keys the in-memory engine holds; None on Redis."""
+    def policy(self, name: str) -> Policy:
+        """The named policy of the config (UnknownPolicyError)."""
+    def route(self, key: str) -> Optional[tuple[int, str]]:
+        """The shard ``key`` routes to, as (index, name); None in memory."""
+    def check(self, key: str, policy: PolicyLike, cost: int = 1) -> Decision:
+        """Checks ``cost`` units of ``policy`` for ``key``; a rate string of several
+        limits is one layered check."""
+    def peek(self, key: str, policy: PolicyLike) -> Decision:
+        """``key``'s state without consuming."""
     def acquire(
         self, key: str, policy: PolicyLike, units: int = 1
-    ) -> tuple[Decision, Optional[Lease]]: ...
-    def release(self, lease: Lease) -> bool: ...
-    def reset(self, key: str, policy: PolicyLike) -> None: ...
-    def lease(self, key: str, policy: PolicyLike, units: int = 1) -> LeaseContext: ...
+    ) -> tuple[Decision, Optional[Lease]]:
+        """Acquires ``units`` of a concurrency policy: (decision, lease or None)."""
+    def release(self, lease: Lease) -> bool:
+        """Releases a lease; False when it was no longer held."""
+    def reset(self, key: str, policy: PolicyLike) -> None:
+        """Forgets ``key``'s state under ``policy``."""
+    def lease(self, key: str, policy: PolicyLike, units: int = 1) -> LeaseContext:
+        """A context manager holding ``units`` of a concurrency policy."""
     def check_all(self, layers: Iterable[LayerLike]) -> Decision:
-        """Allowed only if every layer allows; when any denies, no layer consumes."""
-    def block(self, key: str, ttl: Optional[float] = None, reason: str = "") -> None: ...
-    def unblock(self, key: str) -> bool: ...
-    def blocked(self, key: str) -> Optional[BlockInfo]: ...
-    # asyncio: driven by the limiter's own runtime, never blocking the loop
-    def acheck(self, key: str, policy: PolicyLike, cost: int = 1) -> Awaitable[Decision]: ...
-    def apeek(self, key: str, policy: PolicyLike) -> Awaitable[Decision]: ...
+        """A layered check: allowed only if every layer allows; when any layer denies,
+        no layer consumes."""
+    def block(self, key: str, ttl: Optional[float] = None, reason: str = "") -> None:
+        """Puts ``key`` on the block list for ``ttl`` seconds (None: until unblocked)."""
+    def unblock(self, key: str) -> bool:
+        """Removes ``key`` from the block list; True when it was blocked."""
+    def blocked(self, key: str) -> Optional[BlockInfo]:
+        """The block-list entry of ``key``, or None."""
+    def subscribe(self, callback: Callable[[dict[str, str]], object]) -> None:
+        """Calls ``callback(event)`` for every event (denied, blocked, fallback, circuit)
+        on a thread of its own; ``event["event"]`` is the kind."""
+    def reload(self, config: Union[str, dict[str, Any]]) -> dict[str, Any]:
+        """Applies a new config (JSON text or a dict); returns what changed."""
+    def reload_from_file(self, path: Union[str, os.PathLike[str]]) -> dict[str, Any]:
+        """``reload`` from a config file."""
+    def watch_config(
+        self, path: Union[str, os.PathLike[str]], every: float = 1.0
+    ) -> ConfigWatcher:
+        """Reloads whenever ``path`` changes (polled every ``every`` seconds)."""
+    def set_scale(self, factor: float, policies: Sequence[str] = ...) -> None:
+        """Scales limits by ``factor`` (0 < factor <= 1): all policies, or the named ones."""
+    def scale(self) -> float:
+        """The global scale factor in force."""
+    def set_latency_scale(self, target: float, min_factor: float = 0.1) -> None:
+        """Installs the core's latency hook that ``observe_health`` uses."""
+    def observe_health(self, signal: float) -> float:
+        """Feeds a health signal to the scale hook; returns the factor now in force."""
+    def metrics(self) -> dict[str, Any]:
+        """Counters per policy, the Redis latency histogram and dropped events."""
+    def prometheus(self) -> str:
+        """The metrics in the Prometheus text format."""
+    def acheck(
+        self, key: str, policy: PolicyLike, cost: int = 1
+    ) -> Coroutine[Any, Any, Decision]:
+        """``check`` on asyncio, never blocking the event loop."""
+    def apeek(self, key: str, policy: PolicyLike) -> Coroutine[Any, Any, Decision]:
+        """``peek`` on asyncio."""
     def aacquire(
         self, key: str, policy: PolicyLike, units: int = 1
-    ) -> Awaitable[tuple[Decision, Optional[Lease]]]: ...
-    def arelease(self, lease: Lease) -> Awaitable[bool]: ...
-    def areset(self, key: str, policy: PolicyLike) -> Awaitable[None]: ...
-    def acheck_all(self, layers: Iterable[LayerLike]) -> Awaitable[Decision]: ...
+    ) -> Coroutine[Any, Any, tuple[Decision, Optional[Lease]]]:
+        """``acquire`` on asyncio."""
+    def arelease(self, lease: Lease) -> Coroutine[Any, Any, bool]:
+        """``release`` on asyncio."""
+    def areset(self, key: str, policy: PolicyLike) -> Coroutine[Any, Any, None]:
+        """``reset`` on asyncio."""
+    def acheck_all(self, layers: Iterable[LayerLike]) -> Coroutine[Any, Any, Decision]:
+        """``check_all`` on asyncio."""
     def ablock(
         self, key: str, ttl: Optional[float] = None, reason: str = ""
-    ) -> Awaitable[None]: ...
-    def aunblock(self, key: str) -> Awaitable[bool]: ...
-    def ablocked(self, key: str) -> Awaitable[Optional[BlockInfo]]: ...
+    ) -> Coroutine[Any, Any, None]:
+        """``block`` on asyncio."""
+    def aunblock(self, key: str) -> Coroutine[Any, Any, bool]:
+        """``unblock`` on asyncio."""
+    def ablocked(self, key: str) -> Coroutine[Any, Any, Optional[BlockInfo]]:
+        """``blocked`` on asyncio."""

@@ -1,28 +1,66 @@
-"""ASGI middleware (Starlette, FastAPI, any ASGI 3 app).
+"""ASGI middleware and route limits (Starlette, FastAPI, any ASGI 3 app).
 
-    from shardlimit.asgi import RateLimitMiddleware
-    app.add_middleware(RateLimitMiddleware, limiter=limiter, policy="api")
+    limits = RouteLimits(limiter)                    # key: the client address
 
-Every checked response carries the rate-limit headers; a denied request gets a 429 with the
-core's JSON body and never reaches the app. Checks run on the limiter's own I/O runtime and
-never block the event loop.
+    @app.post("/login")
+    @limits.limit("5/minute")
+    async def login(): ...
+
+    app.add_middleware(RateLimitMiddleware, limiter=limiter, routes=limits)
+
+Route limits are found on the endpoint Starlette's routing picks (mounts and routers
+included), not on the raw path. A denied request gets a 429 with the core's JSON body, or a
+503 when the limit could not be checked and the policy's fallback denied; checked responses
+carry one set of rate-limit headers. The decision is ``request.state.shardlimit``. Checks run
+on the limiter's own I/O runtime and never block the event loop; the lifespan start-up
+connects to every shard first (``warm_up`` seconds at most).
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 from collections.abc import Awaitable, Iterable, MutableMapping
 from typing import Any, Callable, Optional
 
-from ._http import Checker, PolicyLike, Request, Rule, Target, by_client_ip, too_many_requests
-from ._shardlimit import Limiter
+from ._errors import Error
+from ._http import (
+    Checker,
+    Options,
+    PolicyLike,
+    Request,
+    Rule,
+    Target,
+    awarm_up,
+    by_client_ip,
+    denial,
+    has_rate_headers,
+    layers,
+    rate_headers,
+)
+from ._routes import RouteLimits, client_ip_key
+from ._shardlimit import Decision, Limiter
 
-__all__ = ["RateLimitMiddleware", "Request", "Rule", "Target", "by_client_ip"]
+__all__ = [
+    "RateLimitMiddleware",
+    "RouteLimits",
+    "Request",
+    "Rule",
+    "Target",
+    "by_client_ip",
+    "client_ip_key",
+]
+
+log = logging.getLogger("shardlimit")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+#: A custom answer to a denied request: returns an ASGI app (a Starlette ``Response``),
+#: or an awaitable of one.
+Handler = Callable[[Request, Decision], Any]
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -34,12 +72,60 @@ def _headers(scope: Scope) -> dict[str, str]:
     return out
 
 
+def find_endpoint(app: Any, scope: Scope) -> Optional[Callable[..., object]]:
+    """The endpoint Starlette's router would call for ``scope``, through mounts and hosts;
+    None for a path no route matches or an app that is not Starlette's."""
+    routes = getattr(app, "routes", None)
+    if routes is None:
+        return None
+    from starlette.routing import Host, Match, Mount
+
+    def one(route: Any, scope: Scope) -> tuple[bool, Optional[Callable[..., object]]]:
+        included = getattr(route, "_match", None)
+        if included is not None:
+            # FastAPI >= 0.120 keeps included routers as one route (_IncludedRouter) that
+            # picks among its own candidates
+            match, child, inner, _ = included(dict(scope))
+            if match != Match.FULL or inner is None:
+                return False, None
+            if getattr(inner, "_match", None) is not None:
+                return one(inner, {**scope, **child})
+            return True, getattr(inner, "endpoint", None)
+        match, child = route.matches(scope)
+        if match != Match.FULL:
+            return False, None
+        if isinstance(route, (Mount, Host)):
+            return True, walk(route.routes, {**scope, **child})
+        return True, getattr(route, "endpoint", None)
+
+    def walk(routes: Iterable[Any], scope: Scope) -> Optional[Callable[..., object]]:
+        for route in routes:
+            matched, endpoint = one(route, scope)
+            if matched:
+                return endpoint
+        return None
+
+    return walk(routes, scope)
+
+
+async def _answer(app: Any, scope: Scope, receive: Receive, send: Send) -> None:
+    if inspect.isawaitable(app):
+        app = await app
+    await app(scope, receive, send)
+
+
 class RateLimitMiddleware:
     """Limits HTTP requests of an ASGI app.
 
-    ``rule(request) -> (key, policy[, cost]) | None`` picks what to check (None: don't);
-    or pass ``policy=`` to limit by client address. ``trusted_proxies`` lists the proxy
-    addresses or CIDRs whose ``X-Forwarded-For`` is believed.
+    ``routes``: a :class:`RouteLimits` whose decorators mark endpoints. ``rule(request) ->
+    (key, policy[, cost]) | [layers] | None`` limits every request (None: not this one), or
+    ``policy=`` limits every request by client address; both add to the route limits.
+    ``trusted_proxies`` lists the proxies whose ``X-Forwarded-For`` is believed.
+    ``headers``/``retry_after``/``outage_retry_after``: see :class:`shardlimit._http.Options`.
+    ``on_limited(request, decision)`` and ``on_unavailable(request, decision)`` answer a
+    429 and a 503 instead of the JSON default; the rate headers are added unless the
+    response has its own. A policy with ``on_error: error`` raises the core's error, which
+    reaches the app's exception handlers (``@app.exception_handler(shardlimit.BackendError)``).
     """
 
     def __init__(
@@ -49,15 +135,48 @@ class RateLimitMiddleware:
         rule: Optional[Rule] = None,
         *,
         policy: Optional[PolicyLike] = None,
+        routes: Optional[RouteLimits] = None,
         trusted_proxies: Iterable[str] = (),
+        headers: str = "both",
+        retry_after: str = "seconds",
+        outage_retry_after: int = 1,
+        on_limited: Optional[Handler] = None,
+        on_unavailable: Optional[Handler] = None,
+        warm_up: float = 5.0,
     ) -> None:
         self.app = app
-        self.checker = Checker(limiter, rule, policy, trusted_proxies)
+        self.checker = Checker(limiter, rule, policy, trusted_proxies, routes=routes is not None)
+        self.routes = routes
+        self.options = Options(headers, retry_after, outage_retry_after)
+        self.on_limited = on_limited
+        self.on_unavailable = on_unavailable
+        self.warm_up = warm_up
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def receive_after_warm_up() -> Message:
+            message = await receive()
+            if message.get("type") == "lifespan.startup":
+                failed = await awarm_up(self.checker.limiter, self.warm_up)
+                if failed:
+                    log.warning("shardlimit: warm-up incomplete, the first checks may fall back: %s",
+                                failed)
+            return message
+
+        await self.app(scope, receive_after_warm_up, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        endpoint = None
+        if self.routes is not None:
+            endpoint = find_endpoint(scope.get("app"), scope)
+            if self.routes.is_exempt(endpoint):
+                await self.app(scope, receive, send)
+                return
         client = scope.get("client")
         request = self.checker.request(
             scope.get("method", "GET"),
@@ -66,29 +185,57 @@ class RateLimitMiddleware:
             client[0] if client else None,
             scope,
         )
-        target = self.checker.rule(request)
-        if target is None:
+        checks = layers(self.checker.rule(request))
+        if self.routes is not None:
+            checks += self.routes.layers_for(endpoint, request)
+        if not checks:
             await self.app(scope, receive, send)
             return
-        decision = await self.checker.acheck(target)
+        try:
+            decision = await self.checker.acheck(checks if len(checks) > 1 else checks[0])
+        except Error as e:
+            await self._error(e, scope, receive, send)
+            return
+        scope.setdefault("state", {})["shardlimit"] = decision
+        extra = [(k.lower().encode(), v.encode()) for k, v in rate_headers(decision, self.options)]
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                own = list(message.get("headers") or ())
+                if not has_rate_headers(k.decode("latin-1") for k, _ in own):
+                    message = dict(message)
+                    message["headers"] = own + extra
+            await send(message)
+
         if not decision:
-            headers, body = too_many_requests(decision)
+            outage = decision.source == "fallback"
+            handler = self.on_unavailable if outage else self.on_limited
+            if handler is not None:
+                await _answer(handler(request, decision), scope, receive, send_with_headers)
+                return
+            status, hdrs, body = denial(decision, self.options)
             await send(
                 {
                     "type": "http.response.start",
-                    "status": 429,
-                    "headers": [(k.lower().encode(), v.encode()) for k, v in headers],
+                    "status": status,
+                    "headers": [(k.lower().encode(), v.encode()) for k, v in hdrs],
                 }
             )
             await send({"type": "http.response.body", "body": body})
             return
-        extra = [(k.lower().encode(), v.encode()) for k, v in decision.headers().items()]
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message = dict(message)
-                message["headers"] = list(message.get("headers") or ()) + extra
-            await send(message)
-
         await self.app(scope, receive, send_with_headers)
 
+    async def _error(self, error: Error, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app's exception handler for ``error`` (Starlette's ``exception_handlers``,
+        looked up along the class tree as Starlette does), else the error is raised."""
+        app = scope.get("app")
+        handlers = getattr(app, "exception_handlers", None) or {}
+        for cls in type(error).__mro__:
+            handler = handlers.get(cls)
+            if handler is not None:
+                from starlette.requests import Request as StarletteRequest
+
+                await _answer(handler(StarletteRequest(scope, receive), error), scope, receive,
+                              send)
+                return
+        raise error

@@ -3,24 +3,44 @@
     from shardlimit.wsgi import RateLimitMiddleware
     app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter, policy="api")
 
-Every checked response carries the rate-limit headers; a denied request gets a 429 with the
-core's JSON body and never reaches the app. The check releases the GIL while it waits on
+Every checked response carries one set of rate-limit headers; a denied request gets a 429
+with the core's JSON body (a 503 when the limit could not be checked) and never reaches the
+app. The check releases the GIL while it waits on
 Redis, so threaded servers check in parallel.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ._http import Checker, PolicyLike, Request, Rule, Target, by_client_ip, too_many_requests
-from ._shardlimit import Limiter
+from ._http import (
+    STATUS_LINES,
+    Checker,
+    Options,
+    PolicyLike,
+    Request,
+    Rule,
+    Target,
+    by_client_ip,
+    denial,
+    has_rate_headers,
+    is_outage,
+    rate_headers,
+)
+from ._http import warm_up as _warm_up
+from ._shardlimit import Decision, Limiter
 
 if TYPE_CHECKING:
     from _typeshed import OptExcInfo
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 __all__ = ["RateLimitMiddleware", "Request", "Rule", "Target", "by_client_ip"]
+
+log = logging.getLogger("shardlimit")
+#: A custom answer to a denied request: returns a WSGI app (a werkzeug ``Response``).
+Handler = Callable[[Request, Decision], Any]
 
 
 def _headers(environ: WSGIEnvironment) -> dict[str, str]:
@@ -38,9 +58,16 @@ def _headers(environ: WSGIEnvironment) -> dict[str, str]:
 class RateLimitMiddleware:
     """Limits requests of a WSGI app.
 
-    ``rule(request) -> (key, policy[, cost]) | None`` picks what to check (None: don't);
-    or pass ``policy=`` to limit by client address. ``trusted_proxies`` lists the proxy
-    addresses or CIDRs whose ``X-Forwarded-For`` is believed.
+    ``rule(request) -> (key, policy[, cost]) | [layers] | None`` picks what to check (None:
+    don't); or pass ``policy=`` to limit by client address. ``trusted_proxies`` lists the
+    proxy addresses or CIDRs whose ``X-Forwarded-For`` is believed. ``headers``,
+    ``retry_after``, ``outage_retry_after``: see :class:`shardlimit._http.Options`; a
+    fallback that denies answers 503, never 429. ``on_limited(request, decision)`` and
+    ``on_unavailable(request, decision)`` return a WSGI app (a werkzeug ``Response``) to
+    answer instead. The decision is ``environ["shardlimit.decision"]``. The limiter
+    connects to every shard when the middleware is built (``warm_up`` seconds at most).
+    For Flask, :mod:`shardlimit.flask` checks inside the app instead, so that route
+    decorators work and errors reach ``@app.errorhandler``.
     """
 
     def __init__(
@@ -51,9 +78,21 @@ class RateLimitMiddleware:
         *,
         policy: Optional[PolicyLike] = None,
         trusted_proxies: Iterable[str] = (),
+        headers: str = "both",
+        retry_after: str = "seconds",
+        outage_retry_after: int = 1,
+        on_limited: Optional[Handler] = None,
+        on_unavailable: Optional[Handler] = None,
+        warm_up: float = 5.0,
     ) -> None:
         self.app = app
         self.checker = Checker(limiter, rule, policy, trusted_proxies)
+        self.options = Options(headers, retry_after, outage_retry_after)
+        self.on_limited = on_limited
+        self.on_unavailable = on_unavailable
+        failed = _warm_up(limiter, warm_up)
+        if failed:
+            log.warning("shardlimit: warm-up incomplete, the first checks may fall back: %s", failed)
 
     def __call__(
         self, environ: WSGIEnvironment, start_response: StartResponse
@@ -69,11 +108,8 @@ class RateLimitMiddleware:
         if target is None:
             return self.app(environ, start_response)
         decision = self.checker.check(target)
-        if not decision:
-            headers, body = too_many_requests(decision)
-            start_response("429 Too Many Requests", headers)
-            return [body]
-        extra = list(decision.headers().items())
+        environ["shardlimit.decision"] = decision
+        extra = rate_headers(decision, self.options)
 
         def start_with_headers(
             status: str,
@@ -81,8 +117,16 @@ class RateLimitMiddleware:
             exc_info: Optional[OptExcInfo] = None,
             /,
         ) -> Callable[[bytes], object]:
-            return start_response(status, list(headers) + extra, exc_info)
+            if not has_rate_headers(k for k, _ in headers):
+                headers = list(headers) + extra
+            return start_response(status, headers, exc_info)
 
+        if not decision:
+            handler = self.on_unavailable if is_outage(decision) else self.on_limited
+            if handler is not None:
+                answer: Iterable[bytes] = handler(request, decision)(environ, start_with_headers)
+                return answer
+            status, hdrs, body = denial(decision, self.options)
+            start_response(STATUS_LINES[status], hdrs)
+            return [body]
         return self.app(environ, start_with_headers)
-
-

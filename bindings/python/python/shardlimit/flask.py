@@ -1,0 +1,119 @@
+"""Flask route limits.
+
+    limits = FlaskLimits(limiter, app)               # key: the client address
+
+    @app.post("/login")
+    @limits.limit("5/minute")
+    def login(): ...
+
+The check runs in ``before_request`` on the endpoint Flask matched (blueprints and
+prefixes included), so a policy with ``on_error: error`` raises inside Flask and reaches
+``@app.errorhandler(shardlimit.BackendError)``. A denial answers 429 with the core's JSON
+body, or 503 when the limit could not be checked and the fallback denied; every checked
+response carries one set of rate-limit headers; the decision is ``flask.g.shardlimit``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any, Callable, Optional
+
+from flask import Flask, Response, g, request
+
+from ._http import (
+    Checker,
+    Options,
+    PolicyLike,
+    Request,
+    Rule,
+    denial,
+    has_rate_headers,
+    is_outage,
+    layers,
+    rate_headers,
+    warm_up,
+)
+from ._routes import KeyFunc, RouteLimits, client_ip_key
+from ._shardlimit import Decision, Limiter
+
+__all__ = ["FlaskLimits", "client_ip_key"]
+
+log = logging.getLogger("shardlimit")
+#: A custom answer to a denied request: any Flask view return value.
+Handler = Callable[[Request, Decision], Any]
+
+
+class FlaskLimits(RouteLimits):
+    """Route decorators (:meth:`limit`, :meth:`shared_limit`, :meth:`exempt`) for Flask.
+
+    ``rule``/``policy`` add a limit to every request, as the WSGI middleware's do.
+    ``headers``, ``retry_after``, ``outage_retry_after``, ``on_limited``,
+    ``on_unavailable``, ``trusted_proxies`` and ``warm_up``: as the middlewares'.
+    """
+
+    def __init__(
+        self,
+        limiter: Limiter,
+        app: Optional[Flask] = None,
+        *,
+        key: Optional[KeyFunc] = None,
+        rule: Optional[Rule] = None,
+        policy: Optional[PolicyLike] = None,
+        trusted_proxies: Iterable[str] = (),
+        headers: str = "both",
+        retry_after: str = "seconds",
+        outage_retry_after: int = 1,
+        on_limited: Optional[Handler] = None,
+        on_unavailable: Optional[Handler] = None,
+        warm_up: float = 5.0,
+    ) -> None:
+        super().__init__(limiter, key=key)
+        self.checker = Checker(limiter, rule, policy, trusted_proxies, routes=True)
+        self.options = Options(headers, retry_after, outage_retry_after)
+        self.on_limited = on_limited
+        self.on_unavailable = on_unavailable
+        self.warm_up = warm_up
+        if app is not None:
+            self.init_app(app)
+
+    def init_app(self, app: Flask) -> None:
+        """Installs the checks on ``app`` and connects to every shard."""
+        app.before_request(self._before)
+        app.after_request(self._after)
+        failed = warm_up(self.limiter, self.warm_up)
+        if failed:
+            log.warning("shardlimit: warm-up incomplete, the first checks may fall back: %s", failed)
+
+    def _before(self) -> Any:
+        from flask import current_app
+
+        endpoint = current_app.view_functions.get(request.endpoint or "")
+        if self.is_exempt(endpoint):
+            return None
+        view = self.checker.request(
+            request.method,
+            request.path,
+            {k.lower(): v for k, v in request.headers.items()},
+            request.remote_addr,
+            request,
+        )
+        checks = layers(self.checker.rule(view)) + self.layers_for(endpoint, view)
+        if not checks:
+            return None
+        decision = self.checker.check(checks if len(checks) > 1 else checks[0])
+        g.shardlimit = decision
+        if decision:
+            return None
+        handler = self.on_unavailable if is_outage(decision) else self.on_limited
+        if handler is not None:
+            return handler(view, decision)
+        status, hdrs, body = denial(decision, self.options)
+        return Response(body, status=status, headers=hdrs)
+
+    def _after(self, response: Response) -> Response:
+        decision = g.get("shardlimit")
+        if decision is not None and not has_rate_headers(response.headers.keys()):
+            for k, v in rate_headers(decision, self.options):
+                response.headers[k] = v
+        return response

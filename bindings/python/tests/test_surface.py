@@ -1,0 +1,188 @@
+"""The whole core in Python: every operation of spec/operations.json, the key rule of
+tests/vectors/keys.json, rate strings, metrics, events, reload, scale, coroutines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+from redis_support import RedisServer, config
+
+import shardlimit
+from shardlimit import Limit, Limiter, ManualClock, parse_rate
+
+ROOT = Path(__file__).resolve().parents[3]
+
+#: Operations Python offers under another name than the core's (the test still fails when
+#: the mapped name is missing).
+PYTHON_NAMES = {
+    "new": ["from_json"],
+    "from_config_file": ["from_config"],
+    # the clock is a keyword of every constructor: Limiter.memory(clock=ManualClock())
+    "with_clock": [],
+    # the config in force: its policy names and each policy
+    "config": ["policies", "policy"],
+}
+
+
+def test_every_operation_of_the_spec_is_offered() -> None:
+    spec = json.loads((ROOT / "spec" / "operations.json").read_text())
+    missing = []
+    for op in spec["operations"]:
+        if "python" in op["not_in"]:
+            continue
+        names = PYTHON_NAMES.get(op["name"], [op["name"]])
+        for name in names:
+            if not hasattr(Limiter, name):
+                missing.append(f"{op['name']} (as {name})")
+        is_async = any(r in ("check", "peek", "acquire", "release", "reset", "check_all",
+                             "block", "unblock", "blocked") for r in op["rust"])
+        if is_async and not hasattr(Limiter, "a" + op["name"]):
+            missing.append(f"{op['name']} (async twin a{op['name']})")
+    assert not missing, f"Python lacks: {missing}"
+    clock = ManualClock(5_000_000)
+    assert Limiter.memory(clock=clock).check("k", "1/second").allowed
+
+
+def test_the_key_rule_of_the_vectors() -> None:
+    cases = json.loads((ROOT / "tests" / "vectors" / "keys.json").read_text())["cases"]
+    limiter = Limiter.memory()
+    assert len(cases) >= 10
+    for case in cases:
+        raw = bytes.fromhex(case["hex"])
+        try:
+            key = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            # not representable as a str: the closest a caller gets is a str with lone
+            # surrogates, which is refused before it reaches the core
+            key = raw.decode("utf-8", "surrogateescape")
+            assert not case["accepted"], case["name"]
+            with pytest.raises((UnicodeEncodeError, shardlimit.InvalidArgumentError)):
+                limiter.check(key, "5/minute")
+            continue
+        if case["accepted"]:
+            assert limiter.check(key, "5/minute").allowed, case["name"]
+        else:
+            with pytest.raises(shardlimit.InvalidArgumentError, match="key"):
+                limiter.check(key, "5/minute")
+        # keys are str only: bytes are a TypeError, never silently decoded
+        with pytest.raises(TypeError):
+            limiter.check(raw, "5/minute")  # type: ignore[arg-type]
+
+
+def test_rate_strings() -> None:
+    assert [lim.id for lim in parse_rate("100/hour; 1000/day")] == [
+        "fixed_window-100-3600000ms", "fixed_window-1000-86400000ms"]
+    assert parse_rate("10 per second")[0].id == "fixed_window-10-1000ms"
+    assert parse_rate("3/5 minutes")[0].id == "fixed_window-3-300000ms"
+    assert parse_rate("20/2 seconds", "token_bucket")[0].id == "token_bucket-20-10ps"
+    assert Limit.parse("5/minute").id == "fixed_window-5-60000ms"
+    for bad, part in (("5/fortnight", "fortnight"), ("five/minute", "five"), ("", "empty"),
+                      ("5/minute;", "empty item")):
+        with pytest.raises(shardlimit.InvalidArgumentError, match=part):
+            parse_rate(bad)
+    with pytest.raises(shardlimit.InvalidArgumentError, match="algorithm"):
+        parse_rate("5/minute", "magic")
+    with pytest.raises(shardlimit.InvalidArgumentError, match="one limit"):
+        Limit.parse("1/second; 5/minute")
+
+
+def test_a_rate_string_of_several_limits_is_one_layered_check() -> None:
+    clock = ManualClock(0)
+    limiter = Limiter.memory(clock=clock)
+    rate = "2/second; 3/minute"
+    assert [limiter.check("k", rate).allowed for _ in range(3)] == [True, True, False]
+    clock.advance_us(1_000_000)
+    assert limiter.check("k", rate).allowed
+    # the minute is spent (3): the per-second layer consumed nothing on the denial
+    assert not limiter.check("k", rate).allowed
+    assert asyncio.run(limiter.acheck("other", rate)).allowed
+    with pytest.raises(shardlimit.InvalidArgumentError, match="one limit"):
+        limiter.peek("k", rate)
+    limiter.reset("k", rate)
+    assert limiter.check("k", rate).allowed
+    # the same string is the same policies: one counter each in the metrics
+    names = [p["policy"] for p in limiter.metrics()["policies"]]
+    assert names.count("fixed_window-2-1000ms") == 1
+
+
+def test_metrics_events_and_prometheus() -> None:
+    limiter = Limiter.from_json('{"policies": {"api": {"algorithm": "fixed_window", '
+                                '"limit": 1, "window": "1h"}}}')
+    events: list[dict[str, str]] = []
+    seen = threading.Event()
+
+    def on_event(e: dict[str, str]) -> None:
+        events.append(e)
+        seen.set()
+
+    limiter.subscribe(on_event)
+    assert limiter.check("k", "api").allowed
+    assert not limiter.check("k", "api").allowed
+    assert seen.wait(5)
+    assert events[0]["event"] == "denied" and events[0]["policy"] == "api"
+    assert events[0]["key"] == "k"
+    (api,) = [p for p in limiter.metrics()["policies"] if p["policy"] == "api"]
+    assert (api["allowed"], api["denied"]) == (1, 1)
+    text = limiter.prometheus()
+    assert 'shardlimit_denied_total{policy="api"} 1' in text
+    assert limiter.memory_keys == 1
+
+
+def test_reload_watch_and_scale(tmp_path: Path) -> None:
+    limiter = Limiter.from_json('{"policies": {"api": {"algorithm": "fixed_window", '
+                                '"limit": 10, "window": "1h"}}}')
+    report = limiter.reload({"policies": {"api": {"algorithm": "fixed_window", "limit": 20,
+                                                  "window": "1h"},
+                                          "new": {"algorithm": "fixed_window", "limit": 1,
+                                                  "window": "1h"}}})
+    assert report["policies_added"] == ["new"] and report["policies_changed"] == ["api"]
+    assert limiter.policy("api").max == 20
+    with pytest.raises(shardlimit.ConfigError):
+        limiter.reload("{not json")
+    assert limiter.policy("api").max == 20, "a bad config keeps the old one"
+    path = tmp_path / "c.json"
+    path.write_text('{"policies": {"api": {"algorithm": "fixed_window", "limit": 30, '
+                    '"window": "1h"}}}')
+    assert limiter.reload_from_file(path)["policies_removed"] == ["new"]
+    with limiter.watch_config(path, every=0.01) as watcher:
+        assert watcher.active
+    assert not watcher.active
+    limiter.set_scale(0.5)
+    assert limiter.scale() == 0.5
+    assert limiter.check("k", "api").limit == 15
+    with pytest.raises(shardlimit.InvalidArgumentError):
+        limiter.observe_health(1.0)  # no hook yet
+    limiter.set_latency_scale(0.1, min_factor=0.2)
+    assert limiter.observe_health(0.05) == 1.0
+    assert limiter.observe_health(0.2) == 0.5
+    with pytest.raises(shardlimit.InvalidArgumentError):
+        limiter.set_scale(0.0)
+
+
+def test_coroutines_run_under_asyncio_run(redis: RedisServer) -> None:
+    limiter = Limiter.from_json(config([redis], {"api": {"algorithm": "fixed_window",
+                                                         "limit": 2, "window": "1h"}}))
+    coro = limiter.acheck("k", "api")  # no loop yet
+    assert asyncio.iscoroutine(coro)
+    assert asyncio.run(coro).remaining == 1
+    assert asyncio.run(limiter.apeek("k", "api")).remaining == 1
+
+
+def test_warm_up_connects_before_traffic(redis: RedisServer) -> None:
+    from shardlimit._http import warm_up
+
+    limiter = Limiter.from_json(config([redis], {}, timeout_ms=1000))
+    assert warm_up(limiter, 5.0) is None
+    assert redis.proc is not None
+    os.kill(redis.proc.pid, signal.SIGSTOP)
+    try:
+        failed = warm_up(Limiter.from_json(config([redis], {}, timeout_ms=50)), 0.3)
+        assert failed is not None and "did not answer" in failed
+    finally:
+        os.kill(redis.proc.pid, signal.SIGCONT)
