@@ -37,7 +37,8 @@ PY="$(cd "$VENV" && pwd)/bin/python"
 echo "== python tools ($("$PY" --version))"
 "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
 "$PY" -m pip install -q --disable-pip-version-check \
-  "pytest>=8" "mypy>=1.10" "starlette>=0.37" "httpx>=0.27" "flask>=3" \
+  "pytest>=8" "mypy>=1.10" "starlette>=0.37" "httpx>=0.27" "flask>=3" "fastapi>=0.110" \
+  "gunicorn>=22" "uvicorn>=0.29" \
   "redis>=5" "limits[redis,async-redis]>=4"
 
 echo "== pip install $(basename "$wheel")"
