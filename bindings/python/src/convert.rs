@@ -144,7 +144,7 @@ pub fn resolve_policies(
             return limiter.rates.get(&name);
         }
         return limiter
-            .inner
+            .inner()?
             .policy(&name)
             .map(|p| vec![p])
             .map_err(core_err);

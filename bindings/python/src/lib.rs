@@ -441,7 +441,8 @@ impl ManualClock {
 /// Thread-safe, fork-safe; share one per process.
 #[pyclass(frozen, module = "shardlimit", name = "Limiter")]
 pub struct Limiter {
-    pub(crate) inner: shardlimit::Limiter,
+    /// The core's limiter; None once closed.
+    cell: std::sync::RwLock<Option<shardlimit::Limiter>>,
     completers: Arc<completion::Completers>,
     pub(crate) rates: convert::Rates,
 }
@@ -455,20 +456,34 @@ fn with_clock(
         l = l.with_clock(c.0.clone()).map_err(core_err)?;
     }
     Ok(Limiter {
-        inner: l,
+        cell: std::sync::RwLock::new(Some(l)),
         completers: Default::default(),
         rates: Default::default(),
     })
 }
 
 impl Limiter {
+    /// The core's limiter (one reference more), or an error once closed.
+    pub(crate) fn inner(&self) -> PyResult<shardlimit::Limiter> {
+        self.cell
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| {
+                core_err(CoreError::InvalidArgument {
+                    what: "limiter".into(),
+                    message: "is closed".into(),
+                })
+            })
+    }
+
     /// Runs a blocking core call, releasing the GIL when it may wait on Redis.
     fn blocking<T: Send>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&shardlimit::Limiter) -> shardlimit::Result<T> + Send,
     ) -> PyResult<T> {
-        let l = &self.inner;
+        let l = &self.inner()?;
         if l.is_redis() {
             py.detach(|| f(l)).map_err(core_err)
         } else {
@@ -506,21 +521,21 @@ impl Limiter {
 
     /// True when Redis shards decide, False for the in-memory engine.
     #[getter]
-    fn is_redis(&self) -> bool {
-        self.inner.is_redis()
+    fn is_redis(&self) -> PyResult<bool> {
+        Ok(self.inner()?.is_redis())
     }
     /// The names of the configured policies.
     #[getter]
-    fn policies(&self) -> Vec<String> {
-        self.inner.config().policies.keys().cloned().collect()
+    fn policies(&self) -> PyResult<Vec<String>> {
+        Ok(self.inner()?.config().policies.keys().cloned().collect())
     }
     /// The named policy of the config.
     fn policy(&self, name: &str) -> PyResult<Policy> {
-        self.inner.policy(name).map(Policy).map_err(core_err)
+        self.inner()?.policy(name).map(Policy).map_err(core_err)
     }
     /// The shard `key` routes to, as (index, name); None on the in-memory engine.
-    fn route(&self, key: &str) -> Option<(u32, String)> {
-        self.inner.route(key).map(|(i, n)| (i, n.to_string()))
+    fn route(&self, key: &str) -> PyResult<Option<(u32, String)>> {
+        Ok(self.inner()?.route(key).map(|(i, n)| (i, n.to_string())))
     }
 
     /// Checks `cost` units of `policy` (a name, a Policy or a Limit) for `key`.
@@ -628,10 +643,10 @@ impl Limiter {
         layers: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let layers = layers_arg(self, layers)?;
-        let l = self.inner.clone();
+        let l = self.inner()?;
         self.completers.coroutine(
             py,
-            &self.inner,
+            &self.inner()?,
             async move { l.check_all(&layers).await },
             decision_obj,
         )
@@ -646,20 +661,20 @@ impl Limiter {
         reason: String,
     ) -> PyResult<Bound<'py, PyAny>> {
         let ttl = ttl.map(ttl_arg).transpose()?;
-        let l = self.inner.clone();
+        let l = self.inner()?;
         self.completers.coroutine(
             py,
-            &self.inner,
+            &self.inner()?,
             async move { l.block(&key, ttl, &reason).await },
             |py, ()| Ok(py.None()),
         )
     }
     /// `await limiter.aunblock(key)`.
     fn aunblock<'py>(&self, py: Python<'py>, key: String) -> PyResult<Bound<'py, PyAny>> {
-        let l = self.inner.clone();
+        let l = self.inner()?;
         self.completers.coroutine(
             py,
-            &self.inner,
+            &self.inner()?,
             async move { l.unblock(&key).await },
             |py, b: bool| {
                 Ok(pyo3::types::PyBool::new(py, b)
@@ -671,10 +686,10 @@ impl Limiter {
     }
     /// `await limiter.ablocked(key)`.
     fn ablocked<'py>(&self, py: Python<'py>, key: String) -> PyResult<Bound<'py, PyAny>> {
-        let l = self.inner.clone();
+        let l = self.inner()?;
         self.completers.coroutine(
             py,
-            &self.inner,
+            &self.inner()?,
             async move { l.blocked(&key).await },
             |py, b| {
                 Ok(match b {
@@ -696,10 +711,10 @@ impl Limiter {
     ) -> PyResult<Bound<'py, PyAny>> {
         let ps = resolve_policies(self, policy)?;
         let cost = cost_arg(cost)?;
-        let l = self.inner.clone();
+        let l = self.inner()?;
         self.completers.coroutine(
             py,
-            &self.inner,
+            &self.inner()?,
             async move {
                 match &ps[..] {
                     [p] => l.check(&key, p, cost).await,
@@ -717,10 +732,10 @@ impl Limiter {
         policy: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let p = resolve_policy(self, policy)?;
-        let l = self.inner.clone();
+        let l = self.inner()?;
         self.completers.coroutine(
             py,
-            &self.inner,
+            &self.inner()?,
             async move { l.peek(&key, &p).await },
             decision_obj,
         )
@@ -736,11 +751,11 @@ impl Limiter {
     ) -> PyResult<Bound<'py, PyAny>> {
         let p = resolve_policy(self, policy)?;
         let units = cost_arg(units)?;
-        let l = self.inner.clone();
+        let l = self.inner()?;
         let p2 = p.clone();
         self.completers.coroutine(
             py,
-            &self.inner,
+            &self.inner()?,
             async move { l.acquire(&key, &p, units).await },
             move |py, r| Ok(lease_pair(py, r, p2)?.into_any().unbind()),
         )
@@ -748,10 +763,10 @@ impl Limiter {
     /// `await limiter.arelease(lease)` -> bool.
     fn arelease<'py>(&self, py: Python<'py>, lease: &Lease) -> PyResult<Bound<'py, PyAny>> {
         let (policy, lease) = (lease.policy.clone(), lease.lease.clone());
-        let l = self.inner.clone();
+        let l = self.inner()?;
         self.completers.coroutine(
             py,
-            &self.inner,
+            &self.inner()?,
             async move { l.release_with(&policy, &lease).await },
             |py, b: bool| {
                 Ok(pyo3::types::PyBool::new(py, b)
@@ -769,10 +784,10 @@ impl Limiter {
         policy: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let ps = resolve_policies(self, policy)?;
-        let l = self.inner.clone();
+        let l = self.inner()?;
         self.completers.coroutine(
             py,
-            &self.inner,
+            &self.inner()?,
             async move {
                 for p in &ps {
                     l.reset(&key, p).await?;
@@ -785,8 +800,8 @@ impl Limiter {
 
     /// How many keys the in-memory engine holds; None on Redis.
     #[getter]
-    fn memory_keys(&self) -> Option<usize> {
-        self.inner.memory_keys()
+    fn memory_keys(&self) -> PyResult<Option<usize>> {
+        Ok(self.inner()?.memory_keys())
     }
 
     /// Calls `callback(event)` for every event (denials, blocks, fallbacks, circuit
@@ -817,9 +832,10 @@ impl Limiter {
                     });
                 }
             })?;
-        self.inner.subscribe(Arc::new(move |e: &shardlimit::Event| {
-            let _ = tx.try_send(e.fields());
-        }));
+        self.inner()?
+            .subscribe(Arc::new(move |e: &shardlimit::Event| {
+                let _ = tx.try_send(e.fields());
+            }));
         Ok(())
     }
 
@@ -834,7 +850,8 @@ impl Limiter {
     ) -> PyResult<Bound<'py, PyDict>> {
         let text = config_text(py, config)?;
         let cfg = shardlimit::Config::from_json(&text).map_err(core_err)?;
-        let r = py.detach(|| self.inner.reload(cfg)).map_err(core_err)?;
+        let l = self.inner()?;
+        let r = py.detach(|| l.reload(cfg)).map_err(core_err)?;
         reload_report(py, r)
     }
     /// `reload` from a config file.
@@ -843,9 +860,8 @@ impl Limiter {
         py: Python<'py>,
         path: std::path::PathBuf,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let r = py
-            .detach(|| self.inner.reload_from_file(path))
-            .map_err(core_err)?;
+        let l = self.inner()?;
+        let r = py.detach(|| l.reload_from_file(path)).map_err(core_err)?;
         reload_report(py, r)
     }
     /// Reloads whenever `path` changes (its modification time is polled every `every`
@@ -861,7 +877,7 @@ impl Limiter {
             }));
         }
         Ok(ConfigWatcher(Mutex::new(Some(
-            self.inner.watch_config(path, every),
+            self.inner()?.watch_config(path, every),
         ))))
     }
 
@@ -870,11 +886,11 @@ impl Limiter {
     #[pyo3(signature = (factor, policies = Vec::new()))]
     fn set_scale(&self, factor: f64, policies: Vec<String>) -> PyResult<()> {
         let names: Vec<&str> = policies.iter().map(String::as_str).collect();
-        self.inner.set_scale(factor, &names).map_err(core_err)
+        self.inner()?.set_scale(factor, &names).map_err(core_err)
     }
     /// The global scale factor in force (policies may have their own on top).
-    fn scale(&self) -> f64 {
-        self.inner.scale()
+    fn scale(&self) -> PyResult<f64> {
+        Ok(self.inner()?.scale())
     }
     /// Installs the core's latency hook for `observe_health`: full limits while the
     /// signal (seconds, e.g. a dependency's p99) is at or under `target`, `target / signal`
@@ -882,20 +898,20 @@ impl Limiter {
     #[pyo3(signature = (target, min_factor = 0.1))]
     fn set_latency_scale(&self, target: f64, min_factor: f64) -> PyResult<()> {
         let target = ttl_arg(target)?;
-        self.inner
+        self.inner()?
             .set_scale_hook(shardlimit::latency_scale(target, min_factor));
         Ok(())
     }
     /// Feeds a health signal to the scale hook (`set_latency_scale`) and applies the
     /// factor it returns; returns the factor now in force.
     fn observe_health(&self, signal: f64) -> PyResult<f64> {
-        self.inner.observe_health(signal).map_err(core_err)
+        self.inner()?.observe_health(signal).map_err(core_err)
     }
 
     /// Counters per policy (`allowed`, `denied`, `fallback`, `blocked`, `local_admitted`,
     /// `redis_errors`), the Redis latency histogram and dropped events, as a dict.
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let m = self.inner.metrics();
+        let m = self.inner()?.metrics();
         let d = PyDict::new(py);
         let policies = PyList::empty(py);
         for p in &m.policies {
@@ -923,19 +939,42 @@ impl Limiter {
         Ok(d)
     }
     /// The metrics in the Prometheus text exposition format (0.0.4), for a `/metrics` route.
-    fn prometheus(&self) -> String {
-        self.inner.metrics().to_prometheus()
+    fn prometheus(&self) -> PyResult<String> {
+        Ok(self.inner()?.metrics().to_prometheus())
+    }
+
+    /// Closes the limiter: its connections and I/O runtime are let go once the calls in
+    /// flight finish; every later call raises InvalidArgumentError. Idempotent. Also the
+    /// end of a `with limiter:` block.
+    fn close(&self, py: Python<'_>) {
+        let l = self.cell.write().unwrap_or_else(|e| e.into_inner()).take();
+        py.detach(move || drop(l));
+    }
+    /// True once closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.cell
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+    }
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> bool {
+        self.close(py);
+        false
     }
 
     fn __repr__(&self) -> String {
+        let Ok(l) = self.inner() else {
+            return "Limiter(closed)".into();
+        };
         format!(
             "Limiter(engine={:?}, policies={:?})",
-            if self.inner.is_redis() {
-                "redis"
-            } else {
-                "memory"
-            },
-            self.inner.config().policies.keys().collect::<Vec<_>>()
+            if l.is_redis() { "redis" } else { "memory" },
+            l.config().policies.keys().collect::<Vec<_>>()
         )
     }
 }
@@ -1069,12 +1108,12 @@ impl LeaseContext {
         let py = slf.py();
         let me = slf.get();
         let limiter = me.limiter.get();
-        let l = limiter.inner.clone();
+        let l = limiter.inner()?;
         let (key, policy, units) = (me.key.clone(), me.policy.clone(), me.units);
         let ctx = slf.clone().unbind();
         limiter.completers.spawn(
             py,
-            &limiter.inner,
+            &limiter.inner()?,
             async move { l.acquire(&key, &policy, units).await },
             move |py, r| entered(py, &ctx, r),
         )
@@ -1087,10 +1126,10 @@ impl LeaseContext {
     ) -> PyResult<Bound<'py, PyAny>> {
         let limiter = self.limiter.get();
         let held = self.take_held();
-        let l = limiter.inner.clone();
+        let l = limiter.inner()?;
         limiter.completers.spawn(
             py,
-            &limiter.inner,
+            &limiter.inner()?,
             async move {
                 if let Some((lease, policy)) = held {
                     l.release_with(&policy, &lease).await?;

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,52 @@ def test_warm_up_connects_before_traffic(redis: RedisServer) -> None:
         assert failed is not None and "did not answer" in failed
     finally:
         os.kill(redis.proc.pid, signal.SIGCONT)
+
+
+def test_close(redis: RedisServer) -> None:
+    with Limiter.from_json(config([redis], {"api": {"algorithm": "fixed_window", "limit": 2,
+                                                    "window": "1h"}})) as limiter:
+        assert limiter.check("k", "api").allowed
+        pending = limiter.acheck("k", "api")
+    assert limiter.closed and repr(limiter) == "Limiter(closed)"
+    with pytest.raises(shardlimit.InvalidArgumentError, match="closed"):
+        limiter.check("k", "api")
+    # a call made before close holds the limiter: it finishes
+    assert asyncio.run(pending).remaining == 0
+    del pending
+    limiter.close()  # idempotent
+    # the connection is let go: Redis sees it close (asynchronously, so wait for it)
+    deadline = time.monotonic() + 5
+    while len(clients := redis.command("CLIENT", "LIST").decode().strip().splitlines()) > 1:
+        assert time.monotonic() < deadline, clients
+        time.sleep(0.01)
+
+
+def test_every_public_name_of_the_stub_has_a_docstring() -> None:
+    import ast
+
+    stub = Path(shardlimit.__file__).with_name("_shardlimit.pyi")
+    tree = ast.parse(stub.read_text())
+    missing = []
+
+    def visit(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                name = node.name
+                if name.startswith("_") and not (prefix and name in ("__init__",)):
+                    continue
+                if ast.get_docstring(node) is None:
+                    missing.append(prefix + name)
+                if isinstance(node, ast.ClassDef):
+                    visit(node.body, f"{name}.")
+
+    visit(tree.body, "")
+    assert not missing, f"no docstring: {missing}"
+    # and every public name of the extension is in the stub
+    from shardlimit import _shardlimit as ext
+
+    in_stub = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    in_stub |= {n.target.id for n in tree.body
+                if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    public = {n for n in dir(ext) if not n.startswith("_")}
+    assert public <= in_stub, public - in_stub

@@ -295,6 +295,19 @@ class Limiter:
         """Counters per policy, the Redis latency histogram and dropped events."""
     def prometheus(self) -> str:
         """The metrics in the Prometheus text format."""
+    def close(self) -> None:
+        """Lets the connections and the I/O runtime go once the calls in flight finish;
+        later calls raise InvalidArgumentError. Idempotent; also the end of ``with``."""
+    @property
+    def closed(self) -> bool:
+        """True once closed."""
+    def __enter__(self) -> Limiter: ...
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool: ...
     def acheck(
         self, key: str, policy: PolicyLike, cost: int = 1
     ) -> Coroutine[Any, Any, Decision]:
