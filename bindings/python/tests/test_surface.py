@@ -236,3 +236,27 @@ def test_every_public_name_of_the_stub_has_a_docstring() -> None:
                 if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
     public = {n for n in dir(ext) if not n.startswith("_")}
     assert public <= in_stub, public - in_stub
+
+
+def test_anyio_on_asyncio_and_trio_through_threads() -> None:
+    import anyio
+
+    limiter = Limiter.memory()
+
+    async def main() -> bool:
+        return (await limiter.acheck("anyio", "2/minute")).allowed
+
+    assert anyio.run(main, backend="asyncio")
+    try:
+        import trio
+    except ImportError:
+        return
+
+    async def under_trio() -> bool:
+        # the a-calls need asyncio; the sync calls release the GIL: run them on a thread
+        with pytest.raises(RuntimeError, match="no running event loop"):
+            await limiter.acheck("trio", "2/minute")
+        d = await trio.to_thread.run_sync(limiter.check, "trio", "2/minute")
+        return d.allowed
+
+    assert trio.run(under_trio)
