@@ -27,15 +27,16 @@ from shardlimit.asgi import RateLimitMiddleware, RouteLimits
 from shardlimit.flask import FlaskLimits
 
 
+POLICIES = {
+    "api": {"algorithm": "fixed_window", "limit": 100, "window": "1h"},
+    "strict": {"algorithm": "fixed_window", "limit": 1, "window": "1h", "on_error": "closed"},
+    "raising": {"algorithm": "fixed_window", "limit": 1, "window": "1h", "on_error": "error"},
+}
+
+
 @pytest.fixture
 def limiter(redis: RedisServer) -> Limiter:
-    return Limiter.from_json(config([redis], {
-        "api": {"algorithm": "fixed_window", "limit": 100, "window": "1h"},
-        "strict": {"algorithm": "fixed_window", "limit": 1, "window": "1h",
-                   "on_error": "closed"},
-        "raising": {"algorithm": "fixed_window", "limit": 1, "window": "1h",
-                    "on_error": "error"},
-    }, timeout_ms=200))
+    return Limiter.from_json(config([redis], POLICIES, timeout_ms=200))
 
 
 def key_header(request: shardlimit.asgi.Request) -> str | None:
@@ -309,3 +310,45 @@ def test_flask_outage(limiter: Limiter, stopped: RedisServer) -> None:
     assert (strict.status_code, strict.headers["Retry-After"]) == (503, "9")
     raising = c.get("/raising")
     assert raising.status_code == 502 and raising.json == {"handled": "TimeoutError"}
+
+
+def lifespan_startup(app: Any) -> list[str]:
+    """Runs the ASGI lifespan start-up of ``app``; returns the messages it sent."""
+    sent: list[str] = []
+
+    async def main() -> None:
+        messages = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+
+        async def receive() -> dict[str, str]:
+            return messages.pop(0)
+
+        async def send(message: Any) -> None:
+            sent.append(message["type"])
+
+        await app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, receive, send)
+
+    asyncio.run(main())
+    return sent
+
+
+def test_lifespan_start_up_connects_before_traffic(redis: RedisServer) -> None:
+    limiter = Limiter.from_json(config([redis], POLICIES))
+    before = len(redis.command("CLIENT", "LIST").decode().strip().splitlines())
+    sent = lifespan_startup(main_app(limiter))
+    assert sent[0] == "lifespan.startup.complete"
+    after = len(redis.command("CLIENT", "LIST").decode().strip().splitlines())
+    assert after == before + 1, "the limiter's connection is made at start-up"
+
+
+def test_lifespan_warns_when_a_shard_does_not_answer(redis: RedisServer,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    limiter = Limiter.from_json(config([redis], POLICIES, timeout_ms=50))
+    assert redis.proc is not None
+    os.kill(redis.proc.pid, signal.SIGSTOP)
+    try:
+        with caplog.at_level("WARNING", logger="shardlimit"):
+            sent = lifespan_startup(main_app(limiter, warm_up=0.3))
+    finally:
+        os.kill(redis.proc.pid, signal.SIGCONT)
+    assert sent[0] == "lifespan.startup.complete", "start-up goes on, with a warning"
+    assert "warm-up incomplete" in caplog.text
