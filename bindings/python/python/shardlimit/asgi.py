@@ -63,6 +63,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 Handler = Callable[[Request, Decision], Any]
 
 
+#: How many (method, path, host) a middleware remembers the endpoint of.
+ENDPOINT_CACHE = 4096
+
+
 def _headers(scope: Scope) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, value in scope.get("headers") or ():
@@ -151,6 +155,7 @@ class RateLimitMiddleware:
         self.on_limited = on_limited
         self.on_unavailable = on_unavailable
         self.warm_up = warm_up
+        self._endpoints: dict[tuple[Any, ...], Optional[Callable[..., object]]] = {}
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def receive_after_warm_up() -> Message:
@@ -173,7 +178,7 @@ class RateLimitMiddleware:
             return
         endpoint = None
         if self.routes is not None:
-            endpoint = find_endpoint(scope.get("app"), scope)
+            endpoint = self._endpoint(scope)
             if self.routes.is_exempt(endpoint):
                 await self.app(scope, receive, send)
                 return
@@ -224,6 +229,21 @@ class RateLimitMiddleware:
             await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, send_with_headers)
+
+    def _endpoint(self, scope: Scope) -> Optional[Callable[..., object]]:
+        """:func:`find_endpoint`, remembered per (method, path, host) for the last
+        :data:`ENDPOINT_CACHE` distinct requests: matching costs as much as the router's own."""
+        host = next((v for k, v in scope.get("headers") or () if k == b"host"), b"")
+        key = (scope.get("method"), scope.get("root_path", ""), scope.get("path"), host)
+        try:
+            return self._endpoints[key]
+        except KeyError:
+            pass
+        endpoint = find_endpoint(scope.get("app"), scope)
+        if len(self._endpoints) >= ENDPOINT_CACHE:
+            self._endpoints.clear()  # bounded: paths are the client's to choose
+        self._endpoints[key] = endpoint
+        return endpoint
 
     async def _error(self, error: Error, scope: Scope, receive: Receive, send: Send) -> None:
         """The app's exception handler for ``error`` (Starlette's ``exception_handlers``,
