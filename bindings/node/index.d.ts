@@ -4,12 +4,17 @@
 
 /** The JSON body of a 429 response (`decision.body()`). */
 export interface RateLimitBody {
+  /** Always `rate_limited` (the middleware's 503 says `rate_limit_unavailable`). */
   error: 'rate_limited'
+  /** The policy that decided. */
   policy: string
+  /** The effective limit. */
   limit: number
-  remaining: number
+  /** Units left; null when the limit could not be measured (a fallback). */
+  remaining: number | null
   /** Whole seconds; null when the request can never fit (cost above the limit). */
   retry_after: number | null
+  /** A sentence for people. */
   message: string
 }
 
@@ -400,6 +405,7 @@ export type ErrorCode = `ERR_SHARDLIMIT_${Uppercase<ErrorKindName>}`
 
 /** Every error of the core; branch on the subclass or on `code`. */
 export declare class ShardlimitError extends Error {
+  /** An error of `kind` (default `internal`); the addon builds these itself. */
   constructor(message: string, kind?: ErrorKindName)
   /** The core's kind name. */
   readonly kind: ErrorKindName
