@@ -249,7 +249,16 @@ function expressMiddleware(limiter, options) {
           return next()
         }
         const custom = status === 503 ? c.unavailableHandler : c.handler
-        if (custom) return custom(req, res, next, decision)
+        if (custom) {
+          // a handler that throws (or rejects) goes to Express's error handling
+          try {
+            const out = custom(req, res, next, decision)
+            if (out && typeof out.then === 'function') out.then(undefined, next)
+          } catch (e) {
+            next(e)
+          }
+          return
+        }
         res.statusCode = status
         res.setHeader('Content-Type', 'application/json; charset=utf-8')
         res.end(JSON.stringify(bodyOf(decision, status)))

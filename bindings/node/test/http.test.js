@@ -161,6 +161,21 @@ test('Express: a custom 429 handler answers, the headers are set once', async (t
     )
     app.get('/', (req, res) => res.send('ok'))
   })
+  const port2 = await serveExpress(t, (app) => {
+    app.get(
+      '/throws',
+      expressMiddleware(limiter, {
+        policy: 'api',
+        key: () => 'h2',
+        handler: () => {
+          throw new Error('handler failed')
+        },
+      }),
+      (req, res) => res.send('ok')
+    )
+    app.use((err, req, res, _next) => res.status(500).send(err.message))
+  })
+  assert.deepEqual(await statuses(port2, '/throws', 2), [200, 500])
   assert.equal((await request(port, '/')).status, 200)
   const r = await request(port, '/')
   assert.equal(r.status, 429)
