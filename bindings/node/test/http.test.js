@@ -191,6 +191,7 @@ test('leaky bucket: the request is held for its delay, or answered 429 when the 
   const port = await serveExpress(t, (app) => {
     app.get('/wait', expressMiddleware(limiter, { policy: 'shaper', key: () => 'wait' }), (req, res) => res.json({ delay: req.rateLimit.delay }))
     app.get('/reject', expressMiddleware(limiter, { policy: 'shaper', key: () => 'reject', delay: 'reject' }), (req, res) => res.json({ delay: req.rateLimit.delay }))
+    app.get('/bounded', expressMiddleware(limiter, { policy: 'shaper', key: () => 'bounded', maxDelayMs: 150 }), (req, res) => res.json({ delay: req.rateLimit.delay }))
   })
   const rs = await Promise.all([0, 1, 2, 3, 4, 5].map(() => request(port, '/wait')))
   const served = rs.filter((r) => r.status === 200).map((r) => ({ delay: JSON.parse(r.text).delay, ms: r.ms }))
@@ -204,6 +205,8 @@ test('leaky bucket: the request is held for its delay, or answered 429 when the 
   assert.equal(second.status, 429)
   assert.equal(second.headers['retry-after'], '1')
   assert.match(JSON.parse(second.text).message, /would wait 100 ms/)
+  // maxDelayMs: 150: delays of 0 and 100 ms are waited, 200 ms is a 429
+  assert.deepEqual(await statuses(port, '/bounded', 3), [200, 200, 429])
 })
 
 test('concurrency: the lease is given back when the response ends, on error and on client abort', async (t) => {
