@@ -1,6 +1,7 @@
 // Compiled (never run) by `tsc --noEmit -p types-test`: the public surface as a
 // TypeScript user sees it through the package's own "exports".
 import express from 'express'
+import Fastify from 'fastify'
 import shardlimit, {
   Limiter,
   ManualClock,
@@ -111,6 +112,12 @@ export async function usage(): Promise<void> {
   const keys: number | null = fromEnv.memoryKeys
   void [json, m, algorithm, keys, fromEnv.config.policies, fastifyPlugin]
   fromEnv.close()
+
+  // Fastify: the hook and the plugin as Fastify's own types take them
+  const fastify = Fastify()
+  fastify.addHook('onRequest', fastifyHook(limiter, { policy: 'api', handler: (_request, reply) => reply.code(429).send('slow') }))
+  await fastify.register(fastifyPlugin, { limiter, policy: 'api', global: false })
+  fastify.get('/health', { config: { rateLimit: false } }, async () => 'up')
 }
 
 // @ts-expect-error: the key must be a string
