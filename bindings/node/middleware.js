@@ -148,40 +148,77 @@ function compile(limiter, options) {
       retryAfter: opts.retryAfter || 'seconds',
     },
     /** req → { key, policy?, limit?, cost, algorithm } | null (null: not limited). */
-    async resolve(req) {
-      const k = key ? await key(req) : ipOf(req, proxies)
-      if (k === null || k === undefined || k === false) return null
-      const spec = typeof k === 'object' ? { ...k } : { key: k }
-      if (spec.cost === undefined) spec.cost = typeof cost === 'function' ? await cost(req) : cost === undefined ? 1 : cost
-      if (spec.policy !== undefined && spec.policy !== policy) {
-        spec.algorithm = limiter.policy(spec.policy).algorithm
-      } else if (limit) {
-        spec.limit = limit
-        spec.algorithm = algorithm
-      } else {
-        spec.policy = policy
-        spec.algorithm = algorithm
+    /**
+     * req → { key, policy?, limit?, cost, algorithm } | null (null: not limited), or a
+     * Promise of it when the key or cost function returns one (no Promise otherwise: the
+     * common case costs no extra turn of the microtask queue).
+     */
+    resolve(req) {
+      const k = key ? key(req) : ipOf(req, proxies)
+      return isThenable(k) ? k.then(specOf) : specOf(k)
+      function specOf(k) {
+        if (k === null || k === undefined || k === false) return null
+        const spec = typeof k === 'object' ? { ...k } : { key: k }
+        if (spec.policy !== undefined && spec.policy !== policy) {
+          spec.algorithm = limiter.policy(spec.policy).algorithm
+        } else if (limit) {
+          spec.limit = limit
+          spec.algorithm = algorithm
+        } else {
+          spec.policy = policy
+          spec.algorithm = algorithm
+        }
+        if (spec.cost !== undefined) return spec
+        const n = typeof cost === 'function' ? cost(req) : cost === undefined ? 1 : cost
+        if (!isThenable(n)) {
+          spec.cost = n
+          return spec
+        }
+        return n.then((v) => {
+          spec.cost = v
+          return spec
+        })
       }
-      return spec
     },
   }
 }
 
-/** What to do with a request: `{ decision, status, lease?, delay }`, after the core decided. */
-async function decide(c, req, res) {
-  if (c.skip && (await c.skip(req, res))) return null
-  const spec = await c.resolve(req)
-  if (spec === null) return null
-  const target = spec.limit ? { limit: spec.limit } : { policy: spec.policy }
-  let decision
-  let lease = null
-  if (spec.algorithm === 'concurrency') {
-    const r = await c.limiter.acquire(spec.key, { ...target, units: spec.cost })
-    decision = r.decision
-    if (r.lease) lease = { lease: r.lease, target }
-  } else {
-    decision = await c.limiter.check(spec.key, { ...target, cost: spec.cost })
+function isThenable(v) {
+  return v !== null && typeof v === 'object' && typeof v.then === 'function'
+}
+
+/**
+ * What to do with a request: a Promise of `{ decision, status, lease }` after the core
+ * decided, or of null when the request is not limited.
+ */
+function decide(c, req, res) {
+  try {
+    if (c.skip) {
+      const skipped = c.skip(req, res)
+      if (isThenable(skipped)) return skipped.then((yes) => (yes ? null : afterSkip(c, req)))
+      if (skipped) return Promise.resolve(null)
+    }
+    return afterSkip(c, req)
+  } catch (e) {
+    return Promise.reject(e)
   }
+}
+
+function afterSkip(c, req) {
+  const spec = c.resolve(req)
+  return isThenable(spec) ? spec.then((s) => run(c, s)) : run(c, spec)
+}
+
+function run(c, spec) {
+  if (spec === null) return Promise.resolve(null)
+  const target = spec.limit ? { limit: spec.limit } : { policy: spec.policy }
+  if (spec.algorithm === 'concurrency') {
+    return c.limiter.acquire(spec.key, { ...target, units: spec.cost }).then((r) => outcome(c, r.decision, r.lease ? { lease: r.lease, target } : null))
+  }
+  return c.limiter.check(spec.key, { ...target, cost: spec.cost }).then((d) => outcome(c, d, null))
+}
+
+function outcome(c, decision, lease) {
   let status = 200
   if (!decision.allowed) status = decision.source === 'fallback' ? 503 : 429
   else if (decision.delay > 0 && (!c.wait || decision.delay > c.maxDelayMs)) status = 429

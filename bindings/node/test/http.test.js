@@ -96,6 +96,31 @@ test('Express per-route: an ad-hoc limit on one route, keyGenerator, skip, other
   assert.equal(other.headers['x-ratelimit-limit'], undefined)
 })
 
+test('Express and Fastify: async keyGenerator, skip and cost', async (t) => {
+  const limiter = limiterFor({ api: { algorithm: 'fixed_window', limit: 3, window: '1m' } })
+  const opts = {
+    policy: 'api',
+    keyGenerator: async (req) => `async:${req.headers['x-user']}`,
+    skip: async (req) => req.headers['x-user'] === 'root',
+    cost: async () => 2,
+  }
+  const port = await serveExpress(t, (app) => {
+    app.get('/', expressMiddleware(limiter, opts), (req, res) => res.send(String(req.rateLimit ? req.rateLimit.remaining : 'skipped')))
+  })
+  const fport = await serveFastify(t, async (app) => {
+    app.get('/', { onRequest: fastifyHook(limiter, { ...opts, keyGenerator: async (req) => `fasync:${req.headers['x-user']}` }) }, async (request) =>
+      String(request.rateLimit ? request.rateLimit.remaining : 'skipped')
+    )
+  })
+  for (const p of [port, fport]) {
+    const a = await request(p, '/', { headers: { 'x-user': 'u' } })
+    assert.deepEqual([a.status, a.text], [200, '1'])
+    assert.equal((await request(p, '/', { headers: { 'x-user': 'u' } })).status, 429)
+    const root = await request(p, '/', { headers: { 'x-user': 'root' } })
+    assert.deepEqual([root.status, root.text], [200, 'skipped'])
+  }
+})
+
 test('Express: two limiters on one route, one set of headers (the tightest)', async (t) => {
   const limiter = limiterFor({ api: { algorithm: 'fixed_window', limit: 10, window: '1m' } })
   const port = await serveExpress(t, (app) => {
