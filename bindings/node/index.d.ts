@@ -1,32 +1,48 @@
-// Types of the `shardlimit` package (checked by `tsc --noEmit -p types-test`).
-
-import type { IncomingMessage, ServerResponse } from 'node:http'
+// Types of the `shardlimit` package (checked by `tsc --noEmit -p types-test` and, with no
+// `@types/node` at all, by `-p types-test/no-node`). Nothing here needs Node's own types:
+// the middleware is typed against the few request/response members it uses.
 
 /** The JSON body of a 429 response (`decision.body()`). */
 export interface RateLimitBody {
+  /** Always `rate_limited` (the middleware's 503 says `rate_limit_unavailable`). */
   error: 'rate_limited'
+  /** The policy that decided. */
   policy: string
+  /** The effective limit. */
   limit: number
-  remaining: number
+  /** Units left; null when the limit could not be measured (a fallback). */
+  remaining: number | null
   /** Whole seconds; null when the request can never fit (cost above the limit). */
   retry_after: number | null
+  /** A sentence for people. */
   message: string
 }
 
-/** `decision.toJSON()`: the decision as the CLI prints it (durations in ms). */
+/** `decision.toJSON()` (what `JSON.stringify` writes): the decision's fields, durations in ms. */
 export interface DecisionJson {
+  /** See `Decision.allowed`. */
   allowed: boolean
+  /** See `Decision.limit`. */
   limit: number
+  /** See `Decision.remaining`. */
   remaining: number
-  reset_after_ms: number
-  retry_after_ms: number | null
-  delay_ms: number
+  /** See `Decision.resetAfter` (ms). */
+  resetAfter: number
+  /** See `Decision.retryAfter` (ms). */
+  retryAfter: number | null
+  /** See `Decision.delay` (ms). */
+  delay: number
+  /** See `Decision.policy`. */
   policy: string
+  /** See `Decision.source`. */
   source: DecisionSource
+  /** See `Decision.shard`. */
   shard: number | null
+  /** See `Decision.layer`. */
   layer: number | null
 }
 
+/** Who decided: a Redis shard, the in-memory engine, local admission, the `on_error` fallback, the block list. */
 export type DecisionSource = 'redis' | 'memory' | 'local' | 'fallback' | 'block'
 
 /** The answer to a check. Durations are in milliseconds (with microsecond precision). */
@@ -56,6 +72,7 @@ export declare class Decision {
   headers(): Record<string, string>
   /** The JSON body of a 429 response. */
   body(): RateLimitBody
+  /** The decision's fields as a plain object (what `JSON.stringify` writes). */
   toJSON(): DecisionJson
 }
 
@@ -63,71 +80,196 @@ export declare class Decision {
 export declare class ManualClock {
   /** A clock reading `startUs` microseconds since the Unix epoch (default 0). */
   constructor(startUs?: number)
+  /** Sets the time, in microseconds since the Unix epoch. */
   setUs(us: number): void
+  /** Moves the time forward by `us` microseconds. */
   advanceUs(us: number): void
+  /** The time, in microseconds since the Unix epoch. */
   get nowUs(): number
 }
 
 /** A held lease of a concurrency policy: plain data, safe to send to another worker. */
 export interface Lease {
+  /** The key the lease is held for. */
   key: string
+  /** The policy (or ad-hoc limit) name. */
   policy: string
+  /** The lease's unique id. */
   id: string
+  /** Units held. */
   units: number
 }
 
+/** Options of the factories. */
 export interface LimiterOptions {
   /** Decide with this clock instead of Redis `TIME` / the monotonic clock (tests). */
   clock?: ManualClock
 }
 
-export interface CheckOptions {
-  /** A policy name from the config. */
-  policy: string
+/** A named policy of the config, or an ad-hoc limit: exactly one of the two. */
+export type Target = { /** A policy name from the config. */ policy: string; limit?: never } | { /** An ad-hoc limit (a `Limit`, or its spec, validated on each call). */ limit: Limit | LimitSpec; policy?: never }
+
+/** Options of `check`. */
+export type CheckOptions = Target & {
   /** Units this request costs (default 1). */
   cost?: number
 }
 
-export interface AcquireOptions {
-  policy: string
+/** Options of `acquire`. */
+export type AcquireOptions = Target & {
   /** Units to hold (default 1). */
   units?: number
 }
 
-export interface PolicyOptions {
-  policy: string
-}
+/** Options of `peek` and `reset`. */
+export type PolicyOptions = Target
 
+/** One layer of `checkAll`. */
 export interface Layer {
+  /** The key of this layer (`ip:1.2.3.4`, `tenant:7`). */
   key: string
+  /** A policy name from the config. */
   policy: string
   /** Units (default 1). */
   cost?: number
 }
 
+/** Options of `block`. */
 export interface BlockOptions {
   /** Milliseconds; omitted or null: until unblocked. */
   ttl?: number | null
+  /** Why (shown by `blocked` and in events). */
   reason?: string
 }
 
+/** A block-list entry. */
 export interface BlockInfo {
+  /** Why the key was blocked. */
   reason: string
   /** Milliseconds left; null for a permanent block. */
   remaining: number | null
 }
 
+/** What a reload changed. */
 export interface ReloadReport {
+  /** The shards (or Cluster) changed: new connections. */
   engineChanged: boolean
+  /** Keys whose shard moved carry their state over for `reshard_handoff`. */
   handoff: boolean
+  /** Policies new in this config. */
   policiesAdded: string[]
+  /** Policies gone. */
   policiesRemoved: string[]
+  /** Policies whose limit or failure mode changed. */
   policiesChanged: string[]
 }
 
+/** Where a key routes. */
 export interface ShardRoute {
+  /** The shard's index in the config. */
   index: number
+  /** The shard's name. */
   name: string
+}
+
+/** A policy as the core holds it (`limiter.policy(name)`, `limit.info()`). */
+export interface PolicyInfo {
+  /** The policy name (headers, bodies, metrics and Redis keys show it). */
+  name: string
+  /** The algorithm. */
+  algorithm: 'fixed_window' | 'sliding_window' | 'sliding_log' | 'token_bucket' | 'leaky_bucket' | 'concurrency'
+  /** The limit, capacity or max (before scaling). */
+  max: number
+  /** What a shard failure decides. */
+  onError: 'open' | 'closed' | 'local' | 'error'
+  /** The algorithm's parameters (`limit`/`windowMs`, `capacity`/`refillPerSec`, `capacity`/`leakPerSec`, `max`/`leaseTtlMs`). */
+  params: Record<string, number>
+}
+
+/** The configuration in force (`limiter.config`), without shard URLs (they may hold passwords). */
+export interface ConfigInfo {
+  /** Who decides. */
+  engine: 'redis' | 'memory'
+  /** The shards' names, in order. */
+  shards: string[]
+  /** How many Cluster seed nodes, or null without a Cluster. */
+  cluster: number | null
+  /** The prefix of every Redis key. */
+  keyPrefix: string
+  /** The per-call deadline. */
+  timeoutMs: number
+  /** The default failure mode. */
+  onError: 'open' | 'closed' | 'local' | 'error'
+  /** How many instances share a `local` fallback's limit. */
+  instances: number
+  /** Every policy. */
+  policies: PolicyInfo[]
+}
+
+/** One policy's counters. */
+export interface PolicyMetrics {
+  /** The policy (or ad-hoc limit) name. */
+  policy: string
+  /** Allowed decisions, whoever made them. */
+  allowed: number
+  /** Denied decisions, blocks and fallbacks included. */
+  denied: number
+  /** Decisions made by `on_error` because a shard failed. */
+  fallback: number
+  /** Denied by the block list. */
+  blocked: number
+  /** Admitted from a local batch without a Redis call. */
+  localAdmitted: number
+  /** Redis calls that failed or timed out. */
+  redisErrors: number
+}
+
+/** `limiter.metricsSnapshot()`: everything a limiter counts. */
+export interface MetricsSnapshot {
+  /** Per policy. */
+  policies: PolicyMetrics[]
+  /** Redis call latency: counts per bucket (not cumulative; the last is above the last bound). */
+  redisLatency: { /** Upper bounds (µs). */ bucketsUs: number[]; /** Counts per bucket. */ counts: number[]; /** Sum (µs). */ sumUs: number; /** Calls. */ count: number }
+  /** Events not written to the Redis stream because its queue was full. */
+  eventsDropped: number
+}
+
+/** An event of the core (`limiter.subscribe`): `kind` plus its fields, as strings (as in the events stream). */
+export interface ShardlimitEvent {
+  /** `denied`, `blocked` (met the block list, or `auto`: put on it), `fallback` (a shard failed), `circuit`. */
+  kind: 'denied' | 'blocked' | 'fallback' | 'circuit'
+  /** The policy (denied, blocked, fallback). */
+  policy?: string
+  /** The key (denied, blocked, fallback). */
+  key?: string
+  /** Every other field: `limit`, `retryAfterMs`, `auto`, `error`, `allowed`, `shard`, `state`. */
+  [field: string]: string | undefined
+}
+
+/** A running `watchConfig`. */
+export interface ConfigWatcher {
+  /** Stops watching. */
+  close(): void
+}
+
+/** An ad-hoc limit's spec: a policy object of the config format. */
+export interface LimitSpec {
+  /** The algorithm. */
+  algorithm: PolicyInfo['algorithm']
+  /** Every parameter of the config format: `limit`, `window`, `capacity`, `refill_per_sec`, `leak_per_sec`, `max`, `lease_ttl`, `on_error`, ... */
+  [field: string]: unknown
+}
+
+/** An ad-hoc limit, validated once (a bad one throws `ConfigError` naming the field). */
+export declare class Limit {
+  /** `name`: the policy name its decisions, headers, metrics and Redis keys carry (default: the limit's parameters). Two limits of one name share their counters. */
+  constructor(spec: LimitSpec, options?: { name?: string })
+  /** The policy name its decisions carry. */
+  readonly name: string
+  /** The algorithm. */
+  readonly algorithm: PolicyInfo['algorithm']
+  /** The limit as the core holds it. */
+  info(): PolicyInfo
 }
 
 /**
@@ -139,6 +281,7 @@ export interface TlsConfig {
   ca_file?: string
   /** PEM file of a client certificate (mTLS); needs `key_file`. */
   cert_file?: string
+  /** PEM file of the client certificate's key. */
   key_file?: string
   /** INSECURE: accept any server certificate for any name. */
   insecure_skip_verify?: boolean
@@ -146,16 +289,25 @@ export interface TlsConfig {
 
 /** A shardlimit config object (see the repository's shard-config.json). */
 export interface ShardlimitConfig {
+  /** Redis shards (`redis://`, `rediss://`, `redis+sentinel://`). */
   shards?: Array<{ name: string; url: string; tls?: TlsConfig; sentinel_tls?: TlsConfig }>
+  /** TLS of every TLS shard without its own. */
   tls?: TlsConfig
+  /** The prefix of every Redis key (default `sl:`). */
   key_prefix?: string
+  /** The per-call deadline (default 50 ms). */
   timeout_ms?: number | string
-  on_error?: 'open' | 'closed' | 'local'
+  /** What a shard failure decides (default `open`). */
+  on_error?: 'open' | 'closed' | 'local' | 'error'
+  /** How many instances share a `local` fallback's limit. */
   instances?: number
+  /** Named policies. */
   policies?: Record<string, Record<string, unknown>>
+  /** Every other field of the config format. */
   [field: string]: unknown
 }
 
+/** A limiter: Redis shards (or the in-memory engine) and named policies. */
 export declare class Limiter {
   private constructor()
   /** Loads a JSON config file. Throws ConfigError / IoError. */
@@ -164,21 +316,41 @@ export declare class Limiter {
   static fromJson(config: string | ShardlimitConfig, options?: LimiterOptions): Limiter
   /** An in-memory limiter with no named policies. */
   static memory(options?: LimiterOptions): Limiter
+  /** `$SHARDLIMIT_CONFIG` (a path, or inline JSON); the in-memory engine when unset. */
+  static fromEnv(options?: LimiterOptions): Limiter
+  /** True when Redis shards decide, false for the in-memory engine. */
   get isRedis(): boolean
+  /** The names of the configured policies. */
   get policies(): string[]
+  /** Keys held by the in-memory engine; null on Redis. */
+  get memoryKeys(): number | null
+  /** The configuration in force. */
+  get config(): ConfigInfo
+  /** A configured policy. Throws UnknownPolicyError (an InvalidArgumentError). */
+  policy(name: string): PolicyInfo
+  /** The shard `key` routes to, or null on the in-memory engine. */
   route(key: string): ShardRoute | null
+  /** Takes `cost` units for `key` (a policy name, `{ policy, cost }` or an ad-hoc `{ limit, cost }`); a denial consumes nothing. */
   check(key: string, options: CheckOptions | string): Promise<Decision>
+  /** The decision a check of one unit would make now, consuming nothing. */
   peek(key: string, options: PolicyOptions | string): Promise<Decision>
+  /** Takes a lease of a concurrency policy; `lease` is null when denied. */
   acquire(key: string, options: AcquireOptions | string): Promise<{ decision: Decision; lease: Lease | null }>
-  release(lease: Lease): Promise<boolean>
+  /** Gives a lease back (pass `{ limit }` for an ad-hoc limit's lease); false when it was no longer held. */
+  release(lease: Lease, options?: Target): Promise<boolean>
+  /** Forgets `key`'s state under a policy. */
   reset(key: string, options: PolicyOptions | string): Promise<void>
   /** Allowed only if every layer allows; when any denies, no layer consumes. */
   checkAll(layers: Layer[]): Promise<Decision>
+  /** Puts `key` on the block list (every limiter sharing the shards sees it). */
   block(key: string, options?: BlockOptions): Promise<void>
+  /** Takes `key` off the block list; true when it was on it. */
   unblock(key: string): Promise<boolean>
+  /** `key`'s block-list entry, or null. */
   blocked(key: string): Promise<BlockInfo | null>
   /** Scales limits by `factor` (0 < factor <= 1): every policy, or the named ones. */
   setScale(factor: number, policies?: string[]): void
+  /** The global scale factor in force. */
   get scale(): number
   /** Full limits while the observed latency is at most `targetMs`, less above, never below `minFactor`. */
   setLatencyScale(targetMs: number, minFactor: number): void
@@ -190,6 +362,14 @@ export declare class Limiter {
   reloadFromFile(path: string): ReloadReport
   /** Per-policy counters and the Redis latency histogram, Prometheus text format. */
   metrics(): string
+  /** The same counters as an object. */
+  metricsSnapshot(): MetricsSnapshot
+  /** Calls `listener` on the event loop for each event (denials, blocks, fallbacks, circuit changes). Never keeps the process alive. */
+  subscribe(listener: (event: ShardlimitEvent) => void): void
+  /** Reloads whenever the file changes (checked every `intervalMs`, default 1000); a bad file is ignored. */
+  watchConfig(path: string, options?: { intervalMs?: number }): ConfigWatcher
+  /** Lets go of the connections and the I/O thread once calls in flight finish; later calls throw InvalidArgumentError. */
+  close(): void
 }
 
 /** Trusted proxy networks, parsed once. */
@@ -208,96 +388,191 @@ export declare function ipKey(ip: string, ipv6Prefix?: number): string
 /** The client address behind proxies, by the core's trusted-proxy rule. */
 export declare function clientIp(peer: string, xForwardedFor?: string | null, trustedProxies?: string[]): string
 
+/** The core's error kinds (spec/errors.json). */
 export type ErrorKindName =
   | 'config'
   | 'invalid_argument'
   | 'connection'
   | 'timeout'
   | 'script'
-  | 'routing'
   | 'unknown_policy'
   | 'io'
   | 'internal'
   | 'unavailable'
 
+/** The stable `err.code` of each kind. */
 export type ErrorCode = `ERR_SHARDLIMIT_${Uppercase<ErrorKindName>}`
 
+/** Every error of the core; branch on the subclass or on `code`. */
 export declare class ShardlimitError extends Error {
+  /** An error of `kind` (default `internal`); the addon builds these itself. */
   constructor(message: string, kind?: ErrorKindName)
+  /** The core's kind name. */
   readonly kind: ErrorKindName
+  /** `ERR_SHARDLIMIT_<KIND>`. */
   readonly code: ErrorCode
   /** True when Redis failed rather than the caller. */
   get isBackend(): boolean
 }
+/** The configuration is invalid (the message names the field). */
 export declare class ConfigError extends ShardlimitError {}
+/** An argument of a call is invalid (empty key, zero cost, a closed limiter...). */
 export declare class InvalidArgumentError extends ShardlimitError {}
+/** A named policy does not exist: a special case of an invalid argument. */
 export declare class UnknownPolicyError extends InvalidArgumentError {}
+/** A Redis shard could not be reached or the connection broke (backend). */
 export declare class ConnectionError extends ShardlimitError {}
+/** A Redis shard did not answer within the deadline (backend). */
 export declare class TimeoutError extends ShardlimitError {}
+/** Redis answered with an error, or with a reply shardlimit does not trust (backend). */
 export declare class ScriptError extends ShardlimitError {}
-export declare class RoutingError extends ShardlimitError {}
+/** Reading a file (a configuration) failed. */
 export declare class IoError extends ShardlimitError {}
+/** A bug in shardlimit (please report it). */
 export declare class InternalError extends ShardlimitError {}
-/** A shard's circuit breaker is open: it is skipped until it answers again. */
+/** A shard's circuit breaker is open: it is skipped until it answers again (backend). */
 export declare class UnavailableError extends ShardlimitError {}
 
+/** Kind name → class. */
 export declare const ERROR_CLASSES: Readonly<Record<ErrorKindName, typeof ShardlimitError>>
+/** `err.code` → class. */
 export declare const ERROR_CODES: Readonly<Record<ErrorCode, typeof ShardlimitError>>
+/** The core's error kinds with their numbers (the C result codes) and JS codes. */
 export declare function errorKinds(): Array<{ name: string; number: number; code: string }>
+/** The version of the core the addon was built from. */
 export declare function coreVersion(): string
+/** The napi-rs platform tag of this process (`linux-x64-gnu`, ...). */
 export declare function platformTag(): string
+
+/** The members of a Node `IncomingMessage` the middleware reads (no `@types/node` needed). */
+export interface HttpRequestLike {
+  /** Request headers (`x-forwarded-for` is read for the default key). */
+  headers: Record<string, string | string[] | undefined>
+  /** The peer (`remoteAddress`) is the default key. */
+  socket?: { remoteAddress?: string } | null
+  /** Set by the middleware: the decision this response reports (the tightest of several limiters). */
+  rateLimit?: Decision
+}
+
+/** The members of a Node `ServerResponse` the middleware uses. */
+export interface HttpResponseLike {
+  /** The response status. */
+  statusCode: number
+  /** Sets one header. */
+  setHeader(name: string, value: string): unknown
+  /** Removes one header. */
+  removeHeader(name: string): unknown
+  /** Ends the response. */
+  end(body?: string): unknown
+  /** `finish` and `close` end a concurrency lease. */
+  once(event: 'finish' | 'close', listener: () => void): unknown
+  /** Removes a listener. */
+  off(event: 'finish' | 'close', listener: () => void): unknown
+}
 
 /** What a request is limited as; null/undefined/false: not limited. */
 export type RequestKey = string | { key: string; policy?: string; cost?: number } | null | undefined | false
 
-export interface MiddlewareOptions<Req> {
-  /** The policy, unless `key` returns one. */
+/** Options of every middleware (express-rate-limit's vocabulary where it fits). */
+export interface MiddlewareOptions<Req = HttpRequestLike, Res = HttpResponseLike> {
+  /** The policy (checked when the middleware is built: an unknown one throws UnknownPolicyError), unless `key` returns one. */
   policy?: string
-  /** Maps a request to its key (default: the client IP). */
-  key?: (req: Req) => RequestKey
+  /** An ad-hoc limit instead of a policy: a number of requests per `windowMs` (fixed window), a `LimitSpec`, or a `Limit`. */
+  limit?: number | LimitSpec | Limit
+  /** With a numeric `limit`: the window (default 60 000 ms). */
+  windowMs?: number
+  /** The name of an ad-hoc limit in headers, bodies, metrics and Redis keys; limits of one name share counters. */
+  name?: string
+  /** Maps a request to its key (default: the client IP); may return a Promise. */
+  key?: (req: Req) => RequestKey | Promise<RequestKey>
+  /** express-rate-limit's name for `key`. */
+  keyGenerator?: (req: Req) => RequestKey | Promise<RequestKey>
   /** Units a request costs (default 1). */
-  cost?: number | ((req: Req) => number)
+  cost?: number | ((req: Req) => number | Promise<number>)
+  /** True: the request is not limited (and gets no headers). */
+  skip?: (req: Req, res: Res) => boolean | Promise<boolean>
+  /** Answers a request over the limit (default: 429 and the core's JSON body). Headers are set already. */
+  handler?: (req: Req, res: Res, next: (err?: unknown) => void, decision: Decision) => unknown
+  /** Answers a request the fallback denied because the limit could not be checked (default: 503 and a JSON body). */
+  unavailableHandler?: (req: Req, res: Res, next: (err?: unknown) => void, decision: Decision) => unknown
+  /** `Retry-After` of a 503, in seconds (default: the decision's, 1 s for `on_error: closed`). */
+  unavailableRetryAfter?: number
+  /** The IETF `RateLimit` / `RateLimit-Policy` fields (delta seconds). Default true. */
+  standardHeaders?: boolean
+  /** `X-RateLimit-Limit`, `-Remaining` and `-Reset` (a Unix timestamp, in seconds). Default true. */
+  legacyHeaders?: boolean
+  /** `Retry-After` as delta seconds (default) or an HTTP date. */
+  retryAfter?: 'seconds' | 'date'
+  /** A leaky bucket's delay: hold the request for it (`wait`, default) or answer 429 (`reject`). */
+  delay?: 'wait' | 'reject'
+  /** With `delay: 'wait'`: a longer delay is answered 429 (default: no bound). */
+  maxDelayMs?: number
   /** CIDRs of proxies whose X-Forwarded-For is believed (default none: the peer address is the client). */
   trustedProxies?: string[]
   /** The default key keys IPv6 clients by their network of this many bits (1 to 128, default 64). */
   ipv6Prefix?: number
 }
 
-declare module 'node:http' {
-  interface IncomingMessage {
-    /** Set by the shardlimit middleware. */
-    rateLimit?: Decision
-  }
-}
-
-/** Express / Connect middleware: headers on every response, 429 + JSON body when denied. */
-export declare function expressMiddleware<Req extends IncomingMessage = IncomingMessage>(
+/**
+ * Express / Connect middleware, global (`app.use(mw)`) or per route (`app.post('/login', mw, handler)`):
+ * one set of headers on every limited response, 429 when denied, 503 when the limit could not be checked,
+ * errors of `on_error: error` to `next(err)`. The decision is on `req.rateLimit`.
+ */
+export declare function expressMiddleware<Req extends HttpRequestLike = HttpRequestLike, Res extends HttpResponseLike = HttpResponseLike>(
   limiter: Limiter,
-  options?: MiddlewareOptions<Req>
-): (req: Req, res: ServerResponse, next: (err?: unknown) => void) => void
+  options?: MiddlewareOptions<Req, Res>
+): (req: Req, res: Res, next: (err?: unknown) => void) => void
 
-/** Minimal shapes of Fastify's request and reply that the hook uses. */
+/** The members of Fastify's request the hook uses. */
 export interface FastifyLikeRequest {
-  raw: IncomingMessage
-  headers: IncomingMessage['headers']
+  /** The Node request. */
+  raw: HttpRequestLike & { destroyed?: boolean }
+  /** Request headers. */
+  headers: HttpRequestLike['headers']
+  /** True for a request no route matched: not limited. */
+  is404?: boolean
+  /** Set by the hook. */
   rateLimit?: Decision
 }
+/** The members of Fastify's reply the hook uses. */
 export interface FastifyLikeReply {
-  headers(values: Record<string, string>): unknown
+  /** The Node response. */
+  raw: HttpResponseLike
+  /** Sets one header. */
+  header(name: string, value: string): unknown
+  /** Removes one header. */
+  removeHeader(name: string): unknown
+  /** Sets the status. */
   code(status: number): FastifyLikeReply
+  /** Sets the content type. */
   type(contentType: string): FastifyLikeReply
+  /** Sends the body. */
   send(payload: unknown): unknown
+  /** Takes the response over (a client that left while a leaky bucket held it). */
+  hijack(): unknown
 }
 
-/** A Fastify `onRequest` hook. */
+/** Fastify hook options: `handler`/`unavailableHandler` take `(request, reply, decision)`. */
+export type FastifyOptions = Omit<MiddlewareOptions<HttpRequestLike, HttpResponseLike>, 'handler' | 'unavailableHandler'> & {
+  /** Answers a request over the limit; must send the reply. */
+  handler?: (request: FastifyLikeRequest, reply: FastifyLikeReply, decision: Decision) => unknown
+  /** Answers a request the fallback denied; must send the reply. */
+  unavailableHandler?: (request: FastifyLikeRequest, reply: FastifyLikeReply, decision: Decision) => unknown
+}
+
+/** A Fastify `onRequest` hook, for `addHook` or a route's `onRequest` option. 404s are not limited. */
 export declare function fastifyHook(
   limiter: Limiter,
-  options?: MiddlewareOptions<IncomingMessage>
+  options?: FastifyOptions
 ): (request: FastifyLikeRequest, reply: FastifyLikeReply) => Promise<unknown>
 
-/** A Fastify plugin: `fastify.register(fastifyPlugin, { limiter, policy })`. */
+/**
+ * A Fastify plugin: `fastify.register(fastifyPlugin, { limiter, policy })`. Limits the routes registered
+ * after it (never 404s): all of them, or with `global: false` only those with `config.rateLimit`. A route's
+ * `config: { rateLimit: false }` is not limited; `config: { rateLimit: { ...options } }` overrides the plugin's.
+ */
 export declare function fastifyPlugin(
-  fastify: { addHook(name: 'onRequest', hook: ReturnType<typeof fastifyHook>): unknown },
-  options: MiddlewareOptions<IncomingMessage> & { limiter: Limiter },
+  fastify: { addHook(name: 'onRoute', hook: (route: { url: string; config?: { rateLimit?: false | FastifyOptions }; onRequest?: unknown }) => void): unknown },
+  options: FastifyOptions & { limiter: Limiter; global?: boolean },
   done: (err?: Error) => void
 ): void

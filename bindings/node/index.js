@@ -4,11 +4,11 @@
 // Error subclasses, and wraps the native limiter in an idiomatic class.
 
 const { native, platformTag } = require('./binding.js')
-const { NativeLimiter, ManualClock, Decision, TrustedProxies } = native
+const { NativeLimiter, NativeLimit, ManualClock, Decision, TrustedProxies } = native
 
 // ---------------------------------------------------------------------------------------
 // Errors: one subclass per core ErrorKind, with a stable `code`. The table is checked
-// against the core's ErrorKind::ALL by the tests (test/errors.test.js).
+// against spec/errors.json (names, parents, backend kinds) by test/errors.test.js.
 
 class ShardlimitError extends Error {
   constructor(message, kind) {
@@ -31,7 +31,6 @@ class UnknownPolicyError extends InvalidArgumentError {}
 class ConnectionError extends ShardlimitError {}
 class TimeoutError extends ShardlimitError {}
 class ScriptError extends ShardlimitError {}
-class RoutingError extends ShardlimitError {}
 class IoError extends ShardlimitError {}
 class InternalError extends ShardlimitError {}
 class UnavailableError extends ShardlimitError {}
@@ -47,7 +46,6 @@ const ERROR_CLASSES = Object.freeze({
   connection: ConnectionError,
   timeout: TimeoutError,
   script: ScriptError,
-  routing: RoutingError,
   unknown_policy: UnknownPolicyError,
   io: IoError,
   internal: InternalError,
@@ -102,6 +100,13 @@ function policyOf(opts, method) {
   }
   checkString('options.policy', opts.policy)
   return opts.policy
+}
+
+/** The ad-hoc limit of `opts` (`{ limit: Limit | spec }`), or null for a named policy. */
+function adhocOf(opts) {
+  if (opts === null || typeof opts !== 'object' || opts.limit === undefined) return null
+  if (opts.policy !== undefined) throw argError('options', 'either { policy } or { limit }, not both', opts)
+  return opts.limit instanceof Limit ? opts.limit : new Limit(opts.limit)
 }
 
 function countOf(opts, field) {
@@ -170,10 +175,15 @@ class Limiter {
     return this[kNative].route(key)
   }
 
-  /** Checks `cost` units (default 1) of a policy for `key`. Resolves to a Decision. */
+  /**
+   * Checks `cost` units (default 1) of a policy for `key` (`{ policy }` or an ad-hoc
+   * `{ limit }`). Resolves to a Decision.
+   */
   check(key, opts) {
     try {
       checkString('key', key)
+      const adhoc = adhocOf(opts)
+      if (adhoc !== null) return this[kNative].checkLimit(key, adhoc[kNative], countOf(opts, 'cost'))
       const policy = policyOf(opts, 'check')
       return this[kNative].check(key, policy, countOf(opts, 'cost'))
     } catch (e) {
@@ -185,6 +195,8 @@ class Limiter {
   peek(key, opts) {
     try {
       checkString('key', key)
+      const adhoc = adhocOf(opts)
+      if (adhoc !== null) return this[kNative].peekLimit(key, adhoc[kNative])
       return this[kNative].peek(key, policyOf(opts, 'peek'))
     } catch (e) {
       return Promise.reject(e)
@@ -195,6 +207,8 @@ class Limiter {
   acquire(key, opts) {
     try {
       checkString('key', key)
+      const adhoc = adhocOf(opts)
+      if (adhoc !== null) return this[kNative].acquireLimit(key, adhoc[kNative], countOf(opts, 'units'))
       const policy = policyOf(opts, 'acquire')
       return this[kNative].acquire(key, policy, countOf(opts, 'units'))
     } catch (e) {
@@ -202,15 +216,21 @@ class Limiter {
     }
   }
 
-  /** Releases a lease from `acquire`. Resolves to false when it was no longer held. */
-  release(lease) {
+  /**
+   * Releases a lease from `acquire` (pass `{ limit }` for a lease of an ad-hoc limit).
+   * Resolves to false when it was no longer held.
+   */
+  release(lease, opts) {
     try {
       if (lease === null || typeof lease !== 'object') throw argError('lease', 'a lease object', lease)
       checkString('lease.key', lease.key)
       checkString('lease.policy', lease.policy)
       checkString('lease.id', lease.id)
       checkUnits('lease.units', lease.units)
-      return this[kNative].release({ key: lease.key, policy: lease.policy, id: lease.id, units: lease.units })
+      const plain = { key: lease.key, policy: lease.policy, id: lease.id, units: lease.units }
+      const adhoc = adhocOf(opts)
+      if (adhoc !== null) return this[kNative].releaseLimit(plain, adhoc[kNative])
+      return this[kNative].release(plain)
     } catch (e) {
       return Promise.reject(e)
     }
@@ -324,7 +344,127 @@ class Limiter {
   metrics() {
     return this[kNative].metricsPrometheus()
   }
+
+  /** The same counters as an object (`MetricsSnapshot`). */
+  metricsSnapshot() {
+    return this[kNative].metricsSnapshot()
+  }
+
+  /** `$SHARDLIMIT_CONFIG` (a path or inline JSON); the in-memory engine when unset. */
+  static fromEnv(options) {
+    return new Limiter(NativeLimiter.fromEnv(clockOf(options)))
+  }
+
+  /** Keys held by the in-memory engine (its memory is bounded); null on Redis. */
+  get memoryKeys() {
+    return this[kNative].memoryKeys
+  }
+
+  /** A configured policy (`PolicyInfo`). Throws UnknownPolicyError for an unknown name. */
+  policy(name) {
+    checkString('name', name)
+    return this[kNative].policyInfo(name)
+  }
+
+  /** The configuration in force (`ConfigInfo`; shard URLs are left out: they may hold passwords). */
+  get config() {
+    return this[kNative].configInfo()
+  }
+
+  /**
+   * Calls `listener(event)` for each event of the core: `denied`, `blocked`, `fallback`,
+   * `circuit`. The listener runs on the event loop; a listener that throws is reported
+   * on `process` as an uncaught exception, as any callback's would be.
+   */
+  subscribe(listener) {
+    if (typeof listener !== 'function') throw argError('listener', 'a function (event) => void', listener)
+    this[kNative].subscribe(listener)
+  }
+
+  /**
+   * Reloads whenever the config file at `path` changes (checked every `intervalMs`,
+   * default 1000). A bad file is ignored: the old config stays. Returns a watcher;
+   * `watcher.close()` stops it.
+   */
+  watchConfig(path, options) {
+    checkString('path', path)
+    const o = options === undefined ? {} : options
+    if (o === null || typeof o !== 'object') throw argError('options', 'an object { intervalMs? }', o)
+    const every = o.intervalMs === undefined ? 1000 : o.intervalMs
+    if (typeof every !== 'number' || !(every >= 1)) throw argError('options.intervalMs', 'a number of milliseconds >= 1', every)
+    const w = this[kNative].watchConfig(path, every)
+    return { close: () => w.close() }
+  }
+
+  /**
+   * Lets go of the Redis connections and the I/O thread (once the calls in flight have
+   * finished). Every later call throws an InvalidArgumentError. Idempotent.
+   */
+  close() {
+    const handle = this[kNative]
+    if (handle === CLOSED) return
+    this[kNative] = CLOSED
+    handle.close()
+  }
 }
+
+function closedError() {
+  return new InvalidArgumentError('limiter: this Limiter is closed (close() was called)', 'invalid_argument')
+}
+// what a closed Limiter holds instead of its native handle: any use throws
+const CLOSED = new Proxy(
+  {},
+  {
+    get() {
+      throw closedError()
+    },
+  }
+)
+
+/**
+ * An ad-hoc limit, validated once: `{ algorithm, limit, window, ... }` as a policy of the
+ * config file, named `options.name` in headers, bodies, metrics and Redis keys (the
+ * limit's parameters when unnamed). Two limits of one name share their counters.
+ */
+class Limit {
+  constructor(spec, options) {
+    if (spec === null || typeof spec !== 'object' || Array.isArray(spec)) throw argError('limit', 'an object { algorithm, ... }', spec)
+    const o = options === undefined ? {} : options
+    if (o === null || typeof o !== 'object') throw argError('options', 'an object { name? }', o)
+    if (o.name !== undefined) checkString('options.name', o.name)
+    this[kNative] = new NativeLimit(JSON.stringify(spec), o.name === undefined ? null : o.name)
+    const info = this[kNative].info()
+    /** The policy name decisions of this limit carry. */
+    this.name = info.name
+    /** The algorithm (`fixed_window`, ..., `concurrency`). */
+    this.algorithm = info.algorithm
+    Object.freeze(this)
+  }
+  /** The limit as a `PolicyInfo`. */
+  info() {
+    return this[kNative].info()
+  }
+}
+
+// A Decision serialises to its fields (the getters, durations in ms).
+Object.defineProperty(Decision.prototype, 'toJSON', {
+  configurable: true,
+  writable: true,
+  value: function toJSON() {
+    return {
+      allowed: this.allowed,
+      limit: this.limit,
+      remaining: this.remaining,
+      resetAfter: this.resetAfter,
+      retryAfter: this.retryAfter,
+      delay: this.delay,
+      policy: this.policy,
+      source: this.source,
+      shard: this.shard,
+      layer: this.layer,
+    }
+  },
+})
 
 /** The client address behind proxies, by the core's trusted-proxy rule. */
 function clientIp(peer, xForwardedFor, trustedProxies) {
@@ -346,6 +486,7 @@ const middleware = require('./middleware.js')
 
 module.exports = {
   Limiter,
+  Limit,
   Decision,
   ManualClock,
   ShardlimitError,
@@ -355,7 +496,6 @@ module.exports = {
   ConnectionError,
   TimeoutError,
   ScriptError,
-  RoutingError,
   IoError,
   InternalError,
   UnavailableError,

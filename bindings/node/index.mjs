@@ -1,8 +1,10 @@
-// ESM entry: the same module as index.js.
+// ESM entry: the same module as index.js, every name it exports (test/exports.test.js
+// imports each documented name both ways).
 import shardlimit from './index.js'
 
 export const {
   Limiter,
+  Limit,
   Decision,
   ManualClock,
   ShardlimitError,
@@ -12,19 +14,19 @@ export const {
   ConnectionError,
   TimeoutError,
   ScriptError,
-  RoutingError,
   IoError,
   InternalError,
+  UnavailableError,
   ERROR_CLASSES,
   ERROR_CODES,
+  TrustedProxies,
+  clientIp,
+  ipKey,
   errorKinds,
   coreVersion,
   platformTag,
   expressMiddleware,
   fastifyHook,
   fastifyPlugin,
-  TrustedProxies,
-  clientIp,
-  ipKey,
 } = shardlimit
 export default shardlimit

@@ -1,10 +1,19 @@
 'use strict'
-// HTTP middleware: Express / Connect (plain `http` works too) and a Fastify hook.
-// Each request is mapped to (key, policy, cost); the core decides; the decision's
-// headers are set on every response, and a denied request gets 429 with the core's JSON
-// body. No limiting logic lives here.
+// HTTP middleware: Express / Connect (plain `http` works too) and Fastify (a hook, a
+// plugin, route options). Each request is mapped to (key, policy or ad-hoc limit, cost);
+// the core decides. This file only maps a decision to HTTP: which headers, which status
+// (429 for a limit, 503 when the limit could not be checked), holding a request for a
+// leaky bucket's delay, and giving a concurrency lease back when the response ends.
 
 const { native } = require('./binding.js')
+
+const kShown = Symbol('shardlimit.shown') // the decision whose headers a response carries
+
+function typeError(message) {
+  const e = new TypeError(message)
+  e.code = 'ERR_INVALID_ARG_TYPE'
+  return e
+}
 
 function ipOf(req, proxies) {
   const peer = (req.socket && req.socket.remoteAddress) || ''
@@ -14,110 +23,381 @@ function ipOf(req, proxies) {
   return proxies.clientKey(peer, Array.isArray(xff) ? xff.join(',') : xff || null)
 }
 
-function compile(limiter, options) {
-  if (!limiter || typeof limiter.check !== 'function') {
-    throw new TypeError('The "limiter" argument must be a shardlimit Limiter')
-  }
-  const opts = options || {}
-  if (typeof opts !== 'object') throw new TypeError('The "options" argument must be an object')
-  const { policy, key, cost, trustedProxies, ipv6Prefix } = opts
-  if (policy !== undefined && typeof policy !== 'string') {
-    throw new TypeError('The "options.policy" argument must be of type string')
-  }
-  if (key !== undefined && typeof key !== 'function') {
-    throw new TypeError('The "options.key" argument must be a function (req) => key')
-  }
-  if (cost !== undefined && typeof cost !== 'function' && typeof cost !== 'number') {
-    throw new TypeError('The "options.cost" argument must be a number or a function (req) => number')
-  }
-  if (trustedProxies !== undefined && !Array.isArray(trustedProxies)) {
-    throw new TypeError('The "options.trustedProxies" argument must be an array of CIDR strings')
-  }
-  if (ipv6Prefix !== undefined && !Number.isInteger(ipv6Prefix)) {
-    throw new TypeError('The "options.ipv6Prefix" argument must be an integer from 1 to 128')
-  }
-  // parsed once; a bad prefix fails here
-  const proxies = new native.TrustedProxies(trustedProxies || [], ipv6Prefix === undefined ? null : ipv6Prefix)
-  /** (req) → { key, policy, cost } | null (null: not limited). */
-  return function resolve(req) {
-    const k = key ? key(req) : ipOf(req, proxies)
-    if (k === null || k === undefined || k === false) return null
-    const spec = typeof k === 'object' ? { ...k } : { key: k }
-    if (spec.policy === undefined) spec.policy = policy
-    if (spec.policy === undefined) {
-      throw new TypeError('shardlimit middleware: no policy (set options.policy or return { key, policy })')
+const LEGACY = /^X-RateLimit-/i
+const STANDARD = /^RateLimit(-Policy)?$/i
+
+/**
+ * The response headers of `decision` under the header options: `X-RateLimit-*` (legacy,
+ * with `X-RateLimit-Reset` as a Unix timestamp, as GitHub, Stripe and express-rate-limit
+ * send it), the IETF `RateLimit` / `RateLimit-Policy` fields (delta seconds), and
+ * `Retry-After` in seconds or as an HTTP date. `retryAfterSecs` overrides the decision's.
+ */
+function renderHeaders(decision, o, nowMs, retryAfterSecs) {
+  const out = {}
+  const core = decision.headers()
+  for (const name in core) {
+    let value = core[name]
+    if (LEGACY.test(name)) {
+      if (!o.legacyHeaders) continue
+      if (name === 'X-RateLimit-Reset') value = String(Math.ceil((nowMs + decision.resetAfter) / 1000))
+    } else if (STANDARD.test(name)) {
+      if (!o.standardHeaders) continue
+    } else if (name === 'Retry-After') {
+      continue // below
     }
-    if (spec.cost === undefined) spec.cost = typeof cost === 'function' ? cost(req) : cost === undefined ? 1 : cost
-    return spec
+    out[name] = value
   }
+  let retry = retryAfterSecs
+  if (retry === undefined && 'Retry-After' in core) retry = Number(core['Retry-After'])
+  if (retry !== undefined && retry !== null && !decision.allowed) {
+    out['Retry-After'] = o.retryAfter === 'date' ? new Date(nowMs + retry * 1000).toUTCString() : String(retry)
+  }
+  return out
+}
+
+/** Whether `next` should replace `shown` as the decision a response reports: the tightest. */
+function tighter(next, shown) {
+  if (!shown) return true
+  if (shown.allowed !== next.allowed) return !next.allowed
+  return next.remaining < shown.remaining
+}
+
+function checkFn(name, v, what) {
+  if (v !== undefined && typeof v !== 'function') throw typeError(`The "options.${name}" argument must be a function ${what}`)
 }
 
 /**
- * Express / Connect middleware. `options`: `policy`, `key(req)` (default: the client IP),
- * `cost` (number or `(req) => number`), `trustedProxies` (CIDRs whose X-Forwarded-For is
- * believed). The decision is stored on `req.rateLimit`.
+ * Validates the options once, when the middleware is built: a bad option, an unknown
+ * policy or an invalid ad-hoc limit fails here, not on every request.
+ */
+function compile(limiter, options) {
+  if (!limiter || typeof limiter.check !== 'function' || typeof limiter.policy !== 'function') {
+    throw typeError('The "limiter" argument must be a shardlimit Limiter')
+  }
+  const opts = options === undefined ? {} : options
+  if (opts === null || typeof opts !== 'object') throw typeError('The "options" argument must be an object')
+  const { policy, cost, trustedProxies, ipv6Prefix, skip, handler, unavailableHandler } = opts
+  const key = opts.keyGenerator !== undefined ? opts.keyGenerator : opts.key
+  if (opts.keyGenerator !== undefined && opts.key !== undefined) throw typeError('Use "options.key" or "options.keyGenerator", not both')
+  if (policy !== undefined && typeof policy !== 'string') throw typeError('The "options.policy" argument must be of type string')
+  checkFn('key', key, '(req) => key')
+  checkFn('skip', skip, '(req, res) => boolean')
+  checkFn('handler', handler, '(req, res, next, decision)')
+  checkFn('unavailableHandler', unavailableHandler, '(req, res, next, decision)')
+  if (cost !== undefined && typeof cost !== 'function' && typeof cost !== 'number') {
+    throw typeError('The "options.cost" argument must be a number or a function (req) => number')
+  }
+  if (trustedProxies !== undefined && !Array.isArray(trustedProxies)) {
+    throw typeError('The "options.trustedProxies" argument must be an array of CIDR strings')
+  }
+  if (ipv6Prefix !== undefined && !Number.isInteger(ipv6Prefix)) {
+    throw typeError('The "options.ipv6Prefix" argument must be an integer from 1 to 128')
+  }
+  for (const b of ['standardHeaders', 'legacyHeaders']) {
+    if (opts[b] !== undefined && typeof opts[b] !== 'boolean') throw typeError(`The "options.${b}" argument must be a boolean`)
+  }
+  if (opts.retryAfter !== undefined && opts.retryAfter !== 'seconds' && opts.retryAfter !== 'date') {
+    throw typeError('The "options.retryAfter" argument must be "seconds" or "date"')
+  }
+  if (opts.delay !== undefined && opts.delay !== 'wait' && opts.delay !== 'reject') {
+    throw typeError('The "options.delay" argument must be "wait" or "reject"')
+  }
+  const maxDelayMs = opts.maxDelayMs === undefined ? Infinity : opts.maxDelayMs
+  if (typeof maxDelayMs !== 'number' || !(maxDelayMs >= 0)) throw typeError('The "options.maxDelayMs" argument must be a non-negative number')
+  const unavailableRetryAfter = opts.unavailableRetryAfter
+  if (unavailableRetryAfter !== undefined && !(Number.isInteger(unavailableRetryAfter) && unavailableRetryAfter >= 0)) {
+    throw typeError('The "options.unavailableRetryAfter" argument must be a whole number of seconds')
+  }
+  if (opts.skipSuccessfulRequests !== undefined || opts.skipFailedRequests !== undefined) {
+    throw typeError('skipSuccessfulRequests / skipFailedRequests are not supported: they need an atomic refund the core does not have yet')
+  }
+
+  // parsed once; a bad CIDR or prefix fails here
+  const proxies = new native.TrustedProxies(trustedProxies || [], ipv6Prefix === undefined ? null : ipv6Prefix)
+
+  // the limit: a named policy (checked now), an ad-hoc limit, or one the key function names
+  let limit = null // a Limit (ad-hoc)
+  let algorithm = null
+  if (opts.limit !== undefined) {
+    if (policy !== undefined) throw typeError('Use "options.policy" or "options.limit", not both')
+    const { Limit } = require('./index.js')
+    if (opts.limit instanceof Limit) limit = opts.limit
+    else if (typeof opts.limit === 'number') {
+      const windowMs = opts.windowMs === undefined ? 60_000 : opts.windowMs
+      if (typeof windowMs !== 'number') throw typeError('The "options.windowMs" argument must be a number of milliseconds')
+      limit = new Limit({ algorithm: 'fixed_window', limit: opts.limit, window: `${windowMs}ms` }, { name: opts.name })
+    } else limit = new Limit(opts.limit, { name: opts.name })
+    algorithm = limit.algorithm
+  } else if (policy !== undefined) {
+    algorithm = limiter.policy(policy).algorithm // an unknown policy throws here
+  } else if (key === undefined) {
+    throw typeError('shardlimit middleware: set options.policy, options.limit, or a key function that returns { key, policy }')
+  }
+
+  return {
+    limiter,
+    skip,
+    handler,
+    unavailableHandler,
+    unavailableRetryAfter,
+    wait: opts.delay !== 'reject',
+    maxDelayMs,
+    headers: {
+      standardHeaders: opts.standardHeaders !== false,
+      legacyHeaders: opts.legacyHeaders !== false,
+      retryAfter: opts.retryAfter || 'seconds',
+    },
+    /** req → { key, policy?, limit?, cost, algorithm } | null (null: not limited). */
+    /**
+     * req → { key, policy?, limit?, cost, algorithm } | null (null: not limited), or a
+     * Promise of it when the key or cost function returns one (no Promise otherwise: the
+     * common case costs no extra turn of the microtask queue).
+     */
+    resolve(req) {
+      const k = key ? key(req) : ipOf(req, proxies)
+      return isThenable(k) ? k.then(specOf) : specOf(k)
+      function specOf(k) {
+        if (k === null || k === undefined || k === false) return null
+        const spec = typeof k === 'object' ? { ...k } : { key: k }
+        if (spec.policy !== undefined && spec.policy !== policy) {
+          spec.algorithm = limiter.policy(spec.policy).algorithm
+        } else if (limit) {
+          spec.limit = limit
+          spec.algorithm = algorithm
+        } else {
+          spec.policy = policy
+          spec.algorithm = algorithm
+        }
+        if (spec.cost !== undefined) return spec
+        const n = typeof cost === 'function' ? cost(req) : cost === undefined ? 1 : cost
+        if (!isThenable(n)) {
+          spec.cost = n
+          return spec
+        }
+        return n.then((v) => {
+          spec.cost = v
+          return spec
+        })
+      }
+    },
+  }
+}
+
+function isThenable(v) {
+  return v !== null && typeof v === 'object' && typeof v.then === 'function'
+}
+
+/**
+ * What to do with a request: a Promise of `{ decision, status, lease }` after the core
+ * decided, or of null when the request is not limited.
+ */
+function decide(c, req, res) {
+  try {
+    if (c.skip) {
+      const skipped = c.skip(req, res)
+      if (isThenable(skipped)) return skipped.then((yes) => (yes ? null : afterSkip(c, req)))
+      if (skipped) return Promise.resolve(null)
+    }
+    return afterSkip(c, req)
+  } catch (e) {
+    return Promise.reject(e)
+  }
+}
+
+function afterSkip(c, req) {
+  const spec = c.resolve(req)
+  return isThenable(spec) ? spec.then((s) => run(c, s)) : run(c, spec)
+}
+
+function run(c, spec) {
+  if (spec === null) return Promise.resolve(null)
+  const target = spec.limit ? { limit: spec.limit } : { policy: spec.policy }
+  if (spec.algorithm === 'concurrency') {
+    return c.limiter.acquire(spec.key, { ...target, units: spec.cost }).then((r) => outcome(c, r.decision, r.lease ? { lease: r.lease, target } : null))
+  }
+  return c.limiter.check(spec.key, { ...target, cost: spec.cost }).then((d) => outcome(c, d, null))
+}
+
+function outcome(c, decision, lease) {
+  let status = 200
+  if (!decision.allowed) status = decision.source === 'fallback' ? 503 : 429
+  else if (decision.delay > 0 && (!c.wait || decision.delay > c.maxDelayMs)) status = 429
+  return { decision, status, lease }
+}
+
+/** Sets the headers of `decision` on a response through `set`/`remove`, once per response. */
+function showHeaders(c, holder, decision, status, set, remove) {
+  if (!tighter(decision, holder[kShown] && holder[kShown].decision)) return false
+  const prev = holder[kShown]
+  if (prev) for (const name in prev.headers) remove(name)
+  const retry = status === 503 && c.unavailableRetryAfter !== undefined ? c.unavailableRetryAfter : undefined
+  let headers = renderHeaders(decision, c.headers, Date.now(), retry)
+  if (status === 429 && decision.allowed) {
+    // a leaky bucket's delay the caller prefers not to wait: retry once it has passed
+    headers = { ...headers, 'Retry-After': String(Math.ceil(decision.delay / 1000)) }
+  }
+  for (const name in headers) set(name, headers[name])
+  holder[kShown] = { decision, headers }
+  return true
+}
+
+function bodyOf(decision, status) {
+  const body = decision.body()
+  if (status === 503) body.error = 'rate_limit_unavailable'
+  else if (decision.allowed) {
+    body.retry_after = Math.ceil(decision.delay / 1000)
+    body.message = `Rate limit exceeded for policy "${decision.policy}": the request would wait ${Math.ceil(decision.delay)} ms.`
+  }
+  return body
+}
+
+/** Gives `lease` back once, when the response finishes or the connection closes. */
+function releaseOnEnd(c, res, held) {
+  let done = false
+  const release = () => {
+    if (done) return
+    done = true
+    res.off('finish', release)
+    res.off('close', release)
+    // the lease expires by itself if this fails (Redis down): nothing more to do
+    c.limiter.release(held.lease, held.target).catch(() => {})
+  }
+  res.once('finish', release)
+  res.once('close', release)
+}
+
+/**
+ * Express / Connect middleware, global (`app.use`) or per route (`app.post('/login', mw,
+ * handler)`). See `MiddlewareOptions` in index.d.ts. The decision is on `req.rateLimit`.
  */
 function expressMiddleware(limiter, options) {
-  const resolve = compile(limiter, options)
+  const c = compile(limiter, options)
   return function shardlimitMiddleware(req, res, next) {
-    let spec
-    try {
-      spec = resolve(req)
-    } catch (e) {
-      next(e)
-      return
-    }
-    if (spec === null) {
-      next()
-      return
-    }
-    limiter.check(spec.key, spec).then(
-      (decision) => {
-        req.rateLimit = decision
-        const headers = decision.headers()
-        for (const name in headers) res.setHeader(name, headers[name])
-        if (decision.allowed) {
-          next()
+    decide(c, req, res).then(
+      (r) => {
+        if (r === null) return next()
+        const { decision, status } = r
+        if (r.lease) releaseOnEnd(c, res, r.lease)
+        if (showHeaders(c, res, decision, status, (n, v) => res.setHeader(n, v), (n) => res.removeHeader(n))) {
+          req.rateLimit = decision
+        }
+        if (status === 200) {
+          if (decision.delay > 0) return hold(req, res, decision.delay, next)
+          return next()
+        }
+        const custom = status === 503 ? c.unavailableHandler : c.handler
+        if (custom) {
+          // a handler that throws (or rejects) goes to Express's error handling
+          try {
+            const out = custom(req, res, next, decision)
+            if (out && typeof out.then === 'function') out.then(undefined, next)
+          } catch (e) {
+            next(e)
+          }
           return
         }
-        res.statusCode = 429
+        res.statusCode = status
         res.setHeader('Content-Type', 'application/json; charset=utf-8')
-        res.end(JSON.stringify(decision.body()))
+        res.end(JSON.stringify(bodyOf(decision, status)))
       },
       (err) => next(err)
     )
   }
 }
 
+/** Holds a request for a leaky bucket's delay; a client that goes away is not served. */
+function hold(req, res, delayMs, next) {
+  const timer = setTimeout(() => {
+    res.off('close', abort)
+    next()
+  }, delayMs)
+  const abort = () => clearTimeout(timer)
+  res.once('close', abort)
+}
+
 /**
- * A Fastify `onRequest` hook with the same options:
- * `fastify.addHook('onRequest', fastifyHook(limiter, { policy: 'api' }))`.
+ * A Fastify `onRequest` hook: for `addHook('onRequest', ...)` or a route's `onRequest`
+ * option. Not-found requests (no route) are not limited.
  */
 function fastifyHook(limiter, options) {
-  const resolve = compile(limiter, options)
+  const c = compile(limiter, options)
+  return fastifyHookOf(c)
+}
+
+function fastifyHookOf(c) {
   return async function shardlimitHook(request, reply) {
-    const spec = resolve(request.raw || request)
-    if (spec === null) return
-    const decision = await limiter.check(spec.key, spec)
-    request.rateLimit = decision
-    reply.headers(decision.headers())
-    if (!decision.allowed) {
-      reply.code(429).type('application/json; charset=utf-8').send(decision.body())
+    if (request.is404) return
+    const r = await decide(c, request.raw || request, reply.raw || reply)
+    if (r === null) return
+    const { decision, status } = r
+    if (r.lease) releaseOnEnd(c, reply.raw, r.lease)
+    if (showHeaders(c, reply, decision, status, (n, v) => reply.header(n, v), (n) => reply.removeHeader(n))) {
+      request.rateLimit = decision
+    }
+    if (status === 200) {
+      if (decision.delay > 0) {
+        await new Promise((resolve) => {
+          const timer = setTimeout(done, decision.delay)
+          function done() {
+            clearTimeout(timer)
+            reply.raw.off('close', done)
+            resolve()
+          }
+          reply.raw.once('close', done)
+        })
+        if (request.raw.destroyed) return reply.hijack() // the client went away
+      }
+      return
+    }
+    const custom = status === 503 ? c.unavailableHandler : c.handler
+    if (custom) {
+      await custom(request, reply, decision)
       return reply
     }
+    reply.code(status).type('application/json; charset=utf-8').send(bodyOf(decision, status))
+    return reply
   }
 }
 
 /**
- * A Fastify plugin: `fastify.register(fastifyPlugin, { limiter, policy: 'api' })`.
- * It applies to the whole instance (it skips Fastify's encapsulation).
+ * A Fastify plugin: `fastify.register(fastifyPlugin, { limiter, policy: 'api' })`. It
+ * limits the routes registered after it (not 404s): every route by default, or with
+ * `global: false` only those whose `config.rateLimit` is set. A route's `config.rateLimit`
+ * is `false` (not limited) or options that override the plugin's.
  */
 function fastifyPlugin(fastify, opts, done) {
-  const { limiter, ...rest } = opts || {}
-  fastify.addHook('onRequest', fastifyHook(limiter, rest))
-  done()
+  try {
+    const { limiter, global, ...defaults } = opts || {}
+    if (global !== undefined && typeof global !== 'boolean') throw typeError('The "options.global" argument must be a boolean')
+    const shared = global === false ? null : fastifyHookOf(compile(limiter, defaults))
+    fastify.addHook('onRoute', (route) => {
+      const own = route.config && route.config.rateLimit
+      if (own === false) return
+      let hook = shared
+      if (own !== undefined && own !== null) {
+        if (typeof own !== 'object') throw typeError(`route ${route.url}: config.rateLimit must be false or an object`)
+        hook = fastifyHookOf(compile(limiter, overlay(defaults, own)))
+      }
+      if (!hook) return
+      const existing = route.onRequest ? [].concat(route.onRequest) : []
+      route.onRequest = [hook, ...existing]
+    })
+    done()
+  } catch (e) {
+    done(e)
+  }
 }
+/** A route's options over the plugin's: a route's `limit` replaces the plugin's `policy` and vice versa. */
+function overlay(defaults, own) {
+  const merged = { ...defaults, ...own }
+  if (own.limit !== undefined && own.policy === undefined) delete merged.policy
+  if (own.policy !== undefined && own.limit === undefined) delete merged.limit
+  if (own.key !== undefined && own.keyGenerator === undefined) delete merged.keyGenerator
+  if (own.keyGenerator !== undefined && own.key === undefined) delete merged.key
+  return merged
+}
+
 fastifyPlugin[Symbol.for('skip-override')] = true
 fastifyPlugin[Symbol.for('fastify.display-name')] = 'shardlimit'
 
-module.exports = { expressMiddleware, fastifyHook, fastifyPlugin }
+module.exports = { expressMiddleware, fastifyHook, fastifyPlugin, renderHeaders }

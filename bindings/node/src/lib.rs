@@ -23,6 +23,7 @@
 
 use napi::bindgen_prelude::*;
 use napi::sys;
+use napi::threadsafe_function::ThreadsafeFunctionCallMode;
 use napi_derive::napi;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -670,6 +671,363 @@ impl NativeLimiter {
     #[napi(catch_unwind)]
     pub fn metrics_prometheus(&self) -> String {
         self.inner.metrics().to_prometheus()
+    }
+
+    // ----- the rest of the core's surface (kept apart from the check path) -------------
+
+    /// `$SHARDLIMIT_CONFIG` (a path, or inline JSON); the in-memory engine when unset.
+    #[napi(factory, catch_unwind)]
+    pub fn from_env(env: Env, clock: Option<&ManualClock>) -> Result<Self> {
+        guarded(|| with_clock(shardlimit::Limiter::from_env()?, clock))
+            .map(|inner| NativeLimiter { inner })
+            .map_err(|e| core_error(&env, e))
+    }
+
+    /// Lets go of the engine: its connections and I/O thread end once the calls in flight
+    /// (which hold their own reference) have finished. The JS wrapper refuses later calls.
+    #[napi(catch_unwind)]
+    pub fn close(&mut self) {
+        let engine = std::mem::replace(&mut self.inner, shardlimit::Limiter::memory());
+        // the I/O thread is joined when the last reference goes: never on the JS thread
+        std::thread::Builder::new()
+            .name("shardlimit-close".into())
+            .spawn(move || drop(engine))
+            .ok();
+    }
+
+    /// Keys held by the in-memory engine; null on Redis.
+    #[napi(getter)]
+    pub fn memory_keys(&self) -> Option<f64> {
+        self.inner.memory_keys().map(|n| n as f64)
+    }
+
+    /// A configured policy: name, algorithm, parameters, failure mode.
+    #[napi(catch_unwind, ts_return_type = "PolicyInfo")]
+    pub fn policy_info(&self, env: Env, name: String) -> Result<serde_json::Value> {
+        guarded(|| self.inner.policy(&name))
+            .map(|p| policy_json(&p))
+            .map_err(|e| core_error(&env, e))
+    }
+
+    /// The configuration in force, without shard URLs (they may carry passwords).
+    #[napi(catch_unwind, ts_return_type = "ConfigInfo")]
+    pub fn config_info(&self) -> serde_json::Value {
+        let c = self.inner.config();
+        let shards: Vec<String> = match &c.shards {
+            Some(s) => s.iter().map(|s| s.name.clone()).collect(),
+            None => Vec::new(),
+        };
+        serde_json::json!({
+            "engine": if self.inner.is_redis() { "redis" } else { "memory" },
+            "shards": shards,
+            "cluster": c.cluster.as_ref().map(|n| n.len()),
+            "keyPrefix": c.key_prefix,
+            "timeoutMs": ms(c.timeout),
+            "onError": c.on_error.name(),
+            "instances": c.instances,
+            "policies": c.policies.values().map(policy_json).collect::<Vec<_>>(),
+        })
+    }
+
+    /// Counters per policy and the Redis latency histogram, as an object.
+    #[napi(catch_unwind, ts_return_type = "MetricsSnapshot")]
+    pub fn metrics_snapshot(&self) -> serde_json::Value {
+        let m = self.inner.metrics();
+        let policies: Vec<_> = m
+            .policies
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "policy": p.policy,
+                    "allowed": p.allowed,
+                    "denied": p.denied,
+                    "fallback": p.fallback,
+                    "blocked": p.blocked,
+                    "localAdmitted": p.local_admitted,
+                    "redisErrors": p.redis_errors,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "policies": policies,
+            "redisLatency": {
+                "bucketsUs": shardlimit::metrics::LATENCY_BUCKETS_US,
+                "counts": m.redis_latency.buckets,
+                "sumUs": m.redis_latency.sum_us,
+                "count": m.redis_latency.count,
+            },
+            "eventsDropped": m.events_dropped,
+        })
+    }
+
+    /// Calls `callback(event)` on this thread for every event of the core (denials,
+    /// blocks, fallbacks, circuit changes). Events are queued (at most 1024; more are
+    /// dropped while JS is busy) and never keep the process alive.
+    #[napi(catch_unwind)]
+    pub fn subscribe(
+        &self,
+        callback: Function<'_, serde_json::Value, Unknown<'static>>,
+    ) -> Result<()> {
+        let tsfn = callback
+            .build_threadsafe_function::<serde_json::Value>()
+            .weak::<true>()
+            .max_queue_size::<1024>()
+            .build_callback(|ctx| Ok(ctx.value))?;
+        self.inner.subscribe(Arc::new(move |e: &shardlimit::Event| {
+            tsfn.call(event_json(e), ThreadsafeFunctionCallMode::NonBlocking);
+        }));
+        Ok(())
+    }
+
+    /// Reloads whenever `path` changes (polled every `everyMs`); a bad file is ignored and
+    /// the old config stays. Stops when the returned watcher is closed or collected.
+    #[napi(catch_unwind)]
+    pub fn watch_config(&self, path: String, every_ms: f64) -> NativeWatcher {
+        let every = Duration::from_micros((every_ms.clamp(1.0, 3_600_000.0) * 1000.0) as u64);
+        NativeWatcher {
+            inner: Some(self.inner.watch_config(path, every)),
+        }
+    }
+
+    /// Checks an ad-hoc limit (see `NativeLimit`).
+    #[napi(catch_unwind, ts_return_type = "Promise<Decision>")]
+    pub fn check_limit(
+        &self,
+        env: Env,
+        key: String,
+        limit: &NativeLimit,
+        cost: f64,
+    ) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        let p = limit.policy.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move {
+                let cost = units("cost", cost)?;
+                me.check(&key, &p, cost).await
+            },
+            |_, d| Ok(Decision { inner: d }),
+        )
+    }
+
+    /// Peeks at an ad-hoc limit.
+    #[napi(catch_unwind, ts_return_type = "Promise<Decision>")]
+    pub fn peek_limit(
+        &self,
+        env: Env,
+        key: String,
+        limit: &NativeLimit,
+    ) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        let p = limit.policy.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move { me.peek(&key, &p).await },
+            |_, d| Ok(Decision { inner: d }),
+        )
+    }
+
+    /// Acquires a lease of an ad-hoc concurrency limit.
+    #[napi(
+        catch_unwind,
+        ts_return_type = "Promise<{ decision: Decision; lease: Lease | null }>"
+    )]
+    pub fn acquire_limit(
+        &self,
+        env: Env,
+        key: String,
+        limit: &NativeLimit,
+        units_: f64,
+    ) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        let p = limit.policy.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move {
+                let n = units("units", units_)?;
+                me.acquire(&key, &p, n).await
+            },
+            |env, (d, lease)| {
+                let mut obj = Object::new(env)?;
+                obj.set("decision", Decision { inner: d })?;
+                obj.set(
+                    "lease",
+                    lease.map(|l| Lease {
+                        key: l.key,
+                        policy: l.policy,
+                        id: l.id,
+                        units: l.units as f64,
+                    }),
+                )?;
+                Ok(obj)
+            },
+        )
+    }
+
+    /// Releases a lease of an ad-hoc concurrency limit.
+    #[napi(catch_unwind, ts_return_type = "Promise<boolean>")]
+    pub fn release_limit(
+        &self,
+        env: Env,
+        lease: Lease,
+        limit: &NativeLimit,
+    ) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        let p = limit.policy.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move {
+                let lease = shardlimit::Lease {
+                    units: units("lease.units", lease.units)?,
+                    key: lease.key,
+                    policy: lease.policy,
+                    id: lease.id,
+                };
+                me.release_with(&p, &lease).await
+            },
+            |_, released| Ok(released),
+        )
+    }
+}
+
+fn policy_json(p: &shardlimit::Policy) -> serde_json::Value {
+    use shardlimit::Limit;
+    let params = match p.limit() {
+        Limit::FixedWindow { limit, window }
+        | Limit::SlidingWindow { limit, window }
+        | Limit::SlidingLog { limit, window } => {
+            serde_json::json!({ "limit": limit, "windowMs": ms(*window) })
+        }
+        Limit::TokenBucket {
+            capacity,
+            refill_per_sec,
+        } => serde_json::json!({ "capacity": capacity, "refillPerSec": refill_per_sec }),
+        Limit::LeakyBucket {
+            capacity,
+            leak_per_sec,
+        } => serde_json::json!({ "capacity": capacity, "leakPerSec": leak_per_sec }),
+        Limit::Concurrency { max, lease_ttl } => {
+            serde_json::json!({ "max": max, "leaseTtlMs": ms(*lease_ttl) })
+        }
+    };
+    serde_json::json!({
+        "name": p.name(),
+        "algorithm": p.algorithm().name(),
+        "max": p.max(),
+        "onError": p.on_error().name(),
+        "params": params,
+    })
+}
+
+fn camel(field: &str) -> String {
+    let mut out = String::with_capacity(field.len());
+    let mut up = false;
+    for c in field.chars() {
+        if c == '_' {
+            up = true;
+        } else if up {
+            out.extend(c.to_uppercase());
+            up = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// An event as a plain object: `kind` plus its fields (strings, as in the events stream),
+/// in camelCase.
+fn event_json(e: &shardlimit::Event) -> serde_json::Value {
+    let mut obj = serde_json::Map::new();
+    obj.insert("kind".into(), e.kind().into());
+    for (k, v) in e.fields() {
+        if k != "event" {
+            obj.insert(camel(k), v.into());
+        }
+    }
+    serde_json::Value::Object(obj)
+}
+
+/// A config-file watcher from `watchConfig`; `close()` stops it.
+#[napi]
+pub struct NativeWatcher {
+    inner: Option<shardlimit::ConfigWatcher>,
+}
+
+#[napi]
+impl NativeWatcher {
+    /// Stops watching (the polling thread ends within one interval, off the JS thread).
+    #[napi(catch_unwind)]
+    pub fn close(&mut self) {
+        if let Some(w) = self.inner.take() {
+            std::thread::Builder::new()
+                .name("shardlimit-unwatch".into())
+                .spawn(move || drop(w))
+                .ok();
+        }
+    }
+}
+
+/// An ad-hoc limit, validated once: a policy object of the config format
+/// (`{ algorithm, limit, window, ... }`) under a name of the caller's choosing (headers,
+/// bodies, metrics and Redis keys show it), or the limit's parameters when unnamed.
+#[napi]
+pub struct NativeLimit {
+    policy: shardlimit::Policy,
+}
+
+#[napi]
+impl NativeLimit {
+    #[napi(constructor, catch_unwind)]
+    pub fn new(env: Env, spec_json: String, name: Option<String>) -> Result<Self> {
+        guarded(|| {
+            let v = shardlimit::config::parse_strict_json(&spec_json)?;
+            let slot = name.clone().unwrap_or_else(|| "adhoc".to_string());
+            let prefix = format!("policies.{slot}");
+            let cfg = shardlimit::Config::from_value(
+                &serde_json::json!({ "policies": { slot.clone(): v } }),
+            )
+            .map_err(|e| match e {
+                shardlimit::Error::Config { field, message } => shardlimit::Error::Config {
+                    field: if name.is_some() && field == prefix {
+                        "limit.name".into()
+                    } else {
+                        field.replacen(&prefix, "limit", 1)
+                    },
+                    message,
+                },
+                other => other,
+            })?;
+            let p = cfg
+                .policies
+                .get(&slot)
+                .cloned()
+                .ok_or_else(|| shardlimit::Error::Internal("ad-hoc policy lost".into()))?;
+            match name {
+                Some(_) => Ok(p),
+                None => Ok(
+                    shardlimit::Policy::try_from(p.limit().clone())?.with_on_error(p.on_error())
+                ),
+            }
+        })
+        .map(|policy| NativeLimit { policy })
+        .map_err(|e| core_error(&env, e))
+    }
+
+    /// The policy name decisions carry.
+    #[napi(getter)]
+    pub fn name(&self) -> String {
+        self.policy.name().to_string()
+    }
+
+    /// The limit as an object (`PolicyInfo`).
+    #[napi(catch_unwind, ts_return_type = "PolicyInfo")]
+    pub fn info(&self) -> serde_json::Value {
+        policy_json(&self.policy)
     }
 }
 

@@ -47,12 +47,16 @@ test('Express: headers on every response, 429 with the JSON body when denied', a
   t.after(() => close(server))
 
   for (const remaining of [2, 1, 0]) {
+    const before = Date.now()
     const r = await get(port, '/hello', { 'x-user': 'alice' })
+    const after = Date.now()
     assert.equal(r.status, 200)
     assert.deepEqual(JSON.parse(r.text), { hello: 'world', remaining })
     assert.equal(r.headers.get('x-ratelimit-limit'), '3')
     assert.equal(r.headers.get('x-ratelimit-remaining'), String(remaining))
-    assert.equal(r.headers.get('x-ratelimit-reset'), '40')
+    // a Unix timestamp: 40 s left in the window
+    const reset = Number(r.headers.get('x-ratelimit-reset'))
+    assert.ok(reset >= Math.ceil((before + 40_000) / 1000) && reset <= Math.ceil((after + 40_000) / 1000), `${reset}`)
     assert.equal(r.headers.get('ratelimit-policy'), '"api";q=3;w=60')
     assert.equal(r.headers.get('ratelimit'), `"api";r=${remaining};t=40`)
     assert.equal(r.headers.get('retry-after'), null)
@@ -99,18 +103,12 @@ test('Express: the key function picks the policy, cost weighs the request', asyn
   assert.equal(second.headers.get('x-ratelimit-remaining'), '4')
 })
 
-test('Express: a misconfigured policy is an error, not a silent pass', async (t) => {
+test('Express: a misconfigured policy fails when the middleware is built, not on every request', () => {
   const limiter = limiterFor({})
-  const app = express()
-  app.use(expressMiddleware(limiter, { policy: 'missing', key: () => 'k' }))
-  app.get('/', (req, res) => res.send('ok'))
-  app.use((err, req, res, _next) => res.status(500).json({ code: err.code }))
-  const server = http.createServer(app)
-  const port = await listen(server)
-  t.after(() => close(server))
-  const r = await get(port, '/')
-  assert.equal(r.status, 500)
-  assert.deepEqual(JSON.parse(r.text), { code: 'ERR_SHARDLIMIT_UNKNOWN_POLICY' })
+  assert.throws(() => expressMiddleware(limiter, { policy: 'missing', key: () => 'k' }), (e) => {
+    assert.equal(e.code, 'ERR_SHARDLIMIT_UNKNOWN_POLICY')
+    return true
+  })
 })
 
 test('Connect-style: plain node:http with the default key (the client IP)', async (t) => {

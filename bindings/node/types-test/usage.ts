@@ -1,6 +1,7 @@
 // Compiled (never run) by `tsc --noEmit -p types-test`: the public surface as a
 // TypeScript user sees it through the package's own "exports".
 import express from 'express'
+import Fastify from 'fastify'
 import shardlimit, {
   Limiter,
   ManualClock,
@@ -15,7 +16,14 @@ import shardlimit, {
   type Lease,
   type ErrorCode,
   type RateLimitBody,
+  Limit,
+  fastifyPlugin,
+  type MetricsSnapshot,
+  type ShardlimitEvent,
+  type DecisionJson,
 } from 'shardlimit'
+// types req.rateLimit on Node's IncomingMessage (needs @types/node, like Express does)
+import type {} from 'shardlimit/http'
 
 export async function usage(): Promise<void> {
   const limiter: Limiter = Limiter.fromConfig('shard-config.json')
@@ -74,6 +82,42 @@ export async function usage(): Promise<void> {
   })
   const hook = fastifyHook(limiter, { policy: 'api' })
   void hook
+
+  // route-level limits, ad-hoc limits, handlers, header options
+  const login = expressMiddleware<express.Request, express.Response>(limiter, {
+    limit: 5,
+    windowMs: 60_000,
+    name: 'login',
+    keyGenerator: (req) => req.ip ?? null,
+    skip: (req) => req.get('x-internal') === '1',
+    handler: (_req, res, _next, decision) => res.status(429).json({ wait: decision.retryAfter }),
+    unavailableHandler: (_req, res) => res.status(503).end(),
+    unavailableRetryAfter: 5,
+    standardHeaders: true,
+    legacyHeaders: false,
+    retryAfter: 'date',
+    delay: 'wait',
+    maxDelayMs: 2000,
+  })
+  app.post('/login', login, (_req, res) => res.end())
+  const burst = new Limit({ algorithm: 'token_bucket', capacity: 10, refill_per_sec: 1 }, { name: 'burst' })
+  const adhoc: Decision = await limiter.check('k', { limit: burst, cost: 2 })
+  const json: DecisionJson = adhoc.toJSON()
+  const m: MetricsSnapshot = limiter.metricsSnapshot()
+  limiter.subscribe((e: ShardlimitEvent) => void e.kind)
+  const watcher = limiter.watchConfig('shard-config.json', { intervalMs: 500 })
+  watcher.close()
+  const fromEnv = Limiter.fromEnv()
+  const algorithm: string = fromEnv.policy('api').algorithm
+  const keys: number | null = fromEnv.memoryKeys
+  void [json, m, algorithm, keys, fromEnv.config.policies, fastifyPlugin]
+  fromEnv.close()
+
+  // Fastify: the hook and the plugin as Fastify's own types take them
+  const fastify = Fastify()
+  fastify.addHook('onRequest', fastifyHook(limiter, { policy: 'api', handler: (_request, reply) => reply.code(429).send('slow') }))
+  await fastify.register(fastifyPlugin, { limiter, policy: 'api', global: false })
+  fastify.get('/health', { config: { rateLimit: false } }, async () => 'up')
 }
 
 // @ts-expect-error: the key must be a string

@@ -1,0 +1,3 @@
+'use strict'
+// Types only (http.d.ts): nothing to run.
+module.exports = {}
