@@ -21,7 +21,7 @@ impl Limiter {
     pub async fn block(&self, key: &str, ttl: Option<Duration>, reason: &str) -> Result<()> {
         validate_key(key)?;
         if let Some(t) = ttl {
-            if t.is_zero() || t > Duration::from_micros(crate::limit::MAX_PERIOD_US) {
+            if t.is_zero() || t > Duration::from_micros(crate::policy::MAX_PERIOD_US) {
                 return Err(Error::invalid(
                     "ttl",
                     "must be between 1ms and 366 days (or none for a permanent block)",

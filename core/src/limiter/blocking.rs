@@ -4,14 +4,14 @@ use super::{BlockInfo, Layer};
 use super::{Engine, Lease, Limiter};
 use crate::decision::Decision;
 use crate::error::{Error, Result};
-use crate::limit::{Algorithm, Policy};
+use crate::policy::{Algorithm, Policy};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Starts futures on a limiter's I/O runtime (from [`Limiter::spawner`]).
 #[derive(Clone)]
-pub struct Spawner(Arc<crate::redis_engine::RtState>);
+pub struct Spawner(Arc<crate::transport::runtime::RtState>);
 
 impl std::fmt::Debug for Spawner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -1,13 +1,13 @@
 //! One check of one (key, policy): validation, the engine call, the decision.
 
 use super::{Engine, Lease, Limiter, MAX_KEY_LEN};
-use crate::algo::Outcome;
 use crate::decision::{Decision, Source};
+use crate::engine::algo::Outcome;
+use crate::engine::memory::{blocked_outcome, MemoryEngine, Raw};
+use crate::engine::redis::{Mode, RedisEngine};
 use crate::error::{Error, Result};
 use crate::events::Event;
-use crate::limit::{Algorithm, Compiled, Limit, Policy, PolicyInner};
-use crate::memory::{blocked_outcome, MemoryEngine, Raw};
-use crate::redis_engine::{Mode, RedisEngine};
+use crate::policy::{Algorithm, Compiled, Limit, Policy, PolicyInner};
 use crate::routing::shard_index;
 use std::time::Duration;
 
@@ -297,7 +297,7 @@ impl Limiter {
             return None;
         }
         // more blocking callers than CPUs: the I/O thread batches their commands better
-        let _slot = crate::blocking::OWN_IO.take()?;
+        let _slot = crate::transport::blocking::OWN_IO.take()?;
         Some((|| {
             let (eff, cost, shard) = match self.plan(r, key, policy, cost)? {
                 Plan::Decided(d) => return Ok(d),

@@ -1,11 +1,11 @@
 //! Decisions without the backend: the policy's `on_error` mode.
 
 use super::{Limiter, CLOSED_RETRY_AFTER};
-use crate::algo::Outcome;
 use crate::decision::{Decision, Source};
+use crate::engine::algo::Outcome;
 use crate::error::{Error, Result};
 use crate::events::Event;
-use crate::limit::{Compiled, OnError, PolicyInner};
+use crate::policy::{Compiled, OnError, PolicyInner};
 use std::sync::atomic::Ordering;
 
 impl Limiter {

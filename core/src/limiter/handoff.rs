@@ -1,10 +1,10 @@
 //! Reshard handoff: carrying a moved key's state from its old shard to its new one.
 
 use super::{local_key, Limiter};
-use crate::clock::{Clock, MonotonicClock};
-use crate::limit::PolicyInner;
-use crate::redis_engine::RedisEngine;
+use crate::engine::redis::RedisEngine;
+use crate::policy::PolicyInner;
 use crate::routing::shard_index;
+use crate::time::clock::{Clock, MonotonicClock};
 use parking_lot::Mutex;
 use std::sync::Arc;
 

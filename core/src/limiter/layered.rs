@@ -1,12 +1,12 @@
 //! Layered checks: several (key, policy) pairs decided together; none consumes when one denies.
 
 use super::{validate_key, Engine, Limiter};
-use crate::algo::Outcome;
 use crate::decision::{Decision, Source};
+use crate::engine::algo::Outcome;
+use crate::engine::memory::{blocked_outcome, LayerReq, LayeredRaw};
+use crate::engine::redis::RedisEngine;
 use crate::error::{Error, Result};
-use crate::limit::{Algorithm, Policy};
-use crate::memory::{blocked_outcome, LayerReq, LayeredRaw};
-use crate::redis_engine::RedisEngine;
+use crate::policy::{Algorithm, Policy};
 use crate::routing::shard_index;
 use std::sync::Arc;
 

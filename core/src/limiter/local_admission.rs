@@ -1,12 +1,12 @@
 //! Local admission: units reserved from Redis in batches and admitted in process.
 
 use super::{local_key, Limiter};
-use crate::algo::Outcome;
 use crate::decision::{Decision, Source};
+use crate::engine::algo::Outcome;
+use crate::engine::memory::Raw;
+use crate::engine::redis::{Mode, RedisEngine};
 use crate::error::Result;
-use crate::limit::{Algorithm, Compiled, PolicyInner};
-use crate::memory::Raw;
-use crate::redis_engine::{Mode, RedisEngine};
+use crate::policy::{Algorithm, Compiled, PolicyInner};
 use std::sync::Arc;
 
 /// Units reserved from Redis for local admission.
@@ -32,7 +32,7 @@ impl Limiter {
         r: &Arc<RedisEngine>,
         p: &PolicyInner,
         eff: &Compiled,
-        la: crate::limit::LocalAdmission,
+        la: crate::policy::LocalAdmission,
         key: &str,
         shard: u32,
         cost: u64,

@@ -2,8 +2,8 @@
 
 use super::{Engine, Limiter};
 use crate::decision::{Decision, Source};
-use crate::limit::{Policy, PolicyInner};
 use crate::metrics::{LatencySnapshot, MetricsSnapshot};
+use crate::policy::{Policy, PolicyInner};
 use std::sync::atomic::Ordering;
 
 impl Limiter {

@@ -1,14 +1,14 @@
 //! The limiter handle: the public API every binding wraps.
 
-use crate::clock::{Clock, MonotonicClock};
 use crate::config::Config;
+use crate::engine::expiry::ExpiringMap;
+use crate::engine::memory::MemoryEngine;
+use crate::engine::redis::RedisEngine;
 use crate::error::{Error, Result};
 use crate::events::{Subscriber, Subscribers};
-use crate::expiry::ExpiringMap;
-use crate::limit::Policy;
-use crate::memory::MemoryEngine;
-use crate::redis_engine::RedisEngine;
+use crate::policy::Policy;
 use crate::routing::shard_index;
+use crate::time::clock::{Clock, MonotonicClock};
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use std::hash::{BuildHasher, Hash, Hasher};

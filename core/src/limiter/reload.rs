@@ -1,9 +1,9 @@
 //! Reloading the config: swap the view atomically, keep what did not change.
 
 use super::{Engine, Handoff, Limiter, View};
-use crate::clock::{Clock, MonotonicClock};
 use crate::config::Config;
 use crate::error::Result;
+use crate::time::clock::{Clock, MonotonicClock};
 use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

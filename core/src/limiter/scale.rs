@@ -2,7 +2,7 @@
 
 use super::Limiter;
 use crate::error::{Error, Result};
-use crate::limit::validate_scale;
+use crate::policy::validate_scale;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,13 +2,13 @@
 //! computed once. Every script is `prelude.lua` + the algorithm file(s) it needs + one
 //! `main_*.lua`, so each algorithm is written once and shared by single and layered checks.
 
-use crate::limit::Algorithm;
+use crate::policy::Algorithm;
 use redis::Script;
 use std::sync::LazyLock;
 
 macro_rules! lua {
     ($file:literal) => {
-        include_str!(concat!("../lua/", $file))
+        include_str!(concat!("../../../lua/", $file))
     };
 }
 

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
-use crate::resp::{parse_frame, protocol, Framer, Reply, MAX_REPLY};
+use crate::transport::resp::{parse_frame, protocol, Framer, Reply, MAX_REPLY};
 
 /// The outcome of a handshake command (`what`: AUTH, SELECT), which answers +OK.
 pub(crate) fn expect_ok(what: &str, reply: Reply) -> io::Result<()> {

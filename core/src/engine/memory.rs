@@ -3,9 +3,9 @@
 //! seen" is swept out, amortised over inserts. It also keeps a block list and the denial
 //! counters of automatic blocking, like the scripts do in Redis.
 
-use crate::algo::{self, Outcome, State};
-use crate::expiry::{ExpiringMap, NEVER};
-use crate::limit::{Algorithm, AutoBlock, Compiled};
+use crate::engine::algo::{self, Outcome, State};
+use crate::engine::expiry::{ExpiringMap, NEVER};
+use crate::policy::{Algorithm, AutoBlock, Compiled};
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
 use std::hash::BuildHasher;
@@ -413,7 +413,7 @@ impl MemoryEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::expiry::SWEEP_BUDGET;
+    use crate::engine::expiry::SWEEP_BUDGET;
     use std::time::Duration;
 
     const KEYS: usize = 200_000;

@@ -17,9 +17,9 @@
 //! wrong caller). Closing aborts both tasks, so the socket is closed at once and nothing
 //! more is read or buffered for callers that are gone.
 
-use crate::blocking::{expect_ok, Target};
-use crate::resp::{parse_frame, Framer, Reply, MAX_CHECK_REPLY, MAX_REPLY};
-use crate::scripts::CheckScripts;
+use crate::engine::redis::scripts::CheckScripts;
+use crate::transport::blocking::{expect_ok, Target};
+use crate::transport::resp::{parse_frame, Framer, Reply, MAX_CHECK_REPLY, MAX_REPLY};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io;
@@ -184,7 +184,7 @@ impl Waiter {
     /// Hands the framed reply `frame` to its caller(s). `Err`: the reply is not theirs
     /// (another call's tag): the stream is in doubt.
     fn answer_frame(self, frame: &[u8]) -> io::Result<()> {
-        let not_theirs = || crate::resp::protocol(NOT_THEIRS);
+        let not_theirs = || crate::transport::resp::protocol(NOT_THEIRS);
         let reply = match self {
             Waiter::Raw(s) => {
                 let _ = s.send(Ok(frame.to_vec()));
@@ -219,7 +219,7 @@ impl Waiter {
                 let e = format!(
                     "a batch of {} checks got the reply {:?}",
                     senders.len(),
-                    crate::resp::Shown(&other)
+                    crate::transport::resp::Shown(&other)
                 );
                 for (_, s) in senders {
                     let _ = s.send(Ok(Reply::Error(e.clone())));
@@ -325,7 +325,7 @@ impl Pipe {
             expect_ok(what, reply)?;
         }
         if !buf.is_empty() {
-            return Err(crate::resp::protocol(
+            return Err(crate::transport::resp::protocol(
                 "more bytes than the log-in asked for",
             ));
         }
