@@ -15,7 +15,13 @@
 //! ```
 //!
 //! With a config that lists Redis `shards`, the same calls run on Redis, one round trip
-//! per decision; see `docs/DESIGN.md` for the contracts.
+//! per decision.
+//!
+//! The contracts (model, time, routing, failure, trust), the map of the modules below and
+//! the checklist for adding an operation end to end are in `docs/DESIGN.md` at the root of
+//! the repository: `limiter/` is the public API, `engine/` decides (in memory or with the
+//! scripts on Redis, `engine/redis/protocol.rs` describing every script call), `transport/`
+//! moves the bytes, `policy/`, `config/` and `time/` hold what a check is made against.
 
 pub mod config;
 mod decision;

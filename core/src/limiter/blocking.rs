@@ -68,32 +68,24 @@ impl Limiter {
 
     /// Blocking [`Limiter::check`].
     pub fn check_blocking(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision> {
-        if policy.algorithm() != Algorithm::Concurrency {
-            // the in-memory engine never waits: decide right here, no future, no runtime
-            let view = self.inner.view.load();
-            if let Engine::Memory(m) = &view.engine {
-                return self.check_memory(m, key, policy, cost, false, "");
-            }
+        unleased(policy, "check")?;
+        // the in-memory engine never waits: decide right here, no future, no runtime
+        let view = self.inner.view.load();
+        if let Engine::Memory(m) = &view.engine {
+            return self.check_memory(m, key, policy, cost, false, None);
         }
-        if policy.algorithm() != Algorithm::Concurrency {
-            if let Some(r) = self.run_blocking(key, policy, cost, false) {
-                return r;
-            }
+        drop(view);
+        if let Some(r) = self.run_blocking(key, policy, cost, false) {
+            return r;
         }
         let (me, key, policy) = (self.clone(), key.to_string(), policy.clone());
         self.block_on(async move { me.check(&key, &policy, cost).await })
     }
 
-    /// Blocking [`Limiter::check_named`].
-    pub fn check_named_blocking(&self, policy: &str, key: &str, cost: u64) -> Result<Decision> {
+    /// Blocking [`Limiter::check_by_name`].
+    pub fn check_by_name_blocking(&self, key: &str, policy: &str, cost: u64) -> Result<Decision> {
         let p = self.policy(policy)?;
         self.check_blocking(key, &p, cost)
-    }
-
-    /// Blocking [`Limiter::check_all`].
-    pub fn check_all_blocking(&self, layers: &[Layer]) -> Result<Decision> {
-        let (me, layers) = (self.clone(), layers.to_vec());
-        self.block_on(async move { me.check_all(&layers).await })
     }
 
     /// Blocking [`Limiter::peek`].
@@ -105,53 +97,6 @@ impl Limiter {
         self.block_on(async move { me.peek(&key, &policy).await })
     }
 
-    /// Blocking [`Limiter::acquire`].
-    pub fn acquire_blocking(
-        &self,
-        key: &str,
-        policy: &Policy,
-        units: u64,
-    ) -> Result<(Decision, Option<Lease>)> {
-        let (me, key, policy) = (self.clone(), key.to_string(), policy.clone());
-        self.block_on(async move { me.acquire(&key, &policy, units).await })
-    }
-
-    /// Blocking [`Limiter::release`].
-    pub fn release_blocking(&self, lease: &Lease) -> Result<bool> {
-        let (me, lease) = (self.clone(), lease.clone());
-        self.block_on(async move { me.release(&lease).await })
-    }
-
-    /// Blocking [`Limiter::release_with`].
-    pub fn release_with_blocking(&self, policy: &Policy, lease: &Lease) -> Result<bool> {
-        let (me, policy, lease) = (self.clone(), policy.clone(), lease.clone());
-        self.block_on(async move { me.release_with(&policy, &lease).await })
-    }
-
-    /// Blocking [`Limiter::reset`].
-    pub fn reset_blocking(&self, key: &str, policy: &Policy) -> Result<()> {
-        let (me, key, policy) = (self.clone(), key.to_string(), policy.clone());
-        self.block_on(async move { me.reset(&key, &policy).await })
-    }
-
-    /// Blocking [`Limiter::block`].
-    pub fn block_blocking(&self, key: &str, ttl: Option<Duration>, reason: &str) -> Result<()> {
-        let (me, key, reason) = (self.clone(), key.to_string(), reason.to_string());
-        self.block_on(async move { me.block(&key, ttl, &reason).await })
-    }
-
-    /// Blocking [`Limiter::unblock`].
-    pub fn unblock_blocking(&self, key: &str) -> Result<bool> {
-        let (me, key) = (self.clone(), key.to_string());
-        self.block_on(async move { me.unblock(&key).await })
-    }
-
-    /// Blocking [`Limiter::blocked`].
-    pub fn blocked_blocking(&self, key: &str) -> Result<Option<BlockInfo>> {
-        let (me, key) = (self.clone(), key.to_string());
-        self.block_on(async move { me.blocked(&key).await })
-    }
-
     /// A handle to the runtime that drives this limiter's Redis connections (created on
     /// first use, re-created after fork). `None` on the in-memory engine. Bindings spawn
     /// their async calls here.
@@ -161,6 +106,103 @@ impl Limiter {
             Engine::Memory(_) => Ok(None),
         }
     }
+}
+
+/// The blocking twins of async operations that have no fast path of their own: each moves
+/// its arguments into a future and runs it with [`Limiter::block_on`]. (`check`, `peek`
+/// and `check_by_name` are written out above: they decide on the calling thread when
+/// they can.)
+macro_rules! blocking_twins {
+    ($($(#[$doc:meta])* $twin:ident => $call:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+        impl Limiter {
+            $(
+                $(#[$doc])*
+                pub fn $twin(&self, $($arg: $ty),*) -> Result<$ret> {
+                    let me = self.clone();
+                    $(let $arg = <$ty as Carry>::carry($arg);)*
+                    self.block_on(async move { me.$call($(<$ty as Carry>::lend(&$arg)),*).await })
+                }
+            )*
+        }
+    };
+}
+
+blocking_twins! {
+    /// Blocking [`Limiter::connect`].
+    connect_blocking => connect(timeout: Duration) -> ();
+    /// Blocking [`Limiter::check_all`].
+    check_all_blocking => check_all(layers: &[Layer]) -> Decision;
+    /// Blocking [`Limiter::acquire`].
+    acquire_blocking => acquire(key: &str, policy: &Policy, units: u64) -> (Decision, Option<Lease>);
+    /// Blocking [`Limiter::release`].
+    release_blocking => release(lease: &Lease) -> bool;
+    /// Blocking [`Limiter::reset`].
+    reset_blocking => reset(key: &str, policy: &Policy) -> ();
+    /// Blocking [`Limiter::block`].
+    block_blocking => block(key: &str, ttl: Option<Duration>, reason: &str) -> ();
+    /// Blocking [`Limiter::unblock`].
+    unblock_blocking => unblock(key: &str) -> bool;
+    /// Blocking [`Limiter::blocked`].
+    blocked_blocking => blocked(key: &str) -> Option<BlockInfo>;
+}
+
+/// An argument of a blocking twin: owned to move into the future, lent back to the call.
+trait Carry<'a>: Sized {
+    type Owned: Send + 'static;
+    fn carry(self) -> Self::Owned;
+    fn lend(owned: &'a Self::Owned) -> Self;
+}
+
+macro_rules! carry_by_clone {
+    ($($borrowed:ty => $owned:ty, $to:expr;)*) => {$(
+        impl<'a> Carry<'a> for &'a $borrowed {
+            type Owned = $owned;
+            fn carry(self) -> $owned {
+                $to(self)
+            }
+            fn lend(owned: &'a $owned) -> Self {
+                owned
+            }
+        }
+    )*};
+}
+
+carry_by_clone! {
+    str => String, str::to_owned;
+    [Layer] => Vec<Layer>, <[Layer]>::to_vec;
+    Policy => Policy, Policy::clone;
+    Lease => Lease, Lease::clone;
+}
+
+macro_rules! carry_by_copy {
+    ($($t:ty),*) => {$(
+        impl<'a> Carry<'a> for $t {
+            type Owned = $t;
+            fn carry(self) -> $t {
+                self
+            }
+            fn lend(owned: &'a $t) -> $t {
+                *owned
+            }
+        }
+    )*};
+}
+
+carry_by_copy!(u64, Duration, Option<Duration>);
+
+/// A check of a concurrency policy would take units with no lease to give them back: an
+/// error that names the operation to use instead.
+pub(super) fn unleased(policy: &Policy, op: &str) -> Result<()> {
+    if policy.algorithm() == Algorithm::Concurrency {
+        return Err(Error::invalid(
+            "policy",
+            format!(
+                "{} is a concurrency policy: {op} takes no lease; use acquire, which returns the lease to release",
+                policy.name()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Polls a future that is known never to wait (memory engine) to completion.

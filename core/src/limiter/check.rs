@@ -1,14 +1,16 @@
 //! One check of one (key, policy): validation, the engine call, the decision.
 
+use super::blocking::unleased;
 use super::{Engine, Lease, Limiter, MAX_KEY_LEN};
 use crate::decision::{Decision, Source};
 use crate::engine::algo::Outcome;
-use crate::engine::memory::{blocked_outcome, MemoryEngine, Raw};
-use crate::engine::redis::{Mode, RedisEngine};
+use crate::engine::memory::{blocked_outcome, BlockVerdict, MemoryEngine, Raw};
+use crate::engine::redis::{CheckRequest, Mode, RedisEngine};
 use crate::error::{Error, Result};
 use crate::events::Event;
-use crate::policy::{Algorithm, Compiled, Limit, Policy, PolicyInner};
+use crate::policy::{Algorithm, Compiled, Policy, PolicyInner};
 use crate::routing::shard_index;
+use crate::transport::pipe::next_tag;
 use std::time::Duration;
 
 /// A Redis check after its preamble: decided already (a cached block), or the script to run.
@@ -25,34 +27,27 @@ impl Limiter {
     /// Checks `cost` units of `policy` for `key`. A denied check consumes nothing.
     /// A cost larger than the limit is denied with no `retry_after`.
     ///
-    /// On a concurrency policy this acquires a lease that is never released explicitly:
-    /// it frees itself after `lease_ttl`. Use [`Limiter::acquire`] to release early.
+    /// A concurrency policy is an `invalid_argument` error: use [`Limiter::acquire`], which
+    /// returns the lease to release.
     ///
     /// For Redis this must be awaited inside a Tokio runtime with timers enabled; from
     /// anywhere else use [`Limiter::check_blocking`].
     pub async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision> {
-        if policy.algorithm() == Algorithm::Concurrency {
-            return self.acquire(key, policy, cost).await.map(|(d, _)| d);
-        }
-        self.run(key, policy, cost, false, "").await
+        unleased(policy, "check")?;
+        self.run(key, policy, cost, false, None).await
     }
 
-    /// Checks a policy of the config by name.
-    pub async fn check_named(&self, policy: &str, key: &str, cost: u64) -> Result<Decision> {
+    /// [`Limiter::check`] of the config's policy named `policy`: key first, as everywhere.
+    pub async fn check_by_name(&self, key: &str, policy: &str, cost: u64) -> Result<Decision> {
         let p = self.policy(policy)?;
-        self.check(key, &p, cost).await
-    }
-
-    /// Checks an ad-hoc limit (its policy name is [`Limit::id`]).
-    pub async fn check_limit(&self, key: &str, limit: &Limit, cost: u64) -> Result<Decision> {
-        let p = Policy::try_from(limit.clone())?;
         self.check(key, &p, cost).await
     }
 
     /// The state of `key` under `policy` without consuming: `allowed` says whether a check
     /// of one unit would pass now, `remaining` how many units are available.
+    /// On a concurrency policy: the units free now (it takes none, so needs no lease).
     pub async fn peek(&self, key: &str, policy: &Policy) -> Result<Decision> {
-        self.run(key, policy, 1, true, "").await
+        self.run(key, policy, 1, true, None).await
     }
 
     /// Acquires `units` of a concurrency policy. Returns the decision and, when allowed,
@@ -64,7 +59,7 @@ impl Limiter {
         units: u64,
     ) -> Result<(Decision, Option<Lease>)> {
         let id = self.lease_id();
-        let d = self.run(key, policy, units, false, &id).await?;
+        let d = self.run(key, policy, units, false, Some(&id)).await?;
         let lease =
             (d.allowed && matches!(d.source, Source::Redis | Source::Memory)).then(|| Lease {
                 key: key.to_string(),
@@ -186,7 +181,7 @@ impl Limiter {
         }
     }
 
-    /// Validates a check's key and cost and registers its policy for metrics. Returns the
+    /// Validates a check's key and cost. Returns the
     /// limit in force and the cost to decide with: costs above the limit can never fit, and
     /// sending at most `limit + 1` keeps every script quantity an exact integer.
     #[inline]
@@ -195,7 +190,6 @@ impl Limiter {
         if cost == 0 {
             return Err(Error::invalid("cost", "must be at least 1"));
         }
-        self.register(policy);
         let eff = policy.0.effective(self.global_scale());
         Ok((eff, cost.min(eff.limit + 1)))
     }
@@ -209,7 +203,7 @@ impl Limiter {
         policy: &Policy,
         cost: u64,
         peek: bool,
-        lease: &str,
+        lease: Option<&str>,
     ) -> Result<Decision> {
         let (eff, cost) = self.prepare(key, policy, cost)?;
         let p = &*policy.0;
@@ -220,12 +214,12 @@ impl Limiter {
             self.now(),
             cost,
             peek,
-            lease,
+            lease.unwrap_or(""), // the algorithms' "no lease"
             p.auto_block.as_ref(),
         );
         let d = self.finish(p, &eff, key, raw, Source::Memory, None);
         if !peek {
-            self.count(p, &d);
+            self.count(&p.name, &d);
         }
         Ok(d)
     }
@@ -236,7 +230,7 @@ impl Limiter {
         policy: &Policy,
         cost: u64,
         peek: bool,
-        lease: &str,
+        lease: Option<&str>,
     ) -> Result<Decision> {
         // A check can answer at once (in memory, from the block cache, or failing fast
         // while a shard's circuit is open), so a caller's loop of checks might never give
@@ -257,22 +251,12 @@ impl Limiter {
         if let Some(h) = &view.handoff {
             self.carry_over(h, r, p, key, shard as usize).await;
         }
-        if let (Some(la), false, true) = (p.local_admission, peek, lease.is_empty()) {
+        if let (Some(la), false, None) = (p.local_admission, peek, lease) {
             return self.local_admission(r, p, &eff, la, key, shard, cost).await;
         }
         let mode = if peek { Mode::Peek } else { Mode::Check };
-        let raw = r
-            .check(
-                shard as usize,
-                p,
-                &eff,
-                key,
-                self.now_override(),
-                cost,
-                mode,
-                lease,
-            )
-            .await;
+        let req = self.request(p, &eff, key, cost, mode, lease);
+        let raw = r.check(shard as usize, &req).await;
         self.settle(p, &eff, key, cost, peek, shard, raw)
     }
 
@@ -304,18 +288,32 @@ impl Limiter {
                 Plan::Redis { eff, cost, shard } => (eff, cost, shard),
             };
             let mode = if peek { Mode::Peek } else { Mode::Check };
-            let raw = r.check_blocking(
-                shard as usize,
-                p,
-                &eff,
-                key,
-                self.now_override(),
-                cost,
-                mode,
-                "",
-            );
+            let req = self.request(p, &eff, key, cost, mode, None);
+            let raw = r.check_blocking(shard as usize, &req);
             self.settle(p, &eff, key, cost, peek, shard, raw)
         })())
+    }
+
+    /// The script call of a check, with the injected clock and a fresh tag.
+    pub(super) fn request<'a>(
+        &self,
+        policy: &'a PolicyInner,
+        eff: &'a Compiled,
+        key: &'a str,
+        cost: u64,
+        mode: Mode,
+        lease: Option<&'a str>,
+    ) -> CheckRequest<'a> {
+        CheckRequest {
+            policy,
+            eff,
+            key,
+            now_us: self.now_override(),
+            cost,
+            mode,
+            lease,
+            tag: next_tag(),
+        }
     }
 
     /// What a Redis check does before its script: validate, and answer from the block
@@ -325,7 +323,7 @@ impl Limiter {
         if let Some(ttl) = self.cached_block(key) {
             let p = &*policy.0;
             let d = self.decision(p, &eff, blocked_outcome(ttl), Source::Block, None);
-            self.count(p, &d);
+            self.count(&p.name, &d);
             return Ok(Plan::Decided(d));
         }
         let shard = shard_index(key, r.shards.len() as u32);
@@ -351,7 +349,7 @@ impl Limiter {
             Err(e) => return Err(e),
         };
         if !peek {
-            self.count(p, &d);
+            self.count(&p.name, &d);
         }
         Ok(d)
     }
@@ -365,15 +363,13 @@ impl Limiter {
         source: Source,
         shard: Option<u32>,
     ) -> Decision {
-        if raw.blocked != 0 {
+        if raw.blocked.is_blocked() {
+            let now = raw.blocked == BlockVerdict::BlockedNow;
             let d = self.decision(p, eff, raw.outcome, Source::Block, shard);
-            self.on_blocked(p, key, &d, raw.blocked == 2);
+            self.on_blocked(p, key, &d, now);
             let mut d = d;
-            d.source = if raw.blocked == 2 {
-                source
-            } else {
-                Source::Block
-            };
+            // (blocked by this denial: the denial itself was decided by the limit)
+            d.source = if now { source } else { Source::Block };
             return d;
         }
         let d = self.decision(p, eff, raw.outcome, source, shard);

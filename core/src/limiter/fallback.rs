@@ -19,7 +19,9 @@ impl Limiter {
         peek: bool,
         e: Error,
     ) -> Result<Decision> {
-        p.counters.redis_errors.fetch_add(1, Ordering::Relaxed);
+        self.with_counters(&p.name, |c| {
+            c.redis_errors.fetch_add(1, Ordering::Relaxed);
+        });
         if p.on_error == OnError::Error {
             return Err(e);
         }

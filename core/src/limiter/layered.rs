@@ -3,7 +3,7 @@
 use super::{validate_key, Engine, Limiter};
 use crate::decision::{Decision, Source};
 use crate::engine::algo::Outcome;
-use crate::engine::memory::{blocked_outcome, LayerReq, LayeredRaw};
+use crate::engine::memory::{blocked_outcome, BlockVerdict, LayerReq, LayeredRaw};
 use crate::engine::redis::RedisEngine;
 use crate::error::{Error, Result};
 use crate::policy::{Algorithm, Policy};
@@ -71,7 +71,6 @@ impl Limiter {
                     ),
                 ));
             }
-            self.register(&l.policy);
             let eff = l.policy.0.effective(global);
             effs.push(eff);
             leases.push(if eff.algorithm == Algorithm::Concurrency {
@@ -110,7 +109,7 @@ impl Limiter {
                             None,
                         );
                         d.layer = Some(i);
-                        self.count(&l.policy.0, &d);
+                        self.count(&l.policy.0.name, &d);
                         return Ok(d);
                     }
                 }
@@ -130,20 +129,19 @@ impl Limiter {
             }
         };
         // describe the deciding layer, or the tightest one
-        let idx = if raw.deciding > 0 {
-            raw.deciding - 1
-        } else {
+        let idx = raw.deciding.unwrap_or_else(|| {
             (0..layers.len())
                 .min_by_key(|i| raw.outcomes[*i].remaining)
                 .unwrap_or(0)
-        };
+        });
+        let blocked = raw.blocked.is_blocked();
         let mut o = raw.outcomes[idx];
-        let source = if raw.blocked != 0 && raw.deciding > 0 {
+        let source = if blocked && raw.deciding.is_some() {
             Source::Block
         } else {
             source
         };
-        if raw.deciding > 0 && raw.blocked == 0 {
+        if raw.deciding.is_some() && !blocked {
             // every denying layer must pass before the request can: wait for the slowest
             let denying: Vec<&Outcome> = raw.outcomes.iter().filter(|o| !o.allowed).collect();
             o.retry_us = if denying.iter().all(|o| o.retry_us.is_some()) {
@@ -165,14 +163,14 @@ impl Limiter {
                 allowed: d.allowed,
                 ..ld
             };
-            self.count(&l.policy.0, &ld);
+            self.count(&l.policy.0.name, &ld);
         }
-        if raw.blocked != 0 {
+        if blocked {
             self.on_blocked(
                 &layers[idx].policy.0,
                 &layers[idx].key,
                 &d,
-                raw.blocked == 2,
+                raw.blocked == BlockVerdict::BlockedNow,
             );
         } else if !d.allowed {
             self.on_denied(&layers[idx].policy.0, &layers[idx].key, &d);
@@ -216,8 +214,8 @@ impl Limiter {
         let results = futures_util::future::join_all(calls).await;
         let mut out = LayeredRaw {
             now: 0,
-            deciding: 0,
-            blocked: 0,
+            deciding: None,
+            blocked: BlockVerdict::Clear,
             outcomes: vec![blocked_outcome(None); layers.len()],
         };
         let mut source = Source::Redis;
@@ -230,13 +228,15 @@ impl Limiter {
                     for (j, i) in idx.iter().enumerate() {
                         out.outcomes[*i] = raw.outcomes[j];
                     }
-                    if raw.deciding == 0 {
-                        committed.push((g, raw.now));
-                    } else {
-                        let i = idx[raw.deciding - 1];
-                        if out.deciding == 0 || i < out.deciding - 1 {
-                            out.deciding = i + 1;
-                            out.blocked = raw.blocked;
+                    match raw.deciding {
+                        None => committed.push((g, raw.now)),
+                        Some(d) => {
+                            // the first denying layer of all decides
+                            let i = idx[d];
+                            if out.deciding.is_none_or(|o| i < o) {
+                                out.deciding = Some(i);
+                                out.blocked = raw.blocked;
+                            }
                         }
                     }
                 }
@@ -268,15 +268,15 @@ impl Limiter {
                             retry_us: d.retry_after.map(|r| r.as_micros() as u64),
                             delay_us: 0,
                         };
-                        if !d.allowed && (out.deciding == 0 || *i < out.deciding - 1) {
-                            out.deciding = i + 1;
+                        if !d.allowed && out.deciding.is_none_or(|o| *i < o) {
+                            out.deciding = Some(*i);
                         }
                     }
                 }
                 Err(e) => return Err(e),
             }
         }
-        if out.deciding != 0 || first_error.is_some() {
+        if out.deciding.is_some() || first_error.is_some() {
             // give back what the allowing shards admitted
             let refunds = committed.iter().map(|(g, now)| {
                 let group: Vec<(LayerReq<'_>, &str)> = groups[*g]

@@ -61,7 +61,7 @@ impl Limiter {
                 };
                 drop(map);
                 let d = self.decision(p, eff, o, Source::Local, Some(shard));
-                self.count(p, &d);
+                self.count(&p.name, &d);
                 return Ok(d);
             }
             if b.fetching {
@@ -82,18 +82,8 @@ impl Limiter {
             // another caller is reserving this key's next batch: decide this one in Redis
             None => (cost, Mode::Check),
         };
-        let raw = r
-            .check(
-                shard as usize,
-                p,
-                eff,
-                key,
-                self.now_override(),
-                batch,
-                mode,
-                "",
-            )
-            .await;
+        let req = self.request(p, eff, key, batch, mode, None);
+        let raw = r.check(shard as usize, &req).await;
         let reserving = reserve_from.is_some();
         let raw = match raw {
             Ok(raw) => raw,
@@ -107,7 +97,7 @@ impl Limiter {
                     return Err(e);
                 }
                 let d = self.fallback(p, eff, key, cost, false, e)?;
-                self.count(p, &d);
+                self.count(&p.name, &d);
                 return Ok(d);
             }
         };
@@ -122,7 +112,7 @@ impl Limiter {
                 reset_at: 0,
             });
             b.fetching = false;
-            if raw.outcome.allowed && raw.blocked == 0 {
+            if raw.outcome.allowed && !raw.blocked.is_blocked() {
                 let left = raw.granted.saturating_sub(cost);
                 // reserved units may be used until the window they were counted in ends
                 let window_left = match eff.algorithm {
@@ -153,7 +143,7 @@ impl Limiter {
             Source::Redis,
             Some(shard),
         );
-        self.count(p, &d);
+        self.count(&p.name, &d);
         Ok(d)
     }
 }

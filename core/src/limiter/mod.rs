@@ -33,6 +33,7 @@ use check::{local_key, validate_key};
 use handoff::Handoff;
 pub use layered::Layer;
 use local_admission::LocalBatch;
+use metrics::{config_series, Series};
 pub use reload::{ConfigWatcher, ReloadReport};
 pub use scale::{latency_scale, ScaleHook};
 
@@ -67,6 +68,8 @@ struct View {
     engine: Engine,
     /// After a reshard: where moved keys' state still lives, until when.
     handoff: Option<Handoff>,
+    /// The counters of the config's policies, by name (a reload keeps them).
+    series: Series,
 }
 
 struct Inner {
@@ -79,8 +82,11 @@ struct Inner {
     subscribers: Arc<Subscribers>,
     global_scale: AtomicU64,
     scale_hook: Mutex<Option<ScaleHook>>,
-    /// Ad-hoc policies seen by this limiter, for metrics.
-    adhoc: Mutex<Vec<Policy>>,
+    /// The counters of ad-hoc policies (names not in the config), by name: copied on
+    /// write, so that counting never takes a lock.
+    adhoc: ArcSwap<Series>,
+    /// Held while a name is added to `adhoc`.
+    adhoc_add: Mutex<()>,
     /// key → (cached until, block ends at or None = permanent), clock µs
     /// key → block ends at or None = permanent, expiring when cached until (clock µs)
     block_cache: Mutex<ExpiringMap<String, Option<u64>>>,
@@ -117,12 +123,10 @@ impl Limiter {
         let subscribers = Arc::new(Subscribers::default());
         let engine = Limiter::build_engine(&config, subscribers.clone())?;
         let salt = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
-        for p in config.policies.values() {
-            p.0.registered.store(true, Ordering::Relaxed);
-        }
         Ok(Limiter {
             inner: Arc::new(Inner {
                 view: ArcSwap::from_pointee(View {
+                    series: config_series(&config, None, &Series::default()),
                     config: Arc::new(config),
                     engine,
                     handoff: None,
@@ -134,7 +138,8 @@ impl Limiter {
                 subscribers,
                 global_scale: AtomicU64::new(1.0f64.to_bits()),
                 scale_hook: Mutex::new(None),
-                adhoc: Mutex::new(Vec::new()),
+                adhoc: ArcSwap::from_pointee(Series::default()),
+                adhoc_add: Mutex::new(()),
                 block_cache: Mutex::new(ExpiringMap::default()),
                 block_cache_len: AtomicUsize::new(0),
                 local: Mutex::new(ExpiringMap::default()),
@@ -231,6 +236,21 @@ impl Limiter {
                 Some((i, r.shards[i as usize].name.clone()))
             }
             Engine::Memory(_) => None,
+        }
+    }
+
+    /// Connects to every shard and loads the scripts, within `timeout` (its own deadline,
+    /// not the per-call `timeout_ms`), so that the first calls do not spend their deadline
+    /// on a TCP connect and fall back to `on_error`. Call it at start-up; a failure says
+    /// which shard could not be reached (calls still connect lazily later). Nothing to do
+    /// on the in-memory engine.
+    pub async fn connect(&self, timeout: Duration) -> Result<()> {
+        if timeout.is_zero() {
+            return Err(Error::invalid("timeout", "must be more than 0"));
+        }
+        match &self.view().engine {
+            Engine::Memory(_) => Ok(()),
+            Engine::Redis(r) => r.connect(timeout).await,
         }
     }
 

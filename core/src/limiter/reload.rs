@@ -1,5 +1,6 @@
 //! Reloading the config: swap the view atomically, keep what did not change.
 
+use super::metrics::{config_series, Series};
 use super::{Engine, Handoff, Limiter, View};
 use crate::config::Config;
 use crate::error::Result;
@@ -84,9 +85,6 @@ impl Limiter {
             }),
             _ => None,
         };
-        for p in config.policies.values() {
-            p.0.registered.store(true, Ordering::Relaxed);
-        }
         let names = |c: &Config| {
             c.policies
                 .keys()
@@ -111,7 +109,28 @@ impl Limiter {
                 .cloned()
                 .collect(),
         };
+        // the counters stay: of policies kept, by name; of policies removed, as ad-hoc
+        // series (a caller may still hold one); an ad-hoc series whose name the config now
+        // has becomes the policy's
+        let series = {
+            let _adding = self.inner.adhoc_add.lock();
+            let adhoc = self.inner.adhoc.load_full();
+            let series = config_series(&config, Some(&old.series), &adhoc);
+            let mut next: Series = adhoc
+                .iter()
+                .filter(|(n, _)| !series.contains_key(&***n))
+                .map(|(n, c)| (n.clone(), c.clone()))
+                .collect();
+            for (n, c) in old.series.iter() {
+                if !series.contains_key(&**n) {
+                    next.insert(n.clone(), c.clone());
+                }
+            }
+            self.inner.adhoc.store(Arc::new(next));
+            series
+        };
         self.inner.view.store(Arc::new(View {
+            series,
             config: Arc::new(config),
             engine,
             handoff,

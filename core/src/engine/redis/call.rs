@@ -76,13 +76,19 @@ pub(super) fn refused_kind(e: &redis::RedisError) -> bool {
 }
 
 impl RedisEngine {
-    /// Runs `f` on shard `shard`'s connection under the deadline, through its circuit.
-    pub(super) async fn raw<T, F, Fut>(&self, st: &RtState, shard: usize, f: F) -> Result<T>
+    /// Runs `f` on shard `shard`'s connection, connecting first when it has none, all
+    /// within `deadline` (a call's: now + `timeout`; [`RedisEngine::connect`]'s own).
+    pub(super) async fn raw<T, F, Fut>(
+        &self,
+        st: &RtState,
+        shard: usize,
+        deadline: Instant,
+        f: F,
+    ) -> Result<T>
     where
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
-        let deadline = Instant::now() + self.timeout;
         let map = |e| map_redis_error(&self.shards[shard], self.timeout, e);
         if let Some(target) = &self.targets[shard] {
             // the pipelined connection: every command of `f` carries the deadline, and one
@@ -96,7 +102,7 @@ impl RedisEngine {
             return f(conn).await.map_err(map);
         }
         let work = async {
-            let conn = self.connection(st, shard).await?;
+            let conn = self.connection(st, shard, deadline).await?;
             f(conn).await.map_err(map)
         };
         match tokio::time::timeout_at(deadline.into(), work).await {
@@ -133,7 +139,8 @@ impl RedisEngine {
         let start = Instant::now();
         // boxed: keeps the futures of callers shallow (deeply nested async fns overflow
         // the compiler's layout query depth in downstream crates)
-        let r = Box::pin(self.raw(&st, shard, f)).await;
+        let deadline = start + self.timeout;
+        let r = Box::pin(self.raw(&st, shard, deadline, f)).await;
         self.account(&st, shard, &b, start, &r);
         match &r {
             Err(e) if e.is_backend() => {

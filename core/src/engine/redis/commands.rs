@@ -4,26 +4,82 @@
 use super::*;
 
 impl RedisEngine {
-    /// Runs one check script.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn check(
+    /// Connects to every shard and loads every script there, all within `timeout` (its
+    /// own deadline, not a call's): the pipelined connection (or the redis crate's), and
+    /// one blocking connection per shard that takes them, so that no call's deadline is
+    /// spent on a TCP connect. The first failure is returned; it counts for the shard's
+    /// circuit like a call's.
+    pub async fn connect(self: &Arc<Self>, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let calls = (0..self.shards.len()).map(|shard| self.warm_up(shard, deadline, timeout));
+        for r in futures_util::future::join_all(calls).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    async fn warm_up(
         self: &Arc<Self>,
         shard: usize,
-        policy: &PolicyInner,
-        eff: &Compiled,
-        key: &str,
-        now_us: Option<u64>,
-        cost: u64,
-        mode: Mode,
-        lease_id: &str,
-    ) -> Result<Raw> {
-        let tag = next_tag();
-        let cmd = self.check_cmd(false, policy, eff, key, now_us, cost, mode, lease_id, tag);
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<()> {
+        let st = self.state()?;
+        let b = Breaker::Shard;
+        self.gate(shard, &b)?;
+        let start = Instant::now();
+        let load = |mut conn: Conn| async move {
+            for (_, src, _) in scripts::all() {
+                redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(src)
+                    .query_async::<String>(&mut conn)
+                    .await?;
+            }
+            Ok(())
+        };
+        let mut r = Box::pin(self.raw(&st, shard, deadline, load)).await;
+        let pooled = !st.blocking[shard].lock().is_empty();
+        if let (Ok(()), Some(target), false) = (&r, &self.targets[shard], pooled) {
+            // a blocking caller's first call finds a connection in the pool
+            let (target, left) = (target.clone(), connect_timeout(deadline));
+            r = match tokio::task::spawn_blocking(move || BlockingConn::connect(&target, left))
+                .await
+            {
+                Ok(Ok(c)) => {
+                    let mut idle = st.blocking[shard].lock();
+                    if idle.len() < BLOCKING_IDLE_MAX {
+                        idle.push(c);
+                    }
+                    Ok(())
+                }
+                Ok(Err(e)) => Err(self.io_error(shard, e)),
+                Err(e) => Err(connect_panic(&self.shards[shard], e)),
+            };
+        }
+        // a timeout here is the connect's, not a call's
+        let r = r.map_err(|e| match e {
+            Error::Timeout { shard, .. } => Error::Timeout {
+                shard,
+                timeout_ms: timeout.as_millis() as u64,
+            },
+            e => e,
+        });
+        self.account(&st, shard, &b, start, &r);
+        if r.is_ok() {
+            self.connect_ok(shard);
+        }
+        r
+    }
+
+    /// Runs one check script.
+    pub async fn check(self: &Arc<Self>, shard: usize, req: &CheckRequest<'_>) -> Result<Raw> {
+        let (limit, cost, tag) = (req.eff.limit, req.cost, req.tag);
         if self.targets[shard].is_some() {
             // the hot path: the pipelined connection, which sends a burst's checks together
             // (and takes a reply only if it carries the call's tag)
-            let scripts = scripts::check_scripts(eff.algorithm);
-            let call = |eval| CheckCall::from_cmd(scripts, eval, &cmd, tag);
+            let scripts = scripts::check_scripts(req.eff.algorithm);
+            let call = |eval| CheckCall::new(scripts, eval, req, &self.prefix);
             // one deadline for the call, retry included
             let deadline = Instant::now() + self.timeout;
             let mut reply = Box::pin(self.request_pipelined(shard, call(false), deadline)).await?;
@@ -31,23 +87,22 @@ impl RedisEngine {
                 // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
                 reply = Box::pin(self.request_pipelined(shard, call(true), deadline)).await?;
             }
-            return self.script_reply(shard, reply, eff.limit, cost);
+            return self.script_reply(shard, reply, limit, cost);
         }
         let at = self
             .cluster_nodes
             .as_ref()
-            .map(|_| state_key(&self.prefix, &policy.key_scope, key));
+            .map(|_| state_key(&self.prefix, &req.policy.key_scope, req.key));
+        let (first, again) = (req.cmd(&self.prefix, false), req.cmd(&self.prefix, true));
         let r: Vec<i64> = self
             .with_conn_at(shard, at.as_deref(), |mut conn| async move {
-                match cmd.query_async(&mut conn).await {
+                match first.query_async(&mut conn).await {
                     Err(e)
                         if e.kind()
                             == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                     {
                         // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
-                        self.check_cmd(true, policy, eff, key, now_us, cost, mode, lease_id, tag)
-                            .query_async(&mut conn)
-                            .await
+                        again.query_async(&mut conn).await
                     }
                     r => r,
                 }
@@ -62,34 +117,21 @@ impl RedisEngine {
             Some(_) => return Err(self.not_theirs(shard)),
             None => {}
         }
-        self.check_reply(shard, &r, eff.limit, cost)
+        self.check_reply(shard, &r, limit, cost)
     }
 
     /// [`RedisEngine::check`] on the calling thread, over a blocking connection (see
     /// [`RedisEngine::request_blocking`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn check_blocking(
-        self: &Arc<Self>,
-        shard: usize,
-        policy: &PolicyInner,
-        eff: &Compiled,
-        key: &str,
-        now_us: Option<u64>,
-        cost: u64,
-        mode: Mode,
-        lease_id: &str,
-    ) -> Result<Raw> {
-        let tag = next_tag();
-        let cmd = self.check_cmd(false, policy, eff, key, now_us, cost, mode, lease_id, tag);
+    pub fn check_blocking(self: &Arc<Self>, shard: usize, req: &CheckRequest<'_>) -> Result<Raw> {
+        let packed = |eval| req.cmd(&self.prefix, eval).get_packed_command();
         // one deadline for the call, retry included
         let deadline = Instant::now() + self.timeout;
-        let mut reply = self.request_blocking(shard, &cmd.get_packed_command(), deadline, tag)?;
+        let mut reply = self.request_blocking(shard, &packed(false), deadline, req.tag)?;
         if reply.is_noscript() {
             // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
-            let cmd = self.check_cmd(true, policy, eff, key, now_us, cost, mode, lease_id, tag);
-            reply = self.request_blocking(shard, &cmd.get_packed_command(), deadline, tag)?;
+            reply = self.request_blocking(shard, &packed(true), deadline, req.tag)?;
         }
-        self.script_reply(shard, reply, eff.limit, cost)
+        self.script_reply(shard, reply, req.eff.limit, req.cost)
     }
 
     /// A layered check of layers that all live on shard `shard`, atomic in one script call.
@@ -99,7 +141,7 @@ impl RedisEngine {
         layers: &[(LayerReq<'_>, &str)],
         now_us: Option<u64>,
     ) -> Result<LayeredRaw> {
-        let mut inv = scripts::layered().prepare_invoke();
+        let mut inv = ScriptId::Layered.script().prepare_invoke();
         inv.arg(now_us.unwrap_or(0)).arg(layers.len());
         for (l, key_scope) in layers {
             let (after, within, dur) = auto_block_args(l.auto_block.as_ref());
@@ -150,7 +192,7 @@ impl RedisEngine {
         }
         Ok(LayeredRaw {
             now: r[0] as u64,
-            deciding: r[1] as usize,
+            deciding: (r[1] as usize).checked_sub(1),
             blocked: block_verdict(sc, &r, r[2])?,
             outcomes,
         })
@@ -163,7 +205,7 @@ impl RedisEngine {
         layers: &[(LayerReq<'_>, &str)],
         now: u64,
     ) -> Result<()> {
-        let mut inv = scripts::refund().prepare_invoke();
+        let mut inv = ScriptId::Refund.script().prepare_invoke();
         inv.arg(now).arg(layers.len());
         for (l, key_scope) in layers {
             inv.key(state_key(&self.prefix, key_scope, l.key))
@@ -195,7 +237,8 @@ impl RedisEngine {
         let at = self.at(&rkey);
         let removed: i64 = self
             .with_conn_at(shard, at.as_deref(), |mut conn| async move {
-                scripts::release()
+                ScriptId::Release
+                    .script()
                     .key(rkey)
                     .arg(lease_id)
                     .arg(units)
@@ -225,7 +268,8 @@ impl RedisEngine {
         let at = self.at(&rkey);
         let _: i64 = self
             .with_conn_at(shard, at.as_deref(), |mut conn| async move {
-                scripts::reset()
+                ScriptId::Reset
+                    .script()
                     .key(rkey)
                     .arg(now_us.unwrap_or(0))
                     .arg(window)
@@ -257,7 +301,8 @@ impl RedisEngine {
         );
         let v: Vec<redis::Value> = self
             .with_conn(shard, |mut conn| async move {
-                scripts::migrate_dump()
+                ScriptId::MigrateDump
+                    .script()
                     .key(skey)
                     .key(bkey)
                     .arg(now_us.unwrap_or(0))
@@ -290,7 +335,7 @@ impl RedisEngine {
         if items.is_empty() {
             return Ok(0);
         }
-        let mut inv = scripts::migrate_restore().prepare_invoke();
+        let mut inv = ScriptId::MigrateRestore.script().prepare_invoke();
         for (name, ttl, payload) in items {
             inv.key(name).arg(ttl).arg(payload);
         }

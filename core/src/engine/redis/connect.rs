@@ -148,7 +148,14 @@ pub(super) fn connect_panic_payload(shard: &ShardConfig, p: &(dyn std::any::Any 
 }
 
 impl RedisEngine {
-    pub(super) async fn connection(&self, st: &RtState, shard: usize) -> Result<Conn> {
+    /// Shard `shard`'s connection (TLS, Sentinel or Cluster), made when there is none; a
+    /// connect gets until `deadline`.
+    pub(super) async fn connection(
+        &self,
+        st: &RtState,
+        shard: usize,
+        deadline: Instant,
+    ) -> Result<Conn> {
         let slot = &st.conns[shard];
         if let Some(c) = slot.conn.load_full() {
             return Ok((*c).clone());
@@ -159,9 +166,10 @@ impl RedisEngine {
         }
         self.may_connect(shard)?;
         let map = |e| map_redis_error(&self.shards[shard], self.timeout, e);
+        let connect_timeout = connect_timeout(deadline);
         let manager = |client: redis::Client| {
             let cfg = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(self.timeout))
+                .set_connection_timeout(Some(connect_timeout))
                 .set_number_of_retries(1)
                 .set_min_delay(Duration::from_millis(10))
                 .set_max_delay(Duration::from_millis(500));
@@ -287,7 +295,8 @@ impl RedisEngine {
         if let Some(p) = slot.pipe.load_full().filter(|p| !p.is_broken()) {
             return Ok(p);
         }
-        tokio::time::timeout_at(deadline.into(), self.connect_pipe(st, shard, target))
+        let connect = self.connect_pipe(st, shard, target, connect_timeout(deadline));
+        tokio::time::timeout_at(deadline.into(), connect)
             .await
             .unwrap_or_else(|_| Err(self.timeout_error(shard)))
     }
@@ -297,6 +306,7 @@ impl RedisEngine {
         st: &RtState,
         shard: usize,
         target: &Target,
+        timeout: Duration,
     ) -> Result<Arc<Pipe>> {
         let slot = &st.pipes[shard];
         let _one_at_a_time = slot.connecting.lock().await;
@@ -304,7 +314,7 @@ impl RedisEngine {
             return Ok(p);
         }
         self.may_connect(shard)?;
-        let (target, timeout) = (target.clone(), self.timeout);
+        let target = target.clone();
         let pipe = st
             .runtime()
             .spawn(async move { Pipe::connect(&target, timeout).await })
@@ -374,4 +384,11 @@ impl RedisEngine {
             });
         }
     }
+}
+
+/// The time a connect started now may take to end by `deadline` (at least 1 ms).
+pub(super) fn connect_timeout(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1))
 }

@@ -7,14 +7,14 @@
 
 use crate::config::ShardConfig;
 use crate::engine::algo::Outcome;
-use crate::engine::memory::{LayerReq, LayeredRaw, Raw};
+use crate::engine::memory::{BlockVerdict, LayerReq, LayeredRaw, Raw};
 use crate::engine::redis::keys::{block_key, denial_key, events_key, state_key};
 use crate::error::{Error, Result};
 use crate::events::{CircuitState, Event, Subscribers};
 use crate::metrics::Latency;
 use crate::policy::{AutoBlock, Compiled, PolicyInner};
 use crate::transport::blocking::{BlockingConn, Target};
-use crate::transport::pipe::{next_tag, untag, CheckCall, Pipe, PipeConn};
+use crate::transport::pipe::{untag, CheckCall, Pipe, PipeConn};
 use crate::transport::resp::Reply;
 use arc_swap::ArcSwapOption;
 use futures_util::FutureExt;
@@ -33,16 +33,18 @@ mod circuit;
 mod commands;
 mod connect;
 pub mod keys;
-mod protocol;
+pub(crate) mod protocol;
 pub mod scripts;
+
+use scripts::ScriptId;
 mod stream;
 
 use crate::transport::runtime::{fork_generation, mono_us, start_runtime, RtState};
 use call::*;
 use circuit::*;
 use connect::*;
-pub(crate) use protocol::Mode;
 use protocol::*;
+pub(crate) use protocol::{CheckRequest, Mode};
 pub(crate) use stream::StreamItem;
 use stream::*;
 

@@ -60,9 +60,12 @@ pub(super) fn outcome(r: &[i64], shard: &ShardConfig, limit: u64) -> Result<Outc
 }
 
 /// A block verdict of a reply: 0 not blocked, 1 blocked, 2 blocked by this denial.
-pub(super) fn block_verdict(shard: &ShardConfig, r: &[i64], v: i64) -> Result<u8> {
+/// A block verdict of a reply (the scripts' 0, 1, 2).
+pub(super) fn block_verdict(shard: &ShardConfig, r: &[i64], v: i64) -> Result<BlockVerdict> {
     match v {
-        0..=2 => Ok(v as u8),
+        0 => Ok(BlockVerdict::Clear),
+        1 => Ok(BlockVerdict::Blocked),
+        2 => Ok(BlockVerdict::BlockedNow),
         _ => Err(implausible(
             shard,
             r,
@@ -82,63 +85,108 @@ pub(super) fn auto_block_args(a: Option<&AutoBlock>) -> (u64, u64, u64) {
     }
 }
 
-impl RedisEngine {
-    /// The script call of one check: `EVALSHA <sha1> ...`, or with `eval` the whole
-    /// source (`EVAL <script> ...`, after a NOSCRIPT reply).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn check_cmd(
-        &self,
-        eval: bool,
-        policy: &PolicyInner,
-        eff: &Compiled,
-        key: &str,
-        now_us: Option<u64>,
-        cost: u64,
-        mode: Mode,
-        lease_id: &str,
-        tag: u64,
-    ) -> redis::Cmd {
-        let (after, within, dur) = auto_block_args(policy.auto_block.as_ref());
-        let (mode_s, need) = match mode {
+/// The layout of a check call (`core/lua/main_check.lua`): after `numkeys`, its keys, its
+/// own arguments, its policy's (which a batch call, `main_batch.lua`, sends once per
+/// distinct set) and its tag. [`CheckRequest::write`] is the one place that writes them;
+/// the pipe regroups a burst's calls by these counts.
+pub(crate) const CHECK_KEYS: usize = 3;
+pub(crate) const CHECK_ITEM_ARGS: usize = 4;
+pub(crate) const CHECK_SHAPE_ARGS: usize = 8;
+pub(crate) const CHECK_TAG_ARGS: usize = 1;
+
+/// Where the groups of a check call's arguments begin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CheckPart {
+    Item,
+    Shape,
+    Tag,
+}
+
+/// What a check call's arguments are written to: a `redis::Cmd`, or the pipe's packed call.
+pub(crate) trait CheckSink {
+    fn arg(&mut self, a: &[u8]);
+    /// The next argument is the first of `part`.
+    fn mark(&mut self, _part: CheckPart) {}
+    fn int(&mut self, v: u64) {
+        self.arg(itoa::Buffer::new().format(v).as_bytes());
+    }
+}
+
+impl CheckSink for redis::Cmd {
+    fn arg(&mut self, a: &[u8]) {
+        redis::Cmd::arg(self, a);
+    }
+}
+
+/// One check script call, typed; strings exist only in [`CheckRequest::write`].
+pub(crate) struct CheckRequest<'a> {
+    pub policy: &'a PolicyInner,
+    pub eff: &'a Compiled,
+    pub key: &'a str,
+    /// the injected clock (µs), or `None` for the server's `TIME`
+    pub now_us: Option<u64>,
+    pub cost: u64,
+    pub mode: Mode,
+    pub lease: Option<&'a str>,
+    /// echoed as the last value of the reply (see `transport::pipe::untag`)
+    pub tag: u64,
+}
+
+impl CheckRequest<'_> {
+    /// Writes the call's arguments after `numkeys`, in the order of `main_check.lua`.
+    pub fn write(&self, prefix: &str, out: &mut impl CheckSink) {
+        let (p, eff) = (self.policy, self.eff);
+        out.arg(state_key(prefix, &p.key_scope, self.key).as_bytes());
+        out.arg(block_key(prefix, self.key).as_bytes());
+        out.arg(denial_key(prefix, &p.key_scope, self.key).as_bytes());
+        let (mode, need) = match self.mode {
             Mode::Check => ("check", 0),
             Mode::Peek => ("peek", 0),
             Mode::Grant { need } => ("grant", need),
         };
+        out.mark(CheckPart::Item);
+        out.int(self.now_us.unwrap_or(0)); // 0: the script reads TIME
+        out.int(self.cost);
+        out.arg(self.lease.unwrap_or("").as_bytes()); // "": no lease
+        out.int(need);
+        out.mark(CheckPart::Shape);
+        out.arg(eff.algorithm.code().as_bytes());
+        out.int(eff.limit);
+        out.int(eff.period_us);
+        out.arg(mode.as_bytes());
+        let (after, within, dur) = auto_block_args(p.auto_block.as_ref());
+        out.int(after);
+        out.int(within);
+        out.int(dur);
+        if after > 0 {
+            out.arg(format!("auto: policy {}", p.name).as_bytes());
+        } else {
+            out.arg(b"");
+        }
+        out.mark(CheckPart::Tag);
+        out.int(self.tag);
+    }
+
+    /// The call as a command: `EVALSHA <sha1> 3 ...`, or with `eval` the whole source
+    /// (`EVAL <script> 3 ...`, after a NOSCRIPT reply).
+    pub fn cmd(&self, prefix: &str, eval: bool) -> redis::Cmd {
+        let id = ScriptId::Check(self.eff.algorithm);
         let mut cmd = if eval {
             let mut c = redis::cmd("EVAL");
-            c.arg(scripts::source_for_algorithm(eff.algorithm));
+            c.arg(id.source());
             c
         } else {
             let mut c = redis::cmd("EVALSHA");
-            c.arg(scripts::for_algorithm(eff.algorithm).get_hash());
+            c.arg(id.script().get_hash());
             c
         };
-        // the order of core/lua/main_check.lua: keys, the check's own arguments (CHECK_ITEM_ARGS),
-        // then its policy's (CHECK_SHAPE_ARGS), which a batch call sends once per policy
-        cmd.arg(3)
-            .arg(state_key(&self.prefix, &policy.key_scope, key))
-            .arg(block_key(&self.prefix, key))
-            .arg(denial_key(&self.prefix, &policy.key_scope, key))
-            .arg(now_us.unwrap_or(0))
-            .arg(cost)
-            .arg(lease_id)
-            .arg(need)
-            .arg(eff.algorithm.code())
-            .arg(eff.limit)
-            .arg(eff.period_us)
-            .arg(mode_s);
-        if after > 0 {
-            cmd.arg(after)
-                .arg(within)
-                .arg(dur)
-                .arg(format!("auto: policy {}", policy.name));
-        } else {
-            cmd.arg(0).arg(0).arg(0).arg("");
-        }
-        cmd.arg(tag);
+        cmd.arg(CHECK_KEYS);
+        self.write(prefix, &mut cmd);
         cmd
     }
+}
 
+impl RedisEngine {
     /// The [`Raw`] outcome of a check of `cost` units against `limit` in reply `r`.
     pub(super) fn check_reply(
         &self,

@@ -79,45 +79,135 @@ const RELEASE_SRC: &str = concat!(
     lua!("release.lua")
 );
 
-/// (name, source) of every assembled script.
-const SOURCES: &[(&str, &str)] = &[
-    ("fixed_window", FIXED_WINDOW_SRC),
-    ("sliding_window", SLIDING_WINDOW_SRC),
-    ("sliding_log", SLIDING_LOG_SRC),
-    ("token_bucket", TOKEN_BUCKET_SRC),
-    ("leaky_bucket", LEAKY_BUCKET_SRC),
-    ("concurrency", CONCURRENCY_SRC),
-    ("layered", LAYERED_SRC),
-    ("refund", REFUND_SRC),
-    ("reset", RESET_SRC),
-    ("migrate_dump", MIGRATE_DUMP_SRC),
-    ("migrate_restore", MIGRATE_RESTORE_SRC),
-    ("release", RELEASE_SRC),
-    ("fixed_window_batch", FIXED_WINDOW_BATCH_SRC),
-    ("sliding_window_batch", SLIDING_WINDOW_BATCH_SRC),
-    ("sliding_log_batch", SLIDING_LOG_BATCH_SRC),
-    ("token_bucket_batch", TOKEN_BUCKET_BATCH_SRC),
-    ("leaky_bucket_batch", LEAKY_BUCKET_BATCH_SRC),
-    ("concurrency_batch", CONCURRENCY_BATCH_SRC),
+/// Every script the engine runs, named by what it does rather than where it sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ScriptId {
+    /// One check (`main_check.lua`) of an algorithm.
+    Check(Algorithm),
+    /// A batch of checks of one algorithm (`main_batch.lua`), as the pipe sends a burst.
+    Batch(Algorithm),
+    Layered,
+    Refund,
+    Reset,
+    MigrateDump,
+    MigrateRestore,
+    Release,
+}
+
+const ALGORITHMS: [Algorithm; 6] = [
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindow,
+    Algorithm::SlidingLog,
+    Algorithm::TokenBucket,
+    Algorithm::LeakyBucket,
+    Algorithm::Concurrency,
 ];
 
-static SCRIPTS: LazyLock<Vec<Script>> =
-    LazyLock::new(|| SOURCES.iter().map(|(_, s)| Script::new(s)).collect());
+impl ScriptId {
+    /// Every script, in the order [`all`] lists them.
+    const ALL: [ScriptId; 18] = {
+        use ScriptId::*;
+        let a = ALGORITHMS;
+        [
+            Check(a[0]),
+            Check(a[1]),
+            Check(a[2]),
+            Check(a[3]),
+            Check(a[4]),
+            Check(a[5]),
+            Layered,
+            Refund,
+            Reset,
+            MigrateDump,
+            MigrateRestore,
+            Release,
+            Batch(a[0]),
+            Batch(a[1]),
+            Batch(a[2]),
+            Batch(a[3]),
+            Batch(a[4]),
+            Batch(a[5]),
+        ]
+    };
 
-/// The check script of `algorithm`.
-pub(crate) fn for_algorithm(algorithm: Algorithm) -> &'static Script {
-    &SCRIPTS[check_index(algorithm)]
+    /// The script's place in [`ScriptId::ALL`] (and in `SCRIPTS`).
+    fn index(self) -> usize {
+        let algorithm = |a: Algorithm| match a {
+            Algorithm::FixedWindow => 0,
+            Algorithm::SlidingWindow => 1,
+            Algorithm::SlidingLog => 2,
+            Algorithm::TokenBucket => 3,
+            Algorithm::LeakyBucket => 4,
+            Algorithm::Concurrency => 5,
+        };
+        match self {
+            ScriptId::Check(a) => algorithm(a),
+            ScriptId::Layered => 6,
+            ScriptId::Refund => 7,
+            ScriptId::Reset => 8,
+            ScriptId::MigrateDump => 9,
+            ScriptId::MigrateRestore => 10,
+            ScriptId::Release => 11,
+            ScriptId::Batch(a) => 12 + algorithm(a),
+        }
+    }
+
+    /// The name [`all`] gives it.
+    fn name(self) -> &'static str {
+        match self {
+            ScriptId::Check(a) => a.name(),
+            ScriptId::Batch(Algorithm::FixedWindow) => "fixed_window_batch",
+            ScriptId::Batch(Algorithm::SlidingWindow) => "sliding_window_batch",
+            ScriptId::Batch(Algorithm::SlidingLog) => "sliding_log_batch",
+            ScriptId::Batch(Algorithm::TokenBucket) => "token_bucket_batch",
+            ScriptId::Batch(Algorithm::LeakyBucket) => "leaky_bucket_batch",
+            ScriptId::Batch(Algorithm::Concurrency) => "concurrency_batch",
+            ScriptId::Layered => "layered",
+            ScriptId::Refund => "refund",
+            ScriptId::Reset => "reset",
+            ScriptId::MigrateDump => "migrate_dump",
+            ScriptId::MigrateRestore => "migrate_restore",
+            ScriptId::Release => "release",
+        }
+    }
+
+    /// The assembled source (sent with EVAL after a NOSCRIPT reply).
+    pub fn source(self) -> &'static str {
+        use Algorithm as A;
+        match self {
+            ScriptId::Check(A::FixedWindow) => FIXED_WINDOW_SRC,
+            ScriptId::Check(A::SlidingWindow) => SLIDING_WINDOW_SRC,
+            ScriptId::Check(A::SlidingLog) => SLIDING_LOG_SRC,
+            ScriptId::Check(A::TokenBucket) => TOKEN_BUCKET_SRC,
+            ScriptId::Check(A::LeakyBucket) => LEAKY_BUCKET_SRC,
+            ScriptId::Check(A::Concurrency) => CONCURRENCY_SRC,
+            ScriptId::Batch(A::FixedWindow) => FIXED_WINDOW_BATCH_SRC,
+            ScriptId::Batch(A::SlidingWindow) => SLIDING_WINDOW_BATCH_SRC,
+            ScriptId::Batch(A::SlidingLog) => SLIDING_LOG_BATCH_SRC,
+            ScriptId::Batch(A::TokenBucket) => TOKEN_BUCKET_BATCH_SRC,
+            ScriptId::Batch(A::LeakyBucket) => LEAKY_BUCKET_BATCH_SRC,
+            ScriptId::Batch(A::Concurrency) => CONCURRENCY_BATCH_SRC,
+            ScriptId::Layered => LAYERED_SRC,
+            ScriptId::Refund => REFUND_SRC,
+            ScriptId::Reset => RESET_SRC,
+            ScriptId::MigrateDump => MIGRATE_DUMP_SRC,
+            ScriptId::MigrateRestore => MIGRATE_RESTORE_SRC,
+            ScriptId::Release => RELEASE_SRC,
+        }
+    }
+
+    /// The script, with its SHA1 computed once.
+    pub fn script(self) -> &'static Script {
+        &SCRIPTS[self.index()]
+    }
 }
 
-/// The source of [`for_algorithm`]'s script (for EVAL after a NOSCRIPT reply).
-pub(crate) fn source_for_algorithm(algorithm: Algorithm) -> &'static str {
-    SOURCES[check_index(algorithm)].1
-}
-
-const ALGORITHMS: usize = 6;
-/// Where the batch scripts start in [`SOURCES`]: its last entries, one per algorithm in
-/// [`check_index`] order.
-const BATCH_BASE: usize = SOURCES.len() - ALGORITHMS;
+static SCRIPTS: LazyLock<Vec<Script>> = LazyLock::new(|| {
+    ScriptId::ALL
+        .iter()
+        .map(|id| Script::new(id.source()))
+        .collect()
+});
 
 /// An algorithm's two check scripts, as the pipelined connection sends them: a burst's
 /// checks of one algorithm go out as one batch call, a lone check as a single one.
@@ -129,56 +219,42 @@ pub(crate) struct CheckScripts {
 }
 
 static CHECK_SCRIPTS: LazyLock<Vec<CheckScripts>> = LazyLock::new(|| {
-    (0..ALGORITHMS)
-        .map(|i| CheckScripts {
-            single_sha: SCRIPTS[i].get_hash(),
-            single_src: SOURCES[i].1,
-            batch_sha: SCRIPTS[BATCH_BASE + i].get_hash(),
-            batch_src: SOURCES[BATCH_BASE + i].1,
+    ALGORITHMS
+        .iter()
+        .map(|a| CheckScripts {
+            single_sha: ScriptId::Check(*a).script().get_hash(),
+            single_src: ScriptId::Check(*a).source(),
+            batch_sha: ScriptId::Batch(*a).script().get_hash(),
+            batch_src: ScriptId::Batch(*a).source(),
         })
         .collect()
 });
 
 /// [`CheckScripts`] of `algorithm`.
 pub(crate) fn check_scripts(algorithm: Algorithm) -> &'static CheckScripts {
-    &CHECK_SCRIPTS[check_index(algorithm)]
-}
-
-fn check_index(algorithm: Algorithm) -> usize {
-    match algorithm {
-        Algorithm::FixedWindow => 0,
-        Algorithm::SlidingWindow => 1,
-        Algorithm::SlidingLog => 2,
-        Algorithm::TokenBucket => 3,
-        Algorithm::LeakyBucket => 4,
-        Algorithm::Concurrency => 5,
-    }
-}
-
-pub(crate) fn layered() -> &'static Script {
-    &SCRIPTS[6]
-}
-pub(crate) fn refund() -> &'static Script {
-    &SCRIPTS[7]
-}
-pub(crate) fn reset() -> &'static Script {
-    &SCRIPTS[8]
-}
-pub(crate) fn migrate_dump() -> &'static Script {
-    &SCRIPTS[9]
-}
-pub(crate) fn migrate_restore() -> &'static Script {
-    &SCRIPTS[10]
-}
-pub(crate) fn release() -> &'static Script {
-    &SCRIPTS[11]
+    &CHECK_SCRIPTS[ScriptId::Check(algorithm).index()]
 }
 
 /// Every assembled script as (name, source, SHA1), for tests and tooling.
 pub fn all() -> Vec<(&'static str, &'static str, String)> {
-    SOURCES
+    ScriptId::ALL
         .iter()
-        .zip(SCRIPTS.iter())
-        .map(|((name, src), s)| (*name, *src, s.get_hash().to_string()))
+        .map(|id| (id.name(), id.source(), id.script().get_hash().to_string()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_script_sits_at_its_index_once() {
+        for (i, id) in ScriptId::ALL.iter().enumerate() {
+            assert_eq!(id.index(), i, "{id:?}");
+        }
+        let mut names: Vec<_> = ScriptId::ALL.iter().map(|id| id.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ScriptId::ALL.len());
+    }
 }
