@@ -187,7 +187,7 @@ fn every_cost_up_to_the_limit_on_every_algorithm_engines_agree() {
                         let e = got.len();
                         let r = leases[i][e]
                             .as_ref()
-                            .map(|l| release_with(&limiter, &p, l).unwrap());
+                            .map(|l| release_with(limiter, &p, l).unwrap());
                         got.push(format!("released {r:?}"));
                     } else {
                         let (d, lease) = limiter.acquire_blocking(key, &p, cost).unwrap();
