@@ -94,106 +94,72 @@ pub(crate) enum ScriptId {
     Release,
 }
 
-const ALGORITHMS: [Algorithm; 6] = [
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindow,
-    Algorithm::SlidingLog,
-    Algorithm::TokenBucket,
-    Algorithm::LeakyBucket,
-    Algorithm::Concurrency,
-];
+/// Every script: its id, the name [`all`] gives it, its assembled source. The one table of
+/// scripts; a script's place in it is its place in `SCRIPTS`.
+const TABLE: [(ScriptId, &str, &str); 18] = {
+    use Algorithm as A;
+    use ScriptId::*;
+    [
+        (Check(A::FixedWindow), "fixed_window", FIXED_WINDOW_SRC),
+        (
+            Check(A::SlidingWindow),
+            "sliding_window",
+            SLIDING_WINDOW_SRC,
+        ),
+        (Check(A::SlidingLog), "sliding_log", SLIDING_LOG_SRC),
+        (Check(A::TokenBucket), "token_bucket", TOKEN_BUCKET_SRC),
+        (Check(A::LeakyBucket), "leaky_bucket", LEAKY_BUCKET_SRC),
+        (Check(A::Concurrency), "concurrency", CONCURRENCY_SRC),
+        (Layered, "layered", LAYERED_SRC),
+        (Refund, "refund", REFUND_SRC),
+        (Reset, "reset", RESET_SRC),
+        (MigrateDump, "migrate_dump", MIGRATE_DUMP_SRC),
+        (MigrateRestore, "migrate_restore", MIGRATE_RESTORE_SRC),
+        (Release, "release", RELEASE_SRC),
+        (
+            Batch(A::FixedWindow),
+            "fixed_window_batch",
+            FIXED_WINDOW_BATCH_SRC,
+        ),
+        (
+            Batch(A::SlidingWindow),
+            "sliding_window_batch",
+            SLIDING_WINDOW_BATCH_SRC,
+        ),
+        (
+            Batch(A::SlidingLog),
+            "sliding_log_batch",
+            SLIDING_LOG_BATCH_SRC,
+        ),
+        (
+            Batch(A::TokenBucket),
+            "token_bucket_batch",
+            TOKEN_BUCKET_BATCH_SRC,
+        ),
+        (
+            Batch(A::LeakyBucket),
+            "leaky_bucket_batch",
+            LEAKY_BUCKET_BATCH_SRC,
+        ),
+        (
+            Batch(A::Concurrency),
+            "concurrency_batch",
+            CONCURRENCY_BATCH_SRC,
+        ),
+    ]
+};
 
 impl ScriptId {
-    /// Every script, in the order [`all`] lists them.
-    const ALL: [ScriptId; 18] = {
-        use ScriptId::*;
-        let a = ALGORITHMS;
-        [
-            Check(a[0]),
-            Check(a[1]),
-            Check(a[2]),
-            Check(a[3]),
-            Check(a[4]),
-            Check(a[5]),
-            Layered,
-            Refund,
-            Reset,
-            MigrateDump,
-            MigrateRestore,
-            Release,
-            Batch(a[0]),
-            Batch(a[1]),
-            Batch(a[2]),
-            Batch(a[3]),
-            Batch(a[4]),
-            Batch(a[5]),
-        ]
-    };
-
-    /// The script's place in [`ScriptId::ALL`] (and in `SCRIPTS`).
     fn index(self) -> usize {
-        let algorithm = |a: Algorithm| match a {
-            Algorithm::FixedWindow => 0,
-            Algorithm::SlidingWindow => 1,
-            Algorithm::SlidingLog => 2,
-            Algorithm::TokenBucket => 3,
-            Algorithm::LeakyBucket => 4,
-            Algorithm::Concurrency => 5,
-        };
-        match self {
-            ScriptId::Check(a) => algorithm(a),
-            ScriptId::Layered => 6,
-            ScriptId::Refund => 7,
-            ScriptId::Reset => 8,
-            ScriptId::MigrateDump => 9,
-            ScriptId::MigrateRestore => 10,
-            ScriptId::Release => 11,
-            ScriptId::Batch(a) => 12 + algorithm(a),
-        }
-    }
-
-    /// The name [`all`] gives it.
-    fn name(self) -> &'static str {
-        match self {
-            ScriptId::Check(a) => a.name(),
-            ScriptId::Batch(Algorithm::FixedWindow) => "fixed_window_batch",
-            ScriptId::Batch(Algorithm::SlidingWindow) => "sliding_window_batch",
-            ScriptId::Batch(Algorithm::SlidingLog) => "sliding_log_batch",
-            ScriptId::Batch(Algorithm::TokenBucket) => "token_bucket_batch",
-            ScriptId::Batch(Algorithm::LeakyBucket) => "leaky_bucket_batch",
-            ScriptId::Batch(Algorithm::Concurrency) => "concurrency_batch",
-            ScriptId::Layered => "layered",
-            ScriptId::Refund => "refund",
-            ScriptId::Reset => "reset",
-            ScriptId::MigrateDump => "migrate_dump",
-            ScriptId::MigrateRestore => "migrate_restore",
-            ScriptId::Release => "release",
-        }
+        TABLE
+            .iter()
+            .position(|(id, _, _)| *id == self)
+            .expect("every script is in TABLE")
     }
 
     /// The assembled source (sent with EVAL after a NOSCRIPT reply).
     pub fn source(self) -> &'static str {
-        use Algorithm as A;
-        match self {
-            ScriptId::Check(A::FixedWindow) => FIXED_WINDOW_SRC,
-            ScriptId::Check(A::SlidingWindow) => SLIDING_WINDOW_SRC,
-            ScriptId::Check(A::SlidingLog) => SLIDING_LOG_SRC,
-            ScriptId::Check(A::TokenBucket) => TOKEN_BUCKET_SRC,
-            ScriptId::Check(A::LeakyBucket) => LEAKY_BUCKET_SRC,
-            ScriptId::Check(A::Concurrency) => CONCURRENCY_SRC,
-            ScriptId::Batch(A::FixedWindow) => FIXED_WINDOW_BATCH_SRC,
-            ScriptId::Batch(A::SlidingWindow) => SLIDING_WINDOW_BATCH_SRC,
-            ScriptId::Batch(A::SlidingLog) => SLIDING_LOG_BATCH_SRC,
-            ScriptId::Batch(A::TokenBucket) => TOKEN_BUCKET_BATCH_SRC,
-            ScriptId::Batch(A::LeakyBucket) => LEAKY_BUCKET_BATCH_SRC,
-            ScriptId::Batch(A::Concurrency) => CONCURRENCY_BATCH_SRC,
-            ScriptId::Layered => LAYERED_SRC,
-            ScriptId::Refund => REFUND_SRC,
-            ScriptId::Reset => RESET_SRC,
-            ScriptId::MigrateDump => MIGRATE_DUMP_SRC,
-            ScriptId::MigrateRestore => MIGRATE_RESTORE_SRC,
-            ScriptId::Release => RELEASE_SRC,
-        }
+        TABLE[self.index()].2
     }
 
     /// The script, with its SHA1 computed once.
@@ -202,12 +168,8 @@ impl ScriptId {
     }
 }
 
-static SCRIPTS: LazyLock<Vec<Script>> = LazyLock::new(|| {
-    ScriptId::ALL
-        .iter()
-        .map(|id| Script::new(id.source()))
-        .collect()
-});
+static SCRIPTS: LazyLock<Vec<Script>> =
+    LazyLock::new(|| TABLE.iter().map(|(_, _, src)| Script::new(src)).collect());
 
 /// An algorithm's two check scripts, as the pipelined connection sends them: a burst's
 /// checks of one algorithm go out as one batch call, a lone check as a single one.
@@ -218,8 +180,9 @@ pub(crate) struct CheckScripts {
     pub batch_src: &'static str,
 }
 
+/// By [`Algorithm`] (its declaration order).
 static CHECK_SCRIPTS: LazyLock<Vec<CheckScripts>> = LazyLock::new(|| {
-    ALGORITHMS
+    Algorithm::ALL
         .iter()
         .map(|a| CheckScripts {
             single_sha: ScriptId::Check(*a).script().get_hash(),
@@ -232,14 +195,15 @@ static CHECK_SCRIPTS: LazyLock<Vec<CheckScripts>> = LazyLock::new(|| {
 
 /// [`CheckScripts`] of `algorithm`.
 pub(crate) fn check_scripts(algorithm: Algorithm) -> &'static CheckScripts {
-    &CHECK_SCRIPTS[ScriptId::Check(algorithm).index()]
+    &CHECK_SCRIPTS[algorithm as usize]
 }
 
 /// Every assembled script as (name, source, SHA1), for tests and tooling.
 pub fn all() -> Vec<(&'static str, &'static str, String)> {
-    ScriptId::ALL
+    TABLE
         .iter()
-        .map(|id| (id.name(), id.source(), id.script().get_hash().to_string()))
+        .zip(SCRIPTS.iter())
+        .map(|((_, name, src), s)| (*name, *src, s.get_hash().to_string()))
         .collect()
 }
 
@@ -248,13 +212,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_script_sits_at_its_index_once() {
-        for (i, id) in ScriptId::ALL.iter().enumerate() {
-            assert_eq!(id.index(), i, "{id:?}");
+    fn every_script_is_in_the_table_once() {
+        for (i, (id, _, _)) in TABLE.iter().enumerate() {
+            assert_eq!(id.index(), i, "{id:?} twice");
         }
-        let mut names: Vec<_> = ScriptId::ALL.iter().map(|id| id.name()).collect();
+        let mut names: Vec<_> = TABLE.iter().map(|(_, name, _)| *name).collect();
         names.sort_unstable();
         names.dedup();
-        assert_eq!(names.len(), ScriptId::ALL.len());
+        assert_eq!(names.len(), TABLE.len());
+        for (i, a) in Algorithm::ALL.iter().enumerate() {
+            assert_eq!(
+                *a as usize, i,
+                "CHECK_SCRIPTS is indexed by declaration order"
+            );
+            assert_eq!(check_scripts(*a).single_src, ScriptId::Check(*a).source());
+            assert_eq!(check_scripts(*a).batch_src, ScriptId::Batch(*a).source());
+        }
     }
 }
