@@ -104,7 +104,7 @@ impl Limiter {
         self.inner
             .local
             .lock()
-            .remove(&local_key(&policy.0.name, key));
+            .remove(&PolicyKey::new(&policy.0.name, key));
         match &self.view().engine {
             Engine::Memory(m) => {
                 m.reset(&policy.0.name, key);
@@ -380,12 +380,21 @@ impl Limiter {
     }
 }
 
-pub(super) fn local_key(scope: &str, key: &str) -> String {
-    let mut s = String::with_capacity(scope.len() + key.len() + 1);
-    s.push_str(scope);
-    s.push('\0');
-    s.push_str(key);
-    s
+/// A key under one policy: what in-process state per (policy, key) is kept by (local
+/// admission batches, keys a reshard handoff carried over).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct PolicyKey {
+    policy: std::sync::Arc<str>,
+    key: String,
+}
+
+impl PolicyKey {
+    pub(super) fn new(policy: &std::sync::Arc<str>, key: &str) -> PolicyKey {
+        PolicyKey {
+            policy: policy.clone(),
+            key: key.to_string(),
+        }
+    }
 }
 
 pub(super) fn validate_key(key: &str) -> Result<()> {

@@ -1,6 +1,6 @@
 //! Reshard handoff: carrying a moved key's state from its old shard to its new one.
 
-use super::{local_key, Limiter};
+use super::{Limiter, PolicyKey};
 use crate::engine::redis::RedisEngine;
 use crate::policy::PolicyInner;
 use crate::routing::shard_index;
@@ -14,8 +14,8 @@ pub(super) struct Handoff {
     pub(super) old: Arc<RedisEngine>,
     /// Monotonic µs until which moved keys are carried over.
     pub(super) until: u64,
-    /// "policy\0key" pairs already carried over by this limiter.
-    pub(super) done: Mutex<std::collections::HashSet<String>>,
+    /// (policy, key) pairs already carried over by this limiter.
+    pub(super) done: Mutex<std::collections::HashSet<PolicyKey>>,
 }
 
 impl std::fmt::Debug for Handoff {
@@ -46,7 +46,7 @@ impl Limiter {
         if h.old.shards[old_shard].url == r.shards[new_shard].url {
             return;
         }
-        let id = local_key(&p.name, key);
+        let id = PolicyKey::new(&p.name, key);
         if h.done.lock().contains(&id) {
             return;
         }

@@ -1,6 +1,6 @@
 //! Local admission: units reserved from Redis in batches and admitted in process.
 
-use super::{local_key, Limiter};
+use super::{Limiter, PolicyKey};
 use crate::decision::{Decision, Source};
 use crate::engine::algo::Outcome;
 use crate::engine::memory::Raw;
@@ -37,7 +37,7 @@ impl Limiter {
         shard: u32,
         cost: u64,
     ) -> Result<Decision> {
-        let lkey = local_key(&p.name, key);
+        let lkey = PolicyKey::new(&p.name, key);
         let now = self.now();
         let reserve_from = {
             let mut map = self.inner.local.lock();
@@ -133,7 +133,7 @@ impl Limiter {
                 b.global_remaining = 0;
             }
             let expires_at = b.expires_at;
-            map.set_expiry(lkey.as_str(), expires_at);
+            map.set_expiry(&lkey, expires_at);
         }
         let d = self.finish(
             p,

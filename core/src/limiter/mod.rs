@@ -29,7 +29,7 @@ mod scale;
 
 pub use block_list::BlockInfo;
 pub use blocking::Spawner;
-use check::{local_key, validate_key};
+use check::{validate_key, PolicyKey};
 use handoff::Handoff;
 pub use layered::Layer;
 use local_admission::LocalBatch;
@@ -92,7 +92,7 @@ struct Inner {
     block_cache: Mutex<ExpiringMap<String, Option<u64>>>,
     block_cache_len: AtomicUsize,
     /// local admission batches, expiring with the batch
-    local: Mutex<ExpiringMap<String, LocalBatch>>,
+    local: Mutex<ExpiringMap<PolicyKey, LocalBatch>>,
 }
 
 impl std::fmt::Debug for Inner {
