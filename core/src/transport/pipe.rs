@@ -3,7 +3,7 @@
 //!
 //! Checks are the hot path of every event-loop binding. A writer task sends every command
 //! queued since its last write in one write, a reader task frames and parses replies
-//! under the limits of [`crate::resp`] and hands each to the oldest waiting caller. Checks
+//! under the limits of [`crate::transport::resp`] and hands each to the oldest waiting caller. Checks
 //! get one more step: the writer sends the checks of a burst that use the same algorithm
 //! as one call of that algorithm's batch script (`core/lua/main_batch.lua`), and the reader
 //! hands each caller its own element of the array that call answers. Both tasks live on
