@@ -15,50 +15,51 @@
 //! ```
 //!
 //! With a config that lists Redis `shards`, the same calls run on Redis, one round trip
-//! per decision; see `docs/DESIGN.md` for the contracts.
+//! per decision.
+//!
+//! The contracts (model, time, routing, failure, trust), the map of the modules below and
+//! the checklist for adding an operation end to end are in `docs/DESIGN.md` at the root of
+//! the repository: `limiter/` is the public API, `engine/` decides (in memory or with the
+//! scripts on Redis, `engine/redis/protocol.rs` describing every script call), `transport/`
+//! moves the bytes, `policy/`, `config/` and `time/` hold what a check is made against.
 
-mod algo;
-mod blocking;
-pub mod clock;
 pub mod config;
 mod decision;
-mod duration;
+mod engine;
 mod error;
 pub mod events;
-mod expiry;
 mod ip;
-pub mod keys;
-mod limit;
 mod limiter;
-mod memory;
 pub mod metrics;
-mod pipe;
+mod policy;
 mod rate;
-mod redis_engine;
-mod resp;
 pub mod routing;
-pub mod scripts;
+mod time;
 mod tls;
+mod transport;
+
+pub use engine::redis::{keys, scripts};
+pub use time::clock;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{Config, ShardConfig};
 pub use decision::{Decision, Source};
-pub use duration::parse_duration_us;
 pub use error::{Error, ErrorKind, Result};
 pub use events::{CircuitState, Event, Subscriber};
 pub use ip::{
     client_ip, client_ip_key, client_ip_with, ip_key, parse_peer, Cidr, TrustedProxies,
     DEFAULT_IPV6_PREFIX,
 };
-pub use limit::{Algorithm, AutoBlock, Limit, LocalAdmission, OnError, Policy, MAX_LIMIT};
 pub use limiter::{
     latency_scale, BlockInfo, ConfigWatcher, Layer, Lease, Limiter, ReloadReport, ScaleHook,
     Spawner, BLOCK_CACHE_TTL, CLOSED_RETRY_AFTER, MAX_KEY_LEN,
 };
 pub use metrics::{MetricsSnapshot, PolicyMetrics};
+pub use policy::{Algorithm, AutoBlock, Limit, LocalAdmission, OnError, Policy, MAX_LIMIT};
 pub use rate::{parse_rate, parse_rate_as};
-pub use redis_engine::fork_generation;
+pub use time::duration::parse_duration_us;
 pub use tls::TlsConfig;
+pub use transport::runtime::fork_generation;
 
 /// The crate version, shared by every binding.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -22,7 +22,7 @@
 //! whose message quotes the bad part.
 
 use crate::error::{Error, Result};
-use crate::limit::{Algorithm, Limit};
+use crate::policy::{Algorithm, Limit};
 use std::time::Duration;
 
 /// Seconds in each unit a rate string may name.

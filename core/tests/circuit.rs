@@ -23,7 +23,7 @@ fn config(s: &RedisServer) -> String {
 type Call = fn(&Limiter, &str, &str) -> shardlimit::Result<shardlimit::Decision>;
 
 fn blocking_call(l: &Limiter, policy: &str, key: &str) -> shardlimit::Result<shardlimit::Decision> {
-    l.check_named_blocking(policy, key, 1)
+    l.check_by_name_blocking(key, policy, 1)
 }
 
 fn async_call(l: &Limiter, policy: &str, key: &str) -> shardlimit::Result<shardlimit::Decision> {
@@ -31,7 +31,7 @@ fn async_call(l: &Limiter, policy: &str, key: &str) -> shardlimit::Result<shardl
         .enable_all()
         .build()
         .unwrap());
-    RT.with(|rt| rt.block_on(l.check_named(policy, key, 1)))
+    RT.with(|rt| rt.block_on(l.check_by_name(key, policy, 1)))
 }
 
 /// `INFO stats` counters of the server, read over `admin`.

@@ -3,7 +3,7 @@
 
 mod support;
 
-use shardlimit::{Layer, Limiter, Source};
+use shardlimit::{Layer, Lease, Limiter, Policy, Source};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -81,7 +81,7 @@ fn cluster_mode_end_to_end() {
             let (l, a) = (l.clone(), allowed.clone());
             tasks.push(tokio::spawn(async move {
                 for _ in 0..3 {
-                    if l.check_named("api", "user:hot", 1).await.unwrap().allowed {
+                    if l.check_by_name("user:hot", "api", 1).await.unwrap().allowed {
                         a.fetch_add(1, Ordering::SeqCst);
                     }
                 }
@@ -96,7 +96,7 @@ fn cluster_mode_end_to_end() {
     // keys spread over all three primaries
     for i in 0..300 {
         assert!(
-            l.check_named_blocking("api", &format!("user:{i}"), 1)
+            l.check_by_name_blocking(&format!("user:{i}"), "api", 1)
                 .unwrap()
                 .allowed
         );
@@ -156,7 +156,9 @@ fn cluster_mode_end_to_end() {
     l.block_blocking("user:bad", Some(Duration::from_secs(60)), "cluster test")
         .unwrap();
     assert_eq!(
-        l.check_named_blocking("ip", "user:bad", 1).unwrap().source,
+        l.check_by_name_blocking("user:bad", "ip", 1)
+            .unwrap()
+            .source,
         Source::Block
     );
     assert_eq!(
@@ -172,7 +174,7 @@ fn cluster_mode_end_to_end() {
             .unwrap();
     }
     assert!(
-        l.check_named_blocking("ip", "user:after-flush", 1)
+        l.check_by_name_blocking("user:after-flush", "ip", 1)
             .unwrap()
             .allowed
     );
@@ -192,14 +194,14 @@ fn cluster_mode_end_to_end() {
         .unwrap();
     let l = limiter(&nodes, 300);
     assert_eq!(
-        l.check_named_blocking("login", &victim_key, 1)
+        l.check_by_name_blocking(&victim_key, "login", 1)
             .unwrap()
             .source,
         Source::Redis
     );
     nodes[victim].kill();
     let t = Instant::now();
-    let d = l.check_named_blocking("login", &victim_key, 1).unwrap();
+    let d = l.check_by_name_blocking(&victim_key, "login", 1).unwrap();
     assert_eq!(
         (d.allowed, d.source),
         (false, Source::Fallback),
@@ -213,7 +215,7 @@ fn cluster_mode_end_to_end() {
     nodes[victim].restart();
     wait("the cluster to heal", || nodes.iter().all(cluster_ok));
     wait("the client to recover", || {
-        l.check_named_blocking("login", &format!("{victim_key}-x"), 1)
+        l.check_by_name_blocking(&format!("{victim_key}-x"), "login", 1)
             .map(|d| d.source == Source::Redis)
             .unwrap_or(false)
     });
@@ -258,7 +260,7 @@ fn a_dead_primary_takes_only_its_own_slots_down() {
     let victim = 1;
     let dead_key = key_owned_by(&nodes, victim, "dead");
     let live_key = key_owned_by(&nodes, 0, "live");
-    let ip = |key: &str| l.check_named_blocking("ip", key, 1).unwrap();
+    let ip = |key: &str| l.check_by_name_blocking(key, "ip", 1).unwrap();
     assert_eq!(ip(&dead_key).source, Source::Redis);
     assert_eq!(ip(&live_key).source, Source::Redis);
 
@@ -279,7 +281,7 @@ fn a_dead_primary_takes_only_its_own_slots_down() {
                 fast_fallbacks += 1;
             }
         }
-        let e = l.check_named_blocking("api", &dead_key, 1).unwrap_err();
+        let e = l.check_by_name_blocking(&dead_key, "api", 1).unwrap_err();
         assert!(
             e.is_backend() && e.kind() != shardlimit::ErrorKind::Script,
             "{e}"
@@ -301,7 +303,7 @@ fn a_dead_primary_takes_only_its_own_slots_down() {
     set_full_coverage(&nodes[..1], true);
     set_full_coverage(&nodes[2..], true);
     wait("cluster_state:fail", || !cluster_ok(&nodes[0]));
-    let e = l.check_named_blocking("api", &live_key, 1).unwrap_err();
+    let e = l.check_by_name_blocking(&live_key, "api", 1).unwrap_err();
     assert!(
         e.is_backend() && e.kind() != shardlimit::ErrorKind::Script,
         "CLUSTERDOWN is a backend error: {e}"
@@ -332,7 +334,14 @@ fn cluster_mode_costs_up_to_the_limit_and_lease_release() {
         let (d, lease) = l.acquire_blocking(key, &cc, 600_000).unwrap();
         assert!(d.allowed && d.remaining == 400_000, "{d:?}");
         assert!(!l.acquire_blocking(key, &cc, 400_001).unwrap().0.allowed);
-        assert!(l.release_with_blocking(&cc, &lease.unwrap()).unwrap());
+        assert!(release_with(&l, &cc, &lease.unwrap()).unwrap());
         assert_eq!(l.peek_blocking(key, &cc).unwrap().remaining, 1_000_000);
     }
+}
+
+/// [`Limiter::release_with`] on the calling thread (the core has no blocking twin of it:
+/// bindings release leases of their config's policies).
+fn release_with(limiter: &Limiter, policy: &Policy, lease: &Lease) -> shardlimit::Result<bool> {
+    let (me, policy, lease) = (limiter.clone(), policy.clone(), lease.clone());
+    limiter.block_on(async move { me.release_with(&policy, &lease).await })
 }

@@ -187,7 +187,7 @@ fn every_cost_up_to_the_limit_on_every_algorithm_engines_agree() {
                         let e = got.len();
                         let r = leases[i][e]
                             .as_ref()
-                            .map(|l| limiter.release_with_blocking(&p, l).unwrap());
+                            .map(|l| release_with(limiter, &p, l).unwrap());
                         got.push(format!("released {r:?}"));
                     } else {
                         let (d, lease) = limiter.acquire_blocking(key, &p, cost).unwrap();
@@ -380,21 +380,21 @@ fn forged_leases_are_rejected() {
             },
         ];
         for f in &forged {
-            let e = limiter.release_with_blocking(&p, f).unwrap_err();
+            let e = release_with(&limiter, &p, f).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
             assert!(e.to_string().contains("lease."), "{e}");
         }
-        let e = limiter.release_with_blocking(&fw, &lease).unwrap_err();
+        let e = release_with(&limiter, &fw, &lease).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
         // a well-formed lease of the wrong size is simply not held
         let other = Lease {
             units: 2,
             ..lease.clone()
         };
-        assert!(!limiter.release_with_blocking(&p, &other).unwrap());
+        assert!(!release_with(&limiter, &p, &other).unwrap());
         assert_eq!(limiter.peek_blocking("k", &p).unwrap().remaining, 7);
-        assert!(limiter.release_with_blocking(&p, &lease).unwrap());
-        assert!(!limiter.release_with_blocking(&p, &lease).unwrap());
+        assert!(release_with(&limiter, &p, &lease).unwrap());
+        assert!(!release_with(&limiter, &p, &lease).unwrap());
         assert_eq!(limiter.peek_blocking("k", &p).unwrap().remaining, 10);
     }
 }
@@ -426,9 +426,7 @@ fn a_lease_of_max_limit_units_is_one_member() {
         }
         let d = limiter.acquire_blocking("k", &p, 1).unwrap().0;
         assert!(!d.allowed && d.retry_after == Some(HOUR), "{d:?}");
-        let (released, us) = cpu_of(&server, || {
-            limiter.release_with_blocking(&p, &lease.unwrap())
-        });
+        let (released, us) = cpu_of(&server, || release_with(&limiter, &p, &lease.unwrap()));
         assert!(released.unwrap());
         if i == 0 {
             assert!(us < CALL_BUDGET_US, "{us} µs");
@@ -529,7 +527,7 @@ fn state_of_the_previous_format_is_read_safely() {
     for p in [&sl, &cc] {
         // find the state key by making one, then replace it with members of the old format
         redis::cmd("FLUSHALL").exec(&mut c).unwrap();
-        limiter.check_blocking("k", p, 1).unwrap();
+        support::take_blocking(&limiter, "k", p, 1).unwrap();
         let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
         assert_eq!(keys.len(), 1, "{keys:?}");
         redis::cmd("DEL").arg(&keys).exec(&mut c).unwrap();
@@ -548,7 +546,7 @@ fn state_of_the_previous_format_is_read_safely() {
         }
         clock.set_us(T0 + 1);
         let peek = limiter.peek_blocking("k", p).unwrap();
-        let d = limiter.check_blocking("k", p, 5).unwrap();
+        let d = support::take_blocking(&limiter, "k", p, 5).unwrap();
         assert!(d.allowed, "{}: {d:?}", p.name());
         if p.name() == "sl" {
             assert_eq!((peek.remaining, d.remaining), (10, 5));
@@ -664,4 +662,11 @@ fn sliding_log_running_count_wraps_and_engines_agree() {
     assert!(recorded > 1 << 52, "{recorded}");
     let (step, retry) = wrapped_retry.expect("a check recorded 1 µs later at the wrap");
     assert_eq!(retry, Some(Duration::from_micros(1_000_001)), "step {step}");
+}
+
+/// [`Limiter::release_with`] on the calling thread (the core has no blocking twin of it:
+/// bindings release leases of their config's policies).
+fn release_with(limiter: &Limiter, policy: &Policy, lease: &Lease) -> shardlimit::Result<bool> {
+    let (me, policy, lease) = (limiter.clone(), policy.clone(), lease.clone());
+    limiter.block_on(async move { me.release_with(&policy, &lease).await })
 }

@@ -293,7 +293,7 @@ fn local_admission_cuts_redis_commands_and_never_over_admits() {
         let mut allowed = 0;
         for i in 0..500 {
             if instances[i % 4]
-                .check_named_blocking("api", key, 1)
+                .check_by_name_blocking(key, "api", 1)
                 .unwrap()
                 .allowed
             {
@@ -323,7 +323,7 @@ fn local_admission_cuts_redis_commands_and_never_over_admits() {
             );
             tasks.push(tokio::spawn(async move {
                 for _ in 0..8 {
-                    let d = l.check_named("api", "k:hammer", 1).await.unwrap();
+                    let d = l.check_by_name("k:hammer", "api", 1).await.unwrap();
                     if d.allowed {
                         total.fetch_add(1, Ordering::SeqCst);
                     }
@@ -356,21 +356,21 @@ fn adaptive_scale_reports_the_effective_limit() {
         r#", "policies": {"api": {"algorithm":"fixed_window","limit":10,"window":"1h"}}"#,
     );
     l.set_scale(0.5, &["api"]).unwrap();
-    let d = l.check_named_blocking("api", "u", 1).unwrap();
+    let d = l.check_by_name_blocking("u", "api", 1).unwrap();
     assert_eq!((d.limit, d.remaining), (5, 4));
     assert!(d
         .headers()
         .contains(&("X-RateLimit-Limit", "5".to_string())));
     for _ in 0..4 {
-        assert!(l.check_named_blocking("api", "u", 1).unwrap().allowed);
+        assert!(l.check_by_name_blocking("u", "api", 1).unwrap().allowed);
     }
-    assert!(!l.check_named_blocking("api", "u", 1).unwrap().allowed);
+    assert!(!l.check_by_name_blocking("u", "api", 1).unwrap().allowed);
     l.set_scale(1.0, &["api"]).unwrap();
-    assert!(l.check_named_blocking("api", "u", 1).unwrap().allowed);
+    assert!(l.check_by_name_blocking("u", "api", 1).unwrap().allowed);
     // health hook: p99 latency 0.4 s against a 0.2 s target halves the limits
     l.set_scale_hook(shardlimit::latency_scale(Duration::from_millis(200), 0.1));
     assert_eq!(l.observe_health(0.4).unwrap(), 0.5);
-    assert_eq!(l.check_named_blocking("api", "v", 1).unwrap().limit, 5);
+    assert_eq!(l.check_by_name_blocking("v", "api", 1).unwrap().limit, 5);
     assert_eq!(l.observe_health(0.05).unwrap(), 1.0);
     assert!(l.set_scale(0.0, &[]).is_err());
     assert!(l.set_scale(1.5, &[]).is_err());
@@ -390,7 +390,7 @@ fn events_reach_subscribers_and_a_capped_stream_and_metrics_count() {
         sink.lock().unwrap().push(e.kind().to_string())
     }));
     for _ in 0..302 {
-        l.check_named_blocking("api", "u", 1).unwrap();
+        l.check_by_name_blocking("u", "api", 1).unwrap();
     }
     assert_eq!(
         seen.lock()
@@ -523,12 +523,12 @@ fn wait_recovered(call: Call, l: &Limiter, what: &str) {
 type Call = fn(&Limiter, &str, &str) -> shardlimit::Result<shardlimit::Decision>;
 
 fn blocking_call(l: &Limiter, policy: &str, key: &str) -> shardlimit::Result<shardlimit::Decision> {
-    l.check_named_blocking(policy, key, 1)
+    l.check_by_name_blocking(key, policy, 1)
 }
 
 fn async_call(l: &Limiter, policy: &str, key: &str) -> shardlimit::Result<shardlimit::Decision> {
     thread_local!(static RT: tokio::runtime::Runtime = rt());
-    RT.with(|rt| rt.block_on(l.check_named(policy, key, 1)))
+    RT.with(|rt| rt.block_on(l.check_by_name(key, policy, 1)))
 }
 
 #[test]
@@ -661,7 +661,7 @@ fn late_replies_never_reach_the_wrong_caller() {
     let s = RedisServer::start();
     let l = Limiter::from_json(&fault_config(&s)).unwrap();
     let rt = rt();
-    let check = |key: &str| rt.block_on(l.check_named("error", key, 1));
+    let check = |key: &str| rt.block_on(l.check_by_name(key, "error", 1));
     assert_eq!(check("warm").unwrap().remaining, 99);
     unsafe { libc::kill(s.pid() as i32, libc::SIGSTOP) };
     for i in 0..3 {

@@ -53,7 +53,7 @@ async fn hammer(limiter: &Limiter, policy: &Policy, key: &str) -> u64 {
         );
         tasks.push(tokio::spawn(async move {
             for _ in 0..3 {
-                let d = l.check(&k, &p, 1).await.unwrap();
+                let d = support::take(&l, &k, &p, 1).await.unwrap();
                 if d.allowed {
                     a.fetch_add(1, Ordering::SeqCst);
                 }
@@ -106,7 +106,10 @@ fn hammer_blocking(limiter: &Limiter, policy: &Policy, key: &str) -> u64 {
         for _ in 0..64 {
             s.spawn(|| {
                 for _ in 0..3 {
-                    if limiter.check_blocking(key, policy, 1).unwrap().allowed {
+                    if support::take_blocking(limiter, key, policy, 1)
+                        .unwrap()
+                        .allowed
+                    {
                         allowed.fetch_add(1, Ordering::SeqCst);
                     }
                 }
@@ -447,7 +450,7 @@ fn denied_checks_consume_nothing_and_costs_add_up() {
     let server = RedisServer::start();
     for (limiter, _clock) in engines(&server) {
         for p in policies(10) {
-            let c = |cost| limiter.check_blocking("k", &p, cost).unwrap();
+            let c = |cost| support::take_blocking(&limiter, "k", &p, cost).unwrap();
             let a = c(7);
             assert!(a.allowed && a.remaining == 3, "{}: {a:?}", p.name());
             let d = c(4);
@@ -493,16 +496,21 @@ fn retry_after_is_exact() {
                 for (dt, c) in [(0, 2), (170_003, 1), (300_001, 1)] {
                     clock.advance_us(dt);
                     assert!(
-                        limiter.check_blocking("k", &p, c).unwrap().allowed,
+                        support::take_blocking(&limiter, "k", &p, c)
+                            .unwrap()
+                            .allowed,
                         "{limit:?}"
                     );
                 }
-                while limiter.check_blocking("k", &p, 1).unwrap().allowed {}
-                let d = limiter.check_blocking("k", &p, cost).unwrap();
+                while support::take_blocking(&limiter, "k", &p, 1)
+                    .unwrap()
+                    .allowed
+                {}
+                let d = support::take_blocking(&limiter, "k", &p, cost).unwrap();
                 assert!(!d.allowed, "{limit:?} cost {cost}: {d:?}");
                 let r = d.retry_after.unwrap().as_micros() as u64;
                 clock.set_us(start + r - 1);
-                let before = limiter.check_blocking("k", &p, cost).unwrap();
+                let before = support::take_blocking(&limiter, "k", &p, cost).unwrap();
                 assert!(
                     !before.allowed,
                     "{limit:?} cost {cost}: passed 1µs before retry_after {r}"
@@ -514,7 +522,7 @@ fn retry_after_is_exact() {
                     assert!(!peek_before.allowed);
                     assert!(limiter.peek_blocking("k", &p).unwrap().allowed);
                 }
-                let at = limiter.check_blocking("k", &p, cost).unwrap();
+                let at = support::take_blocking(&limiter, "k", &p, cost).unwrap();
                 assert!(
                     at.allowed,
                     "{limit:?} cost {cost}: denied at retry_after {r}: {at:?}"
@@ -571,7 +579,7 @@ fn every_key_written_has_a_ttl() {
         let p = Policy::new(&format!("p{i}"), l.clone()).unwrap();
         for k in ["a", "{t}:b", "c"] {
             for cost in [1, 2, 1] {
-                limiter.check_blocking(k, &p, cost).unwrap();
+                support::take_blocking(&limiter, k, &p, cost).unwrap();
             }
         }
     }
@@ -665,7 +673,7 @@ fn bad_input_is_a_clear_error() {
         assert!(e.to_string().contains("1048576 bytes"), "{e}");
         let e = limiter.check_blocking("k", &p, 0).unwrap_err();
         assert!(e.to_string().contains("cost"), "{e}");
-        let e = limiter.check_named_blocking("nope", "k", 1).unwrap_err();
+        let e = limiter.check_by_name_blocking("k", "nope", 1).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::UnknownPolicy);
     }
 }
@@ -679,22 +687,22 @@ fn unreachable_shard_is_a_connection_error_not_a_panic() {
                         "open":{"algorithm":"token_bucket","capacity":5,"refill_per_sec":1,"on_error":"open"}}}"#,
     )
     .unwrap();
-    let e = limiter.check_named_blocking("api", "k", 1).unwrap_err();
+    let e = limiter.check_by_name_blocking("k", "api", 1).unwrap_err();
     assert!(e.is_backend(), "{e:?}");
     assert!(
         e.to_string().contains("dead"),
         "the error names the shard: {e}"
     );
     // and again (no cached broken state, no panic)
-    assert!(limiter.check_named_blocking("api", "k", 1).is_err());
+    assert!(limiter.check_by_name_blocking("k", "api", 1).is_err());
     // from inside an async runtime as well
     rt().block_on(async {
-        assert!(limiter.check_named("api", "k", 1).await.is_err());
+        assert!(limiter.check_by_name("k", "api", 1).await.is_err());
         // the blocking call from inside a runtime does not panic either
-        assert!(limiter.check_named_blocking("api", "k", 1).is_err());
+        assert!(limiter.check_by_name_blocking("k", "api", 1).is_err());
     });
     // with on_error open the caller gets an allowed fallback decision instead
-    let d = limiter.check_named_blocking("open", "k", 1).unwrap();
+    let d = limiter.check_by_name_blocking("k", "open", 1).unwrap();
     assert!(d.allowed);
     assert_eq!(d.source, shardlimit::Source::Fallback);
 }
@@ -753,4 +761,84 @@ fn memory_engine_is_bounded() {
     }
     let held = limiter.memory_keys().unwrap();
     assert!(held <= 40_000, "200k keys written, {held} still held");
+}
+
+#[test]
+fn a_check_of_a_concurrency_policy_is_an_error_naming_acquire() {
+    let server = RedisServer::start();
+    let cc = Policy::new("cc", Limit::concurrency(2, Duration::from_secs(60))).unwrap();
+    let rt = rt();
+    for limiter in [Limiter::memory(), redis_limiter(&server)] {
+        let errors = [
+            limiter.check_blocking("k", &cc, 1).unwrap_err(),
+            rt.block_on(limiter.check("k", &cc, 1)).unwrap_err(),
+            limiter.check_by_name_blocking("k", "cc", 1).unwrap_err(),
+        ];
+        for e in errors.iter().take(2) {
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+            assert!(e.to_string().contains("acquire"), "{e}");
+        }
+        assert_eq!(errors[2].kind(), ErrorKind::UnknownPolicy, "{}", errors[2]);
+        // a peek takes nothing: it needs no lease
+        assert_eq!(limiter.peek_blocking("k", &cc).unwrap().remaining, 2);
+        assert_eq!(rt.block_on(limiter.peek("k", &cc)).unwrap().remaining, 2);
+        // nothing was taken: both units are there
+        let (d, lease) = limiter.acquire_blocking("k", &cc, 2).unwrap();
+        assert!(d.allowed && lease.is_some(), "{d:?}");
+    }
+}
+
+fn clients(server: &RedisServer) -> usize {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut server.conn())
+        .unwrap();
+    // (less the connection that asks)
+    list.lines().count() - 1
+}
+
+#[test]
+fn connect_makes_the_connections_and_loads_the_scripts_within_its_own_timeout() {
+    let server = RedisServer::start();
+    let l = redis_limiter(&server);
+    assert_eq!(clients(&server), 0);
+    l.connect_blocking(Duration::from_secs(5)).unwrap();
+    let shas: Vec<String> = shardlimit::scripts::all()
+        .into_iter()
+        .map(|(_, _, sha)| sha)
+        .collect();
+    let loaded: Vec<i64> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(&shas)
+        .query(&mut server.conn())
+        .unwrap();
+    assert!(loaded.iter().all(|e| *e == 1), "{loaded:?}");
+    // the pipelined connection and one blocking connection
+    assert_eq!(clients(&server), 2);
+    // calls after it find their connections made
+    let p = Policy::new("fw", Limit::fixed_window(5, Duration::from_secs(60))).unwrap();
+    assert!(l.check_blocking("k", &p, 1).unwrap().allowed);
+    assert!(rt().block_on(l.check("k", &p, 1)).unwrap().allowed);
+    assert_eq!(clients(&server), 2);
+    // again: nothing new
+    l.connect_blocking(Duration::from_secs(5)).unwrap();
+    assert_eq!(clients(&server), 2);
+}
+
+#[test]
+fn connect_reports_a_shard_it_cannot_reach() {
+    let port = support::free_port();
+    let l = Limiter::from_json(&format!(
+        r#"{{"shards": [{{"name": "gone", "url": "redis://127.0.0.1:{port}"}}], "policies": {{}}}}"#
+    ))
+    .unwrap();
+    let e = l.connect_blocking(Duration::from_secs(2)).unwrap_err();
+    assert!(e.is_backend(), "{e}");
+    assert!(e.to_string().contains("gone"), "{e}");
+    let e = l.connect_blocking(Duration::ZERO).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    // nothing to do in memory
+    Limiter::memory()
+        .connect_blocking(Duration::from_secs(1))
+        .unwrap();
 }

@@ -86,9 +86,9 @@ fn reload_3_to_4_shards_under_traffic_keeps_budgets() {
     for k in &keys {
         for p in ["login", "api", "log"] {
             for _ in 0..5 {
-                assert!(limiter.check_named_blocking(p, k, 1).unwrap().allowed);
+                assert!(limiter.check_by_name_blocking(k, p, 1).unwrap().allowed);
             }
-            assert!(!limiter.check_named_blocking(p, k, 1).unwrap().allowed);
+            assert!(!limiter.check_by_name_blocking(k, p, 1).unwrap().allowed);
         }
     }
     // continuous traffic on other keys while the config changes
@@ -100,7 +100,7 @@ fn reload_3_to_4_shards_under_traffic_keeps_budgets() {
         threads.push(std::thread::spawn(move || {
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let d = l.check_named_blocking("api", &format!("traffic:{t}:{}", i % 50), 1);
+                let d = l.check_by_name_blocking(&format!("traffic:{t}:{}", i % 50), "api", 1);
                 let d = d.unwrap_or_else(|e| panic!("a call failed during the reload: {e}"));
                 assert_eq!(d.source, Source::Redis);
                 calls.fetch_add(1, Ordering::Relaxed);
@@ -149,7 +149,7 @@ fn reload_3_to_4_shards_under_traffic_keeps_budgets() {
             moved += 1;
         }
         for p in ["login", "api", "log"] {
-            let d = limiter.check_named_blocking(p, k, 1).unwrap();
+            let d = limiter.check_by_name_blocking(k, p, 1).unwrap();
             assert!(
                 !d.allowed,
                 "{p} {k} (now on shard {s}) got a fresh budget: {d:?}"
@@ -165,7 +165,7 @@ fn reload_3_to_4_shards_under_traffic_keeps_budgets() {
         .unwrap();
     assert_eq!(
         limiter
-            .check_named_blocking("login", &fresh, 1)
+            .check_by_name_blocking(&fresh, "login", 1)
             .unwrap()
             .remaining,
         4
@@ -210,7 +210,7 @@ fn watch_config_picks_up_changes_and_ignores_bad_ones() {
     );
     assert!(
         limiter
-            .check_named_blocking("search", "u", 1)
+            .check_by_name_blocking("u", "search", 1)
             .unwrap()
             .allowed
     );

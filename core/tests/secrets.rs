@@ -6,8 +6,54 @@ mod support;
 
 use shardlimit::config::Config;
 use shardlimit::{Event, Limiter};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 use support::RedisServer;
+
+/// Every log line of this process (all threads: the limiter logs on its I/O thread too),
+/// with its fields, as `tracing` hands them to a subscriber.
+fn logs() -> &'static Mutex<Vec<String>> {
+    static LOGS: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        tracing::subscriber::set_global_default(Capture).expect("the only subscriber");
+        Mutex::new(Vec::new())
+    })
+}
+
+struct Capture;
+
+struct Line<'a>(&'a mut String);
+
+impl tracing::field::Visit for Line<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!(" {}={value:?}", field.name()));
+    }
+}
+
+impl tracing::Subscriber for Capture {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let mut line = String::from("span");
+        span.record(&mut Line(&mut line));
+        logs().lock().unwrap().push(line);
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+        let mut line = String::from("record");
+        values.record(&mut Line(&mut line));
+        logs().lock().unwrap().push(line);
+    }
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut line = event.metadata().level().to_string();
+        event.record(&mut Line(&mut line));
+        logs().lock().unwrap().push(line);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
 
 /// Passwords with characters that URL parsers trip over (`/ ? # @ :`), raw and encoded.
 const SECRETS: [(&str, &str); 4] = [
@@ -92,6 +138,7 @@ fn assert_clean(what: &str, text: &str, secret: &str, enc: &str) {
 
 #[test]
 fn no_output_ever_shows_a_password() {
+    logs();
     let mut checked = 0;
     for (secret, enc) in SECRETS {
         for user in ["bob", ""] {
@@ -120,6 +167,11 @@ fn no_output_ever_shows_a_password() {
             }
         }
     }
+    for line in logs().lock().unwrap().iter() {
+        for (secret, enc) in SECRETS {
+            assert_clean("a log line", line, secret, enc);
+        }
+    }
     assert!(checked > 1000, "{checked}");
 }
 
@@ -140,7 +192,8 @@ fn the_redacted_message_still_names_the_field() {
 }
 
 #[test]
-fn runtime_errors_events_and_metrics_never_show_a_password() {
+fn runtime_errors_events_logs_and_metrics_never_show_a_password() {
+    logs();
     let server = RedisServer::start_with(
         support::free_port(),
         vec!["--requirepass".into(), "right-one".into()],
@@ -169,9 +222,16 @@ fn runtime_errors_events_and_metrics_never_show_a_password() {
                     s2.lock().unwrap().push(format!("{e:?}"))
                 }));
                 let mut out = vec![format!("{l:?}")];
+                out.push(format!(
+                    "{:?}",
+                    l.connect_blocking(Duration::from_millis(500))
+                ));
+                if let Err(e) = l.connect_blocking(Duration::from_millis(500)) {
+                    out.push(e.to_string());
+                }
                 for _ in 0..4 {
-                    out.push(format!("{:?}", l.check_named_blocking("p", "k", 1)));
-                    if let Err(e) = l.check_named_blocking("p", "k", 1) {
+                    out.push(format!("{:?}", l.check_by_name_blocking("k", "p", 1)));
+                    if let Err(e) = l.check_by_name_blocking("k", "p", 1) {
                         out.push(e.to_string());
                     }
                 }
@@ -179,6 +239,8 @@ fn runtime_errors_events_and_metrics_never_show_a_password() {
                 out.push(l.metrics().to_prometheus());
                 out.push(format!("{:?}", l.metrics()));
                 out.extend(seen.lock().unwrap().iter().cloned());
+                drop(l); // (its I/O thread has logged what it had to)
+                out.extend(logs().lock().unwrap().iter().cloned());
                 // the failure was reached and described (so there was something to leak)
                 let all = out.join("\n");
                 assert!(

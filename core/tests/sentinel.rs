@@ -94,12 +94,12 @@ fn sentinel_shard_follows_failover() {
     .unwrap();
     for _ in 0..5 {
         assert!(
-            l.check_named_blocking("login", "user:1", 1)
+            l.check_by_name_blocking("user:1", "login", 1)
                 .unwrap()
                 .allowed
         );
     }
-    let d = l.check_named_blocking("login", "user:1", 1).unwrap();
+    let d = l.check_by_name_blocking("user:1", "login", 1).unwrap();
     assert_eq!((d.allowed, d.source), (false, Source::Redis));
     // the state has reached the replica before we fail over to it
     wait("replication of the counter", || {
@@ -132,7 +132,7 @@ fn sentinel_shard_follows_failover() {
         matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"slave")
     });
     wait("the limiter to write to the new primary", || {
-        l.check_named_blocking("login", "user:2", 1)
+        l.check_by_name_blocking("user:2", "login", 1)
             .map(|d| d.source == Source::Redis && d.allowed)
             .unwrap_or(false)
     });
@@ -147,7 +147,7 @@ fn sentinel_shard_follows_failover() {
         "user:2 was not written to the new primary"
     );
     // and the client at its limit is still limited
-    let d = l.check_named_blocking("login", "user:1", 1).unwrap();
+    let d = l.check_by_name_blocking("user:1", "login", 1).unwrap();
     assert_eq!((d.allowed, d.source), (false, Source::Redis));
 }
 
@@ -185,7 +185,7 @@ fn sentinel_shard_logs_in_to_the_sentinel_and_the_primary() {
     };
     let l = Limiter::from_json(&structured("p@ss:1", "s&pw")).unwrap();
     for left in [2, 1] {
-        let d = l.check_named_blocking("login", "user:1", 1).unwrap();
+        let d = l.check_by_name_blocking("user:1", "login", 1).unwrap();
         assert_eq!(
             (d.allowed, d.remaining, d.source),
             (true, left, Source::Redis)
@@ -198,9 +198,9 @@ fn sentinel_shard_logs_in_to_the_sentinel_and_the_primary() {
             {policies}}}"#
     ))
     .unwrap();
-    let d = by_url.check_named_blocking("login", "user:1", 1).unwrap();
+    let d = by_url.check_by_name_blocking("user:1", "login", 1).unwrap();
     assert_eq!((d.allowed, d.remaining), (true, 0));
-    let d = l.check_named_blocking("login", "user:1", 1).unwrap();
+    let d = l.check_by_name_blocking("user:1", "login", 1).unwrap();
     assert_eq!((d.allowed, d.source), (false, Source::Redis));
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("sl:s:login:*")
@@ -216,7 +216,7 @@ fn sentinel_shard_logs_in_to_the_sentinel_and_the_primary() {
     // a wrong password, for the primary or for the Sentinel: an error, never a decision
     for (password, sentinel_password) in [("wrong", "s&pw"), ("p@ss:1", "wrong")] {
         let l = Limiter::from_json(&structured(password, sentinel_password)).unwrap();
-        let e = l.check_named_blocking("login", "user:9", 1).unwrap_err();
+        let e = l.check_by_name_blocking("user:9", "login", 1).unwrap_err();
         assert!(
             matches!(e.kind(), ErrorKind::Connection | ErrorKind::Unavailable),
             "{password}/{sentinel_password}: {e:?}"
@@ -260,7 +260,9 @@ fn sentinel_shard_follows_the_switch_as_sentinel_reports_it() {
     ))
     .unwrap();
     assert_eq!(
-        l.check_named_blocking("api", "seq:warm", 1).unwrap().source,
+        l.check_by_name_blocking("seq:warm", "api", 1)
+            .unwrap()
+            .source,
         Source::Redis
     );
     // the moment Sentinel reports the switch, seen by a subscriber of our own
@@ -291,7 +293,7 @@ fn sentinel_shard_follows_the_switch_as_sentinel_reports_it() {
     let mut n = 0u64;
     let t_switch = loop {
         let t = Instant::now();
-        let _ = l.check_named_blocking("api", &format!("seq:{n}"), 1);
+        let _ = l.check_by_name_blocking(&format!("seq:{n}"), "api", 1);
         sent.push((n, t));
         n += 1;
         if switched.is_finished() {
@@ -301,7 +303,7 @@ fn sentinel_shard_follows_the_switch_as_sentinel_reports_it() {
     };
     while t_switch.elapsed() < Duration::from_millis(1500) {
         let t = Instant::now();
-        let _ = l.check_named_blocking("api", &format!("seq:{n}"), 1);
+        let _ = l.check_by_name_blocking(&format!("seq:{n}"), "api", 1);
         sent.push((n, t));
         n += 1;
     }

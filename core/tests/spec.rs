@@ -86,13 +86,26 @@ fn limiter_methods() -> BTreeSet<String> {
             }
             let text = std::fs::read_to_string(&path).unwrap();
             let mut inside = false;
+            // `blocking_twins! { ... twin => call(args) -> T; }` in core/src/limiter/blocking.rs
+            // defines methods of `Limiter` too: one `pub fn twin` per entry
+            let mut twins = false;
             for line in text.lines() {
                 if line.starts_with("impl Limiter {") {
                     inside = true;
                     continue;
                 }
-                if inside && line.starts_with('}') {
-                    inside = false;
+                if line.starts_with("blocking_twins! {") {
+                    twins = true;
+                    continue;
+                }
+                if (inside || twins) && line.starts_with('}') {
+                    (inside, twins) = (false, false);
+                    continue;
+                }
+                if twins {
+                    if let Some((twin, _)) = line.trim().split_once(" => ") {
+                        out.insert(twin.to_string());
+                    }
                     continue;
                 }
                 if !inside {

@@ -40,12 +40,14 @@ fn rt() -> tokio::runtime::Runtime {
 
 /// Decides on Redis over TLS, on the blocking and the async path.
 fn assert_decides_on_redis(limiter: &Limiter, server: &RedisServer) {
-    let d = limiter.check_named_blocking("strict", "user:1", 1).unwrap();
+    let d = limiter
+        .check_by_name_blocking("user:1", "strict", 1)
+        .unwrap();
     assert!(d.allowed);
     assert_eq!(d.source, Source::Redis);
     assert_eq!(d.remaining, 4);
     let d = rt()
-        .block_on(limiter.check_named("strict", "user:1", 1))
+        .block_on(limiter.check_by_name("user:1", "strict", 1))
         .unwrap();
     assert_eq!((d.source, d.remaining), (Source::Redis, 3));
     // the state is in that server (read back over its plain port)
@@ -60,19 +62,19 @@ fn assert_decides_on_redis(limiter: &Limiter, server: &RedisServer) {
 /// `on_error` decides for the policies that fall back, on both paths.
 fn assert_rejected(limiter: &Limiter, why: &str) {
     let e = limiter
-        .check_named_blocking("strict", "user:1", 1)
+        .check_by_name_blocking("user:1", "strict", 1)
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
     assert!(e.to_string().contains(why), "expected {why:?} in: {e}");
     let e = rt()
-        .block_on(limiter.check_named("strict", "user:1", 1))
+        .block_on(limiter.check_by_name("user:1", "strict", 1))
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
-    let d = limiter.check_named_blocking("open", "user:1", 1).unwrap();
+    let d = limiter.check_by_name_blocking("user:1", "open", 1).unwrap();
     assert!(d.allowed);
     assert_eq!(d.source, Source::Fallback);
     let d = rt()
-        .block_on(limiter.check_named("closed", "user:1", 1))
+        .block_on(limiter.check_by_name("user:1", "closed", 1))
         .unwrap();
     assert!(!d.allowed);
     assert_eq!(d.source, Source::Fallback);
@@ -492,7 +494,9 @@ fn cluster_over_tls() {
     let mode = parsed.cluster_tls_mode().unwrap();
     assert!(mode.starts_with("TLS, verified against ca_file"), "{mode}");
     let limiter = Limiter::new(parsed).unwrap();
-    let d = limiter.check_named_blocking("strict", "user:1", 1).unwrap();
+    let d = limiter
+        .check_by_name_blocking("user:1", "strict", 1)
+        .unwrap();
     assert_eq!((d.allowed, d.source, d.remaining), (true, Source::Redis, 4));
     let limiter = Limiter::from_json(&cfg(&format!(
         r#"{{"ca_file": "{}"}}"#,
@@ -500,11 +504,13 @@ fn cluster_over_tls() {
     )))
     .unwrap();
     let e = limiter
-        .check_named_blocking("strict", "user:1", 1)
+        .check_by_name_blocking("user:1", "strict", 1)
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
     assert!(e.to_string().contains("UnknownIssuer"), "{e}");
-    let d = limiter.check_named_blocking("closed", "user:1", 1).unwrap();
+    let d = limiter
+        .check_by_name_blocking("user:1", "closed", 1)
+        .unwrap();
     assert_eq!((d.allowed, d.source), (false, Source::Fallback));
     // the insecure opt-out: an untrusted CA, and the client certificate still sent
     let limiter = Limiter::from_json(&cfg(&format!(
@@ -514,7 +520,9 @@ fn cluster_over_tls() {
         certs.path("client.key")
     )))
     .unwrap();
-    let d = limiter.check_named_blocking("strict", "user:1", 1).unwrap();
+    let d = limiter
+        .check_by_name_blocking("user:1", "strict", 1)
+        .unwrap();
     assert_eq!((d.allowed, d.source, d.remaining), (true, Source::Redis, 3));
 }
 

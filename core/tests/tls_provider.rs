@@ -36,7 +36,7 @@ fn a_host_provider_is_kept_and_used() {
         &["--tls-ciphersuites", "TLS_CHACHA20_POLY1305_SHA256"],
     );
     let d = limiter(&chacha, &certs)
-        .check_named_blocking("p", "k", 1)
+        .check_by_name_blocking("k", "p", 1)
         .unwrap();
     assert_eq!((d.allowed, d.source), (true, Source::Redis));
     // a server without that suite: refused, which shardlimit's own ring provider (all
@@ -47,7 +47,7 @@ fn a_host_provider_is_kept_and_used() {
         &["--tls-ciphersuites", "TLS_AES_128_GCM_SHA256"],
     );
     let e = limiter(&aes, &certs)
-        .check_named_blocking("p", "k", 1)
+        .check_by_name_blocking("k", "p", 1)
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
     let now = rustls::crypto::CryptoProvider::get_default().unwrap();

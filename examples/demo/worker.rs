@@ -95,7 +95,7 @@ async fn run_one(
                     break;
                 }
                 let (policy, key) = &pairs[((j + 7 * instance) % pairs.len() as u64) as usize];
-                let r = limiter.check_named(policy, key, 1).await;
+                let r = limiter.check_by_name(key, policy, 1).await;
                 {
                     let mut t = tally.lock().unwrap();
                     match r {

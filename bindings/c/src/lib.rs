@@ -1293,7 +1293,7 @@ pub unsafe extern "C" fn shardlimit_check_named(
         let key = key_arg(key, key_len)?;
         let policy = policy_name_arg(policy, policy_len)?;
         let out = out_arg("out", out)?;
-        let d = decision_to_c(&l.check_named_blocking(policy, key, cost)?)?;
+        let d = decision_to_c(&l.check_by_name_blocking(key, policy, cost)?)?;
         out.write(d);
         Ok(())
     })

@@ -457,7 +457,7 @@ impl NativeLimiter {
             &self.inner,
             async move {
                 let cost = units("cost", cost)?;
-                me.check_named(&policy, &key, cost).await
+                me.check_by_name(&key, &policy, cost).await
             },
             |_, d| Ok(Decision { inner: d }),
         )

@@ -302,3 +302,31 @@ impl SlowReplies {
         format!("redis://127.0.0.1:{}", self.port)
     }
 }
+
+/// A check that takes `cost` units of any policy: those of a concurrency policy are
+/// acquired (a plain check of one is an error), their lease dropped to expire after its
+/// `lease_ttl`, as every unit taken in tests that check every algorithm alike.
+pub fn take_blocking(
+    l: &shardlimit::Limiter,
+    key: &str,
+    p: &shardlimit::Policy,
+    cost: u64,
+) -> shardlimit::Result<shardlimit::Decision> {
+    match p.algorithm() {
+        shardlimit::Algorithm::Concurrency => l.acquire_blocking(key, p, cost).map(|(d, _)| d),
+        _ => l.check_blocking(key, p, cost),
+    }
+}
+
+/// [`take_blocking`] for async callers.
+pub async fn take(
+    l: &shardlimit::Limiter,
+    key: &str,
+    p: &shardlimit::Policy,
+    cost: u64,
+) -> shardlimit::Result<shardlimit::Decision> {
+    match p.algorithm() {
+        shardlimit::Algorithm::Concurrency => l.acquire(key, p, cost).await.map(|(d, _)| d),
+        _ => l.check(key, p, cost).await,
+    }
+}

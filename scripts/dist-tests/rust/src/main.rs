@@ -10,7 +10,7 @@ fn main() {
     let mut allowed = Vec::new();
     for _ in 0..8 {
         let d = limiter
-            .check_named_blocking("p", "user:rust", 1)
+            .check_by_name_blocking("user:rust", "p", 1)
             .expect("check");
         assert_eq!(d.shard, Some(0), "decided by {:?}", d.source);
         allowed.push(d.allowed);

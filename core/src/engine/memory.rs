@@ -3,9 +3,9 @@
 //! seen" is swept out, amortised over inserts. It also keeps a block list and the denial
 //! counters of automatic blocking, like the scripts do in Redis.
 
-use crate::algo::{self, Outcome, State};
-use crate::expiry::{ExpiringMap, NEVER};
-use crate::limit::{Algorithm, AutoBlock, Compiled};
+use crate::engine::algo::{self, Outcome, State};
+use crate::engine::expiry::{ExpiringMap, NEVER};
+use crate::policy::{Algorithm, AutoBlock, Compiled};
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
 use std::hash::BuildHasher;
@@ -15,13 +15,30 @@ use std::sync::Arc;
 const SHARDS: usize = 32;
 const MIN_SWEEP: usize = 1024;
 
-/// What one engine call decided: the algorithm's outcome, the block-list verdict
-/// (0 not blocked, 1 blocked, 2 blocked by this very denial) and the units admitted.
+/// What one engine call decided: the algorithm's outcome, the block-list verdict and the
+/// units admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Raw {
     pub outcome: Outcome,
-    pub blocked: u8,
+    pub blocked: BlockVerdict,
     pub granted: u64,
+}
+
+/// The block list's part in a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BlockVerdict {
+    /// The key is not blocked.
+    Clear,
+    /// The key was blocked already: nothing else was decided.
+    Blocked,
+    /// This denial blocked the key (automatic blocking).
+    BlockedNow,
+}
+
+impl BlockVerdict {
+    pub fn is_blocked(self) -> bool {
+        self != BlockVerdict::Clear
+    }
 }
 
 /// One layer of a layered check, as the engines take it.
@@ -35,13 +52,13 @@ pub(crate) struct LayerReq<'a> {
     pub auto_block: Option<AutoBlock>,
 }
 
-/// A layered check's result: `deciding` is the 1-based index of the layer that denied
-/// (0 when all allowed); `outcomes` has one entry per layer.
+/// A layered check's result: `deciding` is the index of the layer that denied (`None`
+/// when all allowed); `outcomes` has one entry per layer.
 #[derive(Debug, Clone)]
 pub(crate) struct LayeredRaw {
     pub now: u64,
-    pub deciding: usize,
-    pub blocked: u8,
+    pub deciding: Option<usize>,
+    pub blocked: BlockVerdict,
     pub outcomes: Vec<Outcome>,
 }
 
@@ -231,7 +248,7 @@ impl MemoryEngine {
         if let Some(ttl) = self.block_ttl(key, now) {
             return Raw {
                 outcome: blocked_outcome(ttl),
-                blocked: 1,
+                blocked: BlockVerdict::Blocked,
                 granted: 0,
             };
         }
@@ -241,11 +258,11 @@ impl MemoryEngine {
             .with_state(hash, scope, key, c, now, |s| {
                 algo::decide(c, s, now, cost, peek, lease)
             });
-        let mut blocked = 0;
+        let mut blocked = BlockVerdict::Clear;
         if !outcome.allowed && !peek {
             if let Some(a) = auto_block {
                 if self.count_denial(scope, key, a, now) {
-                    blocked = 2;
+                    blocked = BlockVerdict::BlockedNow;
                 }
             }
         }
@@ -262,14 +279,14 @@ impl MemoryEngine {
     pub fn check_layers(&self, layers: &[LayerReq<'_>], now: u64) -> LayeredRaw {
         let mut out = LayeredRaw {
             now,
-            deciding: 0,
-            blocked: 0,
+            deciding: None,
+            blocked: BlockVerdict::Clear,
             outcomes: Vec::with_capacity(layers.len()),
         };
         for (i, l) in layers.iter().enumerate() {
             if let Some(ttl) = self.block_ttl(l.key, now) {
-                out.deciding = i + 1;
-                out.blocked = 1;
+                out.deciding = Some(i);
+                out.blocked = BlockVerdict::Blocked;
                 out.outcomes = layers.iter().map(|_| blocked_outcome(None)).collect();
                 out.outcomes[i] = blocked_outcome(ttl);
                 return out;
@@ -301,12 +318,12 @@ impl MemoryEngine {
                 now,
                 |s| algo::decide(&l.compiled, s, now, l.cost, true, l.lease),
             );
-            if !o.allowed && out.deciding == 0 {
-                out.deciding = i + 1;
+            if !o.allowed && out.deciding.is_none() {
+                out.deciding = Some(i);
             }
             out.outcomes.push(o);
         }
-        if out.deciding == 0 {
+        if out.deciding.is_none() {
             for (i, l) in layers.iter().enumerate() {
                 out.outcomes[i] = pick(&mut guards, located[i].1).with_state(
                     located[i].0,
@@ -319,11 +336,11 @@ impl MemoryEngine {
             }
         }
         drop(guards);
-        if out.deciding != 0 {
-            let l = &layers[out.deciding - 1];
+        if let Some(d) = out.deciding {
+            let l = &layers[d];
             if let Some(a) = &l.auto_block {
                 if self.count_denial(l.scope, l.key, a, now) {
-                    out.blocked = 2;
+                    out.blocked = BlockVerdict::BlockedNow;
                 }
             }
         }
@@ -413,7 +430,7 @@ impl MemoryEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::expiry::SWEEP_BUDGET;
+    use crate::engine::expiry::SWEEP_BUDGET;
     use std::time::Duration;
 
     const KEYS: usize = 200_000;
@@ -440,14 +457,18 @@ mod tests {
         let mut now = 1_000_000;
         for k in &keys {
             assert!(check(k, now).outcome.allowed);
-            assert_eq!(check(k, now).blocked, 0, "first denial");
+            assert_eq!(check(k, now).blocked, BlockVerdict::Clear, "first denial");
         }
         assert_eq!(m.held(), (0, KEYS), "one denial counter per key");
         // a denial with 200k counters live: no scan (the old code retained over the whole
         // map on every denial past 100k entries)
         let before = m.visited();
         for k in &keys {
-            assert_eq!(check(k, now).blocked, 2, "second denial blocks");
+            assert_eq!(
+                check(k, now).blocked,
+                BlockVerdict::BlockedNow,
+                "second denial blocks"
+            );
         }
         assert_eq!(m.held(), (KEYS, 0));
         assert_eq!(
@@ -457,7 +478,7 @@ mod tests {
         );
         // each call while everything is still blocked
         let before = m.visited();
-        assert_eq!(check("user:7", now).blocked, 1);
+        assert_eq!(check("user:7", now).blocked, BlockVerdict::Blocked);
         assert!(m.visited() - before <= SWEEP_BUDGET as u64);
         // the blocks end; every call after that reclaims a bounded number of them
         now += 61_000_000;
@@ -478,7 +499,7 @@ mod tests {
         let r = check("user:1", now);
         assert_eq!(
             (r.outcome.allowed, r.blocked),
-            (false, 0),
+            (false, BlockVerdict::Clear),
             "denied by its window, no longer blocked"
         );
     }

@@ -3,7 +3,7 @@
 //!
 //! Checks are the hot path of every event-loop binding. A writer task sends every command
 //! queued since its last write in one write, a reader task frames and parses replies
-//! under the limits of [`crate::resp`] and hands each to the oldest waiting caller. Checks
+//! under the limits of [`crate::transport::resp`] and hands each to the oldest waiting caller. Checks
 //! get one more step: the writer sends the checks of a burst that use the same algorithm
 //! as one call of that algorithm's batch script (`core/lua/main_batch.lua`), and the reader
 //! hands each caller its own element of the array that call answers. Both tasks live on
@@ -17,9 +17,14 @@
 //! wrong caller). Closing aborts both tasks, so the socket is closed at once and nothing
 //! more is read or buffered for callers that are gone.
 
-use crate::blocking::{expect_ok, Target};
-use crate::resp::{parse_frame, Framer, Reply, MAX_CHECK_REPLY, MAX_REPLY};
-use crate::scripts::CheckScripts;
+use crate::engine::redis::protocol::{
+    CheckPart, CheckSink, CHECK_ITEM_ARGS as ITEM_ARGS, CHECK_KEYS as KEYS,
+    CHECK_SHAPE_ARGS as SHAPE_ARGS, CHECK_TAG_ARGS as TAG_ARGS,
+};
+use crate::engine::redis::scripts::CheckScripts;
+use crate::engine::redis::CheckRequest;
+use crate::transport::blocking::{expect_ok, Target};
+use crate::transport::resp::{parse_frame, Framer, Reply, MAX_CHECK_REPLY, MAX_REPLY};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io;
@@ -37,13 +42,6 @@ type RawSender = oneshot::Sender<io::Result<Vec<u8>>>;
 
 /// The most checks one batch call carries: bounds how long one script call holds Redis.
 const MAX_BATCH: usize = 128;
-
-/// A check's keys, its own arguments, its policy's arguments and its tag
-/// (core/lua/main_check.lua).
-const KEYS: usize = 3;
-const ITEM_ARGS: usize = 4;
-const SHAPE_ARGS: usize = 8;
-const TAG_ARGS: usize = 1;
 
 /// A number no other check call of this process carries at the same time (it wraps after
 /// 2^53 calls; Lua numbers hold it exactly). The check scripts echo it as the last value of
@@ -92,46 +90,42 @@ pub(crate) struct CheckCall {
 }
 
 impl CheckCall {
-    /// The call of `cmd`, a check's `EVALSHA <sha> 3 <keys> <item args> <shape args> <tag>`
-    /// (the order of core/lua/main_check.lua) whose tag is `tag`.
-    pub fn from_cmd(
+    /// The call of `req` ([`CheckRequest::write`] lays its arguments out).
+    pub fn new(
         scripts: &'static CheckScripts,
         eval: bool,
-        cmd: &redis::Cmd,
-        tag: u64,
+        req: &CheckRequest<'_>,
+        prefix: &str,
     ) -> CheckCall {
-        let mut packed = Vec::with_capacity(cmd.args_iter().len() * 24);
-        let (mut item_at, mut shape_at, mut tag_at) = (0, 0, 0);
-        // after EVALSHA, the SHA1 and the number of keys
-        for (i, a) in cmd.args_iter().skip(3).enumerate() {
-            if i == KEYS {
-                item_at = packed.len();
-            } else if i == KEYS + ITEM_ARGS {
-                shape_at = packed.len();
-            } else if i == KEYS + ITEM_ARGS + SHAPE_ARGS {
-                tag_at = packed.len();
-            }
-            if let redis::Arg::Simple(a) = a {
-                bulk(&mut packed, a);
-            }
-        }
-        debug_assert_eq!(
-            cmd.args_iter().len(),
-            3 + KEYS + ITEM_ARGS + SHAPE_ARGS + TAG_ARGS
-        );
-        CheckCall {
+        let mut call = CheckCall {
             scripts,
             eval,
-            packed,
-            item_at,
-            shape_at,
-            tag_at,
-            tag,
-        }
+            packed: Vec::with_capacity(192),
+            item_at: 0,
+            shape_at: 0,
+            tag_at: 0,
+            tag: req.tag,
+        };
+        req.write(prefix, &mut call);
+        call
     }
 
     fn shape(&self) -> &[u8] {
         &self.packed[self.shape_at..self.tag_at]
+    }
+}
+
+impl CheckSink for CheckCall {
+    fn arg(&mut self, a: &[u8]) {
+        bulk(&mut self.packed, a);
+    }
+    fn mark(&mut self, part: CheckPart) {
+        let at = self.packed.len();
+        match part {
+            CheckPart::Item => self.item_at = at,
+            CheckPart::Shape => self.shape_at = at,
+            CheckPart::Tag => self.tag_at = at,
+        }
     }
 }
 
@@ -184,7 +178,7 @@ impl Waiter {
     /// Hands the framed reply `frame` to its caller(s). `Err`: the reply is not theirs
     /// (another call's tag): the stream is in doubt.
     fn answer_frame(self, frame: &[u8]) -> io::Result<()> {
-        let not_theirs = || crate::resp::protocol(NOT_THEIRS);
+        let not_theirs = || crate::transport::resp::protocol(NOT_THEIRS);
         let reply = match self {
             Waiter::Raw(s) => {
                 let _ = s.send(Ok(frame.to_vec()));
@@ -219,7 +213,7 @@ impl Waiter {
                 let e = format!(
                     "a batch of {} checks got the reply {:?}",
                     senders.len(),
-                    crate::resp::Shown(&other)
+                    crate::transport::resp::Shown(&other)
                 );
                 for (_, s) in senders {
                     let _ = s.send(Ok(Reply::Error(e.clone())));
@@ -325,7 +319,7 @@ impl Pipe {
             expect_ok(what, reply)?;
         }
         if !buf.is_empty() {
-            return Err(crate::resp::protocol(
+            return Err(crate::transport::resp::protocol(
                 "more bytes than the log-in asked for",
             ));
         }

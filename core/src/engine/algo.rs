@@ -3,7 +3,7 @@
 //! sliding-window estimate), so that both engines give identical decisions for the same
 //! sequence of (time, key, cost). `tests/vectors/*.json` holds that promise.
 
-use crate::limit::{Algorithm, Compiled};
+use crate::policy::{Algorithm, Compiled};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// What an algorithm decided, in integers (µs). `retry_us` is `None` when absent.

@@ -1,9 +1,9 @@
 //! Limits (an algorithm with its parameters) and policies (a named, validated limit).
 
 use crate::error::{Error, Result};
-use crate::metrics::PolicyCounters;
+
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -380,7 +380,7 @@ pub struct LocalAdmission {
 }
 
 /// A named, validated limit: what a check is made against. Cheap to clone; clones share
-/// their scale factor and counters.
+/// their scale factor. (Counters belong to each limiter, by policy name.)
 #[derive(Debug, Clone)]
 pub struct Policy(pub(crate) Arc<PolicyInner>);
 
@@ -396,9 +396,6 @@ pub(crate) struct PolicyInner {
     pub key_scope: String,
     /// The adaptive scale factor (f64 bits), 1.0 unless set.
     pub scale: AtomicU64,
-    pub counters: PolicyCounters,
-    /// Set once the policy has been listed in a limiter's metrics.
-    pub registered: AtomicBool,
 }
 
 impl PolicyInner {
@@ -433,8 +430,6 @@ impl Policy {
             local_admission,
             key_scope: p.key_scope.clone(),
             scale: AtomicU64::new(p.scale.load(Relaxed)),
-            counters: PolicyCounters::default(),
-            registered: AtomicBool::new(false),
         }))
     }
 
@@ -476,8 +471,6 @@ impl Policy {
             auto_block: None,
             local_admission: None,
             scale: AtomicU64::new(1.0f64.to_bits()),
-            counters: PolicyCounters::default(),
-            registered: AtomicBool::new(false),
         })))
     }
 

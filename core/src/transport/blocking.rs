@@ -10,7 +10,7 @@
 //! other callers sleep in `read` straight away.
 //!
 //! The protocol is RESP2 over TCP or a Unix socket, with AUTH and SELECT from the shard's
-//! URL, framed and parsed under the limits of [`crate::resp`]; anything else is an error
+//! URL, framed and parsed under the limits of [`crate::transport::resp`]; anything else is an error
 //! that drops the connection. So is every doubt about the reply stream: a timeout, bytes
 //! after a reply, or bytes (or EOF) that arrived while the connection sat idle in the pool
 //! (those are found before a command is written, and that connection is replaced, so a
@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
-use crate::resp::{parse_frame, protocol, Framer, Reply, MAX_REPLY};
+use crate::transport::resp::{parse_frame, protocol, Framer, Reply, MAX_REPLY};
 
 /// The outcome of a handshake command (`what`: AUTH, SELECT), which answers +OK.
 pub(crate) fn expect_ok(what: &str, reply: Reply) -> io::Result<()> {

@@ -1,0 +1,408 @@
+//! The operations of the Redis engine: checks, layered checks, refunds, leases, reset,
+//! reshard dump/restore and the block list.
+
+use super::*;
+
+impl RedisEngine {
+    /// Connects to every shard and loads every script there, all within `timeout` (its
+    /// own deadline, not a call's): the pipelined connection (or the redis crate's), and
+    /// one blocking connection per shard that takes them, so that no call's deadline is
+    /// spent on a TCP connect. The first failure is returned; it counts for the shard's
+    /// circuit like a call's.
+    pub async fn connect(self: &Arc<Self>, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let calls = (0..self.shards.len()).map(|shard| self.warm_up(shard, deadline, timeout));
+        for r in futures_util::future::join_all(calls).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    async fn warm_up(
+        self: &Arc<Self>,
+        shard: usize,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<()> {
+        let st = self.state()?;
+        let b = Breaker::Shard;
+        self.gate(shard, &b)?;
+        let start = Instant::now();
+        let load = |mut conn: Conn| async move {
+            for (_, src, _) in scripts::all() {
+                redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(src)
+                    .query_async::<String>(&mut conn)
+                    .await?;
+            }
+            Ok(())
+        };
+        let mut r = Box::pin(self.raw(&st, shard, deadline, load)).await;
+        let pooled = !st.blocking[shard].lock().is_empty();
+        if let (Ok(()), Some(target), false) = (&r, &self.targets[shard], pooled) {
+            // a blocking caller's first call finds a connection in the pool
+            let (target, left) = (target.clone(), connect_timeout(deadline));
+            r = match tokio::task::spawn_blocking(move || BlockingConn::connect(&target, left))
+                .await
+            {
+                Ok(Ok(c)) => {
+                    let mut idle = st.blocking[shard].lock();
+                    if idle.len() < BLOCKING_IDLE_MAX {
+                        idle.push(c);
+                    }
+                    Ok(())
+                }
+                Ok(Err(e)) => Err(self.io_error(shard, e)),
+                Err(e) => Err(connect_panic(&self.shards[shard], e)),
+            };
+        }
+        // a timeout here is the connect's, not a call's
+        let r = r.map_err(|e| match e {
+            Error::Timeout { shard, .. } => Error::Timeout {
+                shard,
+                timeout_ms: timeout.as_millis() as u64,
+            },
+            e => e,
+        });
+        self.account(&st, shard, &b, start, &r);
+        if r.is_ok() {
+            self.connect_ok(shard);
+        }
+        r
+    }
+
+    /// Runs one check script.
+    pub async fn check(self: &Arc<Self>, shard: usize, req: &CheckRequest<'_>) -> Result<Raw> {
+        let (limit, cost, tag) = (req.eff.limit, req.cost, req.tag);
+        if self.targets[shard].is_some() {
+            // the hot path: the pipelined connection, which sends a burst's checks together
+            // (and takes a reply only if it carries the call's tag)
+            let scripts = scripts::check_scripts(req.eff.algorithm);
+            let call = |eval| CheckCall::new(scripts, eval, req, &self.prefix);
+            // one deadline for the call, retry included
+            let deadline = Instant::now() + self.timeout;
+            let mut reply = Box::pin(self.request_pipelined(shard, call(false), deadline)).await?;
+            if reply.is_noscript() {
+                // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
+                reply = Box::pin(self.request_pipelined(shard, call(true), deadline)).await?;
+            }
+            return self.script_reply(shard, reply, limit, cost);
+        }
+        let at = self
+            .cluster_nodes
+            .as_ref()
+            .map(|_| state_key(&self.prefix, &req.policy.key_scope, req.key));
+        let (first, again) = (req.cmd(&self.prefix, false), req.cmd(&self.prefix, true));
+        let r: Vec<i64> = self
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
+                match first.query_async(&mut conn).await {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
+                        again.query_async(&mut conn).await
+                    }
+                    r => r,
+                }
+            })
+            .await?;
+        // the rule of `untag` for a reply of integers: the last one is the call's tag
+        let mut r = r;
+        match r.last() {
+            Some(&t) if t >= 0 && t as u64 == tag => {
+                r.pop();
+            }
+            Some(_) => return Err(self.not_theirs(shard)),
+            None => {}
+        }
+        self.check_reply(shard, &r, limit, cost)
+    }
+
+    /// [`RedisEngine::check`] on the calling thread, over a blocking connection (see
+    /// [`RedisEngine::request_blocking`]).
+    pub fn check_blocking(self: &Arc<Self>, shard: usize, req: &CheckRequest<'_>) -> Result<Raw> {
+        let packed = |eval| req.cmd(&self.prefix, eval).get_packed_command();
+        // one deadline for the call, retry included
+        let deadline = Instant::now() + self.timeout;
+        let mut reply = self.request_blocking(shard, &packed(false), deadline, req.tag)?;
+        if reply.is_noscript() {
+            // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
+            reply = self.request_blocking(shard, &packed(true), deadline, req.tag)?;
+        }
+        self.script_reply(shard, reply, req.eff.limit, req.cost)
+    }
+
+    /// A layered check of layers that all live on shard `shard`, atomic in one script call.
+    pub async fn check_layers(
+        self: &Arc<Self>,
+        shard: usize,
+        layers: &[(LayerReq<'_>, &str)],
+        now_us: Option<u64>,
+    ) -> Result<LayeredRaw> {
+        let mut inv = ScriptId::Layered.script().prepare_invoke();
+        inv.arg(now_us.unwrap_or(0)).arg(layers.len());
+        for (l, key_scope) in layers {
+            let (after, within, dur) = auto_block_args(l.auto_block.as_ref());
+            inv.key(state_key(&self.prefix, key_scope, l.key))
+                .key(block_key(&self.prefix, l.key))
+                .key(denial_key(&self.prefix, key_scope, l.key))
+                .arg(l.compiled.algorithm.code())
+                .arg(l.compiled.limit)
+                .arg(l.compiled.period_us)
+                .arg(l.cost)
+                .arg(l.lease)
+                .arg(after)
+                .arg(within)
+                .arg(dur)
+                .arg(if after > 0 {
+                    format!("auto: policy {}", l.scope)
+                } else {
+                    String::new()
+                });
+        }
+        let at = self.layers_at(layers);
+        let r: Vec<i64> = self
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
+                inv.invoke_async(&mut conn).await
+            })
+            .await?;
+        let sc = &self.shards[shard];
+        if r.len() != 3 + 5 * layers.len() {
+            return Err(implausible(
+                sc,
+                &r,
+                &format!("not 3 + 5 x {} values", layers.len()),
+            ));
+        }
+        let outcomes = (0..layers.len())
+            .map(|i| outcome(&r[3 + 5 * i..8 + 5 * i], sc, layers[i].0.compiled.limit))
+            .collect::<Result<Vec<_>>>()?;
+        if r[0] < 0 {
+            return Err(implausible(sc, &r, "a negative time"));
+        }
+        // the deciding layer, 1-based, 0 for none
+        if r[1] < 0 || r[1] as usize > layers.len() {
+            return Err(implausible(
+                sc,
+                &r,
+                &format!("no layer {} of {}", r[1], layers.len()),
+            ));
+        }
+        Ok(LayeredRaw {
+            now: r[0] as u64,
+            deciding: (r[1] as usize).checked_sub(1),
+            blocked: block_verdict(sc, &r, r[2])?,
+            outcomes,
+        })
+    }
+
+    /// Gives back what a layered check admitted on `shard` at `now`.
+    pub async fn refund(
+        self: &Arc<Self>,
+        shard: usize,
+        layers: &[(LayerReq<'_>, &str)],
+        now: u64,
+    ) -> Result<()> {
+        let mut inv = ScriptId::Refund.script().prepare_invoke();
+        inv.arg(now).arg(layers.len());
+        for (l, key_scope) in layers {
+            inv.key(state_key(&self.prefix, key_scope, l.key))
+                .arg(l.compiled.algorithm.code())
+                .arg(l.compiled.period_us)
+                .arg(l.cost)
+                .arg(l.lease);
+        }
+        let at = self.layers_at(layers);
+        let _: i64 = self
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
+                inv.invoke_async(&mut conn).await
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Releases `units` of concurrency lease `lease_id`; true when it was held.
+    pub async fn release(
+        self: &Arc<Self>,
+        policy: &PolicyInner,
+        key: &str,
+        shard: usize,
+        lease_id: &str,
+        units: u64,
+        now_us: Option<u64>,
+    ) -> Result<bool> {
+        let rkey = state_key(&self.prefix, &policy.key_scope, key);
+        let at = self.at(&rkey);
+        let removed: i64 = self
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
+                ScriptId::Release
+                    .script()
+                    .key(rkey)
+                    .arg(lease_id)
+                    .arg(units)
+                    .arg(now_us.unwrap_or(0))
+                    .invoke_async(&mut conn)
+                    .await
+            })
+            .await?;
+        Ok(removed == 1)
+    }
+
+    /// Deletes `key`'s state for `policy`.
+    pub async fn reset(
+        self: &Arc<Self>,
+        policy: &PolicyInner,
+        key: &str,
+        shard: usize,
+        now_us: Option<u64>,
+    ) -> Result<()> {
+        let c = &policy.compiled;
+        let rkey = state_key(&self.prefix, &policy.key_scope, key);
+        let window = if c.algorithm.is_windowed() {
+            c.period_us
+        } else {
+            0
+        };
+        let at = self.at(&rkey);
+        let _: i64 = self
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
+                ScriptId::Reset
+                    .script()
+                    .key(rkey)
+                    .arg(now_us.unwrap_or(0))
+                    .arg(window)
+                    .invoke_async(&mut conn)
+                    .await
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Reads `key`'s state for `policy` (and its block entry) on `shard`, for a handoff:
+    /// (name, pttl in ms or 0, DUMP payload) per existing key.
+    pub async fn dump_state(
+        self: &Arc<Self>,
+        shard: usize,
+        policy: &PolicyInner,
+        key: &str,
+        now_us: Option<u64>,
+    ) -> Result<Vec<(String, i64, Vec<u8>)>> {
+        let c = &policy.compiled;
+        let window = if c.algorithm.is_windowed() {
+            c.period_us
+        } else {
+            0
+        };
+        let (skey, bkey) = (
+            state_key(&self.prefix, &policy.key_scope, key),
+            block_key(&self.prefix, key),
+        );
+        let v: Vec<redis::Value> = self
+            .with_conn(shard, |mut conn| async move {
+                ScriptId::MigrateDump
+                    .script()
+                    .key(skey)
+                    .key(bkey)
+                    .arg(now_us.unwrap_or(0))
+                    .arg(window)
+                    .invoke_async(&mut conn)
+                    .await
+            })
+            .await?;
+        let mut out = Vec::new();
+        for t in v.chunks(3) {
+            if let [redis::Value::BulkString(name), redis::Value::Int(ttl), redis::Value::BulkString(payload)] =
+                t
+            {
+                out.push((
+                    String::from_utf8_lossy(name).into_owned(),
+                    *ttl,
+                    payload.clone(),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes state read by [`RedisEngine::dump_state`] on `shard` where it has none yet.
+    pub async fn restore_state(
+        self: &Arc<Self>,
+        shard: usize,
+        items: Vec<(String, i64, Vec<u8>)>,
+    ) -> Result<u64> {
+        if items.is_empty() {
+            return Ok(0);
+        }
+        let mut inv = ScriptId::MigrateRestore.script().prepare_invoke();
+        for (name, ttl, payload) in items {
+            inv.key(name).arg(ttl).arg(payload);
+        }
+        let n: i64 = self
+            .with_conn(shard, |mut conn| async move {
+                inv.invoke_async(&mut conn).await
+            })
+            .await?;
+        Ok(n.max(0) as u64)
+    }
+
+    /// Puts `key` on the block list of its shard (`ttl` None = permanent).
+    pub async fn block(
+        self: &Arc<Self>,
+        shard: usize,
+        key: &str,
+        ttl: Option<Duration>,
+        reason: &str,
+    ) -> Result<()> {
+        let bkey = block_key(&self.prefix, key);
+        let at = self.at(&bkey);
+        let reason = reason.to_string();
+        self.with_conn_at(shard, at.as_deref(), |mut conn| async move {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(bkey).arg(reason);
+            if let Some(t) = ttl {
+                cmd.arg("PX").arg(t.as_millis().max(1) as u64);
+            }
+            cmd.query_async::<()>(&mut conn).await
+        })
+        .await
+    }
+
+    pub async fn unblock(self: &Arc<Self>, shard: usize, key: &str) -> Result<bool> {
+        let bkey = block_key(&self.prefix, key);
+        let at = self.at(&bkey);
+        let n: i64 = self
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
+                redis::cmd("DEL").arg(bkey).query_async(&mut conn).await
+            })
+            .await?;
+        Ok(n > 0)
+    }
+
+    /// (reason, remaining time or None when permanent) when `key` is blocked.
+    pub async fn blocked(
+        self: &Arc<Self>,
+        shard: usize,
+        key: &str,
+    ) -> Result<Option<(String, Option<Duration>)>> {
+        let bkey = block_key(&self.prefix, key);
+        let at = self.at(&bkey);
+        let (reason, ttl): (Option<String>, i64) = self
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
+                redis::pipe()
+                    .cmd("GET")
+                    .arg(&bkey)
+                    .cmd("PTTL")
+                    .arg(&bkey)
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
+        Ok(match (reason, ttl) {
+            (Some(r), -1) => Some((r, None)),
+            (Some(r), t) if t >= 0 => Some((r, Some(Duration::from_millis(t as u64)))),
+            _ => None,
+        })
+    }
+}

@@ -1,0 +1,394 @@
+//! Clients and connections: standalone, Sentinel and Cluster clients, lazy connects with
+//! back-off, the pipelined connection, Sentinel failover watching.
+
+use super::*;
+
+/// The Sentinels of a shard and the primary's name there, for [`RedisEngine::watch_sentinels`].
+#[derive(Clone)]
+pub(super) struct SentinelWatch {
+    /// `redis://[user:password@]host:port` of each Sentinel
+    pub(super) nodes: Vec<String>,
+    pub(super) master: String,
+}
+
+/// The connection attempts of one shard: after one failed, the next waits a back-off
+/// (doubling, jittered), and only one caller makes it; the others fail at once.
+#[derive(Default)]
+pub(super) struct Reconnect {
+    /// monotonic µs before which no connection attempt is made; 0 = no back-off
+    pub(super) next_at: AtomicU64,
+    pub(super) backoff_us: AtomicU64,
+}
+
+/// `us` jittered down to between half and all of it (xorshift of the clock and `salt`:
+/// processes that saw one failure at one moment spread their retries).
+pub(super) fn jitter(us: u64, salt: u64) -> u64 {
+    let mut x =
+        mono_us() ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(std::process::id());
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    us / 2 + x % (us / 2 + 1)
+}
+
+/// The client of a `redis://` or `rediss://` shard, with its TLS settings.
+pub(super) fn single_client(field: &str, s: &ShardConfig) -> Result<redis::Client> {
+    let bad = |e: redis::RedisError| {
+        let e = crate::config::scrub(&e.to_string(), &s.url);
+        Error::config(field, format!("invalid Redis URL: {e}"))
+    };
+    #[cfg(feature = "tls")]
+    if let (true, Some(t)) = (s.url.starts_with("rediss://"), &s.tls) {
+        use redis::IntoConnectionInfo;
+        let mut info = s.url.as_str().into_connection_info().map_err(bad)?;
+        if t.insecure_skip_verify {
+            if let redis::ConnectionAddr::TcpTls { host, port, .. } = info.addr().clone() {
+                info = info.set_addr(redis::ConnectionAddr::TcpTls {
+                    host,
+                    port,
+                    insecure: true,
+                    tls_params: None,
+                });
+            }
+        }
+        return match t.certificates() {
+            Some(c) => redis::Client::build_with_tls(info, c),
+            None => redis::Client::open(info),
+        }
+        .map_err(bad);
+    }
+    redis::Client::open(s.url.as_str()).map_err(bad)
+}
+
+/// The client of a Sentinel shard: the Sentinels (over TLS with `sentinel_tls`), and how to
+/// log in to the primary they name (over TLS with `tls`).
+pub(super) fn sentinel_client(field: &str, s: &ShardConfig) -> Result<SentinelClient> {
+    use redis::IntoConnectionInfo;
+    let bad = |e: redis::RedisError| {
+        let e = crate::config::scrub(&e.to_string(), &s.url);
+        Error::config(field, format!("invalid sentinel configuration: {e}"))
+    };
+    let su = crate::config::parse_sentinel_url(field, &s.url)?;
+    let mut sentinels = Vec::with_capacity(su.nodes.len());
+    let (mut s_user, mut s_pass) = (None, None);
+    for node in &su.nodes {
+        let info = node.as_str().into_connection_info().map_err(bad)?;
+        s_user = info.redis_settings().username().map(str::to_string);
+        s_pass = info.redis_settings().password().map(str::to_string);
+        sentinels.push(match (info.addr(), &s.sentinel_tls) {
+            (redis::ConnectionAddr::Tcp(host, port), Some(_)) => redis::ConnectionAddr::TcpTls {
+                host: host.clone(),
+                port: *port,
+                insecure: false,
+                tls_params: None,
+            },
+            (addr, _) => addr.clone(),
+        });
+    }
+    let mut b = redis::sentinel::SentinelClientBuilder::new(
+        sentinels,
+        &su.master,
+        SentinelServerType::Master,
+    )
+    .map_err(bad)?
+    .set_client_to_redis_db(su.db);
+    // how to log in to the primary the Sentinels name, and to the Sentinels
+    if let Some(u) = &su.username {
+        b = b.set_client_to_redis_username(u);
+    }
+    if let Some(p) = &su.password {
+        b = b.set_client_to_redis_password(p);
+    }
+    if let Some(u) = &s_user {
+        b = b.set_client_to_sentinel_username(u);
+    }
+    if let Some(p) = &s_pass {
+        b = b.set_client_to_sentinel_password(p);
+    }
+    #[cfg(feature = "tls")]
+    {
+        if let Some(t) = &s.tls {
+            b = b.set_client_to_redis_tls_mode(t.mode());
+            if let Some(c) = t.certificates() {
+                b = b.set_client_to_redis_certificates(c);
+            }
+        }
+        if let Some(t) = &s.sentinel_tls {
+            b = b.set_client_to_sentinel_tls_mode(t.mode());
+            if let Some(c) = t.certificates() {
+                b = b.set_client_to_sentinel_certificates(c);
+            }
+        }
+    }
+    b.build().map_err(bad)
+}
+
+/// The error of a connect to `shard` that panicked.
+pub(super) fn connect_panic(shard: &ShardConfig, e: tokio::task::JoinError) -> Error {
+    match e.try_into_panic() {
+        Ok(p) => connect_panic_payload(shard, p.as_ref()),
+        Err(e) => Error::Connection {
+            shard: shard.name.clone(),
+            message: format!("connect task failed: {e}"),
+        },
+    }
+}
+
+pub(super) fn connect_panic_payload(shard: &ShardConfig, p: &(dyn std::any::Any + Send)) -> Error {
+    let what = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string());
+    tracing::error!(shard = %shard.name, panic = %what, "shardlimit: connecting panicked");
+    Error::Connection {
+        shard: shard.name.clone(),
+        message: format!("connecting panicked: {what}"),
+    }
+}
+
+impl RedisEngine {
+    /// Shard `shard`'s connection (TLS, Sentinel or Cluster), made when there is none; a
+    /// connect gets until `deadline`.
+    pub(super) async fn connection(
+        &self,
+        st: &RtState,
+        shard: usize,
+        deadline: Instant,
+    ) -> Result<Conn> {
+        let slot = &st.conns[shard];
+        if let Some(c) = slot.conn.load_full() {
+            return Ok((*c).clone());
+        }
+        let _one_at_a_time = slot.connecting.lock().await;
+        if let Some(c) = slot.conn.load_full() {
+            return Ok((*c).clone());
+        }
+        self.may_connect(shard)?;
+        let map = |e| map_redis_error(&self.shards[shard], self.timeout, e);
+        let connect_timeout = connect_timeout(deadline);
+        let manager = |client: redis::Client| {
+            let cfg = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(connect_timeout))
+                .set_number_of_retries(1)
+                .set_min_delay(Duration::from_millis(10))
+                .set_max_delay(Duration::from_millis(500));
+            ConnectionManager::new_with_config(client, cfg)
+        };
+        // A panic while connecting (in the redis crate or rustls, say) is this shard failing
+        // to connect: a `connection` error that follows the policy's `on_error`, never an
+        // `internal` one that would bypass it.
+        let join = |e: tokio::task::JoinError| connect_panic(&self.shards[shard], e);
+        // connect inside our runtime, so the connection's driver tasks live there
+        let conn = match &self.clients[shard] {
+            Client::Single(client) => st
+                .runtime()
+                .spawn(manager((**client).clone()))
+                .await
+                .map_err(join)?
+                .map(Conn::Single)
+                .map_err(map)?,
+            Client::Cluster(client) => {
+                let client = client.clone();
+                st.runtime()
+                    .spawn(async move { client.get_async_connection().await })
+                    .await
+                    .map_err(join)?
+                    .map(Conn::Cluster)
+                    .map_err(map)?
+            }
+            Client::Sentinel(sentinel) => {
+                // ask the Sentinels which server is the primary now
+                let mut sentinel = sentinel.lock().await;
+                let primary = std::panic::AssertUnwindSafe(sentinel.async_get_client())
+                    .catch_unwind()
+                    .await
+                    .map_err(|p| connect_panic_payload(&self.shards[shard], p.as_ref()))?
+                    .map_err(map)?;
+                drop(sentinel);
+                tracing::debug!(shard = %self.shards[shard].name, primary = ?primary.get_connection_info().addr(), "shardlimit: sentinel resolved the primary");
+                st.runtime()
+                    .spawn(manager(primary))
+                    .await
+                    .map_err(join)?
+                    .map(Conn::Single)
+                    .map_err(map)?
+            }
+        };
+        slot.conn.store(Some(Arc::new(conn.clone())));
+        if let Conn::Cluster(c) = &conn {
+            // which primary owns which slot, for their circuits (best effort: until it is
+            // known, the whole Cluster's circuit applies)
+            self.refresh_topology(c.clone()).await;
+        }
+        Ok(conn)
+    }
+
+    /// After a failure on a Sentinel shard, forget the connection: the next call asks the
+    /// Sentinels for the primary again (it may have failed over).
+    pub(super) fn forget_connection(&self, st: &RtState, shard: usize) {
+        if matches!(self.clients[shard], Client::Sentinel(_)) {
+            st.conns[shard].conn.store(None);
+        }
+    }
+
+    /// Claims a connection attempt to shard `shard`: at once when no attempt failed
+    /// lately; after a failure, one caller per back-off period, the others get
+    /// [`RECONNECT_WAIT`] without connecting (at `maxclients` one process made 1031
+    /// refused connections in 0.1 s before this).
+    pub(super) fn may_connect(&self, shard: usize) -> Result<()> {
+        let r = &self.reconnects[shard];
+        let next = r.next_at.load(Ordering::Acquire);
+        if next == 0 {
+            return Ok(());
+        }
+        let now = mono_us();
+        let wait = jitter(
+            r.backoff_us.load(Ordering::Relaxed).max(RECONNECT_MIN_US),
+            shard as u64,
+        );
+        if now >= next
+            && r.next_at
+                .compare_exchange(next, now + wait, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            return Ok(());
+        }
+        Err(Error::Connection {
+            shard: self.shards[shard].name.clone(),
+            message: RECONNECT_WAIT.to_string(),
+        })
+    }
+
+    /// A connection attempt to `shard` failed (or the server refused the connection's
+    /// first command): back off the next one, doubling up to [`RECONNECT_MAX_US`].
+    pub(super) fn connect_failed(&self, shard: usize) {
+        let r = &self.reconnects[shard];
+        let b =
+            (r.backoff_us.load(Ordering::Relaxed) * 2).clamp(RECONNECT_MIN_US, RECONNECT_MAX_US);
+        r.backoff_us.store(b, Ordering::Relaxed);
+        r.next_at
+            .store(mono_us() + jitter(b, shard as u64), Ordering::Release);
+    }
+
+    /// A new connection to `shard` served a command: connect freely again.
+    pub(super) fn connect_ok(&self, shard: usize) {
+        let r = &self.reconnects[shard];
+        if r.next_at.load(Ordering::Relaxed) != 0 {
+            r.next_at.store(0, Ordering::Release);
+            r.backoff_us.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// The pipelined connection of shard `shard`, made (on the I/O runtime) when there is
+    /// none or the last one broke.
+    /// The wait for another caller's connect and the connect itself end at `deadline`; a
+    /// pipe that is there is handed out with no timer.
+    pub(super) async fn pipe(
+        &self,
+        st: &RtState,
+        shard: usize,
+        target: &Target,
+        deadline: Instant,
+    ) -> Result<Arc<Pipe>> {
+        let slot = &st.pipes[shard];
+        if let Some(p) = slot.pipe.load_full().filter(|p| !p.is_broken()) {
+            return Ok(p);
+        }
+        let connect = self.connect_pipe(st, shard, target, connect_timeout(deadline));
+        tokio::time::timeout_at(deadline.into(), connect)
+            .await
+            .unwrap_or_else(|_| Err(self.timeout_error(shard)))
+    }
+
+    pub(super) async fn connect_pipe(
+        &self,
+        st: &RtState,
+        shard: usize,
+        target: &Target,
+        timeout: Duration,
+    ) -> Result<Arc<Pipe>> {
+        let slot = &st.pipes[shard];
+        let _one_at_a_time = slot.connecting.lock().await;
+        if let Some(p) = slot.pipe.load_full().filter(|p| !p.is_broken()) {
+            return Ok(p);
+        }
+        self.may_connect(shard)?;
+        let target = target.clone();
+        let pipe = st
+            .runtime()
+            .spawn(async move { Pipe::connect(&target, timeout).await })
+            .await
+            .map_err(|e| connect_panic(&self.shards[shard], e))?
+            .map_err(|e| self.io_error(shard, e))?;
+        let pipe = Arc::new(pipe);
+        slot.fresh.store(true, Ordering::Release);
+        slot.pipe.store(Some(Arc::clone(&pipe)));
+        Ok(pipe)
+    }
+
+    /// Follows failovers of a shard behind Sentinels as Sentinel reports them: subscribed
+    /// to `+switch-master` on one Sentinel after another, it drops the shard's connection
+    /// when the primary switches, so the next call asks the Sentinels for the new one at
+    /// once (calls followed only when the old primary failed them, then after the probe's
+    /// back-off: 0.9-1 s after the switch). An open circuit closes half-open. Runs on the
+    /// limiter's runtime, until the limiter is gone.
+    pub(super) async fn watch_sentinels(me: std::sync::Weak<Self>, shard: usize, w: SentinelWatch) {
+        use futures_util::StreamExt;
+        let mut backoff = BACKOFF_MIN_US * 4;
+        for url in w.nodes.iter().cycle() {
+            let Some(timeout) = me.upgrade().map(|e| e.timeout) else {
+                return;
+            };
+            let subscribed = async {
+                let client = redis::Client::open(url.as_str())?;
+                let mut ps = client.get_async_pubsub().await?;
+                ps.subscribe("+switch-master").await?;
+                redis::RedisResult::Ok(ps)
+            };
+            if let Ok(Ok(ps)) = tokio::time::timeout(timeout, subscribed).await {
+                backoff = BACKOFF_MIN_US * 4;
+                let mut messages = ps.into_on_message();
+                while let Some(m) = messages.next().await {
+                    // "<master name> <old ip> <old port> <new ip> <new port>"
+                    let Ok(payload) = m.get_payload::<String>() else {
+                        continue;
+                    };
+                    if payload.split(' ').next() != Some(w.master.as_str()) {
+                        continue;
+                    }
+                    let Some(e) = me.upgrade() else { return };
+                    e.followed_switch(shard);
+                }
+            }
+            // the Sentinel went away: the next one, after a back-off
+            tokio::time::sleep(Duration::from_micros(jitter(backoff, shard as u64))).await;
+            backoff = (backoff * 2).min(2_000_000);
+        }
+    }
+
+    /// Sentinel switched shard `shard`'s primary: forget the connection to the old one.
+    pub(super) fn followed_switch(&self, shard: usize) {
+        tracing::info!(shard = %self.shards[shard].name, "shardlimit: sentinel switched the primary");
+        if let Some(st) = self.state.load_full() {
+            st.conns[shard].conn.store(None);
+        }
+        self.connect_ok(shard);
+        let c = &self.circuits[shard];
+        if c.open_until.load(Ordering::Acquire) != 0 {
+            c.failures.store(FAILURES_TO_OPEN - 1, Ordering::Relaxed);
+            c.open_until.store(0, Ordering::Release);
+            self.emit(Event::Circuit {
+                shard: self.shards[shard].name.clone(),
+                state: CircuitState::Closed,
+            });
+        }
+    }
+}
+
+/// The time a connect started now may take to end by `deadline` (at least 1 ms).
+pub(super) fn connect_timeout(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1))
+}

@@ -1,0 +1,431 @@
+//! The Redis engine: one multiplexed, auto-reconnecting connection per shard, owned by a
+//! Tokio runtime that belongs to the limiter. Runtime and connections are created lazily and
+//! re-created in a forked child (the pid is checked on every call), because prefork servers
+//! (gunicorn) and Go programs host this library. Each shard has a circuit breaker: after
+//! repeated failures it is skipped (no connect attempts, no waiting) and probed in the
+//! background until it answers again.
+
+use crate::config::ShardConfig;
+use crate::engine::algo::Outcome;
+use crate::engine::memory::{BlockVerdict, LayerReq, LayeredRaw, Raw};
+use crate::engine::redis::keys::{block_key, denial_key, events_key, state_key};
+use crate::error::{Error, Result};
+use crate::events::{CircuitState, Event, Subscribers};
+use crate::metrics::Latency;
+use crate::policy::{AutoBlock, Compiled, PolicyInner};
+use crate::transport::blocking::{BlockingConn, Target};
+use crate::transport::pipe::{untag, CheckCall, Pipe, PipeConn};
+use crate::transport::resp::Reply;
+use arc_swap::ArcSwapOption;
+use futures_util::FutureExt;
+use parking_lot::Mutex;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelServerType};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod call;
+mod circuit;
+mod commands;
+mod connect;
+pub mod keys;
+pub(crate) mod protocol;
+pub mod scripts;
+
+use scripts::ScriptId;
+mod stream;
+
+use crate::transport::runtime::{fork_generation, mono_us, start_runtime, RtState};
+use call::*;
+use circuit::*;
+use connect::*;
+use protocol::*;
+pub(crate) use protocol::{CheckRequest, Mode};
+pub(crate) use stream::StreamItem;
+use stream::*;
+
+/// Consecutive failures that open a shard's circuit.
+const FAILURES_TO_OPEN: u32 = 3;
+/// First and longest back-off between probes of an open circuit (each wait is jittered
+/// down to half of it). The longest is short because it is also how long a shard that
+/// answers again may go on being skipped: a probe is one connection and a PING per
+/// shard and process, a few per second at most (issue 13, defect 14).
+const BACKOFF_MIN_US: u64 = 25_000;
+const BACKOFF_MAX_US: u64 = 250_000;
+/// First and longest back-off between connection attempts to a shard after one failed
+/// (refused, reset, or refused in the handshake: `-ERR max number of clients reached`,
+/// an AUTH error). Healthy shards are not gated at all.
+const RECONNECT_MIN_US: u64 = 20_000;
+const RECONNECT_MAX_US: u64 = 1_000_000;
+/// Idle blocking connections kept per shard: one per thread that waits on the shard at
+/// the same moment, as a connection pool of a synchronous client would.
+const BLOCKING_IDLE_MAX: usize = 64;
+
+/// The message of the error a caller gets when a connection attempt to its shard is
+/// backing off after one failed (see [`RedisEngine::may_connect`]).
+const RECONNECT_WAIT: &str = "not connecting yet: the last attempt failed, backing off";
+
+/// A connection to one shard: a standalone Redis (multiplexed, auto-reconnecting) or a
+/// whole Redis Cluster (the redis crate routes by slot and follows MOVED/ASK).
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+    /// A standalone shard without TLS: its pipelined connection.
+    Pipe(PipeConn),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Pipe(c) => c.req_packed_command(cmd),
+        }
+    }
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Pipe(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+            Conn::Pipe(c) => c.get_db(),
+        }
+    }
+}
+
+enum Client {
+    Single(Box<redis::Client>),
+    Cluster(Box<ClusterClient>),
+    /// A primary watched by Sentinels: resolved on connect, and again after a failure.
+    Sentinel(Box<tokio::sync::Mutex<SentinelClient>>),
+}
+
+/// One shard's connection, made lazily; dropped and made again (Sentinel) when the
+/// primary may have changed.
+#[derive(Default)]
+pub(crate) struct Slot {
+    pub(crate) conn: ArcSwapOption<Conn>,
+    pub(crate) connecting: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+pub(crate) struct PipeSlot {
+    pub(crate) pipe: ArcSwapOption<Pipe>,
+    pub(crate) connecting: tokio::sync::Mutex<()>,
+    /// the pipe stored is new: no reply has shown yet that the server took it (a server
+    /// at `maxclients` accepts the connection and answers its first command with an error)
+    pub(crate) fresh: AtomicBool,
+}
+
+pub(crate) struct RedisEngine {
+    pub shards: Vec<ShardConfig>,
+    clients: Vec<Client>,
+    /// Per shard, where blocking callers connect themselves (`None`: TLS, Cluster or
+    /// Sentinel, which go through the I/O runtime).
+    targets: Vec<Option<Target>>,
+    /// How long a blocking caller may spin on its socket before sleeping, and the I/O
+    /// thread after the last async check (config `spin_wait`, µs; a reload that keeps the
+    /// engine sets it anew).
+    spin_wait_us: AtomicU64,
+    pub timeout: Duration,
+    prefix: String,
+    worker_threads: usize,
+    state: ArcSwapOption<RtState>,
+    init: Mutex<()>,
+    circuits: Vec<Circuit>,
+    reconnects: Vec<Reconnect>,
+    /// A Cluster shard's nodes and their circuits (`None`: not a Cluster).
+    cluster_nodes: Option<ClusterNodes>,
+    /// Per shard behind Sentinels: whom to ask for `+switch-master`.
+    sentinel_watch: Vec<Option<SentinelWatch>>,
+    subscribers: Arc<Subscribers>,
+    stream_maxlen: Option<u64>,
+    pub latency: Latency,
+    pub events_dropped: AtomicU64,
+}
+
+impl std::fmt::Debug for RedisEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisEngine")
+            .field("shards", &self.shards)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl RedisEngine {
+    /// The config's `spin_wait`.
+    pub fn spin_wait(&self) -> Duration {
+        Duration::from_micros(self.spin_wait_us.load(Ordering::Relaxed))
+    }
+
+    /// Sets `spin_wait` (at build time, and on a reload that keeps this engine).
+    pub fn set_spin_wait(&self, d: Duration) {
+        self.spin_wait_us
+            .store(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn new(
+        shards: Vec<ShardConfig>,
+        prefix: String,
+        timeout: Duration,
+        subscribers: Arc<Subscribers>,
+        stream_maxlen: Option<u64>,
+    ) -> Result<RedisEngine> {
+        let mut watch = vec![None; shards.len()];
+        let clients = shards
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let field = format!("shards[{i}].url");
+                if s.url.starts_with("redis+sentinel://") {
+                    let client = sentinel_client(&field, s)?;
+                    // the watch of +switch-master (plain TCP to the Sentinels; with
+                    // `sentinel_tls` the switch is followed when a call fails instead)
+                    if s.sentinel_tls.is_none() {
+                        let su = crate::config::parse_sentinel_url(&field, &s.url)?;
+                        watch[i] = Some(SentinelWatch {
+                            nodes: su.nodes.clone(),
+                            master: su.master.clone(),
+                        });
+                    }
+                    return Ok(Client::Sentinel(Box::new(tokio::sync::Mutex::new(client))));
+                }
+                single_client(&field, s).map(|c| Client::Single(Box::new(c)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        #[cfg(feature = "tls")]
+        if shards
+            .iter()
+            .any(|s| s.is_tls() || s.sentinel_tls.is_some())
+        {
+            crate::tls::ensure_crypto_provider();
+        }
+        let mut engine =
+            RedisEngine::build(shards, clients, prefix, timeout, subscribers, stream_maxlen)?;
+        engine.sentinel_watch = watch;
+        Ok(engine)
+    }
+
+    /// One logical shard that is a whole Redis Cluster, from its seed nodes.
+    pub fn cluster(
+        nodes: Vec<String>,
+        tls: Option<crate::TlsConfig>,
+        prefix: String,
+        timeout: Duration,
+        subscribers: Arc<Subscribers>,
+        stream_maxlen: Option<u64>,
+    ) -> Result<RedisEngine> {
+        #[allow(unused_mut)]
+        let mut builder = ClusterClient::builder(nodes.iter().map(String::as_str))
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .retries(2)
+            .min_retry_wait(10)
+            .max_retry_wait(200);
+        #[cfg(feature = "tls")]
+        if nodes.iter().any(|n| n.starts_with("rediss://")) {
+            crate::tls::ensure_crypto_provider();
+            if let Some(t) = &tls {
+                if let Some(c) = t.certificates() {
+                    builder = builder.certs(c);
+                }
+                builder = builder.tls(t.mode());
+            }
+        }
+        let client = builder.build().map_err(|e| {
+            let e = nodes
+                .iter()
+                .fold(e.to_string(), |e, n| crate::config::scrub(&e, n));
+            Error::config("cluster.nodes", format!("invalid cluster: {e}"))
+        })?;
+        let mut shard = ShardConfig::new("cluster", nodes.join(","));
+        shard.tls = tls;
+        RedisEngine::build(
+            vec![shard],
+            vec![Client::Cluster(Box::new(client))],
+            prefix,
+            timeout,
+            subscribers,
+            stream_maxlen,
+        )
+    }
+
+    fn build(
+        shards: Vec<ShardConfig>,
+        clients: Vec<Client>,
+        prefix: String,
+        timeout: Duration,
+        subscribers: Arc<Subscribers>,
+        stream_maxlen: Option<u64>,
+    ) -> Result<RedisEngine> {
+        let worker_threads = std::env::var("SHARDLIMIT_WORKER_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| (1..=64).contains(n))
+            .unwrap_or(0);
+        let targets = clients
+            .iter()
+            .map(|c| match c {
+                Client::Single(c) => Target::of(c),
+                _ => None,
+            })
+            .collect();
+        let cluster_nodes = match (clients.first(), shards.first()) {
+            (Some(Client::Cluster(_)), Some(shard)) => {
+                let first = shard.url.split(',').next().unwrap_or_default();
+                let seed = redis::IntoConnectionInfo::into_connection_info(first).map_err(|e| {
+                    Error::config("cluster.nodes", format!("invalid node URL: {e}"))
+                })?;
+                Some(ClusterNodes {
+                    topology: ArcSwapOption::empty(),
+                    circuits: Mutex::default(),
+                    refreshing: AtomicBool::new(false),
+                    refreshed_at: AtomicU64::new(0),
+                    seed,
+                })
+            }
+            _ => None,
+        };
+        Ok(RedisEngine {
+            targets,
+            spin_wait_us: AtomicU64::new(crate::config::DEFAULT_SPIN_WAIT.as_micros() as u64),
+            circuits: shards.iter().map(|_| Circuit::default()).collect(),
+            reconnects: shards.iter().map(|_| Reconnect::default()).collect(),
+            cluster_nodes,
+            sentinel_watch: Vec::new(),
+            shards,
+            clients,
+            timeout,
+            prefix,
+            worker_threads,
+            state: ArcSwapOption::empty(),
+            init: Mutex::new(()),
+            subscribers,
+            stream_maxlen,
+            latency: Latency::default(),
+            events_dropped: AtomicU64::new(0),
+        })
+    }
+
+    /// The runtime state of this process, created on first use and again after a fork.
+    pub fn state(self: &Arc<Self>) -> Result<Arc<RtState>> {
+        let generation = fork_generation();
+        if let Some(s) = self.state.load_full() {
+            if s.generation == generation {
+                return Ok(s);
+            }
+        }
+        let _guard = self.init.lock();
+        let pid = std::process::id();
+        let current = self.state.load_full();
+        if let Some(s) = current {
+            if s.generation == generation && s.pid == pid {
+                return Ok(s);
+            }
+            // Inherited through fork(): its threads do not exist in this process, so it
+            // can neither run nor be shut down. Leak it on purpose.
+            std::mem::forget(s);
+            tracing::info!(
+                pid,
+                "shardlimit: fork detected, re-creating runtime and connections"
+            );
+            for c in &self.circuits {
+                c.failures.store(0, Ordering::Relaxed);
+                c.open_until.store(0, Ordering::Relaxed);
+                c.probing.store(false, Ordering::Relaxed);
+            }
+            for r in &self.reconnects {
+                r.next_at.store(0, Ordering::Relaxed);
+                r.backoff_us.store(0, Ordering::Relaxed);
+            }
+        }
+        let (handle, owner, inbox) = start_runtime(self.worker_threads)
+            .map_err(|e| Error::Internal(format!("cannot start the I/O runtime: {e}")))?;
+        for (shard, w) in self.sentinel_watch.iter().enumerate() {
+            if let Some(w) = w {
+                handle.spawn(RedisEngine::watch_sentinels(
+                    Arc::downgrade(self),
+                    shard,
+                    w.clone(),
+                ));
+            }
+        }
+        let stream_tx = self.stream_maxlen.map(|maxlen| {
+            let (tx, rx) = tokio::sync::mpsc::channel(STREAM_QUEUE);
+            handle.spawn(Arc::clone(self).stream_writer(rx, maxlen));
+            tx
+        });
+        let st = Arc::new(RtState {
+            pid,
+            generation,
+            handle,
+            owner,
+            conns: self.shards.iter().map(|_| Slot::default()).collect(),
+            blocking: self.shards.iter().map(|_| Mutex::default()).collect(),
+            pipes: self.shards.iter().map(|_| PipeSlot::default()).collect(),
+            inbox,
+            stream_tx,
+            timer_keeper: Arc::default(),
+            io_spin: Arc::default(),
+        });
+        self.state.store(Some(st.clone()));
+        Ok(st)
+    }
+
+    /// True when the one shard is a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.clients.first(), Some(Client::Cluster(_)))
+    }
+}
+
+#[cfg(test)]
+mod tls_tests {
+    use super::*;
+
+    /// A connect that panics (in the redis crate or rustls) is a `connection` error, which
+    /// follows the policy's `on_error`, and never an `internal` one, which would bypass it.
+    #[test]
+    fn a_panicking_connect_is_a_connection_error() {
+        let shard = ShardConfig::new("s0", "rediss://127.0.0.1:1");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let join = rt.block_on(async {
+            tokio::spawn(async { panic!("no crypto provider") })
+                .await
+                .unwrap_err()
+        });
+        let e = connect_panic(&shard, join);
+        assert_eq!(e.kind(), crate::ErrorKind::Connection, "{e}");
+        assert!(e.to_string().contains("no crypto provider"), "{e}");
+        assert!(e.is_backend());
+        let e = rt.block_on(async {
+            std::panic::AssertUnwindSafe(async { panic!("{}", String::from("owned")) })
+                .catch_unwind()
+                .await
+                .map_err(|p| connect_panic_payload(&shard, p.as_ref()))
+                .unwrap_err()
+        });
+        assert_eq!(e.kind(), crate::ErrorKind::Connection, "{e}");
+        assert!(e.to_string().contains("owned"), "{e}");
+    }
+}

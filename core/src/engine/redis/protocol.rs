@@ -1,0 +1,243 @@
+//! The scripts' arguments and replies: how a check call is built and how its reply is read
+//! and checked (every value from Redis is untrusted).
+
+use super::*;
+
+/// How a check script runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Check,
+    Peek,
+    /// Admit between `need` and `cost` units, as many as are available (local admission).
+    Grant {
+        need: u64,
+    },
+}
+
+/// The longest duration a script reply can carry: a bucket's span plus the longest window
+/// (block TTLs are shorter). Anything longer is not a reply of our scripts.
+pub(super) const MAX_REPLY_US: i64 =
+    (crate::policy::MAX_BUCKET_SPAN_US + crate::policy::MAX_PERIOD_US) as i64;
+
+/// An error for a script reply that our scripts cannot have given: every value read from
+/// Redis is checked before it becomes part of a decision.
+pub(super) fn implausible(shard: &ShardConfig, r: &[i64], why: &str) -> Error {
+    let shown = &r[..r.len().min(12)];
+    let more = if r.len() > shown.len() { " ..." } else { "" };
+    Error::Script {
+        shard: shard.name.clone(),
+        message: format!("implausible script reply {shown:?}{more}: {why}"),
+    }
+}
+
+/// The outcome in `r` (allowed, remaining, reset_after, retry_after, delay), checked
+/// against the limit it was computed for.
+pub(super) fn outcome(r: &[i64], shard: &ShardConfig, limit: u64) -> Result<Outcome> {
+    if r.len() < 5 {
+        return Err(implausible(shard, r, "fewer than 5 values"));
+    }
+    if !(0..=1).contains(&r[0]) {
+        return Err(implausible(shard, r, "allowed is neither 0 nor 1"));
+    }
+    if r[1] < 0 || r[1] as u64 > limit {
+        return Err(implausible(
+            shard,
+            r,
+            &format!("remaining outside 0..={limit}"),
+        ));
+    }
+    let span = |v: i64| (0..=MAX_REPLY_US).contains(&v);
+    if !span(r[2]) || !span(r[4]) || !(r[3] == -1 || span(r[3])) {
+        return Err(implausible(shard, r, "a duration out of range"));
+    }
+    Ok(Outcome {
+        allowed: r[0] == 1,
+        remaining: r[1] as u64,
+        reset_us: r[2] as u64,
+        retry_us: (r[3] >= 0).then_some(r[3] as u64),
+        delay_us: r[4] as u64,
+    })
+}
+
+/// A block verdict of a reply: 0 not blocked, 1 blocked, 2 blocked by this denial.
+/// A block verdict of a reply (the scripts' 0, 1, 2).
+pub(super) fn block_verdict(shard: &ShardConfig, r: &[i64], v: i64) -> Result<BlockVerdict> {
+    match v {
+        0 => Ok(BlockVerdict::Clear),
+        1 => Ok(BlockVerdict::Blocked),
+        2 => Ok(BlockVerdict::BlockedNow),
+        _ => Err(implausible(
+            shard,
+            r,
+            "a block verdict other than 0, 1 or 2",
+        )),
+    }
+}
+
+pub(super) fn auto_block_args(a: Option<&AutoBlock>) -> (u64, u64, u64) {
+    match a {
+        Some(a) => (
+            a.after,
+            a.within.as_millis() as u64,
+            a.duration.as_millis() as u64,
+        ),
+        None => (0, 0, 0),
+    }
+}
+
+/// The layout of a check call (`core/lua/main_check.lua`): after `numkeys`, its keys, its
+/// own arguments, its policy's (which a batch call, `main_batch.lua`, sends once per
+/// distinct set) and its tag. [`CheckRequest::write`] is the one place that writes them;
+/// the pipe regroups a burst's calls by these counts.
+pub(crate) const CHECK_KEYS: usize = 3;
+pub(crate) const CHECK_ITEM_ARGS: usize = 4;
+pub(crate) const CHECK_SHAPE_ARGS: usize = 8;
+pub(crate) const CHECK_TAG_ARGS: usize = 1;
+
+/// Where the groups of a check call's arguments begin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CheckPart {
+    Item,
+    Shape,
+    Tag,
+}
+
+/// What a check call's arguments are written to: a `redis::Cmd`, or the pipe's packed call.
+pub(crate) trait CheckSink {
+    fn arg(&mut self, a: &[u8]);
+    /// The next argument is the first of `part`.
+    fn mark(&mut self, _part: CheckPart) {}
+    fn int(&mut self, v: u64) {
+        self.arg(itoa::Buffer::new().format(v).as_bytes());
+    }
+}
+
+impl CheckSink for redis::Cmd {
+    fn arg(&mut self, a: &[u8]) {
+        redis::Cmd::arg(self, a);
+    }
+}
+
+/// One check script call, typed; strings exist only in [`CheckRequest::write`].
+pub(crate) struct CheckRequest<'a> {
+    pub policy: &'a PolicyInner,
+    pub eff: &'a Compiled,
+    pub key: &'a str,
+    /// the injected clock (µs), or `None` for the server's `TIME`
+    pub now_us: Option<u64>,
+    pub cost: u64,
+    pub mode: Mode,
+    pub lease: Option<&'a str>,
+    /// echoed as the last value of the reply (see `transport::pipe::untag`)
+    pub tag: u64,
+}
+
+impl CheckRequest<'_> {
+    /// Writes the call's arguments after `numkeys`, in the order of `main_check.lua`.
+    pub fn write(&self, prefix: &str, out: &mut impl CheckSink) {
+        let (p, eff) = (self.policy, self.eff);
+        out.arg(state_key(prefix, &p.key_scope, self.key).as_bytes());
+        out.arg(block_key(prefix, self.key).as_bytes());
+        out.arg(denial_key(prefix, &p.key_scope, self.key).as_bytes());
+        let (mode, need) = match self.mode {
+            Mode::Check => ("check", 0),
+            Mode::Peek => ("peek", 0),
+            Mode::Grant { need } => ("grant", need),
+        };
+        out.mark(CheckPart::Item);
+        out.int(self.now_us.unwrap_or(0)); // 0: the script reads TIME
+        out.int(self.cost);
+        out.arg(self.lease.unwrap_or("").as_bytes()); // "": no lease
+        out.int(need);
+        out.mark(CheckPart::Shape);
+        out.arg(eff.algorithm.code().as_bytes());
+        out.int(eff.limit);
+        out.int(eff.period_us);
+        out.arg(mode.as_bytes());
+        let (after, within, dur) = auto_block_args(p.auto_block.as_ref());
+        out.int(after);
+        out.int(within);
+        out.int(dur);
+        if after > 0 {
+            out.arg(format!("auto: policy {}", p.name).as_bytes());
+        } else {
+            out.arg(b"");
+        }
+        out.mark(CheckPart::Tag);
+        out.int(self.tag);
+    }
+
+    /// The call as a command: `EVALSHA <sha1> 3 ...`, or with `eval` the whole source
+    /// (`EVAL <script> 3 ...`, after a NOSCRIPT reply).
+    pub fn cmd(&self, prefix: &str, eval: bool) -> redis::Cmd {
+        let id = ScriptId::Check(self.eff.algorithm);
+        let mut cmd = if eval {
+            let mut c = redis::cmd("EVAL");
+            c.arg(id.source());
+            c
+        } else {
+            let mut c = redis::cmd("EVALSHA");
+            c.arg(id.script().get_hash());
+            c
+        };
+        cmd.arg(CHECK_KEYS);
+        self.write(prefix, &mut cmd);
+        cmd
+    }
+}
+
+impl RedisEngine {
+    /// The [`Raw`] outcome of a check of `cost` units against `limit` in reply `r`.
+    pub(super) fn check_reply(
+        &self,
+        shard: usize,
+        r: &[i64],
+        limit: u64,
+        cost: u64,
+    ) -> Result<Raw> {
+        let sc = &self.shards[shard];
+        if r.len() != 7 {
+            return Err(implausible(sc, r, "not 7 values"));
+        }
+        let o = outcome(r, sc, limit)?;
+        let granted = r[6];
+        if granted < 0 || granted as u64 > cost || (granted > 0 && !o.allowed) {
+            return Err(implausible(
+                sc,
+                r,
+                &format!("{granted} units admitted of {cost}"),
+            ));
+        }
+        Ok(Raw {
+            outcome: o,
+            blocked: block_verdict(sc, r, r[5])?,
+            granted: granted as u64,
+        })
+    }
+
+    /// The [`Raw`] outcome of a check script's reply.
+    pub(super) fn script_reply(
+        &self,
+        shard: usize,
+        reply: Reply,
+        limit: u64,
+        cost: u64,
+    ) -> Result<Raw> {
+        let script_error = |message: String| Error::Script {
+            shard: self.shards[shard].name.clone(),
+            message,
+        };
+        let r = match reply {
+            Reply::Array(items) => items
+                .iter()
+                .map(|i| match i {
+                    Reply::Int(n) => Ok(*n),
+                    other => Err(script_error(format!("unexpected script reply {other:?}"))),
+                })
+                .collect::<Result<Vec<i64>>>()?,
+            Reply::Error(e) => return Err(script_error(e)),
+            other => return Err(script_error(format!("unexpected script reply {other:?}"))),
+        };
+        self.check_reply(shard, &r, limit, cost)
+    }
+}

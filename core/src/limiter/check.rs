@@ -1,0 +1,461 @@
+//! One check of one (key, policy): validation, the engine call, the decision.
+
+use super::blocking::unleased;
+use super::{Engine, Lease, Limiter, MAX_KEY_LEN};
+use crate::decision::{Decision, Source};
+use crate::engine::algo::Outcome;
+use crate::engine::memory::{blocked_outcome, BlockVerdict, MemoryEngine, Raw};
+use crate::engine::redis::{CheckRequest, Mode, RedisEngine};
+use crate::error::{Error, Result};
+use crate::events::Event;
+use crate::policy::{Algorithm, Compiled, Policy, PolicyInner};
+use crate::routing::shard_index;
+use crate::transport::pipe::next_tag;
+use std::time::Duration;
+
+/// A Redis check after its preamble: decided already (a cached block), or the script to run.
+enum Plan {
+    Decided(Decision),
+    Redis {
+        eff: Compiled,
+        cost: u64,
+        shard: u32,
+    },
+}
+
+impl Limiter {
+    /// Checks `cost` units of `policy` for `key`. A denied check consumes nothing.
+    /// A cost larger than the limit is denied with no `retry_after`.
+    ///
+    /// A concurrency policy is an `invalid_argument` error: use [`Limiter::acquire`], which
+    /// returns the lease to release.
+    ///
+    /// For Redis this must be awaited inside a Tokio runtime with timers enabled; from
+    /// anywhere else use [`Limiter::check_blocking`].
+    pub async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision> {
+        unleased(policy, "check")?;
+        self.run(key, policy, cost, false, None).await
+    }
+
+    /// [`Limiter::check`] of the config's policy named `policy`: key first, as everywhere.
+    pub async fn check_by_name(&self, key: &str, policy: &str, cost: u64) -> Result<Decision> {
+        let p = self.policy(policy)?;
+        self.check(key, &p, cost).await
+    }
+
+    /// The state of `key` under `policy` without consuming: `allowed` says whether a check
+    /// of one unit would pass now, `remaining` how many units are available.
+    /// On a concurrency policy: the units free now (it takes none, so needs no lease).
+    pub async fn peek(&self, key: &str, policy: &Policy) -> Result<Decision> {
+        self.run(key, policy, 1, true, None).await
+    }
+
+    /// Acquires `units` of a concurrency policy. Returns the decision and, when allowed,
+    /// the lease to release.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        policy: &Policy,
+        units: u64,
+    ) -> Result<(Decision, Option<Lease>)> {
+        let id = self.lease_id();
+        let d = self.run(key, policy, units, false, Some(&id)).await?;
+        let lease =
+            (d.allowed && matches!(d.source, Source::Redis | Source::Memory)).then(|| Lease {
+                key: key.to_string(),
+                policy: policy.name().to_string(),
+                id,
+                units,
+            });
+        Ok((d, lease))
+    }
+
+    /// Releases a lease from [`Limiter::acquire`]. Returns false when it was no longer held
+    /// (released before, or expired).
+    pub async fn release(&self, lease: &Lease) -> Result<bool> {
+        let policy = self.policy(&lease.policy)?;
+        self.release_with(&policy, lease).await
+    }
+
+    /// Releases a lease of an ad-hoc concurrency policy.
+    pub async fn release_with(&self, policy: &Policy, lease: &Lease) -> Result<bool> {
+        validate_key(&lease.key)?;
+        validate_lease(policy, lease)?;
+        match &self.view().engine {
+            Engine::Memory(m) => Ok(m.release(
+                &policy.0.name,
+                &lease.key,
+                &lease.id,
+                lease.units,
+                self.now(),
+            )),
+            Engine::Redis(r) => {
+                let shard = shard_index(&lease.key, r.shards.len() as u32) as usize;
+                let now = self.now_override();
+                r.release(&policy.0, &lease.key, shard, &lease.id, lease.units, now)
+                    .await
+            }
+        }
+    }
+
+    /// Forgets `key`'s state under `policy`: its full budget is back.
+    pub async fn reset(&self, key: &str, policy: &Policy) -> Result<()> {
+        validate_key(key)?;
+        self.inner
+            .local
+            .lock()
+            .remove(&PolicyKey::new(&policy.0.name, key));
+        match &self.view().engine {
+            Engine::Memory(m) => {
+                m.reset(&policy.0.name, key);
+                Ok(())
+            }
+            Engine::Redis(r) => {
+                let shard = shard_index(key, r.shards.len() as u32) as usize;
+                r.reset(&policy.0, key, shard, self.now_override()).await
+            }
+        }
+    }
+
+    pub(super) fn decision(
+        &self,
+        p: &PolicyInner,
+        eff: &Compiled,
+        o: Outcome,
+        source: Source,
+        shard: Option<u32>,
+    ) -> Decision {
+        Decision {
+            allowed: o.allowed,
+            limit: eff.limit,
+            remaining: o.remaining,
+            reset_after: Duration::from_micros(o.reset_us),
+            retry_after: if o.allowed {
+                None
+            } else {
+                o.retry_us.map(Duration::from_micros)
+            },
+            delay: Duration::from_micros(o.delay_us),
+            policy: p.name.clone(),
+            source,
+            shard,
+            window: Duration::from_micros(eff.window_us()),
+            layer: None,
+        }
+    }
+
+    pub(super) fn on_denied(&self, p: &PolicyInner, key: &str, d: &Decision) {
+        let wants_stream = matches!(&self.view().engine, Engine::Redis(_))
+            && self.view().config.events_stream_maxlen.is_some();
+        if !self.inner.subscribers.active() && !wants_stream {
+            return;
+        }
+        let e = Event::Denied {
+            policy: p.name.clone(),
+            key: key.to_string(),
+            decision: d.clone(),
+        };
+        self.publish(key, &e);
+    }
+
+    pub(super) fn on_blocked(&self, p: &PolicyInner, key: &str, d: &Decision, auto: bool) {
+        self.cache_block(key, d.retry_after.map(|r| r.as_micros() as u64));
+        let e = Event::Blocked {
+            policy: p.name.clone(),
+            key: key.to_string(),
+            auto,
+            retry_after: d.retry_after,
+        };
+        if auto {
+            tracing::info!(policy = %p.name, key, "shardlimit: key blocked automatically");
+        }
+        self.publish(key, &e);
+    }
+
+    pub(super) fn publish(&self, key: &str, e: &Event) {
+        if self.inner.subscribers.active() {
+            self.inner.subscribers.emit(e);
+        }
+        if let Engine::Redis(r) = &self.view().engine {
+            r.stream(shard_index(key, r.shards.len() as u32) as usize, e);
+        }
+    }
+
+    /// Validates a check's key and cost. Returns the
+    /// limit in force and the cost to decide with: costs above the limit can never fit, and
+    /// sending at most `limit + 1` keeps every script quantity an exact integer.
+    #[inline]
+    pub(super) fn prepare(&self, key: &str, policy: &Policy, cost: u64) -> Result<(Compiled, u64)> {
+        validate_key(key)?;
+        if cost == 0 {
+            return Err(Error::invalid("cost", "must be at least 1"));
+        }
+        let eff = policy.0.effective(self.global_scale());
+        Ok((eff, cost.min(eff.limit + 1)))
+    }
+
+    /// A check (or peek) on the in-memory engine: synchronous, it never waits.
+    #[inline]
+    pub(super) fn check_memory(
+        &self,
+        m: &MemoryEngine,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        peek: bool,
+        lease: Option<&str>,
+    ) -> Result<Decision> {
+        let (eff, cost) = self.prepare(key, policy, cost)?;
+        let p = &*policy.0;
+        let raw = m.check(
+            &p.name,
+            &eff,
+            key,
+            self.now(),
+            cost,
+            peek,
+            lease.unwrap_or(""), // the algorithms' "no lease"
+            p.auto_block.as_ref(),
+        );
+        let d = self.finish(p, &eff, key, raw, Source::Memory, None);
+        if !peek {
+            self.count(&p.name, &d);
+        }
+        Ok(d)
+    }
+
+    pub(super) async fn run(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        peek: bool,
+        lease: Option<&str>,
+    ) -> Result<Decision> {
+        // A check can answer at once (in memory, from the block cache, or failing fast
+        // while a shard's circuit is open), so a caller's loop of checks might never give
+        // its runtime back: other tasks on it, and their timers, would starve (seen in
+        // the chaos run as calls outliving their deadline by 27 s). Tokio's cooperative
+        // budget makes such a loop yield now and then, as tokio's own I/O does.
+        tokio::task::consume_budget().await;
+        let view = self.view();
+        let r = match &view.engine {
+            Engine::Memory(m) => return self.check_memory(m, key, policy, cost, peek, lease),
+            Engine::Redis(r) => r,
+        };
+        let (eff, cost, shard) = match self.plan(r, key, policy, cost)? {
+            Plan::Decided(d) => return Ok(d),
+            Plan::Redis { eff, cost, shard } => (eff, cost, shard),
+        };
+        let p = &*policy.0;
+        if let Some(h) = &view.handoff {
+            self.carry_over(h, r, p, key, shard as usize).await;
+        }
+        if let (Some(la), false, None) = (p.local_admission, peek, lease) {
+            return self.local_admission(r, p, &eff, la, key, shard, cost).await;
+        }
+        let mode = if peek { Mode::Peek } else { Mode::Check };
+        let req = self.request(p, &eff, key, cost, mode, lease);
+        let raw = r.check(shard as usize, &req).await;
+        self.settle(p, &eff, key, cost, peek, shard, raw)
+    }
+
+    /// [`Limiter::run`] (without a lease) on the calling thread: the script is sent and
+    /// its reply read over a blocking connection, with no hand-off to the I/O runtime.
+    /// `None` when the check needs the runtime: Cluster, Sentinel or TLS shards, a reshard
+    /// handoff in progress, or local admission.
+    pub(super) fn run_blocking(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        peek: bool,
+    ) -> Option<Result<Decision>> {
+        let view = self.inner.view.load();
+        let Engine::Redis(r) = &view.engine else {
+            return None;
+        };
+        let p = &*policy.0;
+        if !r.blocking_capable() || view.handoff.is_some() || (p.local_admission.is_some() && !peek)
+        {
+            return None;
+        }
+        // more blocking callers than CPUs: the I/O thread batches their commands better
+        let _slot = crate::transport::blocking::OWN_IO.take()?;
+        Some((|| {
+            let (eff, cost, shard) = match self.plan(r, key, policy, cost)? {
+                Plan::Decided(d) => return Ok(d),
+                Plan::Redis { eff, cost, shard } => (eff, cost, shard),
+            };
+            let mode = if peek { Mode::Peek } else { Mode::Check };
+            let req = self.request(p, &eff, key, cost, mode, None);
+            let raw = r.check_blocking(shard as usize, &req);
+            self.settle(p, &eff, key, cost, peek, shard, raw)
+        })())
+    }
+
+    /// The script call of a check, with the injected clock and a fresh tag.
+    pub(super) fn request<'a>(
+        &self,
+        policy: &'a PolicyInner,
+        eff: &'a Compiled,
+        key: &'a str,
+        cost: u64,
+        mode: Mode,
+        lease: Option<&'a str>,
+    ) -> CheckRequest<'a> {
+        CheckRequest {
+            policy,
+            eff,
+            key,
+            now_us: self.now_override(),
+            cost,
+            mode,
+            lease,
+            tag: next_tag(),
+        }
+    }
+
+    /// What a Redis check does before its script: validate, and answer from the block
+    /// cache when the key is known to be blocked. Otherwise the limit, cost and shard.
+    fn plan(&self, r: &RedisEngine, key: &str, policy: &Policy, cost: u64) -> Result<Plan> {
+        let (eff, cost) = self.prepare(key, policy, cost)?;
+        if let Some(ttl) = self.cached_block(key) {
+            let p = &*policy.0;
+            let d = self.decision(p, &eff, blocked_outcome(ttl), Source::Block, None);
+            self.count(&p.name, &d);
+            return Ok(Plan::Decided(d));
+        }
+        let shard = shard_index(key, r.shards.len() as u32);
+        Ok(Plan::Redis { eff, cost, shard })
+    }
+
+    /// What a Redis check does after its script: the decision from the reply, or from
+    /// `on_error` when the shard failed; counted unless it was a peek.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn settle(
+        &self,
+        p: &PolicyInner,
+        eff: &Compiled,
+        key: &str,
+        cost: u64,
+        peek: bool,
+        shard: u32,
+        raw: Result<Raw>,
+    ) -> Result<Decision> {
+        let d = match raw {
+            Ok(raw) => self.finish(p, eff, key, raw, Source::Redis, Some(shard)),
+            Err(e) if e.is_backend() => self.fallback(p, eff, key, cost, peek, e)?,
+            Err(e) => return Err(e),
+        };
+        if !peek {
+            self.count(&p.name, &d);
+        }
+        Ok(d)
+    }
+
+    pub(super) fn finish(
+        &self,
+        p: &PolicyInner,
+        eff: &Compiled,
+        key: &str,
+        raw: Raw,
+        source: Source,
+        shard: Option<u32>,
+    ) -> Decision {
+        if raw.blocked.is_blocked() {
+            let now = raw.blocked == BlockVerdict::BlockedNow;
+            let d = self.decision(p, eff, raw.outcome, Source::Block, shard);
+            self.on_blocked(p, key, &d, now);
+            let mut d = d;
+            // (blocked by this denial: the denial itself was decided by the limit)
+            d.source = if now { source } else { Source::Block };
+            return d;
+        }
+        let d = self.decision(p, eff, raw.outcome, source, shard);
+        if !d.allowed {
+            self.on_denied(p, key, &d);
+        }
+        d
+    }
+}
+
+/// A key under one policy: what in-process state per (policy, key) is kept by (local
+/// admission batches, keys a reshard handoff carried over).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct PolicyKey {
+    policy: std::sync::Arc<str>,
+    key: String,
+}
+
+impl PolicyKey {
+    pub(super) fn new(policy: &std::sync::Arc<str>, key: &str) -> PolicyKey {
+        PolicyKey {
+            policy: policy.clone(),
+            key: key.to_string(),
+        }
+    }
+}
+
+pub(super) fn validate_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::invalid("key", "must not be empty"));
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(Error::invalid(
+            "key",
+            format!("is {} bytes long; the maximum is {MAX_KEY_LEN}", key.len()),
+        ));
+    }
+    // The rule every binding shares (tests/vectors/keys.json): UTF-8 (the type), no NUL.
+    // A NUL would let `a\0b` under one scope collide with composite keys built of parts.
+    if let Some(at) = key.bytes().position(|b| b == 0) {
+        return Err(Error::invalid(
+            "key",
+            format!("contains a NUL byte at offset {at}; keys are UTF-8 text without NUL"),
+        ));
+    }
+    Ok(())
+}
+
+/// A lease comes back from the caller (a binding's object, a JS literal, a C struct), so
+/// it is checked before anything is built from it: a lease of a concurrency policy, `units`
+/// between 1 and the policy's `max`, and an id of the form [`Limiter::lease_id`] makes.
+pub(super) fn validate_lease(policy: &Policy, lease: &Lease) -> Result<()> {
+    if policy.algorithm() != Algorithm::Concurrency {
+        return Err(Error::invalid(
+            "lease.policy",
+            format!("policy {} is not a concurrency policy", policy.name()),
+        ));
+    }
+    let max = policy.0.compiled.limit;
+    if lease.units == 0 || lease.units > max {
+        return Err(Error::invalid(
+            "lease.units",
+            format!(
+                "must be between 1 and the policy's max {max}, got {}",
+                lease.units
+            ),
+        ));
+    }
+    let id = lease.id.as_bytes();
+    if !(LEASE_ID_LEN.contains(&id.len())
+        && id
+            .iter()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b)))
+    {
+        return Err(Error::invalid(
+            "lease.id",
+            format!(
+                "must be {} to {} lowercase hex digits, as acquire returns it",
+                LEASE_ID_LEN.start(),
+                LEASE_ID_LEN.end()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Lengths of the ids [`Limiter::lease_id`] makes: 16 hex digits of hash, then the
+/// sequence number in hex (1 to 16 digits).
+pub(super) const LEASE_ID_LEN: std::ops::RangeInclusive<usize> = 17..=32;

@@ -1,0 +1,76 @@
+//! Decisions without the backend: the policy's `on_error` mode.
+
+use super::{Limiter, CLOSED_RETRY_AFTER};
+use crate::decision::{Decision, Source};
+use crate::engine::algo::Outcome;
+use crate::error::{Error, Result};
+use crate::events::Event;
+use crate::policy::{Compiled, OnError, PolicyInner};
+use std::sync::atomic::Ordering;
+
+impl Limiter {
+    /// Decides with the policy's `on_error` mode after a backend failure.
+    pub(super) fn fallback(
+        &self,
+        p: &PolicyInner,
+        eff: &Compiled,
+        key: &str,
+        cost: u64,
+        peek: bool,
+        e: Error,
+    ) -> Result<Decision> {
+        self.with_counters(&p.name, |c| {
+            c.redis_errors.fetch_add(1, Ordering::Relaxed);
+        });
+        if p.on_error == OnError::Error {
+            return Err(e);
+        }
+        let o = match p.on_error {
+            // nothing was measured: no invented budget (Decision::measured)
+            OnError::Open => Outcome {
+                allowed: true,
+                remaining: 0,
+                reset_us: 0,
+                retry_us: None,
+                delay_us: 0,
+            },
+            OnError::Closed => Outcome {
+                allowed: false,
+                remaining: 0,
+                reset_us: CLOSED_RETRY_AFTER.as_micros() as u64,
+                retry_us: Some(CLOSED_RETRY_AFTER.as_micros() as u64),
+                delay_us: 0,
+            },
+            _ => {
+                let share = eff.share(self.view().config.instances);
+                self.inner
+                    .fallback
+                    .check(
+                        &p.name,
+                        &share,
+                        key,
+                        self.now(),
+                        cost.min(share.limit + 1),
+                        peek,
+                        "",
+                        None,
+                    )
+                    .outcome
+            }
+        };
+        let mut d = self.decision(p, eff, o, Source::Fallback, None);
+        if p.on_error == OnError::Local {
+            d.limit = eff.share(self.view().config.instances).limit;
+        }
+        tracing::debug!(policy = %p.name, key, error = %e, allowed = d.allowed, "shardlimit: fallback decision");
+        if self.inner.subscribers.active() {
+            self.inner.subscribers.emit(&Event::Fallback {
+                policy: p.name.clone(),
+                key: key.to_string(),
+                error: e,
+                allowed: d.allowed,
+            });
+        }
+        Ok(d)
+    }
+}

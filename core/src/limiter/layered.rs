@@ -1,0 +1,301 @@
+//! Layered checks: several (key, policy) pairs decided together; none consumes when one denies.
+
+use super::{validate_key, Engine, Limiter};
+use crate::decision::{Decision, Source};
+use crate::engine::algo::Outcome;
+use crate::engine::memory::{blocked_outcome, BlockVerdict, LayerReq, LayeredRaw};
+use crate::engine::redis::RedisEngine;
+use crate::error::{Error, Result};
+use crate::policy::{Algorithm, Policy};
+use crate::routing::shard_index;
+use std::sync::Arc;
+
+/// One layer of a layered check: `cost` units of `policy` for `key`.
+#[derive(Debug, Clone)]
+pub struct Layer {
+    pub key: String,
+    pub policy: Policy,
+    pub cost: u64,
+}
+
+impl Layer {
+    pub fn new(key: impl Into<String>, policy: &Policy, cost: u64) -> Layer {
+        Layer {
+            key: key.into(),
+            policy: policy.clone(),
+            cost,
+        }
+    }
+}
+
+impl Limiter {
+    /// A layered check: allowed only if every layer allows; when any layer denies, no
+    /// layer consumes. Layers on one shard are decided atomically in one script call;
+    /// several shards are asked concurrently (one round trip each) and what was admitted
+    /// is refunded when another shard's layer denies. The decision describes the layer
+    /// that denied (with the longest `retry_after` of all denying layers), or, when all
+    /// allow, the layer with the fewest units remaining; `layer` is its index.
+    pub async fn check_all(&self, layers: &[Layer]) -> Result<Decision> {
+        if layers.is_empty() {
+            return Err(Error::invalid("layers", "must not be empty"));
+        }
+        if layers.len() > 64 {
+            return Err(Error::invalid(
+                "layers",
+                format!("at most 64 layers, got {}", layers.len()),
+            ));
+        }
+        tokio::task::consume_budget().await; // see Limiter::run
+        let global = self.global_scale();
+        let mut effs = Vec::with_capacity(layers.len());
+        let mut leases = Vec::with_capacity(layers.len());
+        for (i, l) in layers.iter().enumerate() {
+            validate_key(&l.key)
+                .map_err(|e| Error::invalid(format!("layers[{i}].key"), e.to_string()))?;
+            if l.cost == 0 {
+                return Err(Error::invalid(
+                    format!("layers[{i}].cost"),
+                    "must be at least 1",
+                ));
+            }
+            if layers[..i]
+                .iter()
+                .any(|o| o.key == l.key && o.policy.name() == l.policy.name())
+            {
+                return Err(Error::invalid(
+                    format!("layers[{i}]"),
+                    format!(
+                        "duplicate layer ({}, {}): merge their costs into one layer",
+                        l.key,
+                        l.policy.name()
+                    ),
+                ));
+            }
+            let eff = l.policy.0.effective(global);
+            effs.push(eff);
+            leases.push(if eff.algorithm == Algorithm::Concurrency {
+                self.lease_id()
+            } else {
+                String::new()
+            });
+        }
+        let reqs: Vec<LayerReq<'_>> = layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| LayerReq {
+                scope: &l.policy.0.name,
+                compiled: effs[i],
+                key: &l.key,
+                cost: l.cost.min(effs[i].limit + 1),
+                lease: &leases[i],
+                auto_block: l.policy.0.auto_block,
+            })
+            .collect();
+        let view = self.view();
+        let (raw, source, shards) = match &view.engine {
+            Engine::Memory(m) => (
+                m.check_layers(&reqs, self.now()),
+                Source::Memory,
+                vec![None; layers.len()],
+            ),
+            Engine::Redis(r) => {
+                for (i, l) in layers.iter().enumerate() {
+                    if let Some(ttl) = self.cached_block(&l.key) {
+                        let mut d = self.decision(
+                            &l.policy.0,
+                            &effs[i],
+                            blocked_outcome(ttl),
+                            Source::Block,
+                            None,
+                        );
+                        d.layer = Some(i);
+                        self.count(&l.policy.0.name, &d);
+                        return Ok(d);
+                    }
+                }
+                let n = r.shards.len() as u32;
+                let shard_of: Vec<usize> = layers
+                    .iter()
+                    .map(|l| shard_index(&l.key, n) as usize)
+                    .collect();
+                if let Some(h) = &view.handoff {
+                    for (i, l) in layers.iter().enumerate() {
+                        self.carry_over(h, r, &l.policy.0, &l.key, shard_of[i])
+                            .await;
+                    }
+                }
+                let (raw, src) = self.layered_redis(r, layers, &reqs, &shard_of).await?;
+                (raw, src, shard_of.iter().map(|s| Some(*s as u32)).collect())
+            }
+        };
+        // describe the deciding layer, or the tightest one
+        let idx = raw.deciding.unwrap_or_else(|| {
+            (0..layers.len())
+                .min_by_key(|i| raw.outcomes[*i].remaining)
+                .unwrap_or(0)
+        });
+        let blocked = raw.blocked.is_blocked();
+        let mut o = raw.outcomes[idx];
+        let source = if blocked && raw.deciding.is_some() {
+            Source::Block
+        } else {
+            source
+        };
+        if raw.deciding.is_some() && !blocked {
+            // every denying layer must pass before the request can: wait for the slowest
+            let denying: Vec<&Outcome> = raw.outcomes.iter().filter(|o| !o.allowed).collect();
+            o.retry_us = if denying.iter().all(|o| o.retry_us.is_some()) {
+                denying.iter().filter_map(|o| o.retry_us).max()
+            } else {
+                None
+            };
+            o.allowed = false;
+        }
+        let mut d = self.decision(&layers[idx].policy.0, &effs[idx], o, source, shards[idx]);
+        d.layer = Some(idx);
+        for (i, l) in layers.iter().enumerate() {
+            let ld = if i == idx {
+                d.clone()
+            } else {
+                self.decision(&l.policy.0, &effs[i], raw.outcomes[i], source, shards[i])
+            };
+            let ld = Decision {
+                allowed: d.allowed,
+                ..ld
+            };
+            self.count(&l.policy.0.name, &ld);
+        }
+        if blocked {
+            self.on_blocked(
+                &layers[idx].policy.0,
+                &layers[idx].key,
+                &d,
+                raw.blocked == BlockVerdict::BlockedNow,
+            );
+        } else if !d.allowed {
+            self.on_denied(&layers[idx].policy.0, &layers[idx].key, &d);
+        }
+        Ok(d)
+    }
+
+    pub(super) async fn layered_redis(
+        &self,
+        r: &Arc<RedisEngine>,
+        layers: &[Layer],
+        reqs: &[LayerReq<'_>],
+        shard_of: &[usize],
+    ) -> Result<(LayeredRaw, Source)> {
+        // one script call per shard; in a Redis Cluster, per hash slot (a script's keys
+        // must share a slot), so no CROSSSLOT error is possible
+        let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+        let mut group_keys: Vec<u32> = Vec::new();
+        for (i, s) in shard_of.iter().enumerate() {
+            let gk = if r.is_cluster() {
+                crate::routing::cluster_slot(&layers[i].key) as u32
+            } else {
+                *s as u32
+            };
+            match group_keys.iter().position(|g| *g == gk) {
+                Some(g) => groups[g].1.push(i),
+                None => {
+                    group_keys.push(gk);
+                    groups.push((*s, vec![i]));
+                }
+            }
+        }
+        let now = self.now_override();
+        let calls = groups.iter().map(|(shard, idx)| {
+            let group: Vec<(LayerReq<'_>, &str)> = idx
+                .iter()
+                .map(|i| (reqs[*i].clone(), layers[*i].policy.0.key_scope.as_str()))
+                .collect();
+            async move { r.check_layers(*shard, &group, now).await }
+        });
+        let results = futures_util::future::join_all(calls).await;
+        let mut out = LayeredRaw {
+            now: 0,
+            deciding: None,
+            blocked: BlockVerdict::Clear,
+            outcomes: vec![blocked_outcome(None); layers.len()],
+        };
+        let mut source = Source::Redis;
+        let mut committed: Vec<(usize, u64)> = Vec::new(); // (group, now)
+        let mut first_error = None;
+        for (g, res) in results.into_iter().enumerate() {
+            let idx = &groups[g].1;
+            match res {
+                Ok(raw) => {
+                    for (j, i) in idx.iter().enumerate() {
+                        out.outcomes[*i] = raw.outcomes[j];
+                    }
+                    match raw.deciding {
+                        None => committed.push((g, raw.now)),
+                        Some(d) => {
+                            // the first denying layer of all decides
+                            let i = idx[d];
+                            if out.deciding.is_none_or(|o| i < o) {
+                                out.deciding = Some(i);
+                                out.blocked = raw.blocked;
+                            }
+                        }
+                    }
+                }
+                Err(e) if e.is_backend() => {
+                    // each failed layer is decided by its policy's on_error mode
+                    source = Source::Fallback;
+                    for i in idx {
+                        let p = &layers[*i].policy.0;
+                        let fallback = self.fallback(
+                            p,
+                            &reqs[*i].compiled,
+                            &layers[*i].key,
+                            reqs[*i].cost,
+                            false,
+                            e.clone(),
+                        );
+                        let d = match fallback {
+                            Ok(d) => d,
+                            // on_error: error
+                            Err(e) => {
+                                first_error.get_or_insert(e);
+                                continue;
+                            }
+                        };
+                        out.outcomes[*i] = Outcome {
+                            allowed: d.allowed,
+                            remaining: d.remaining,
+                            reset_us: d.reset_after.as_micros() as u64,
+                            retry_us: d.retry_after.map(|r| r.as_micros() as u64),
+                            delay_us: 0,
+                        };
+                        if !d.allowed && out.deciding.is_none_or(|o| *i < o) {
+                            out.deciding = Some(*i);
+                        }
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if out.deciding.is_some() || first_error.is_some() {
+            // give back what the allowing shards admitted
+            let refunds = committed.iter().map(|(g, now)| {
+                let group: Vec<(LayerReq<'_>, &str)> = groups[*g]
+                    .1
+                    .iter()
+                    .map(|i| (reqs[*i].clone(), layers[*i].policy.0.key_scope.as_str()))
+                    .collect();
+                let shard = groups[*g].0;
+                async move {
+                    if let Err(e) = r.refund(shard, &group, *now).await {
+                        tracing::warn!(error = %e, "shardlimit: refund of a layered check failed; the units stay consumed");
+                    }
+                }
+            });
+            futures_util::future::join_all(refunds).await;
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        Ok((out, source))
+    }
+}

@@ -1,0 +1,329 @@
+//! The limiter handle: the public API every binding wraps.
+
+use crate::config::Config;
+use crate::engine::expiry::ExpiringMap;
+use crate::engine::memory::MemoryEngine;
+use crate::engine::redis::RedisEngine;
+use crate::error::{Error, Result};
+use crate::events::{Subscriber, Subscribers};
+use crate::policy::Policy;
+use crate::routing::shard_index;
+use crate::time::clock::{Clock, MonotonicClock};
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+mod block_list;
+mod blocking;
+mod check;
+mod fallback;
+mod handoff;
+mod layered;
+mod local_admission;
+mod metrics;
+mod reload;
+mod scale;
+
+pub use block_list::BlockInfo;
+pub use blocking::Spawner;
+use check::{validate_key, PolicyKey};
+use handoff::Handoff;
+pub use layered::Layer;
+use local_admission::LocalBatch;
+use metrics::{config_series, Series};
+pub use reload::{ConfigWatcher, ReloadReport};
+pub use scale::{latency_scale, ScaleHook};
+
+/// The longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 1024;
+/// How long a limiter trusts its own memory of a block before asking Redis again.
+pub const BLOCK_CACHE_TTL: Duration = Duration::from_secs(1);
+/// `retry_after` of a decision denied by `on_error: closed`.
+pub const CLOSED_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// A held unit (or units) of a concurrency limit. Release it with [`Limiter::release`];
+/// if it never is, it expires after the policy's `lease_ttl`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub key: String,
+    pub policy: String,
+    pub id: String,
+    pub units: u64,
+}
+
+#[derive(Debug)]
+enum Engine {
+    Memory(Arc<MemoryEngine>),
+    Redis(Arc<RedisEngine>),
+}
+
+/// What a reload swaps atomically: the config and the engine built from it. In-flight
+/// checks finish on the view they started with.
+#[derive(Debug)]
+struct View {
+    config: Arc<Config>,
+    engine: Engine,
+    /// After a reshard: where moved keys' state still lives, until when.
+    handoff: Option<Handoff>,
+    /// The counters of the config's policies, by name (a reload keeps them).
+    series: Series,
+}
+
+struct Inner {
+    view: ArcSwap<View>,
+    clock: Option<Arc<dyn Clock>>,
+    lease_seq: AtomicU64,
+    lease_salt: u64,
+    /// The in-process limiter of `on_error: local`.
+    fallback: MemoryEngine,
+    subscribers: Arc<Subscribers>,
+    global_scale: AtomicU64,
+    scale_hook: Mutex<Option<ScaleHook>>,
+    /// The counters of ad-hoc policies (names not in the config), by name: copied on
+    /// write, so that counting never takes a lock.
+    adhoc: ArcSwap<Series>,
+    /// Held while a name is added to `adhoc`.
+    adhoc_add: Mutex<()>,
+    /// key → (cached until, block ends at or None = permanent), clock µs
+    /// key → block ends at or None = permanent, expiring when cached until (clock µs)
+    block_cache: Mutex<ExpiringMap<String, Option<u64>>>,
+    block_cache_len: AtomicUsize,
+    /// local admission batches, expiring with the batch
+    local: Mutex<ExpiringMap<PolicyKey, LocalBatch>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("view", &self.view.load())
+            .finish()
+    }
+}
+
+/// A rate limiter: a config, an engine (Redis shards or in-memory) and, for Redis, a
+/// runtime with one connection per shard. Cheap to clone; clones share everything.
+/// Thread-safe.
+#[derive(Debug, Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+impl Limiter {
+    /// A limiter on the in-memory engine with no named policies.
+    pub fn memory() -> Limiter {
+        Limiter::new(Config::default()).expect("the default config is valid")
+    }
+
+    /// A limiter for a validated config: Redis shards when it has `shards`, else in-memory.
+    /// Does not connect: connections are made on first use.
+    pub fn new(config: Config) -> Result<Limiter> {
+        let subscribers = Arc::new(Subscribers::default());
+        let engine = Limiter::build_engine(&config, subscribers.clone())?;
+        let salt = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+        Ok(Limiter {
+            inner: Arc::new(Inner {
+                view: ArcSwap::from_pointee(View {
+                    series: config_series(&config, None, &Series::default()),
+                    config: Arc::new(config),
+                    engine,
+                    handoff: None,
+                }),
+                clock: None,
+                lease_seq: AtomicU64::new(0),
+                lease_salt: salt,
+                fallback: MemoryEngine::default(),
+                subscribers,
+                global_scale: AtomicU64::new(1.0f64.to_bits()),
+                scale_hook: Mutex::new(None),
+                adhoc: ArcSwap::from_pointee(Series::default()),
+                adhoc_add: Mutex::new(()),
+                block_cache: Mutex::new(ExpiringMap::default()),
+                block_cache_len: AtomicUsize::new(0),
+                local: Mutex::new(ExpiringMap::default()),
+            }),
+        })
+    }
+
+    fn build_engine(config: &Config, subscribers: Arc<Subscribers>) -> Result<Engine> {
+        let (prefix, timeout, maxlen) = (
+            config.key_prefix.clone(),
+            config.timeout,
+            config.events_stream_maxlen,
+        );
+        let e = match (&config.shards, &config.cluster) {
+            (Some(shards), _) => {
+                RedisEngine::new(shards.clone(), prefix, timeout, subscribers, maxlen)?
+            }
+            (None, Some(nodes)) => {
+                let tls = config.cluster_tls.clone();
+                RedisEngine::cluster(nodes.clone(), tls, prefix, timeout, subscribers, maxlen)?
+            }
+            (None, None) => return Ok(Engine::Memory(Arc::new(MemoryEngine::default()))),
+        };
+        e.set_spin_wait(config.spin_wait);
+        Ok(Engine::Redis(Arc::new(e)))
+    }
+
+    /// Loads a JSON config file.
+    pub fn from_config_file(path: impl AsRef<std::path::Path>) -> Result<Limiter> {
+        Limiter::new(Config::from_file(path)?)
+    }
+
+    /// Parses a JSON config string.
+    pub fn from_json(text: &str) -> Result<Limiter> {
+        Limiter::new(Config::from_json(text)?)
+    }
+
+    /// Uses `$SHARDLIMIT_CONFIG` (a path or inline JSON); the in-memory engine when unset.
+    pub fn from_env() -> Result<Limiter> {
+        match Config::from_env()? {
+            Some(c) => Limiter::new(c),
+            None => Ok(Limiter::memory()),
+        }
+    }
+
+    /// The same limiter deciding with `clock` instead of the engine's own time source
+    /// (Redis `TIME`, or the monotonic clock). For deterministic tests and replays.
+    /// Must be called before the limiter is cloned or used.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Result<Limiter> {
+        let inner = Arc::get_mut(&mut self.inner).ok_or_else(|| {
+            Error::invalid(
+                "clock",
+                "with_clock must be called before the limiter is shared",
+            )
+        })?;
+        inner.clock = Some(clock);
+        Ok(self)
+    }
+
+    /// The config in force (a reload swaps it).
+    pub fn config(&self) -> Arc<Config> {
+        self.view().config.clone()
+    }
+
+    /// True when decisions are made by Redis shards, false for the in-memory engine.
+    pub fn is_redis(&self) -> bool {
+        matches!(self.view().engine, Engine::Redis(_))
+    }
+
+    /// Keys currently held by the in-memory engine (`None` for Redis): memory is bounded
+    /// because expired state is swept out.
+    pub fn memory_keys(&self) -> Option<usize> {
+        match &self.view().engine {
+            Engine::Memory(m) => Some(m.len()),
+            Engine::Redis(_) => None,
+        }
+    }
+
+    /// The named policy from the config.
+    pub fn policy(&self, name: &str) -> Result<Policy> {
+        self.view()
+            .config
+            .policies
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::UnknownPolicy(name.to_string()))
+    }
+
+    /// The shard `key` routes to: (index, name). `None` on the in-memory engine.
+    pub fn route(&self, key: &str) -> Option<(u32, String)> {
+        match &self.view().engine {
+            Engine::Redis(r) => {
+                let i = shard_index(key, r.shards.len() as u32);
+                Some((i, r.shards[i as usize].name.clone()))
+            }
+            Engine::Memory(_) => None,
+        }
+    }
+
+    /// Connects to every shard and loads the scripts, within `timeout` (its own deadline,
+    /// not the per-call `timeout_ms`), so that the first calls do not spend their deadline
+    /// on a TCP connect and fall back to `on_error`. Call it at start-up; a failure says
+    /// which shard could not be reached (calls still connect lazily later). Nothing to do
+    /// on the in-memory engine.
+    pub async fn connect(&self, timeout: Duration) -> Result<()> {
+        if timeout.is_zero() {
+            return Err(Error::invalid("timeout", "must be more than 0"));
+        }
+        match &self.view().engine {
+            Engine::Memory(_) => Ok(()),
+            Engine::Redis(r) => r.connect(timeout).await,
+        }
+    }
+
+    /// Calls `subscriber` for every event: denials, blocks, fallbacks, circuit changes.
+    pub fn subscribe(&self, subscriber: Subscriber) {
+        self.inner.subscribers.add(subscriber);
+    }
+
+    #[inline]
+    fn view(&self) -> Arc<View> {
+        self.inner.view.load_full()
+    }
+
+    fn lease_id(&self) -> String {
+        let n = self.inner.lease_seq.fetch_add(1, Ordering::Relaxed);
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (self.inner.lease_salt, n, std::process::id()).hash(&mut h);
+        format!("{:016x}{:x}", h.finish(), n)
+    }
+
+    /// Now, from the injected clock or the monotonic clock (µs).
+    #[inline]
+    fn now(&self) -> u64 {
+        match &self.inner.clock {
+            Some(c) => c.now_us(),
+            None => MonotonicClock.now_us(),
+        }
+    }
+
+    /// The time to hand Redis scripts: the injected clock, or None for the server's TIME.
+    fn now_override(&self) -> Option<u64> {
+        self.inner.clock.as_ref().map(|c| c.now_us())
+    }
+
+    #[inline]
+    fn global_scale(&self) -> f64 {
+        f64::from_bits(self.inner.global_scale.load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(spin_wait: &str) -> Config {
+        // never connected: the engine connects lazily
+        Config::from_json(&format!(
+            r#"{{"shards":[{{"name":"a","url":"redis://127.0.0.1:1"}}],
+                "spin_wait":"{spin_wait}","policies":{{}}}}"#
+        ))
+        .unwrap()
+    }
+
+    fn redis(l: &Limiter) -> Arc<RedisEngine> {
+        match &l.view().engine {
+            Engine::Redis(r) => Arc::clone(r),
+            Engine::Memory(_) => panic!("a Redis config made an in-memory engine"),
+        }
+    }
+
+    #[test]
+    fn a_reload_that_keeps_the_connections_applies_the_new_spin_wait() {
+        let l = Limiter::new(config("100us")).unwrap();
+        let before = redis(&l);
+        assert_eq!(before.spin_wait(), Duration::from_micros(100));
+        l.reload(config("2ms")).unwrap();
+        let after = redis(&l);
+        assert!(
+            Arc::ptr_eq(&before, &after),
+            "same shards: the engine is kept"
+        );
+        assert_eq!(after.spin_wait(), Duration::from_millis(2));
+        l.reload(config("0")).unwrap();
+        assert_eq!(redis(&l).spin_wait(), Duration::ZERO);
+    }
+}
