@@ -2,12 +2,16 @@
 // (shardlimit.h). Handles are std::unique_ptr with the matching _free function; failures
 // are shardlimit::Error exceptions carrying the stable result code. Every method is
 // thread-safe (the C library is); a Limiter can be shared by reference across threads.
+// The blocking calls (check, ...) wait on the calling thread; check_async returns a
+// shardlimit::Pending at once, whose std::future completes on the library's I/O thread.
 #pragma once
 
 #include <shardlimit.h>
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
+#include <future>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -126,6 +130,78 @@ class Decision {
   shardlimit_decision d_;
 };
 
+template <class T>
+class Pending;
+namespace detail {
+template <class T, class Read, class Start>
+Pending<T> start(Start start, Read read);
+}  // namespace detail
+
+/// A call in flight, from Limiter::check_async: its result comes through a std::future,
+/// set on the library's I/O thread (or at once, on the in-memory engine). Dropping a
+/// Pending does not cancel the call; cancel() does. Movable; thread-safe.
+template <class T>
+class Pending {
+ public:
+  /// The result; blocks until the call completes. Throws shardlimit::Error when the call
+  /// failed (code SHARDLIMIT_ERR_CANCELLED after cancel()).
+  T get() { return future_.get(); }
+  /// The future itself, for wait_for / wait_until.
+  std::future<T>& future() noexcept { return future_; }
+  /// Cancels the call if it has not completed: the future then holds an Error with code
+  /// SHARDLIMIT_ERR_CANCELLED. True when it cancelled, false when the call had completed.
+  /// A check sent before the cancel may still have been counted by Redis.
+  bool cancel() noexcept { return shardlimit_pending_cancel(p_); }
+
+ private:
+  template <class U, class Read, class Start>
+  friend Pending<U> detail::start(Start start, Read read);
+  Pending(shardlimit_pending* p, std::future<T> f) : p_(p), future_(std::move(f)) {}
+  // the C handle, freed by the completion callback: a never-reused token, so cancel()
+  // after completion is harmless
+  shardlimit_pending* p_;
+  std::future<T> future_;
+};
+
+namespace detail {
+/// The state of one started call: the promise its callback fulfils with `Read(pending)`.
+template <class T, class Read>
+struct Completion {
+  std::promise<T> promise;
+  Read read;
+  /// shardlimit_callback: runs once, on the I/O thread; never throws into C.
+  static void callback(void* user, shardlimit_pending* p) noexcept {
+    std::unique_ptr<Completion> self(static_cast<Completion*>(user));
+    try {
+      self->promise.set_value(self->read(p));
+    } catch (...) {
+      try {
+        self->promise.set_exception(std::current_exception());
+      } catch (...) {
+      }
+    }
+    shardlimit_pending_free(p);
+  }
+};
+
+/// Starts a call with `start(callback, user, &pending, &err)`; its result is `read(pending)`.
+template <class T, class Read, class Start>
+Pending<T> start(Start start, Read read) {
+  auto* c = new Completion<T, Read>{std::promise<T>(), std::move(read)};
+  std::future<T> f = c->promise.get_future();
+  shardlimit_pending* p = nullptr;
+  shardlimit_error* err = nullptr;
+  shardlimit_result rc = start(&Completion<T, Read>::callback, static_cast<void*>(c), &p, &err);
+  if (rc != SHARDLIMIT_OK) {
+    delete c;  // no pending: the callback never runs
+    check(rc, err);
+  }
+  return Pending<T>(p, std::move(f));
+}
+
+inline Decision pending_decision(shardlimit_pending* p);
+}  // namespace detail
+
 /// A policy: from Limiter::policy (by name) or Policy::make (ad hoc).
 class Policy {
  public:
@@ -210,6 +286,27 @@ class Limiter {
     detail::check(shardlimit_check(h_.get(), key.data(), key.size(), policy.get(), cost, &d, &err),
                   err);
     return Decision(d);
+  }
+  /// check() without blocking: returns at once; the decision comes through the Pending's
+  /// future, which waits without a thread of the caller's and can be cancelled. The key
+  /// and policy name are copied.
+  Pending<Decision> check_async(std::string_view key, std::string_view policy,
+                                uint64_t cost = 1) const {
+    return detail::start<Decision>(
+        [&](shardlimit_callback cb, void* user, shardlimit_pending** out, shardlimit_error** err) {
+          return shardlimit_check_named_start(h_.get(), key.data(), key.size(), policy.data(),
+                                              policy.size(), cost, cb, user, out, err);
+        },
+        &detail::pending_decision);
+  }
+  Pending<Decision> check_async(std::string_view key, const Policy& policy,
+                                uint64_t cost = 1) const {
+    return detail::start<Decision>(
+        [&](shardlimit_callback cb, void* user, shardlimit_pending** out, shardlimit_error** err) {
+          return shardlimit_check_start(h_.get(), key.data(), key.size(), policy.get(), cost, cb,
+                                        user, out, err);
+        },
+        &detail::pending_decision);
   }
   /// The named policy of the config.
   Policy policy(std::string_view name) const {
@@ -302,6 +399,13 @@ class Limiter {
   explicit Limiter(shardlimit_limiter* h) : h_(h) {}
   detail::LimiterPtr h_;
 };
+
+inline Decision detail::pending_decision(shardlimit_pending* p) {
+  shardlimit_decision d;
+  shardlimit_error* err = nullptr;
+  detail::check(shardlimit_pending_decision(p, &d, &err), err);
+  return Decision(d);
+}
 
 /// The client's IP for rate limiting (see shardlimit_client_ip): `xff` is the raw
 /// X-Forwarded-For header, empty when absent; `trusted` the proxies' CIDRs.

@@ -759,6 +759,68 @@ static void test_close_while_checking(void) {
   shardlimit_limiter_free(next);
 }
 
+/* ---------------------------------------------------------------- started calls */
+
+/* What a completion callback saw. */
+struct seen {
+  atomic_int calls;
+  atomic_int code;
+};
+
+static void on_done(void *user, shardlimit_pending *p) {
+  struct seen *s = user;
+  shardlimit_decision d;
+  atomic_store(&s->code, (int)shardlimit_pending_decision(p, &d, NULL));
+  atomic_fetch_add(&s->calls, 1);
+}
+
+static void test_started_calls(void) {
+  shardlimit_error *err = NULL;
+  shardlimit_limiter *l = NULL;
+  char cfg[512];
+  snprintf(cfg, sizeof cfg,
+           "{\"shards\":[{\"name\":\"only\",\"url\":\"redis://127.0.0.1:%d\"}],"
+           "\"timeout_ms\":10000,\"policies\":{\"api\":{\"algorithm\":\"fixed_window\","
+           "\"limit\":5,\"window\":\"1h\",\"on_error\":\"error\"}}}",
+           redis_port);
+  CHECK_RC(shardlimit_limiter_new_json(cfg, strlen(cfg), NULL, &l, &err), SHARDLIMIT_OK, err);
+  /* Redis answers: wait on the handle (no callback) */
+  shardlimit_pending *p = NULL;
+  CHECK_RC(shardlimit_check_named_start(l, S("started"), S("api"), 1, NULL, NULL, &p, &err),
+           SHARDLIMIT_OK, err);
+  CHECK(shardlimit_pending_wait(p, 10 * 1000 * 1000));
+  shardlimit_decision d;
+  CHECK_RC(shardlimit_pending_decision(p, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.remaining == 4 && d.source == SHARDLIMIT_SOURCE_REDIS);
+  shardlimit_pending_free(p);
+  shardlimit_pending_free(p); /* a second free is a no-op */
+  /* Redis stopped: in flight until cancelled; the callback runs once, inside cancel */
+  CHECK(kill(redis_pid, SIGSTOP) == 0);
+  struct seen s;
+  atomic_init(&s.calls, 0);
+  atomic_init(&s.code, -1);
+  CHECK_RC(shardlimit_check_named_start(l, S("started"), S("api"), 1, on_done, &s, &p, &err),
+           SHARDLIMIT_OK, err);
+  CHECK(!shardlimit_pending_wait(p, 20 * 1000));
+  CHECK(!shardlimit_pending_poll(p));
+  CHECK(atomic_load(&s.calls) == 0);
+  CHECK(shardlimit_pending_cancel(p));
+  CHECK(atomic_load(&s.calls) == 1);
+  CHECK(atomic_load(&s.code) == SHARDLIMIT_ERR_CANCELLED);
+  CHECK_RC(shardlimit_pending_decision(p, &d, &err), SHARDLIMIT_ERR_CANCELLED, err);
+  CHECK(!shardlimit_pending_cancel(p));
+  shardlimit_pending_free(p);
+  CHECK(atomic_load(&s.calls) == 1);
+  /* freeing a call in flight cancels it */
+  atomic_store(&s.calls, 0);
+  CHECK_RC(shardlimit_check_named_start(l, S("started"), S("api"), 1, on_done, &s, &p, &err),
+           SHARDLIMIT_OK, err);
+  shardlimit_pending_free(p);
+  CHECK(atomic_load(&s.calls) == 1);
+  CHECK(kill(redis_pid, SIGCONT) == 0);
+  shardlimit_limiter_free(l);
+}
+
 int main(void) {
   start_redis();
   snprintf(config, sizeof config,
@@ -786,6 +848,7 @@ int main(void) {
   test_client_ip();
   test_freed_limiter();
   test_close_while_checking();
+  test_started_calls();
 
   shardlimit_limiter_free(lim);
   shardlimit_clock_free(clock_);

@@ -87,7 +87,17 @@ fn result_codes_match_the_core() {
         assert_eq!(c as u32, k.code(), "{k:?}");
         assert_eq!(s(shardlimit_result_name(k.code())), k.name());
         assert_eq!(shardlimit_result_is_backend(k.code()), k.is_backend());
+        assert_eq!(
+            shardlimit_result_parent(k.code()),
+            k.parent().map_or(0, |p| p.code())
+        );
     }
+    assert_eq!(
+        shardlimit_result_parent(SHARDLIMIT_ERR_UNKNOWN_POLICY as u32),
+        SHARDLIMIT_ERR_INVALID_ARGUMENT as u32
+    );
+    assert_eq!(shardlimit_result_parent(SHARDLIMIT_ERR_CLOSED as u32), 0);
+    assert_eq!(shardlimit_result_parent(4242), 0);
     assert_eq!(s(shardlimit_result_name(0)), "ok");
     for src in [
         Source::Redis,
