@@ -742,6 +742,103 @@ shardlimit_result shardlimit_decision_to_json(const struct shardlimit_decision *
                                               struct shardlimit_string *out,
                                               struct shardlimit_error **err);
 
+// Whether the limiter decides on Redis (true) or in memory (false); false for NULL or a
+// handle that is not a live limiter. Thread-safe.
+bool shardlimit_is_redis(const struct shardlimit_limiter *limiter);
+
+// How many keys the in-memory engine holds: on success `*out_count` is set and
+// `*out_has` (may be NULL) is true, or, on Redis (which holds no keys here), `*out_count`
+// is 0 and `*out_has` false. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_memory_keys(const struct shardlimit_limiter *limiter,
+                                         bool *out_has,
+                                         size_t *out_count,
+                                         struct shardlimit_error **err);
+
+// The shard the key given by `key_len` bytes at `key` routes to (the public routing
+// contract: jump hash of xxh64 of the hash tag or key). On success `*out_index` is its
+// index and `*out_name` (may be NULL) its name, an owned string the caller frees with
+// `shardlimit_string_free()`. On the in-memory engine there is no shard: INVALID_ARGUMENT.
+// Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_route(const struct shardlimit_limiter *limiter,
+                                   const char *key,
+                                   size_t key_len,
+                                   uint32_t *out_index,
+                                   struct shardlimit_string *out_name,
+                                   struct shardlimit_error **err);
+
+// Applies a new JSON configuration (`json_len` bytes at `json`, not retained) to the
+// running limiter: checks in flight finish on the old one, new checks use the new one;
+// connections are kept when the shard list is unchanged, counters where policies stay.
+// A bad configuration is refused with the reason and the old one stays in force.
+// Thread-safe. `err` may be NULL.
+// Results: OK, CONFIG, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_reload(const struct shardlimit_limiter *limiter,
+                                    const char *json,
+                                    size_t json_len,
+                                    struct shardlimit_error **err);
+
+// `shardlimit_reload()` from the configuration file at the path given by `path_len`
+// bytes at `path`. Thread-safe. `err` may be NULL.
+// Results: OK, IO, CONFIG, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_reload_from_file(const struct shardlimit_limiter *limiter,
+                                              const char *path,
+                                              size_t path_len,
+                                              struct shardlimit_error **err);
+
+// Scales limits by `factor` (0 < factor <= 1): every policy when `count` is 0, else the
+// `count` policies named in `policies` (an array of strings, borrowed for the call).
+// Decisions and headers then report the effective limit. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT (a factor out of range), UNKNOWN_POLICY, CLOSED, INTERNAL.
+shardlimit_result shardlimit_set_scale(const struct shardlimit_limiter *limiter,
+                                       double factor,
+                                       const struct shardlimit_str *policies,
+                                       size_t count,
+                                       struct shardlimit_error **err);
+
+// The global scale factor in force (1 unless `shardlimit_set_scale()` changed it); 0 for
+// NULL or a handle that is not a live limiter. Thread-safe.
+double shardlimit_scale(const struct shardlimit_limiter *limiter);
+
+// Installs the core's latency scale hook (`latency_scale`): full limits while the health
+// signal (seconds) is at or under `target_us` microseconds, proportionally less above it
+// (target / signal), never below `min_factor`. `shardlimit_observe_health()` feeds it.
+// (A hook of the caller's own is a Rust closure: C callers compute the factor themselves
+// and call `shardlimit_set_scale()`.) Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_set_latency_scale(const struct shardlimit_limiter *limiter,
+                                               uint64_t target_us,
+                                               double min_factor,
+                                               struct shardlimit_error **err);
+
+// Feeds a health signal (e.g. the p99 latency of the protected dependency, in seconds)
+// to the scale hook and applies the factor it gives; on success `*out_factor` (may be
+// NULL) is the factor now in force. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT (no hook installed), CLOSED, INTERNAL.
+shardlimit_result shardlimit_observe_health(const struct shardlimit_limiter *limiter,
+                                            double signal,
+                                            double *out_factor,
+                                            struct shardlimit_error **err);
+
+// The limiter's counters as JSON: `{"policies":[{"policy":..,"allowed":..,"denied":..,
+// "fallback":..,"blocked":..,"local_admitted":..,"redis_errors":..}],
+// "redis_latency":{"buckets_le_us":[..],"buckets":[..],"sum_us":..,"count":..},
+// "events_dropped":..}`. On success `*out` is an owned string the caller frees with
+// `shardlimit_string_free()`. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_metrics(const struct shardlimit_limiter *limiter,
+                                     struct shardlimit_string *out,
+                                     struct shardlimit_error **err);
+
+// The limiter's counters in the Prometheus text exposition format (version 0.0.4), for
+// a `/metrics` endpoint. On success `*out` is an owned string the caller frees with
+// `shardlimit_string_free()`. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_metrics_prometheus(const struct shardlimit_limiter *limiter,
+                                                struct shardlimit_string *out,
+                                                struct shardlimit_error **err);
+
 // `shardlimit_check()` that returns at once: on success `*out_pending` is a new pending
 // the caller owns, and `callback` (may be NULL) will be called exactly once with `user`
 // when it completes (see `shardlimit_callback`); read the decision with

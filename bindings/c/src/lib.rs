@@ -1845,7 +1845,9 @@ pub unsafe extern "C" fn shardlimit_decision_to_json(
     })
 }
 
+mod admin;
 mod pending;
+pub use admin::*;
 pub use pending::*;
 
 #[cfg(test)]
