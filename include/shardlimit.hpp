@@ -35,6 +35,14 @@ class Error : public std::runtime_error {
   }
   /// True when Redis failed (connection, timeout, script) rather than the caller.
   bool is_backend() const noexcept { return shardlimit_result_is_backend(code_); }
+  /// True when the error is of `kind` or of a special case of it (the hierarchy of
+  /// spec/errors.json: an UNKNOWN_POLICY error is an INVALID_ARGUMENT).
+  bool is(shardlimit_result kind) const noexcept {
+    uint32_t c = code_;
+    for (int depth = 0; c != 0 && depth < 8; depth++, c = shardlimit_result_parent(c))
+      if (c == static_cast<uint32_t>(kind)) return true;
+    return false;
+  }
 
  private:
   shardlimit_result code_;
@@ -202,6 +210,30 @@ Pending<T> start(Start start, Read read) {
 inline Decision pending_decision(shardlimit_pending* p);
 }  // namespace detail
 
+/// A manual clock for deterministic tests: limiters made with it read time from it.
+class Clock {
+ public:
+  explicit Clock(uint64_t start_us) {
+    shardlimit_clock* c = nullptr;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_clock_new(start_us, &c, &err), err);
+    c_.reset(c);
+  }
+  void set_us(uint64_t now_us) const {
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_clock_set_us(c_.get(), now_us, &err), err);
+  }
+  void advance(std::chrono::microseconds d) const {
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_clock_advance_us(c_.get(), static_cast<uint64_t>(d.count()), &err),
+                  err);
+  }
+  const shardlimit_clock* get() const noexcept { return c_.get(); }
+
+ private:
+  std::unique_ptr<shardlimit_clock, detail::Deleter<&shardlimit_clock_free>> c_;
+};
+
 /// A policy: from Limiter::policy (by name) or Policy::make (ad hoc).
 class Policy {
  public:
@@ -252,24 +284,88 @@ struct BlockInfo {
 /// A rate limiter. Move-only; thread-safe; frees its handle on destruction.
 class Limiter {
  public:
-  /// From a JSON config (the format of shard-config.json).
-  static Limiter from_json(std::string_view json) {
+  /// From a JSON config (the format of shard-config.json); `clock` for tests.
+  static Limiter from_json(std::string_view json, const Clock* clock = nullptr) {
     return make([&](shardlimit_limiter** out, shardlimit_error** err) {
-      return shardlimit_limiter_new_json(json.data(), json.size(), nullptr, out, err);
+      return shardlimit_limiter_new_json(json.data(), json.size(), clock_of(clock), out, err);
     });
   }
   /// From a JSON config file.
-  static Limiter from_file(std::string_view path) {
+  static Limiter from_file(std::string_view path, const Clock* clock = nullptr) {
     return make([&](shardlimit_limiter** out, shardlimit_error** err) {
-      return shardlimit_limiter_new_file(path.data(), path.size(), nullptr, out, err);
+      return shardlimit_limiter_new_file(path.data(), path.size(), clock_of(clock), out, err);
     });
   }
-  /// The in-memory engine (no Redis), for ad-hoc policies.
-  static Limiter memory() {
-    return make([](shardlimit_limiter** out, shardlimit_error** err) {
-      return shardlimit_limiter_new_memory(nullptr, out, err);
+  /// From $SHARDLIMIT_CONFIG (a path or inline JSON); in memory when it is unset.
+  static Limiter from_env(const Clock* clock = nullptr) {
+    return make([&](shardlimit_limiter** out, shardlimit_error** err) {
+      return shardlimit_limiter_new_env(clock_of(clock), out, err);
     });
   }
+  /// The in-memory engine (no Redis), for ad-hoc policies; on `clock` in tests.
+  static Limiter memory(const Clock* clock = nullptr) {
+    return make([&](shardlimit_limiter** out, shardlimit_error** err) {
+      return shardlimit_limiter_new_memory(clock_of(clock), out, err);
+    });
+  }
+
+  /// Whether decisions run on Redis (else in memory).
+  bool is_redis() const noexcept { return shardlimit_is_redis(h_.get()); }
+  /// How many keys the in-memory engine holds; empty on Redis.
+  std::optional<size_t> memory_keys() const {
+    bool has = false;
+    size_t n = 0;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_memory_keys(h_.get(), &has, &n, &err), err);
+    return has ? std::optional<size_t>(n) : std::nullopt;
+  }
+  /// The shard `key` routes to: (index, name). Throws on the in-memory engine.
+  std::pair<uint32_t, std::string> route(std::string_view key) const {
+    uint32_t i = 0;
+    shardlimit_string name{nullptr, 0};
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_route(h_.get(), key.data(), key.size(), &i, &name, &err), err);
+    std::string n(name.ptr, name.len);
+    shardlimit_string_free(&name);
+    return {i, n};
+  }
+  /// Applies a new JSON config; a bad one throws and the old one stays in force.
+  void reload(std::string_view json) const {
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_reload(h_.get(), json.data(), json.size(), &err), err);
+  }
+  void reload_from_file(std::string_view path) const {
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_reload_from_file(h_.get(), path.data(), path.size(), &err), err);
+  }
+  /// Scales the limits of `policies` (every policy when empty) by `factor` in (0, 1].
+  void set_scale(double factor, const std::vector<std::string>& policies = {}) const {
+    std::vector<shardlimit_str> names;
+    for (const auto& p : policies) names.push_back({p.data(), p.size()});
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_set_scale(h_.get(), factor, names.data(), names.size(), &err), err);
+  }
+  /// The global scale factor in force.
+  double scale() const noexcept { return shardlimit_scale(h_.get()); }
+  /// Installs the core's latency hook (full limits up to `target`, then target/signal,
+  /// never below `min_factor`) that observe_health feeds.
+  void set_latency_scale(std::chrono::microseconds target, double min_factor) const {
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_set_latency_scale(h_.get(), static_cast<uint64_t>(target.count()),
+                                               min_factor, &err),
+                  err);
+  }
+  /// Feeds a health signal (seconds) through the scale hook; returns the factor in force.
+  double observe_health(double signal) const {
+    double f = 0;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_observe_health(h_.get(), signal, &f, &err), err);
+    return f;
+  }
+  /// The counters as JSON (see shardlimit_metrics).
+  std::string metrics() const { return text(&shardlimit_metrics); }
+  /// The counters in the Prometheus text format.
+  std::string metrics_prometheus() const { return text(&shardlimit_metrics_prometheus); }
 
   /// Checks `cost` units of the named policy for `key`. Denied is not an exception.
   Decision check(std::string_view key, std::string_view policy, uint64_t cost = 1) const {
@@ -395,6 +491,18 @@ class Limiter {
     shardlimit_error* err = nullptr;
     detail::check(f(&h, &err), err);
     return Limiter(h);
+  }
+  static const shardlimit_clock* clock_of(const Clock* c) noexcept {
+    return c ? c->get() : nullptr;
+  }
+  template <class F>
+  std::string text(F f) const {
+    shardlimit_string s{nullptr, 0};
+    shardlimit_error* err = nullptr;
+    detail::check(f(h_.get(), &s, &err), err);
+    std::string out(s.ptr, s.len);
+    shardlimit_string_free(&s);
+    return out;
   }
   explicit Limiter(shardlimit_limiter* h) : h_(h) {}
   detail::LimiterPtr h_;
