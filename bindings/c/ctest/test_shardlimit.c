@@ -821,6 +821,183 @@ static void test_started_calls(void) {
   shardlimit_limiter_free(l);
 }
 
+/* ---------------------------------------------------------------- shared contracts */
+
+/* A whole file of the repository (the test runs from its root, or $SHARDLIMIT_ROOT), or
+ * NULL. The caller frees it. */
+static char *read_file(const char *rel) {
+  char path[1024];
+  const char *root = getenv("SHARDLIMIT_ROOT");
+  snprintf(path, sizeof path, "%s/%s", root ? root : ".", rel);
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *buf = malloc((size_t)n + 1);
+  if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+    free(buf);
+    buf = NULL;
+  }
+  if (buf) buf[n] = 0;
+  fclose(f);
+  return buf;
+}
+
+/* The next {...} object at the top level of the array that *at is inside (the generated
+ * spec files hold no braces inside strings): [*start, *end) and *at past it; 0 at the
+ * array's end. */
+static int next_object(const char **at, const char **start, const char **end) {
+  int depth = 0;
+  for (const char *c = *at; *c; c++) {
+    if (*c == ']' && depth == 0) return 0;
+    if (*c == '{' && depth++ == 0) *start = c;
+    if (*c == '}' && --depth == 0) {
+      *end = c + 1;
+      *at = c + 1;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* The value of "key" in the object [start, end): a string's contents or a bare value,
+ * copied into out (empty when absent). */
+static void field(const char *start, const char *end, const char *key, char *out, size_t cap) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\": ", key);
+  out[0] = 0;
+  const char *f = strstr(start, pat);
+  if (!f || f >= end) return;
+  f += strlen(pat);
+  int quoted = *f == '"';
+  if (quoted) f++;
+  size_t n = 0;
+  while (f < end && n + 1 < cap && (quoted ? *f != '"' : (*f != ',' && *f != '\n' && *f != '}')))
+    out[n++] = *f++;
+  out[n] = 0;
+}
+
+/* Every operation of spec/operations.json not marked not_in "c" is a function of the C
+ * ABI: shardlimit_<op>, or the alias given here (constructors and the policy lookup). The
+ * table holds the functions themselves, so a name that does not exist does not link. */
+struct op {
+  const char *name;
+  const char *symbol;
+  void (*fn)(void);
+};
+#define OP(n) {#n, "shardlimit_" #n, (void (*)(void))shardlimit_##n}
+#define ALIAS(n, f) {n, #f, (void (*)(void))f}
+static const struct op c_ops[] = {
+    ALIAS("memory", shardlimit_limiter_new_memory),
+    ALIAS("new", shardlimit_limiter_new_json),
+    ALIAS("from_config_file", shardlimit_limiter_new_file),
+    ALIAS("from_env", shardlimit_limiter_new_env),
+    ALIAS("with_clock", shardlimit_clock_new),
+    ALIAS("policy", shardlimit_limiter_policy),
+    OP(is_redis), OP(memory_keys), OP(route), OP(reload), OP(reload_from_file), OP(set_scale),
+    OP(scale), OP(observe_health), OP(metrics), OP(check), OP(peek), OP(acquire), OP(release),
+    OP(reset), OP(check_all), OP(block), OP(unblock), OP(blocked),
+};
+#undef OP
+#undef ALIAS
+/* Operations of the core the C ABI does not offer yet. */
+static const char *c_missing[] = {"config", "subscribe", "watch_config"};
+
+static int in_list(const char *name, const char **list, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(list[i], name) == 0) return 1;
+  return 0;
+}
+
+static void test_operations_spec(void) {
+  char *text = read_file("spec/operations.json");
+  CHECK(text != NULL);
+  if (!text) return;
+  const char *at = strstr(text, "\"operations\"");
+  CHECK(at != NULL);
+  if (!at) {
+    free(text);
+    return;
+  }
+  at = strchr(at, '[') + 1;
+  const char *start, *end;
+  size_t seen = 0, missing_seen = 0, nops = sizeof c_ops / sizeof c_ops[0];
+  size_t nmissing = sizeof c_missing / sizeof c_missing[0];
+  while (next_object(&at, &start, &end)) {
+    char name[128], excluded[8];
+    field(start, end, "name", name, sizeof name);
+    field(start, end, "c", excluded, sizeof excluded);
+    int has = 0;
+    for (size_t i = 0; i < nops; i++)
+      if (strcmp(c_ops[i].name, name) == 0) has = 1, seen++;
+    if (excluded[0]) {
+      if (has) fprintf(stderr, "%s is marked not_in c but the ABI has it\n", name), failures++;
+    } else if (in_list(name, c_missing, nmissing)) {
+      missing_seen++;
+      if (has) fprintf(stderr, "%s is listed missing but present\n", name), failures++;
+    } else if (!has) {
+      fprintf(stderr, "the C ABI lacks the operation %s (shardlimit_%s)\n", name, name);
+      failures++;
+    }
+  }
+  CHECK(seen == nops);              /* every table entry is an operation of the spec */
+  CHECK(missing_seen == nmissing);  /* and so is every missing one */
+  for (size_t i = 0; i < nops; i++) CHECK(c_ops[i].fn != NULL);
+  free(text);
+}
+
+/* spec/errors.json's codes, names, backend flags and hierarchy are the ABI's. */
+static void test_errors_spec(void) {
+  char *text = read_file("spec/errors.json");
+  CHECK(text != NULL);
+  if (!text) return;
+  const char *kinds = strstr(text, "\"kinds\"");
+  CHECK(kinds != NULL);
+  if (!kinds) {
+    free(text);
+    return;
+  }
+  char names[32][64];
+  unsigned codes[32];
+  size_t n = 0;
+  const char *at = strchr(kinds, '[') + 1, *start, *end;
+  while (n < 32 && next_object(&at, &start, &end)) {
+    char code[16];
+    field(start, end, "name", names[n], sizeof names[n]);
+    field(start, end, "code", code, sizeof code);
+    codes[n++] = (unsigned)strtoul(code, NULL, 10);
+  }
+  CHECK(n >= 9);
+  at = strchr(kinds, '[') + 1;
+  for (size_t i = 0; next_object(&at, &start, &end); i++) {
+    char backend[8], parent[64];
+    field(start, end, "backend", backend, sizeof backend);
+    field(start, end, "parent", parent, sizeof parent);
+    CHECK(str_eq(shardlimit_result_name(codes[i]), names[i]));
+    CHECK(shardlimit_result_is_backend(codes[i]) == (strcmp(backend, "true") == 0));
+    unsigned want = 0;
+    for (size_t j = 0; j < n; j++)
+      if (strcmp(names[j], parent) == 0) want = codes[j];
+    CHECK(strcmp(parent, "null") == 0 || want != 0);
+    if (shardlimit_result_parent(codes[i]) != want)
+      fprintf(stderr, "%s: parent %u, spec %s\n", names[i], shardlimit_result_parent(codes[i]),
+              parent),
+          failures++;
+  }
+  const char *retired = strstr(text, "\"retired\"");
+  CHECK(retired != NULL);
+  if (retired) {
+    at = strchr(retired, '[') + 1;
+    while (next_object(&at, &start, &end)) {
+      char code[16];
+      field(start, end, "code", code, sizeof code);
+      CHECK(str_eq(shardlimit_result_name((uint32_t)strtoul(code, NULL, 10)), "unknown"));
+    }
+  }
+  free(text);
+}
+
 int main(void) {
   start_redis();
   snprintf(config, sizeof config,
@@ -849,6 +1026,8 @@ int main(void) {
   test_freed_limiter();
   test_close_while_checking();
   test_started_calls();
+  test_operations_spec();
+  test_errors_spec();
 
   shardlimit_limiter_free(lim);
   shardlimit_clock_free(clock_);
