@@ -3,7 +3,13 @@
 // spec/errors.json (codes, names, backend flags, hierarchy) and tests/vectors/keys.json.
 #include <shardlimit.hpp>
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <map>
@@ -194,6 +200,115 @@ TEST(Spec, MemoryLimiterOnAManualClockScaleAndMetrics) {
   limiter.reload(R"({"policies":{"api":{"algorithm":"fixed_window","limit":9,"window":"1s"}}})");
   limiter.set_scale(1.0);
   EXPECT_EQ(limiter.check("k3", "api").limit(), 9u);
+}
+
+/// The object that follows "key": in `text` (brace-matched), e.g. a case's policy.
+std::string object_at(const std::string& text, const std::string& key) {
+  size_t at = text.find("\"" + key + "\": {");
+  if (at == std::string::npos) return "";
+  at = text.find('{', at);
+  int depth = 0;
+  for (size_t i = at; i < text.size(); i++) {
+    if (text[i] == '{') depth++;
+    if (text[i] == '}' && --depth == 0) return text.substr(at, i - at + 1);
+  }
+  return "";
+}
+
+/// Replays every case of tests/vectors/algorithms.json on a fresh limiter from
+/// `config(policy, case index)` on a manual clock; an unknown op fails the test.
+template <class Config>
+void replay_vectors(Config config) {
+  auto cases = objects(read("tests/vectors/algorithms.json"), "cases");
+  ASSERT_GT(cases.size(), 5u);
+  size_t steps = 0;
+  for (size_t i = 0; i < cases.size(); i++) {
+    const std::string& c = cases[i];
+    std::string name = field(c, "name");
+    shardlimit::Clock clock(0);
+    auto limiter = L::from_json(config(object_at(c, "policy"), i), &clock);
+    auto policy = limiter.policy("p");
+    std::map<std::string, shardlimit::Lease> leases;
+    auto list = objects(c, "steps");
+    for (size_t j = 0; j < list.size(); j++, steps++) {
+      const std::string& st = list[j];
+      std::string op = field(st, "op"), where = name + ", step " + std::to_string(j);
+      clock.set_us(std::stoull(field(st, "t_us")));
+      if (op == "check") {
+        auto [d, lease] = limiter.acquire(field(st, "key"), policy, std::stoull(field(st, "cost")));
+        std::string as = field(st, "lease_as");
+        if (!as.empty() && lease) leases.emplace(as, std::move(*lease));
+        std::string e = object_at(st, "expect");
+        EXPECT_EQ(d.allowed(), field(e, "allowed") == "true") << where;
+        EXPECT_EQ(d.remaining(), std::stoull(field(e, "remaining"))) << where;
+        EXPECT_EQ(static_cast<uint64_t>(d.reset_after().count()),
+                  std::stoull(field(e, "reset_after_us")))
+            << where;
+        std::string retry = field(e, "retry_after_us");
+        if (retry == "null") {
+          EXPECT_FALSE(d.retry_after().has_value()) << where;
+        } else {
+          ASSERT_TRUE(d.retry_after().has_value()) << where;
+          EXPECT_EQ(static_cast<uint64_t>(d.retry_after()->count()), std::stoull(retry)) << where;
+        }
+        EXPECT_EQ(static_cast<uint64_t>(d.delay().count()), std::stoull(field(e, "delay_us")))
+            << where;
+      } else if (op == "release") {
+        auto it = leases.find(field(st, "lease"));
+        ASSERT_NE(it, leases.end()) << where;
+        EXPECT_EQ(limiter.release(it->second), field(st, "expect_released") == "true") << where;
+      } else {
+        FAIL() << where << ": unknown op " << op << ": teach this replay the op";
+      }
+    }
+  }
+  EXPECT_GT(steps, 30u);
+}
+
+TEST(Vectors, InMemoryOnAManualClock) {
+  replay_vectors([](const std::string& policy, size_t) {
+    return R"({"policies":{"p":)" + policy + "}}";
+  });
+}
+
+TEST(Vectors, OnRedisOnAManualClock) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  close(fd);
+  std::string port = std::to_string(ntohs(a.sin_port));
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (!freopen("/dev/null", "w", stdout)) _exit(126);
+    execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1", "--save",
+           "", "--appendonly", "no", "--dir", "/tmp", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  struct Stop {
+    ~Stop() {
+      kill(pid, SIGTERM);
+      waitpid(pid, nullptr, 0);
+    }
+    pid_t pid;
+  } stop{pid};
+  bool up = false;
+  for (int i = 0; i < 500 && !up; i++) {  // readiness: the port accepts, for at most 10 s
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    up = connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    close(c);
+    if (!up) usleep(20 * 1000);
+  }
+  ASSERT_TRUE(up) << "redis-server did not start";
+  replay_vectors([&](const std::string& policy, size_t i) {
+    // a fresh key space per case
+    return R"({"shards":[{"name":"s0","url":"redis://127.0.0.1:)" + port +
+           R"("}],"timeout_ms":2000,"key_prefix":"vec)" + std::to_string(i) +
+           R"(","policies":{"p":)" + policy + "}}";
+  });
 }
 
 }  // namespace
