@@ -998,6 +998,125 @@ static void test_errors_spec(void) {
   free(text);
 }
 
+/* The {...} that follows "key": in [start, end), brace-matched: [*os, *oe). */
+static int object_at(const char *start, const char *end, const char *key, const char **os,
+                     const char **oe) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\": {", key);
+  const char *f = strstr(start, pat);
+  if (!f || f >= end) return 0;
+  f = strchr(f, '{');
+  int depth = 0;
+  for (const char *c = f; c < end; c++) {
+    if (*c == '{') depth++;
+    if (*c == '}' && --depth == 0) {
+      *os = f;
+      *oe = c + 1;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Replays every case of tests/vectors/algorithms.json on a manual clock: in memory
+ * (redis_port 0) or on the suite's redis-server. An unknown op fails loudly. */
+static void replay_vectors(int on_redis) {
+  char *text = read_file("tests/vectors/algorithms.json");
+  CHECK(text != NULL);
+  if (!text) return;
+  const char *at = strchr(strstr(text, "\"cases\""), '[') + 1, *cs, *ce;
+  int steps = 0;
+  for (int ci = 0; next_object(&at, &cs, &ce); ci++) {
+    const char *ps, *pe;
+    CHECK(object_at(cs, ce, "policy", &ps, &pe));
+    char cfg[2048];
+    if (on_redis)
+      snprintf(cfg, sizeof cfg,
+               "{\"shards\":[{\"name\":\"s0\",\"url\":\"redis://127.0.0.1:%d\"}],"
+               "\"timeout_ms\":2000,\"key_prefix\":\"cvec%d\",\"policies\":{\"p\":%.*s}}",
+               redis_port, ci, (int)(pe - ps), ps);
+    else
+      snprintf(cfg, sizeof cfg, "{\"policies\":{\"p\":%.*s}}", (int)(pe - ps), ps);
+    shardlimit_error *err = NULL;
+    shardlimit_clock *clk = NULL;
+    shardlimit_limiter *l = NULL;
+    shardlimit_policy *pol = NULL;
+    CHECK_RC(shardlimit_clock_new(0, &clk, &err), SHARDLIMIT_OK, err);
+    CHECK_RC(shardlimit_limiter_new_json(cfg, strlen(cfg), clk, &l, &err), SHARDLIMIT_OK, err);
+    CHECK_RC(shardlimit_limiter_policy(l, S("p"), &pol, &err), SHARDLIMIT_OK, err);
+    char lease_names[16][32];
+    shardlimit_lease *leases[16];
+    int nleases = 0;
+    const char *sat = strchr(strstr(cs, "\"steps\""), '[') + 1, *ss, *se;
+    while (sat < ce && next_object(&sat, &ss, &se)) {
+      char op[16], t[32], key[64], cost[32], lease_as[32], lease[32], released[8];
+      field(ss, se, "op", op, sizeof op);
+      field(ss, se, "t_us", t, sizeof t);
+      field(ss, se, "key", key, sizeof key);
+      CHECK_RC(shardlimit_clock_set_us(clk, strtoull(t, NULL, 10), &err), SHARDLIMIT_OK, err);
+      if (strcmp(op, "check") == 0) {
+        field(ss, se, "cost", cost, sizeof cost);
+        field(ss, se, "lease_as", lease_as, sizeof lease_as);
+        shardlimit_decision d;
+        shardlimit_lease *got = NULL;
+        CHECK_RC(shardlimit_acquire(l, key, strlen(key), pol, strtoull(cost, NULL, 10), &d, &got,
+                                    &err),
+                 SHARDLIMIT_OK, err);
+        if (got && lease_as[0] && nleases < 16) {
+          snprintf(lease_names[nleases], sizeof lease_names[nleases], "%s", lease_as);
+          leases[nleases++] = got;
+        } else {
+          shardlimit_lease_free(got);
+        }
+        const char *es, *ee;
+        CHECK(object_at(ss, se, "expect", &es, &ee));
+        char allowed[8], remaining[32], reset[32], retry[32], delay[32];
+        field(es, ee, "allowed", allowed, sizeof allowed);
+        field(es, ee, "remaining", remaining, sizeof remaining);
+        field(es, ee, "reset_after_us", reset, sizeof reset);
+        field(es, ee, "retry_after_us", retry, sizeof retry);
+        field(es, ee, "delay_us", delay, sizeof delay);
+        int same = d.allowed == (strcmp(allowed, "true") == 0) &&
+                   d.remaining == strtoull(remaining, NULL, 10) &&
+                   d.reset_after_us == strtoull(reset, NULL, 10) &&
+                   d.delay_us == strtoull(delay, NULL, 10) &&
+                   (strcmp(retry, "null") == 0 ? !d.has_retry_after
+                                               : d.has_retry_after &&
+                                                     d.retry_after_us == strtoull(retry, NULL, 10));
+        if (!same) {
+          fprintf(stderr, "vector case %d (%s), t %s key %s: got allowed %d remaining %llu reset %llu"
+                          " retry %d/%llu delay %llu; want %.*s\n",
+                  ci, on_redis ? "redis" : "memory", t, key, d.allowed,
+                  (unsigned long long)d.remaining, (unsigned long long)d.reset_after_us,
+                  d.has_retry_after, (unsigned long long)d.retry_after_us,
+                  (unsigned long long)d.delay_us, (int)(ee - es), es);
+          failures++;
+        }
+      } else if (strcmp(op, "release") == 0) {
+        field(ss, se, "lease", lease, sizeof lease);
+        field(ss, se, "expect_released", released, sizeof released);
+        shardlimit_lease *held = NULL;
+        for (int i = 0; i < nleases; i++)
+          if (strcmp(lease_names[i], lease) == 0) held = leases[i];
+        CHECK(held != NULL);
+        bool was = false;
+        CHECK_RC(shardlimit_release(l, held, &was, &err), SHARDLIMIT_OK, err);
+        CHECK(was == (strcmp(released, "true") == 0));
+      } else {
+        fprintf(stderr, "vector case %d: unknown op \"%s\": teach this replay the op\n", ci, op);
+        failures++;
+      }
+      steps++;
+    }
+    for (int i = 0; i < nleases; i++) shardlimit_lease_free(leases[i]);
+    shardlimit_policy_free(pol);
+    shardlimit_limiter_free(l);
+    shardlimit_clock_free(clk);
+  }
+  CHECK(steps > 30);
+  free(text);
+}
+
 int main(void) {
   start_redis();
   snprintf(config, sizeof config,
@@ -1028,6 +1147,8 @@ int main(void) {
   test_started_calls();
   test_operations_spec();
   test_errors_spec();
+  replay_vectors(0);
+  replay_vectors(1);
 
   shardlimit_limiter_free(lim);
   shardlimit_clock_free(clock_);
