@@ -98,6 +98,9 @@ enum shardlimit_result
   // handle always gives CLOSED, never another object's answer. Codes from 100 on belong
   // to the C ABI (handles exist only here) and never collide with the core's kinds.
   SHARDLIMIT_ERR_CLOSED = 100,
+  // The call was cancelled (`shardlimit_pending_cancel()`) before it completed. The C
+  // ABI's own code, like CLOSED.
+  SHARDLIMIT_ERR_CANCELLED = 101,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -215,6 +218,13 @@ typedef struct shardlimit_lease shardlimit_lease;
 // it and frees it with `shardlimit_limiter_free()`.
 typedef struct shardlimit_limiter shardlimit_limiter;
 
+// A call in flight or completed, from a `shardlimit_*_start` function. An opaque handle
+// owned by the caller: read its result with the `shardlimit_pending_*` accessor of its
+// call (`_decision`, `_acquired`, `_bool`, `_block_info`, or `_result` for any call), then
+// free it with `shardlimit_pending_free()`, which cancels it if it is still running.
+// Thread-safe.
+typedef struct shardlimit_pending shardlimit_pending;
+
 // A validated policy (a named limit). Immutable and thread-safe. From
 // `shardlimit_limiter_policy()` or `shardlimit_policy_new()`; an opaque handle the caller
 // owns and frees with `shardlimit_policy_free()` (a call using it on another thread then
@@ -326,6 +336,17 @@ typedef struct shardlimit_block_info {
   struct shardlimit_string reason;
 } shardlimit_block_info;
 
+// Called once when a started call completes (with its result, with
+// `SHARDLIMIT_ERR_CANCELLED`, or with an error when the runtime stopped): `user` is the
+// pointer given to the `_start` function, `pending` the call's handle, whose result is
+// ready to read. It runs on the library's I/O thread (or on the thread that completed the
+// call: inside the `_start` function when the call needed no I/O, inside
+// `shardlimit_pending_cancel()` or `shardlimit_pending_free()` when they cancelled it),
+// so it must return quickly: it may read the result, free the pending, start other calls
+// and signal the caller's own scheduler, but a blocking shardlimit call made from it
+// fails with INVALID_ARGUMENT and `shardlimit_pending_wait()` does not wait there.
+typedef void (*shardlimit_callback)(void *user, struct shardlimit_pending *pending);
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -335,8 +356,8 @@ extern "C" {
 struct shardlimit_str shardlimit_version(void);
 
 // The stable snake_case name of a result code: `"ok"`, `"config"`, `"invalid_argument"`,
-// `"connection"`, `"timeout"`, `"script"`, `"routing"`, `"unknown_policy"`, `"io"`,
-// `"internal"`, `"unavailable"`, `"closed"`, or `"unknown"` for a number that is not a
+// `"connection"`, `"timeout"`, `"script"`, `"unknown_policy"`, `"io"`, `"internal"`,
+// `"unavailable"`, `"closed"`, `"cancelled"`, or `"unknown"` for a number that is not a
 // code. Static, never freed.
 // Thread-safe.
 struct shardlimit_str shardlimit_result_name(uint32_t code);
@@ -345,6 +366,12 @@ struct shardlimit_str shardlimit_result_name(uint32_t code);
 // made a mistake": CONNECTION, TIMEOUT and SCRIPT. These are the failures a service may
 // choose to fail open on. Thread-safe.
 bool shardlimit_result_is_backend(uint32_t code);
+
+// The code of the more general kind `code` is a special case of, or 0 when it has none
+// (or is not a code): `SHARDLIMIT_ERR_UNKNOWN_POLICY` is an `SHARDLIMIT_ERR_INVALID_ARGUMENT`
+// (the hierarchy of `spec/errors.json`), so a caller that handles invalid arguments
+// handles unknown policies too. Thread-safe.
+uint32_t shardlimit_result_parent(uint32_t code);
 
 // The stable name of a `shardlimit_source` value: `"redis"`, `"memory"`, `"local"`,
 // `"fallback"`, `"block"`, or `"unknown"`. Static, never freed. Thread-safe.
@@ -714,6 +741,299 @@ shardlimit_result shardlimit_decision_body(const struct shardlimit_decision *dec
 shardlimit_result shardlimit_decision_to_json(const struct shardlimit_decision *decision,
                                               struct shardlimit_string *out,
                                               struct shardlimit_error **err);
+
+// Whether the limiter decides on Redis (true) or in memory (false); false for NULL or a
+// handle that is not a live limiter. Thread-safe.
+bool shardlimit_is_redis(const struct shardlimit_limiter *limiter);
+
+// How many keys the in-memory engine holds: on success `*out_count` is set and
+// `*out_has` (may be NULL) is true, or, on Redis (which holds no keys here), `*out_count`
+// is 0 and `*out_has` false. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_memory_keys(const struct shardlimit_limiter *limiter,
+                                         bool *out_has,
+                                         size_t *out_count,
+                                         struct shardlimit_error **err);
+
+// The shard the key given by `key_len` bytes at `key` routes to (the public routing
+// contract: jump hash of xxh64 of the hash tag or key). On success `*out_index` is its
+// index and `*out_name` (may be NULL) its name, an owned string the caller frees with
+// `shardlimit_string_free()`. On the in-memory engine there is no shard: INVALID_ARGUMENT.
+// Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_route(const struct shardlimit_limiter *limiter,
+                                   const char *key,
+                                   size_t key_len,
+                                   uint32_t *out_index,
+                                   struct shardlimit_string *out_name,
+                                   struct shardlimit_error **err);
+
+// Applies a new JSON configuration (`json_len` bytes at `json`, not retained) to the
+// running limiter: checks in flight finish on the old one, new checks use the new one;
+// connections are kept when the shard list is unchanged, counters where policies stay.
+// A bad configuration is refused with the reason and the old one stays in force.
+// Thread-safe. `err` may be NULL.
+// Results: OK, CONFIG, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_reload(const struct shardlimit_limiter *limiter,
+                                    const char *json,
+                                    size_t json_len,
+                                    struct shardlimit_error **err);
+
+// `shardlimit_reload()` from the configuration file at the path given by `path_len`
+// bytes at `path`. Thread-safe. `err` may be NULL.
+// Results: OK, IO, CONFIG, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_reload_from_file(const struct shardlimit_limiter *limiter,
+                                              const char *path,
+                                              size_t path_len,
+                                              struct shardlimit_error **err);
+
+// Scales limits by `factor` (0 < factor <= 1): every policy when `count` is 0, else the
+// `count` policies named in `policies` (an array of strings, borrowed for the call).
+// Decisions and headers then report the effective limit. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT (a factor out of range), UNKNOWN_POLICY, CLOSED, INTERNAL.
+shardlimit_result shardlimit_set_scale(const struct shardlimit_limiter *limiter,
+                                       double factor,
+                                       const struct shardlimit_str *policies,
+                                       size_t count,
+                                       struct shardlimit_error **err);
+
+// The global scale factor in force (1 unless `shardlimit_set_scale()` changed it); 0 for
+// NULL or a handle that is not a live limiter. Thread-safe.
+double shardlimit_scale(const struct shardlimit_limiter *limiter);
+
+// Installs the core's latency scale hook (`latency_scale`): full limits while the health
+// signal (seconds) is at or under `target_us` microseconds, proportionally less above it
+// (target / signal), never below `min_factor`. `shardlimit_observe_health()` feeds it.
+// (A hook of the caller's own is a Rust closure: C callers compute the factor themselves
+// and call `shardlimit_set_scale()`.) Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_set_latency_scale(const struct shardlimit_limiter *limiter,
+                                               uint64_t target_us,
+                                               double min_factor,
+                                               struct shardlimit_error **err);
+
+// Feeds a health signal (e.g. the p99 latency of the protected dependency, in seconds)
+// to the scale hook and applies the factor it gives; on success `*out_factor` (may be
+// NULL) is the factor now in force. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT (no hook installed), CLOSED, INTERNAL.
+shardlimit_result shardlimit_observe_health(const struct shardlimit_limiter *limiter,
+                                            double signal,
+                                            double *out_factor,
+                                            struct shardlimit_error **err);
+
+// The limiter's counters as JSON: `{"policies":[{"policy":..,"allowed":..,"denied":..,
+// "fallback":..,"blocked":..,"local_admitted":..,"redis_errors":..}],
+// "redis_latency":{"buckets_le_us":[..],"buckets":[..],"sum_us":..,"count":..},
+// "events_dropped":..}`. On success `*out` is an owned string the caller frees with
+// `shardlimit_string_free()`. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_metrics(const struct shardlimit_limiter *limiter,
+                                     struct shardlimit_string *out,
+                                     struct shardlimit_error **err);
+
+// The limiter's counters in the Prometheus text exposition format (version 0.0.4), for
+// a `/metrics` endpoint. On success `*out` is an owned string the caller frees with
+// `shardlimit_string_free()`. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_metrics_prometheus(const struct shardlimit_limiter *limiter,
+                                                struct shardlimit_string *out,
+                                                struct shardlimit_error **err);
+
+// `shardlimit_check()` that returns at once: on success `*out_pending` is a new pending
+// the caller owns, and `callback` (may be NULL) will be called exactly once with `user`
+// when it completes (see `shardlimit_callback`); read the decision with
+// `shardlimit_pending_decision()`. The key is copied: nothing is retained. On failure no
+// pending is made and the callback is never called.
+// Thread-safe; may be called from a callback. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL (the call's own result comes through
+// the pending).
+shardlimit_result shardlimit_check_start(const struct shardlimit_limiter *limiter,
+                                         const char *key,
+                                         size_t key_len,
+                                         const struct shardlimit_policy *policy,
+                                         uint64_t cost,
+                                         shardlimit_callback callback,
+                                         void *user,
+                                         struct shardlimit_pending **out_pending,
+                                         struct shardlimit_error **err);
+
+// `shardlimit_check_named()` that returns at once (see `shardlimit_check_start()`): the
+// policy named by `policy_len` bytes at `policy` (copied). An unknown policy fails here,
+// with UNKNOWN_POLICY, and no pending is made.
+// Results: OK, INVALID_ARGUMENT, UNKNOWN_POLICY, CLOSED, INTERNAL.
+shardlimit_result shardlimit_check_named_start(const struct shardlimit_limiter *limiter,
+                                               const char *key,
+                                               size_t key_len,
+                                               const char *policy,
+                                               size_t policy_len,
+                                               uint64_t cost,
+                                               shardlimit_callback callback,
+                                               void *user,
+                                               struct shardlimit_pending **out_pending,
+                                               struct shardlimit_error **err);
+
+// `shardlimit_peek()` that returns at once (see `shardlimit_check_start()`); read the
+// decision with `shardlimit_pending_decision()`.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_peek_start(const struct shardlimit_limiter *limiter,
+                                        const char *key,
+                                        size_t key_len,
+                                        const struct shardlimit_policy *policy,
+                                        shardlimit_callback callback,
+                                        void *user,
+                                        struct shardlimit_pending **out_pending,
+                                        struct shardlimit_error **err);
+
+// `shardlimit_check_all()` that returns at once (see `shardlimit_check_start()`): the
+// layers are read (and copied) during this call. Read the decision with
+// `shardlimit_pending_decision()`.
+// Results: OK, INVALID_ARGUMENT, UNKNOWN_POLICY, CLOSED, INTERNAL.
+shardlimit_result shardlimit_check_all_start(const struct shardlimit_limiter *limiter,
+                                             const struct shardlimit_layer *layers,
+                                             size_t count,
+                                             shardlimit_callback callback,
+                                             void *user,
+                                             struct shardlimit_pending **out_pending,
+                                             struct shardlimit_error **err);
+
+// `shardlimit_acquire()` that returns at once (see `shardlimit_check_start()`); read the
+// decision and the lease with `shardlimit_pending_acquired()`. A lease that is never
+// read is freed with the pending (its units expire after the lease TTL).
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_acquire_start(const struct shardlimit_limiter *limiter,
+                                           const char *key,
+                                           size_t key_len,
+                                           const struct shardlimit_policy *policy,
+                                           uint64_t units,
+                                           shardlimit_callback callback,
+                                           void *user,
+                                           struct shardlimit_pending **out_pending,
+                                           struct shardlimit_error **err);
+
+// `shardlimit_release()` that returns at once (see `shardlimit_check_start()`); read
+// whether the lease was still held with `shardlimit_pending_bool()`. The lease object
+// stays the caller's.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_release_start(const struct shardlimit_limiter *limiter,
+                                           const struct shardlimit_lease *lease,
+                                           shardlimit_callback callback,
+                                           void *user,
+                                           struct shardlimit_pending **out_pending,
+                                           struct shardlimit_error **err);
+
+// `shardlimit_reset()` that returns at once (see `shardlimit_check_start()`); its result
+// is `shardlimit_pending_result()`.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_reset_start(const struct shardlimit_limiter *limiter,
+                                         const char *key,
+                                         size_t key_len,
+                                         const struct shardlimit_policy *policy,
+                                         shardlimit_callback callback,
+                                         void *user,
+                                         struct shardlimit_pending **out_pending,
+                                         struct shardlimit_error **err);
+
+// `shardlimit_block()` that returns at once (see `shardlimit_check_start()`); its result
+// is `shardlimit_pending_result()`.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_block_start(const struct shardlimit_limiter *limiter,
+                                         const char *key,
+                                         size_t key_len,
+                                         uint64_t ttl_ms,
+                                         const char *reason,
+                                         size_t reason_len,
+                                         shardlimit_callback callback,
+                                         void *user,
+                                         struct shardlimit_pending **out_pending,
+                                         struct shardlimit_error **err);
+
+// `shardlimit_unblock()` that returns at once (see `shardlimit_check_start()`); read
+// whether the key was blocked with `shardlimit_pending_bool()`.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_unblock_start(const struct shardlimit_limiter *limiter,
+                                           const char *key,
+                                           size_t key_len,
+                                           shardlimit_callback callback,
+                                           void *user,
+                                           struct shardlimit_pending **out_pending,
+                                           struct shardlimit_error **err);
+
+// `shardlimit_blocked()` that returns at once (see `shardlimit_check_start()`); read the
+// entry with `shardlimit_pending_block_info()`.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_blocked_start(const struct shardlimit_limiter *limiter,
+                                           const char *key,
+                                           size_t key_len,
+                                           shardlimit_callback callback,
+                                           void *user,
+                                           struct shardlimit_pending **out_pending,
+                                           struct shardlimit_error **err);
+
+// Whether the call has completed (with a result, an error or cancelled). False for NULL
+// or a handle that is not a live pending. Never blocks. Thread-safe.
+bool shardlimit_pending_poll(const struct shardlimit_pending *pending);
+
+// Waits until the call completes or `timeout_us` microseconds pass (`UINT64_MAX`: no
+// limit; 0: do not wait) and returns whether it completed. The call's own deadline
+// (`timeout_ms`) bounds the wait as well. Inside a completion callback it does not wait
+// (it would hold the I/O thread): it answers like `shardlimit_pending_poll()`. False for
+// NULL or a handle that is not a live pending. Thread-safe.
+bool shardlimit_pending_wait(const struct shardlimit_pending *pending, uint64_t timeout_us);
+
+// Cancels the call if it has not completed: it completes now, on this thread, with
+// `SHARDLIMIT_ERR_CANCELLED` (the callback runs before this returns), and its work on
+// the runtime is dropped. Returns true when it cancelled the call, false when the call
+// had completed already (its result stands) or `pending` is not a live pending.
+// Cancelling does not undo what Redis may already have done: a check sent before the
+// cancel may still have been counted. Thread-safe.
+bool shardlimit_pending_cancel(const struct shardlimit_pending *pending);
+
+// The result code of a completed call, whatever it returns: OK, or its error (also
+// through `*err`). INVALID_ARGUMENT when it has not completed. The result of
+// `shardlimit_reset_start()` and `shardlimit_block_start()`. Thread-safe. `err` may be
+// NULL.
+shardlimit_result shardlimit_pending_result(const struct shardlimit_pending *pending,
+                                            struct shardlimit_error **err);
+
+// The decision of a completed check, peek or layered check: on success `*out` is
+// filled. The call's own error (CONNECTION, TIMEOUT, CANCELLED...) otherwise;
+// INVALID_ARGUMENT when it has not completed or is another kind of call. May be read
+// more than once. Thread-safe. `err` may be NULL.
+shardlimit_result shardlimit_pending_decision(const struct shardlimit_pending *pending,
+                                              struct shardlimit_decision *out,
+                                              struct shardlimit_error **err);
+
+// The decision and lease of a completed `shardlimit_acquire_start()`: on success `*out`
+// is filled and `*out_lease` set, to a new lease the caller owns when allowed (the first
+// time only: later calls give NULL), or NULL when denied. The call's own error
+// otherwise; INVALID_ARGUMENT when it has not completed or is another kind of call.
+// Thread-safe. `err` may be NULL.
+shardlimit_result shardlimit_pending_acquired(const struct shardlimit_pending *pending,
+                                              struct shardlimit_decision *out,
+                                              struct shardlimit_lease **out_lease,
+                                              struct shardlimit_error **err);
+
+// The answer of a completed `shardlimit_release_start()` (whether the lease was still
+// held) or `shardlimit_unblock_start()` (whether the key was blocked): on success `*out`
+// is set. The call's own error otherwise; INVALID_ARGUMENT when it has not completed or
+// is another kind of call. Thread-safe. `err` may be NULL.
+shardlimit_result shardlimit_pending_bool(const struct shardlimit_pending *pending,
+                                          bool *out,
+                                          struct shardlimit_error **err);
+
+// The block-list entry of a completed `shardlimit_blocked_start()`: on success `*out` is
+// filled as by `shardlimit_blocked()` (free `out->reason` with
+// `shardlimit_string_free()`). The call's own error otherwise; INVALID_ARGUMENT when it
+// has not completed or is another kind of call. Thread-safe. `err` may be NULL.
+shardlimit_result shardlimit_pending_block_info(const struct shardlimit_pending *pending,
+                                                struct shardlimit_block_info *out,
+                                                struct shardlimit_error **err);
+
+// Frees a pending. One still running is cancelled first (its callback runs, with
+// CANCELLED, before this returns). A lease never read is freed with it. NULL, a pending
+// already freed, or a pointer that is not a pending, is a no-op. Thread-safe; may be
+// called from the pending's own callback.
+void shardlimit_pending_free(struct shardlimit_pending *pending);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -2,12 +2,16 @@
 // (shardlimit.h). Handles are std::unique_ptr with the matching _free function; failures
 // are shardlimit::Error exceptions carrying the stable result code. Every method is
 // thread-safe (the C library is); a Limiter can be shared by reference across threads.
+// The blocking calls (check, ...) wait on the calling thread; check_async returns a
+// shardlimit::Pending at once, whose std::future completes on the library's I/O thread.
 #pragma once
 
 #include <shardlimit.h>
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
+#include <future>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -31,6 +35,14 @@ class Error : public std::runtime_error {
   }
   /// True when Redis failed (connection, timeout, script) rather than the caller.
   bool is_backend() const noexcept { return shardlimit_result_is_backend(code_); }
+  /// True when the error is of `kind` or of a special case of it (the hierarchy of
+  /// spec/errors.json: an UNKNOWN_POLICY error is an INVALID_ARGUMENT).
+  bool is(shardlimit_result kind) const noexcept {
+    uint32_t c = code_;
+    for (int depth = 0; c != 0 && depth < 8; depth++, c = shardlimit_result_parent(c))
+      if (c == static_cast<uint32_t>(kind)) return true;
+    return false;
+  }
 
  private:
   shardlimit_result code_;
@@ -126,6 +138,102 @@ class Decision {
   shardlimit_decision d_;
 };
 
+template <class T>
+class Pending;
+namespace detail {
+template <class T, class Read, class Start>
+Pending<T> start(Start start, Read read);
+}  // namespace detail
+
+/// A call in flight, from Limiter::check_async: its result comes through a std::future,
+/// set on the library's I/O thread (or at once, on the in-memory engine). Dropping a
+/// Pending does not cancel the call; cancel() does. Movable; thread-safe.
+template <class T>
+class Pending {
+ public:
+  /// The result; blocks until the call completes. Throws shardlimit::Error when the call
+  /// failed (code SHARDLIMIT_ERR_CANCELLED after cancel()).
+  T get() { return future_.get(); }
+  /// The future itself, for wait_for / wait_until.
+  std::future<T>& future() noexcept { return future_; }
+  /// Cancels the call if it has not completed: the future then holds an Error with code
+  /// SHARDLIMIT_ERR_CANCELLED. True when it cancelled, false when the call had completed.
+  /// A check sent before the cancel may still have been counted by Redis.
+  bool cancel() noexcept { return shardlimit_pending_cancel(p_); }
+
+ private:
+  template <class U, class Read, class Start>
+  friend Pending<U> detail::start(Start start, Read read);
+  Pending(shardlimit_pending* p, std::future<T> f) : p_(p), future_(std::move(f)) {}
+  // the C handle, freed by the completion callback: a never-reused token, so cancel()
+  // after completion is harmless
+  shardlimit_pending* p_;
+  std::future<T> future_;
+};
+
+namespace detail {
+/// The state of one started call: the promise its callback fulfils with `Read(pending)`.
+template <class T, class Read>
+struct Completion {
+  std::promise<T> promise;
+  Read read;
+  /// shardlimit_callback: runs once, on the I/O thread; never throws into C.
+  static void callback(void* user, shardlimit_pending* p) noexcept {
+    std::unique_ptr<Completion> self(static_cast<Completion*>(user));
+    try {
+      self->promise.set_value(self->read(p));
+    } catch (...) {
+      try {
+        self->promise.set_exception(std::current_exception());
+      } catch (...) {
+      }
+    }
+    shardlimit_pending_free(p);
+  }
+};
+
+/// Starts a call with `start(callback, user, &pending, &err)`; its result is `read(pending)`.
+template <class T, class Read, class Start>
+Pending<T> start(Start start, Read read) {
+  auto* c = new Completion<T, Read>{std::promise<T>(), std::move(read)};
+  std::future<T> f = c->promise.get_future();
+  shardlimit_pending* p = nullptr;
+  shardlimit_error* err = nullptr;
+  shardlimit_result rc = start(&Completion<T, Read>::callback, static_cast<void*>(c), &p, &err);
+  if (rc != SHARDLIMIT_OK) {
+    delete c;  // no pending: the callback never runs
+    check(rc, err);
+  }
+  return Pending<T>(p, std::move(f));
+}
+
+inline Decision pending_decision(shardlimit_pending* p);
+}  // namespace detail
+
+/// A manual clock for deterministic tests: limiters made with it read time from it.
+class Clock {
+ public:
+  explicit Clock(uint64_t start_us) {
+    shardlimit_clock* c = nullptr;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_clock_new(start_us, &c, &err), err);
+    c_.reset(c);
+  }
+  void set_us(uint64_t now_us) const {
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_clock_set_us(c_.get(), now_us, &err), err);
+  }
+  void advance(std::chrono::microseconds d) const {
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_clock_advance_us(c_.get(), static_cast<uint64_t>(d.count()), &err),
+                  err);
+  }
+  const shardlimit_clock* get() const noexcept { return c_.get(); }
+
+ private:
+  std::unique_ptr<shardlimit_clock, detail::Deleter<&shardlimit_clock_free>> c_;
+};
+
 /// A policy: from Limiter::policy (by name) or Policy::make (ad hoc).
 class Policy {
  public:
@@ -176,24 +284,88 @@ struct BlockInfo {
 /// A rate limiter. Move-only; thread-safe; frees its handle on destruction.
 class Limiter {
  public:
-  /// From a JSON config (the format of shard-config.json).
-  static Limiter from_json(std::string_view json) {
+  /// From a JSON config (the format of shard-config.json); `clock` for tests.
+  static Limiter from_json(std::string_view json, const Clock* clock = nullptr) {
     return make([&](shardlimit_limiter** out, shardlimit_error** err) {
-      return shardlimit_limiter_new_json(json.data(), json.size(), nullptr, out, err);
+      return shardlimit_limiter_new_json(json.data(), json.size(), clock_of(clock), out, err);
     });
   }
   /// From a JSON config file.
-  static Limiter from_file(std::string_view path) {
+  static Limiter from_file(std::string_view path, const Clock* clock = nullptr) {
     return make([&](shardlimit_limiter** out, shardlimit_error** err) {
-      return shardlimit_limiter_new_file(path.data(), path.size(), nullptr, out, err);
+      return shardlimit_limiter_new_file(path.data(), path.size(), clock_of(clock), out, err);
     });
   }
-  /// The in-memory engine (no Redis), for ad-hoc policies.
-  static Limiter memory() {
-    return make([](shardlimit_limiter** out, shardlimit_error** err) {
-      return shardlimit_limiter_new_memory(nullptr, out, err);
+  /// From $SHARDLIMIT_CONFIG (a path or inline JSON); in memory when it is unset.
+  static Limiter from_env(const Clock* clock = nullptr) {
+    return make([&](shardlimit_limiter** out, shardlimit_error** err) {
+      return shardlimit_limiter_new_env(clock_of(clock), out, err);
     });
   }
+  /// The in-memory engine (no Redis), for ad-hoc policies; on `clock` in tests.
+  static Limiter memory(const Clock* clock = nullptr) {
+    return make([&](shardlimit_limiter** out, shardlimit_error** err) {
+      return shardlimit_limiter_new_memory(clock_of(clock), out, err);
+    });
+  }
+
+  /// Whether decisions run on Redis (else in memory).
+  bool is_redis() const noexcept { return shardlimit_is_redis(h_.get()); }
+  /// How many keys the in-memory engine holds; empty on Redis.
+  std::optional<size_t> memory_keys() const {
+    bool has = false;
+    size_t n = 0;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_memory_keys(h_.get(), &has, &n, &err), err);
+    return has ? std::optional<size_t>(n) : std::nullopt;
+  }
+  /// The shard `key` routes to: (index, name). Throws on the in-memory engine.
+  std::pair<uint32_t, std::string> route(std::string_view key) const {
+    uint32_t i = 0;
+    shardlimit_string name{nullptr, 0};
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_route(h_.get(), key.data(), key.size(), &i, &name, &err), err);
+    std::string n(name.ptr, name.len);
+    shardlimit_string_free(&name);
+    return {i, n};
+  }
+  /// Applies a new JSON config; a bad one throws and the old one stays in force.
+  void reload(std::string_view json) const {
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_reload(h_.get(), json.data(), json.size(), &err), err);
+  }
+  void reload_from_file(std::string_view path) const {
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_reload_from_file(h_.get(), path.data(), path.size(), &err), err);
+  }
+  /// Scales the limits of `policies` (every policy when empty) by `factor` in (0, 1].
+  void set_scale(double factor, const std::vector<std::string>& policies = {}) const {
+    std::vector<shardlimit_str> names;
+    for (const auto& p : policies) names.push_back({p.data(), p.size()});
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_set_scale(h_.get(), factor, names.data(), names.size(), &err), err);
+  }
+  /// The global scale factor in force.
+  double scale() const noexcept { return shardlimit_scale(h_.get()); }
+  /// Installs the core's latency hook (full limits up to `target`, then target/signal,
+  /// never below `min_factor`) that observe_health feeds.
+  void set_latency_scale(std::chrono::microseconds target, double min_factor) const {
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_set_latency_scale(h_.get(), static_cast<uint64_t>(target.count()),
+                                               min_factor, &err),
+                  err);
+  }
+  /// Feeds a health signal (seconds) through the scale hook; returns the factor in force.
+  double observe_health(double signal) const {
+    double f = 0;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_observe_health(h_.get(), signal, &f, &err), err);
+    return f;
+  }
+  /// The counters as JSON (see shardlimit_metrics).
+  std::string metrics() const { return text(&shardlimit_metrics); }
+  /// The counters in the Prometheus text format.
+  std::string metrics_prometheus() const { return text(&shardlimit_metrics_prometheus); }
 
   /// Checks `cost` units of the named policy for `key`. Denied is not an exception.
   Decision check(std::string_view key, std::string_view policy, uint64_t cost = 1) const {
@@ -210,6 +382,27 @@ class Limiter {
     detail::check(shardlimit_check(h_.get(), key.data(), key.size(), policy.get(), cost, &d, &err),
                   err);
     return Decision(d);
+  }
+  /// check() without blocking: returns at once; the decision comes through the Pending's
+  /// future, which waits without a thread of the caller's and can be cancelled. The key
+  /// and policy name are copied.
+  Pending<Decision> check_async(std::string_view key, std::string_view policy,
+                                uint64_t cost = 1) const {
+    return detail::start<Decision>(
+        [&](shardlimit_callback cb, void* user, shardlimit_pending** out, shardlimit_error** err) {
+          return shardlimit_check_named_start(h_.get(), key.data(), key.size(), policy.data(),
+                                              policy.size(), cost, cb, user, out, err);
+        },
+        &detail::pending_decision);
+  }
+  Pending<Decision> check_async(std::string_view key, const Policy& policy,
+                                uint64_t cost = 1) const {
+    return detail::start<Decision>(
+        [&](shardlimit_callback cb, void* user, shardlimit_pending** out, shardlimit_error** err) {
+          return shardlimit_check_start(h_.get(), key.data(), key.size(), policy.get(), cost, cb,
+                                        user, out, err);
+        },
+        &detail::pending_decision);
   }
   /// The named policy of the config.
   Policy policy(std::string_view name) const {
@@ -299,9 +492,28 @@ class Limiter {
     detail::check(f(&h, &err), err);
     return Limiter(h);
   }
+  static const shardlimit_clock* clock_of(const Clock* c) noexcept {
+    return c ? c->get() : nullptr;
+  }
+  template <class F>
+  std::string text(F f) const {
+    shardlimit_string s{nullptr, 0};
+    shardlimit_error* err = nullptr;
+    detail::check(f(h_.get(), &s, &err), err);
+    std::string out(s.ptr, s.len);
+    shardlimit_string_free(&s);
+    return out;
+  }
   explicit Limiter(shardlimit_limiter* h) : h_(h) {}
   detail::LimiterPtr h_;
 };
+
+inline Decision detail::pending_decision(shardlimit_pending* p) {
+  shardlimit_decision d;
+  shardlimit_error* err = nullptr;
+  detail::check(shardlimit_pending_decision(p, &d, &err), err);
+  return Decision(d);
+}
 
 /// The client's IP for rate limiting (see shardlimit_client_ip): `xff` is the raw
 /// X-Forwarded-For header, empty when absent; `trusted` the proxies' CIDRs.

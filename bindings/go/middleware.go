@@ -1,19 +1,30 @@
 package shardlimit
 
 import (
+	"context"
 	"log"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 )
 
-// MiddlewareOptions configures Middleware. Only Limiter and Policy are required.
+// MiddlewareOptions configures Middleware. Limiter and either Policy or Rules are
+// required.
 type MiddlewareOptions struct {
 	Limiter *Limiter
-	// Policy is the name of a policy in the limiter's config.
+	// Policy is the name of a policy in the limiter's config (one rule, keyed by Key).
 	Policy string
-	// Key returns the rate-limit key of a request. The default is the client's key from
-	// ClientIPKey(RemoteAddr, X-Forwarded-For, TrustedProxies, IPv6Prefix): IPv6
-	// clients are keyed by their network, not their address.
+	// Rules are layered limits (per IP, per API key, per tenant...): a request passes
+	// only if every rule allows it, and a denial consumes nothing from any rule. When
+	// set, Policy, Key and Cost are not used.
+	Rules []Rule
+	// Skip exempts a request (health checks, internal callers): it reaches next with no
+	// check and no headers.
+	Skip func(*http.Request) bool
+	// Key returns the rate-limit key of a request for Policy; "" skips the request. The
+	// default is the client's key from ClientIPKey(RemoteAddr, X-Forwarded-For,
+	// TrustedProxies, IPv6Prefix): IPv6 clients are keyed by their network.
 	Key func(*http.Request) string
 	// IPv6Prefix is the network size the default Key gives IPv6 clients (0: 64).
 	IPv6Prefix int
@@ -22,9 +33,36 @@ type MiddlewareOptions struct {
 	TrustedProxies []string
 	// Cost returns the weight of a request (>= 1). The default is 1.
 	Cost func(*http.Request) uint64
-	// OnError handles a failed check (the policy's on_error mode has already been
-	// applied by the core when it could). The default logs it and answers 503.
+	// OnLimited answers a request over its limit. The default: 429 with the JSON body
+	// rendered by the core (the rate-limit headers are set already).
+	OnLimited func(http.ResponseWriter, *http.Request, Decision)
+	// OnUnavailable answers a request denied because the rate limiter itself failed (a
+	// fallback decision: on_error "closed"): the client did nothing wrong, so the default
+	// is 503 with Retry-After, never 429, and no rate-limit headers.
+	OnUnavailable func(http.ResponseWriter, *http.Request, Decision)
+	// OnError handles a failed check (on_error "error", or a caller mistake such as an
+	// unknown policy). The default logs it and answers 503.
 	OnError func(http.ResponseWriter, *http.Request, error)
+}
+
+// Rule is one layer of a layered middleware: Cost units of Policy for the request's Key.
+type Rule struct {
+	Policy string
+	// Key returns the request's key for this rule; "" skips the rule for this request
+	// (an anonymous request has no API-key layer). Nil: the client's IP key, as the
+	// middleware's default Key.
+	Key func(*http.Request) string
+	// Cost returns the weight of a request (>= 1); nil is 1.
+	Cost func(*http.Request) uint64
+}
+
+type decisionKey struct{}
+
+// DecisionFrom is the decision the middleware made for the request, for the handler
+// (its Source, Remaining...); false when the middleware did not check it (skipped).
+func DecisionFrom(ctx context.Context) (Decision, bool) {
+	d, ok := ctx.Value(decisionKey{}).(Decision)
+	return d, ok
 }
 
 // RequestIP is the client IP of r per ClientIP (trusting X-Forwarded-For only from
@@ -50,17 +88,31 @@ func RequestKey(r *http.Request, trusted []string, ipv6Prefix int) string {
 	return k
 }
 
-// Middleware limits next with a policy: every response carries the rate-limit headers;
-// a denied request gets 429 with the JSON body rendered by the core and never reaches
-// next.
+// Middleware limits next: every checked response carries one set of rate-limit headers
+// (X-RateLimit-Reset is a Unix timestamp; the IETF RateLimit field keeps delta seconds);
+// a request over its limit gets 429 (OnLimited) and never reaches next; a request denied
+// because the limiter failed gets 503 with Retry-After (OnUnavailable). Use one
+// Middleware per handler for route-level limits.
 func Middleware(o MiddlewareOptions, next http.Handler) http.Handler {
-	key := o.Key
-	if key == nil {
-		prefix := o.IPv6Prefix
-		if prefix == 0 {
-			prefix = DefaultIPv6Prefix
+	return MiddlewareFunc(o)(next)
+}
+
+// MiddlewareFunc is Middleware as a function of the handler, for routers' middleware
+// chains (r.With(shardlimit.MiddlewareFunc(o)).Get(...)).
+func MiddlewareFunc(o MiddlewareOptions) func(http.Handler) http.Handler {
+	prefix := o.IPv6Prefix
+	if prefix == 0 {
+		prefix = DefaultIPv6Prefix
+	}
+	ipKey := func(r *http.Request) string { return RequestKey(r, o.TrustedProxies, prefix) }
+	rules := o.Rules
+	if len(rules) == 0 {
+		rules = []Rule{{Policy: o.Policy, Key: o.Key, Cost: o.Cost}}
+	}
+	for i := range rules {
+		if rules[i].Key == nil {
+			rules[i].Key = ipKey
 		}
-		key = func(r *http.Request) string { return RequestKey(r, o.TrustedProxies, prefix) }
 	}
 	onError := o.OnError
 	if onError == nil {
@@ -69,25 +121,9 @@ func Middleware(o MiddlewareOptions, next http.Handler) http.Handler {
 			http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
 		}
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		cost := uint64(1)
-		if o.Cost != nil {
-			cost = o.Cost(r)
-		}
-		d, err := o.Limiter.Check(r.Context(), key(r), o.Policy, cost)
-		if err != nil {
-			onError(w, r, err)
-			return
-		}
-		headers, err := d.Headers()
-		if err != nil {
-			onError(w, r, err)
-			return
-		}
-		for _, h := range headers {
-			w.Header().Set(h.Name, h.Value)
-		}
-		if !d.Allowed {
+	onLimited := o.OnLimited
+	if onLimited == nil {
+		onLimited = func(w http.ResponseWriter, r *http.Request, d Decision) {
 			body, err := d.Body()
 			if err != nil {
 				onError(w, r, err)
@@ -96,8 +132,78 @@ func Middleware(o MiddlewareOptions, next http.Handler) http.Handler {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusTooManyRequests)
 			_, _ = w.Write(body)
-			return
 		}
-		next.ServeHTTP(w, r)
-	})
+	}
+	onUnavailable := o.OnUnavailable
+	if onUnavailable == nil {
+		onUnavailable = func(w http.ResponseWriter, _ *http.Request, d Decision) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte(`{"error":"rate_limiter_unavailable","message":"the rate limiter cannot decide right now; retry later"}`))
+		}
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if o.Skip != nil && o.Skip(r) {
+				next.ServeHTTP(w, r)
+				return
+			}
+			layers := make([]Layer, 0, len(rules))
+			for _, rule := range rules {
+				key := rule.Key(r)
+				if key == "" {
+					continue // this rule does not apply to this request
+				}
+				cost := uint64(1)
+				if rule.Cost != nil {
+					cost = rule.Cost(r)
+				}
+				layers = append(layers, Layer{Key: key, Policy: rule.Policy, Cost: cost})
+			}
+			if len(layers) == 0 {
+				next.ServeHTTP(w, r)
+				return
+			}
+			var d Decision
+			var err error
+			if len(layers) == 1 {
+				d, err = o.Limiter.Check(r.Context(), layers[0].Key, layers[0].Policy, layers[0].Cost)
+			} else {
+				d, err = o.Limiter.CheckAll(r.Context(), layers)
+			}
+			if err != nil {
+				onError(w, r, err)
+				return
+			}
+			if !d.Allowed && d.Source == SourceFallback {
+				// the limiter failed and its policy denies: not the client's fault
+				retry := d.RetryAfter
+				if !d.HasRetryAfter || retry < time.Second {
+					retry = time.Second
+				}
+				w.Header().Set("Retry-After", strconv.FormatInt(int64((retry+time.Second-1)/time.Second), 10))
+				onUnavailable(w, r, d)
+				return
+			}
+			headers, err := d.Headers()
+			if err != nil {
+				onError(w, r, err)
+				return
+			}
+			now := time.Now()
+			for _, h := range headers {
+				if h.Name == "X-RateLimit-Reset" {
+					// the Unix time of the reset, as GitHub, Stripe and express-rate-limit send
+					reset := now.Add(d.ResetAfter + time.Second - 1).Unix()
+					h.Value = strconv.FormatInt(reset, 10)
+				}
+				w.Header().Set(h.Name, h.Value)
+			}
+			if !d.Allowed {
+				onLimited(w, r, d)
+				return
+			}
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), decisionKey{}, d)))
+		})
+	}
 }

@@ -8,9 +8,10 @@
 // the Go binary runs without libshardlimit.so; build with -tags shardlimit_dynamic to
 // link libshardlimit.so instead (pkg-config module shardlimit, link_dynamic.go).
 //
-// A Limiter is safe for concurrent use by many goroutines. Each call blocks its
-// goroutine's OS thread for at most the configured deadline (timeout_ms); Go's scheduler
-// keeps running other goroutines meanwhile.
+// A Limiter is safe for concurrent use by many goroutines. A call that talks to Redis
+// starts on the library's I/O runtime and parks its goroutine on a channel, as a network
+// read would: no OS thread is held while it waits, and it returns ctx.Err() as soon as
+// ctx is cancelled or its deadline passes (the config's timeout_ms bounds it too).
 package shardlimit
 
 /*
@@ -21,6 +22,7 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync/atomic"
@@ -44,7 +46,14 @@ const (
 	CodeUnavailable     Code = C.SHARDLIMIT_ERR_UNAVAILABLE
 	// CodeClosed: the handle was freed (a call racing Close); the C ABI's own code.
 	CodeClosed Code = C.SHARDLIMIT_ERR_CLOSED
+	// CodeCancelled: a started call was cancelled; the C ABI's own code. Go calls return
+	// ctx.Err() instead.
+	CodeCancelled Code = C.SHARDLIMIT_ERR_CANCELLED
 )
+
+// Parent is the more general code c is a special case of (CodeUnknownPolicy is a
+// CodeInvalidArgument), or 0: the hierarchy of spec/errors.json, from the core.
+func (c Code) Parent() Code { return Code(C.shardlimit_result_parent(C.uint32_t(c))) }
 
 // String is the code's stable snake_case name ("config", "timeout", ...).
 func (c Code) String() string { return goStr(C.shardlimit_result_name(C.uint32_t(c))) }
@@ -67,10 +76,21 @@ func (e *Error) Error() string {
 	return "shardlimit: " + e.Message
 }
 
-// Is matches the sentinel of the same code, so errors.Is(err, ErrTimeout) works.
+// Is matches the sentinel of the same code or of a more general one, so
+// errors.Is(err, ErrTimeout) works and an unknown policy is also an invalid argument
+// (errors.Is(err, ErrInvalidArgument)), as in every binding.
 func (e *Error) Is(target error) bool {
 	t, ok := target.(*Error)
-	return ok && t.Message == "" && t.Code == e.Code
+	if !ok || t.Message != "" {
+		return false
+	}
+	// a code's ancestors: the chain is short (one level today) and ends at 0
+	for c, n := e.Code, 0; c != 0 && n < 8; c, n = c.Parent(), n+1 {
+		if c == t.Code {
+			return true
+		}
+	}
+	return false
 }
 
 // IsBackend reports whether Redis failed (see Code.IsBackend).
@@ -222,6 +242,9 @@ type Limiter struct {
 	// afterOpen, set by tests only, runs between a call's load of the handle and its use:
 	// where a Close on another goroutine can land.
 	afterOpen func()
+	// afterStart, set by tests only, runs once a call has started and before its
+	// goroutine parks: the call is then in flight.
+	afterStart func()
 }
 
 // handle boxes the C pointer (atomic.Pointer cannot hold a pointer to an incomplete type).
@@ -240,45 +263,62 @@ func newLimiter(make func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.
 
 // NewFromJSON creates a limiter from a JSON config (the format of shard-config.json).
 // It does not connect; connections are made on first use.
-func NewFromJSON(config string) (*Limiter, error) {
+func NewFromJSON(config string, opts ...Option) (*Limiter, error) {
+	clock, keep, err := buildOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	defer runtime.KeepAlive(keep)
 	return newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
 		p, n := cStr(config)
-		return C.shardlimit_limiter_new_json(p, n, nil, out, e)
+		return C.shardlimit_limiter_new_json(p, n, clock, out, e)
 	})
 }
 
 // NewFromFile creates a limiter from a JSON config file.
-func NewFromFile(path string) (*Limiter, error) {
+func NewFromFile(path string, opts ...Option) (*Limiter, error) {
+	clock, keep, err := buildOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	defer runtime.KeepAlive(keep)
 	return newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
 		p, n := cStr(path)
-		return C.shardlimit_limiter_new_file(p, n, nil, out, e)
+		return C.shardlimit_limiter_new_file(p, n, clock, out, e)
 	})
 }
 
 // NewFromEnv creates a limiter from $SHARDLIMIT_CONFIG (a path or inline JSON); the
 // in-memory engine with no policies when it is unset.
-func NewFromEnv() (*Limiter, error) {
+func NewFromEnv(opts ...Option) (*Limiter, error) {
+	clock, keep, err := buildOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	defer runtime.KeepAlive(keep)
 	return newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
-		return C.shardlimit_limiter_new_env(nil, out, e)
+		return C.shardlimit_limiter_new_env(clock, out, e)
 	})
 }
 
 // Check checks cost units (>= 1) of the named policy for key. A denied check is not an
-// error: it returns a Decision with Allowed false. ctx is checked before the call; the
-// call itself is bounded by the config's deadline (timeout_ms), not by ctx.
+// error: it returns a Decision with Allowed false. It waits for Redis without holding an
+// OS thread, and returns ctx.Err() as soon as ctx is done (a check already sent may still
+// have been counted); the config's deadline (timeout_ms) bounds it too.
 func (l *Limiter) Check(ctx context.Context, key, policy string, cost uint64) (Decision, error) {
 	h, err := l.open(ctx)
 	if err != nil {
 		return Decision{}, err
 	}
-	var d C.shardlimit_decision
-	var e *C.shardlimit_error
 	kp, kn := cStr(key)
 	pp, pn := cStr(policy)
-	if rc := C.shardlimit_check_named(h.p, kp, kn, pp, pn, C.uint64_t(cost), &d, &e); rc != C.SHARDLIMIT_OK {
-		return Decision{}, takeError(rc, e)
+	p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+		return C.shardlimit_check_named_start(h.p, kp, kn, pp, pn, C.uint64_t(cost), cb, u, out, e)
+	})
+	if err != nil {
+		return Decision{}, err
 	}
-	return decisionFromC(&d, policy), nil
+	return decisionOf(p, policy)
 }
 
 // open is the limiter's live handle for a call with ctx: ctx's error when it is done
@@ -317,30 +357,32 @@ func (l *Limiter) withPolicy(ctx context.Context, policy string, f func(h *handl
 // Peek returns key's state under the named policy without consuming anything: Allowed
 // says whether a check of one unit would pass now, Remaining how many units are free.
 func (l *Limiter) Peek(ctx context.Context, key, policy string) (Decision, error) {
-	var d C.shardlimit_decision
-	err := l.withPolicy(ctx, policy, func(h *handle, p *C.shardlimit_policy) error {
-		var e *C.shardlimit_error
+	var d Decision
+	err := l.withPolicy(ctx, policy, func(h *handle, pol *C.shardlimit_policy) error {
 		kp, kn := cStr(key)
-		if rc := C.shardlimit_peek(h.p, kp, kn, p, &d, &e); rc != C.SHARDLIMIT_OK {
-			return takeError(rc, e)
+		p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+			return C.shardlimit_peek_start(h.p, kp, kn, pol, cb, u, out, e)
+		})
+		if err != nil {
+			return err
 		}
-		return nil
+		d, err = decisionOf(p, policy)
+		return err
 	})
-	if err != nil {
-		return Decision{}, err
-	}
-	return decisionFromC(&d, policy), nil
+	return d, err
 }
 
 // Reset forgets key's state under the named policy: its full budget is back.
 func (l *Limiter) Reset(ctx context.Context, key, policy string) error {
-	return l.withPolicy(ctx, policy, func(h *handle, p *C.shardlimit_policy) error {
-		var e *C.shardlimit_error
+	return l.withPolicy(ctx, policy, func(h *handle, pol *C.shardlimit_policy) error {
 		kp, kn := cStr(key)
-		if rc := C.shardlimit_reset(h.p, kp, kn, p, &e); rc != C.SHARDLIMIT_OK {
-			return takeError(rc, e)
+		p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+			return C.shardlimit_reset_start(h.p, kp, kn, pol, cb, u, out, e)
+		})
+		if err != nil {
+			return err
 		}
-		return nil
+		return resultOf(p)
 	})
 }
 
@@ -361,10 +403,17 @@ type leaseHandle struct{ p *C.shardlimit_lease }
 func (l *Limiter) Acquire(ctx context.Context, key, policy string, units uint64) (Decision, *Lease, error) {
 	var d C.shardlimit_decision
 	var cl *C.shardlimit_lease
-	err := l.withPolicy(ctx, policy, func(h *handle, p *C.shardlimit_policy) error {
-		var e *C.shardlimit_error
+	err := l.withPolicy(ctx, policy, func(h *handle, pol *C.shardlimit_policy) error {
 		kp, kn := cStr(key)
-		if rc := C.shardlimit_acquire(h.p, kp, kn, p, C.uint64_t(units), &d, &cl, &e); rc != C.SHARDLIMIT_OK {
+		p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+			return C.shardlimit_acquire_start(h.p, kp, kn, pol, C.uint64_t(units), cb, u, out, e)
+		})
+		if err != nil {
+			return err
+		}
+		defer C.shardlimit_pending_free(p)
+		var e *C.shardlimit_error
+		if rc := C.shardlimit_pending_acquired(p, &d, &cl, &e); rc != C.SHARDLIMIT_OK {
 			return takeError(rc, e)
 		}
 		return nil
@@ -403,19 +452,22 @@ func (le *Lease) Release(ctx context.Context) (bool, error) {
 	if lh == nil {
 		return false, nil
 	}
-	var released C.bool
-	var e *C.shardlimit_error
-	rc := C.shardlimit_release(h.p, lh.p, &released, &e)
-	if rc != C.SHARDLIMIT_OK && Code(rc).IsBackend() {
-		// Redis did not answer: keep the lease, so that Release can be tried again
+	p, err := le.l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+		return C.shardlimit_release_start(h.p, lh.p, cb, u, out, e)
+	})
+	var released bool
+	if err == nil {
+		released, err = boolOf(p)
+	}
+	var se *Error
+	if err != nil && (ctx.Err() != nil || (errors.As(err, &se) && se.IsBackend())) {
+		// Redis did not answer (or ctx ended first): keep the lease, so that Release can
+		// be tried again
 		le.p.Store(lh)
-		return false, takeError(rc, e)
+		return false, err
 	}
 	C.shardlimit_lease_free(lh.p)
-	if rc != C.SHARDLIMIT_OK {
-		return false, takeError(rc, e)
-	}
-	return bool(released), nil
+	return released, err
 }
 
 // Layer is one layer of CheckAll: Cost units of the named Policy for Key.
@@ -457,12 +509,14 @@ func (l *Limiter) CheckAll(ctx context.Context, layers []Layer) (Decision, error
 			}
 		}()
 	}
-	var d C.shardlimit_decision
-	var e *C.shardlimit_error
-	if rc := C.shardlimit_check_all(h.p, cl, C.size_t(n), &d, &e); rc != C.SHARDLIMIT_OK {
-		return Decision{}, takeError(rc, e)
+	// the layers are read (and copied) by the start call itself
+	p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+		return C.shardlimit_check_all_start(h.p, cl, C.size_t(n), cb, u, out, e)
+	})
+	if err != nil {
+		return Decision{}, err
 	}
-	return decisionFromC(&d, ""), nil
+	return decisionOf(p, "")
 }
 
 // Block puts key on the block list for ttl (0: until Unblock), with a reason. Every
@@ -476,13 +530,15 @@ func (l *Limiter) Block(ctx context.Context, key string, ttl time.Duration, reas
 		return &Error{Code: CodeInvalidArgument, Message: "invalid argument `ttl`: must not be negative"}
 	}
 	ms := uint64((ttl + time.Millisecond - 1) / time.Millisecond)
-	var e *C.shardlimit_error
 	kp, kn := cStr(key)
 	rp, rn := cStr(reason)
-	if rc := C.shardlimit_block(h.p, kp, kn, C.uint64_t(ms), rp, rn, &e); rc != C.SHARDLIMIT_OK {
-		return takeError(rc, e)
+	p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+		return C.shardlimit_block_start(h.p, kp, kn, C.uint64_t(ms), rp, rn, cb, u, out, e)
+	})
+	if err != nil {
+		return err
 	}
-	return nil
+	return resultOf(p)
 }
 
 // Unblock removes key from the block list and reports whether it was blocked.
@@ -491,13 +547,14 @@ func (l *Limiter) Unblock(ctx context.Context, key string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	var was C.bool
-	var e *C.shardlimit_error
 	kp, kn := cStr(key)
-	if rc := C.shardlimit_unblock(h.p, kp, kn, &was, &e); rc != C.SHARDLIMIT_OK {
-		return false, takeError(rc, e)
+	p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+		return C.shardlimit_unblock_start(h.p, kp, kn, cb, u, out, e)
+	})
+	if err != nil {
+		return false, err
 	}
-	return bool(was), nil
+	return boolOf(p)
 }
 
 // BlockInfo is a key's block-list entry.
@@ -514,10 +571,17 @@ func (l *Limiter) Blocked(ctx context.Context, key string) (*BlockInfo, error) {
 	if err != nil {
 		return nil, err
 	}
+	kp, kn := cStr(key)
+	p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+		return C.shardlimit_blocked_start(h.p, kp, kn, cb, u, out, e)
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer C.shardlimit_pending_free(p)
 	var info C.shardlimit_block_info
 	var e *C.shardlimit_error
-	kp, kn := cStr(key)
-	if rc := C.shardlimit_blocked(h.p, kp, kn, &info, &e); rc != C.SHARDLIMIT_OK {
+	if rc := C.shardlimit_pending_block_info(p, &info, &e); rc != C.SHARDLIMIT_OK {
 		return nil, takeError(rc, e)
 	}
 	defer C.shardlimit_string_free(&info.reason)

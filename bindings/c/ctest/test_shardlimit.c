@@ -759,6 +759,364 @@ static void test_close_while_checking(void) {
   shardlimit_limiter_free(next);
 }
 
+/* ---------------------------------------------------------------- started calls */
+
+/* What a completion callback saw. */
+struct seen {
+  atomic_int calls;
+  atomic_int code;
+};
+
+static void on_done(void *user, shardlimit_pending *p) {
+  struct seen *s = user;
+  shardlimit_decision d;
+  atomic_store(&s->code, (int)shardlimit_pending_decision(p, &d, NULL));
+  atomic_fetch_add(&s->calls, 1);
+}
+
+static void test_started_calls(void) {
+  shardlimit_error *err = NULL;
+  shardlimit_limiter *l = NULL;
+  char cfg[512];
+  snprintf(cfg, sizeof cfg,
+           "{\"shards\":[{\"name\":\"only\",\"url\":\"redis://127.0.0.1:%d\"}],"
+           "\"timeout_ms\":10000,\"policies\":{\"api\":{\"algorithm\":\"fixed_window\","
+           "\"limit\":5,\"window\":\"1h\",\"on_error\":\"error\"}}}",
+           redis_port);
+  CHECK_RC(shardlimit_limiter_new_json(cfg, strlen(cfg), NULL, &l, &err), SHARDLIMIT_OK, err);
+  /* Redis answers: wait on the handle (no callback) */
+  shardlimit_pending *p = NULL;
+  CHECK_RC(shardlimit_check_named_start(l, S("started"), S("api"), 1, NULL, NULL, &p, &err),
+           SHARDLIMIT_OK, err);
+  CHECK(shardlimit_pending_wait(p, 10 * 1000 * 1000));
+  shardlimit_decision d;
+  CHECK_RC(shardlimit_pending_decision(p, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.remaining == 4 && d.source == SHARDLIMIT_SOURCE_REDIS);
+  shardlimit_pending_free(p);
+  shardlimit_pending_free(p); /* a second free is a no-op */
+  /* Redis stopped: in flight until cancelled; the callback runs once, inside cancel */
+  CHECK(kill(redis_pid, SIGSTOP) == 0);
+  struct seen s;
+  atomic_init(&s.calls, 0);
+  atomic_init(&s.code, -1);
+  CHECK_RC(shardlimit_check_named_start(l, S("started"), S("api"), 1, on_done, &s, &p, &err),
+           SHARDLIMIT_OK, err);
+  CHECK(!shardlimit_pending_wait(p, 20 * 1000));
+  CHECK(!shardlimit_pending_poll(p));
+  CHECK(atomic_load(&s.calls) == 0);
+  CHECK(shardlimit_pending_cancel(p));
+  CHECK(atomic_load(&s.calls) == 1);
+  CHECK(atomic_load(&s.code) == SHARDLIMIT_ERR_CANCELLED);
+  CHECK_RC(shardlimit_pending_decision(p, &d, &err), SHARDLIMIT_ERR_CANCELLED, err);
+  CHECK(!shardlimit_pending_cancel(p));
+  shardlimit_pending_free(p);
+  CHECK(atomic_load(&s.calls) == 1);
+  /* freeing a call in flight cancels it */
+  atomic_store(&s.calls, 0);
+  CHECK_RC(shardlimit_check_named_start(l, S("started"), S("api"), 1, on_done, &s, &p, &err),
+           SHARDLIMIT_OK, err);
+  shardlimit_pending_free(p);
+  CHECK(atomic_load(&s.calls) == 1);
+  CHECK(kill(redis_pid, SIGCONT) == 0);
+  shardlimit_limiter_free(l);
+}
+
+/* ---------------------------------------------------------------- shared contracts */
+
+/* A whole file of the repository (the test runs from its root, or $SHARDLIMIT_ROOT), or
+ * NULL. The caller frees it. */
+static char *read_file(const char *rel) {
+  char path[1024];
+  const char *root = getenv("SHARDLIMIT_ROOT");
+  snprintf(path, sizeof path, "%s/%s", root ? root : ".", rel);
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *buf = malloc((size_t)n + 1);
+  if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+    free(buf);
+    buf = NULL;
+  }
+  if (buf) buf[n] = 0;
+  fclose(f);
+  return buf;
+}
+
+/* The next {...} object at the top level of the array that *at is inside (the generated
+ * spec files hold no braces inside strings): [*start, *end) and *at past it; 0 at the
+ * array's end. */
+static int next_object(const char **at, const char **start, const char **end) {
+  int depth = 0;
+  for (const char *c = *at; *c; c++) {
+    if (*c == ']' && depth == 0) return 0;
+    if (*c == '{' && depth++ == 0) *start = c;
+    if (*c == '}' && --depth == 0) {
+      *end = c + 1;
+      *at = c + 1;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* The value of "key" in the object [start, end): a string's contents or a bare value,
+ * copied into out (empty when absent). */
+static void field(const char *start, const char *end, const char *key, char *out, size_t cap) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\": ", key);
+  out[0] = 0;
+  const char *f = strstr(start, pat);
+  if (!f || f >= end) return;
+  f += strlen(pat);
+  int quoted = *f == '"';
+  if (quoted) f++;
+  size_t n = 0;
+  while (f < end && n + 1 < cap && (quoted ? *f != '"' : (*f != ',' && *f != '\n' && *f != '}')))
+    out[n++] = *f++;
+  out[n] = 0;
+}
+
+/* Every operation of spec/operations.json not marked not_in "c" is a function of the C
+ * ABI: shardlimit_<op>, or the alias given here (constructors and the policy lookup). The
+ * table holds the functions themselves, so a name that does not exist does not link. */
+struct op {
+  const char *name;
+  const char *symbol;
+  void (*fn)(void);
+};
+#define OP(n) {#n, "shardlimit_" #n, (void (*)(void))shardlimit_##n}
+#define ALIAS(n, f) {n, #f, (void (*)(void))f}
+static const struct op c_ops[] = {
+    ALIAS("memory", shardlimit_limiter_new_memory),
+    ALIAS("new", shardlimit_limiter_new_json),
+    ALIAS("from_config_file", shardlimit_limiter_new_file),
+    ALIAS("from_env", shardlimit_limiter_new_env),
+    ALIAS("with_clock", shardlimit_clock_new),
+    ALIAS("policy", shardlimit_limiter_policy),
+    OP(is_redis), OP(memory_keys), OP(route), OP(reload), OP(reload_from_file), OP(set_scale),
+    OP(scale), OP(observe_health), OP(metrics), OP(check), OP(peek), OP(acquire), OP(release),
+    OP(reset), OP(check_all), OP(block), OP(unblock), OP(blocked),
+};
+#undef OP
+#undef ALIAS
+/* Operations of the core the C ABI does not offer yet. */
+static const char *c_missing[] = {"config", "subscribe", "watch_config"};
+
+static int in_list(const char *name, const char **list, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(list[i], name) == 0) return 1;
+  return 0;
+}
+
+static void test_operations_spec(void) {
+  char *text = read_file("spec/operations.json");
+  CHECK(text != NULL);
+  if (!text) return;
+  const char *at = strstr(text, "\"operations\"");
+  CHECK(at != NULL);
+  if (!at) {
+    free(text);
+    return;
+  }
+  at = strchr(at, '[') + 1;
+  const char *start, *end;
+  size_t seen = 0, missing_seen = 0, nops = sizeof c_ops / sizeof c_ops[0];
+  size_t nmissing = sizeof c_missing / sizeof c_missing[0];
+  while (next_object(&at, &start, &end)) {
+    char name[128], excluded[8];
+    field(start, end, "name", name, sizeof name);
+    field(start, end, "c", excluded, sizeof excluded);
+    int has = 0;
+    for (size_t i = 0; i < nops; i++)
+      if (strcmp(c_ops[i].name, name) == 0) has = 1, seen++;
+    if (excluded[0]) {
+      if (has) fprintf(stderr, "%s is marked not_in c but the ABI has it\n", name), failures++;
+    } else if (in_list(name, c_missing, nmissing)) {
+      missing_seen++;
+      if (has) fprintf(stderr, "%s is listed missing but present\n", name), failures++;
+    } else if (!has) {
+      fprintf(stderr, "the C ABI lacks the operation %s (shardlimit_%s)\n", name, name);
+      failures++;
+    }
+  }
+  CHECK(seen == nops);              /* every table entry is an operation of the spec */
+  CHECK(missing_seen == nmissing);  /* and so is every missing one */
+  for (size_t i = 0; i < nops; i++) CHECK(c_ops[i].fn != NULL);
+  free(text);
+}
+
+/* spec/errors.json's codes, names, backend flags and hierarchy are the ABI's. */
+static void test_errors_spec(void) {
+  char *text = read_file("spec/errors.json");
+  CHECK(text != NULL);
+  if (!text) return;
+  const char *kinds = strstr(text, "\"kinds\"");
+  CHECK(kinds != NULL);
+  if (!kinds) {
+    free(text);
+    return;
+  }
+  char names[32][64];
+  unsigned codes[32];
+  size_t n = 0;
+  const char *at = strchr(kinds, '[') + 1, *start, *end;
+  while (n < 32 && next_object(&at, &start, &end)) {
+    char code[16];
+    field(start, end, "name", names[n], sizeof names[n]);
+    field(start, end, "code", code, sizeof code);
+    codes[n++] = (unsigned)strtoul(code, NULL, 10);
+  }
+  CHECK(n >= 9);
+  at = strchr(kinds, '[') + 1;
+  for (size_t i = 0; next_object(&at, &start, &end); i++) {
+    char backend[8], parent[64];
+    field(start, end, "backend", backend, sizeof backend);
+    field(start, end, "parent", parent, sizeof parent);
+    CHECK(str_eq(shardlimit_result_name(codes[i]), names[i]));
+    CHECK(shardlimit_result_is_backend(codes[i]) == (strcmp(backend, "true") == 0));
+    unsigned want = 0;
+    for (size_t j = 0; j < n; j++)
+      if (strcmp(names[j], parent) == 0) want = codes[j];
+    CHECK(strcmp(parent, "null") == 0 || want != 0);
+    if (shardlimit_result_parent(codes[i]) != want)
+      fprintf(stderr, "%s: parent %u, spec %s\n", names[i], shardlimit_result_parent(codes[i]),
+              parent),
+          failures++;
+  }
+  const char *retired = strstr(text, "\"retired\"");
+  CHECK(retired != NULL);
+  if (retired) {
+    at = strchr(retired, '[') + 1;
+    while (next_object(&at, &start, &end)) {
+      char code[16];
+      field(start, end, "code", code, sizeof code);
+      CHECK(str_eq(shardlimit_result_name((uint32_t)strtoul(code, NULL, 10)), "unknown"));
+    }
+  }
+  free(text);
+}
+
+/* The {...} that follows "key": in [start, end), brace-matched: [*os, *oe). */
+static int object_at(const char *start, const char *end, const char *key, const char **os,
+                     const char **oe) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\": {", key);
+  const char *f = strstr(start, pat);
+  if (!f || f >= end) return 0;
+  f = strchr(f, '{');
+  int depth = 0;
+  for (const char *c = f; c < end; c++) {
+    if (*c == '{') depth++;
+    if (*c == '}' && --depth == 0) {
+      *os = f;
+      *oe = c + 1;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Replays every case of tests/vectors/algorithms.json on a manual clock: in memory
+ * (redis_port 0) or on the suite's redis-server. An unknown op fails loudly. */
+static void replay_vectors(int on_redis) {
+  char *text = read_file("tests/vectors/algorithms.json");
+  CHECK(text != NULL);
+  if (!text) return;
+  const char *at = strchr(strstr(text, "\"cases\""), '[') + 1, *cs, *ce;
+  int steps = 0;
+  for (int ci = 0; next_object(&at, &cs, &ce); ci++) {
+    const char *ps, *pe;
+    CHECK(object_at(cs, ce, "policy", &ps, &pe));
+    char cfg[2048];
+    if (on_redis)
+      snprintf(cfg, sizeof cfg,
+               "{\"shards\":[{\"name\":\"s0\",\"url\":\"redis://127.0.0.1:%d\"}],"
+               "\"timeout_ms\":2000,\"key_prefix\":\"cvec%d\",\"policies\":{\"p\":%.*s}}",
+               redis_port, ci, (int)(pe - ps), ps);
+    else
+      snprintf(cfg, sizeof cfg, "{\"policies\":{\"p\":%.*s}}", (int)(pe - ps), ps);
+    shardlimit_error *err = NULL;
+    shardlimit_clock *clk = NULL;
+    shardlimit_limiter *l = NULL;
+    shardlimit_policy *pol = NULL;
+    CHECK_RC(shardlimit_clock_new(0, &clk, &err), SHARDLIMIT_OK, err);
+    CHECK_RC(shardlimit_limiter_new_json(cfg, strlen(cfg), clk, &l, &err), SHARDLIMIT_OK, err);
+    CHECK_RC(shardlimit_limiter_policy(l, S("p"), &pol, &err), SHARDLIMIT_OK, err);
+    char lease_names[16][32];
+    shardlimit_lease *leases[16];
+    int nleases = 0;
+    const char *sat = strchr(strstr(cs, "\"steps\""), '[') + 1, *ss, *se;
+    while (sat < ce && next_object(&sat, &ss, &se)) {
+      char op[16], t[32], key[64], cost[32], lease_as[32], lease[32], released[8];
+      field(ss, se, "op", op, sizeof op);
+      field(ss, se, "t_us", t, sizeof t);
+      field(ss, se, "key", key, sizeof key);
+      CHECK_RC(shardlimit_clock_set_us(clk, strtoull(t, NULL, 10), &err), SHARDLIMIT_OK, err);
+      if (strcmp(op, "check") == 0) {
+        field(ss, se, "cost", cost, sizeof cost);
+        field(ss, se, "lease_as", lease_as, sizeof lease_as);
+        shardlimit_decision d;
+        shardlimit_lease *got = NULL;
+        CHECK_RC(shardlimit_acquire(l, key, strlen(key), pol, strtoull(cost, NULL, 10), &d, &got,
+                                    &err),
+                 SHARDLIMIT_OK, err);
+        if (got && lease_as[0] && nleases < 16) {
+          snprintf(lease_names[nleases], sizeof lease_names[nleases], "%s", lease_as);
+          leases[nleases++] = got;
+        } else {
+          shardlimit_lease_free(got);
+        }
+        const char *es, *ee;
+        CHECK(object_at(ss, se, "expect", &es, &ee));
+        char allowed[8], remaining[32], reset[32], retry[32], delay[32];
+        field(es, ee, "allowed", allowed, sizeof allowed);
+        field(es, ee, "remaining", remaining, sizeof remaining);
+        field(es, ee, "reset_after_us", reset, sizeof reset);
+        field(es, ee, "retry_after_us", retry, sizeof retry);
+        field(es, ee, "delay_us", delay, sizeof delay);
+        int same = d.allowed == (strcmp(allowed, "true") == 0) &&
+                   d.remaining == strtoull(remaining, NULL, 10) &&
+                   d.reset_after_us == strtoull(reset, NULL, 10) &&
+                   d.delay_us == strtoull(delay, NULL, 10) &&
+                   (strcmp(retry, "null") == 0 ? !d.has_retry_after
+                                               : d.has_retry_after &&
+                                                     d.retry_after_us == strtoull(retry, NULL, 10));
+        if (!same) {
+          fprintf(stderr, "vector case %d (%s), t %s key %s: got allowed %d remaining %llu reset %llu"
+                          " retry %d/%llu delay %llu; want %.*s\n",
+                  ci, on_redis ? "redis" : "memory", t, key, d.allowed,
+                  (unsigned long long)d.remaining, (unsigned long long)d.reset_after_us,
+                  d.has_retry_after, (unsigned long long)d.retry_after_us,
+                  (unsigned long long)d.delay_us, (int)(ee - es), es);
+          failures++;
+        }
+      } else if (strcmp(op, "release") == 0) {
+        field(ss, se, "lease", lease, sizeof lease);
+        field(ss, se, "expect_released", released, sizeof released);
+        shardlimit_lease *held = NULL;
+        for (int i = 0; i < nleases; i++)
+          if (strcmp(lease_names[i], lease) == 0) held = leases[i];
+        CHECK(held != NULL);
+        bool was = false;
+        CHECK_RC(shardlimit_release(l, held, &was, &err), SHARDLIMIT_OK, err);
+        CHECK(was == (strcmp(released, "true") == 0));
+      } else {
+        fprintf(stderr, "vector case %d: unknown op \"%s\": teach this replay the op\n", ci, op);
+        failures++;
+      }
+      steps++;
+    }
+    for (int i = 0; i < nleases; i++) shardlimit_lease_free(leases[i]);
+    shardlimit_policy_free(pol);
+    shardlimit_limiter_free(l);
+    shardlimit_clock_free(clk);
+  }
+  CHECK(steps > 30);
+  free(text);
+}
+
 int main(void) {
   start_redis();
   snprintf(config, sizeof config,
@@ -786,6 +1144,11 @@ int main(void) {
   test_client_ip();
   test_freed_limiter();
   test_close_while_checking();
+  test_started_calls();
+  test_operations_spec();
+  test_errors_spec();
+  replay_vectors(0);
+  replay_vectors(1);
 
   shardlimit_limiter_free(lim);
   shardlimit_clock_free(clock_);

@@ -83,13 +83,16 @@ pub enum shardlimit_result {
     /// handle always gives CLOSED, never another object's answer. Codes from 100 on belong
     /// to the C ABI (handles exist only here) and never collide with the core's kinds.
     SHARDLIMIT_ERR_CLOSED = 100,
+    /// The call was cancelled (`shardlimit_pending_cancel()`) before it completed. The C
+    /// ABI's own code, like CLOSED.
+    SHARDLIMIT_ERR_CANCELLED = 101,
 }
 
 use shardlimit_result::*;
 
 /// A failure of an ABI call: a result code and its message. Core errors convert with `?`;
 /// CLOSED is the ABI's own.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Error {
     code: shardlimit_result,
     message: String,
@@ -421,16 +424,18 @@ enum Tag {
     Clock = 4,
     Error = 5,
     Headers = 6,
+    Pending = 7,
 }
 
 impl Tag {
-    const ALL: [Tag; 6] = [
+    const ALL: [Tag; 7] = [
         Tag::Limiter,
         Tag::Policy,
         Tag::Lease,
         Tag::Clock,
         Tag::Error,
         Tag::Headers,
+        Tag::Pending,
     ];
     fn c_name(self) -> &'static str {
         match self {
@@ -440,6 +445,7 @@ impl Tag {
             Tag::Clock => "shardlimit_clock",
             Tag::Error => "shardlimit_error",
             Tag::Headers => "shardlimit_headers",
+            Tag::Pending => "shardlimit_pending",
         }
     }
 }
@@ -467,6 +473,9 @@ impl Object for shardlimit_error {
 impl Object for shardlimit_headers {
     const TAG: Tag = Tag::Headers;
 }
+impl Object for shardlimit_pending {
+    const TAG: Tag = Tag::Pending;
+}
 
 const HANDLE_BASE: usize = 1 << (usize::BITS - 1);
 const TAG_BITS: u32 = 3;
@@ -491,7 +500,12 @@ static HANDLES: RwLock<Handles> = RwLock::new(Handles {
 
 /// Hands `v` to C: a new token, never issued before.
 fn register<T: Object>(v: T) -> Result<*mut T, Error> {
-    let obj: Shared = Arc::new(v);
+    register_arc(Arc::new(v))
+}
+
+/// Hands an object the library keeps its own reference to (a pending call) to C.
+fn register_arc<T: Object>(obj: Arc<T>) -> Result<*mut T, Error> {
+    let obj: Shared = obj;
     let mut h = HANDLES.write();
     if h.next > MAX_ID {
         return Err(CoreError::Internal("no handle ids left in this process".to_string()).into());
@@ -645,6 +659,20 @@ fn out_arg<T>(what: &str, p: *mut T) -> Result<*mut T, Error> {
 
 fn limiter_arg(p: *const shardlimit_limiter) -> Result<Limiter, Error> {
     Ok(live("limiter", p)?.limiter.clone())
+}
+
+/// The limiter of a call that blocks its thread: refused inside a completion callback,
+/// which runs on the limiter's I/O thread, where waiting for Redis would wait for itself.
+fn blocking_limiter_arg(p: *const shardlimit_limiter) -> Result<Limiter, Error> {
+    if pending::in_callback() {
+        return Err(invalid(
+            "limiter",
+            "a blocking call from a completion callback (it runs on the library's I/O \
+             thread, which would wait for itself): start the call with its _start \
+             function instead",
+        ));
+    }
+    limiter_arg(p)
 }
 
 fn policy_arg(p: *const shardlimit_policy) -> Result<Policy, Error> {
@@ -818,8 +846,8 @@ pub extern "C" fn shardlimit_version() -> shardlimit_str {
 }
 
 /// The stable snake_case name of a result code: `"ok"`, `"config"`, `"invalid_argument"`,
-/// `"connection"`, `"timeout"`, `"script"`, `"routing"`, `"unknown_policy"`, `"io"`,
-/// `"internal"`, `"unavailable"`, `"closed"`, or `"unknown"` for a number that is not a
+/// `"connection"`, `"timeout"`, `"script"`, `"unknown_policy"`, `"io"`, `"internal"`,
+/// `"unavailable"`, `"closed"`, `"cancelled"`, or `"unknown"` for a number that is not a
 /// code. Static, never freed.
 /// Thread-safe.
 #[no_mangle]
@@ -830,6 +858,9 @@ pub extern "C" fn shardlimit_result_name(code: u32) -> shardlimit_str {
         }
         if code == SHARDLIMIT_ERR_CLOSED as u32 {
             return shardlimit_str::from_static(c"closed");
+        }
+        if code == SHARDLIMIT_ERR_CANCELLED as u32 {
+            return shardlimit_str::from_static(c"cancelled");
         }
         static NAMES: LazyLock<Vec<(u32, CString)>> = LazyLock::new(|| {
             ErrorKind::ALL
@@ -854,6 +885,21 @@ pub extern "C" fn shardlimit_result_is_backend(code: u32) -> bool {
         ErrorKind::ALL
             .iter()
             .any(|k| k.code() == code && k.is_backend())
+    })
+}
+
+/// The code of the more general kind `code` is a special case of, or 0 when it has none
+/// (or is not a code): `SHARDLIMIT_ERR_UNKNOWN_POLICY` is an `SHARDLIMIT_ERR_INVALID_ARGUMENT`
+/// (the hierarchy of `spec/errors.json`), so a caller that handles invalid arguments
+/// handles unknown policies too. Thread-safe.
+#[no_mangle]
+pub extern "C" fn shardlimit_result_parent(code: u32) -> u32 {
+    quiet(0, || {
+        ErrorKind::ALL
+            .iter()
+            .find(|k| k.code() == code)
+            .and_then(|k| k.parent())
+            .map_or(0, |p| p.code())
     })
 }
 
@@ -1261,7 +1307,7 @@ pub unsafe extern "C" fn shardlimit_check(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = limiter_arg(limiter)?;
+        let l = blocking_limiter_arg(limiter)?;
         let key = key_arg(key, key_len)?;
         let p = policy_arg(policy)?;
         let out = out_arg("out", out)?;
@@ -1289,7 +1335,7 @@ pub unsafe extern "C" fn shardlimit_check_named(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = limiter_arg(limiter)?;
+        let l = blocking_limiter_arg(limiter)?;
         let key = key_arg(key, key_len)?;
         let policy = policy_name_arg(policy, policy_len)?;
         let out = out_arg("out", out)?;
@@ -1314,7 +1360,7 @@ pub unsafe extern "C" fn shardlimit_peek(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = limiter_arg(limiter)?;
+        let l = blocking_limiter_arg(limiter)?;
         let key = key_arg(key, key_len)?;
         let p = policy_arg(policy)?;
         let out = out_arg("out", out)?;
@@ -1343,7 +1389,7 @@ pub unsafe extern "C" fn shardlimit_acquire(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = limiter_arg(limiter)?;
+        let l = blocking_limiter_arg(limiter)?;
         let key = key_arg(key, key_len)?;
         let p = policy_arg(policy)?;
         let out = out_arg("out", out)?;
@@ -1374,7 +1420,7 @@ pub unsafe extern "C" fn shardlimit_release(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = limiter_arg(limiter)?;
+        let l = blocking_limiter_arg(limiter)?;
         let held = live("lease", lease)?;
         let (lease, policy) = (held.lease.clone(), held.policy.clone());
         if !out_released.is_null() && !out_released.is_aligned() {
@@ -1409,7 +1455,7 @@ pub unsafe extern "C" fn shardlimit_reset(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = limiter_arg(limiter)?;
+        let l = blocking_limiter_arg(limiter)?;
         let key = key_arg(key, key_len)?;
         let p = policy_arg(policy)?;
         Ok(l.reset_blocking(key, &p)?)
@@ -1419,6 +1465,40 @@ pub unsafe extern "C" fn shardlimit_reset(
 /// The most layers read from the caller's array; the core's own limit (64) is the one
 /// that applies, this only bounds what a wrong `count` can make the library read.
 const MAX_LAYERS_READ: usize = 1024;
+
+/// The layers of a layered check, read from the caller's array (borrowed for the call).
+unsafe fn layers_arg(
+    l: &Limiter,
+    layers: *const shardlimit_layer,
+    count: usize,
+) -> Result<Vec<Layer>, Error> {
+    if count > MAX_LAYERS_READ {
+        return Err(invalid(
+            "count",
+            format!("{count} layers; at most 64 are allowed"),
+        ));
+    }
+    if count > 0 && (layers.is_null() || !layers.is_aligned()) {
+        return Err(invalid("layers", "is NULL or misaligned"));
+    }
+    let raw: &[shardlimit_layer] = if count == 0 {
+        &[]
+    } else {
+        std::slice::from_raw_parts(layers, count)
+    };
+    let mut built = Vec::with_capacity(raw.len());
+    for (i, x) in raw.iter().enumerate() {
+        let key = key_arg(x.key, x.key_len)
+            .map_err(|e| invalid(&format!("layers[{i}].key"), e.to_string()))?;
+        let policy = if x.policy.is_null() {
+            l.policy(policy_name_arg(x.policy_name, x.policy_name_len)?)?
+        } else {
+            policy_arg(x.policy)?
+        };
+        built.push(Layer::new(key, &policy, x.cost));
+    }
+    Ok(built)
+}
 
 /// A layered check: `count` layers (IP, API key, tenant, global...) checked at once.
 /// Allowed only if every layer allows; when any layer denies, no layer consumes. The
@@ -1439,32 +1519,8 @@ pub unsafe extern "C" fn shardlimit_check_all(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = limiter_arg(limiter)?;
-        if count > MAX_LAYERS_READ {
-            return Err(invalid(
-                "count",
-                format!("{count} layers; at most 64 are allowed"),
-            ));
-        }
-        if count > 0 && (layers.is_null() || !layers.is_aligned()) {
-            return Err(invalid("layers", "is NULL or misaligned"));
-        }
-        let raw: &[shardlimit_layer] = if count == 0 {
-            &[]
-        } else {
-            std::slice::from_raw_parts(layers, count)
-        };
-        let mut built = Vec::with_capacity(raw.len());
-        for (i, x) in raw.iter().enumerate() {
-            let key = key_arg(x.key, x.key_len)
-                .map_err(|e| invalid(&format!("layers[{i}].key"), e.to_string()))?;
-            let policy = if x.policy.is_null() {
-                l.policy(policy_name_arg(x.policy_name, x.policy_name_len)?)?
-            } else {
-                policy_arg(x.policy)?
-            };
-            built.push(Layer::new(key, &policy, x.cost));
-        }
+        let l = blocking_limiter_arg(limiter)?;
+        let built = layers_arg(&l, layers, count)?;
         let out = out_arg("out", out)?;
         let d = decision_to_c(&l.check_all_blocking(&built)?)?;
         out.write(d);
@@ -1490,7 +1546,7 @@ pub unsafe extern "C" fn shardlimit_block(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = limiter_arg(limiter)?;
+        let l = blocking_limiter_arg(limiter)?;
         let key = key_arg(key, key_len)?;
         if reason_len > 1024 {
             return Err(invalid("reason", "at most 1024 bytes"));
@@ -1514,7 +1570,7 @@ pub unsafe extern "C" fn shardlimit_unblock(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = limiter_arg(limiter)?;
+        let l = blocking_limiter_arg(limiter)?;
         let key = key_arg(key, key_len)?;
         if !out_was_blocked.is_null() && !out_was_blocked.is_aligned() {
             return Err(invalid("out_was_blocked", "is not aligned for its type"));
@@ -1540,30 +1596,33 @@ pub unsafe extern "C" fn shardlimit_blocked(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = limiter_arg(limiter)?;
+        let l = blocking_limiter_arg(limiter)?;
         let key = key_arg(key, key_len)?;
         let out = out_arg("out", out)?;
-        let info = match l.blocked_blocking(key)? {
-            None => shardlimit_block_info {
-                blocked: false,
-                permanent: false,
-                remaining_us: 0,
-                reason: shardlimit_string {
-                    ptr: std::ptr::null_mut(),
-                    len: 0,
-                },
-            },
-            Some(BlockInfo { reason, remaining }) => shardlimit_block_info {
-                blocked: true,
-                permanent: remaining.is_none(),
-                remaining_us: remaining
-                    .map_or(0, |r| u64::try_from(r.as_micros()).unwrap_or(u64::MAX)),
-                reason: owned_string(reason),
-            },
-        };
+        let info = block_info_to_c(l.blocked_blocking(key)?);
         out.write(info);
         Ok(())
     })
+}
+
+fn block_info_to_c(info: Option<BlockInfo>) -> shardlimit_block_info {
+    match info {
+        None => shardlimit_block_info {
+            blocked: false,
+            permanent: false,
+            remaining_us: 0,
+            reason: shardlimit_string {
+                ptr: std::ptr::null_mut(),
+                len: 0,
+            },
+        },
+        Some(BlockInfo { reason, remaining }) => shardlimit_block_info {
+            blocked: true,
+            permanent: remaining.is_none(),
+            remaining_us: remaining.map_or(0, |r| u64::try_from(r.as_micros()).unwrap_or(u64::MAX)),
+            reason: owned_string(reason),
+        },
+    }
 }
 
 /// The client's IP address for rate limiting: the peer itself unless it is one of the
@@ -1785,6 +1844,11 @@ pub unsafe extern "C" fn shardlimit_decision_to_json(
         Ok(())
     })
 }
+
+mod admin;
+mod pending;
+pub use admin::*;
+pub use pending::*;
 
 #[cfg(test)]
 mod tests;

@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -219,6 +221,57 @@ TEST_F(Redis, CheckAllAndBlockList) {
   EXPECT_TRUE(limiter.unblock("ip:9"));
   EXPECT_FALSE(limiter.blocked("ip:9").has_value());
   EXPECT_TRUE(limiter.check("ip:9", "ip").allowed());
+}
+
+TEST(Async, InMemoryFutureIsReadyAtOnce) {
+  auto limiter = shardlimit::Limiter::memory();
+  shardlimit_limit l{};
+  l.algorithm = SHARDLIMIT_ALGORITHM_FIXED_WINDOW;
+  l.limit = 2;
+  l.period_ms = 60000;
+  auto policy = shardlimit::Policy::make("adhoc", l);
+  for (int i = 0; i < 3; i++) {
+    auto pending = limiter.check_async("k", policy);
+    ASSERT_EQ(pending.future().wait_for(std::chrono::seconds(0)), std::future_status::ready);
+    EXPECT_EQ(pending.get().allowed(), i < 2) << i;
+    EXPECT_FALSE(pending.cancel());  // completed (and freed by its callback) already
+  }
+  try {
+    limiter.check_async("k", "no-such-policy");
+    FAIL() << "an unknown policy started a call";
+  } catch (const shardlimit::Error& e) {
+    EXPECT_EQ(e.code(), SHARDLIMIT_ERR_UNKNOWN_POLICY);
+  }
+}
+
+TEST_F(Redis, AsyncCheckCompletesAndCancelsOnAStoppedRedis) {
+  auto limiter = shardlimit::Limiter::from_json(
+      R"({"shards":[{"name":"s0","url":"redis://127.0.0.1:)" + std::to_string(port_) +
+      R"("}],"timeout_ms":10000,"policies":{"api":{"algorithm":"fixed_window","limit":5,"window":"1h","on_error":"error"}}})");
+  auto d = limiter.check_async("async:1", "api").get();
+  EXPECT_TRUE(d.allowed());
+  EXPECT_EQ(d.source(), SHARDLIMIT_SOURCE_REDIS);
+  EXPECT_EQ(d.remaining(), 4u);
+  // stopped: the call stays in flight (deadline 10 s) until cancelled
+  ASSERT_EQ(kill(pid_, SIGSTOP), 0);
+  struct Resume {
+    ~Resume() { kill(pid, SIGCONT); }
+    pid_t pid;
+  } resume{pid_};
+  auto pending = limiter.check_async("async:1", "api");
+  EXPECT_EQ(pending.future().wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(pending.cancel());
+  EXPECT_FALSE(pending.cancel());
+  ASSERT_EQ(pending.future().wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  try {
+    pending.get();
+    FAIL() << "a cancelled call gave a decision";
+  } catch (const shardlimit::Error& e) {
+    EXPECT_EQ(e.code(), SHARDLIMIT_ERR_CANCELLED);
+    EXPECT_EQ(e.name(), "cancelled");
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
 }
 
 TEST(ClientIp, TrustsOnlyConfiguredProxies) {
