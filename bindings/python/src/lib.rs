@@ -798,6 +798,28 @@ impl Limiter {
         )
     }
 
+    /// Connects to every shard and loads the scripts within `timeout` seconds (its own
+    /// budget, not a call's deadline), so that the first checks do not spend their deadline
+    /// on a TCP connect and fall back. Raises the shard's error when one does not answer in
+    /// time. Nothing to do in memory. The middlewares call it at start-up.
+    #[pyo3(signature = (timeout = 5.0))]
+    fn connect(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+        let t = ttl_arg(timeout)?;
+        self.blocking(py, |l| l.connect_blocking(t))
+    }
+    /// `await limiter.aconnect(timeout)`: :meth:`connect` on asyncio.
+    #[pyo3(signature = (timeout = 5.0))]
+    fn aconnect<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Bound<'py, PyAny>> {
+        let t = ttl_arg(timeout)?;
+        let l = self.inner()?;
+        self.completers.coroutine(
+            py,
+            &self.inner()?,
+            async move { l.connect(t).await },
+            |py, ()| Ok(py.None()),
+        )
+    }
+
     /// How many keys the in-memory engine holds; None on Redis.
     #[getter]
     fn memory_keys(&self) -> PyResult<Option<usize>> {

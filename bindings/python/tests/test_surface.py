@@ -41,8 +41,8 @@ def test_every_operation_of_the_spec_is_offered() -> None:
         for name in names:
             if not hasattr(Limiter, name):
                 missing.append(f"{op['name']} (as {name})")
-        is_async = any(r in ("check", "peek", "acquire", "release", "reset", "check_all",
-                             "block", "unblock", "blocked") for r in op["rust"])
+        # an operation with a blocking twin in Rust waits on Redis: Python has both forms
+        is_async = any(r.endswith("_blocking") for r in op["rust"])
         if is_async and not hasattr(Limiter, "a" + op["name"]):
             missing.append(f"{op['name']} (async twin a{op['name']})")
     assert not missing, f"Python lacks: {missing}"
@@ -184,12 +184,13 @@ def test_warm_up_connects_before_traffic(redis: RedisServer) -> None:
     os.kill(redis.proc.pid, signal.SIGSTOP)
     try:
         failed = warm_up(Limiter.from_json(config([redis], {}, timeout_ms=50)), 0.3)
-        assert failed is not None and "did not answer" in failed
+        assert failed is not None and "no answer within 300 ms" in failed, failed
     finally:
         os.kill(redis.proc.pid, signal.SIGCONT)
 
 
 def test_close(redis: RedisServer) -> None:
+    baseline = len(redis.command("CLIENT", "LIST").decode().strip().splitlines())
     with Limiter.from_json(config([redis], {"api": {"algorithm": "fixed_window", "limit": 2,
                                                     "window": "1h"}})) as limiter:
         assert limiter.check("k", "api").allowed
@@ -203,7 +204,7 @@ def test_close(redis: RedisServer) -> None:
     limiter.close()  # idempotent
     # the connection is let go: Redis sees it close (asynchronously, so wait for it)
     deadline = time.monotonic() + 5
-    while len(clients := redis.command("CLIENT", "LIST").decode().strip().splitlines()) > 1:
+    while len(clients := redis.command("CLIENT", "LIST").decode().strip().splitlines()) > baseline:
         assert time.monotonic() < deadline, clients
         time.sleep(0.01)
 

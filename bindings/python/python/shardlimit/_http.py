@@ -4,7 +4,6 @@ core decides, renders the headers and the 429 body."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Iterable, Mapping
@@ -241,24 +240,16 @@ def too_many_requests(decision: Decision) -> tuple[list[tuple[str, str]], bytes]
 
 
 def warm_up(limiter: Limiter, timeout: float) -> Optional[str]:
-    """Connects to every shard before traffic arrives: one ``peek`` per shard, repeated
-    until it answers or ``timeout`` seconds pass, so that the first requests do not spend
-    their per-call deadline on a TCP connect and fall back. Returns None when every shard
-    answered, else what failed (which the middleware logs as a warning)."""
+    """Connects to every shard and loads the scripts before traffic arrives
+    (:meth:`Limiter.connect`, ``timeout`` seconds of its own), so that the first requests
+    do not spend their per-call deadline on a TCP connect and fall back. Returns None when
+    every shard answered, else what failed (which the middleware logs as a warning)."""
     if not limiter.is_redis or timeout <= 0:
         return None
-    probe = _probe()
-    keys = _one_key_per_shard(limiter)
-    deadline = time.monotonic() + timeout
-    for key in keys:
-        while True:
-            try:
-                limiter.peek(key, probe)
-                break
-            except BackendError as e:
-                if time.monotonic() >= deadline:
-                    return f"shard {limiter.route(key)} did not answer within {timeout} s: {e}"
-                time.sleep(0.05)
+    try:
+        limiter.connect(timeout)
+    except BackendError as e:
+        return str(e)
     return None
 
 
@@ -266,31 +257,8 @@ async def awarm_up(limiter: Limiter, timeout: float) -> Optional[str]:
     """:func:`warm_up` on asyncio."""
     if not limiter.is_redis or timeout <= 0:
         return None
-    probe = _probe()
-    keys = _one_key_per_shard(limiter)
-    deadline = time.monotonic() + timeout
-    for key in keys:
-        while True:
-            try:
-                await limiter.apeek(key, probe)
-                break
-            except BackendError as e:
-                if time.monotonic() >= deadline:
-                    return f"shard {limiter.route(key)} did not answer within {timeout} s: {e}"
-                await asyncio.sleep(0.05)
+    try:
+        await limiter.aconnect(timeout)
+    except BackendError as e:
+        return str(e)
     return None
-
-
-def _probe() -> Policy:
-    # on_error "error": a fallback would hide that the shard did not answer
-    return Policy("shardlimit-warm-up", Limit.fixed_window(1, 1), "error")
-
-
-def _one_key_per_shard(limiter: Limiter) -> list[str]:
-    seen: dict[int, str] = {}
-    for i in range(4096):
-        key = f"shardlimit-warm-up:{i}"
-        r = limiter.route(key)
-        if r is not None and r[0] not in seen:
-            seen[r[0]] = key
-    return list(seen.values())

@@ -241,6 +241,12 @@ class Limiter:
     @property
     def policies(self) -> list[str]:
         """The names of the configured policies."""
+    def connect(self, timeout: float = 5.0) -> None:
+        """Connects to every shard and loads the scripts within ``timeout`` seconds of its
+        own, so that the first checks do not spend their deadline connecting; raises the
+        shard's BackendError when one does not answer in time. Nothing to do in memory."""
+    def aconnect(self, timeout: float = 5.0) -> Coroutine[Any, Any, None]:
+        """``await limiter.aconnect(timeout)``: :meth:`connect` on asyncio."""
     @property
     def memory_keys(self) -> Optional[int]:
         """How many keys the in-memory engine holds; None on Redis."""
