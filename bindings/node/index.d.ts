@@ -338,6 +338,8 @@ export declare class Limiter {
   acquire(key: string, options: AcquireOptions | string): Promise<{ decision: Decision; lease: Lease | null }>
   /** Gives a lease back (pass `{ limit }` for an ad-hoc limit's lease); false when it was no longer held. */
   release(lease: Lease, options?: Target): Promise<boolean>
+  /** Connects to every shard and loads the scripts within `timeoutMs` (default 5000, its own budget), so that the first checks do not spend their deadline connecting; rejects with the shard's error when one does not answer. */
+  connect(options?: { timeoutMs?: number }): Promise<void>
   /** Forgets `key`'s state under a policy. */
   reset(key: string, options: PolicyOptions | string): Promise<void>
   /** Allowed only if every layer allows; when any denies, no layer consumes. */
@@ -507,6 +509,8 @@ export interface MiddlewareOptions<Req = HttpRequestLike, Res = HttpResponseLike
   delay?: 'wait' | 'reject'
   /** With `delay: 'wait'`: a longer delay is answered 429 (default: no bound). */
   maxDelayMs?: number
+  /** The start-up connect to every shard, begun when the first middleware of a limiter is built (milliseconds of its own; default 5000, 0 skips it): requests that arrive before it ends wait for it, and a failure is a process warning. */
+  warmUpMs?: number
   /** CIDRs of proxies whose X-Forwarded-For is believed (default none: the peer address is the client). */
   trustedProxies?: string[]
   /** The default key keys IPv6 clients by their network of this many bits (1 to 128, default 64). */

@@ -236,6 +236,22 @@ class Limiter {
     }
   }
 
+  /**
+   * Connects to every shard and loads the scripts within `timeoutMs` (default 5000; its
+   * own budget, not a call's deadline), so that the first checks after start-up do not
+   * spend their deadline on a TCP connect. Rejects with the shard's error when one does not
+   * answer in time; resolves at once in memory.
+   */
+  connect(options) {
+    try {
+      const timeoutMs = options && options.timeoutMs !== undefined ? options.timeoutMs : 5000
+      if (typeof timeoutMs !== 'number') throw argError('timeoutMs', 'a number of milliseconds', timeoutMs)
+      return this[kNative].connect(timeoutMs)
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
   /** Forgets `key`'s state under a policy: its full budget is back. */
   reset(key, opts) {
     try {

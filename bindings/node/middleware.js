@@ -112,6 +112,9 @@ function compile(limiter, options) {
     throw typeError('skipSuccessfulRequests / skipFailedRequests are not supported: they need an atomic refund the core does not have yet')
   }
 
+  const warmUpMs = opts.warmUpMs === undefined ? 5000 : opts.warmUpMs
+  if (typeof warmUpMs !== 'number' || !(warmUpMs >= 0)) throw typeError('The "options.warmUpMs" argument must be a non-negative number of milliseconds')
+
   // parsed once; a bad CIDR or prefix fails here
   const proxies = new native.TrustedProxies(trustedProxies || [], ipv6Prefix === undefined ? null : ipv6Prefix)
 
@@ -136,6 +139,7 @@ function compile(limiter, options) {
 
   return {
     limiter,
+    warm: warmUp(limiter, warmUpMs),
     skip,
     handler,
     unavailableHandler,
@@ -183,6 +187,32 @@ function compile(limiter, options) {
   }
 }
 
+const warmUps = new WeakMap() // limiter → its start-up connect, made once
+
+/**
+ * Connects the limiter to every shard once, when the first middleware is built (`warmUpMs`
+ * of its own, default 5000; 0 skips it), so that the first requests do not spend their
+ * per-call deadline on a TCP connect and fall back. Requests that arrive before it ends
+ * wait for it; a failure is a process warning, and checks then go on as usual.
+ */
+function warmUp(limiter, ms) {
+  let w = warmUps.get(limiter)
+  if (w) return w
+  w = { done: false, promise: null }
+  const started = ms > 0 && typeof limiter.connect === 'function' ? limiter.connect({ timeoutMs: ms }) : Promise.resolve()
+  w.promise = started.then(
+    () => {
+      w.done = true
+    },
+    (e) => {
+      w.done = true
+      process.emitWarning(`warm-up incomplete, the first checks may fall back: ${e.message}`, 'ShardlimitWarning')
+    },
+  )
+  warmUps.set(limiter, w)
+  return w
+}
+
 function isThenable(v) {
   return v !== null && typeof v === 'object' && typeof v.then === 'function'
 }
@@ -211,6 +241,7 @@ function afterSkip(c, req) {
 
 function run(c, spec) {
   if (spec === null) return Promise.resolve(null)
+  if (!c.warm.done) return c.warm.promise.then(() => run(c, spec))
   const target = spec.limit ? { limit: spec.limit } : { policy: spec.policy }
   if (spec.algorithm === 'concurrency') {
     return c.limiter.acquire(spec.key, { ...target, units: spec.cost }).then((r) => outcome(c, r.decision, r.lease ? { lease: r.lease, target } : null))
@@ -370,6 +401,10 @@ function fastifyPlugin(fastify, opts, done) {
     const { limiter, global, ...defaults } = opts || {}
     if (global !== undefined && typeof global !== 'boolean') throw typeError('The "options.global" argument must be a boolean')
     const shared = global === false ? null : fastifyHookOf(compile(limiter, defaults))
+    // the start-up connect ends before the server listens
+    const ms = typeof defaults.warmUpMs === 'number' && defaults.warmUpMs >= 0 ? defaults.warmUpMs : 5000
+    const warm = warmUp(limiter, ms)
+    fastify.addHook('onReady', () => warm.promise)
     fastify.addHook('onRoute', (route) => {
       const own = route.config && route.config.rateLimit
       if (own === false) return

@@ -547,6 +547,29 @@ impl NativeLimiter {
         )
     }
 
+    /// Connects to every shard and loads the scripts within `timeout_ms` (its own budget,
+    /// not a call's deadline); rejects with the shard's error when one does not answer.
+    #[napi(catch_unwind, ts_return_type = "Promise<void>")]
+    pub fn connect(&self, env: Env, timeout_ms: f64) -> Result<Unknown<'static>> {
+        if !(timeout_ms.is_finite() && timeout_ms > 0.0 && timeout_ms <= 3_600_000.0) {
+            return Err(core_error(
+                &env,
+                invalid(
+                    "timeoutMs",
+                    "must be a number of milliseconds above 0, at most 1 hour",
+                ),
+            ));
+        }
+        let me = self.inner.clone();
+        let timeout = std::time::Duration::from_micros((timeout_ms * 1000.0).round() as u64);
+        promise(
+            &env,
+            &self.inner,
+            async move { me.connect(timeout).await },
+            |_, ()| Ok(()),
+        )
+    }
+
     /// A layered check: allowed only if every layer allows; if any denies, none consumes.
     #[napi(catch_unwind, ts_return_type = "Promise<Decision>")]
     pub fn check_all(&self, env: Env, layers: Vec<LayerSpec>) -> Result<Unknown<'static>> {

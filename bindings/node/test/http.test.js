@@ -389,3 +389,38 @@ test('outage: a fallback that denies is 503 with Retry-After; on_error: error re
   process.kill(own.pid, 'SIGCONT')
   limiter.close()
 })
+
+test('start-up: the first middleware connects the limiter before traffic; a shard that does not answer is a warning', async (t) => {
+  const own = await startRedis()
+  const frozen = await startRedis()
+  t.after(async () => {
+    process.kill(frozen.pid, 'SIGCONT')
+    await frozen.stop()
+    await own.stop()
+  })
+  const clients = async (r) => Number(/connected_clients:(\d+)/.exec(await r.command('INFO', 'clients'))[1])
+  const scripts = async (r) => Number(/number_of_cached_scripts:(\d+)/.exec(await r.command('INFO', 'memory'))[1])
+  const policies = { p: { algorithm: 'fixed_window', limit: 5, window: '1m' } }
+  const limiter = Limiter.fromJson(own.config(policies))
+  t.after(() => limiter.close())
+  assert.equal(await scripts(own), 0)
+  const before = await clients(own)
+  // Fastify: the plugin's connect ends before the server is ready (no request made)
+  const app = Fastify()
+  await app.register(fastifyPlugin, { limiter, policy: 'p', key: () => 'k' })
+  app.get('/', async () => 'ok')
+  await app.ready()
+  t.after(() => app.close())
+  assert.ok((await clients(own)) > before, 'connections made at start-up')
+  assert.ok((await scripts(own)) > 0, 'scripts loaded at start-up')
+
+  process.kill(frozen.pid, 'SIGSTOP')
+  const stuck = Limiter.fromJson(frozen.config(policies, { timeout_ms: 50 }))
+  t.after(() => stuck.close())
+  const warned = new Promise((resolve) => process.once('warning', resolve))
+  expressMiddleware(stuck, { policy: 'p', key: () => 'k', warmUpMs: 200 })
+  const w = await warned
+  assert.equal(w.name, 'ShardlimitWarning')
+  assert.match(w.message, /warm-up incomplete.*200 ms/)
+  assert.throws(() => expressMiddleware(stuck, { policy: 'p', warmUpMs: -1 }), /warmUpMs/)
+})

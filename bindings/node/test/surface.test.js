@@ -165,3 +165,29 @@ test('watchConfig: a changed file is applied, a bad one ignored, close() stops i
   watcher.close()
   assert.throws(() => limiter.watchConfig(file, { intervalMs: 0 }), TypeError)
 })
+
+test('connect: connections and scripts at start-up, within its own timeout', async (t) => {
+  await Limiter.memory().connect() // nothing to connect: resolves
+  const own = await startRedis()
+  t.after(() => own.stop())
+  const l = Limiter.fromJson(own.config({ p: { algorithm: 'fixed_window', limit: 5, window: '1m' } }))
+  t.after(() => l.close())
+  const info = async () => Number(/connected_clients:(\d+)/.exec(await own.command('INFO', 'clients'))[1])
+  const before = await info()
+  await l.connect({ timeoutMs: 2000 })
+  assert.ok((await info()) > before, 'connect made the connections')
+  const scripts = await own.command('INFO', 'memory')
+  assert.match(scripts, /number_of_cached_scripts:[1-9]/, 'connect loaded the scripts')
+  await assert.rejects(l.connect({ timeoutMs: 0 }), InvalidArgumentError)
+  await assert.rejects(l.connect({ timeoutMs: 'soon' }), TypeError)
+  // a shard that does not answer: the connect's own timeout, named in the error
+  const frozen = await startRedis()
+  process.kill(frozen.pid, 'SIGSTOP')
+  t.after(() => {
+    process.kill(frozen.pid, 'SIGCONT')
+    return frozen.stop()
+  })
+  const f = Limiter.fromJson(frozen.config({}, { timeout_ms: 50 }))
+  t.after(() => f.close())
+  await assert.rejects(f.connect({ timeoutMs: 300 }), (e) => e.code === 'ERR_SHARDLIMIT_TIMEOUT' && /300 ms/.test(e.message))
+})
