@@ -590,6 +590,16 @@ shardlimit_result shardlimit_release(const struct shardlimit_limiter *limiter,
 // no-op.
 void shardlimit_lease_free(struct shardlimit_lease *lease);
 
+// Connects to every shard and loads the scripts within `timeout_ms` (its own budget, not
+// a call's deadline), so that the first calls after start-up do not spend their deadline
+// on a TCP connect. Blocks for at most `timeout_ms`. Nothing to do in memory. Thread-safe.
+// `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT (a zero timeout), CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE,
+// CLOSED, INTERNAL.
+shardlimit_result shardlimit_connect(const struct shardlimit_limiter *limiter,
+                                     uint64_t timeout_ms,
+                                     struct shardlimit_error **err);
+
 // Forgets `key`'s state under `policy`: its full budget is back.
 // Blocks for at most the configured deadline. Thread-safe. `err` may be NULL.
 // Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
@@ -916,6 +926,16 @@ shardlimit_result shardlimit_acquire_start(const struct shardlimit_limiter *limi
 // Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
 shardlimit_result shardlimit_release_start(const struct shardlimit_limiter *limiter,
                                            const struct shardlimit_lease *lease,
+                                           shardlimit_callback callback,
+                                           void *user,
+                                           struct shardlimit_pending **out_pending,
+                                           struct shardlimit_error **err);
+
+// `shardlimit_connect()` that returns at once (see `shardlimit_check_start()`); its result
+// is `shardlimit_pending_result()`.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_connect_start(const struct shardlimit_limiter *limiter,
+                                           uint64_t timeout_ms,
                                            shardlimit_callback callback,
                                            void *user,
                                            struct shardlimit_pending **out_pending,

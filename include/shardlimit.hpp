@@ -419,6 +419,13 @@ class Limiter {
     return Decision(d);
   }
   /// Forgets `key`'s state: its full budget is back.
+  /// Connects to every shard and loads the scripts within `timeout` (its own budget, not a
+  /// call's deadline), so that the first calls after start-up do not spend their deadline
+  /// connecting; throws the shard's error when one does not answer in time.
+  void connect(std::chrono::milliseconds timeout = std::chrono::milliseconds(5000)) const {
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_connect(h_.get(), static_cast<uint64_t>(timeout.count()), &err), err);
+  }
   void reset(std::string_view key, const Policy& policy) const {
     shardlimit_error* err = nullptr;
     detail::check(shardlimit_reset(h_.get(), key.data(), key.size(), policy.get(), &err), err);

@@ -557,6 +557,29 @@ func (l *Limiter) Unblock(ctx context.Context, key string) (bool, error) {
 	return boolOf(p)
 }
 
+// Connect connects to every shard and loads the scripts within timeout (its own budget,
+// not a call's deadline), so that the first calls after start-up do not spend their
+// deadline on a TCP connect and fall back. Call it once at start-up; it returns the first
+// shard's error when one does not answer in time (ctx.Err() when ctx ends first). Nothing
+// to do in memory.
+func (l *Limiter) Connect(ctx context.Context, timeout time.Duration) error {
+	h, err := l.open(ctx)
+	if err != nil {
+		return err
+	}
+	if timeout < time.Millisecond {
+		return &Error{Code: CodeInvalidArgument, Message: fmt.Sprintf("invalid argument `timeout`: %v is under 1 ms", timeout)}
+	}
+	ms := C.uint64_t(timeout / time.Millisecond)
+	p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+		return C.shardlimit_connect_start(h.p, ms, cb, u, out, e)
+	})
+	if err != nil {
+		return err
+	}
+	return resultOf(p)
+}
+
 // BlockInfo is a key's block-list entry.
 type BlockInfo struct {
 	Reason string

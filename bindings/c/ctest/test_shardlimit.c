@@ -433,6 +433,10 @@ static void test_peek_reset_check(void) {
   shardlimit_error *err = NULL;
   shardlimit_decision d;
   shardlimit_policy *tb = NULL;
+  /* connections and scripts at start-up, within the connect's own timeout */
+  CHECK_RC(shardlimit_connect(lim, 2000, &err), SHARDLIMIT_OK, err);
+  CHECK_RC(shardlimit_connect(lim, 0, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_connect(NULL, 2000, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
   CHECK_RC(shardlimit_limiter_policy(lim, S("tb"), &tb, &err), SHARDLIMIT_OK, err);
   for (int i = 0; i < 3; i++) {
     CHECK_RC(shardlimit_check(lim, S("bucket"), tb, 1, &d, &err), SHARDLIMIT_OK, err);
@@ -897,7 +901,7 @@ static const struct op c_ops[] = {
     ALIAS("policy", shardlimit_limiter_policy),
     OP(is_redis), OP(memory_keys), OP(route), OP(reload), OP(reload_from_file), OP(set_scale),
     OP(scale), OP(observe_health), OP(metrics), OP(check), OP(peek), OP(acquire), OP(release),
-    OP(reset), OP(check_all), OP(block), OP(unblock), OP(blocked),
+    OP(reset), OP(check_all), OP(block), OP(unblock), OP(blocked), OP(connect),
 };
 #undef OP
 #undef ALIAS

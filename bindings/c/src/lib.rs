@@ -1443,6 +1443,24 @@ pub unsafe extern "C" fn shardlimit_lease_free(lease: *mut shardlimit_lease) {
     quiet((), || drop(unregister(lease)))
 }
 
+/// Connects to every shard and loads the scripts within `timeout_ms` (its own budget, not
+/// a call's deadline), so that the first calls after start-up do not spend their deadline
+/// on a TCP connect. Blocks for at most `timeout_ms`. Nothing to do in memory. Thread-safe.
+/// `err` may be NULL.
+/// Results: OK, INVALID_ARGUMENT (a zero timeout), CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE,
+/// CLOSED, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_connect(
+    limiter: *const shardlimit_limiter,
+    timeout_ms: u64,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let l = blocking_limiter_arg(limiter)?;
+        Ok(l.connect_blocking(std::time::Duration::from_millis(timeout_ms))?)
+    })
+}
+
 /// Forgets `key`'s state under `policy`: its full budget is back.
 /// Blocks for at most the configured deadline. Thread-safe. `err` may be NULL.
 /// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.

@@ -376,6 +376,29 @@ pub unsafe extern "C" fn shardlimit_release_start(
     })
 }
 
+/// `shardlimit_connect()` that returns at once (see `shardlimit_check_start()`); its result
+/// is `shardlimit_pending_result()`.
+/// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_connect_start(
+    limiter: *const shardlimit_limiter,
+    timeout_ms: u64,
+    callback: shardlimit_callback,
+    user: *mut c_void,
+    out_pending: *mut *mut shardlimit_pending,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let l = start_limiter(limiter)?;
+        let me = l.clone();
+        start(l, callback, user, out_pending, async move {
+            me.connect(std::time::Duration::from_millis(timeout_ms))
+                .await?;
+            Ok(Outcome::Unit)
+        })
+    })
+}
+
 /// `shardlimit_reset()` that returns at once (see `shardlimit_check_start()`); its result
 /// is `shardlimit_pending_result()`.
 /// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.

@@ -78,6 +78,7 @@ const std::map<std::string, void (*)(const L*)> kOps = {
     OP("scale", l->scale()),
     OP("observe_health", l->observe_health(0.1)),
     OP("metrics", l->metrics_prometheus()),
+    OP("connect", (l->connect(), 0)),
     OP("check", l->check("k", "p")),
     OP("peek", l->peek("k", l->policy("p"))),
     OP("acquire", l->acquire("k", l->policy("p"))),
