@@ -159,11 +159,8 @@ impl Replay<'_> {
         if self.mode == Mode::RedisBatch {
             // connect the pipe, so that a burst's first check does not wait for it
             let l = limiter.clone();
-            let p = Policy::new(
-                "warm",
-                shardlimit::Limit::concurrency(1, Duration::from_secs(60)),
-            );
-            let p = p.unwrap();
+            let warm = shardlimit::Limit::concurrency(1, Duration::from_secs(60));
+            let p = Policy::new("warm", warm).unwrap();
             clock.set_us(1);
             limiter
                 .block_on(async move { l.peek("warm", &p).await })
@@ -189,7 +186,6 @@ impl Replay<'_> {
     fn burst(&self, l: &Limiter, calls: &[Call], at: &str) -> Vec<CallResult> {
         let futs: Vec<BoxFut<CallResult>> = calls.iter().map(|c| c.future(l)).collect();
         let mut algorithms: Vec<_> = calls.iter().map(|c| c.policy.algorithm()).collect();
-        algorithms.dedup();
         algorithms.sort_by_key(|a| a.name());
         algorithms.dedup();
         let before = self.script_calls();
