@@ -6,7 +6,8 @@ ALGO.lb = function(key, now, capacity, interval, cost, peek)
   local drain = tonumber(redis.call('GET', key) or '0')
   if drain < now then drain = now end
   local queue = capacity * interval
-  local free = math.floor((queue - (drain - now)) / interval)
+  -- (a drain time more than `queue` ahead, after the clock went back: no room)
+  local free = math.max(math.floor((queue - (drain - now)) / interval), 0)
   if cost > capacity then
     return {0, free, drain - now, -1, 0}
   end

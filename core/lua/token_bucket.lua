@@ -5,7 +5,8 @@ ALGO.tb = function(key, now, capacity, interval, cost, peek)
   local tat = tonumber(redis.call('GET', key) or '0')
   if tat < now then tat = now end
   local burst = capacity * interval
-  local available = math.floor((burst - (tat - now)) / interval)
+  -- (a TAT more than `burst` ahead, after the clock went back: nothing is available)
+  local available = math.max(math.floor((burst - (tat - now)) / interval), 0)
   if cost > capacity then
     return {0, available, tat - now, -1, 0}
   end

@@ -1,7 +1,8 @@
 'use strict'
-// tests/vectors/algorithms.json replayed exactly as core/tests/vectors.rs does: a fresh
-// limiter per case with an injected clock, every check an acquire (leases named by
-// lease_as), on both engines. Decisions must equal `expect` to the microsecond.
+// The decision vectors of tests/vectors (format: the top of algorithms.json) replayed as
+// core/tests/vectors.rs does: every case on a fresh limiter with a ManualClock set to each
+// step's t_us, every op (check, peek, acquire, release, reset, check_all, batch), on both
+// engines. Decisions must equal the vectors to the microsecond.
 
 const test = require('node:test')
 const assert = require('node:assert/strict')
@@ -10,35 +11,84 @@ const path = require('node:path')
 const { Limiter, ManualClock } = require('..')
 const { startRedis } = require('./support/redis.js')
 
-const doc = JSON.parse(
-  fs.readFileSync(path.join(__dirname, '..', '..', '..', 'tests', 'vectors', 'algorithms.json'), 'utf8')
+const VECTORS = path.join(__dirname, '..', '..', '..', 'tests', 'vectors')
+// every file of decision vectors, replayed in full
+const FILES = ['algorithms.json']
+const cases = FILES.flatMap((f) =>
+  JSON.parse(fs.readFileSync(path.join(VECTORS, f), 'utf8')).cases.map((c) => ({ file: f, ...c }))
 )
+const OPS = ['check', 'peek', 'acquire', 'release', 'reset', 'check_all', 'batch']
+const totalSteps = cases.reduce((n, c) => n + c.steps.length, 0)
 const us = (ms) => Math.round(ms * 1000)
 
-async function replay(limiterFor) {
+function observed(d) {
+  return {
+    allowed: d.allowed,
+    limit: d.limit,
+    remaining: d.remaining,
+    reset_after_us: us(d.resetAfter),
+    retry_after_us: d.retryAfter === null ? null : us(d.retryAfter),
+    delay_us: us(d.delay),
+    policy: d.policy,
+    layer: d.layer,
+  }
+}
+
+// one check, peek or acquire: { decision, lease }
+async function call(limiter, item) {
+  switch (item.op) {
+    case 'check':
+      return { decision: await limiter.check(item.key, { policy: item.policy, cost: item.cost }), lease: null }
+    case 'peek':
+      return { decision: await limiter.peek(item.key, item.policy), lease: null }
+    case 'acquire':
+      return limiter.acquire(item.key, { policy: item.policy, units: item.units })
+    default:
+      throw new Error(`op ${JSON.stringify(item.op)} cannot be a check or a batch item`)
+  }
+}
+
+async function replay(limiterFor, source) {
   let steps = 0
-  for (const c of doc.cases) {
+  for (const c of cases) {
     const clock = new ManualClock(0)
     const limiter = await limiterFor(c, clock)
     const leases = new Map()
+    const decided = (item, { decision: d, lease }, where) => {
+      assert.equal(d.source, source, where)
+      assert.deepEqual(observed(d), item.expect, where)
+      if (item.lease_as !== undefined) {
+        assert.ok(lease, `${where}: no lease`)
+        leases.set(item.lease_as, lease)
+      }
+    }
     for (const [i, step] of c.steps.entries()) {
       clock.setUs(step.t_us)
-      const where = `${c.name}, step ${i}: ${JSON.stringify(step)}`
-      if (step.op === 'release') {
-        const released = await limiter.release(leases.get(step.lease))
-        assert.equal(released, step.expect_released, where)
-      } else {
-        assert.equal(step.op, 'check', where)
-        const { decision: d, lease } = await limiter.acquire(step.key, { policy: 'p', units: step.cost })
-        if (step.lease_as !== undefined && lease) leases.set(step.lease_as, lease)
-        const got = {
-          allowed: d.allowed,
-          remaining: d.remaining,
-          reset_after_us: us(d.resetAfter),
-          retry_after_us: d.retryAfter === null ? null : us(d.retryAfter),
-          delay_us: us(d.delay),
+      const where = `${c.file}: ${c.name}, step ${i}: ${JSON.stringify(step)}`
+      assert.ok(OPS.includes(step.op), `${where}: unknown op ${step.op}`)
+      switch (step.op) {
+        case 'batch':
+          // one after another: calls made together (Promise.all) have no order, and the
+          // items' decisions depend on it (core/tests/vectors.rs sends them together)
+          for (const [j, item] of step.items.entries()) {
+            decided(item, await call(limiter, item), `${where}, item ${j}`)
+          }
+          break
+        case 'release': {
+          assert.ok(leases.has(step.lease), `${where}: no lease ${step.lease} was taken`)
+          assert.equal(await limiter.release(leases.get(step.lease)), step.expect_released, where)
+          break
         }
-        assert.deepEqual(got, step.expect, where)
+        case 'reset':
+          await limiter.reset(step.key, step.policy)
+          break
+        case 'check_all': {
+          const layers = step.layers.map((l) => ({ key: l.key, policy: l.policy, cost: l.cost }))
+          decided(step, { decision: await limiter.checkAll(layers), lease: null }, where)
+          break
+        }
+        default:
+          decided(step, await call(limiter, step), where)
       }
       steps++
     }
@@ -46,9 +96,17 @@ async function replay(limiterFor) {
   return steps
 }
 
+test('the vectors hold every op on every algorithm', () => {
+  const ops = new Set(cases.flatMap((c) => c.steps.map((s) => s.op)))
+  assert.deepEqual([...ops].sort(), [...OPS].sort())
+  const algorithms = new Set(cases.flatMap((c) => Object.values(c.policies).map((p) => p.algorithm)))
+  assert.equal(algorithms.size, 6)
+  assert.ok(totalSteps > 100, `${totalSteps} steps`)
+})
+
 test('the in-memory engine matches the vectors', async () => {
-  const n = await replay((c, clock) => Limiter.fromJson({ policies: { p: c.policy } }, { clock }))
-  assert.ok(n > 30, `replayed ${n} steps`)
+  const n = await replay((c, clock) => Limiter.fromJson({ policies: c.policies }, { clock }), 'memory')
+  assert.equal(n, totalSteps)
 })
 
 test('the Redis engine matches the vectors', async (t) => {
@@ -56,9 +114,9 @@ test('the Redis engine matches the vectors', async (t) => {
   t.after(() => redis.stop())
   const n = await replay(async (c, clock) => {
     await redis.command('FLUSHALL') // a fresh key space per case
-    const limiter = Limiter.fromJson(redis.config({ p: c.policy }), { clock })
+    const limiter = Limiter.fromJson(redis.config(c.policies), { clock })
     assert.equal(limiter.isRedis, true)
     return limiter
-  })
-  assert.ok(n > 30, `replayed ${n} steps`)
+  }, 'redis')
+  assert.equal(n, totalSteps)
 })

@@ -1,6 +1,8 @@
-"""tests/vectors/algorithms.json replayed exactly as core/tests/vectors.rs does: every step
-on a fresh limiter per case, its clock set to t_us, on the in-memory engine and on a real
-Redis (sync and asyncio). The Python decisions must equal the vectors to the microsecond."""
+"""The decision vectors of tests/vectors (format: the top of algorithms.json) replayed as
+core/tests/vectors.rs does: every case on a fresh limiter with a ManualClock set to each
+step's t_us, every op (check, peek, acquire, release, reset, check_all, batch), on the
+in-memory engine and on a real Redis, through the sync API and through asyncio. Decisions
+must equal the vectors to the µs."""
 
 from __future__ import annotations
 
@@ -9,14 +11,18 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import pytest
 from redis_support import RedisServer, config
 
 import shardlimit
 from shardlimit import Decision, Lease, Limiter, ManualClock
 
-VECTORS = Path(__file__).resolve().parents[3] / "tests" / "vectors" / "algorithms.json"
-CASES: list[dict[str, Any]] = json.loads(VECTORS.read_text())["cases"]
+VECTORS = Path(__file__).resolve().parents[3] / "tests" / "vectors"
+#: every file of decision vectors, replayed in full
+FILES = ["algorithms.json"]
+DOCS: dict[str, dict[str, Any]] = {f: json.loads((VECTORS / f).read_text()) for f in FILES}
+OPS = {"check", "peek", "acquire", "release", "reset", "check_all", "batch"}
+
+Make = Callable[[dict[str, Any], ManualClock], Limiter]
 
 
 def us(seconds: Optional[float]) -> Optional[int]:
@@ -26,66 +32,123 @@ def us(seconds: Optional[float]) -> Optional[int]:
 def observed(d: Decision) -> dict[str, Any]:
     return {
         "allowed": d.allowed,
+        "limit": d.limit,
         "remaining": d.remaining,
         "reset_after_us": us(d.reset_after),
         "retry_after_us": us(d.retry_after),
         "delay_us": us(d.delay),
+        "policy": d.policy,
+        "layer": d.layer,
     }
 
 
-def replay_sync(make: Callable[[str, ManualClock], Limiter]) -> int:
+class Replay:
+    """One case's limiter, clock and leases; `where` names the step in every failure."""
+
+    def __init__(self, make: Make, case: dict[str, Any], source: str) -> None:
+        self.clock = ManualClock(0)
+        self.limiter = make(case["policies"], self.clock)
+        self.leases: dict[str, Lease] = {}
+        self.source = source
+
+    def decided(self, item: dict[str, Any], d: Decision, lease: Optional[Lease], where: str) -> None:
+        assert d.source == self.source, f"{where}: decided by {d.source}"
+        assert observed(d) == item["expect"], f"{where}: {item}"
+        if "lease_as" in item:
+            assert lease is not None, f"{where}: no lease"
+            self.leases[item["lease_as"]] = lease
+
+    def call(self, item: dict[str, Any]) -> tuple[Decision, Optional[Lease]]:
+        op, key, policy = item["op"], item["key"], item["policy"]
+        if op == "check":
+            return self.limiter.check(key, policy, item["cost"]), None
+        if op == "peek":
+            return self.limiter.peek(key, policy), None
+        assert op == "acquire", f"op {op!r} cannot be a check or a batch item"
+        return self.limiter.acquire(key, policy, item["units"])
+
+    async def acall(self, item: dict[str, Any]) -> tuple[Decision, Optional[Lease]]:
+        op, key, policy = item["op"], item["key"], item["policy"]
+        if op == "check":
+            return await self.limiter.acheck(key, policy, item["cost"]), None
+        if op == "peek":
+            return await self.limiter.apeek(key, policy), None
+        assert op == "acquire", f"op {op!r} cannot be a check or a batch item"
+        return await self.limiter.aacquire(key, policy, item["units"])
+
+    def step(self, step: dict[str, Any], where: str) -> None:
+        op = step["op"]
+        assert op in OPS, f"{where}: unknown op {op!r}"
+        if op in ("check", "peek", "acquire"):
+            self.decided(step, *self.call(step), where)
+        elif op == "batch":
+            for j, item in enumerate(step["items"]):
+                self.decided(item, *self.call(item), f"{where}, item {j}")
+        elif op == "release":
+            released = self.limiter.release(self.leases[step["lease"]])
+            assert released == step["expect_released"], where
+        elif op == "reset":
+            self.limiter.reset(step["key"], step["policy"])
+        else:
+            layers = [(la["key"], la["policy"], la["cost"]) for la in step["layers"]]
+            self.decided(step, self.limiter.check_all(layers), None, where)
+
+    async def astep(self, step: dict[str, Any], where: str) -> None:
+        op = step["op"]
+        assert op in OPS, f"{where}: unknown op {op!r}"
+        if op in ("check", "peek", "acquire"):
+            self.decided(step, *await self.acall(step), where)
+        elif op == "batch":
+            # one after another: calls made together (asyncio.gather) have no order, and
+            # the items' decisions depend on it (core/tests/vectors.rs sends them together)
+            for j, item in enumerate(step["items"]):
+                self.decided(item, *await self.acall(item), f"{where}, item {j}")
+        elif op == "release":
+            released = await self.limiter.arelease(self.leases[step["lease"]])
+            assert released == step["expect_released"], where
+        elif op == "reset":
+            await self.limiter.areset(step["key"], step["policy"])
+        else:
+            layers = [(la["key"], la["policy"], la["cost"]) for la in step["layers"]]
+            self.decided(step, await self.limiter.acheck_all(layers), None, where)
+
+
+def cases() -> list[tuple[str, dict[str, Any]]]:
+    return [(f, c) for f in FILES for c in DOCS[f]["cases"]]
+
+
+def replay_sync(make: Make, source: str) -> int:
     steps = 0
-    for n, case in enumerate(CASES):
-        clock = ManualClock(0)
-        limiter = make(json.dumps({"p": case["policy"]}), clock)
-        leases: dict[str, Lease] = {}
+    for f, case in cases():
+        r = Replay(make, case, source)
         for i, step in enumerate(case["steps"]):
-            clock.set_us(step["t_us"])
-            where = f"{case['name']}, step {i}: {step}"
-            if step["op"] == "release":
-                released = limiter.release(leases[step["lease"]])
-                assert released == step["expect_released"], where
-            else:
-                assert step["op"] == "check", where
-                d, lease = limiter.acquire(step["key"], "p", step["cost"])
-                if lease is not None and "lease_as" in step:
-                    leases[step["lease_as"]] = lease
-                assert observed(d) == step["expect"], where
+            r.clock.set_us(step["t_us"])
+            r.step(step, f"{f}: {case['name']}, step {i}")
             steps += 1
     return steps
 
 
-async def replay_async(make: Callable[[str, ManualClock], Limiter]) -> int:
+async def replay_async(make: Make, source: str) -> int:
     steps = 0
-    for case in CASES:
-        clock = ManualClock(0)
-        limiter = make(json.dumps({"p": case["policy"]}), clock)
-        leases: dict[str, Lease] = {}
+    for f, case in cases():
+        r = Replay(make, case, source)
         for i, step in enumerate(case["steps"]):
-            clock.set_us(step["t_us"])
-            where = f"{case['name']}, step {i}: {step}"
-            if step["op"] == "release":
-                released = await limiter.arelease(leases[step["lease"]])
-                assert released == step["expect_released"], where
-            else:
-                d, lease = await limiter.aacquire(step["key"], "p", step["cost"])
-                if lease is not None and "lease_as" in step:
-                    leases[step["lease_as"]] = lease
-                assert observed(d) == step["expect"], where
+            r.clock.set_us(step["t_us"])
+            await r.astep(step, f"{f}: {case['name']}, step {i}")
             steps += 1
     return steps
 
 
-def memory(policies: str, clock: ManualClock) -> Limiter:
-    return Limiter.from_json(f'{{"policies": {policies}}}', clock=clock)
+def memory(policies: dict[str, Any], clock: ManualClock) -> Limiter:
+    return Limiter.from_json(json.dumps({"policies": policies}), clock=clock)
 
 
-def on_redis(server: RedisServer) -> Callable[[str, ManualClock], Limiter]:
+def on_redis(server: RedisServer) -> Make:
     counter = iter(range(1_000_000))
 
-    def make(policies: str, clock: ManualClock) -> Limiter:
+    def make(policies: dict[str, Any], clock: ManualClock) -> Limiter:
         # a fresh key space per case, like the core's FLUSHALL
-        text = config([server], json.loads(policies), key_prefix=f"vec{next(counter)}:")
+        text = config([server], policies, key_prefix=f"vec{next(counter)}:")
         limiter = Limiter.from_json(text, clock=clock)
         assert limiter.is_redis
         return limiter
@@ -93,36 +156,41 @@ def on_redis(server: RedisServer) -> Callable[[str, ManualClock], Limiter]:
     return make
 
 
+def total_steps() -> int:
+    return sum(len(c["steps"]) for _, c in cases())
+
+
 def test_vectors_are_there() -> None:
-    assert len(CASES) >= 6
-    algorithms = {c["policy"]["algorithm"] for c in CASES}
-    assert algorithms >= {
+    ops = {s["op"] for _, c in cases() for s in c["steps"]}
+    assert ops == OPS
+    algorithms = {p["algorithm"] for _, c in cases() for p in c["policies"].values()}
+    assert algorithms == {
         "fixed_window", "sliding_window", "sliding_log",
         "token_bucket", "leaky_bucket", "concurrency",
     }
+    assert total_steps() > 100
 
 
 def test_memory_engine_matches_vectors() -> None:
-    assert replay_sync(memory) > 30
+    assert replay_sync(memory, "memory") == total_steps()
 
 
 def test_memory_engine_async_matches_vectors() -> None:
-    assert asyncio.run(replay_async(memory)) > 30
+    assert asyncio.run(replay_async(memory, "memory")) == total_steps()
 
 
 def test_redis_engine_matches_vectors(redis: RedisServer) -> None:
-    assert replay_sync(on_redis(redis)) > 30
+    assert replay_sync(on_redis(redis), "redis") == total_steps()
 
 
 def test_redis_engine_async_matches_vectors(redis: RedisServer) -> None:
-    assert asyncio.run(replay_async(on_redis(redis))) > 30
+    assert asyncio.run(replay_async(on_redis(redis), "redis")) == total_steps()
 
 
-@pytest.mark.parametrize("case", CASES[:1], ids=lambda c: str(c["name"]))
-def test_sources_are_reported(case: dict[str, Any], redis: RedisServer) -> None:
+def test_sources_are_reported(redis: RedisServer) -> None:
+    _, case = cases()[0]
     clock = ManualClock(case["steps"][0]["t_us"])
-    policies = json.dumps({"p": case["policy"]})
-    assert memory(policies, clock).check("k", "p").source == "memory"
-    d = on_redis(redis)(policies, clock).check("k", "p")
+    assert memory(case["policies"], clock).check("k", "p").source == "memory"
+    d = on_redis(redis)(case["policies"], clock).check("k", "p")
     assert (d.source, d.shard) == ("redis", 0)
     assert shardlimit.Decision is type(d)

@@ -350,7 +350,8 @@ fn gcra(
         _ => now,
     };
     let burst = capacity * interval;
-    let available = (burst - (tat - now)) / interval;
+    // (more than `burst` ahead when the clock went back: nothing is available)
+    let available = burst.saturating_sub(tat - now) / interval;
     if cost > capacity {
         return Outcome::deny(available, tat - now, None);
     }
