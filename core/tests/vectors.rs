@@ -431,6 +431,10 @@ fn census(doc: &Value) -> usize {
         "concurrency",
     ] {
         for op in ["check", "peek", "reset", "check_all", "batch"] {
+            if op == "check" && a == "concurrency" {
+                // an error (check takes units no lease gives back): acquire is the check
+                continue;
+            }
             assert!(
                 seen.contains(&(op.to_string(), a.to_string())),
                 "no {op} step on {a}"
