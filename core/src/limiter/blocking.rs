@@ -136,6 +136,8 @@ blocking_twins! {
     acquire_blocking => acquire(key: &str, policy: &Policy, units: u64) -> (Decision, Option<Lease>);
     /// Blocking [`Limiter::release`].
     release_blocking => release(lease: &Lease) -> bool;
+    /// Blocking [`Limiter::release_with`] (a lease of an ad-hoc policy).
+    release_with_blocking => release_with(policy: &Policy, lease: &Lease) -> bool;
     /// Blocking [`Limiter::reset`].
     reset_blocking => reset(key: &str, policy: &Policy) -> ();
     /// Blocking [`Limiter::block`].
