@@ -412,6 +412,12 @@ fn call_async(l: &Limiter, it: &Item, policies: &[Policy], specs: &[Spec]) -> Ca
 fn item_future(l: &Limiter, it: &Item, policies: &[Policy], specs: &[Spec]) -> BoxFut<CallResult> {
     let l = l.clone();
     match *it {
+        // a check of a concurrency policy is an error (no lease could give it back): the
+        // nearest operation is a lease never released, which holds until it expires
+        Item::Check(p, k, c) if specs[p].is_concurrency() => {
+            let (pol, cost) = (policies[p].clone(), c.of(specs[p].limit));
+            Box::pin(async move { l.acquire(KEYS[k], &pol, cost).await.map(|(d, _)| (d, None)) })
+        }
         Item::Check(p, k, c) => {
             let (pol, cost) = (policies[p].clone(), c.of(specs[p].limit));
             Box::pin(async move { l.check(KEYS[k], &pol, cost).await.map(|d| (d, None)) })
@@ -433,6 +439,9 @@ fn item_future(l: &Limiter, it: &Item, policies: &[Policy], specs: &[Spec]) -> B
 
 fn call_blocking(l: &Limiter, it: &Item, policies: &[Policy], specs: &[Spec]) -> CallResult {
     match *it {
+        Item::Check(p, k, c) if specs[p].is_concurrency() => l
+            .acquire_blocking(KEYS[k], &policies[p], c.of(specs[p].limit))
+            .map(|(d, _)| (d, None)),
         Item::Check(p, k, c) => l
             .check_blocking(KEYS[k], &policies[p], c.of(specs[p].limit))
             .map(|d| (d, None)),
@@ -692,6 +701,9 @@ fn vector_case(case: &Case, times: &[u64], got: &[Vec<Got>], upto: usize) -> Val
         };
         let item = |it: &Item, j: usize, leases: &mut usize| -> Value {
             match *it {
+                Item::Check(p, k, c) if specs[p].is_concurrency() => json!({"op": "acquire",
+                    "key": KEYS[k], "policy": format!("p{p}"), "units": c.of(specs[p].limit),
+                    "expect": expect(j)}),
                 Item::Check(p, k, c) => json!({"op": "check", "key": KEYS[k],
                     "policy": format!("p{p}"), "cost": c.of(specs[p].limit), "expect": expect(j)}),
                 Item::Peek(p, k) => json!({"op": "peek", "key": KEYS[k],
