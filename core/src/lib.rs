@@ -21,6 +21,7 @@ mod algo;
 mod blocking;
 pub mod clock;
 pub mod config;
+mod cpus;
 mod decision;
 mod duration;
 mod error;
