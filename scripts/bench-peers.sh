@@ -32,7 +32,7 @@ done
 if [ "$QUICK" = 1 ]; then
   ROUNDS=1 TOTAL=30000 SEQ=3000 PYN=5000 HTTP_SECS=3 RUST_N=50000
 else
-  ROUNDS=3 TOTAL=100000 SEQ=10000 PYN=20000 HTTP_SECS=8 RUST_N=200000
+  ROUNDS=3 TOTAL=50000 SEQ=5000 PYN=10000 HTTP_SECS=5 RUST_N=100000
 fi
 [ "$(nproc)" -ge 2 ] || { echo "needs two CPUs (Redis on one, the client on the other)" >&2; exit 1; }
 
@@ -100,7 +100,7 @@ if [ -d "$NODE_TGZ" ]; then
 else
   (cd "$NODE_DIR" && npm install --silent --no-audit --no-fund --no-save $NODE_TGZ >/dev/null)
 fi
-export NODE_PATH=$NODE_DIR/node_modules
+export BENCH_PEERS=$NODE_DIR
 export SHARDLIMIT_NODE_PACKAGE=$NODE_DIR/node_modules/shardlimit
 
 echo "== Python peers"
@@ -151,11 +151,15 @@ trap cleanup EXIT
 for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
 REDIS_VERSION=$(redis-cli -p "$PORT" INFO server | sed -n 's/^redis_version:\(.*\)\r$/\1/p')
 
-# the server time of every script call since the last reset (INFO commandstats, µs)
+# the server time (µs) of the commands that decided since the last reset (INFO
+# commandstats: every command but the bench's own INFO, CONFIG, FLUSHALL, SCRIPT and the
+# clients' connection set-up)
 script_usec() {
   redis-cli -p "$PORT" INFO commandstats | python3 -c '
 import re, sys
-print(sum(int(m) for m in re.findall(r"^cmdstat_(?:eval|evalsha|eval_ro|evalsha_ro|fcall)[^:]*:.*?,usec=(\d+),", sys.stdin.read(), re.M)))'
+skip = {"info", "config", "flushall", "script", "ping", "client", "hello", "select", "command", "auth"}
+print(sum(int(u) for name, u in re.findall(r"^cmdstat_([^:]+):.*?,usec=(\d+),", sys.stdin.read(), re.M)
+          if name.split("|")[0] not in skip))'
 }
 fresh() { redis-cli -p "$PORT" FLUSHALL >/dev/null; redis-cli -p "$PORT" CONFIG RESETSTAT >/dev/null; }
 
@@ -193,7 +197,7 @@ redis_cpu() { awk '{print ($14+$15)*10000}' "/proc/$RPID/stat"; }
 NODE_BENCH=bindings/node/bench/peers.js
 PY_BENCH=bindings/python/bench/peers.py
 for round in $(seq "$ROUNDS"); do
-  echo "== round $round of $ROUNDS: clients"
+  echo "== round $round of $ROUNDS: clients ($(date -u +%T))"
   na=(--redis "$URL" --redis-pid "$RPID" --total "$TOTAL" --sequential "$SEQ")
   client node-64 "$round" shardlimit node "$NODE_BENCH" --lib shardlimit "${na[@]}"
   client node-64 "$round" rlf node "$NODE_BENCH" --lib rlf "${na[@]}"
@@ -204,6 +208,7 @@ for round in $(seq "$ROUNDS"); do
   client py-async "$round" limits-redispy "$PY" "$PY_BENCH" --mode async --lib limits-redispy "${pa[@]}"
   client py-sync "$round" shardlimit "$PY" "$PY_BENCH" --mode sync --lib shardlimit "${pa[@]}"
   client py-sync "$round" limits-redispy "$PY" "$PY_BENCH" --mode sync --lib limits-redispy "${pa[@]}"
+  client py-sync "$round" "shardlimit spin_wait 100us" "$PY" "$PY_BENCH" --mode sync --lib shardlimit --spin-wait 100us "${pa[@]}"
   ga=(-redis "$URL" -redis-pid "$RPID" -total "$TOTAL" -sequential "$SEQ")
   client go-64 "$round" shardlimit "$GO_DIR/peers" -lib shardlimit "${ga[@]}"
   client go-64 "$round" redis_rate "$GO_DIR/peers" -lib redis_rate "${ga[@]}"
@@ -287,7 +292,7 @@ print(json.dumps({"shape": "http-" + sys.argv[2], "label": sys.argv[3], "round":
 }
 APPS=$root/bindings/python/bench
 for round in $(seq "$ROUNDS"); do
-  echo "== round $round of $ROUNDS: HTTP (wrk -c 64, ${HTTP_SECS}s)"
+  echo "== round $round of $ROUNDS: HTTP (wrk -c 64, ${HTTP_SECS}s, $(date -u +%T))"
   for mode in none shardlimit rlf erl; do
     http express "$mode" "$round" node bindings/node/bench/http.js --mode "$mode" --redis "$URL" --port "$HPORT"
   done

@@ -4,9 +4,13 @@
 // none: no limiter; shardlimit: its express middleware; rlf: rate-limiter-flexible's
 // RateLimiterRedis (ioredis) in a middleware, as its README shows; erl: express-rate-limit
 // with rate-limit-redis (ioredis). Every one by client IP, a fixed window of 10^9 per hour
-// (never denied). Prints "ready" once listening. Peers come from the caller's NODE_PATH.
+// (never denied). Prints "ready" once listening. Peers come from $BENCH_PEERS (the scratch
+// directory they were installed in), never from bindings/node/node_modules.
 
 const path = require('node:path')
+const { createRequire } = require('node:module')
+// the peers of bench/peers.lock, as scripts/bench-peers.sh installed them
+const peer = process.env.BENCH_PEERS ? createRequire(path.join(process.env.BENCH_PEERS, 'package.json')) : require
 
 function arg(name, dflt) {
   const i = process.argv.indexOf(`--${name}`)
@@ -17,7 +21,7 @@ const URL = arg('redis')
 const PORT = Number(arg('port'))
 const LIMIT = 1_000_000_000
 
-const express = require('express')
+const express = peer('express')
 const app = express()
 app.disable('x-powered-by')
 
@@ -32,8 +36,8 @@ if (MODE === 'shardlimit') {
   })
   app.use(expressMiddleware(limiter, { policy: 'api' }))
 } else if (MODE === 'rlf') {
-  const Redis = require('ioredis')
-  const { RateLimiterRedis } = require('rate-limiter-flexible')
+  const Redis = peer('ioredis')
+  const { RateLimiterRedis } = peer('rate-limiter-flexible')
   const limiter = new RateLimiterRedis({
     storeClient: new Redis(URL),
     keyPrefix: 'rlf',
@@ -51,9 +55,9 @@ if (MODE === 'shardlimit') {
       .catch(() => res.status(429).send('Too Many Requests'))
   })
 } else if (MODE === 'erl') {
-  const Redis = require('ioredis')
-  const { rateLimit } = require('express-rate-limit')
-  const { RedisStore } = require('rate-limit-redis')
+  const Redis = peer('ioredis')
+  const { rateLimit } = peer('express-rate-limit')
+  const { RedisStore } = peer('rate-limit-redis')
   const client = new Redis(URL)
   app.use(
     rateLimit({

@@ -7,10 +7,14 @@
 // script call per check in both libraries). Prints one JSON line: decisions/s at
 // `concurrency` requests in flight, p50/p99 of sequential requests, and the CPU per
 // decision of this process (every thread, /proc/self/stat) and of redis-server
-// (/proc/PID/stat) during the concurrent phase. Peers come from the caller's NODE_PATH.
+// (/proc/PID/stat) during the concurrent phase. Peers come from $BENCH_PEERS (the scratch
+// directory they were installed in), never from bindings/node/node_modules.
 
 const fs = require('node:fs')
 const path = require('node:path')
+const { createRequire } = require('node:module')
+// the peers of bench/peers.lock, as scripts/bench-peers.sh installed them
+const peer = process.env.BENCH_PEERS ? createRequire(path.join(process.env.BENCH_PEERS, 'package.json')) : require
 const { performance } = require('node:perf_hooks')
 
 function arg(name, dflt) {
@@ -58,12 +62,12 @@ function shardlimit() {
 }
 
 function rlf() {
-  const Redis = require('ioredis')
-  const { RateLimiterRedis } = require('rate-limiter-flexible')
+  const Redis = peer('ioredis')
+  const { RateLimiterRedis } = peer('rate-limiter-flexible')
   const client = new Redis(URL)
   const limiter = new RateLimiterRedis({ storeClient: client, keyPrefix: 'rlf', points: LIMIT, duration: 3600 })
   return {
-    version: `rate-limiter-flexible ${require('rate-limiter-flexible/package.json').version} + ioredis ${require('ioredis/package.json').version}`,
+    version: `rate-limiter-flexible ${peer('rate-limiter-flexible/package.json').version} + ioredis ${peer('ioredis/package.json').version}`,
     // consume() rejects when denied: never here (the limit is 10^9)
     check: async (key) => (await limiter.consume(key, 1)).remainingPoints >= 0,
     close: () => client.disconnect(),

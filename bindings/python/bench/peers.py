@@ -3,6 +3,7 @@ this process to one CPU):
 
     python bench/peers.py --lib shardlimit|limits-redispy|limits-coredis --mode sync|async
         --redis redis://127.0.0.1:PORT [--redis-pid PID] [--n 20000] [--tasks 64]
+        [--spin-wait 100us]
 
 The policy: a fixed window of 10^9 per hour over 1000 keys (every check admitted, one
 script call per check in both libraries). `sync`: one thread, one call after another;
@@ -46,13 +47,14 @@ def quantile(samples: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p * len(s)))]
 
 
-def make(lib: str, url: str, mode: str) -> tuple[str, Any]:
+def make(lib: str, url: str, mode: str, spin_wait: str | None) -> tuple[str, Any]:
     if lib == "shardlimit":
         import shardlimit
 
         sl = shardlimit.Limiter.from_json(json.dumps({
             "shards": [{"name": "bench", "url": url}],
             "timeout_ms": 1000,
+            **({} if spin_wait is None else {"spin_wait": spin_wait}),
             "policies": {"fw": {"algorithm": "fixed_window", "limit": LIMIT, "window": "1h"}},
         }))
         version = f"shardlimit {shardlimit.__version__}"
@@ -137,10 +139,11 @@ def main() -> None:
     ap.add_argument("--redis-pid")
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--tasks", type=int, default=64)
+    ap.add_argument("--spin-wait", help="shardlimit's spin_wait (default: the core's)")
     a = ap.parse_args()
     global REDIS_PID
     REDIS_PID = a.redis_pid
-    version, check = make(a.lib, a.redis, a.mode)
+    version, check = make(a.lib, a.redis, a.mode, a.spin_wait)
     if a.mode == "sync":
         rate, lat = run_sync(check, a.n)
     else:
