@@ -164,6 +164,10 @@ def main() -> None:
     target("Go client CPU per decision ÷ redis_rate", r, "≤ 0.7", r is not None and r <= 0.7)
     r = ratio_of("go-64", "shardlimit", "redis_rate", "p50_us")
     target("Go single-goroutine p50 ÷ redis_rate", r, "≤ 1", r is not None and r <= 1)
+    go_sl, rust_sl = m("go-64", "shardlimit", "decisions_per_sec"), m("rust", "shardlimit bench", "decisions_per_sec")
+    r = go_sl / rust_sl if go_sl and rust_sl else None
+    target("Go at 64 goroutines ÷ the Rust async caller (`shardlimit bench`; 1000 vs 100k keys)", r, "≥ 0.9",
+           r is not None and r >= 0.9)
     rb = "redis-benchmark -P16 -c50, minimal token bucket script"
     r = ratio_of("rust", "shardlimit bench", rb, "decisions_per_sec")
     target("`shardlimit bench` ÷ redis-benchmark on a minimal script", r, "≥ 0.9", r is not None and r >= 0.9)
