@@ -4,8 +4,10 @@
 #                 including the install tests of the release artifacts (after make dist)
 #   make dist   - the release artifacts in dist/ (wheel + sdist, npm tarballs, C/C++ SDK,
 #                 Go module proxy, .crate files), from one release build
+#   make bench  - shardlimit against the latest peers of each language (bench/peers.lock),
+#                 written to docs/benchmarks.md (make bench-quick: one short round)
 # Every script honours CARGO_TARGET_DIR.
-.PHONY: demo test dist test-dist build bench fmt lint
+.PHONY: demo test dist test-dist build bench bench-quick bench-redis fmt lint
 
 demo:
 	bash scripts/demo.sh
@@ -24,6 +26,13 @@ build:
 	cargo build --release -p shardlimit-cli
 
 bench:
+	bash scripts/bench-peers.sh
+
+bench-quick:
+	bash scripts/bench-peers.sh --quick
+
+# the CLI against redis-benchmark running shardlimit's own token bucket script
+bench-redis:
 	bash scripts/bench-redis.sh
 
 fmt:

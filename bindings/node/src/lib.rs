@@ -114,13 +114,16 @@ fn guarded<T>(f: impl FnOnce() -> shardlimit::Result<T>) -> shardlimit::Result<T
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Err(panic_error(p)))
 }
 
-/// A future that turns a panic while polling into an internal error.
-struct CatchUnwind<F>(Pin<Box<F>>);
+/// A future that turns a panic while polling into an internal error. It holds the future
+/// itself (no box of its own: the task that polls it is one allocation already).
+struct CatchUnwind<F>(F);
 
 impl<T, F: Future<Output = shardlimit::Result<T>>> Future for CatchUnwind<F> {
     type Output = shardlimit::Result<T>;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let fut = self.0.as_mut();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: structural pinning: the inner future is never moved out of `self`, and
+        // CatchUnwind implements neither Drop nor Unpin by hand.
+        let fut = unsafe { self.map_unchecked_mut(|s| &mut s.0) };
         match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
             Ok(p) => p,
             Err(payload) => Poll::Ready(Err(panic_error(payload))),
@@ -177,7 +180,7 @@ where
             let (deferred, promise) = settler.create(env)?;
             let sender = settler.sender();
             spawner.spawn(async move {
-                let result = CatchUnwind(Box::pin(fut)).await;
+                let result = CatchUnwind(fut).await;
                 sender.send(Box::new(move |raw_env| {
                     let env = Env::from_raw(raw_env);
                     let value = match result {
@@ -196,7 +199,7 @@ where
         }
         None => {
             // the in-memory engine never waits: run to completion now
-            let fut = CatchUnwind(Box::pin(fut));
+            let fut = CatchUnwind(fut);
             let result = guarded(|| limiter.block_on(fut));
             let converted = match result {
                 Ok(v) => convert(env, v),

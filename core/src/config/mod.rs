@@ -30,8 +30,20 @@ pub const DEFAULT_PREFIX: &str = "sl:";
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 /// `reshard_handoff` of a config without policies (ad-hoc limits only).
 pub const DEFAULT_RESHARD_HANDOFF: Duration = Duration::from_secs(600);
-/// How long a blocking call may spin on its socket for the reply before sleeping.
+/// How long a blocking call may spin on its socket for the reply before sleeping, when
+/// the process may use more than one CPU (see [`default_spin_wait`]).
 pub const DEFAULT_SPIN_WAIT: Duration = Duration::from_micros(100);
+
+/// `spin_wait` when the config does not set it: [`DEFAULT_SPIN_WAIT`], or 0 when the process
+/// may use only one CPU (affinity or cgroup quota, read once): a spinner would take the CPU
+/// that the thread it waits for needs.
+pub fn default_spin_wait() -> Duration {
+    if crate::transport::cpus::usable() > 1 {
+        DEFAULT_SPIN_WAIT
+    } else {
+        Duration::ZERO
+    }
+}
 
 /// A validated configuration. Its `Debug` shows URLs without their credentials.
 #[derive(Clone)]
@@ -65,7 +77,8 @@ pub struct Config {
     /// How long a blocking call (`*_blocking`, Python sync, C, Go) may spin on its socket
     /// for the reply before sleeping in `read`; also how long the I/O thread keeps
     /// spinning after the last async check when calls have been coming back that fast
-    /// (it spins while async checks are in flight; `spin_wait`, default 100 µs, at most
+    /// (it spins while async checks are in flight; `spin_wait`, default 100 µs, 0 when the
+    /// process may use one CPU only, at most
     /// 10 ms; 0 never spins). Spinning saves the wake-up of a sleeping thread, which costs
     /// tens of microseconds on virtual machines, for CPU: under sustained async load the
     /// I/O thread keeps a core busy (giving way to other ready threads every 10 µs). At
@@ -109,7 +122,7 @@ impl Default for Config {
             events_stream_maxlen: None,
             reshard_handoff: DEFAULT_RESHARD_HANDOFF,
             reshard_handoff_configured: false,
-            spin_wait: DEFAULT_SPIN_WAIT,
+            spin_wait: default_spin_wait(),
         }
     }
 }

@@ -307,7 +307,7 @@ impl RedisEngine {
         };
         Ok(RedisEngine {
             targets,
-            spin_wait_us: AtomicU64::new(crate::config::DEFAULT_SPIN_WAIT.as_micros() as u64),
+            spin_wait_us: AtomicU64::new(crate::config::default_spin_wait().as_micros() as u64),
             circuits: shards.iter().map(|_| Circuit::default()).collect(),
             reconnects: shards.iter().map(|_| Reconnect::default()).collect(),
             cluster_nodes,

@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""Writes docs/benchmarks.md from the results of scripts/bench-peers.sh.
+
+    python3 bench/report.py RESULTS.jsonl OUT.md --meta k=v ... --lock bench/peers.lock
+
+Every figure is the median over the rounds of one run (each library in its own process,
+the libraries alternating within a round); ratios compare medians of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Optional
+
+SHAPES = {
+    "node-64": ("Node, 64 concurrent checks, 1000 keys, fixed window (node pinned to one CPU)",
+                "shardlimit", ["rlf", "shardlimit spin_wait 100us"]),
+    "py-async": ("Python asyncio, 64 tasks, 1000 keys, fixed window (pinned to one CPU)",
+                 "shardlimit", ["limits-coredis", "limits-redispy"]),
+    "py-sync": ("Python sync, one thread, 1000 keys, fixed window (pinned to one CPU)",
+                "shardlimit", ["limits-redispy", "shardlimit spin_wait 100us"]),
+    "go-64": ("Go, 64 goroutines, 1000 keys (shardlimit fixed window, redis_rate GCRA; pinned to one CPU)",
+              "shardlimit", ["redis_rate"]),
+    "rust": ("Rust: `shardlimit bench` (64 concurrent, 100k keys, token bucket, never denied) "
+             "vs redis-benchmark -P 16 -c 50 on a minimal hash token-bucket script",
+             "shardlimit bench", ["redis-benchmark -P16 -c50, minimal token bucket script"]),
+}
+LABELS = {
+    "rlf": "rate-limiter-flexible + ioredis",
+    "shardlimit spin_wait 100us": "shardlimit, `spin_wait: 100us` forced",
+    "limits-coredis": "limits (async, coredis)",
+    "limits-redispy": "limits (redis-py)",
+    "redis_rate": "redis_rate + go-redis",
+}
+HTTP = {
+    "express": ("Express, trivial route", {"rlf": "rate-limiter-flexible middleware",
+                                           "erl": "express-rate-limit + rate-limit-redis"}),
+    "fastapi": ("FastAPI (uvicorn, one worker), trivial route", {"peer": "slowapi"}),
+    "flask": ("Flask (gunicorn -w 4), trivial route", {"peer": "Flask-Limiter"}),
+}
+
+
+def med(xs: list[Optional[float]]) -> Optional[float]:
+    v = [x for x in xs if x is not None]
+    return statistics.median(v) if v else None
+
+
+def fmt(x: Optional[float], digits: int = 1) -> str:
+    if x is None:
+        return "–"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}f}"
+
+
+def span(xs: list[float]) -> str:
+    if len(xs) < 2:
+        return ""
+    return f" ({min(xs):,.0f}–{max(xs):,.0f})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results")
+    ap.add_argument("out")
+    ap.add_argument("--meta", action="append", default=[])
+    ap.add_argument("--lock")
+    a = ap.parse_args()
+    meta = dict(m.split("=", 1) for m in a.meta)
+    rows = [json.loads(line) for line in Path(a.results).read_text().splitlines() if line.strip()]
+    by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by[(r["shape"], r["label"])].append(r)
+
+    def m(shape: str, label: str, field: str) -> Optional[float]:
+        return med([r.get(field) for r in by.get((shape, label), [])])
+
+    out: list[str] = []
+    w = out.append
+    w("# Benchmarks: shardlimit against the latest peers")
+    w("")
+    w(f"Written by `make bench` (`scripts/bench-peers.sh`) on {meta.get('date')}"
+      + (" in **`--quick` mode (one short round: these numbers only show that the script works)**"
+         if meta.get("quick") == "1" else f", {meta.get('rounds')} rounds") + ".")
+    w("")
+    w(f"- Machine: {meta.get('cpu')}; load average before `{meta.get('load_before')}`, "
+      f"after `{meta.get('load_after')}`. The machine is shared with other work: figures "
+      "move by ±20% between runs; ratios (same run, libraries alternating) move less.")
+    w(f"- Redis {meta.get('redis')} pinned to CPU 1, each client process pinned to CPU 0 "
+      "(`taskset`); the HTTP load generator (wrk, 64 connections) runs on CPU 1 beside Redis.")
+    w(f"- shardlimit from {meta.get('artifacts')}, commit {meta.get('commit')}; Node "
+      f"{meta.get('node')}, Python {meta.get('python')}, {meta.get('go')}.")
+    w("- CPU per decision: the client process (every thread) from `/proc/<pid>/stat` over "
+      "the measured phase; Redis from `/proc/<pid>/stat` (all of redis-server) and from "
+      "`INFO commandstats` (the server time of the commands alone, over every decision "
+      "of the run, warm-up and sequential phase included).")
+    w(f"- Sizes: {meta.get('total')} concurrent decisions and {meta.get('sequential')} "
+      f"sequential ones (p50/p99) per Node and Go run; {meta.get('py_n')} per Python run "
+      f"(p50/p99 of every call); {meta.get('rust_n')} per Rust run; "
+      f"{meta.get('http_secs')} s per HTTP run.")
+    if a.lock:
+        peers = [line.split() for line in Path(a.lock).read_text().splitlines()
+                 if line.strip() and not line.startswith("#")]
+        checked = [line for line in Path(a.lock).read_text().splitlines() if "checked:" in line]
+        w(f"- Peers (`bench/peers.lock`, {checked[0].split('checked:')[1].strip() if checked else ''}): "
+          + ", ".join(f"{n} {v}" for _, n, v in peers)
+          + f"; built: redis_rate {meta.get('redis_rate')}, go-redis {meta.get('go_redis')}.")
+    w("")
+
+    targets: list[tuple[str, str, Optional[float], str, Optional[bool]]] = []
+
+    for shape, (title, base, peers) in SHAPES.items():
+        if not any(k[0] == shape for k in by):
+            continue
+        w(f"## {title}")
+        w("")
+        w("| library | decisions/s (min–max) | p50 µs | p99 µs | client CPU µs/decision | "
+          "Redis CPU µs/decision | Redis command µs/decision | shardlimit ÷ this, decisions/s | "
+          "this ÷ shardlimit, client CPU |")
+        w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        b_rate, b_cpu = m(shape, base, "decisions_per_sec"), m(shape, base, "client_cpu_us")
+        for label in [base] + peers:
+            rs = by.get((shape, label))
+            if not rs:
+                continue
+            rate = m(shape, label, "decisions_per_sec")
+            cpu = m(shape, label, "client_cpu_us")
+            ratio = "" if label == base or not rate or not b_rate else f"{b_rate / rate:.2f}×"
+            cratio = "" if label == base or not cpu or not b_cpu else f"{b_cpu / cpu:.2f}×"
+            version = rs[0].get("version", label)
+            w(f"| {LABELS.get(label, label)}"
+              + (f" ({version})" if version and version != label else "")
+              + f" | {fmt(rate)}{span([r['decisions_per_sec'] for r in rs])} | "
+              f"{fmt(m(shape, label, 'p50_us'))} | {fmt(m(shape, label, 'p99_us'))} | "
+              f"{fmt(cpu)} | {fmt(m(shape, label, 'redis_cpu_us'))} | "
+              f"{fmt(m(shape, label, 'redis_script_us'))} | {ratio} | {cratio} |")
+        w("")
+
+    def ratio_of(shape: str, a_label: str, b_label: str, field: str) -> Optional[float]:
+        x, y = m(shape, a_label, field), m(shape, b_label, field)
+        return x / y if x and y else None
+
+    def target(name: str, value: Optional[float], want: str, ok: Optional[bool]) -> None:
+        targets.append((name, want, value, "", ok))
+
+    r = ratio_of("node-64", "shardlimit", "rlf", "decisions_per_sec")
+    target("Node decisions/s ÷ rate-limiter-flexible", r, "≥ 1.5", r is not None and r >= 1.5)
+    r = ratio_of("node-64", "shardlimit", "rlf", "client_cpu_us")
+    target("Node client CPU per decision ÷ rate-limiter-flexible", r, "≤ 0.6", r is not None and r <= 0.6)
+    best = max([x for x in (m("py-async", "limits-coredis", "decisions_per_sec"),
+                            m("py-async", "limits-redispy", "decisions_per_sec")) if x] or [0])
+    sl = m("py-async", "shardlimit", "decisions_per_sec")
+    r = sl / best if sl and best else None
+    target("Python asyncio decisions/s ÷ the faster limits async", r, "≥ 5", r is not None and r >= 5)
+    r = ratio_of("py-sync", "shardlimit", "limits-redispy", "decisions_per_sec")
+    target("Python sync decisions/s ÷ limits", r, "≥ 3", r is not None and r >= 3)
+    r = ratio_of("go-64", "shardlimit", "redis_rate", "decisions_per_sec")
+    target("Go decisions/s at 64 goroutines ÷ redis_rate", r, "≥ 1.5", r is not None and r >= 1.5)
+    r = ratio_of("go-64", "shardlimit", "redis_rate", "client_cpu_us")
+    target("Go client CPU per decision ÷ redis_rate", r, "≤ 0.7", r is not None and r <= 0.7)
+    r = ratio_of("go-64", "shardlimit", "redis_rate", "p50_us")
+    target("Go single-goroutine p50 ÷ redis_rate", r, "≤ 1", r is not None and r <= 1)
+    go_sl, rust_sl = m("go-64", "shardlimit", "decisions_per_sec"), m("rust", "shardlimit bench", "decisions_per_sec")
+    r = go_sl / rust_sl if go_sl and rust_sl else None
+    target("Go at 64 goroutines ÷ the Rust async caller (`shardlimit bench`; 1000 vs 100k keys)", r, "≥ 0.9",
+           r is not None and r >= 0.9)
+    rb = "redis-benchmark -P16 -c50, minimal token bucket script"
+    r = ratio_of("rust", "shardlimit bench", rb, "decisions_per_sec")
+    target("`shardlimit bench` ÷ redis-benchmark on a minimal script", r, "≥ 0.9", r is not None and r >= 0.9)
+    r = ratio_of("rust", "shardlimit bench", rb, "redis_script_us")
+    target("Redis command time per decision ÷ the minimal script's", r, "≤ 0.6", r is not None and r <= 0.6)
+    r = ratio_of("node-64", "shardlimit", "shardlimit spin_wait 100us", "decisions_per_sec")
+    target("Node pinned to one CPU: default ÷ spin_wait 100us forced, decisions/s", r, "≥ 1 (never worse with fewer cores)",
+           r is not None and r >= 0.95)
+
+    http_rows = [k for k in by if k[0].startswith("http-")]
+    if http_rows:
+        w("## HTTP: a trivial route, wrk -c 64")
+        w("")
+        w("Added CPU per request: the server's CPU per request (every process of it, from "
+          "`/proc`) minus that of the same route without a limiter, in the same round "
+          "(median over rounds). Every limiter keys by client address on Redis, a fixed "
+          "window of 10^9 per hour (never denied).")
+        w("")
+        w("| framework | limiter | requests/s (min–max) | server CPU µs/request | added CPU µs/request | added CPU ÷ shardlimit's |")
+        w("| --- | --- | ---: | ---: | ---: | ---: |")
+        for fw, (title, peer_names) in HTTP.items():
+            shape = "http-" + fw
+            if (shape, "none") not in by:
+                continue
+            base_rounds = {r["round"]: r["cpu_us_per_req"] for r in by[(shape, "none")]}
+
+            def added(label: str) -> Optional[float]:
+                return med([r["cpu_us_per_req"] - base_rounds[r["round"]]
+                            for r in by.get((shape, label), []) if r["round"] in base_rounds])
+
+            sl_added = added("shardlimit")
+            for label, name in [("none", "none"), ("shardlimit", "shardlimit middleware")] + list(peer_names.items()):
+                rs = by.get((shape, label))
+                if not rs:
+                    continue
+                ad = added(label) if label != "none" else None
+                rr = f"{ad / sl_added:.1f}×" if label not in ("none", "shardlimit") and ad and sl_added and sl_added > 0 else ""
+                bad = sum(r.get("non_2xx", 0) for r in rs)
+                w(f"| {title} | {name}{f' ({bad} non-2xx)' if bad else ''} | "
+                  f"{fmt(med([r['req_per_sec'] for r in rs]))}{span([r['req_per_sec'] for r in rs])} | "
+                  f"{fmt(med([r['cpu_us_per_req'] for r in rs]))} | {fmt(ad)} | {rr} |")
+            for label, name in peer_names.items():
+                ad = added(label)
+                if fw == "express":
+                    r_ = sl_added / ad if sl_added is not None and ad else None
+                    target(f"Express added CPU per request ÷ {name}'s", r_, "≤ 0.5", r_ is not None and r_ <= 0.5)
+            if fw == "fastapi":
+                target("FastAPI added CPU per request, µs", sl_added, "≤ 25", sl_added is not None and sl_added <= 25)
+            if fw == "flask":
+                target("Flask added CPU per request, µs", sl_added, "≤ 50", sl_added is not None and sl_added <= 50)
+        w("")
+
+    w("## Targets (issue 16)")
+    w("")
+    w("| target | measured | wanted | met |")
+    w("| --- | ---: | ---: | :---: |")
+    for name, want, value, _, ok in targets:
+        w(f"| {name} | {fmt(value, 2)} | {want} | {'yes' if ok else 'no' if value is not None else '–'} |")
+    w("")
+    w("Not measured by this script: the in-memory engine against governor "
+      "(`cargo bench -p shardlimit --bench memory`).")
+    w("")
+    Path(a.out).write_text("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()

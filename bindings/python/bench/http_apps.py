@@ -1,0 +1,90 @@
+"""Trivial routes for scripts/bench-peers.sh, with one limiter in front of each:
+
+    BENCH_MODE=none|shardlimit|peer BENCH_REDIS=redis://127.0.0.1:PORT \\
+        uvicorn --app-dir bench http_apps:fastapi_app      (FastAPI; peer: slowapi)
+        gunicorn --chdir bench http_apps:flask_app          (Flask; peer: Flask-Limiter)
+
+Every limiter keys by client address, a fixed window of 10^9 per hour (never denied), on
+Redis; shardlimit through its own ASGI / WSGI middleware.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, cast
+
+MODE = os.environ.get("BENCH_MODE", "none")
+REDIS = os.environ.get("BENCH_REDIS", "")
+LIMIT = 10**9
+if MODE not in ("none", "shardlimit", "peer"):
+    raise SystemExit(f"BENCH_MODE must be none, shardlimit or peer, got {MODE}")
+
+
+def _limiter() -> Any:
+    import shardlimit
+
+    return shardlimit.Limiter.from_json(json.dumps({
+        "shards": [{"name": "bench", "url": REDIS}],
+        "timeout_ms": 1000,
+        "policies": {"api": {"algorithm": "fixed_window", "limit": LIMIT, "window": "1h"}},
+    }))
+
+
+def _fastapi() -> Any:
+    from fastapi import FastAPI
+    from fastapi.responses import PlainTextResponse
+
+    app = FastAPI()
+    if MODE == "peer":
+        from slowapi import Limiter, _rate_limit_exceeded_handler
+        from slowapi.errors import RateLimitExceeded
+        from slowapi.middleware import SlowAPIMiddleware
+        from slowapi.util import get_remote_address
+
+        limiter = Limiter(key_func=get_remote_address, storage_uri=REDIS,
+                          default_limits=[f"{LIMIT}/hour"], strategy="fixed-window")
+        app.state.limiter = limiter
+        app.add_exception_handler(RateLimitExceeded, cast(Any, _rate_limit_exceeded_handler))
+        app.add_middleware(SlowAPIMiddleware)
+
+    @app.get("/", response_class=PlainTextResponse)
+    async def root() -> str:
+        return "ok"
+
+    if MODE == "shardlimit":
+        from shardlimit.asgi import RateLimitMiddleware
+
+        return RateLimitMiddleware(app, _limiter(), policy="api")
+    return app
+
+
+def _flask() -> Any:
+    from flask import Flask
+
+    app = Flask(__name__)
+
+    @app.get("/")
+    def root() -> str:
+        return "ok"
+
+    if MODE == "peer":
+        from flask_limiter import Limiter
+        from flask_limiter.util import get_remote_address
+
+        Limiter(get_remote_address, app=app, storage_uri=REDIS,
+                default_limits=[f"{LIMIT}/hour"], strategy="fixed-window")
+    if MODE == "shardlimit":
+        from shardlimit.wsgi import RateLimitMiddleware
+
+        app.wsgi_app = RateLimitMiddleware(app.wsgi_app, _limiter(), policy="api")  # type: ignore[method-assign]
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    # built on first use: a FastAPI server imports no Flask, and the reverse
+    if name == "fastapi_app":
+        return _fastapi()
+    if name == "flask_app":
+        return _flask()
+    raise AttributeError(name)

@@ -1,0 +1,320 @@
+#!/usr/bin/env bash
+# `make bench`: shardlimit against the latest released peers of each language, in one run,
+# written to docs/benchmarks.md.
+#   bash scripts/bench-peers.sh [--quick] [--out FILE]
+# --quick: one short round (checks that the script works; its numbers mean little).
+#
+# - The peers are the versions of bench/peers.lock, installed into a scratch directory
+#   ($BENCH_SCRATCH, default $CARGO_TARGET_DIR/bench-peers), never into the repository's
+#   package files.
+# - shardlimit: the release artifacts of dist/ when `make dist` made them (wheel, npm
+#   tarballs, C SDK), else the release build (`cargo build --release`, the profile that
+#   `make dist` inherits) of this tree; the CLI always from the release build.
+# - One redis-server pinned to CPU 1 (taskset); every client process pinned to CPU 0; the
+#   HTTP load generator (wrk, 64 connections) on CPU 1 beside Redis.
+# - Each shape alternates shardlimit and its peers, one process per library and round,
+#   three rounds (medians reported). The machine's load is recorded before and after.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+. scripts/lib.sh
+
+QUICK=0
+OUT=docs/benchmarks.md
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1 ;;
+    --out) OUT=$2; shift ;;
+    *) echo "usage: $0 [--quick] [--out FILE]" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ "$QUICK" = 1 ]; then
+  ROUNDS=1 TOTAL=30000 SEQ=3000 PYN=5000 HTTP_SECS=3 RUST_N=50000
+else
+  ROUNDS=3 TOTAL=50000 SEQ=5000 PYN=10000 HTTP_SECS=5 RUST_N=100000
+fi
+[ "$(nproc)" -ge 2 ] || { echo "needs two CPUs (Redis on one, the client on the other)" >&2; exit 1; }
+
+ensure_redis
+ensure_go
+for tool in taskset wrk redis-benchmark; do
+  command -v "$tool" >/dev/null 2>&1 || apt_install "$( [ "$tool" = taskset ] && echo util-linux || { [ "$tool" = redis-benchmark ] && echo redis-tools || echo "$tool"; })"
+done
+
+LOCK=bench/peers.lock
+pin() { # pin ECOSYSTEM NAME -> the locked version
+  local v
+  v=$(awk -v e="$1" -v n="$2" '$1 == e && $2 == n { print $3 }' "$LOCK")
+  [ -n "$v" ] || { echo "$LOCK has no $1 $2" >&2; exit 1; }
+  echo "$v"
+}
+
+SCRATCH=${BENCH_SCRATCH:-$(target_dir)/bench-peers}
+RUN=$SCRATCH/run
+rm -rf "$RUN"
+mkdir -p "$SCRATCH" "$RUN"
+RESULTS=$RUN/results.jsonl
+: >"$RESULTS"
+LOAD_BEFORE=$(cat /proc/loadavg)
+echo "== load before: $LOAD_BEFORE"
+
+# ---- shardlimit: release artifacts
+target=$(target_dir)
+echo "== release build (cargo build --release)"
+PYO3_PYTHON=$(command -v python3) cargo build --release --quiet -p shardlimit-cli \
+  $( [ -d dist/npm ] && [ -d dist/python ] && [ -d dist/c ] || echo -p shardlimit-node -p shardlimit-python -p shardlimit-c )
+SL_CLI=$target/release/shardlimit
+if [ -d dist/npm ] && [ -d dist/python ] && [ -d dist/c ]; then
+  ARTIFACTS="dist/ (make dist)"
+  NODE_TGZ=$(ls "$root"/dist/npm/*.tgz)
+  WHEEL=$(ls "$root"/dist/python/*.whl)
+  rm -rf "$SCRATCH/sdk" && mkdir -p "$SCRATCH/sdk"
+  tar -C "$SCRATCH/sdk" -xzf "$(ls "$root"/dist/c/*.tar.gz)"
+  PC_DIR=$(ls -d "$SCRATCH"/sdk/*/lib/pkgconfig)
+else
+  ARTIFACTS="the release build of this tree (cargo build --release)"
+  pkg=$SCRATCH/node-pkg
+  rm -rf "$pkg" && mkdir -p "$pkg"
+  cp bindings/node/{index.js,index.mjs,index.d.ts,binding.js,middleware.js,package.json} "$pkg/"
+  cp "$target/release/libshardlimit_node.so" "$pkg/shardlimit.linux-x64-gnu.node"
+  NODE_TGZ=$pkg
+  rm -rf "$SCRATCH/wheel" && mkdir -p "$SCRATCH/wheel"
+  python3 scripts/build-wheel.py "$target/release/lib_shardlimit.so" linux_x86_64 "$SCRATCH/wheel" >/dev/null
+  WHEEL=$(ls "$SCRATCH"/wheel/*.whl)
+  PC_DIR=$SCRATCH/pkgconfig
+  bindings/c/gen-pkgconfig.sh "$target/release" "$root/include" "$PC_DIR" >/dev/null
+fi
+echo "   shardlimit from $ARTIFACTS"
+
+# ---- peers, pinned, into the scratch directory
+echo "== Node peers"
+NODE_DIR=$SCRATCH/node
+mkdir -p "$NODE_DIR"
+npm_pkgs=()
+for p in rate-limiter-flexible ioredis express-rate-limit rate-limit-redis express; do npm_pkgs+=("$p@$(pin npm "$p")"); done
+[ -f "$NODE_DIR/package.json" ] || echo '{"name":"shardlimit-bench-peers","private":true}' >"$NODE_DIR/package.json"
+(cd "$NODE_DIR" && npm install --silent --no-audit --no-fund --save-exact "${npm_pkgs[@]}" >/dev/null)
+if [ -d "$NODE_TGZ" ]; then
+  rm -rf "$NODE_DIR/node_modules/shardlimit" && cp -r "$NODE_TGZ" "$NODE_DIR/node_modules/shardlimit"
+else
+  (cd "$NODE_DIR" && npm install --silent --no-audit --no-fund --no-save $NODE_TGZ >/dev/null)
+fi
+export BENCH_PEERS=$NODE_DIR
+export SHARDLIMIT_NODE_PACKAGE=$NODE_DIR/node_modules/shardlimit
+
+echo "== Python peers"
+VENV=$SCRATCH/venv
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+py_pkgs=()
+for p in limits redis coredis slowapi Flask-Limiter fastapi uvicorn flask gunicorn; do py_pkgs+=("$p==$(pin pypi "$p")"); done
+"$VENV/bin/pip" install -q --disable-pip-version-check "${py_pkgs[@]}"
+"$VENV/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps "$WHEEL"
+PY=$VENV/bin/python
+
+echo "== Go peers"
+GO_DIR=$SCRATCH/go
+mkdir -p "$GO_DIR"
+cp bindings/go/bench/peers/main.go "$GO_DIR/main.go"
+cat >"$GO_DIR/go.mod" <<EOF
+module shardlimit-bench-peers
+
+go 1.22
+
+require (
+	github.com/go-redis/redis_rate/v10 $(pin go github.com/go-redis/redis_rate/v10)
+	github.com/redis/go-redis/v9 $(pin go github.com/redis/go-redis/v9)
+	github.com/shardlimit/shardlimit/bindings/go v0.0.0
+)
+
+replace github.com/shardlimit/shardlimit/bindings/go => $root/bindings/go
+EOF
+(cd "$GO_DIR" && GOFLAGS=-mod=mod go mod tidy >/dev/null 2>&1 && \
+  PKG_CONFIG_PATH=$PC_DIR GOFLAGS=-mod=mod go build -tags benchpeers -o peers . )
+# tidy may raise the minimum go-redis that redis_rate needs: record what was built
+GO_REDIS=$(cd "$GO_DIR" && go list -m -f '{{.Version}}' github.com/redis/go-redis/v9)
+REDIS_RATE=$(cd "$GO_DIR" && go list -m -f '{{.Version}}' github.com/go-redis/redis_rate/v10)
+
+# ---- Redis, pinned to CPU 1
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+URL=redis://127.0.0.1:$PORT
+taskset -c 1 redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$RUN" \
+  --logfile "$RUN/redis.log" &
+RPID=$!
+SERVER_PID=
+cleanup() {
+  [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null
+  kill "$RPID" 2>/dev/null
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
+REDIS_VERSION=$(redis-cli -p "$PORT" INFO server | sed -n 's/^redis_version:\(.*\)\r$/\1/p')
+
+# the server time (µs) of the commands that decided since the last reset (INFO
+# commandstats: every command but the bench's own INFO, CONFIG, FLUSHALL, SCRIPT and the
+# clients' connection set-up)
+script_usec() {
+  redis-cli -p "$PORT" INFO commandstats | python3 -c '
+import re, sys
+skip = {"info", "config", "flushall", "script", "ping", "client", "hello", "select", "command", "auth"}
+print(sum(int(u) for name, u in re.findall(r"^cmdstat_([^:]+):.*?,usec=(\d+),", sys.stdin.read(), re.M)
+          if name.split("|")[0] not in skip))'
+}
+fresh() { redis-cli -p "$PORT" FLUSHALL >/dev/null; redis-cli -p "$PORT" CONFIG RESETSTAT >/dev/null; }
+
+# client SHAPE ROUND LABEL CMD...: runs one library's client pinned to CPU 0; appends its
+# JSON line (plus the scripts' server time per decision) to the results
+client() {
+  local shape=$1 round=$2 label=$3
+  shift 3
+  fresh
+  local line
+  line=$(taskset -c 0 "$@") || { echo "$shape/$label failed" >&2; exit 1; }
+  local usec
+  usec=$(script_usec)
+  python3 -c '
+import json, sys
+d = json.loads(sys.argv[1].strip().splitlines()[-1])
+d.update(shape=sys.argv[2], round=int(sys.argv[3]), label=sys.argv[4],
+         redis_script_us=int(sys.argv[5]) / d["decisions"])
+print(json.dumps(d))' "$line" "$shape" "$round" "$label" "$usec" >>"$RESULTS"
+  echo "   $shape round $round $label: $(tail -1 "$RESULTS" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.0f/s p50 %.0f us, client %.1f us/decision" % (d["decisions_per_sec"], d["p50_us"], d["client_cpu_us"]))')"
+}
+
+# cpu_child CMD...: runs CMD pinned to CPU 0, prints its stdout, then "CPU_US n": the CPU
+# it used (its rusage as a child)
+cpu_child() {
+  taskset -c 0 python3 -c '
+import resource, subprocess, sys
+out = subprocess.run(sys.argv[1:], check=True, stdout=subprocess.PIPE).stdout.decode()
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(out.strip()); print("CPU_US %d" % ((r.ru_utime + r.ru_stime) * 1e6))' "$@"
+}
+# redis_cpu: CPU (µs) redis-server has used so far
+redis_cpu() { awk '{print ($14+$15)*10000}' "/proc/$RPID/stat"; }
+
+NODE_BENCH=bindings/node/bench/peers.js
+PY_BENCH=bindings/python/bench/peers.py
+for round in $(seq "$ROUNDS"); do
+  echo "== round $round of $ROUNDS: clients ($(date -u +%T))"
+  na=(--redis "$URL" --redis-pid "$RPID" --total "$TOTAL" --sequential "$SEQ")
+  client node-64 "$round" shardlimit node "$NODE_BENCH" --lib shardlimit "${na[@]}"
+  client node-64 "$round" rlf node "$NODE_BENCH" --lib rlf "${na[@]}"
+  client node-64 "$round" "shardlimit spin_wait 100us" node "$NODE_BENCH" --lib shardlimit --spin-wait 100us "${na[@]}"
+  pa=(--redis "$URL" --redis-pid "$RPID" --n "$PYN")
+  client py-async "$round" shardlimit "$PY" "$PY_BENCH" --mode async --lib shardlimit "${pa[@]}"
+  client py-async "$round" limits-coredis "$PY" "$PY_BENCH" --mode async --lib limits-coredis "${pa[@]}"
+  client py-async "$round" limits-redispy "$PY" "$PY_BENCH" --mode async --lib limits-redispy "${pa[@]}"
+  client py-sync "$round" shardlimit "$PY" "$PY_BENCH" --mode sync --lib shardlimit "${pa[@]}"
+  client py-sync "$round" limits-redispy "$PY" "$PY_BENCH" --mode sync --lib limits-redispy "${pa[@]}"
+  client py-sync "$round" "shardlimit spin_wait 100us" "$PY" "$PY_BENCH" --mode sync --lib shardlimit --spin-wait 100us "${pa[@]}"
+  ga=(-redis "$URL" -redis-pid "$RPID" -total "$TOTAL" -sequential "$SEQ")
+  client go-64 "$round" shardlimit "$GO_DIR/peers" -lib shardlimit "${ga[@]}"
+  client go-64 "$round" redis_rate "$GO_DIR/peers" -lib redis_rate "${ga[@]}"
+
+  # Rust: `shardlimit bench` (100k keys, token bucket, never denied) against redis-benchmark
+  # running a minimal hash token bucket script (bench/token_bucket_min.lua) on the same Redis
+  cat >"$RUN/cfg.json" <<JSON
+{"shards":[{"name":"bench","url":"$URL"}],"timeout_ms":1000,
+ "policies":{"api":{"algorithm":"token_bucket","capacity":1000000000,"refill_per_sec":1000000}}}
+JSON
+  fresh
+  r0=$(redis_cpu)
+  out=$(cpu_child "$SL_CLI" bench --config "$RUN/cfg.json" --policy api --concurrency 64 --requests "$RUST_N" --keys 100000 --json)
+  r1=$(redis_cpu)
+  python3 -c '
+import json, sys
+lines = sys.argv[1].strip().splitlines()
+d = json.loads(lines[0]); n = int(sys.argv[2])
+print(json.dumps({"shape": "rust", "round": int(sys.argv[3]), "label": "shardlimit bench",
+  "decisions_per_sec": d["decisions_per_sec"], "p50_us": d.get("p50_us"), "p99_us": d.get("p99_us"),
+  "client_cpu_us": int(lines[-1].split()[1]) / n, "redis_cpu_us": (float(sys.argv[5]) - float(sys.argv[4])) / n,
+  "redis_script_us": int(sys.argv[6]) / n, "decisions": n}))' "$out" "$RUST_N" "$round" "$r0" "$r1" "$(script_usec)" >>"$RESULTS"
+  fresh
+  SHA=$(redis-cli -p "$PORT" -x SCRIPT LOAD <bench/token_bucket_min.lua)
+  r0=$(redis_cpu)
+  out=$(cpu_child redis-benchmark -p "$PORT" -P 16 -c 50 -n "$RUST_N" -r 100000 --csv EVALSHA "$SHA" 1 'tb:{__rand_int__}' 1000000000 1000000)
+  r1=$(redis_cpu)
+  python3 -c '
+import sys, json
+lines = sys.argv[1].strip().splitlines(); n = int(sys.argv[2])
+rate = float([l for l in lines if l.startswith("\"EVALSHA")][-1].split(",")[1].strip("\""))
+print(json.dumps({"shape": "rust", "round": int(sys.argv[3]), "label": "redis-benchmark -P16 -c50, minimal token bucket script",
+  "decisions_per_sec": rate, "p50_us": None, "p99_us": None,
+  "client_cpu_us": int(lines[-1].split()[1]) / n, "redis_cpu_us": (float(sys.argv[5]) - float(sys.argv[4])) / n,
+  "redis_script_us": int(sys.argv[6]) / n, "decisions": n}))' "$out" "$RUST_N" "$round" "$r0" "$r1" "$(script_usec)" >>"$RESULTS"
+  echo "   rust round $round: $(tail -2 "$RESULTS" | python3 -c 'import json,sys; print(" / ".join("%s %.0f/s" % (d["label"], d["decisions_per_sec"]) for d in map(json.loads, sys.stdin)))')"
+done
+
+# ---- HTTP: a trivial route with no limiter, shardlimit's middleware, the peers'
+HPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# tree_cpu PID: CPU (µs) of PID and its children (gunicorn's workers)
+tree_cpu() {
+  local total=0 p
+  for p in "$1" $(pgrep -P "$1" || true); do
+    [ -r "/proc/$p/stat" ] && total=$(( total + $(awk '{print ($14+$15)*10000}' "/proc/$p/stat") ))
+  done
+  echo "$total"
+}
+http() { # http FRAMEWORK MODE ROUND CMD...
+  local fw=$1 mode=$2 round=$3
+  shift 3
+  fresh
+  taskset -c 0 "$@" >"$RUN/server.log" 2>&1 &
+  SERVER_PID=$!
+  local ok=
+  for _ in $(seq 600); do # up to a minute: imports are slow on a loaded machine
+    curl -fsS "http://127.0.0.1:$HPORT/" >/dev/null 2>&1 && { ok=1; break; }
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$ok" ] || { cat "$RUN/server.log" >&2; echo "$fw/$mode did not start" >&2; exit 1; }
+  taskset -c 1 wrk -t1 -c64 -d1s "http://127.0.0.1:$HPORT/" >/dev/null # warm-up
+  local c0 c1 out
+  c0=$(tree_cpu "$SERVER_PID")
+  out=$(taskset -c 1 wrk -t1 -c64 -d"${HTTP_SECS}s" "http://127.0.0.1:$HPORT/")
+  c1=$(tree_cpu "$SERVER_PID")
+  kill "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true
+  SERVER_PID=
+  python3 -c '
+import json, re, sys
+out = sys.argv[1]
+reqs = int(re.search(r"(\d+) requests in", out).group(1))
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+errors = re.search(r"Socket errors: (.*)", out)
+print(json.dumps({"shape": "http-" + sys.argv[2], "label": sys.argv[3], "round": int(sys.argv[4]),
+  "req_per_sec": rps, "requests": reqs, "cpu_us_per_req": (int(sys.argv[6]) - int(sys.argv[5])) / reqs,
+  "non_2xx": int(non2xx.group(1)) if non2xx else 0, "socket_errors": errors.group(1) if errors else ""}))' \
+    "$out" "$fw" "$mode" "$round" "$c0" "$c1" >>"$RESULTS"
+  echo "   $fw $mode round $round: $(tail -1 "$RESULTS" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.0f req/s, %.0f us CPU/req%s" % (d["req_per_sec"], d["cpu_us_per_req"], ", %d non-2xx" % d["non_2xx"] if d["non_2xx"] else ""))')"
+}
+APPS=$root/bindings/python/bench
+for round in $(seq "$ROUNDS"); do
+  echo "== round $round of $ROUNDS: HTTP (wrk -c 64, ${HTTP_SECS}s, $(date -u +%T))"
+  for mode in none shardlimit rlf erl; do
+    http express "$mode" "$round" node bindings/node/bench/http.js --mode "$mode" --redis "$URL" --port "$HPORT"
+  done
+  for mode in none shardlimit peer; do
+    http fastapi "$mode" "$round" env BENCH_MODE=$mode BENCH_REDIS=$URL "$VENV/bin/uvicorn" --app-dir "$APPS" \
+      --host 127.0.0.1 --port "$HPORT" --no-access-log --log-level warning http_apps:fastapi_app
+  done
+  for mode in none shardlimit peer; do
+    http flask "$mode" "$round" env BENCH_MODE=$mode BENCH_REDIS=$URL "$VENV/bin/gunicorn" --chdir "$APPS" \
+      -w 4 -b "127.0.0.1:$HPORT" --log-level warning http_apps:flask_app
+  done
+done
+
+LOAD_AFTER=$(cat /proc/loadavg)
+echo "== load after: $LOAD_AFTER"
+python3 bench/report.py "$RESULTS" "$OUT" \
+  --meta "date=$(date -u +%FT%TZ)" --meta "quick=$QUICK" --meta "rounds=$ROUNDS" \
+  --meta "load_before=$LOAD_BEFORE" --meta "load_after=$LOAD_AFTER" \
+  --meta "artifacts=$ARTIFACTS" --meta "commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- core bindings cli || echo +changes)" \
+  --meta "cpu=$(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) CPUs" \
+  --meta "redis=$REDIS_VERSION" --meta "node=$(node --version)" --meta "python=$("$PY" -c 'import sys; print(sys.version.split()[0])')" \
+  --meta "go=$(go env GOVERSION)" --meta "go_redis=$GO_REDIS" --meta "redis_rate=$REDIS_RATE" \
+  --meta "total=$TOTAL" --meta "sequential=$SEQ" --meta "py_n=$PYN" --meta "http_secs=$HTTP_SECS" --meta "rust_n=$RUST_N" \
+  --lock "$LOCK"
+echo "== wrote $OUT"
