@@ -199,13 +199,13 @@ mod tests {
             assert_eq!(own.spin_wait, Duration::from_micros(50));
             return;
         }
+        // this test's own name, wherever the module sits in the crate
+        let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+        let name = format!("{module}::pinned_to_one_cpu_the_default_spin_wait_is_zero");
         let out = std::process::Command::new("taskset")
             .args(["-c", "0"])
             .arg(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "cpus::tests::pinned_to_one_cpu_the_default_spin_wait_is_zero",
-            ])
+            .args(["--exact", name.as_str()])
             .env("SHARDLIMIT_TEST_PINNED", "1")
             .output()
             .expect("taskset (util-linux) runs the pinned half of this test");
