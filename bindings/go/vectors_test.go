@@ -1,115 +1,273 @@
 package shardlimit
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 )
 
-type vectorStep struct {
+// vectorItem is one step of tests/vectors/algorithms.json, or one item of a batch step
+// (format: the `format` list at the top of the file).
+type vectorItem struct {
 	Op             string          `json:"op"`
-	TUs            int64           `json:"t_us"`
+	TUs            *int64          `json:"t_us"`
 	Key            string          `json:"key"`
+	Policy         string          `json:"policy"`
 	Cost           uint64          `json:"cost"`
-	Lease          string          `json:"lease"`
+	Units          uint64          `json:"units"`
 	LeaseAs        string          `json:"lease_as"`
+	Lease          string          `json:"lease"`
 	ExpectReleased *bool           `json:"expect_released"`
+	Layers         []vectorLayer   `json:"layers"`
+	Items          []vectorItem    `json:"items"`
 	Expect         json.RawMessage `json:"expect"`
 }
 
-// replayVectors replays every case of tests/vectors/algorithms.json on a fresh limiter
-// from config(policy, case index) deciding on a manual clock; an op it does not know
-// fails the test.
-func replayVectors(t *testing.T, config func(policy json.RawMessage, i int) string) {
+type vectorLayer struct {
+	Key    string `json:"key"`
+	Policy string `json:"policy"`
+	Cost   uint64 `json:"cost"`
+}
+
+// vectorDecision is a decision as the vectors write it: durations in whole µs,
+// retry_after_us null when absent, layer null but for check_all.
+type vectorDecision struct {
+	Allowed      bool   `json:"allowed"`
+	Limit        uint64 `json:"limit"`
+	Remaining    uint64 `json:"remaining"`
+	ResetAfterUs int64  `json:"reset_after_us"`
+	RetryAfterUs *int64 `json:"retry_after_us"`
+	DelayUs      int64  `json:"delay_us"`
+	Policy       string `json:"policy"`
+	Layer        *int   `json:"layer"`
+}
+
+type vectorCase struct {
+	Name     string                     `json:"name"`
+	Policies map[string]json.RawMessage `json:"policies"`
+	Steps    []vectorItem               `json:"steps"`
+}
+
+var vectorOps = map[string]bool{"check": true, "peek": true, "acquire": true, "release": true,
+	"reset": true, "check_all": true, "batch": true}
+
+func observedDecision(d Decision) vectorDecision {
+	v := vectorDecision{
+		Allowed:      d.Allowed,
+		Limit:        d.Limit,
+		Remaining:    d.Remaining,
+		ResetAfterUs: d.ResetAfter.Microseconds(),
+		DelayUs:      d.Delay.Microseconds(),
+		Policy:       d.Policy,
+	}
+	if d.HasRetryAfter {
+		r := d.RetryAfter.Microseconds()
+		v.RetryAfterUs = &r
+	}
+	if d.Layer >= 0 {
+		layer := d.Layer
+		v.Layer = &layer
+	}
+	return v
+}
+
+func readVectors(t *testing.T) []vectorCase {
+	t.Helper()
 	var doc struct {
-		Cases []struct {
-			Name   string          `json:"name"`
-			Policy json.RawMessage `json:"policy"`
-			Steps  []vectorStep    `json:"steps"`
-		} `json:"cases"`
+		Cases []vectorCase `json:"cases"`
 	}
 	readJSON(t, "../../tests/vectors/algorithms.json", &doc)
+	if len(doc.Cases) == 0 {
+		t.Fatal("no cases in algorithms.json")
+	}
+	return doc.Cases
+}
+
+// vectorReplay is one case's limiter and the leases kept by name (lease_as).
+type vectorReplay struct {
+	t      *testing.T
+	l      *Limiter
+	source Source
+	leases map[string]*Lease
+}
+
+// decided compares every field of the expectation, and the source (never fallback).
+func (r *vectorReplay) decided(where string, it vectorItem, d Decision, lease *Lease) {
+	r.t.Helper()
+	// every field of expect, no more, no fewer
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(it.Expect, &fields); err != nil || len(fields) != 8 {
+		r.t.Fatalf("%s: expect %s is not the 8 fields of a decision (%v)", where, it.Expect, err)
+	}
+	var want vectorDecision
+	dec := json.NewDecoder(bytes.NewReader(it.Expect))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&want); err != nil {
+		r.t.Fatalf("%s: expect %s: %v", where, it.Expect, err)
+	}
+	if d.Source != r.source {
+		r.t.Errorf("%s: decided by %v, want %v", where, d.Source, r.source)
+	}
+	if got := observedDecision(d); !reflect.DeepEqual(got, want) {
+		g, _ := json.Marshal(got)
+		r.t.Errorf("%s: got %s, want %s", where, g, it.Expect)
+	}
+	if it.LeaseAs != "" {
+		if lease == nil {
+			r.t.Fatalf("%s: no lease to keep as %q", where, it.LeaseAs)
+		}
+		r.leases[it.LeaseAs] = lease
+	}
+}
+
+// call runs a check, peek or acquire (a step or a batch item).
+func (r *vectorReplay) call(ctx context.Context, where string, it vectorItem) {
+	r.t.Helper()
+	var d Decision
+	var lease *Lease
+	var err error
+	switch it.Op {
+	case "check":
+		d, err = r.l.Check(ctx, it.Key, it.Policy, it.Cost)
+	case "peek":
+		d, err = r.l.Peek(ctx, it.Key, it.Policy)
+	case "acquire":
+		d, lease, err = r.l.Acquire(ctx, it.Key, it.Policy, it.Units)
+	default:
+		r.t.Fatalf("%s: op %q cannot be a batch item", where, it.Op)
+	}
+	if err != nil {
+		r.t.Fatalf("%s: %v", where, err)
+	}
+	r.decided(where, it, d, lease)
+}
+
+func (r *vectorReplay) step(ctx context.Context, where string, s vectorItem) {
+	r.t.Helper()
+	switch s.Op {
+	case "check", "peek", "acquire":
+		r.call(ctx, where, s)
+	case "batch":
+		if len(s.Items) == 0 {
+			r.t.Fatalf("%s: a batch without items", where)
+		}
+		// one after another, in order, at the step's t_us: calls issued concurrently
+		// would have no order, and the items' decisions depend on it
+		for j, it := range s.Items {
+			if it.TUs != nil {
+				r.t.Fatalf("%s, item %d: a batch item has no t_us of its own", where, j)
+			}
+			r.call(ctx, fmt.Sprintf("%s, item %d (%s)", where, j, it.Op), it)
+		}
+	case "release":
+		lease := r.leases[s.Lease]
+		if lease == nil || s.ExpectReleased == nil {
+			r.t.Fatalf("%s: no lease %q or no expect_released", where, s.Lease)
+		}
+		released, err := lease.Release(ctx)
+		if err != nil || released != *s.ExpectReleased {
+			r.t.Errorf("%s: released %v (%v), want %v", where, released, err, *s.ExpectReleased)
+		}
+	case "reset":
+		if err := r.l.Reset(ctx, s.Key, s.Policy); err != nil {
+			r.t.Fatalf("%s: %v", where, err)
+		}
+	case "check_all":
+		layers := make([]Layer, len(s.Layers))
+		for i, x := range s.Layers {
+			layers[i] = Layer{Key: x.Key, Policy: x.Policy, Cost: x.Cost}
+		}
+		d, err := r.l.CheckAll(ctx, layers)
+		if err != nil {
+			r.t.Fatalf("%s: %v", where, err)
+		}
+		r.decided(where, s, d, nil)
+	default:
+		r.t.Fatalf("%s: unknown op %q: teach this replay the op", where, s.Op)
+	}
+}
+
+// replayVectors replays every case and every step of tests/vectors/algorithms.json on a
+// fresh limiter from config(policies, case index) deciding on a manual clock set to each
+// step's t_us; it returns the number of steps replayed.
+func replayVectors(t *testing.T, source Source, config func(policies string, i int) string) int {
 	ctx := context.Background()
 	steps := 0
-	for i, c := range doc.Cases {
+	for i, c := range readVectors(t) {
 		clock, err := NewManualClock(time.UnixMicro(0))
 		if err != nil {
 			t.Fatal(err)
 		}
-		l, err := NewFromJSON(config(c.Policy, i), WithClock(clock))
+		policies, err := json.Marshal(c.Policies)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := NewFromJSON(config(string(policies), i), WithClock(clock))
 		if err != nil {
 			t.Fatalf("%s: %v", c.Name, err)
 		}
-		leases := map[string]*Lease{}
+		r := &vectorReplay{t: t, l: l, source: source, leases: map[string]*Lease{}}
 		for j, s := range c.Steps {
 			where := fmt.Sprintf("%s, step %d (%s)", c.Name, j, s.Op)
-			if err := clock.Set(time.UnixMicro(s.TUs)); err != nil {
+			if s.TUs == nil {
+				t.Fatalf("%s: no t_us", where)
+			}
+			if err := clock.Set(time.UnixMicro(*s.TUs)); err != nil {
 				t.Fatal(err)
 			}
-			switch s.Op {
-			case "check":
-				d, lease, err := l.Acquire(ctx, s.Key, "p", s.Cost)
-				if err != nil {
-					t.Fatalf("%s: %v", where, err)
-				}
-				if s.LeaseAs != "" && lease != nil {
-					leases[s.LeaseAs] = lease
-				}
-				var retry *int64
-				if d.HasRetryAfter {
-					r := d.RetryAfter.Microseconds()
-					retry = &r
-				}
-				got, _ := json.Marshal(map[string]any{
-					"allowed":        d.Allowed,
-					"remaining":      d.Remaining,
-					"reset_after_us": d.ResetAfter.Microseconds(),
-					"retry_after_us": retry,
-					"delay_us":       d.Delay.Microseconds(),
-				})
-				var want, have map[string]any
-				_ = json.Unmarshal(s.Expect, &want)
-				_ = json.Unmarshal(got, &have)
-				if fmt.Sprint(want) != fmt.Sprint(have) {
-					t.Errorf("%s: got %s, want %s", where, got, s.Expect)
-				}
-			case "release":
-				lease := leases[s.Lease]
-				if lease == nil || s.ExpectReleased == nil {
-					t.Fatalf("%s: no lease %q or no expect_released", where, s.Lease)
-				}
-				// (a second release of one lease expects false: Release answers false for a
-				// lease it has released, without asking the core again)
-				released, err := lease.Release(ctx)
-				if err != nil || released != *s.ExpectReleased {
-					t.Errorf("%s: released %v (%v), want %v", where, released, err, *s.ExpectReleased)
-				}
-			default:
-				t.Fatalf("%s: unknown op %q: teach this replay the op", where, s.Op)
-			}
+			r.step(ctx, where, s)
 			steps++
 		}
 		_ = l.Close()
 		_ = clock.Close()
 	}
-	if steps < 30 {
-		t.Fatalf("only %d steps", steps)
+	return steps
+}
+
+func totalVectorSteps(t *testing.T) int {
+	n := 0
+	for _, c := range readVectors(t) {
+		n += len(c.Steps)
+	}
+	return n
+}
+
+func TestVectorsCoverEveryOp(t *testing.T) {
+	seen := map[string]bool{}
+	for _, c := range readVectors(t) {
+		for _, s := range c.Steps {
+			seen[s.Op] = true
+		}
+	}
+	if !reflect.DeepEqual(seen, vectorOps) {
+		t.Fatalf("ops in the vectors: %v, want %v", seen, vectorOps)
+	}
+	if n := totalVectorSteps(t); n < 100 {
+		t.Fatalf("only %d steps", n)
 	}
 }
 
 func TestVectorsInMemory(t *testing.T) {
-	replayVectors(t, func(policy json.RawMessage, _ int) string {
-		return fmt.Sprintf(`{"policies":{"p":%s}}`, policy)
+	n := replayVectors(t, SourceMemory, func(policies string, _ int) string {
+		return fmt.Sprintf(`{"policies":%s}`, policies)
 	})
+	if want := totalVectorSteps(t); n != want {
+		t.Fatalf("replayed %d steps of %d", n, want)
+	}
 }
 
 func TestVectorsOnRedis(t *testing.T) {
 	r := startRedis(t)
-	replayVectors(t, func(policy json.RawMessage, i int) string {
+	n := replayVectors(t, SourceRedis, func(policies string, i int) string {
 		// a fresh key space per case
 		return fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":2000,
-			"key_prefix":"vec%d","policies":{"p":%s}}`, r.Port, i, policy)
+			"key_prefix":"vec%d:","policies":%s}`, r.Port, i, policies)
 	})
+	if want := totalVectorSteps(t); n != want {
+		t.Fatalf("replayed %d steps of %d", n, want)
+	}
 }

@@ -1002,122 +1002,460 @@ static void test_errors_spec(void) {
   free(text);
 }
 
-/* The {...} that follows "key": in [start, end), brace-matched: [*os, *oe). */
-static int object_at(const char *start, const char *end, const char *key, const char **os,
-                     const char **oe) {
-  char pat[64];
-  snprintf(pat, sizeof pat, "\"%s\": {", key);
-  const char *f = strstr(start, pat);
-  if (!f || f >= end) return 0;
-  f = strchr(f, '{');
-  int depth = 0;
-  for (const char *c = f; c < end; c++) {
-    if (*c == '{') depth++;
-    if (*c == '}' && --depth == 0) {
-      *os = f;
-      *oe = c + 1;
-      return 1;
+/* ---------------------------------------------------------------- a small JSON reader */
+
+/* A parsed JSON value of the vectors. Every value keeps its source text [s, e) (the
+ * policies object goes into a config as written); strings are decoded into `str`. */
+enum { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ };
+typedef struct jv {
+  int type;
+  const char *s, *e;
+  int b;
+  char *str;        /* J_STR: decoded, NUL-terminated */
+  size_t n;         /* J_ARR, J_OBJ: number of items */
+  char **keys;      /* J_OBJ: decoded keys */
+  struct jv *items; /* J_ARR, J_OBJ */
+} jv;
+
+static void jv_free(jv *v) {
+  for (size_t i = 0; i < v->n; i++) {
+    jv_free(&v->items[i]);
+    if (v->keys) free(v->keys[i]);
+  }
+  free(v->items);
+  free(v->keys);
+  free(v->str);
+  memset(v, 0, sizeof *v);
+}
+
+static void j_ws(const char **p, const char *end) {
+  while (*p < end && (**p == ' ' || **p == '\n' || **p == '\r' || **p == '\t')) (*p)++;
+}
+
+/* A JSON string at *p (on its opening quote), decoded into a new NUL-terminated buffer;
+ * NULL on bad input. */
+static char *j_string(const char **p, const char *end) {
+  if (*p >= end || **p != '"') return NULL;
+  (*p)++;
+  size_t cap = 16, n = 0;
+  char *out = malloc(cap);
+  while (out && *p < end && **p != '"') {
+    if (n + 5 > cap) {
+      char *grown = realloc(out, cap *= 2);
+      if (!grown) break;
+      out = grown;
+    }
+    unsigned char c = (unsigned char)*(*p)++;
+    if (c < 0x20) break;
+    if (c != '\\') {
+      out[n++] = (char)c;
+      continue;
+    }
+    if (*p >= end) break;
+    c = (unsigned char)*(*p)++;
+    switch (c) {
+      case '"': case '\\': case '/': out[n++] = (char)c; continue;
+      case 'b': out[n++] = '\b'; continue;
+      case 'f': out[n++] = '\f'; continue;
+      case 'n': out[n++] = '\n'; continue;
+      case 'r': out[n++] = '\r'; continue;
+      case 't': out[n++] = '\t'; continue;
+      case 'u': break;
+      default: goto bad;
+    }
+    if (end - *p < 4) goto bad;
+    char hex[5] = {(*p)[0], (*p)[1], (*p)[2], (*p)[3], 0}, *hend;
+    unsigned long u = strtoul(hex, &hend, 16);
+    if (hend != hex + 4 || (u >= 0xd800 && u < 0xe000) || u == 0) goto bad; /* no pairs, NUL */
+    *p += 4;
+    if (u < 0x80) {
+      out[n++] = (char)u;
+    } else if (u < 0x800) {
+      out[n++] = (char)(0xc0 | (u >> 6));
+      out[n++] = (char)(0x80 | (u & 0x3f));
+    } else {
+      out[n++] = (char)(0xe0 | (u >> 12));
+      out[n++] = (char)(0x80 | ((u >> 6) & 0x3f));
+      out[n++] = (char)(0x80 | (u & 0x3f));
     }
   }
+  if (out && *p < end && **p == '"') {
+    (*p)++;
+    out[n] = 0;
+    return out;
+  }
+bad:
+  free(out);
+  return NULL;
+}
+
+/* Parses one value at *p into *v; 0 (and nothing to free) on bad input. */
+static int j_value(const char **p, const char *end, jv *v, int depth) {
+  memset(v, 0, sizeof *v);
+  j_ws(p, end);
+  if (*p >= end || depth > 32) return 0;
+  v->s = *p;
+  char c = **p;
+  if (c == '{' || c == '[') {
+    int obj = c == '{';
+    v->type = obj ? J_OBJ : J_ARR;
+    (*p)++;
+    j_ws(p, end);
+    if (*p < end && **p == (obj ? '}' : ']')) {
+      (*p)++;
+      v->e = *p;
+      return 1;
+    }
+    for (;;) {
+      char *key = NULL;
+      if (obj) {
+        j_ws(p, end);
+        key = j_string(p, end);
+        j_ws(p, end);
+        if (!key || *p >= end || **p != ':') {
+          free(key);
+          goto bad;
+        }
+        (*p)++;
+      }
+      jv *items = realloc(v->items, (v->n + 1) * sizeof *items);
+      char **keys = obj ? realloc(v->keys, (v->n + 1) * sizeof *keys) : NULL;
+      if (items) v->items = items;
+      if (keys) v->keys = keys;
+      if (!items || (obj && !keys) || !j_value(p, end, &v->items[v->n], depth + 1)) {
+        free(key);
+        goto bad;
+      }
+      if (obj) v->keys[v->n] = key;
+      v->n++;
+      j_ws(p, end);
+      if (*p < end && **p == ',') {
+        (*p)++;
+        continue;
+      }
+      if (*p < end && **p == (obj ? '}' : ']')) {
+        (*p)++;
+        v->e = *p;
+        return 1;
+      }
+      goto bad;
+    }
+  }
+  if (c == '"') {
+    v->type = J_STR;
+    v->str = j_string(p, end);
+    v->e = *p;
+    return v->str != NULL;
+  }
+  if (end - *p >= 4 && memcmp(*p, "null", 4) == 0) return *p += 4, v->e = *p, v->type = J_NULL, 1;
+  if (end - *p >= 4 && memcmp(*p, "true", 4) == 0)
+    return *p += 4, v->e = *p, v->type = J_BOOL, v->b = 1, 1;
+  if (end - *p >= 5 && memcmp(*p, "false", 5) == 0) return *p += 5, v->e = *p, v->type = J_BOOL, 1;
+  if (c == '-' || (c >= '0' && c <= '9')) {
+    while (*p < end && strchr("-+.eE0123456789", **p)) (*p)++;
+    v->type = J_NUM;
+    v->e = *p;
+    return 1;
+  }
+bad:
+  jv_free(v);
   return 0;
 }
 
-/* Replays every case of tests/vectors/algorithms.json on a manual clock: in memory
- * (redis_port 0) or on the suite's redis-server. An unknown op fails loudly. */
+/* The member `key` of an object, or NULL. */
+static const jv *jget(const jv *o, const char *key) {
+  if (!o || o->type != J_OBJ) return NULL;
+  for (size_t i = 0; i < o->n; i++)
+    if (strcmp(o->keys[i], key) == 0) return &o->items[i];
+  return NULL;
+}
+
+/* A member that must be a string ("" and a failure otherwise). */
+static const char *jstr(const jv *o, const char *key, const char *where) {
+  const jv *v = jget(o, key);
+  if (v && v->type == J_STR) return v->str;
+  fprintf(stderr, "%s: \"%s\" is not a string\n", where, key);
+  failures++;
+  return "";
+}
+
+/* A value that must be a whole number >= 0. */
+static int j_u64(const jv *v, uint64_t *out) {
+  if (!v || v->type != J_NUM || v->s[0] == '-') return 0;
+  char buf[32], *bend;
+  size_t len = (size_t)(v->e - v->s);
+  if (len == 0 || len >= sizeof buf) return 0;
+  memcpy(buf, v->s, len);
+  buf[len] = 0;
+  errno = 0;
+  unsigned long long n = strtoull(buf, &bend, 10);
+  if (*bend || errno) return 0;
+  *out = n;
+  return 1;
+}
+
+static uint64_t ju64(const jv *o, const char *key, const char *where) {
+  uint64_t n = 0;
+  if (!j_u64(jget(o, key), &n)) {
+    fprintf(stderr, "%s: \"%s\" is not a whole number\n", where, key);
+    failures++;
+  }
+  return n;
+}
+
+/* ---------------------------------------------------------------- vector replay */
+
+/* One case of the vectors being replayed: its limiter and the leases kept by name. */
+#define VEC_LEASES 32
+struct vec_replay {
+  shardlimit_limiter *l;
+  uint32_t source; /* the source every decision must have: memory or redis */
+  const char *names[VEC_LEASES];
+  shardlimit_lease *leases[VEC_LEASES];
+  int nleases;
+};
+
+/* Compares every field of `expect` with d; prints both on a difference. */
+static void vec_compare(const char *where, const jv *expect, const shardlimit_decision *d,
+                        uint32_t source) {
+  static const char *const fields[] = {"allowed", "limit", "remaining", "reset_after_us",
+                                       "retry_after_us", "delay_us", "policy", "layer"};
+  const size_t nfields = sizeof fields / sizeof fields[0];
+  int same = expect && expect->type == J_OBJ && expect->n == nfields;
+  for (size_t i = 0; same && i < nfields; i++) same = jget(expect, fields[i]) != NULL;
+  if (!same) {
+    fprintf(stderr, "%s: expect is not the %zu fields of a decision\n", where, nfields);
+    failures++;
+    return;
+  }
+  const jv *allowed = jget(expect, "allowed"), *retry = jget(expect, "retry_after_us"),
+           *policy = jget(expect, "policy"), *layer = jget(expect, "layer");
+  uint64_t limit = 0, remaining = 0, reset = 0, retry_us = 0, delay = 0, layer_ix = 0;
+  int ok = allowed->type == J_BOOL && j_u64(jget(expect, "limit"), &limit) &&
+           j_u64(jget(expect, "remaining"), &remaining) &&
+           j_u64(jget(expect, "reset_after_us"), &reset) &&
+           j_u64(jget(expect, "delay_us"), &delay) && policy->type == J_STR &&
+           (retry->type == J_NULL || j_u64(retry, &retry_us)) &&
+           (layer->type == J_NULL || j_u64(layer, &layer_ix));
+  if (!ok) {
+    fprintf(stderr, "%s: a field of expect has the wrong type: %.*s\n", where,
+            (int)(expect->e - expect->s), expect->s);
+    failures++;
+    return;
+  }
+  same = d->allowed == (bool)allowed->b && d->limit == limit && d->remaining == remaining &&
+         d->reset_after_us == reset && d->delay_us == delay &&
+         (retry->type == J_NULL ? !d->has_retry_after
+                                : d->has_retry_after && d->retry_after_us == retry_us) &&
+         d->policy_len == strlen(policy->str) && strcmp(d->policy, policy->str) == 0 &&
+         (layer->type == J_NULL ? !d->has_layer : d->has_layer && d->layer == layer_ix) &&
+         d->source == source;
+  if (!same) {
+    char rs[24] = "null", ls[24] = "null";
+    if (d->has_retry_after) snprintf(rs, sizeof rs, "%llu", (unsigned long long)d->retry_after_us);
+    if (d->has_layer) snprintf(ls, sizeof ls, "%u", d->layer);
+    fprintf(stderr,
+            "%s: got {\"allowed\": %s, \"limit\": %llu, \"remaining\": %llu, "
+            "\"reset_after_us\": %llu, \"retry_after_us\": %s, \"delay_us\": %llu, "
+            "\"policy\": \"%s\", \"layer\": %s} from %s; want %.*s from %s\n",
+            where, d->allowed ? "true" : "false", (unsigned long long)d->limit,
+            (unsigned long long)d->remaining, (unsigned long long)d->reset_after_us, rs,
+            (unsigned long long)d->delay_us, d->policy, ls, shardlimit_source_name(d->source).ptr,
+            (int)(expect->e - expect->s), expect->s, shardlimit_source_name(source).ptr);
+    failures++;
+  }
+}
+
+/* A check, peek or acquire: a step, or an item of a batch. */
+static void vec_call(struct vec_replay *r, const jv *it, const char *where) {
+  const char *op = jstr(it, "op", where), *key = jstr(it, "key", where),
+             *name = jstr(it, "policy", where);
+  shardlimit_error *err = NULL;
+  shardlimit_policy *pol = NULL;
+  shardlimit_decision d;
+  shardlimit_lease *lease = NULL;
+  shardlimit_result rc = shardlimit_limiter_policy(r->l, name, strlen(name), &pol, &err);
+  if (rc == SHARDLIMIT_OK) {
+    if (strcmp(op, "check") == 0)
+      rc = shardlimit_check(r->l, key, strlen(key), pol, ju64(it, "cost", where), &d, &err);
+    else if (strcmp(op, "peek") == 0)
+      rc = shardlimit_peek(r->l, key, strlen(key), pol, &d, &err);
+    else if (strcmp(op, "acquire") == 0)
+      rc = shardlimit_acquire(r->l, key, strlen(key), pol, ju64(it, "units", where), &d, &lease,
+                              &err);
+    else {
+      fprintf(stderr, "%s: op \"%s\" cannot be a batch item\n", where, op);
+      failures++;
+      shardlimit_policy_free(pol);
+      return;
+    }
+  }
+  shardlimit_policy_free(pol);
+  if (rc != SHARDLIMIT_OK) {
+    fprintf(stderr, "%s: %s: %s\n", where, shardlimit_result_name(rc).ptr,
+            err ? shardlimit_error_message(err).ptr : "(no error object)");
+    failures++;
+    shardlimit_error_free(err);
+    return;
+  }
+  vec_compare(where, jget(it, "expect"), &d, r->source);
+  const jv *lease_as = jget(it, "lease_as");
+  if (!lease_as) {
+    shardlimit_lease_free(lease); /* never released: it expires after lease_ttl */
+    return;
+  }
+  if (lease_as->type != J_STR || !lease || r->nleases == VEC_LEASES) {
+    fprintf(stderr, "%s: no lease to keep as %.*s\n", where, (int)(lease_as->e - lease_as->s),
+            lease_as->s);
+    failures++;
+    shardlimit_lease_free(lease);
+    return;
+  }
+  r->names[r->nleases] = lease_as->str;
+  r->leases[r->nleases++] = lease;
+}
+
+static void vec_step(struct vec_replay *r, const jv *s, const char *where) {
+  const char *op = jstr(s, "op", where);
+  shardlimit_error *err = NULL;
+  if (strcmp(op, "check") == 0 || strcmp(op, "peek") == 0 || strcmp(op, "acquire") == 0) {
+    vec_call(r, s, where);
+  } else if (strcmp(op, "batch") == 0) {
+    /* one after another, in order, at the step's t_us: calls made concurrently would have
+     * no order, and the items' decisions depend on it */
+    const jv *items = jget(s, "items");
+    if (!items || items->type != J_ARR || items->n == 0) {
+      fprintf(stderr, "%s: a batch without items\n", where);
+      failures++;
+      return;
+    }
+    for (size_t j = 0; j < items->n; j++) {
+      char at[320];
+      snprintf(at, sizeof at, "%s, item %zu", where, j);
+      if (jget(&items->items[j], "t_us")) {
+        fprintf(stderr, "%s: a batch item has no t_us of its own\n", at);
+        failures++;
+      }
+      vec_call(r, &items->items[j], at);
+    }
+  } else if (strcmp(op, "release") == 0) {
+    const char *name = jstr(s, "lease", where);
+    const jv *want = jget(s, "expect_released");
+    shardlimit_lease *held = NULL;
+    for (int i = 0; i < r->nleases; i++)
+      if (strcmp(r->names[i], name) == 0) held = r->leases[i];
+    if (!held || !want || want->type != J_BOOL) {
+      fprintf(stderr, "%s: no lease \"%s\" or no expect_released\n", where, name);
+      failures++;
+      return;
+    }
+    bool was = false;
+    CHECK_RC(shardlimit_release(r->l, held, &was, &err), SHARDLIMIT_OK, err);
+    if (was != (bool)want->b) {
+      fprintf(stderr, "%s: released %d, want %d\n", where, was, want->b);
+      failures++;
+    }
+  } else if (strcmp(op, "reset") == 0) {
+    const char *key = jstr(s, "key", where), *name = jstr(s, "policy", where);
+    shardlimit_policy *pol = NULL;
+    CHECK_RC(shardlimit_limiter_policy(r->l, name, strlen(name), &pol, &err), SHARDLIMIT_OK, err);
+    if (pol) CHECK_RC(shardlimit_reset(r->l, key, strlen(key), pol, &err), SHARDLIMIT_OK, err);
+    shardlimit_policy_free(pol);
+  } else if (strcmp(op, "check_all") == 0) {
+    const jv *layers = jget(s, "layers");
+    shardlimit_layer ls[64];
+    if (!layers || layers->type != J_ARR || layers->n == 0 || layers->n > 64) {
+      fprintf(stderr, "%s: no layers\n", where);
+      failures++;
+      return;
+    }
+    for (size_t i = 0; i < layers->n; i++) {
+      const jv *la = &layers->items[i];
+      const char *key = jstr(la, "key", where), *name = jstr(la, "policy", where);
+      ls[i] = (shardlimit_layer){.key = key, .key_len = strlen(key), .policy = NULL,
+                                 .policy_name = name, .policy_name_len = strlen(name),
+                                 .cost = ju64(la, "cost", where)};
+    }
+    shardlimit_decision d;
+    shardlimit_result rc = shardlimit_check_all(r->l, ls, layers->n, &d, &err);
+    if (rc != SHARDLIMIT_OK) {
+      CHECK_RC(rc, SHARDLIMIT_OK, err);
+      return;
+    }
+    vec_compare(where, jget(s, "expect"), &d, r->source);
+  } else {
+    fprintf(stderr, "%s: unknown op \"%s\": teach this replay the op\n", where, op);
+    failures++;
+  }
+}
+
+/* Replays every case and every step of tests/vectors/algorithms.json (format: the list
+ * at its top) on a fresh limiter with a manual clock set to each step's t_us: in memory
+ * or on the suite's redis-server (a key prefix of its own per case). An unknown op fails
+ * loudly. */
 static void replay_vectors(int on_redis) {
   char *text = read_file("tests/vectors/algorithms.json");
   CHECK(text != NULL);
   if (!text) return;
-  const char *at = strchr(strstr(text, "\"cases\""), '[') + 1, *cs, *ce;
-  int steps = 0;
-  for (int ci = 0; next_object(&at, &cs, &ce); ci++) {
-    const char *ps, *pe;
-    CHECK(object_at(cs, ce, "policy", &ps, &pe));
-    char cfg[2048];
+  const char *p = text;
+  jv doc;
+  int parsed = j_value(&p, text + strlen(text), &doc, 0);
+  CHECK(parsed);
+  if (!parsed) {
+    free(text);
+    return;
+  }
+  const jv *cases = jget(&doc, "cases");
+  CHECK(cases != NULL && cases->type == J_ARR && cases->n > 0);
+  size_t steps = 0, total = 0;
+  static const char *const ops[] = {"check", "peek", "acquire", "release", "reset", "check_all",
+                                    "batch"};
+  int op_seen[7] = {0};
+  for (size_t ci = 0; cases && ci < cases->n; ci++) {
+    const jv *c = &cases->items[ci];
+    const char *name = jstr(c, "name", "vector case");
+    const jv *policies = jget(c, "policies"), *case_steps = jget(c, "steps");
+    if (!policies || policies->type != J_OBJ || !case_steps || case_steps->type != J_ARR) {
+      fprintf(stderr, "vector case %zu: no policies or steps\n", ci);
+      failures++;
+      continue;
+    }
+    total += case_steps->n;
+    char cfg[4096];
+    int len;
     if (on_redis)
-      snprintf(cfg, sizeof cfg,
-               "{\"shards\":[{\"name\":\"s0\",\"url\":\"redis://127.0.0.1:%d\"}],"
-               "\"timeout_ms\":2000,\"key_prefix\":\"cvec%d\",\"policies\":{\"p\":%.*s}}",
-               redis_port, ci, (int)(pe - ps), ps);
+      len = snprintf(cfg, sizeof cfg,
+                     "{\"shards\":[{\"name\":\"s0\",\"url\":\"redis://127.0.0.1:%d\"}],"
+                     "\"timeout_ms\":2000,\"key_prefix\":\"cvec%zu:\",\"policies\":%.*s}",
+                     redis_port, ci, (int)(policies->e - policies->s), policies->s);
     else
-      snprintf(cfg, sizeof cfg, "{\"policies\":{\"p\":%.*s}}", (int)(pe - ps), ps);
+      len = snprintf(cfg, sizeof cfg, "{\"policies\":%.*s}", (int)(policies->e - policies->s),
+                     policies->s);
+    CHECK(len > 0 && (size_t)len < sizeof cfg);
     shardlimit_error *err = NULL;
     shardlimit_clock *clk = NULL;
-    shardlimit_limiter *l = NULL;
-    shardlimit_policy *pol = NULL;
+    struct vec_replay r = {.l = NULL,
+                           .source = on_redis ? SHARDLIMIT_SOURCE_REDIS : SHARDLIMIT_SOURCE_MEMORY};
     CHECK_RC(shardlimit_clock_new(0, &clk, &err), SHARDLIMIT_OK, err);
-    CHECK_RC(shardlimit_limiter_new_json(cfg, strlen(cfg), clk, &l, &err), SHARDLIMIT_OK, err);
-    CHECK_RC(shardlimit_limiter_policy(l, S("p"), &pol, &err), SHARDLIMIT_OK, err);
-    char lease_names[16][32];
-    shardlimit_lease *leases[16];
-    int nleases = 0;
-    const char *sat = strchr(strstr(cs, "\"steps\""), '[') + 1, *ss, *se;
-    while (sat < ce && next_object(&sat, &ss, &se)) {
-      char op[16], t[32], key[64], cost[32], lease_as[32], lease[32], released[8];
-      field(ss, se, "op", op, sizeof op);
-      field(ss, se, "t_us", t, sizeof t);
-      field(ss, se, "key", key, sizeof key);
-      CHECK_RC(shardlimit_clock_set_us(clk, strtoull(t, NULL, 10), &err), SHARDLIMIT_OK, err);
-      if (strcmp(op, "check") == 0) {
-        field(ss, se, "cost", cost, sizeof cost);
-        field(ss, se, "lease_as", lease_as, sizeof lease_as);
-        shardlimit_decision d;
-        shardlimit_lease *got = NULL;
-        CHECK_RC(shardlimit_acquire(l, key, strlen(key), pol, strtoull(cost, NULL, 10), &d, &got,
-                                    &err),
-                 SHARDLIMIT_OK, err);
-        if (got && lease_as[0] && nleases < 16) {
-          snprintf(lease_names[nleases], sizeof lease_names[nleases], "%s", lease_as);
-          leases[nleases++] = got;
-        } else {
-          shardlimit_lease_free(got);
-        }
-        const char *es, *ee;
-        CHECK(object_at(ss, se, "expect", &es, &ee));
-        char allowed[8], remaining[32], reset[32], retry[32], delay[32];
-        field(es, ee, "allowed", allowed, sizeof allowed);
-        field(es, ee, "remaining", remaining, sizeof remaining);
-        field(es, ee, "reset_after_us", reset, sizeof reset);
-        field(es, ee, "retry_after_us", retry, sizeof retry);
-        field(es, ee, "delay_us", delay, sizeof delay);
-        int same = d.allowed == (strcmp(allowed, "true") == 0) &&
-                   d.remaining == strtoull(remaining, NULL, 10) &&
-                   d.reset_after_us == strtoull(reset, NULL, 10) &&
-                   d.delay_us == strtoull(delay, NULL, 10) &&
-                   (strcmp(retry, "null") == 0 ? !d.has_retry_after
-                                               : d.has_retry_after &&
-                                                     d.retry_after_us == strtoull(retry, NULL, 10));
-        if (!same) {
-          fprintf(stderr, "vector case %d (%s), t %s key %s: got allowed %d remaining %llu reset %llu"
-                          " retry %d/%llu delay %llu; want %.*s\n",
-                  ci, on_redis ? "redis" : "memory", t, key, d.allowed,
-                  (unsigned long long)d.remaining, (unsigned long long)d.reset_after_us,
-                  d.has_retry_after, (unsigned long long)d.retry_after_us,
-                  (unsigned long long)d.delay_us, (int)(ee - es), es);
-          failures++;
-        }
-      } else if (strcmp(op, "release") == 0) {
-        field(ss, se, "lease", lease, sizeof lease);
-        field(ss, se, "expect_released", released, sizeof released);
-        shardlimit_lease *held = NULL;
-        for (int i = 0; i < nleases; i++)
-          if (strcmp(lease_names[i], lease) == 0) held = leases[i];
-        CHECK(held != NULL);
-        bool was = false;
-        CHECK_RC(shardlimit_release(l, held, &was, &err), SHARDLIMIT_OK, err);
-        CHECK(was == (strcmp(released, "true") == 0));
-      } else {
-        fprintf(stderr, "vector case %d: unknown op \"%s\": teach this replay the op\n", ci, op);
-        failures++;
-      }
+    CHECK_RC(shardlimit_limiter_new_json(cfg, strlen(cfg), clk, &r.l, &err), SHARDLIMIT_OK, err);
+    for (size_t si = 0; r.l && si < case_steps->n; si++) {
+      const jv *s = &case_steps->items[si];
+      char where[256];
+      snprintf(where, sizeof where, "vectors (%s) %s, step %zu (%s)", on_redis ? "redis" : "memory",
+               name, si, jstr(s, "op", name));
+      for (size_t k = 0; k < 7; k++) op_seen[k] |= strcmp(jstr(s, "op", where), ops[k]) == 0;
+      CHECK_RC(shardlimit_clock_set_us(clk, ju64(s, "t_us", where), &err), SHARDLIMIT_OK, err);
+      vec_step(&r, s, where);
       steps++;
     }
-    for (int i = 0; i < nleases; i++) shardlimit_lease_free(leases[i]);
-    shardlimit_policy_free(pol);
-    shardlimit_limiter_free(l);
+    for (int i = 0; i < r.nleases; i++) shardlimit_lease_free(r.leases[i]);
+    shardlimit_limiter_free(r.l);
     shardlimit_clock_free(clk);
   }
-  CHECK(steps > 30);
+  CHECK(steps == total && total > 100);
+  for (size_t k = 0; k < 7; k++)
+    if (!op_seen[k]) fprintf(stderr, "the vectors lack the op %s\n", ops[k]), failures++;
+  jv_free(&doc);
   free(text);
 }
 

@@ -1,6 +1,8 @@
 // The C++ wrapper against the shared contracts: spec/operations.json (every operation of
 // the core not marked not_in for cpp is a Limiter member under its snake_case name),
-// spec/errors.json (codes, names, backend flags, hierarchy) and tests/vectors/keys.json.
+// spec/errors.json (codes, names, backend flags, hierarchy), tests/vectors/keys.json and
+// the decision vectors of tests/vectors/algorithms.json (every case and op, in memory and
+// on a real Redis).
 #include <shardlimit.hpp>
 
 #include <arpa/inet.h>
@@ -11,8 +13,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -203,73 +207,293 @@ TEST(Spec, MemoryLimiterOnAManualClockScaleAndMetrics) {
   EXPECT_EQ(limiter.check("k3", "api").limit(), 9u);
 }
 
-/// The object that follows "key": in `text` (brace-matched), e.g. a case's policy.
-std::string object_at(const std::string& text, const std::string& key) {
-  size_t at = text.find("\"" + key + "\": {");
-  if (at == std::string::npos) return "";
-  at = text.find('{', at);
-  int depth = 0;
-  for (size_t i = at; i < text.size(); i++) {
-    if (text[i] == '{') depth++;
-    if (text[i] == '}' && --depth == 0) return text.substr(at, i - at + 1);
-  }
-  return "";
-}
+/// A parsed JSON value of the vectors (a small reader: the vectors need more than the flat
+/// spec files). Each value keeps its source text, so a case's policies go into a config
+/// as written.
+struct Json {
+  enum Type { Null, Bool, Num, Str, Arr, Obj } type = Null;
+  std::string text;  // the source text of the value
+  bool b = false;
+  std::string str;  // Str: decoded
+  std::vector<Json> items;
+  std::vector<std::string> keys;  // Obj: the keys of items, in order
 
-/// Replays every case of tests/vectors/algorithms.json on a fresh limiter from
-/// `config(policy, case index)` on a manual clock; an unknown op fails the test.
-template <class Config>
-void replay_vectors(Config config) {
-  auto cases = objects(read("tests/vectors/algorithms.json"), "cases");
-  ASSERT_GT(cases.size(), 5u);
-  size_t steps = 0;
-  for (size_t i = 0; i < cases.size(); i++) {
-    const std::string& c = cases[i];
-    std::string name = field(c, "name");
-    shardlimit::Clock clock(0);
-    auto limiter = L::from_json(config(object_at(c, "policy"), i), &clock);
-    auto policy = limiter.policy("p");
-    std::map<std::string, shardlimit::Lease> leases;
-    auto list = objects(c, "steps");
-    for (size_t j = 0; j < list.size(); j++, steps++) {
-      const std::string& st = list[j];
-      std::string op = field(st, "op"), where = name + ", step " + std::to_string(j);
-      clock.set_us(std::stoull(field(st, "t_us")));
-      if (op == "check") {
-        auto [d, lease] = limiter.acquire(field(st, "key"), policy, std::stoull(field(st, "cost")));
-        std::string as = field(st, "lease_as");
-        if (!as.empty() && lease) leases.emplace(as, std::move(*lease));
-        std::string e = object_at(st, "expect");
-        EXPECT_EQ(d.allowed(), field(e, "allowed") == "true") << where;
-        EXPECT_EQ(d.remaining(), std::stoull(field(e, "remaining"))) << where;
-        EXPECT_EQ(static_cast<uint64_t>(d.reset_after().count()),
-                  std::stoull(field(e, "reset_after_us")))
-            << where;
-        std::string retry = field(e, "retry_after_us");
-        if (retry == "null") {
-          EXPECT_FALSE(d.retry_after().has_value()) << where;
-        } else {
-          ASSERT_TRUE(d.retry_after().has_value()) << where;
-          EXPECT_EQ(static_cast<uint64_t>(d.retry_after()->count()), std::stoull(retry)) << where;
+  const Json* get(const std::string& key) const {
+    for (size_t i = 0; type == Obj && i < keys.size(); i++)
+      if (keys[i] == key) return &items[i];
+    return nullptr;
+  }
+  /// The member `key`, which must be there.
+  const Json& at(const std::string& key) const {
+    const Json* v = get(key);
+    if (!v) throw std::runtime_error("no \"" + key + "\" in " + text);
+    return *v;
+  }
+  const std::string& s(const std::string& key) const {
+    const Json& v = at(key);
+    if (v.type != Str) throw std::runtime_error("\"" + key + "\" is not a string in " + text);
+    return v.str;
+  }
+  /// A whole number >= 0.
+  uint64_t u64() const {
+    if (type != Num || text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+      throw std::runtime_error(text + " is not a whole number");
+    return std::stoull(text);
+  }
+  uint64_t u64(const std::string& key) const { return at(key).u64(); }
+
+  static Json parse(const std::string& src) {
+    size_t at = 0;
+    Json v = value(src, at, 0);
+    ws(src, at);
+    if (at != src.size()) fail(src, at);
+    return v;
+  }
+
+ private:
+  [[noreturn]] static void fail(const std::string& src, size_t at) {
+    throw std::runtime_error("bad JSON at byte " + std::to_string(at) + ": " +
+                             src.substr(at, 40));
+  }
+  static void ws(const std::string& src, size_t& at) {
+    while (at < src.size() && std::strchr(" \t\r\n", src[at]) && src[at]) at++;
+  }
+  static std::string string(const std::string& src, size_t& at) {
+    if (at >= src.size() || src[at] != '"') fail(src, at);
+    std::string out;
+    for (at++; at < src.size() && src[at] != '"'; at++) {
+      char c = src[at];
+      if (static_cast<unsigned char>(c) < 0x20) fail(src, at);
+      if (c != '\\') {
+        out.push_back(c);
+        continue;
+      }
+      if (++at >= src.size()) fail(src, at);
+      switch (src[at]) {
+        case '"': case '\\': case '/': out.push_back(src[at]); break;
+        case 'b': out.push_back('\b'); break;
+        case 'f': out.push_back('\f'); break;
+        case 'n': out.push_back('\n'); break;
+        case 'r': out.push_back('\r'); break;
+        case 't': out.push_back('\t'); break;
+        case 'u': {
+          if (at + 4 >= src.size()) fail(src, at);
+          size_t used = 0;
+          unsigned long u = std::stoul(src.substr(at + 1, 4), &used, 16);
+          if (used != 4 || u == 0 || (u >= 0xd800 && u < 0xe000)) fail(src, at);
+          at += 4;
+          if (u < 0x80) {
+            out.push_back(static_cast<char>(u));
+          } else if (u < 0x800) {
+            out.push_back(static_cast<char>(0xc0 | (u >> 6)));
+            out.push_back(static_cast<char>(0x80 | (u & 0x3f)));
+          } else {
+            out.push_back(static_cast<char>(0xe0 | (u >> 12)));
+            out.push_back(static_cast<char>(0x80 | ((u >> 6) & 0x3f)));
+            out.push_back(static_cast<char>(0x80 | (u & 0x3f)));
+          }
+          break;
         }
-        EXPECT_EQ(static_cast<uint64_t>(d.delay().count()), std::stoull(field(e, "delay_us")))
-            << where;
-      } else if (op == "release") {
-        auto it = leases.find(field(st, "lease"));
-        ASSERT_NE(it, leases.end()) << where;
-        EXPECT_EQ(limiter.release(it->second), field(st, "expect_released") == "true") << where;
-      } else {
-        FAIL() << where << ": unknown op " << op << ": teach this replay the op";
+        default: fail(src, at);
       }
     }
+    if (at >= src.size()) fail(src, at);
+    at++;
+    return out;
   }
-  EXPECT_GT(steps, 30u);
+  static Json value(const std::string& src, size_t& at, int depth) {
+    ws(src, at);
+    if (at >= src.size() || depth > 32) fail(src, at);
+    Json v;
+    size_t start = at;
+    char c = src[at];
+    if (c == '{' || c == '[') {
+      bool obj = c == '{';
+      v.type = obj ? Obj : Arr;
+      at++;
+      ws(src, at);
+      if (at < src.size() && src[at] == (obj ? '}' : ']')) {
+        at++;
+      } else {
+        for (;;) {
+          if (obj) {
+            ws(src, at);
+            v.keys.push_back(string(src, at));
+            ws(src, at);
+            if (at >= src.size() || src[at] != ':') fail(src, at);
+            at++;
+          }
+          v.items.push_back(value(src, at, depth + 1));
+          ws(src, at);
+          if (at < src.size() && src[at] == ',') {
+            at++;
+            continue;
+          }
+          if (at < src.size() && src[at] == (obj ? '}' : ']')) {
+            at++;
+            break;
+          }
+          fail(src, at);
+        }
+      }
+    } else if (c == '"') {
+      v.type = Str;
+      v.str = string(src, at);
+    } else if (src.compare(at, 4, "null") == 0) {
+      at += 4;
+    } else if (src.compare(at, 4, "true") == 0) {
+      v.type = Bool, v.b = true, at += 4;
+    } else if (src.compare(at, 5, "false") == 0) {
+      v.type = Bool, at += 5;
+    } else if (c == '-' || (c >= '0' && c <= '9')) {
+      v.type = Num;
+      while (at < src.size() && std::strchr("-+.eE0123456789", src[at]) && src[at]) at++;
+    } else {
+      fail(src, at);
+    }
+    v.text = src.substr(start, at - start);
+    return v;
+  }
+};
+
+/// A decision as the vectors write it: durations in whole µs, retry_after_us null
+/// ("null") when absent, layer null but for check_all; and who decided.
+std::string observed(const shardlimit::Decision& d) {
+  auto opt = [](auto o) { return o ? std::to_string(static_cast<uint64_t>(*o)) : "null"; };
+  auto retry = d.retry_after();
+  return std::string("{\"allowed\": ") + (d.allowed() ? "true" : "false") +
+         ", \"limit\": " + std::to_string(d.limit()) +
+         ", \"remaining\": " + std::to_string(d.remaining()) +
+         ", \"reset_after_us\": " + std::to_string(d.reset_after().count()) +
+         ", \"retry_after_us\": " +
+         (retry ? std::to_string(retry->count()) : std::string("null")) +
+         ", \"delay_us\": " + std::to_string(d.delay().count()) + ", \"policy\": \"" +
+         std::string(d.policy()) + "\", \"layer\": " + opt(d.layer()) + "}";
+}
+
+/// The expectation in the same form, from every one of its fields (no more, no fewer).
+std::string expected(const Json& e) {
+  static const std::vector<std::string> fields = {"allowed",        "limit",    "remaining",
+                                                  "reset_after_us", "retry_after_us",
+                                                  "delay_us",       "policy",   "layer"};
+  if (e.type != Json::Obj || e.keys.size() != fields.size())
+    throw std::runtime_error("expect is not the 8 fields of a decision: " + e.text);
+  const Json& allowed = e.at("allowed");
+  if (allowed.type != Json::Bool) throw std::runtime_error("allowed is not a bool: " + e.text);
+  auto opt = [](const Json& v) { return v.type == Json::Null ? "null" : std::to_string(v.u64()); };
+  return std::string("{\"allowed\": ") + (allowed.b ? "true" : "false") +
+         ", \"limit\": " + std::to_string(e.u64("limit")) +
+         ", \"remaining\": " + std::to_string(e.u64("remaining")) +
+         ", \"reset_after_us\": " + std::to_string(e.u64("reset_after_us")) +
+         ", \"retry_after_us\": " + opt(e.at("retry_after_us")) +
+         ", \"delay_us\": " + std::to_string(e.u64("delay_us")) + ", \"policy\": \"" +
+         e.s("policy") + "\", \"layer\": " + opt(e.at("layer")) + "}";
+}
+
+/// One case being replayed: its limiter and the leases kept by name (lease_as).
+struct Replay {
+  L limiter;
+  shardlimit_source source;
+  std::map<std::string, shardlimit::Lease> leases;
+
+  void decided(const Json& it, const shardlimit::Decision& d,
+               std::optional<shardlimit::Lease> lease, const std::string& where) {
+    EXPECT_EQ(d.source(), source) << where << ": decided by " << d.source_name();
+    EXPECT_EQ(observed(d), expected(it.at("expect"))) << where;
+    if (const Json* as = it.get("lease_as")) {
+      ASSERT_TRUE(as->type == Json::Str && lease.has_value()) << where << ": no lease to keep";
+      leases.insert_or_assign(as->str, std::move(*lease));
+    }  // else a lease is never released: it expires after lease_ttl
+  }
+
+  /// A check, peek or acquire: a step or an item of a batch.
+  void call(const Json& it, const std::string& where) {
+    const std::string& op = it.s("op");
+    const std::string& key = it.s("key");
+    auto policy = limiter.policy(it.s("policy"));
+    if (op == "check") {
+      decided(it, limiter.check(key, policy, it.u64("cost")), std::nullopt, where);
+    } else if (op == "peek") {
+      decided(it, limiter.peek(key, policy), std::nullopt, where);
+    } else if (op == "acquire") {
+      auto [d, lease] = limiter.acquire(key, policy, it.u64("units"));
+      decided(it, d, std::move(lease), where);
+    } else {
+      FAIL() << where << ": op \"" << op << "\" cannot be a batch item";
+    }
+  }
+
+  void step(const Json& s, const std::string& where) {
+    const std::string& op = s.s("op");
+    if (op == "check" || op == "peek" || op == "acquire") {
+      call(s, where);
+    } else if (op == "batch") {
+      // one after another, in order, at the step's t_us: calls made concurrently would
+      // have no order, and the items' decisions depend on it
+      const Json& items = s.at("items");
+      ASSERT_TRUE(items.type == Json::Arr && !items.items.empty()) << where << ": no items";
+      for (size_t j = 0; j < items.items.size(); j++) {
+        std::string at = where + ", item " + std::to_string(j);
+        EXPECT_EQ(items.items[j].get("t_us"), nullptr) << at << ": an item has no t_us of its own";
+        call(items.items[j], at);
+      }
+    } else if (op == "release") {
+      auto held = leases.find(s.s("lease"));
+      ASSERT_NE(held, leases.end()) << where << ": no lease " << s.s("lease");
+      const Json& want = s.at("expect_released");
+      ASSERT_EQ(want.type, Json::Bool) << where;
+      EXPECT_EQ(limiter.release(held->second), want.b) << where;
+    } else if (op == "reset") {
+      limiter.reset(s.s("key"), limiter.policy(s.s("policy")));
+    } else if (op == "check_all") {
+      std::vector<shardlimit::Layer> layers;
+      for (const auto& la : s.at("layers").items)
+        layers.push_back({la.s("key"), la.s("policy"), la.u64("cost")});
+      ASSERT_FALSE(layers.empty()) << where << ": no layers";
+      decided(s, limiter.check_all(layers), std::nullopt, where);
+    } else {
+      FAIL() << where << ": unknown op \"" << op << "\": teach this replay the op";
+    }
+  }
+};
+
+/// Replays every case and every step of tests/vectors/algorithms.json (format: the list
+/// at its top) on a fresh limiter from `config(policies, case index)` on a manual clock
+/// set to each step's t_us; every decision must come from `source`. An unknown op fails.
+template <class Config>
+void replay_vectors(Config config, shardlimit_source source) {
+  Json doc = Json::parse(read("tests/vectors/algorithms.json"));
+  const Json& cases = doc.at("cases");
+  ASSERT_GT(cases.items.size(), 5u);
+  size_t steps = 0, total = 0;
+  std::set<std::string> ops;
+  for (size_t i = 0; i < cases.items.size(); i++) {
+    const Json& c = cases.items[i];
+    const Json& policies = c.at("policies");
+    ASSERT_EQ(policies.type, Json::Obj) << c.s("name");
+    shardlimit::Clock clock(0);
+    Replay r{L::from_json(config(policies.text, i), &clock), source, {}};
+    const auto& list = c.at("steps").items;
+    total += list.size();
+    for (size_t j = 0; j < list.size(); j++, steps++) {
+      const Json& st = list[j];
+      std::string where = c.s("name") + ", step " + std::to_string(j) + " (" + st.s("op") + ")";
+      ops.insert(st.s("op"));
+      clock.set_us(st.u64("t_us"));
+      r.step(st, where);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+  EXPECT_EQ(steps, total);
+  EXPECT_GT(total, 100u);
+  EXPECT_EQ(ops, (std::set<std::string>{"check", "peek", "acquire", "release", "reset",
+                                        "check_all", "batch"}));
 }
 
 TEST(Vectors, InMemoryOnAManualClock) {
-  replay_vectors([](const std::string& policy, size_t) {
-    return R"({"policies":{"p":)" + policy + "}}";
-  });
+  replay_vectors([](const std::string& policies, size_t) {
+    return R"({"policies":)" + policies + "}";
+  }, SHARDLIMIT_SOURCE_MEMORY);
 }
 
 TEST(Vectors, OnRedisOnAManualClock) {
@@ -304,12 +528,12 @@ TEST(Vectors, OnRedisOnAManualClock) {
     if (!up) usleep(20 * 1000);
   }
   ASSERT_TRUE(up) << "redis-server did not start";
-  replay_vectors([&](const std::string& policy, size_t i) {
+  replay_vectors([&](const std::string& policies, size_t i) {
     // a fresh key space per case
     return R"({"shards":[{"name":"s0","url":"redis://127.0.0.1:)" + port +
            R"("}],"timeout_ms":2000,"key_prefix":"vec)" + std::to_string(i) +
-           R"(","policies":{"p":)" + policy + "}}";
-  });
+           R"(:","policies":)" + policies + "}";
+  }, SHARDLIMIT_SOURCE_REDIS);
 }
 
 }  // namespace
