@@ -842,3 +842,32 @@ fn connect_reports_a_shard_it_cannot_reach() {
         .connect_blocking(Duration::from_secs(1))
         .unwrap();
 }
+
+/// A shard that accepts connections but never answers (SIGSTOP): connect times out within
+/// its own timeout, with or without policies in the config, and never reports success.
+#[test]
+fn connect_times_out_on_a_shard_that_does_not_answer() {
+    let s = support::RedisServer::start();
+    for policies in [
+        "{}",
+        r#"{"p": {"algorithm": "fixed_window", "limit": 5, "window": "1m"}}"#,
+    ] {
+        // stopped before the limiter is even built: nothing of it can have connected
+        unsafe { libc::kill(s.pid() as i32, libc::SIGSTOP) };
+        let l = Limiter::from_json(&format!(
+            r#"{{"shards": [{{"name": "s0", "url": "{}"}}], "timeout_ms": 50, "policies": {policies}}}"#,
+            s.url()
+        ))
+        .unwrap();
+        let t0 = std::time::Instant::now();
+        let r = l.connect_blocking(Duration::from_millis(300));
+        let took = t0.elapsed();
+        unsafe { libc::kill(s.pid() as i32, libc::SIGCONT) };
+        let e = r.expect_err(&format!(
+            "connect succeeded against a stopped shard ({policies})"
+        ));
+        assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+        assert!(e.to_string().contains("300 ms"), "{e}");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+    }
+}
