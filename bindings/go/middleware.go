@@ -2,6 +2,7 @@ package shardlimit
 
 import (
 	"context"
+	"fmt"
 	"log"
 	"net/http"
 	"strconv"
@@ -43,6 +44,52 @@ type MiddlewareOptions struct {
 	// OnError handles a failed check (on_error "error", or a caller mistake such as an
 	// unknown policy). The default logs it and answers 503.
 	OnError func(http.ResponseWriter, *http.Request, error)
+	// Headers chooses the rate-limit headers of a checked response: HeadersBoth (the
+	// default), HeadersLegacy (X-RateLimit-*), HeadersStandard (the IETF RateLimit and
+	// RateLimit-Policy fields) or HeadersNone. Retry-After is always sent on a denial.
+	Headers HeaderSet
+	// RetryAfterDate sends Retry-After as an HTTP date instead of delta seconds.
+	RetryAfterDate bool
+	// UnavailableRetryAfter is the Retry-After of a 503 (a denying fallback); 0: the
+	// decision's, at least one second.
+	UnavailableRetryAfter time.Duration
+}
+
+// HeaderSet chooses which rate-limit headers the middleware sends.
+type HeaderSet int
+
+const (
+	// HeadersBoth sends X-RateLimit-* and the IETF RateLimit fields.
+	HeadersBoth HeaderSet = iota
+	// HeadersLegacy sends X-RateLimit-Limit, -Remaining and -Reset (a Unix timestamp).
+	HeadersLegacy
+	// HeadersStandard sends the IETF RateLimit and RateLimit-Policy fields (delta seconds).
+	HeadersStandard
+	// HeadersNone sends no rate-limit header (Retry-After still goes with a denial).
+	HeadersNone
+)
+
+// wanted tells whether the header set sends the header called name.
+func (hs HeaderSet) wanted(name string) bool {
+	switch {
+	case strings.EqualFold(name, "Retry-After"):
+		return true
+	case strings.HasPrefix(strings.ToLower(name), "x-ratelimit-"):
+		return hs == HeadersBoth || hs == HeadersLegacy
+	case strings.EqualFold(name, "RateLimit"), strings.EqualFold(name, "RateLimit-Policy"):
+		return hs == HeadersBoth || hs == HeadersStandard
+	}
+	return hs != HeadersNone
+}
+
+// retryAfter renders a wait as Retry-After: whole seconds, rounded up (at least the
+// given floor), or the HTTP date that many seconds from now.
+func retryAfter(wait time.Duration, asDate bool, now time.Time) string {
+	secs := int64((wait + time.Second - 1) / time.Second)
+	if asDate {
+		return now.Add(time.Duration(secs) * time.Second).UTC().Format(http.TimeFormat)
+	}
+	return strconv.FormatInt(secs, 10)
 }
 
 // Rule is one layer of a layered middleware: Cost units of Policy for the request's Key.
@@ -114,6 +161,12 @@ func MiddlewareFunc(o MiddlewareOptions) func(http.Handler) http.Handler {
 			rules[i].Key = ipKey
 		}
 	}
+	if o.Headers < HeadersBoth || o.Headers > HeadersNone {
+		panic(fmt.Sprintf("shardlimit: MiddlewareOptions.Headers %d is not a HeaderSet", o.Headers))
+	}
+	if o.UnavailableRetryAfter < 0 {
+		panic("shardlimit: MiddlewareOptions.UnavailableRetryAfter is negative")
+	}
 	onError := o.OnError
 	if onError == nil {
 		onError = func(w http.ResponseWriter, r *http.Request, err error) {
@@ -178,10 +231,12 @@ func MiddlewareFunc(o MiddlewareOptions) func(http.Handler) http.Handler {
 			if !d.Allowed && d.Source == SourceFallback {
 				// the limiter failed and its policy denies: not the client's fault
 				retry := d.RetryAfter
-				if !d.HasRetryAfter || retry < time.Second {
+				if o.UnavailableRetryAfter > 0 {
+					retry = o.UnavailableRetryAfter
+				} else if !d.HasRetryAfter || retry < time.Second {
 					retry = time.Second
 				}
-				w.Header().Set("Retry-After", strconv.FormatInt(int64((retry+time.Second-1)/time.Second), 10))
+				w.Header().Set("Retry-After", retryAfter(retry, o.RetryAfterDate, time.Now()))
 				onUnavailable(w, r, d)
 				return
 			}
@@ -192,10 +247,18 @@ func MiddlewareFunc(o MiddlewareOptions) func(http.Handler) http.Handler {
 			}
 			now := time.Now()
 			for _, h := range headers {
-				if h.Name == "X-RateLimit-Reset" {
+				if !o.Headers.wanted(h.Name) {
+					continue
+				}
+				switch h.Name {
+				case "X-RateLimit-Reset":
 					// the Unix time of the reset, as GitHub, Stripe and express-rate-limit send
 					reset := now.Add(d.ResetAfter + time.Second - 1).Unix()
 					h.Value = strconv.FormatInt(reset, 10)
+				case "Retry-After":
+					if o.RetryAfterDate && d.HasRetryAfter {
+						h.Value = retryAfter(d.RetryAfter, true, now)
+					}
 				}
 				w.Header().Set(h.Name, h.Value)
 			}

@@ -148,3 +148,71 @@ func TestMiddlewareDenyingFallbackIs503(t *testing.T) {
 		t.Fatalf("custom 503: %d %v", rec.Code, rec.Header())
 	}
 }
+
+// Headers chooses the header set; Retry-After can be an HTTP date; the 503's Retry-After
+// is configurable.
+func TestMiddlewareHeaderOptions(t *testing.T) {
+	l, err := NewFromJSON(`{"policies":{"api":{"algorithm":"fixed_window","limit":1,"window":"1h"}}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	has := func(rec *httptest.ResponseRecorder, names ...string) string {
+		var got []string
+		for _, n := range names {
+			if rec.Header().Get(n) != "" {
+				got = append(got, n)
+			}
+		}
+		return fmt.Sprint(got)
+	}
+	all := []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit", "RateLimit-Policy"}
+	for i, c := range []struct {
+		set  HeaderSet
+		want string
+	}{
+		{HeadersBoth, fmt.Sprint(all)},
+		{HeadersLegacy, fmt.Sprint(all[:3])},
+		{HeadersStandard, fmt.Sprint(all[3:])},
+		{HeadersNone, "[]"},
+	} {
+		h := Middleware(MiddlewareOptions{Limiter: l, Policy: "api", Headers: c.set,
+			Key: func(*http.Request) string { return fmt.Sprint("k", i) }}, ok)
+		if rec := serve(h, "/", nil); rec.Code != 200 || has(rec, all...) != c.want {
+			t.Errorf("set %d: %d %s, want %s", c.set, rec.Code, has(rec, all...), c.want)
+		}
+		// a denial always carries Retry-After, whatever the set
+		if rec := serve(h, "/", nil); rec.Code != 429 || rec.Header().Get("Retry-After") == "" {
+			t.Errorf("set %d denied: %d %v", c.set, rec.Code, rec.Header())
+		}
+	}
+	h := Middleware(MiddlewareOptions{Limiter: l, Policy: "api", RetryAfterDate: true,
+		Key: func(*http.Request) string { return "dated" }}, ok)
+	serve(h, "/", nil)
+	rec := serve(h, "/", nil)
+	when, err := http.ParseTime(rec.Header().Get("Retry-After"))
+	if rec.Code != 429 || err != nil || !when.After(time.Now()) || when.After(time.Now().Add(61*time.Minute)) {
+		t.Fatalf("Retry-After as a date: %d %q %v", rec.Code, rec.Header().Get("Retry-After"), err)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("an unknown HeaderSet was accepted")
+		}
+	}()
+	Middleware(MiddlewareOptions{Limiter: l, Policy: "api", Headers: HeaderSet(9)}, ok)
+}
+
+// UnavailableRetryAfter sets the 503's Retry-After.
+func TestMiddlewareUnavailableRetryAfter(t *testing.T) {
+	port := freePort(t)
+	l, err := NewFromJSON(fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":500,
+		"policies":{"api":{"algorithm":"fixed_window","limit":5,"window":"1h","on_error":"closed"}}}`, port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	rec := serve(Middleware(MiddlewareOptions{Limiter: l, Policy: "api", UnavailableRetryAfter: 7 * time.Second}, ok), "/", nil)
+	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "7" {
+		t.Fatalf("%d Retry-After %q", rec.Code, rec.Header().Get("Retry-After"))
+	}
+}
