@@ -580,8 +580,13 @@ async fn read_loop<R: AsyncRead + Unpin>(mut r: R, mut buf: Vec<u8>, shared: Arc
     loop {
         loop {
             // the bound of the reply in front: that of the caller waiting for it
-            let max = match shared.waiting.lock().front() {
-                Some(w) => w.max_reply(),
+            // (the guard must go before `fail`, which takes the same lock: as the scrutinee
+            // of the match it lived through every arm, and bytes nobody asked for, such as a
+            // server's `-ERR max number of clients reached` on connect, deadlocked the I/O
+            // thread)
+            let front = shared.waiting.lock().front().map(|w| w.max_reply());
+            let max = match front {
+                Some(max) => max,
                 None if pos == buf.len() => break,
                 None => {
                     shared.fail(&io::Error::new(
