@@ -36,10 +36,7 @@ use serde_json::{json, Value};
 use shardlimit::{
     Config, Decision, Layer, Lease, Limiter, ManualClock, OnError, Policy, Source, MAX_LIMIT,
 };
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 /// The shortest TTL (µs) any script may set in this test (see the module's comment).
@@ -360,33 +357,7 @@ impl Engines {
     }
 }
 
-type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-/// Polls `futs` in their order, each until it waits, all in one task: on the I/O runtime
-/// (a current-thread runtime) every check is queued on the pipe before the pipe's writer
-/// can run, so the writer sends the burst's checks of one algorithm as one batch call, in
-/// this order. Unconstrained by tokio's budget, so that no check yields before queuing.
-async fn in_order<T>(mut futs: Vec<BoxFut<T>>) -> Vec<T> {
-    let mut out: Vec<Option<T>> = futs.iter().map(|_| None).collect();
-    tokio::task::unconstrained(std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                match f.as_mut().poll(cx) {
-                    Poll::Ready(v) => *o = Some(v),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    }))
-    .await;
-    out.into_iter().map(Option::unwrap).collect()
-}
+use support::{in_order, BoxFut};
 
 fn policy(name: &str, s: &Spec) -> Policy {
     let cfg = Config::from_value(&json!({ "policies": { name: s.json() } })).unwrap();

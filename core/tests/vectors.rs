@@ -15,10 +15,7 @@ mod support;
 use serde_json::{json, Value};
 use shardlimit::{Config, Decision, Layer, Lease, Limiter, ManualClock, Policy, Source};
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 /// The decision vectors: every file is replayed by every engine and binding.
@@ -55,33 +52,8 @@ fn expect_of(d: &Decision) -> Value {
     })
 }
 
-type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+use support::{in_order, BoxFut};
 type CallResult = shardlimit::Result<(Decision, Option<Lease>)>;
-
-/// Polls `futs` in their order, each until it waits, in one task of the I/O runtime: every
-/// check is queued on the pipe before its writer runs, which sends them as one batch call
-/// per algorithm, in this order (see core/tests/differential.rs).
-async fn in_order<T>(mut futs: Vec<BoxFut<T>>) -> Vec<T> {
-    let mut out: Vec<Option<T>> = futs.iter().map(|_| None).collect();
-    tokio::task::unconstrained(std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                match f.as_mut().poll(cx) {
-                    Poll::Ready(v) => *o = Some(v),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    }))
-    .await;
-    out.into_iter().map(Option::unwrap).collect()
-}
 
 struct Replay<'a> {
     mode: Mode,

@@ -330,3 +330,32 @@ pub async fn take(
         _ => l.check(key, p, cost).await,
     }
 }
+
+/// A boxed future, as the burst replays build them.
+pub type BoxFut<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// Polls `futs` in their order, each until it waits, all in one task: on the I/O runtime
+/// (a current-thread runtime) every check is queued on the pipe before the pipe's writer
+/// can run, so the writer sends the burst's checks of one algorithm as one batch call, in
+/// this order. Unconstrained by tokio's budget, so that no check yields before queuing.
+pub async fn in_order<T>(mut futs: Vec<BoxFut<T>>) -> Vec<T> {
+    let mut out: Vec<Option<T>> = futs.iter().map(|_| None).collect();
+    tokio::task::unconstrained(std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *o = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    }))
+    .await;
+    out.into_iter().map(Option::unwrap).collect()
+}
