@@ -484,6 +484,39 @@ fn a_reply_nobody_asked_for_is_never_taken_as_an_answer() {
 }
 
 #[test]
+fn a_reply_nobody_asked_for_leaves_the_async_path_working() {
+    // An unsolicited reply after the last answer made the pipe's reader fail the connection
+    // while it still held the waiters' lock (a match scrutinee's guard), deadlocking the I/O
+    // thread: every later async call hung, even with an honest server again. The calls run
+    // on a thread of their own so that a hang fails the test instead of hanging it.
+    let fake = Fake::start(Mode::Extra);
+    let l = fake.limiter("error", 300);
+    let p = l.policy("p").unwrap();
+    let (done, finished) = std::sync::mpsc::channel();
+    let calls = {
+        let fake_mode = fake.mode.clone();
+        std::thread::spawn(move || {
+            let rt = rt();
+            for n in 0..3 {
+                own_or_backend_error(n, rt.block_on(l.check(&key(n), &p, 1)));
+            }
+            *fake_mode.lock().unwrap() = Mode::Honest;
+            let end = Instant::now() + Duration::from_secs(5);
+            while rt.block_on(l.check(&key(7), &p, 1)).is_err() {
+                assert!(Instant::now() < end, "async checks never answered again");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = done.send(());
+        })
+    };
+    match finished.recv_timeout(Duration::from_secs(10)) {
+        Ok(()) => calls.join().unwrap(),
+        Err(_) if calls.is_finished() => calls.join().unwrap(), // its panic, as the failure
+        Err(_) => panic!("an async check hung after a reply nobody asked for"),
+    }
+}
+
+#[test]
 fn mistyped_and_out_of_range_replies_are_script_errors() {
     // a deciding index beyond the layer count panicked (index out of bounds); remaining
     // above the limit and a 292,000-year delay were passed through as they came
