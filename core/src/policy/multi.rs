@@ -82,6 +82,36 @@ impl Policy {
         })))
     }
 
+    /// An anonymous policy of `limits` (one, or several checked together), named after
+    /// their parameters ([`Limit::id`]s joined by `--`, or `multi-<hash>` when that is
+    /// longer than a name may be): what an ad-hoc limit given to a check becomes.
+    pub fn from_limits(limits: Vec<Limit>) -> Result<Policy> {
+        if limits.len() == 1 {
+            return Policy::try_from(limits.into_iter().next().expect("one limit"));
+        }
+        let mut id = limits.iter().map(Limit::id).collect::<Vec<_>>().join("--");
+        if id.len() > 128 {
+            use std::hash::Hasher;
+            let mut h = twox_hash::XxHash64::with_seed(0);
+            h.write(id.as_bytes());
+            id = format!("multi-{:016x}", h.finish());
+        }
+        Policy::build_multi(&id, limits, OnError::default(), "limit")
+    }
+
+    /// An anonymous policy of a rate string (`"10/second; 1000/day"`) of `algorithm`:
+    /// how every binding takes a rate string where an ad-hoc limit is accepted. Errors are
+    /// `invalid_argument` (`rate`) naming the bad part, or the limit's own validation.
+    pub fn from_rate(text: &str, algorithm: Algorithm) -> Result<Policy> {
+        let limits = crate::rate::parse_rate_as(text, algorithm)?;
+        Policy::from_limits(limits).map_err(|e| match e {
+            Error::Config { field, message } => {
+                Error::invalid("rate", format!("{field}: {message} (in {text:?})"))
+            }
+            other => other,
+        })
+    }
+
     /// This limit, as limit `i` of a multi-limit policy: scoped `name#i`.
     fn rescoped(&self, i: usize) -> Policy {
         let p = &self.0;
@@ -162,6 +192,35 @@ mod tests {
         assert!(parts.iter().all(|q| q.scale() == 0.5));
         let one = Policy::multi("one", vec![Limit::fixed_window(1, Duration::from_secs(1))]);
         assert!(!one.unwrap().is_multi());
+    }
+
+    #[test]
+    fn ad_hoc_policies_of_rate_strings() {
+        let p = Policy::from_rate("10/second; 1000/day", Algorithm::FixedWindow).unwrap();
+        assert!(p.is_multi());
+        assert_eq!(
+            p.name(),
+            "fixed_window-10-1000ms--fixed_window-1000-86400000ms"
+        );
+        let one = Policy::from_rate("5/minute", Algorithm::TokenBucket).unwrap();
+        assert_eq!(one.limits(), [Limit::token_bucket(5, 5.0 / 60.0)]);
+        let long = ["1/second"; 9].join(";");
+        let p = Policy::from_rate(&long, Algorithm::SlidingWindow).unwrap();
+        assert!(
+            p.name().starts_with("multi-") && p.name().len() == 22,
+            "{}",
+            p.name()
+        );
+        let e = Policy::from_rate("5/fortnight", Algorithm::FixedWindow).unwrap_err();
+        assert!(
+            e.is_invalid_argument() && e.to_string().contains("fortnight"),
+            "{e}"
+        );
+        let e = Policy::from_rate("1/2 years", Algorithm::FixedWindow).unwrap_err();
+        assert!(
+            e.is_invalid_argument() && e.to_string().contains("366d"),
+            "{e}"
+        );
     }
 
     #[test]
