@@ -7,7 +7,9 @@ import "C"
 
 import (
 	"context"
+	"runtime"
 	"time"
+	"unsafe"
 )
 
 // Quota is one limit of a multi-limit policy as the headers describe it.
@@ -69,4 +71,26 @@ func (l *Limiter) PlanPolicy(plan, policy string) (*Policy, error) {
 		return nil, takeError(rc, e)
 	}
 	return wrapPolicy(p), nil
+}
+
+// PeekPolicy is Peek with a Policy object: an ad-hoc policy, or one from Policy or
+// PlanPolicy.
+func (l *Limiter) PeekPolicy(ctx context.Context, key string, policy *Policy) (Decision, error) {
+	h, err := l.open(ctx)
+	if err != nil {
+		return Decision{}, err
+	}
+	ph, err := policy.handle()
+	if err != nil {
+		return Decision{}, err
+	}
+	defer runtime.KeepAlive(policy)
+	kp, kn := cStr(key)
+	p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+		return C.shardlimit_peek_start(h.p, kp, kn, ph, cb, u, out, e)
+	})
+	if err != nil {
+		return Decision{}, err
+	}
+	return decisionOf(p, policy.name)
 }
