@@ -58,6 +58,9 @@
 // terminating NUL.
 #define SHARDLIMIT_POLICY_NAME_CAP 129
 
+// Size of `shardlimit_decision.quotas`: the most limits one policy may hold.
+#define SHARDLIMIT_MAX_LIMITS 16
+
 // The result of every fallible function. The numbers are a stable public contract
 // shared with the core crate's `ErrorKind` codes (and so with the Python exception
 // classes and the Node `err.code` values), except the codes from 100 on, which only the
@@ -266,6 +269,14 @@ typedef struct shardlimit_limit {
   uint32_t on_error;
 } shardlimit_limit;
 
+// One limit of a multi-limit policy as the headers describe it.
+typedef struct shardlimit_quota {
+  // The effective limit (units per window, or bucket capacity).
+  uint64_t limit;
+  // The window it is measured over, in microseconds.
+  uint64_t window_us;
+} shardlimit_quota;
+
 // The outcome of one check: a plain struct the caller allocates (usually on the stack)
 // and the library fills. Nothing inside it needs freeing.
 typedef struct shardlimit_decision {
@@ -303,6 +314,17 @@ typedef struct shardlimit_decision {
   bool has_layer;
   // The layer index (valid when `has_layer`).
   uint32_t layer;
+  // True for a multi-limit policy; `limit_index` is then the index of the limit this
+  // decision describes (the one that denied, or the tightest when all allowed), and
+  // `quotas[0..quota_count]` every limit in force, in the policy's order (what
+  // `RateLimit-Policy` lists: render headers with `shardlimit_decision_headers()`).
+  bool has_limit_index;
+  // The limit index (valid when `has_limit_index`).
+  uint32_t limit_index;
+  // How many entries of `quotas` are set (0 for a policy of one limit).
+  uint32_t quota_count;
+  // The limits of a multi-limit policy (the first `quota_count`).
+  struct shardlimit_quota quotas[SHARDLIMIT_MAX_LIMITS];
 } shardlimit_decision;
 
 // One layer of `shardlimit_check_all()`: `cost` units of a policy for a key. The policy
@@ -504,6 +526,40 @@ shardlimit_result shardlimit_policy_new(const char *name,
                                         const struct shardlimit_limit *limit,
                                         struct shardlimit_policy **out,
                                         struct shardlimit_error **err);
+
+// Creates a policy from a rate string: `rate_len` bytes of UTF-8 at `rate` in the
+// `limits` package's syntax (`"5/minute"`, `"10/second; 1000/day"`: several limits make
+// a multi-limit policy, checked together in one call), each limit of `algorithm` (a
+// `shardlimit_algorithm`, not CONCURRENCY). Named by `name_len` bytes at `name` (the rules
+// of `shardlimit_policy_new()`), or, when `name_len` is 0, after its limits.
+//
+// On success `*out` is a new policy the caller owns (free with
+// `shardlimit_policy_free()`). `err` may be NULL. Thread-safe.
+// Results: OK, INVALID_ARGUMENT (a bad rate string: the message quotes the bad part;
+// NULL `out`, unknown algorithm), CONFIG (a limit out of range, or a bad name), INTERNAL.
+shardlimit_result shardlimit_policy_new_rate(const char *name,
+                                             size_t name_len,
+                                             const char *rate,
+                                             size_t rate_len,
+                                             uint32_t algorithm,
+                                             struct shardlimit_policy **out,
+                                             struct shardlimit_error **err);
+
+// Looks up the policy named by `name_len` bytes at `name` as plan `plan_len` bytes at
+// `plan` of the limiter's configuration has it: the plan's limits under the policy's
+// name (same keys and headers), or the policy itself when the plan does not list it.
+// Check under a plan by passing `*out` to `shardlimit_check()`.
+//
+// On success `*out` is a new policy the caller owns (free with
+// `shardlimit_policy_free()`). `err` may be NULL. Thread-safe.
+// Results: OK, UNKNOWN_POLICY, INVALID_ARGUMENT (no such plan), INTERNAL.
+shardlimit_result shardlimit_plan_policy(const struct shardlimit_limiter *limiter,
+                                         const char *plan,
+                                         size_t plan_len,
+                                         const char *name,
+                                         size_t name_len,
+                                         struct shardlimit_policy **out,
+                                         struct shardlimit_error **err);
 
 // The policy's name. Borrowed from `policy`: valid until `shardlimit_policy_free()`.
 // An empty string when `policy` is NULL or not live. Thread-safe.

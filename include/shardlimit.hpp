@@ -102,6 +102,16 @@ class Decision {
   std::optional<uint32_t> layer() const noexcept {
     return d_.has_layer ? std::optional<uint32_t>(d_.layer) : std::nullopt;
   }
+  /// A multi-limit policy: the index of the limit this decision describes (the one that
+  /// denied, or the tightest when all allowed).
+  std::optional<uint32_t> limit_index() const noexcept {
+    return d_.has_limit_index ? std::optional<uint32_t>(d_.limit_index) : std::nullopt;
+  }
+  /// A multi-limit policy: every limit in force, in order (what RateLimit-Policy lists);
+  /// empty for a policy of one limit.
+  std::vector<shardlimit_quota> quotas() const {
+    return std::vector<shardlimit_quota>(d_.quotas, d_.quotas + d_.quota_count);
+  }
   const shardlimit_decision& raw() const noexcept { return d_; }
 
   /// The rate-limit response headers, rendered by the core, in a stable order.
@@ -241,6 +251,19 @@ class Policy {
     shardlimit_policy* p = nullptr;
     shardlimit_error* err = nullptr;
     detail::check(shardlimit_policy_new(name.data(), name.size(), &limit, &p, &err), err);
+    return Policy(p);
+  }
+  /// A policy of a rate string ("5/minute", "10/second; 1000/day": several limits are
+  /// checked together), each limit of `algorithm`; an empty `name` names it after its
+  /// limits. A bad string throws an Error (INVALID_ARGUMENT) quoting the bad part.
+  static Policy from_rate(std::string_view rate,
+                          shardlimit_algorithm algorithm = SHARDLIMIT_ALGORITHM_FIXED_WINDOW,
+                          std::string_view name = {}) {
+    shardlimit_policy* p = nullptr;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_policy_new_rate(name.data(), name.size(), rate.data(), rate.size(),
+                                             static_cast<uint32_t>(algorithm), &p, &err),
+                  err);
     return Policy(p);
   }
   std::string_view name() const noexcept {
@@ -409,6 +432,16 @@ class Limiter {
     shardlimit_policy* p = nullptr;
     shardlimit_error* err = nullptr;
     detail::check(shardlimit_limiter_policy(h_.get(), name.data(), name.size(), &p, &err), err);
+    return Policy(p);
+  }
+  /// The named policy as plan `plan` of the config has it (the plan's limits under the
+  /// policy's name, or the policy itself); check under a plan with check(key, policy).
+  Policy plan_policy(std::string_view plan, std::string_view name) const {
+    shardlimit_policy* p = nullptr;
+    shardlimit_error* err = nullptr;
+    detail::check(
+        shardlimit_plan_policy(h_.get(), plan.data(), plan.size(), name.data(), name.size(), &p, &err),
+        err);
     return Policy(p);
   }
   /// The state of `key` without consuming.

@@ -163,6 +163,12 @@ type Decision struct {
 	// Layer is, for CheckAll, the index of the layer this decision describes (the one
 	// that denied, or the tightest when all allowed); -1 for single checks.
 	Layer int
+	// LimitIndex is, for a multi-limit policy, the index of the limit this decision
+	// describes (the one that denied, or the tightest when all allowed); -1 otherwise.
+	LimitIndex int
+	// Quotas are a multi-limit policy's limits in force, in order (what RateLimit-Policy
+	// lists: Headers renders them); nil for a policy of one limit.
+	Quotas []Quota
 
 	raw C.shardlimit_decision // for rendering headers and body in the core
 }
@@ -195,6 +201,8 @@ func decisionFromC(d *C.shardlimit_decision, policy string) Decision {
 		Source:        Source(d.source),
 		Shard:         shard,
 		Layer:         layer,
+		LimitIndex:    limitIndex(d),
+		Quotas:        quotasOf(d),
 		raw:           *d,
 	}
 }

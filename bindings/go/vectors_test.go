@@ -17,6 +17,7 @@ type vectorItem struct {
 	TUs            *int64          `json:"t_us"`
 	Key            string          `json:"key"`
 	Policy         string          `json:"policy"`
+	Plan           string          `json:"plan"`
 	Cost           uint64          `json:"cost"`
 	Units          uint64          `json:"units"`
 	LeaseAs        string          `json:"lease_as"`
@@ -44,12 +45,18 @@ type vectorDecision struct {
 	DelayUs      int64  `json:"delay_us"`
 	Policy       string `json:"policy"`
 	Layer        *int   `json:"layer"`
+	// multi-limit policies (plans.json): the deciding limit and RateLimit-Policy
+	LimitIndex      *int   `json:"limit_index,omitempty"`
+	RateLimitPolicy string `json:"rate_limit_policy,omitempty"`
 }
 
 type vectorCase struct {
 	Name     string                     `json:"name"`
 	Policies map[string]json.RawMessage `json:"policies"`
 	Steps    []vectorItem               `json:"steps"`
+	// plans.json: the config's plans and default_algorithm beside the policies
+	Plans            json.RawMessage `json:"plans"`
+	DefaultAlgorithm string          `json:"default_algorithm"`
 }
 
 var vectorOps = map[string]bool{"check": true, "peek": true, "acquire": true, "release": true,
@@ -72,19 +79,33 @@ func observedDecision(d Decision) vectorDecision {
 		layer := d.Layer
 		v.Layer = &layer
 	}
+	if d.LimitIndex >= 0 {
+		i := d.LimitIndex
+		v.LimitIndex = &i
+		h, _ := d.Headers()
+		for _, x := range h {
+			if x.Name == "RateLimit-Policy" {
+				v.RateLimitPolicy = x.Value
+			}
+		}
+	}
 	return v
 }
 
 func readVectors(t *testing.T) []vectorCase {
 	t.Helper()
-	var doc struct {
-		Cases []vectorCase `json:"cases"`
+	var cases []vectorCase
+	for _, f := range []string{"algorithms.json", "plans.json"} {
+		var doc struct {
+			Cases []vectorCase `json:"cases"`
+		}
+		readJSON(t, "../../tests/vectors/"+f, &doc)
+		if len(doc.Cases) == 0 {
+			t.Fatalf("no cases in %s", f)
+		}
+		cases = append(cases, doc.Cases...)
 	}
-	readJSON(t, "../../tests/vectors/algorithms.json", &doc)
-	if len(doc.Cases) == 0 {
-		t.Fatal("no cases in algorithms.json")
-	}
-	return doc.Cases
+	return cases
 }
 
 // vectorReplay is one case's limiter and the leases kept by name (lease_as).
@@ -100,8 +121,8 @@ func (r *vectorReplay) decided(where string, it vectorItem, d Decision, lease *L
 	r.t.Helper()
 	// every field of expect, no more, no fewer
 	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(it.Expect, &fields); err != nil || len(fields) != 8 {
-		r.t.Fatalf("%s: expect %s is not the 8 fields of a decision (%v)", where, it.Expect, err)
+	if err := json.Unmarshal(it.Expect, &fields); err != nil || (len(fields) != 8 && len(fields) != 10) {
+		r.t.Fatalf("%s: expect %s is not the 8 (10: multi-limit) fields of a decision (%v)", where, it.Expect, err)
 	}
 	var want vectorDecision
 	dec := json.NewDecoder(bytes.NewReader(it.Expect))
@@ -130,12 +151,23 @@ func (r *vectorReplay) call(ctx context.Context, where string, it vectorItem) {
 	var d Decision
 	var lease *Lease
 	var err error
-	switch it.Op {
-	case "check":
+	var planned *Policy
+	if it.Plan != "" {
+		if planned, err = r.l.PlanPolicy(it.Plan, it.Policy); err != nil {
+			r.t.Fatalf("%s: %v", where, err)
+		}
+		defer planned.Close()
+	}
+	switch {
+	case it.Op == "check" && planned != nil:
+		d, err = r.l.CheckPolicy(ctx, it.Key, planned, it.Cost)
+	case it.Op == "peek" && planned != nil:
+		d, err = r.l.PeekPolicy(ctx, it.Key, planned)
+	case it.Op == "check":
 		d, err = r.l.Check(ctx, it.Key, it.Policy, it.Cost)
-	case "peek":
+	case it.Op == "peek":
 		d, err = r.l.Peek(ctx, it.Key, it.Policy)
-	case "acquire":
+	case it.Op == "acquire":
 		d, lease, err = r.l.Acquire(ctx, it.Key, it.Policy, it.Units)
 	default:
 		r.t.Fatalf("%s: op %q cannot be a batch item", where, it.Op)
@@ -205,6 +237,14 @@ func replayVectors(t *testing.T, source Source, config func(policies string, i i
 		policies, err := json.Marshal(c.Policies)
 		if err != nil {
 			t.Fatal(err)
+		}
+		// plans.json: the config's fields beside "policies", appended to its value
+		if c.Plans != nil {
+			policies = append(policies, `,"plans":`...)
+			policies = append(policies, c.Plans...)
+		}
+		if c.DefaultAlgorithm != "" {
+			policies = append(policies, fmt.Sprintf(`,"default_algorithm":%q`, c.DefaultAlgorithm)...)
 		}
 		l, err := NewFromJSON(config(string(policies), i), WithClock(clock))
 		if err != nil {

@@ -40,6 +40,18 @@ export interface DecisionJson {
   shard: number | null
   /** See `Decision.layer`. */
   layer: number | null
+  /** See `Decision.limitIndex` (multi-limit policies only). */
+  limitIndex?: number
+  /** See `Decision.quotas` (multi-limit policies only). */
+  quotas?: Quota[]
+}
+
+/** One limit of a multi-limit policy as the headers describe it. */
+export interface Quota {
+  /** The effective limit (units per window, or bucket capacity). */
+  limit: number
+  /** The window it is measured over, in ms. */
+  windowMs: number
 }
 
 /** Who decided: a Redis shard, the in-memory engine, local admission, the `on_error` fallback, the block list. */
@@ -68,6 +80,10 @@ export declare class Decision {
   get shard(): number | null
   /** For a layered check: the index of the layer this decision describes. */
   get layer(): number | null
+  /** A multi-limit policy: the index of the limit this decision describes (the one that denied, or the tightest); null for a policy of one limit. */
+  get limitIndex(): number | null
+  /** A multi-limit policy: every limit in force, in order (what `RateLimit-Policy` lists); empty for a policy of one limit. */
+  get quotas(): Quota[]
   /** `X-RateLimit-*`, `RateLimit`, `RateLimit-Policy` and (when denied) `Retry-After`. */
   headers(): Record<string, string>
   /** The JSON body of a 429 response. */
@@ -107,7 +123,7 @@ export interface LimiterOptions {
 }
 
 /** A named policy of the config, or an ad-hoc limit: exactly one of the two. */
-export type Target = { /** A policy name from the config. */ policy: string; limit?: never } | { /** An ad-hoc limit (a `Limit`, or its spec, validated on each call). */ limit: Limit | LimitSpec; policy?: never }
+export type Target = { /** A policy name from the config. */ policy: string; limit?: never; /** Check the policy as this plan of the config has it (`check` and `peek`). */ plan?: string } | { /** An ad-hoc limit (a `Limit`, or its spec, validated on each call). */ limit: Limit | LimitSpec; policy?: never }
 
 /** Options of `check`. */
 export type CheckOptions = Target & {
@@ -184,6 +200,8 @@ export interface PolicyInfo {
   onError: 'open' | 'closed' | 'local' | 'error'
   /** The algorithm's parameters (`limit`/`windowMs`, `capacity`/`refillPerSec`, `capacity`/`leakPerSec`, `max`/`leaseTtlMs`). */
   params: Record<string, number>
+  /** A multi-limit policy: every limit, in order (`algorithm` and `params` describe the first); absent for a policy of one limit. */
+  limits?: Array<{ algorithm: PolicyInfo['algorithm']; params: Record<string, number> }>
 }
 
 /** The configuration in force (`limiter.config`), without shard URLs (they may hold passwords). */
@@ -252,10 +270,17 @@ export interface ConfigWatcher {
   close(): void
 }
 
-/** An ad-hoc limit's spec: a policy object of the config format. */
-export interface LimitSpec {
-  /** The algorithm. */
-  algorithm: PolicyInfo['algorithm']
+/** An ad-hoc limit's spec: a policy object of the config format (`algorithm` and its parameters, or `rate`, or `limits`), or a rate string (`"10/second; 1000/day"`). */
+export type LimitSpec = string | LimitObject
+
+/** A policy object of the config format. */
+export interface LimitObject {
+  /** The algorithm (the config's `default_algorithm` with a `rate`). */
+  algorithm?: PolicyInfo['algorithm']
+  /** A rate string: `"100/minute"`, `"10/second; 1000/day"`. */
+  rate?: string
+  /** Several limits checked together: rate strings or objects. */
+  limits?: Array<string | LimitObject>
   /** Every parameter of the config format: `limit`, `window`, `capacity`, `refill_per_sec`, `leak_per_sec`, `max`, `lease_ttl`, `on_error`, ... */
   [field: string]: unknown
 }
@@ -328,6 +353,8 @@ export declare class Limiter {
   get config(): ConfigInfo
   /** A configured policy. Throws UnknownPolicyError (an InvalidArgumentError). */
   policy(name: string): PolicyInfo
+  /** The policy as plan `plan` of the config has it (its limits under the policy's name); check under a plan with `check(key, { policy, plan })`. */
+  planPolicy(plan: string, policy: string): PolicyInfo
   /** The shard `key` routes to, or null on the in-memory engine. */
   route(key: string): ShardRoute | null
   /** Takes `cost` units for `key` (a policy name, `{ policy, cost }` or an ad-hoc `{ limit, cost }`); a denial consumes nothing. */

@@ -102,6 +102,13 @@ function policyOf(opts, method) {
   return opts.policy
 }
 
+/** The plan of `opts` (`{ policy, plan }`), or null. */
+function planOf(opts) {
+  if (typeof opts === 'string' || opts.plan === undefined) return null
+  checkString('options.plan', opts.plan)
+  return opts.plan
+}
+
 /** The ad-hoc limit of `opts` (`{ limit: Limit | spec }`), or null for a named policy. */
 function adhocOf(opts) {
   if (opts === null || typeof opts !== 'object' || opts.limit === undefined) return null
@@ -169,6 +176,17 @@ class Limiter {
     return this[kNative].policies
   }
 
+  /**
+   * The policy `policy` as plan `plan` of the config has it (a `PolicyInfo`): the plan's
+   * limits under the policy's name, or the policy itself when the plan does not list it.
+   * Check under a plan with `check(key, { policy, plan })`.
+   */
+  planPolicy(plan, policy) {
+    checkString('plan', plan)
+    checkString('policy', policy)
+    return this[kNative].planPolicyInfo(plan, policy)
+  }
+
   /** The shard `key` routes to (`{ index, name }`), or null on the in-memory engine. */
   route(key) {
     checkString('key', key)
@@ -185,6 +203,8 @@ class Limiter {
       const adhoc = adhocOf(opts)
       if (adhoc !== null) return this[kNative].checkLimit(key, adhoc[kNative], countOf(opts, 'cost'))
       const policy = policyOf(opts, 'check')
+      const plan = planOf(opts)
+      if (plan !== null) return this[kNative].checkPlan(key, plan, policy, countOf(opts, 'cost'))
       return this[kNative].check(key, policy, countOf(opts, 'cost'))
     } catch (e) {
       return Promise.reject(e)
@@ -197,7 +217,10 @@ class Limiter {
       checkString('key', key)
       const adhoc = adhocOf(opts)
       if (adhoc !== null) return this[kNative].peekLimit(key, adhoc[kNative])
-      return this[kNative].peek(key, policyOf(opts, 'peek'))
+      const policy = policyOf(opts, 'peek')
+      const plan = planOf(opts)
+      if (plan !== null) return this[kNative].peekPlan(key, plan, policy)
+      return this[kNative].peek(key, policy)
     } catch (e) {
       return Promise.reject(e)
     }
@@ -444,7 +467,9 @@ const CLOSED = new Proxy(
  */
 class Limit {
   constructor(spec, options) {
-    if (spec === null || typeof spec !== 'object' || Array.isArray(spec)) throw argError('limit', 'an object { algorithm, ... }', spec)
+    if (typeof spec !== 'string' && (spec === null || typeof spec !== 'object' || Array.isArray(spec))) {
+      throw argError('limit', 'a rate string ("10/second; 1000/day") or an object { algorithm, ... }', spec)
+    }
     const o = options === undefined ? {} : options
     if (o === null || typeof o !== 'object') throw argError('options', 'an object { name? }', o)
     if (o.name !== undefined) checkString('options.name', o.name)
@@ -467,7 +492,7 @@ Object.defineProperty(Decision.prototype, 'toJSON', {
   configurable: true,
   writable: true,
   value: function toJSON() {
-    return {
+    const json = {
       allowed: this.allowed,
       limit: this.limit,
       remaining: this.remaining,
@@ -479,6 +504,13 @@ Object.defineProperty(Decision.prototype, 'toJSON', {
       shard: this.shard,
       layer: this.layer,
     }
+    const limitIndex = this.limitIndex
+    if (limitIndex !== null) {
+      // multi-limit policies only, as in the core's JSON
+      json.limitIndex = limitIndex
+      json.quotas = this.quotas
+    }
+    return json
   },
 })
 

@@ -166,9 +166,14 @@ struct PolicyArg {
     /// A policy name from the config.
     #[arg(long, conflicts_with = "limit")]
     policy: Option<String>,
-    /// An ad-hoc limit as JSON, e.g. '{"algorithm":"token_bucket","capacity":10,"refill_per_sec":1}'.
+    /// An ad-hoc limit: a rate string ('10/second; 1000/day', fixed windows) or a policy
+    /// as JSON, e.g. '{"algorithm":"token_bucket","capacity":10,"refill_per_sec":1}' or
+    /// '{"algorithm":"sliding_window","rate":"100/minute"}' or '{"limits":[...]}'.
     #[arg(long)]
     limit: Option<String>,
+    /// Check the --policy as this plan of the config has it.
+    #[arg(long, requires = "policy")]
+    plan: Option<String>,
 }
 
 fn limiter(t: &Target) -> shardlimit::Result<Limiter> {
@@ -180,7 +185,15 @@ fn limiter(t: &Target) -> shardlimit::Result<Limiter> {
 
 fn policy(l: &Limiter, p: &PolicyArg) -> shardlimit::Result<Policy> {
     match (&p.policy, &p.limit) {
-        (Some(name), _) => l.policy(name),
+        (Some(name), _) => match &p.plan {
+            Some(plan) => l.plan_policy(plan, name),
+            None => l.policy(name),
+        },
+        (None, Some(text)) if !text.trim_start().starts_with('{') => {
+            // a rate string: a policy spec of the config too
+            let v = serde_json::Value::String(text.clone());
+            adhoc(&v)
+        }
         (None, Some(json)) => {
             // strict like a config file: a repeated key is an error, never last-wins
             let v = shardlimit::config::parse_strict_json(json).map_err(|e| match e {
@@ -194,16 +207,7 @@ fn policy(l: &Limiter, p: &PolicyArg) -> shardlimit::Result<Policy> {
                 },
                 other => other,
             })?;
-            let cfg = Config::from_value(&serde_json::json!({ "policies": { "adhoc": v } }))
-                .map_err(|e| match e {
-                    shardlimit::Error::Config { field, message } => shardlimit::Error::Config {
-                        field: field.replacen("policies.adhoc", "--limit", 1),
-                        message,
-                    },
-                    other => other,
-                })?;
-            let p = &cfg.policies["adhoc"];
-            Policy::try_from(p.limit().clone())
+            adhoc(&v)
         }
         (None, None) => {
             let cfg = l.config();
@@ -211,6 +215,30 @@ fn policy(l: &Limiter, p: &PolicyArg) -> shardlimit::Result<Policy> {
             Err(missing_policy(&names))
         }
     }
+}
+
+/// The ad-hoc policy of `--limit`: read as a config's policy spec (errors name `--limit`),
+/// named after its limits.
+fn adhoc(v: &serde_json::Value) -> shardlimit::Result<Policy> {
+    let cfg = Config::from_value(&serde_json::json!({ "policies": { "adhoc": v } })).map_err(
+        |e| match e {
+            shardlimit::Error::Config { field, message } => shardlimit::Error::Config {
+                field: field.replacen("policies.adhoc", "--limit", 1),
+                message,
+            },
+            other => other,
+        },
+    )?;
+    Policy::from_limits(cfg.policies["adhoc"].limits())
+}
+
+/// A policy's limits for a summary: `fixed_window limit=10 window=1000ms; ...`.
+fn limits_text(p: &Policy) -> String {
+    p.limits()
+        .iter()
+        .map(|l| l.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn missing_policy(names: &[&String]) -> shardlimit::Error {
@@ -302,7 +330,21 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
                 println!("  cluster ({} seed nodes): {mode}", nodes.len());
             }
             for (name, p) in &cfg.policies {
-                println!("  {name}: {}, on_error {}", p.limit(), p.on_error().name());
+                println!(
+                    "  {name}: {}, on_error {}",
+                    limits_text(p),
+                    p.on_error().name()
+                );
+            }
+            for (plan, policies) in &cfg.plans {
+                println!("  plan {plan}:");
+                for (name, p) in policies {
+                    println!(
+                        "    {name}: {}, on_error {}",
+                        limits_text(p),
+                        p.on_error().name()
+                    );
+                }
             }
             if cfg.shards.is_some() || cfg.cluster.is_some() {
                 let handoff = human(cfg.reshard_handoff);
@@ -352,7 +394,7 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
                 .intersection(&nb)
                 .filter(|n| {
                     let (x, y) = (&a.policies[*n], &b.policies[*n]);
-                    x.limit() != y.limit() || x.on_error() != y.on_error()
+                    x.limits() != y.limits() || x.on_error() != y.on_error()
                 })
                 .collect();
             println!("shards: {} -> {}", ua.len(), ub.len());

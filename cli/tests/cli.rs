@@ -427,3 +427,99 @@ fn config_diff_shows_the_moving_fraction() {
     assert!((22.0..28.0).contains(&pct), "{out}");
     assert!(out.contains("policies added: [\"extra\"]"), "{out}");
 }
+
+#[test]
+fn multi_limit_policies_plans_and_rate_strings() {
+    let r = redis();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.json");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}],
+            "policies":{{"api":"2/hour; 3/day", "login":{{"algorithm":"sliding_log","rate":"5/minute"}}}},
+            "plans":{{"pro":{{"api":"100/hour"}}}}}}"#,
+            r.1
+        ),
+    )
+    .unwrap();
+    let c = cfg.to_str().unwrap();
+    let o = sl(&["config", "validate", c]);
+    assert_eq!(o.status.code(), Some(0));
+    let out = stdout(&o);
+    assert!(
+        out.contains(
+            "api: fixed_window limit=2 window=3600000ms; fixed_window limit=3 window=86400000ms"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("plan pro:") && out.contains("api: fixed_window limit=100"),
+        "{out}"
+    );
+    assert!(
+        out.contains("login: sliding_log limit=5 window=60000ms"),
+        "{out}"
+    );
+    for want in [0, 0, 1] {
+        let o = sl(&["check", "--config", c, "--policy", "api", "t:1"]);
+        assert_eq!(
+            o.status.code(),
+            Some(want),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let d: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(d["limit_index"], 0, "{d}");
+        assert_eq!(d["quotas"][1]["limit"], 3);
+    }
+    // under the plan: the same key, the same per-hour state (2 used of 100)
+    let o = sl(&[
+        "check", "--config", c, "--policy", "api", "--plan", "pro", "t:1",
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    let d: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        (d["limit"].as_u64(), d["remaining"].as_u64()),
+        (Some(100), Some(97))
+    );
+    let o = sl(&[
+        "check", "--config", c, "--policy", "api", "--plan", "gold", "t:1",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("gold"));
+    // an ad-hoc rate string, one limit or several
+    for want in [0, 1] {
+        let o = sl(&["check", "--config", c, "--limit", "1/minute", "adhoc"]);
+        assert_eq!(o.status.code(), Some(want));
+    }
+    let o = sl(&[
+        "check",
+        "--config",
+        c,
+        "--limit",
+        "5/second; 1/hour",
+        "adhoc2",
+    ]);
+    let d: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        (d["limit_index"].as_u64(), d["remaining"].as_u64()),
+        (Some(1), Some(0))
+    );
+    let o = sl(&["check", "--config", c, "--limit", "5/fortnight", "k"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--limit") && err.contains("fortnight"),
+        "{err}"
+    );
+    // a bad rate in a config file names the field
+    std::fs::write(&cfg, r#"{"policies":{"login":"5/fortnight"}}"#).unwrap();
+    let o = sl(&["config", "validate", c]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("policies.login") && err.contains("fortnight"),
+        "{err}"
+    );
+}

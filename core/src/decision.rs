@@ -65,6 +65,21 @@ pub struct Decision {
     /// Layered checks: the index of the layer this decision describes (the one that denied,
     /// or the tightest when all allowed). `None` for single checks.
     pub layer: Option<usize>,
+    /// A multi-limit policy: the index of the limit this decision describes (the one that
+    /// denied, or the tightest when all allowed). `None` for a policy of one limit.
+    pub limit_index: Option<usize>,
+    /// A multi-limit policy: every limit in force (effective limit and window), in the
+    /// policy's order, for `RateLimit-Policy`. Empty for a policy of one limit.
+    pub quotas: Vec<Quota>,
+}
+
+/// One limit of a multi-limit policy as the headers describe it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// The effective limit (units per window, or bucket capacity).
+    pub limit: u64,
+    /// The window it is measured over.
+    pub window: Duration,
 }
 
 fn ceil_secs(d: Duration) -> u64 {
@@ -88,16 +103,18 @@ impl Decision {
     /// ([`Decision::measured`]) renders no remaining budget or reset time, only the
     /// limit, `RateLimit-Policy`, `X-RateLimit-Status: unmeasured` and `Retry-After` when
     /// denied.
+    ///
+    /// A multi-limit policy's `RateLimit-Policy` lists every limit (the draft's list of
+    /// quota policies): the first named after the policy, limit `i > 0` `"policy#i"`;
+    /// `RateLimit` and the `X-RateLimit-*` fields describe the deciding limit
+    /// ([`Decision::limit_index`]).
     pub fn headers(&self) -> Vec<(&'static str, String)> {
         let reset = ceil_secs(self.reset_after);
-        let window = ceil_secs(self.window).max(1);
+        let (policy_field, item) = self.policy_field();
         if !self.measured() {
             let mut h = vec![
                 ("X-RateLimit-Limit", self.limit.to_string()),
-                (
-                    "RateLimit-Policy",
-                    format!("\"{}\";q={};w={}", self.policy, self.limit, window),
-                ),
+                ("RateLimit-Policy", policy_field),
                 ("X-RateLimit-Status", "unmeasured".to_string()),
             ];
             if let Some(retry) = self.retry_after.filter(|_| !self.allowed) {
@@ -109,19 +126,44 @@ impl Decision {
             ("X-RateLimit-Limit", self.limit.to_string()),
             ("X-RateLimit-Remaining", self.remaining.to_string()),
             ("X-RateLimit-Reset", reset.to_string()),
-            (
-                "RateLimit-Policy",
-                format!("\"{}\";q={};w={}", self.policy, self.limit, window),
-            ),
+            ("RateLimit-Policy", policy_field),
             (
                 "RateLimit",
-                format!("\"{}\";r={};t={}", self.policy, self.remaining, reset),
+                format!("\"{item}\";r={};t={}", self.remaining, reset),
             ),
         ];
         if let Some(retry) = self.retry_after.filter(|_| !self.allowed) {
             h.push(("Retry-After", ceil_secs(retry).to_string()));
         }
         h
+    }
+
+    /// `RateLimit-Policy`'s value, and the name of the item `RateLimit` refers to.
+    fn policy_field(&self) -> (String, String) {
+        let item = |i: usize| match i {
+            0 => self.policy.to_string(),
+            i => format!("{}#{i}", self.policy),
+        };
+        if self.quotas.is_empty() {
+            let window = ceil_secs(self.window).max(1);
+            let field = format!("\"{}\";q={};w={}", self.policy, self.limit, window);
+            return (field, self.policy.to_string());
+        }
+        let field = self
+            .quotas
+            .iter()
+            .enumerate()
+            .map(|(i, q)| {
+                format!(
+                    "\"{}\";q={};w={}",
+                    item(i),
+                    q.limit,
+                    ceil_secs(q.window).max(1)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        (field, item(self.limit_index.unwrap_or(0)))
     }
 
     /// The JSON body of a 429 response:
@@ -167,7 +209,7 @@ impl Decision {
     /// and as the bindings' test vectors compare it.
     pub fn to_json(&self) -> serde_json::Value {
         let ms = |d: Duration| d.as_micros() as f64 / 1000.0;
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "allowed": self.allowed,
             "limit": self.limit,
             "remaining": self.remaining,
@@ -178,7 +220,17 @@ impl Decision {
             "source": self.source.name(),
             "shard": self.shard,
             "layer": self.layer,
-        })
+        });
+        if !self.quotas.is_empty() {
+            // multi-limit policies only: which limit decided, and every limit in force
+            v["limit_index"] = self.limit_index.into();
+            v["quotas"] = self
+                .quotas
+                .iter()
+                .map(|q| serde_json::json!({"limit": q.limit, "window_ms": ms(q.window)}))
+                .collect();
+        }
+        v
     }
 }
 
@@ -198,7 +250,38 @@ mod tests {
             shard: Some(1),
             window: Duration::from_secs(60),
             layer: None,
+            limit_index: None,
+            quotas: Vec::new(),
         }
+    }
+    #[test]
+    fn multi_limit_headers_list_every_window() {
+        let mut dec = d(false, Some(1_000));
+        dec.remaining = 0;
+        dec.limit = 1000;
+        dec.window = Duration::from_secs(86_400);
+        dec.limit_index = Some(1);
+        dec.quotas = vec![
+            Quota {
+                limit: 10,
+                window: Duration::from_secs(1),
+            },
+            Quota {
+                limit: 1000,
+                window: Duration::from_secs(86_400),
+            },
+        ];
+        let h = dec.headers();
+        assert!(h.contains(&(
+            "RateLimit-Policy",
+            "\"api\";q=10;w=1, \"api#1\";q=1000;w=86400".to_string()
+        )));
+        assert!(h.contains(&("RateLimit", "\"api#1\";r=0;t=31".to_string())));
+        assert!(h.contains(&("X-RateLimit-Limit", "1000".to_string())));
+        let j = dec.to_json();
+        assert_eq!(j["limit_index"], 1);
+        assert_eq!(j["quotas"][1]["window_ms"], 86_400_000.0);
+        assert!(d(true, None).to_json().get("quotas").is_none());
     }
     #[test]
     fn headers_when_allowed() {

@@ -37,6 +37,14 @@ fn policy_name() -> impl Strategy<Value = String> {
     "[a-z0-9_.-]{1,6}"
 }
 
+/// The state scope of a policy, or of limit `i > 0` of a multi-limit policy (`name#i`).
+fn policy_scope() -> impl Strategy<Value = String> {
+    (policy_name(), proptest::option::of(1usize..16)).prop_map(|(name, i)| match i {
+        Some(i) => format!("{name}#{i}"),
+        None => name,
+    })
+}
+
 /// Redis Cluster's rule: the bytes between the first `{` and the next `}` when non-empty.
 fn redis_tag(name: &str) -> &str {
     if let Some(open) = name.find('{') {
@@ -158,7 +166,7 @@ proptest! {
 
     #[test]
     fn distinct_pairs_give_distinct_redis_keys(
-        pairs in vec((policy_name(), 0..CODES.len(), user_key()), 1..24),
+        pairs in vec((policy_scope(), 0..CODES.len(), user_key()), 1..24),
         prefix in prop_oneof![Just(""), Just("sl:"), Just("app1:")],
     ) {
         let mut seen: HashMap<String, String> = HashMap::new();

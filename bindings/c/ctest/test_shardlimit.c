@@ -300,6 +300,69 @@ static void test_policies(void) {
   CHECK(untouched == NULL);
 }
 
+/* Multi-limit policies, plans and rate strings on Redis: one call decides every limit, the
+ * decision carries them, and the headers rendered from the struct are the core's. */
+static void test_multi_limit(void) {
+  char cfg[512];
+  snprintf(cfg, sizeof cfg,
+           "{\"shards\":[{\"name\":\"only\",\"url\":\"redis://127.0.0.1:%d\"}],"
+           "\"timeout_ms\":2000,\"key_prefix\":\"multi:\",\"policies\":{\"api\":\"2/hour; 3/day\"},"
+           "\"plans\":{\"pro\":{\"api\":\"10/hour; 100/day\"}}}",
+           redis_port);
+  shardlimit_error *err = NULL;
+  shardlimit_limiter *l = NULL;
+  CHECK_RC(shardlimit_limiter_new_json(cfg, strlen(cfg), NULL, &l, &err), SHARDLIMIT_OK, err);
+  if (!l) return;
+  shardlimit_decision d;
+  CHECK_RC(shardlimit_check_named(l, S("u"), S("api"), 2, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.has_limit_index && d.limit_index == 0 && d.quota_count == 2);
+  CHECK(d.quotas[1].limit == 3 && d.quotas[1].window_us == 86400000000ULL);
+  shardlimit_headers *h = NULL;
+  CHECK_RC(shardlimit_decision_headers(&d, &h, &err), SHARDLIMIT_OK, err);
+  shardlimit_str name, value;
+  CHECK_RC(shardlimit_headers_get(h, 3, &name, &value, &err), SHARDLIMIT_OK, err);
+  CHECK(str_eq(name, "RateLimit-Policy"));
+  CHECK(str_eq(value, "\"api\";q=2;w=3600, \"api#1\";q=3;w=86400"));
+  shardlimit_headers_free(h);
+  CHECK_RC(shardlimit_check_named(l, S("u"), S("api"), 2, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(!d.allowed && d.limit_index == 0); /* the hour denies; the day keeps its budget */
+
+  shardlimit_policy *pro = NULL;
+  CHECK_RC(shardlimit_plan_policy(l, S("pro"), S("api"), &pro, &err), SHARDLIMIT_OK, err);
+  CHECK(str_eq(shardlimit_policy_name(pro), "api"));
+  CHECK_RC(shardlimit_check(l, S("u"), pro, 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.limit == 10 && d.remaining == 7);
+  shardlimit_policy_free(pro);
+  shardlimit_policy *untouched = NULL;
+  CHECK_RC(shardlimit_plan_policy(l, S("gold"), S("api"), &untouched, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_plan_policy(l, S("pro"), S("nope"), &untouched, &err),
+           SHARDLIMIT_ERR_UNKNOWN_POLICY, err);
+
+  shardlimit_policy *burst = NULL;
+  CHECK_RC(shardlimit_policy_new_rate(NULL, 0, S("1/hour; 5/day"), SHARDLIMIT_ALGORITHM_FIXED_WINDOW,
+                                      &burst, &err),
+           SHARDLIMIT_OK, err);
+  CHECK(str_eq(shardlimit_policy_name(burst), "fixed_window-1-3600000ms--fixed_window-5-86400000ms"));
+  CHECK_RC(shardlimit_check(l, S("a"), burst, 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed);
+  CHECK_RC(shardlimit_check(l, S("a"), burst, 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(!d.allowed && d.has_limit_index && d.limit_index == 0);
+  shardlimit_policy_free(burst);
+  shardlimit_policy *login = NULL;
+  CHECK_RC(shardlimit_policy_new_rate(S("login"), S("5/minute"), SHARDLIMIT_ALGORITHM_SLIDING_LOG,
+                                      &login, &err),
+           SHARDLIMIT_OK, err);
+  CHECK_RC(shardlimit_check(l, S("a"), login, 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.remaining == 4 && !d.has_limit_index && d.quota_count == 0);
+  shardlimit_policy_free(login);
+  CHECK_RC(shardlimit_policy_new_rate(NULL, 0, S("5/fortnight"), SHARDLIMIT_ALGORITHM_FIXED_WINDOW,
+                                      &untouched, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK(untouched == NULL);
+  shardlimit_limiter_free(l);
+}
+
 /* Exact admission of a fixed window on Redis, with exact timing from the injected clock. */
 static void test_check_and_render(void) {
   shardlimit_error *err = NULL;
@@ -902,6 +965,7 @@ static const struct op c_ops[] = {
     OP(is_redis), OP(memory_keys), OP(route), OP(reload), OP(reload_from_file), OP(set_scale),
     OP(scale), OP(observe_health), OP(metrics), OP(check), OP(peek), OP(acquire), OP(release),
     OP(reset), OP(check_all), OP(block), OP(unblock), OP(blocked), OP(connect),
+    OP(plan_policy),
 };
 #undef OP
 #undef ALIAS
@@ -1475,6 +1539,7 @@ int main(void) {
   test_limiter_constructors();
   test_policies();
   test_check_and_render();
+  test_multi_limit();
   test_check_errors();
   test_peek_reset_check();
   test_leases();

@@ -44,6 +44,9 @@ pub const SHARDLIMIT_VERSION_PATCH: u32 = 0;
 /// terminating NUL.
 pub const SHARDLIMIT_POLICY_NAME_CAP: usize = 129;
 
+/// Size of `shardlimit_decision.quotas`: the most limits one policy may hold.
+pub const SHARDLIMIT_MAX_LIMITS: usize = 16;
+
 /// The result of every fallible function. The numbers are a stable public contract
 /// shared with the core crate's `ErrorKind` codes (and so with the Python exception
 /// classes and the Node `err.code` values), except the codes from 100 on, which only the
@@ -288,6 +291,27 @@ pub struct shardlimit_decision {
     pub has_layer: bool,
     /// The layer index (valid when `has_layer`).
     pub layer: u32,
+    /// True for a multi-limit policy; `limit_index` is then the index of the limit this
+    /// decision describes (the one that denied, or the tightest when all allowed), and
+    /// `quotas[0..quota_count]` every limit in force, in the policy's order (what
+    /// `RateLimit-Policy` lists: render headers with `shardlimit_decision_headers()`).
+    pub has_limit_index: bool,
+    /// The limit index (valid when `has_limit_index`).
+    pub limit_index: u32,
+    /// How many entries of `quotas` are set (0 for a policy of one limit).
+    pub quota_count: u32,
+    /// The limits of a multi-limit policy (the first `quota_count`).
+    pub quotas: [shardlimit_quota; SHARDLIMIT_MAX_LIMITS],
+}
+
+/// One limit of a multi-limit policy as the headers describe it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct shardlimit_quota {
+    /// The effective limit (units per window, or bucket capacity).
+    pub limit: u64,
+    /// The window it is measured over, in microseconds.
+    pub window_us: u64,
 }
 
 /// One layer of `shardlimit_check_all()`: `cost` units of a policy for a key. The policy
@@ -687,6 +711,26 @@ fn clock_arg(p: *const shardlimit_clock) -> Result<Option<Arc<ManualClock>>, Err
     Ok(Some(live("clock", p)?.clock.clone()))
 }
 
+/// The algorithm of a `shardlimit_algorithm` value.
+fn algorithm_from_c(a: u32) -> Result<shardlimit::Algorithm, Error> {
+    use shardlimit::Algorithm as A;
+    use shardlimit_algorithm::*;
+    Ok(match a {
+        a if a == SHARDLIMIT_ALGORITHM_FIXED_WINDOW as u32 => A::FixedWindow,
+        a if a == SHARDLIMIT_ALGORITHM_SLIDING_WINDOW as u32 => A::SlidingWindow,
+        a if a == SHARDLIMIT_ALGORITHM_SLIDING_LOG as u32 => A::SlidingLog,
+        a if a == SHARDLIMIT_ALGORITHM_TOKEN_BUCKET as u32 => A::TokenBucket,
+        a if a == SHARDLIMIT_ALGORITHM_LEAKY_BUCKET as u32 => A::LeakyBucket,
+        a if a == SHARDLIMIT_ALGORITHM_CONCURRENCY as u32 => A::Concurrency,
+        a => {
+            return Err(invalid(
+                "algorithm",
+                format!("{a} is not a shardlimit_algorithm"),
+            ))
+        }
+    })
+}
+
 fn decision_to_c(d: &Decision) -> Result<shardlimit_decision, Error> {
     let name = d.policy.as_bytes();
     if name.len() >= SHARDLIMIT_POLICY_NAME_CAP {
@@ -701,6 +745,13 @@ fn decision_to_c(d: &Decision) -> Result<shardlimit_decision, Error> {
         *dst = *src as c_char;
     }
     let us = |t: Duration| u64::try_from(t.as_micros()).unwrap_or(u64::MAX);
+    let mut quotas = [shardlimit_quota::default(); SHARDLIMIT_MAX_LIMITS];
+    for (dst, q) in quotas.iter_mut().zip(&d.quotas) {
+        *dst = shardlimit_quota {
+            limit: q.limit,
+            window_us: us(q.window),
+        };
+    }
     Ok(shardlimit_decision {
         allowed: d.allowed,
         limit: d.limit,
@@ -717,6 +768,10 @@ fn decision_to_c(d: &Decision) -> Result<shardlimit_decision, Error> {
         policy,
         has_layer: d.layer.is_some(),
         layer: d.layer.map_or(0, |l| u32::try_from(l).unwrap_or(u32::MAX)),
+        has_limit_index: d.limit_index.is_some(),
+        limit_index: d.limit_index.map_or(0, |l| l as u32),
+        quota_count: d.quotas.len().min(SHARDLIMIT_MAX_LIMITS) as u32,
+        quotas,
     })
 }
 
@@ -745,6 +800,26 @@ unsafe fn decision_from_c(p: *const shardlimit_decision) -> Result<Decision, Err
             format!("{} is not a shardlimit_source", d.source),
         )
     })?;
+    let count = d.quota_count as usize;
+    if count > SHARDLIMIT_MAX_LIMITS {
+        return Err(invalid(
+            "decision.quota_count",
+            format!("is {count}; at most {SHARDLIMIT_MAX_LIMITS}"),
+        ));
+    }
+    if d.has_limit_index && d.limit_index as usize >= count.max(1) {
+        return Err(invalid(
+            "decision.limit_index",
+            format!("is {}; the decision has {count} quotas", d.limit_index),
+        ));
+    }
+    let quotas = d.quotas[..count]
+        .iter()
+        .map(|q| shardlimit::Quota {
+            limit: q.limit,
+            window: Duration::from_micros(q.window_us),
+        })
+        .collect();
     Ok(Decision {
         allowed: d.allowed,
         limit: d.limit,
@@ -759,6 +834,8 @@ unsafe fn decision_from_c(p: *const shardlimit_decision) -> Result<Decision, Err
         shard: d.has_shard.then_some(d.shard),
         window: Duration::from_micros(d.window_us),
         layer: d.has_layer.then_some(d.layer as usize),
+        limit_index: d.has_limit_index.then_some(d.limit_index as usize),
+        quotas,
     })
 }
 
@@ -1259,6 +1336,70 @@ pub unsafe extern "C" fn shardlimit_policy_new(
             policy = policy.with_on_error(mode);
         }
         *out = new_policy(policy)?;
+        Ok(())
+    })
+}
+
+/// Creates a policy from a rate string: `rate_len` bytes of UTF-8 at `rate` in the
+/// `limits` package's syntax (`"5/minute"`, `"10/second; 1000/day"`: several limits make
+/// a multi-limit policy, checked together in one call), each limit of `algorithm` (a
+/// `shardlimit_algorithm`, not CONCURRENCY). Named by `name_len` bytes at `name` (the rules
+/// of `shardlimit_policy_new()`), or, when `name_len` is 0, after its limits.
+///
+/// On success `*out` is a new policy the caller owns (free with
+/// `shardlimit_policy_free()`). `err` may be NULL. Thread-safe.
+/// Results: OK, INVALID_ARGUMENT (a bad rate string: the message quotes the bad part;
+/// NULL `out`, unknown algorithm), CONFIG (a limit out of range, or a bad name), INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_policy_new_rate(
+    name: *const c_char,
+    name_len: usize,
+    rate: *const c_char,
+    rate_len: usize,
+    algorithm: u32,
+    out: *mut *mut shardlimit_policy,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let rate = str_arg("rate", rate, rate_len)?;
+        let out = out_arg("out", out)?;
+        let algorithm = algorithm_from_c(algorithm)?;
+        let policy = if name_len == 0 {
+            Policy::from_rate(rate, algorithm)?
+        } else {
+            let name = str_arg("name", name, name_len)?;
+            let limits = shardlimit::parse_rate_as(rate, algorithm)?;
+            Policy::multi(name, limits)?
+        };
+        *out = new_policy(policy)?;
+        Ok(())
+    })
+}
+
+/// Looks up the policy named by `name_len` bytes at `name` as plan `plan_len` bytes at
+/// `plan` of the limiter's configuration has it: the plan's limits under the policy's
+/// name (same keys and headers), or the policy itself when the plan does not list it.
+/// Check under a plan by passing `*out` to `shardlimit_check()`.
+///
+/// On success `*out` is a new policy the caller owns (free with
+/// `shardlimit_policy_free()`). `err` may be NULL. Thread-safe.
+/// Results: OK, UNKNOWN_POLICY, INVALID_ARGUMENT (no such plan), INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_plan_policy(
+    limiter: *const shardlimit_limiter,
+    plan: *const c_char,
+    plan_len: usize,
+    name: *const c_char,
+    name_len: usize,
+    out: *mut *mut shardlimit_policy,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let l = limiter_arg(limiter)?;
+        let plan = str_arg("plan", plan, plan_len)?;
+        let name = policy_name_arg(name, name_len)?;
+        let out = out_arg("out", out)?;
+        *out = new_policy(l.plan_policy(plan, name)?)?;
         Ok(())
     })
 }

@@ -355,6 +355,22 @@ impl Decision {
     pub fn layer(&self) -> Option<u32> {
         self.inner.layer.map(|l| l as u32)
     }
+    /// A multi-limit policy: the index of the limit this decision describes (the one
+    /// that denied, or the tightest); null for a policy of one limit.
+    #[napi(getter)]
+    pub fn limit_index(&self) -> Option<u32> {
+        self.inner.limit_index.map(|l| l as u32)
+    }
+    /// A multi-limit policy: every limit in force (`{ limit, windowMs }`), in order, as
+    /// `RateLimit-Policy` lists them; empty for a policy of one limit.
+    #[napi(getter, ts_return_type = "Quota[]")]
+    pub fn quotas(&self) -> serde_json::Value {
+        self.inner
+            .quotas
+            .iter()
+            .map(|q| serde_json::json!({ "limit": q.limit, "windowMs": ms(q.window) }))
+            .collect()
+    }
     /// The standard rate-limit response headers, in the core's order.
     #[napi(catch_unwind, ts_return_type = "Record<string, string>")]
     pub fn headers(&self, env: Env) -> Result<Object<'_>> {
@@ -815,6 +831,63 @@ impl NativeLimiter {
         }
     }
 
+    /// Checks the config's policy `policy` as plan `plan` has it.
+    #[napi(catch_unwind, ts_return_type = "Promise<Decision>")]
+    pub fn check_plan(
+        &self,
+        env: Env,
+        key: String,
+        plan: String,
+        policy: String,
+        cost: f64,
+    ) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move {
+                let cost = units("cost", cost)?;
+                let p = me.plan_policy(&plan, &policy)?;
+                me.check(&key, &p, cost).await
+            },
+            |_, d| Ok(Decision { inner: d }),
+        )
+    }
+
+    /// Peeks at the config's policy `policy` as plan `plan` has it.
+    #[napi(catch_unwind, ts_return_type = "Promise<Decision>")]
+    pub fn peek_plan(
+        &self,
+        env: Env,
+        key: String,
+        plan: String,
+        policy: String,
+    ) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move {
+                let p = me.plan_policy(&plan, &policy)?;
+                me.peek(&key, &p).await
+            },
+            |_, d| Ok(Decision { inner: d }),
+        )
+    }
+
+    /// The config's policy `policy` as plan `plan` has it (`PolicyInfo`).
+    #[napi(catch_unwind, ts_return_type = "PolicyInfo")]
+    pub fn plan_policy_info(
+        &self,
+        env: Env,
+        plan: String,
+        policy: String,
+    ) -> Result<serde_json::Value> {
+        guarded(|| self.inner.plan_policy(&plan, &policy))
+            .map(|p| policy_json(&p))
+            .map_err(|e| core_error(&env, e))
+    }
+
     /// Checks an ad-hoc limit (see `NativeLimit`).
     #[napi(catch_unwind, ts_return_type = "Promise<Decision>")]
     pub fn check_limit(
@@ -921,8 +994,21 @@ impl NativeLimiter {
 }
 
 fn policy_json(p: &shardlimit::Policy) -> serde_json::Value {
+    let mut v = limit_json(p.limit());
+    v["name"] = p.name().into();
+    v["max"] = p.max().into();
+    v["onError"] = p.on_error().name().into();
+    if p.is_multi() {
+        // every limit of a multi-limit policy: `{ algorithm, params }`
+        v["limits"] = p.limits().iter().map(limit_json).collect();
+    }
+    v
+}
+
+/// `{ algorithm, params }` of one limit.
+fn limit_json(l: &shardlimit::Limit) -> serde_json::Value {
     use shardlimit::Limit;
-    let params = match p.limit() {
+    let params = match l {
         Limit::FixedWindow { limit, window }
         | Limit::SlidingWindow { limit, window }
         | Limit::SlidingLog { limit, window } => {
@@ -941,10 +1027,7 @@ fn policy_json(p: &shardlimit::Policy) -> serde_json::Value {
         }
     };
     serde_json::json!({
-        "name": p.name(),
-        "algorithm": p.algorithm().name(),
-        "max": p.max(),
-        "onError": p.on_error().name(),
+        "algorithm": l.algorithm().name(),
         "params": params,
     })
 }
@@ -1035,9 +1118,9 @@ impl NativeLimit {
                 .ok_or_else(|| shardlimit::Error::Internal("ad-hoc policy lost".into()))?;
             match name {
                 Some(_) => Ok(p),
-                None => Ok(
-                    shardlimit::Policy::try_from(p.limit().clone())?.with_on_error(p.on_error())
-                ),
+                None => {
+                    Ok(shardlimit::Policy::from_limits(p.limits())?.with_on_error(p.on_error()))
+                }
             }
         })
         .map(|policy| NativeLimit { policy })

@@ -13,7 +13,7 @@ const { startRedis } = require('./support/redis.js')
 
 const VECTORS = path.join(__dirname, '..', '..', '..', 'tests', 'vectors')
 // every file of decision vectors, replayed in full
-const FILES = ['algorithms.json']
+const FILES = ['algorithms.json', 'plans.json']
 const cases = FILES.flatMap((f) =>
   JSON.parse(fs.readFileSync(path.join(VECTORS, f), 'utf8')).cases.map((c) => ({ file: f, ...c }))
 )
@@ -31,6 +31,8 @@ function observed(d) {
     delay_us: us(d.delay),
     policy: d.policy,
     layer: d.layer,
+    // multi-limit policies (plans.json): which limit decided, and every window
+    ...(d.limitIndex === null ? {} : { limit_index: d.limitIndex, rate_limit_policy: d.headers()['RateLimit-Policy'] }),
   }
 }
 
@@ -38,9 +40,9 @@ function observed(d) {
 async function call(limiter, item) {
   switch (item.op) {
     case 'check':
-      return { decision: await limiter.check(item.key, { policy: item.policy, cost: item.cost }), lease: null }
+      return { decision: await limiter.check(item.key, { policy: item.policy, plan: item.plan, cost: item.cost }), lease: null }
     case 'peek':
-      return { decision: await limiter.peek(item.key, item.policy), lease: null }
+      return { decision: await limiter.peek(item.key, { policy: item.policy, plan: item.plan }), lease: null }
     case 'acquire':
       return limiter.acquire(item.key, { policy: item.policy, units: item.units })
     default:
@@ -96,16 +98,19 @@ async function replay(limiterFor, source) {
   return steps
 }
 
+// a case's config beside its policies (plans.json)
+const extra = (c) => ({ plans: c.plans, default_algorithm: c.default_algorithm })
+
 test('the vectors hold every op on every algorithm', () => {
   const ops = new Set(cases.flatMap((c) => c.steps.map((s) => s.op)))
   assert.deepEqual([...ops].sort(), [...OPS].sort())
-  const algorithms = new Set(cases.flatMap((c) => Object.values(c.policies).map((p) => p.algorithm)))
+  const algorithms = new Set(cases.filter((c) => c.file === 'algorithms.json').flatMap((c) => Object.values(c.policies).map((p) => p.algorithm)))
   assert.equal(algorithms.size, 6)
   assert.ok(totalSteps > 100, `${totalSteps} steps`)
 })
 
 test('the in-memory engine matches the vectors', async () => {
-  const n = await replay((c, clock) => Limiter.fromJson({ policies: c.policies }, { clock }), 'memory')
+  const n = await replay((c, clock) => Limiter.fromJson({ policies: c.policies, ...extra(c) }, { clock }), 'memory')
   assert.equal(n, totalSteps)
 })
 
@@ -114,7 +119,7 @@ test('the Redis engine matches the vectors', async (t) => {
   t.after(() => redis.stop())
   const n = await replay(async (c, clock) => {
     await redis.command('FLUSHALL') // a fresh key space per case
-    const limiter = Limiter.fromJson(redis.config(c.policies), { clock })
+    const limiter = Limiter.fromJson(redis.config(c.policies, extra(c)), { clock })
     assert.equal(limiter.isRedis, true)
     return limiter
   }, 'redis')

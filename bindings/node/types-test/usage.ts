@@ -21,6 +21,8 @@ import shardlimit, {
   type MetricsSnapshot,
   type ShardlimitEvent,
   type DecisionJson,
+  type Quota,
+  type PolicyInfo,
 } from 'shardlimit'
 // types req.rateLimit on Node's IncomingMessage (needs @types/node, like Express does)
 import type {} from 'shardlimit/http'
@@ -103,6 +105,17 @@ export async function usage(): Promise<void> {
   const burst = new Limit({ algorithm: 'token_bucket', capacity: 10, refill_per_sec: 1 }, { name: 'burst' })
   const adhoc: Decision = await limiter.check('k', { limit: burst, cost: 2 })
   const json: DecisionJson = adhoc.toJSON()
+  // multi-limit policies, rate strings and plans (issue 18)
+  const rated = new Limit('10/second; 1000/day')
+  const multi: Decision = await limiter.check('k', { limit: rated })
+  const index: number | null = multi.limitIndex
+  const windows: number[] = multi.quotas.map((q: Quota) => q.windowMs)
+  const planned: Decision = await limiter.check('k', { policy: 'api', plan: 'pro', cost: 1 })
+  await limiter.peek('k', { policy: 'api', plan: 'pro' })
+  await limiter.check('k', { limit: { limits: ['5/second', { algorithm: 'token_bucket', rate: '100/minute' }] } })
+  const proInfo: PolicyInfo = limiter.planPolicy('pro', 'api')
+  const limitCount: number = proInfo.limits?.length ?? 1
+  void [index, windows, planned, limitCount, json.limitIndex, json.quotas]
   const m: MetricsSnapshot = limiter.metricsSnapshot()
   limiter.subscribe((e: ShardlimitEvent) => void e.kind)
   const watcher = limiter.watchConfig('shard-config.json', { intervalMs: 500 })

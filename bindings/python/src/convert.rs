@@ -81,15 +81,12 @@ fn is_rate(s: &str) -> bool {
     s.contains(['/', ' ', ';', ',', '|'])
 }
 
-/// Policies for a rate string (`"5/minute"`, `"100/hour; 1000/day"`): fixed windows.
+/// The policy of a rate string (`"5/minute"`, `"100/hour; 1000/day"`): fixed windows; a
+/// string of several limits is one multi-limit policy of the core (checked together in
+/// one call, its decision listing every window).
 pub fn rate_policies(text: &str) -> PyResult<Vec<shardlimit::Policy>> {
-    shardlimit::parse_rate(text)
-        .and_then(|limits| {
-            limits
-                .into_iter()
-                .map(shardlimit::Policy::try_from)
-                .collect::<shardlimit::Result<Vec<_>>>()
-        })
+    shardlimit::Policy::from_rate(text, shardlimit::Algorithm::FixedWindow)
+        .map(|p| vec![p])
         .map_err(|e| core_err(as_invalid_argument(e)))
 }
 
@@ -132,8 +129,8 @@ pub fn as_invalid_argument(e: CoreError) -> CoreError {
     }
 }
 
-/// A policy argument: a name of the config, a rate string, a Policy or a Limit. A rate
-/// string of several limits (`"10/second; 100/minute"`) gives one policy per limit.
+/// A policy argument: a name of the config, a rate string, a Policy or a Limit (one policy;
+/// a Vec so that callers can take several).
 pub fn resolve_policies(
     limiter: &Limiter,
     p: &Bound<'_, PyAny>,

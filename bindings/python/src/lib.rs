@@ -81,6 +81,22 @@ impl Decision {
     fn layer(&self) -> Option<usize> {
         self.0.layer
     }
+    /// A multi-limit policy: the index of the limit this decision describes (the one that
+    /// denied, or the tightest). None for a policy of one limit.
+    #[getter]
+    fn limit_index(&self) -> Option<usize> {
+        self.0.limit_index
+    }
+    /// A multi-limit policy: every limit in force as (limit, window in seconds), in the
+    /// policy's order (what `RateLimit-Policy` lists). Empty for a policy of one limit.
+    #[getter]
+    fn quotas(&self) -> Vec<(u64, f64)> {
+        self.0
+            .quotas
+            .iter()
+            .map(|q| (q.limit, q.window.as_secs_f64()))
+            .collect()
+    }
     /// The standard rate-limit response headers, in a stable order.
     fn headers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
@@ -287,6 +303,11 @@ impl Policy {
     #[getter]
     fn on_error(&self) -> &'static str {
         self.0.on_error().name()
+    }
+    /// Every limit of the policy, in order (one unless it is a multi-limit policy).
+    #[getter]
+    fn limits(&self) -> PyResult<Vec<Limit>> {
+        self.0.limits().into_iter().map(Limit::build).collect()
     }
     fn __repr__(&self) -> String {
         format!(
@@ -532,6 +553,15 @@ impl Limiter {
     /// The named policy of the config.
     fn policy(&self, name: &str) -> PyResult<Policy> {
         self.inner()?.policy(name).map(Policy).map_err(core_err)
+    }
+    /// The policy `policy` as plan `plan` of the config has it (the plan's limits under
+    /// the policy's name, or the policy itself when the plan does not change it): check
+    /// under a plan with `limiter.check(key, limiter.plan_policy("pro", "api"))`.
+    fn plan_policy(&self, plan: &str, policy: &str) -> PyResult<Policy> {
+        self.inner()?
+            .plan_policy(plan, policy)
+            .map(Policy)
+            .map_err(core_err)
     }
     /// The shard `key` routes to, as (index, name); None on the in-memory engine.
     fn route(&self, key: &str) -> PyResult<Option<(u32, String)>> {

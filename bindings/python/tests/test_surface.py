@@ -93,23 +93,23 @@ def test_rate_strings() -> None:
         Limit.parse("1/second; 5/minute")
 
 
-def test_a_rate_string_of_several_limits_is_one_layered_check() -> None:
+def test_a_rate_string_of_several_limits_is_one_multi_limit_check() -> None:
     clock = ManualClock(0)
     limiter = Limiter.memory(clock=clock)
     rate = "2/second; 3/minute"
     assert [limiter.check("k", rate).allowed for _ in range(3)] == [True, True, False]
     clock.advance_us(1_000_000)
     assert limiter.check("k", rate).allowed
-    # the minute is spent (3): the per-second layer consumed nothing on the denial
-    assert not limiter.check("k", rate).allowed
+    # the minute is spent (3): the per-second limit consumed nothing on the denial
+    d = limiter.check("k", rate)
+    assert not d.allowed and d.limit_index == 1 and d.quotas == [(2, 1.0), (3, 60.0)]
     assert asyncio.run(limiter.acheck("other", rate)).allowed
-    with pytest.raises(shardlimit.InvalidArgumentError, match="one limit"):
-        limiter.peek("k", rate)
+    assert limiter.peek("k", rate).limit_index == 1
     limiter.reset("k", rate)
     assert limiter.check("k", rate).allowed
-    # the same string is the same policies: one counter each in the metrics
+    # the same string is the same policy: one counter in the metrics
     names = [p["policy"] for p in limiter.metrics()["policies"]]
-    assert names.count("fixed_window-2-1000ms") == 1
+    assert names.count("fixed_window-2-1000ms--fixed_window-3-60000ms") == 1
 
 
 def test_metrics_events_and_prometheus() -> None:

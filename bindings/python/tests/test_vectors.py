@@ -18,7 +18,7 @@ from shardlimit import Decision, Lease, Limiter, ManualClock
 
 VECTORS = Path(__file__).resolve().parents[3] / "tests" / "vectors"
 #: every file of decision vectors, replayed in full
-FILES = ["algorithms.json"]
+FILES = ["algorithms.json", "plans.json"]
 DOCS: dict[str, dict[str, Any]] = {f: json.loads((VECTORS / f).read_text()) for f in FILES}
 OPS = {"check", "peek", "acquire", "release", "reset", "check_all", "batch"}
 
@@ -39,7 +39,18 @@ def observed(d: Decision) -> dict[str, Any]:
         "delay_us": us(d.delay),
         "policy": d.policy,
         "layer": d.layer,
+        # multi-limit policies (plans.json): which limit decided, and every window
+        **(
+            {}
+            if d.limit_index is None
+            else {"limit_index": d.limit_index, "rate_limit_policy": d.headers()["RateLimit-Policy"]}
+        ),
     }
+
+
+def extra(case: dict[str, Any]) -> dict[str, Any]:
+    """A case's config beside its policies (plans.json)."""
+    return {k: case[k] for k in ("plans", "default_algorithm") if k in case}
 
 
 class Replay:
@@ -47,7 +58,7 @@ class Replay:
 
     def __init__(self, make: Make, case: dict[str, Any], source: str) -> None:
         self.clock = ManualClock(0)
-        self.limiter = make(case["policies"], self.clock)
+        self.limiter = make(case, self.clock)
         self.leases: dict[str, Lease] = {}
         self.source = source
 
@@ -58,8 +69,14 @@ class Replay:
             assert lease is not None, f"{where}: no lease"
             self.leases[item["lease_as"]] = lease
 
+    def policy_of(self, item: dict[str, Any]) -> Any:
+        """The step's policy: its name, or the policy as the step's plan has it."""
+        if "plan" in item:
+            return self.limiter.plan_policy(item["plan"], item["policy"])
+        return item["policy"]
+
     def call(self, item: dict[str, Any]) -> tuple[Decision, Optional[Lease]]:
-        op, key, policy = item["op"], item["key"], item["policy"]
+        op, key, policy = item["op"], item["key"], self.policy_of(item)
         if op == "check":
             return self.limiter.check(key, policy, item["cost"]), None
         if op == "peek":
@@ -68,7 +85,7 @@ class Replay:
         return self.limiter.acquire(key, policy, item["units"])
 
     async def acall(self, item: dict[str, Any]) -> tuple[Decision, Optional[Lease]]:
-        op, key, policy = item["op"], item["key"], item["policy"]
+        op, key, policy = item["op"], item["key"], self.policy_of(item)
         if op == "check":
             return await self.limiter.acheck(key, policy, item["cost"]), None
         if op == "peek":
@@ -139,16 +156,17 @@ async def replay_async(make: Make, source: str) -> int:
     return steps
 
 
-def memory(policies: dict[str, Any], clock: ManualClock) -> Limiter:
-    return Limiter.from_json(json.dumps({"policies": policies}), clock=clock)
+def memory(case: dict[str, Any], clock: ManualClock) -> Limiter:
+    return Limiter.from_json(json.dumps({"policies": case["policies"], **extra(case)}), clock=clock)
 
 
 def on_redis(server: RedisServer) -> Make:
     counter = iter(range(1_000_000))
 
-    def make(policies: dict[str, Any], clock: ManualClock) -> Limiter:
+    def make(case: dict[str, Any], clock: ManualClock) -> Limiter:
         # a fresh key space per case, like the core's FLUSHALL
-        text = config([server], policies, key_prefix=f"vec{next(counter)}:")
+        prefix = f"vec{next(counter)}:"
+        text = config([server], case["policies"], key_prefix=prefix, **extra(case))
         limiter = Limiter.from_json(text, clock=clock)
         assert limiter.is_redis
         return limiter
@@ -163,7 +181,9 @@ def total_steps() -> int:
 def test_vectors_are_there() -> None:
     ops = {s["op"] for _, c in cases() for s in c["steps"]}
     assert ops == OPS
-    algorithms = {p["algorithm"] for _, c in cases() for p in c["policies"].values()}
+    algorithms = {
+        p["algorithm"] for f, c in cases() if f == "algorithms.json" for p in c["policies"].values()
+    }
     assert algorithms == {
         "fixed_window", "sliding_window", "sliding_log",
         "token_bucket", "leaky_bucket", "concurrency",
@@ -190,7 +210,7 @@ def test_redis_engine_async_matches_vectors(redis: RedisServer) -> None:
 def test_sources_are_reported(redis: RedisServer) -> None:
     _, case = cases()[0]
     clock = ManualClock(case["steps"][0]["t_us"])
-    assert memory(case["policies"], clock).check("k", "p").source == "memory"
-    d = on_redis(redis)(case["policies"], clock).check("k", "p")
+    assert memory(case, clock).check("k", "p").source == "memory"
+    d = on_redis(redis)(case, clock).check("k", "p")
     assert (d.source, d.shard) == ("redis", 0)
     assert shardlimit.Decision is type(d)

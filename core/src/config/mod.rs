@@ -9,6 +9,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+mod plans;
 mod policies;
 mod shard;
 mod strict;
@@ -84,6 +85,12 @@ pub struct Config {
     /// I/O thread keeps a core busy (giving way to other ready threads every 10 µs). At
     /// most half the CPUs spin at once.
     pub spin_wait: Duration,
+    /// The algorithm of rate strings that name none (`"login": "5/minute"`):
+    /// `default_algorithm`, `fixed_window` unless set.
+    pub default_algorithm: Algorithm,
+    /// `plans`: by plan name, the replacement of each policy the plan changes (same name,
+    /// other limits). [`Config::plan_policy`] resolves a (plan, policy) pair.
+    pub plans: BTreeMap<String, BTreeMap<String, Policy>>,
 }
 
 impl std::fmt::Debug for Config {
@@ -103,6 +110,8 @@ impl std::fmt::Debug for Config {
             .field("events_stream_maxlen", &self.events_stream_maxlen)
             .field("reshard_handoff", &self.reshard_handoff)
             .field("spin_wait", &self.spin_wait)
+            .field("default_algorithm", &self.default_algorithm)
+            .field("plans", &self.plans)
             .finish_non_exhaustive()
     }
 }
@@ -123,6 +132,8 @@ impl Default for Config {
             reshard_handoff: DEFAULT_RESHARD_HANDOFF,
             reshard_handoff_configured: false,
             spin_wait: default_spin_wait(),
+            default_algorithm: Algorithm::FixedWindow,
+            plans: BTreeMap::new(),
         }
     }
 }
@@ -191,6 +202,8 @@ impl Config {
                 "tls",
                 "$schema",
                 "description",
+                "default_algorithm",
+                "plans",
             ],
         )?;
         let mut cfg = Config::default();
@@ -331,6 +344,9 @@ impl Config {
             cfg.cluster_tls = tls.filter(|_| urls[0].starts_with("rediss://"));
             cfg.cluster = Some(urls);
         }
+        if let Some(v) = obj.get("default_algorithm") {
+            cfg.default_algorithm = plans::default_algorithm(v)?;
+        }
         if let Some(v) = obj.get("policies") {
             let map = v.as_object().ok_or_else(|| {
                 Error::config(
@@ -339,9 +355,12 @@ impl Config {
                 )
             })?;
             for (name, p) in map {
-                let policy = policy(name, p, cfg.on_error)?;
+                let policy = policy(name, p, cfg.on_error, cfg.default_algorithm)?;
                 cfg.policies.insert(name.clone(), policy);
             }
+        }
+        if let Some(v) = obj.get("plans") {
+            cfg.plans = plans::plans(v, &cfg.policies, cfg.default_algorithm)?;
         }
         if !cfg.reshard_handoff_configured {
             if let Some((_, w)) = cfg.longest_window() {
@@ -357,18 +376,24 @@ impl Config {
     /// The default `reshard_handoff`, so that no moved key starts with a fresh budget while
     /// its old state would still count.
     pub fn longest_window(&self) -> Option<(&str, Duration)> {
+        // every limit of a multi-limit policy, and the policies of every plan, count
+        let in_plans = self.plans.values().flat_map(|p| p.iter());
         self.policies
             .iter()
-            .map(|(name, p)| {
-                let c = &p.0.compiled;
-                let us = match c.algorithm {
-                    Algorithm::SlidingWindow => c.period_us.saturating_mul(2),
-                    Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                        c.limit.saturating_mul(c.period_us)
-                    }
-                    _ => c.period_us,
-                };
-                (name.as_str(), Duration::from_micros(us))
+            .chain(in_plans)
+            .flat_map(|(name, p)| {
+                let parts = p.parts().map_or(std::slice::from_ref(p), |parts| parts);
+                parts.iter().map(move |part| {
+                    let c = &part.0.compiled;
+                    let us = match c.algorithm {
+                        Algorithm::SlidingWindow => c.period_us.saturating_mul(2),
+                        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                            c.limit.saturating_mul(c.period_us)
+                        }
+                        _ => c.period_us,
+                    };
+                    (name.as_str(), Duration::from_micros(us))
+                })
             })
             .max_by_key(|(_, d)| *d)
     }

@@ -1,10 +1,10 @@
 //! The policies of a config: each field read and checked, errors naming it.
 
+use super::plans::{limits_of, rate_limits};
 use super::*;
 use crate::error::{Error, Result};
 use crate::policy::{
-    validate_auto_block, validate_local, Algorithm, AutoBlock, Limit, LocalAdmission, OnError,
-    Policy,
+    validate_auto_block, validate_local, Algorithm, AutoBlock, LocalAdmission, OnError, Policy,
 };
 use crate::time::duration::duration_from_json;
 use serde_json::Value;
@@ -44,64 +44,44 @@ pub(super) fn rate(field: String, v: Option<&Value>) -> Result<f64> {
     }
 }
 
-pub(super) fn policy(name: &str, v: &Value, default_on_error: OnError) -> Result<Policy> {
-    let field = format!("policies.{name}");
-    let obj = v
-        .as_object()
-        .ok_or_else(|| Error::config(&field, format!("expected an object, got {v}")))?;
-    let algo_name = obj
-        .get("algorithm")
-        .ok_or_else(|| Error::config(format!("{field}.algorithm"), "is required"))?;
-    let algorithm = algo_name
-        .as_str()
-        .and_then(Algorithm::from_name)
-        .ok_or_else(|| {
-            Error::config(
-                format!("{field}.algorithm"),
-                format!(
-                    "unknown algorithm {algo_name}; expected one of: {}",
-                    Algorithm::ALL
-                        .iter()
-                        .map(|a| a.name())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            )
-        })?;
+pub(super) fn policy(
+    name: &str,
+    v: &Value,
+    default_on_error: OnError,
+    default_algorithm: Algorithm,
+) -> Result<Policy> {
+    policy_at(
+        &format!("policies.{name}"),
+        name,
+        v,
+        default_on_error,
+        default_algorithm,
+    )
+}
+
+/// A policy spec at `field`: a rate string (`"5/minute"`, several limits with `;`), or an
+/// object with the limit (`algorithm` and its parameters, or `rate`, or `limits`) and the
+/// policy's other fields.
+pub(super) fn policy_at(
+    field: &str,
+    name: &str,
+    v: &Value,
+    default_on_error: OnError,
+    default_algorithm: Algorithm,
+) -> Result<Policy> {
+    let field = field.to_string();
+    if let Some(text) = v.as_str() {
+        let limits = rate_limits(&field, text, default_algorithm)?;
+        return Policy::build_multi(name, limits, default_on_error, &field);
+    }
+    let obj = v.as_object().ok_or_else(|| {
+        Error::config(
+            &field,
+            format!("expected a rate string like \"5/minute\" or an object, got {v}"),
+        )
+    })?;
     let f = |k: &str| format!("{field}.{k}");
-    let (params, limit) = match algorithm {
-        Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => {
-            let limit = count(f("limit"), obj.get("limit"))?;
-            let window = dur(f("window"), obj.get("window"))?;
-            let l = match algorithm {
-                Algorithm::FixedWindow => Limit::fixed_window(limit, window),
-                Algorithm::SlidingWindow => Limit::sliding_window(limit, window),
-                _ => Limit::sliding_log(limit, window),
-            };
-            (["limit", "window"], l)
-        }
-        Algorithm::TokenBucket => (
-            ["capacity", "refill_per_sec"],
-            Limit::token_bucket(
-                count(f("capacity"), obj.get("capacity"))?,
-                rate(f("refill_per_sec"), obj.get("refill_per_sec"))?,
-            ),
-        ),
-        Algorithm::LeakyBucket => (
-            ["capacity", "leak_per_sec"],
-            Limit::leaky_bucket(
-                count(f("capacity"), obj.get("capacity"))?,
-                rate(f("leak_per_sec"), obj.get("leak_per_sec"))?,
-            ),
-        ),
-        Algorithm::Concurrency => (
-            ["max", "lease_ttl"],
-            Limit::concurrency(
-                count(f("max"), obj.get("max"))?,
-                dur(f("lease_ttl"), obj.get("lease_ttl"))?,
-            ),
-        ),
-    };
+    let (params, limits) = limits_of(&field, obj, default_algorithm)?;
     let mut known = vec![
         "algorithm",
         "on_error",
@@ -115,7 +95,7 @@ pub(super) fn policy(name: &str, v: &Value, default_on_error: OnError) -> Result
         Some(v) => on_error(&f("on_error"), v)?,
         None => default_on_error,
     };
-    let mut policy = Policy::build(name, limit, on_error, &field)?;
+    let mut policy = Policy::build_multi(name, limits, on_error, &field)?;
     if let Some(v) = obj.get("auto_block") {
         let f = format!("{field}.auto_block");
         let o = v.as_object().ok_or_else(|| {

@@ -83,7 +83,7 @@ impl Limiter {
         validate_lease(policy, lease)?;
         match &self.view().engine {
             Engine::Memory(m) => Ok(m.release(
-                &policy.0.name,
+                &policy.0.scope,
                 &lease.key,
                 &lease.id,
                 lease.units,
@@ -99,7 +99,20 @@ impl Limiter {
     }
 
     /// Forgets `key`'s state under `policy`: its full budget is back.
+    /// On a multi-limit policy: every limit's state.
     pub async fn reset(&self, key: &str, policy: &Policy) -> Result<()> {
+        match policy.parts() {
+            Some(parts) => {
+                for part in parts {
+                    self.reset_one(key, part).await?;
+                }
+                Ok(())
+            }
+            None => self.reset_one(key, policy).await,
+        }
+    }
+
+    async fn reset_one(&self, key: &str, policy: &Policy) -> Result<()> {
         validate_key(key)?;
         self.inner
             .local
@@ -107,7 +120,7 @@ impl Limiter {
             .remove(&PolicyKey::new(&policy.0.name, key));
         match &self.view().engine {
             Engine::Memory(m) => {
-                m.reset(&policy.0.name, key);
+                m.reset(&policy.0.scope, key);
                 Ok(())
             }
             Engine::Redis(r) => {
@@ -141,6 +154,8 @@ impl Limiter {
             shard,
             window: Duration::from_micros(eff.window_us()),
             layer: None,
+            limit_index: None,
+            quotas: Vec::new(),
         }
     }
 
@@ -205,10 +220,13 @@ impl Limiter {
         peek: bool,
         lease: Option<&str>,
     ) -> Result<Decision> {
+        if let Some(parts) = policy.parts() {
+            return self.multi_memory(m, key, policy, parts, cost, peek, lease);
+        }
         let (eff, cost) = self.prepare(key, policy, cost)?;
         let p = &*policy.0;
         let raw = m.check(
-            &p.name,
+            &p.scope,
             &eff,
             key,
             self.now(),
@@ -243,6 +261,11 @@ impl Limiter {
             Engine::Memory(m) => return self.check_memory(m, key, policy, cost, peek, lease),
             Engine::Redis(r) => r,
         };
+        if let Some(parts) = policy.parts() {
+            return self
+                .multi_redis(key, policy, parts, cost, peek, lease)
+                .await;
+        }
         let (eff, cost, shard) = match self.plan(r, key, policy, cost)? {
             Plan::Decided(d) => return Ok(d),
             Plan::Redis { eff, cost, shard } => (eff, cost, shard),
@@ -276,7 +299,10 @@ impl Limiter {
             return None;
         };
         let p = &*policy.0;
-        if !r.blocking_capable() || view.handoff.is_some() || (p.local_admission.is_some() && !peek)
+        if !r.blocking_capable()
+            || view.handoff.is_some()
+            || (p.local_admission.is_some() && !peek)
+            || p.parts.is_some()
         {
             return None;
         }

@@ -19,9 +19,14 @@ impl Limiter {
         peek: bool,
         e: Error,
     ) -> Result<Decision> {
-        self.with_counters(&p.name, |c| {
-            c.redis_errors.fetch_add(1, Ordering::Relaxed);
-        });
+        // the limits after the first of a multi-limit policy (scoped `name#i`) fall back
+        // with it: one failure is counted and reported once, by the first
+        let primary = *p.scope == *p.name;
+        if primary {
+            self.with_counters(&p.name, |c| {
+                c.redis_errors.fetch_add(1, Ordering::Relaxed);
+            });
+        }
         if p.on_error == OnError::Error {
             return Err(e);
         }
@@ -46,7 +51,7 @@ impl Limiter {
                 self.inner
                     .fallback
                     .check(
-                        &p.name,
+                        &p.scope,
                         &share,
                         key,
                         self.now(),
@@ -63,7 +68,7 @@ impl Limiter {
             d.limit = eff.share(self.view().config.instances).limit;
         }
         tracing::debug!(policy = %p.name, key, error = %e, allowed = d.allowed, "shardlimit: fallback decision");
-        if self.inner.subscribers.active() {
+        if primary && self.inner.subscribers.active() {
             self.inner.subscribers.emit(&Event::Fallback {
                 policy: p.name.clone(),
                 key: key.to_string(),

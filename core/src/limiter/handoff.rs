@@ -46,7 +46,7 @@ impl Limiter {
         if h.old.shards[old_shard].url == r.shards[new_shard].url {
             return;
         }
-        let id = PolicyKey::new(&p.name, key);
+        let id = PolicyKey::new(&p.scope, key);
         if h.done.lock().contains(&id) {
             return;
         }

@@ -1,12 +1,12 @@
 //! Layered checks: several (key, policy) pairs decided together; none consumes when one denies.
 
 use super::{validate_key, Engine, Limiter};
-use crate::decision::{Decision, Source};
+use crate::decision::{Decision, Quota, Source};
 use crate::engine::algo::Outcome;
 use crate::engine::memory::{blocked_outcome, BlockVerdict, LayerReq, LayeredRaw};
 use crate::engine::redis::RedisEngine;
 use crate::error::{Error, Result};
-use crate::policy::{Algorithm, Policy};
+use crate::policy::{Algorithm, Compiled, Policy};
 use crate::routing::shard_index;
 use std::sync::Arc;
 
@@ -45,10 +45,6 @@ impl Limiter {
                 format!("at most 64 layers, got {}", layers.len()),
             ));
         }
-        tokio::task::consume_budget().await; // see Limiter::run
-        let global = self.global_scale();
-        let mut effs = Vec::with_capacity(layers.len());
-        let mut leases = Vec::with_capacity(layers.len());
         for (i, l) in layers.iter().enumerate() {
             validate_key(&l.key)
                 .map_err(|e| Error::invalid(format!("layers[{i}].key"), e.to_string()))?;
@@ -71,26 +67,29 @@ impl Limiter {
                     ),
                 ));
             }
-            let eff = l.policy.0.effective(global);
-            effs.push(eff);
-            leases.push(if eff.algorithm == Algorithm::Concurrency {
-                self.lease_id()
-            } else {
-                String::new()
-            });
         }
-        let reqs: Vec<LayerReq<'_>> = layers
-            .iter()
-            .enumerate()
-            .map(|(i, l)| LayerReq {
-                scope: &l.policy.0.name,
-                compiled: effs[i],
-                key: &l.key,
-                cost: l.cost.min(effs[i].limit + 1),
-                lease: &leases[i],
-                auto_block: l.policy.0.auto_block,
-            })
-            .collect();
+        if layers.iter().any(|l| l.policy.is_multi()) {
+            // every limit of a multi-limit policy is a layer of its own
+            let (expanded, origin) = super::multi::expand(layers)?;
+            return self.layered(&expanded, &origin, layers, false).await;
+        }
+        let origin: Vec<(usize, Option<usize>)> = (0..layers.len()).map(|i| (i, None)).collect();
+        self.layered(layers, &origin, layers, false).await
+    }
+
+    /// A layered check of `layers` (validated), where layer `i` is limit `origin[i].1` (of
+    /// a multi-limit policy, else `None`) of `originals[origin[i].0]`, what the caller
+    /// asked for; `single`: the caller asked for one check of a multi-limit policy.
+    pub(super) async fn layered(
+        &self,
+        layers: &[Layer],
+        origin: &[(usize, Option<usize>)],
+        originals: &[Layer],
+        single: bool,
+    ) -> Result<Decision> {
+        tokio::task::consume_budget().await; // see Limiter::run
+        let (effs, leases) = self.layer_limits(layers);
+        let reqs = layer_reqs(layers, &effs, &leases);
         let view = self.view();
         let (raw, source, shards) = match &view.engine {
             Engine::Memory(m) => (
@@ -108,7 +107,7 @@ impl Limiter {
                             Source::Block,
                             None,
                         );
-                        d.layer = Some(i);
+                        describe(&mut d, i, origin, &effs, single);
                         self.count(&l.policy.0.name, &d);
                         return Ok(d);
                     }
@@ -128,6 +127,43 @@ impl Limiter {
                 (raw, src, shard_of.iter().map(|s| Some(*s as u32)).collect())
             }
         };
+        Ok(self.conclude(
+            layers, origin, originals, single, &effs, raw, source, &shards,
+        ))
+    }
+
+    /// The limit in force of each layer, and a lease id for each concurrency layer.
+    pub(super) fn layer_limits(&self, layers: &[Layer]) -> (Vec<Compiled>, Vec<String>) {
+        let global = self.global_scale();
+        let mut effs = Vec::with_capacity(layers.len());
+        let mut leases = Vec::with_capacity(layers.len());
+        for l in layers {
+            let eff = l.policy.0.effective(global);
+            effs.push(eff);
+            leases.push(if eff.algorithm == Algorithm::Concurrency {
+                self.lease_id()
+            } else {
+                String::new()
+            });
+        }
+        (effs, leases)
+    }
+
+    /// The decision of a layered check from the engines' answer: it describes the layer
+    /// that denied (with the longest `retry_after` of all denying layers) or the tightest;
+    /// each of the caller's layers is counted once, and a denial or block is reported.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn conclude(
+        &self,
+        layers: &[Layer],
+        origin: &[(usize, Option<usize>)],
+        originals: &[Layer],
+        single: bool,
+        effs: &[Compiled],
+        raw: LayeredRaw,
+        source: Source,
+        shards: &[Option<u32>],
+    ) -> Decision {
         // describe the deciding layer, or the tightest one
         let idx = raw.deciding.unwrap_or_else(|| {
             (0..layers.len())
@@ -152,12 +188,33 @@ impl Limiter {
             o.allowed = false;
         }
         let mut d = self.decision(&layers[idx].policy.0, &effs[idx], o, source, shards[idx]);
-        d.layer = Some(idx);
-        for (i, l) in layers.iter().enumerate() {
-            let ld = if i == idx {
+        describe(&mut d, idx, origin, effs, single);
+        if d.allowed && d.limit_index.is_some() {
+            // a leaky bucket among the limits shapes the request even when another limit
+            // is the tightest: wait for the longest delay of them all
+            let mine = (0..layers.len()).filter(|i| origin[*i].0 == origin[idx].0);
+            let delay = mine.map(|i| raw.outcomes[i].delay_us).max().unwrap_or(0);
+            d.delay = std::time::Duration::from_micros(delay);
+        }
+        for (j, l) in originals.iter().enumerate() {
+            // each layer the caller asked for is counted once: by the limit that decided
+            // for it, else its tightest
+            let ld = if j == origin[idx].0 {
                 d.clone()
             } else {
-                self.decision(&l.policy.0, &effs[i], raw.outcomes[i], source, shards[i])
+                let mine = (0..layers.len()).filter(|i| origin[*i].0 == j);
+                let i = mine
+                    .clone()
+                    .find(|i| !raw.outcomes[*i].allowed)
+                    .or_else(|| mine.min_by_key(|i| raw.outcomes[*i].remaining))
+                    .unwrap_or(j);
+                self.decision(
+                    &layers[i].policy.0,
+                    &effs[i],
+                    raw.outcomes[i],
+                    source,
+                    shards[i],
+                )
             };
             let ld = Decision {
                 allowed: d.allowed,
@@ -175,7 +232,7 @@ impl Limiter {
         } else if !d.allowed {
             self.on_denied(&layers[idx].policy.0, &layers[idx].key, &d);
         }
-        Ok(d)
+        d
     }
 
     pub(super) async fn layered_redis(
@@ -297,5 +354,48 @@ impl Limiter {
             return Err(e);
         }
         Ok((out, source))
+    }
+}
+
+/// What the engines take for each layer.
+pub(super) fn layer_reqs<'a>(
+    layers: &'a [Layer],
+    effs: &[Compiled],
+    leases: &'a [String],
+) -> Vec<LayerReq<'a>> {
+    layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| LayerReq {
+            scope: &l.policy.0.scope,
+            compiled: effs[i],
+            key: &l.key,
+            cost: l.cost.min(effs[i].limit + 1),
+            lease: &leases[i],
+            auto_block: l.policy.0.auto_block,
+        })
+        .collect()
+}
+
+/// Says which layer (of the caller's) and which limit (of a multi-limit policy) `d`
+/// describes, with every limit of that policy for `RateLimit-Policy`.
+pub(super) fn describe(
+    d: &mut Decision,
+    idx: usize,
+    origin: &[(usize, Option<usize>)],
+    effs: &[Compiled],
+    single: bool,
+) {
+    let (layer, limit) = origin[idx];
+    d.layer = (!single).then_some(layer);
+    if limit.is_some() {
+        d.limit_index = limit;
+        d.quotas = (0..origin.len())
+            .filter(|i| origin[*i].0 == layer)
+            .map(|i| Quota {
+                limit: effs[i].limit,
+                window: std::time::Duration::from_micros(effs[i].window_us()),
+            })
+            .collect();
     }
 }

@@ -24,6 +24,7 @@ mod handoff;
 mod layered;
 mod local_admission;
 mod metrics;
+mod multi;
 mod reload;
 mod scale;
 

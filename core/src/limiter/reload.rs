@@ -101,7 +101,7 @@ impl Limiter {
                 .intersection(&before)
                 .filter(|n| {
                     let (a, b) = (&old.config.policies[*n], &config.policies[*n]);
-                    a.limit() != b.limit()
+                    a.limits() != b.limits()
                         || a.on_error() != b.on_error()
                         || a.auto_block() != b.auto_block()
                         || a.local_admission() != b.local_admission()

@@ -7,6 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod multi;
+pub(crate) use multi::MAX_LIMITS;
+
 /// The largest limit, capacity or cost shardlimit accepts. Redis scripts compute in IEEE
 /// doubles, so every quantity they handle must stay an exact integer (< 2^53).
 pub const MAX_LIMIT: u64 = 1_000_000_000_000;
@@ -396,6 +399,12 @@ pub(crate) struct PolicyInner {
     pub key_scope: String,
     /// The adaptive scale factor (f64 bits), 1.0 unless set.
     pub scale: AtomicU64,
+    /// What the in-memory engines key this policy's state by: the name, or for the limits
+    /// after the first of a multi-limit policy `name#i` (no policy name holds `#`).
+    pub scope: Arc<str>,
+    /// A multi-limit policy's limits, each a policy of the same name with its own state
+    /// (`policy/multi.rs`); `None` for a policy of one limit.
+    pub parts: Option<Arc<[Policy]>>,
 }
 
 impl PolicyInner {
@@ -430,6 +439,13 @@ impl Policy {
             local_admission,
             key_scope: p.key_scope.clone(),
             scale: AtomicU64::new(p.scale.load(Relaxed)),
+            scope: p.scope.clone(),
+            parts: p.parts.as_ref().map(|parts| {
+                parts
+                    .iter()
+                    .map(|part| part.derive(on_error, auto_block, None))
+                    .collect()
+            }),
         }))
     }
 
@@ -446,6 +462,7 @@ impl Policy {
 
     /// The same policy with local admission (fixed_window, sliding_window, token_bucket).
     pub fn with_local_admission(&self, local: LocalAdmission) -> Result<Policy> {
+        multi::refuse_local(self, &format!("policies.{}.local_admission", self.name()))?;
         validate_local(
             &format!("policies.{}.local_admission", self.name()),
             self.algorithm(),
@@ -471,6 +488,8 @@ impl Policy {
             auto_block: None,
             local_admission: None,
             scale: AtomicU64::new(1.0f64.to_bits()),
+            scope: Arc::from(name),
+            parts: None,
         })))
     }
 
@@ -505,6 +524,9 @@ impl Policy {
     pub fn set_scale(&self, factor: f64) -> Result<()> {
         validate_scale(factor)?;
         self.0.scale.store(factor.to_bits(), Relaxed);
+        for part in self.0.parts.iter().flat_map(|p| p.iter()) {
+            part.0.scale.store(factor.to_bits(), Relaxed);
+        }
         Ok(())
     }
 }

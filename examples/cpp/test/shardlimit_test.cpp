@@ -116,6 +116,42 @@ TEST_F(Redis, HeadersAndBody) {
   EXPECT_NE(d.to_json().find("\"allowed\":false"), std::string::npos);
 }
 
+// Multi-limit policies, plans and rate strings (issue 18): the core decides in one call,
+// the decision carries every limit, the headers are the core's.
+TEST_F(Redis, MultiLimitPoliciesPlansAndRateStrings) {
+  auto limiter = shardlimit::Limiter::from_json(
+      config(R"("api":"2/hour; 3/day"},"plans":{"pro":{"api":"10/hour; 100/day"})"));
+  auto d = limiter.check("u", "api", 2);
+  ASSERT_TRUE(d.allowed());
+  EXPECT_EQ(d.limit_index(), std::optional<uint32_t>(0));
+  auto q = d.quotas();
+  ASSERT_EQ(q.size(), 2u);
+  EXPECT_EQ(q[1].limit, 3u);
+  EXPECT_EQ(q[1].window_us, 86400000000u);
+  EXPECT_EQ(d.headers()[3].second, "\"api\";q=2;w=3600, \"api#1\";q=3;w=86400");
+  d = limiter.check("u", "api", 2);  // the hour denies; nothing taken from the day
+  EXPECT_FALSE(d.allowed());
+  EXPECT_EQ(d.limit_index(), std::optional<uint32_t>(0));
+  auto pro = limiter.plan_policy("pro", "api");
+  EXPECT_EQ(pro.name(), "api");
+  d = limiter.check("u", pro, 1);
+  EXPECT_TRUE(d.allowed());
+  EXPECT_EQ(d.remaining(), 7u);  // the same keys: 2 of the hour's 10 and 3 of the day's 100 used
+  EXPECT_THROW(limiter.plan_policy("gold", "api"), shardlimit::Error);
+  auto burst = shardlimit::Policy::from_rate("1/hour; 5/day");
+  EXPECT_EQ(burst.name(), "fixed_window-1-3600000ms--fixed_window-5-86400000ms");
+  EXPECT_TRUE(limiter.check("a", burst).allowed());
+  d = limiter.check("a", burst);
+  EXPECT_FALSE(d.allowed());
+  EXPECT_EQ(d.limit_index(), std::optional<uint32_t>(0));
+  auto one = shardlimit::Policy::from_rate("5/minute", SHARDLIMIT_ALGORITHM_SLIDING_LOG, "login");
+  d = limiter.check("a", one);
+  EXPECT_EQ(d.remaining(), 4u);
+  EXPECT_FALSE(d.limit_index().has_value());
+  EXPECT_TRUE(d.quotas().empty());
+  EXPECT_THROW(shardlimit::Policy::from_rate("5/fortnight"), shardlimit::Error);
+}
+
 TEST_F(Redis, PoliciesPeekResetAndLeases) {
   auto limiter = shardlimit::Limiter::from_json(
       config(R"("tb":{"algorithm":"token_bucket","capacity":2,"refill_per_sec":0.001},)"

@@ -75,6 +75,7 @@ const std::map<std::string, void (*)(const L*)> kOps = {
     OP("is_redis", l->is_redis()),
     OP("memory_keys", l->memory_keys()),
     OP("policy", l->policy("p")),
+    OP("plan_policy", l->plan_policy("free", "p")),
     OP("route", l->route("k")),
     OP("reload", (l->reload("{}"), 0)),
     OP("reload_from_file", (l->reload_from_file("x"), 0)),

@@ -52,6 +52,14 @@ class Decision:
     @property
     def layer(self) -> Optional[int]:
         """Layered checks: the index of the layer this decision describes."""
+    @property
+    def limit_index(self) -> Optional[int]:
+        """A multi-limit policy: the index of the limit this decision describes (the one
+        that denied, or the tightest). None for a policy of one limit."""
+    @property
+    def quotas(self) -> list[tuple[int, float]]:
+        """A multi-limit policy: every limit in force as (limit, window in seconds), in
+        order (what ``RateLimit-Policy`` lists). Empty for a policy of one limit."""
     def headers(self) -> dict[str, str]:
         """The standard rate-limit response headers, in a stable order."""
     def body(self) -> dict[str, Any]:
@@ -108,6 +116,9 @@ class Policy:
     @property
     def max(self) -> int:
         """The effective limit (units per window, capacity, or max concurrent)."""
+    @property
+    def limits(self) -> list[Limit]:
+        """Every limit of the policy, in order (one unless it is a multi-limit policy)."""
     @property
     def on_error(self) -> str:
         """What happens when the shard fails: "open", "closed", "local" or "error"."""
@@ -252,6 +263,11 @@ class Limiter:
         """How many keys the in-memory engine holds; None on Redis."""
     def policy(self, name: str) -> Policy:
         """The named policy of the config (UnknownPolicyError)."""
+    def plan_policy(self, plan: str, policy: str) -> Policy:
+        """The policy as plan ``plan`` of the config has it (the plan's limits under the
+        policy's name, or the policy itself when the plan does not list it): check under a
+        plan with ``limiter.check(key, limiter.plan_policy("pro", "api"))``.
+        InvalidArgumentError for an unknown plan, UnknownPolicyError for an unknown policy."""
     def route(self, key: str) -> Optional[tuple[int, str]]:
         """The shard ``key`` routes to, as (index, name); None in memory."""
     def check(self, key: str, policy: PolicyLike, cost: int = 1) -> Decision:

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! state            {prefix}s:{policy}:{algo}:{T}K
+//!                  {prefix}s:{policy}#{i}:{algo}:{T}K   (limit i > 0 of a multi-limit policy)
 //! denial counter   {prefix}d:{policy}:{algo}:{T}K     (automatic blocking)
 //! block entry      {prefix}b:{T}K                     (shared by every policy)
 //! reserved         {prefix}o:...                      (per-key overrides, not used yet)
@@ -13,8 +14,9 @@
 //! key one check touches lands in the Cluster slot of its routing key. K is empty when the
 //! key is its own tag (T = key, the common case), else `=<byte length>:<key>`.
 //!
-//! Why this cannot collide: the prefix holds no braces and policy names no `:` (both
-//! validated), and algorithm codes are fixed two-letter names, so the namespace letter and
+//! Why this cannot collide: the prefix holds no braces and policy names no `:` or `#`
+//! (both validated; `policy#i` scopes the limits after the first of a multi-limit policy,
+//! so no scope of one policy is another's), and algorithm codes are fixed two-letter names, so the namespace letter and
 //! the policy scope end at a known `:`, the first `{` is the tag's, T ends at the first `}`,
 //! and K is either empty or length-prefixed. The scripts' own `:<window index>` suffixes
 //! start with `:`, which K never does. So distinct (namespace, policy, algorithm, key) give
