@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The decision vectors: every file is replayed by every engine and binding.
-const DECISION_FILES: [&str; 1] = ["algorithms.json"];
+const DECISION_FILES: [&str; 2] = ["algorithms.json", "precision.json"];
 
 fn path(name: &str) -> String {
     format!("{}/../tests/vectors/{name}", env!("CARGO_MANIFEST_DIR"))
@@ -423,7 +423,10 @@ fn census(doc: &Value) -> usize {
 fn memory_engine_matches_vectors() {
     for file in DECISION_FILES {
         let doc = load(file);
-        assert!(census(&doc) > 100);
+        if file == "algorithms.json" {
+            // (precision.json holds only the cases of per-key offsets and exact rates)
+            assert!(census(&doc) > 100);
+        }
         let got = Replay {
             mode: Mode::Memory,
             server: None,
@@ -627,6 +630,20 @@ fn redis_engine_blocking_matches_vectors() {
 #[test]
 fn redis_engine_batch_scripts_match_vectors() {
     redis_replay(Mode::RedisBatch);
+}
+
+/// The per-key window offset function, pinned (`precision.json`, `offsets`).
+#[test]
+fn window_offsets_match_vectors() {
+    let doc = load("precision.json");
+    let offsets = doc["offsets"].as_array().unwrap();
+    assert!(offsets.len() >= 64);
+    for o in offsets {
+        let key = o["key"].as_str().unwrap();
+        let w = o["window_us"].as_u64().unwrap();
+        let want = o["offset_us"].as_u64().unwrap();
+        assert_eq!(shardlimit::window_offset_us(key, w), want, "{key:?} {w}");
+    }
 }
 
 #[test]
