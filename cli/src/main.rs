@@ -171,6 +171,22 @@ struct PolicyArg {
     limit: Option<String>,
 }
 
+/// What `config validate` adds about a policy's window placement and exact interval.
+fn precision(p: &Policy) -> String {
+    let mut s = String::new();
+    if p.window_offset() == shardlimit::WindowOffset::PerKey {
+        s.push_str(", window_offset per_key");
+    }
+    if let Some((n, d)) = p.emission_interval_us() {
+        if d == 1 {
+            s.push_str(&format!(", exactly {n} µs per unit"));
+        } else {
+            s.push_str(&format!(", exactly {n}/{d} µs per unit"));
+        }
+    }
+    s
+}
+
 fn limiter(t: &Target) -> shardlimit::Result<Limiter> {
     match &t.config {
         Some(path) => Limiter::from_config_file(path),
@@ -203,7 +219,7 @@ fn policy(l: &Limiter, p: &PolicyArg) -> shardlimit::Result<Policy> {
                     other => other,
                 })?;
             let p = &cfg.policies["adhoc"];
-            Policy::try_from(p.limit().clone())
+            Policy::try_from(p.limit().clone())?.with_window_offset(p.window_offset())
         }
         (None, None) => {
             let cfg = l.config();
@@ -302,7 +318,12 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
                 println!("  cluster ({} seed nodes): {mode}", nodes.len());
             }
             for (name, p) in &cfg.policies {
-                println!("  {name}: {}, on_error {}", p.limit(), p.on_error().name());
+                println!(
+                    "  {name}: {}, on_error {}{}",
+                    p.limit(),
+                    p.on_error().name(),
+                    precision(p)
+                );
             }
             if cfg.shards.is_some() || cfg.cluster.is_some() {
                 let handoff = human(cfg.reshard_handoff);
@@ -352,7 +373,9 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
                 .intersection(&nb)
                 .filter(|n| {
                     let (x, y) = (&a.policies[*n], &b.policies[*n]);
-                    x.limit() != y.limit() || x.on_error() != y.on_error()
+                    x.limit() != y.limit()
+                        || x.on_error() != y.on_error()
+                        || x.window_offset() != y.window_offset()
                 })
                 .collect();
             println!("shards: {} -> {}", ua.len(), ub.len());

@@ -477,6 +477,14 @@ impl Policy {
         Ok(p)
     }
 
+    /// A bucket's emission interval as the reduced fraction (numerator, denominator) of µs
+    /// per unit it runs at exactly (300,000/s is `(10, 3)`); `None` for other algorithms.
+    pub fn emission_interval_us(&self) -> Option<(u64, u64)> {
+        let c = &self.0.compiled;
+        matches!(c.algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+            .then_some((c.period_us, c.period_den))
+    }
+
     /// Where this policy's window boundaries fall.
     pub fn window_offset(&self) -> WindowOffset {
         self.0.compiled.window_offset
