@@ -379,3 +379,24 @@ fn reshard_handoff_carries_per_key_windows_and_exact_buckets() {
         }
     }
 }
+
+/// The README's snippet (section "Per-key window offsets and exact rates"), as written.
+#[test]
+fn readme_snippet_runs() -> shardlimit::Result<()> {
+    let limiter = shardlimit::Limiter::from_json(
+        r#"{"policies": {
+    "daily": {"algorithm": "fixed_window", "limit": 10000, "window": "1d", "window_offset": "per_key"},
+    "burst": {"algorithm": "token_bucket", "capacity": 300000, "refill_per_sec": 300000}}}"#,
+    )?;
+    let d = limiter.check_by_name_blocking("tenant:acme", "daily", 1)?;
+    let day = 86_400_000_000;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    // the key's day ends at its offset past midnight UTC (within the time the check took)
+    let end = (now + d.reset_after.as_micros() as u64) % day;
+    let o = window_offset_us("tenant:acme", day);
+    assert!((end + day - o) % day < 1_000_000, "{end} {o}");
+    Ok(())
+}
