@@ -256,7 +256,7 @@ export interface ConfigWatcher {
 export interface LimitSpec {
   /** The algorithm. */
   algorithm: PolicyInfo['algorithm']
-  /** Every parameter of the config format: `limit`, `window`, `capacity`, `refill_per_sec`, `leak_per_sec`, `max`, `lease_ttl`, `on_error`, ... */
+  /** Every parameter of the config format: `limit`, `window`, `capacity`, `refill_per_sec`, `leak_per_sec`, `max`, `lease_ttl`, `on_error`, `window_offset` (`'none'` or `'per_key'`), ... */
   [field: string]: unknown
 }
 
