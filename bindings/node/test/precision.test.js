@@ -30,7 +30,7 @@ for (const engine of ['memory', 'redis']) {
 
   test(`${engine}: a per-key window resets at the key's own offset`, async () => {
     const { limiter } = make()
-    // offsets of 'a' and 'tenant:1' in a day (precision.json): 52766.353057 s, 40405.616687 s
+    // offsets of 'a' and 'tenant:1' in a day (tests/vectors/precision.json, offsets)
     // past midnight UTC; T0 is 8 h past one
     const day = 86_400_000_000
     const until = (offset) => (offset - (T0 % day) + day) % day
