@@ -160,6 +160,24 @@ mod tests {
         assert!(!o.allowed && o.remaining == 0);
     }
 
+    /// The adaptive scale and `on_error: local`'s share keep the denominator: half of
+    /// 300,000/s is 20/3 µs per token, exactly 150,000/s.
+    #[test]
+    fn scaled_and_shared_rates_stay_exact() {
+        let c = compiled(Limit::token_bucket(3_000_000, 300_000.0));
+        let half = c.share(2);
+        assert_eq!(
+            (half.limit, half.period_us, half.period_den),
+            (1_500_000, 20, 3)
+        );
+        assert_eq!(half.window_us(), 10_000_000);
+        let t0 = 1_800_000_000_000_000;
+        assert_eq!(
+            admitted(&half, t0, t0 + 1_000_000_000, 999_983),
+            1_500_000 + 150_000_000
+        );
+    }
+
     /// Sub-µs intervals (2,000,000/s is 1/2 µs) are exact too.
     #[test]
     fn sub_microsecond_intervals() {
