@@ -281,7 +281,7 @@ export interface LimitObject {
   rate?: string
   /** Several limits checked together: rate strings or objects. */
   limits?: Array<string | LimitObject>
-  /** Every parameter of the config format: `limit`, `window`, `capacity`, `refill_per_sec`, `leak_per_sec`, `max`, `lease_ttl`, `on_error`, ... */
+  /** Every parameter of the config format: `limit`, `window`, `capacity`, `refill_per_sec`, `leak_per_sec`, `max`, `lease_ttl`, `on_error`, `window_offset` (`'none'` or `'per_key'`), ... */
   [field: string]: unknown
 }
 

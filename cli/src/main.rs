@@ -176,6 +176,22 @@ struct PolicyArg {
     plan: Option<String>,
 }
 
+/// What `config validate` adds about a policy's window placement and exact interval.
+fn precision(p: &Policy) -> String {
+    let mut s = String::new();
+    if p.window_offset() == shardlimit::WindowOffset::PerKey {
+        s.push_str(", window_offset per_key");
+    }
+    if let Some((n, d)) = p.emission_interval_us() {
+        if d == 1 {
+            s.push_str(&format!(", exactly {n} µs per unit"));
+        } else {
+            s.push_str(&format!(", exactly {n}/{d} µs per unit"));
+        }
+    }
+    s
+}
+
 fn limiter(t: &Target) -> shardlimit::Result<Limiter> {
     match &t.config {
         Some(path) => Limiter::from_config_file(path),
@@ -229,7 +245,8 @@ fn adhoc(v: &serde_json::Value) -> shardlimit::Result<Policy> {
             other => other,
         },
     )?;
-    Policy::from_limits(cfg.policies["adhoc"].limits())
+    let p = &cfg.policies["adhoc"];
+    Policy::from_limits(p.limits())?.with_window_offset(p.window_offset())
 }
 
 /// A policy's limits for a summary: `fixed_window limit=10 window=1000ms; ...`.
@@ -331,18 +348,20 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
             }
             for (name, p) in &cfg.policies {
                 println!(
-                    "  {name}: {}, on_error {}",
+                    "  {name}: {}, on_error {}{}",
                     limits_text(p),
-                    p.on_error().name()
+                    p.on_error().name(),
+                    precision(p)
                 );
             }
             for (plan, policies) in &cfg.plans {
                 println!("  plan {plan}:");
                 for (name, p) in policies {
                     println!(
-                        "    {name}: {}, on_error {}",
+                        "    {name}: {}, on_error {}{}",
                         limits_text(p),
-                        p.on_error().name()
+                        p.on_error().name(),
+                        precision(p)
                     );
                 }
             }
@@ -394,7 +413,9 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
                 .intersection(&nb)
                 .filter(|n| {
                     let (x, y) = (&a.policies[*n], &b.policies[*n]);
-                    x.limits() != y.limits() || x.on_error() != y.on_error()
+                    x.limits() != y.limits()
+                        || x.on_error() != y.on_error()
+                        || x.window_offset() != y.window_offset()
                 })
                 .collect();
             println!("shards: {} -> {}", ua.len(), ub.len());

@@ -1,6 +1,9 @@
 -- fixed_window: at most `limit` units per aligned window of `period` µs.
 -- State: an integer counter in key..':'..window_index, expiring at the window's end.
-ALGO.fw = function(key, now, limit, window, cost, peek)
+-- `shift` (the 7th argument, "" for none) is added to `now` so that the key's windows are
+-- offset per key (`"window_offset": "per_key"`, core/src/policy/offset.rs).
+ALGO.fw = function(key, now, limit, window, cost, peek, shift)
+  if shift ~= '' then now = now + tonumber(shift) end
   local idx = math.floor(now / window)
   local ckey = key .. ':' .. int(idx)
   local used = tonumber(redis.call('GET', ckey) or '0')
@@ -23,7 +26,8 @@ ALGO.fw = function(key, now, limit, window, cost, peek)
 end
 
 if REFUND then -- only the layered and refund scripts give units back
-  REFUND.fw = function(key, now, window, cost)
+  REFUND.fw = function(key, now, window, cost, shift)
+    if shift ~= '' then now = now + tonumber(shift) end
     local ckey = key .. ':' .. int(math.floor(now / window))
     local used = tonumber(redis.call('GET', ckey) or '0')
     if used > 0 then

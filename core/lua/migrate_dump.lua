@@ -3,8 +3,9 @@
 -- KEYS[1]  the state's base key     KEYS[2] the key's block-list entry
 -- ARGV[1]  now in µs, or "0" for the server clock (TIME)
 -- ARGV[2]  window (µs) of windowed counters (state in KEYS[1]..':'..index); "0" otherwise
+-- ARGV[3]  the key's window shift (µs; "0" unless per-key window offsets), added to now
 -- Returns {name, pttl (0 = none), DUMP payload, ...} for each of those keys that exists.
-local now = clock(ARGV[1])
+local now = clock(ARGV[1]) + tonumber(ARGV[3] or '0')
 local window = tonumber(ARGV[2])
 local names
 if window == 0 then

@@ -5,8 +5,10 @@
 -- returning {allowed (0/1), remaining, reset_after_us, retry_after_us (-1 = absent),
 -- delay_us}. `peek` true never consumes (concurrency reclaims expired leases, which
 -- changes no decision). `period` is the window, the lease TTL, or the
--- emission interval (µs per unit) of a bucket. Integers are formatted with %d, never
--- tostring, so that values up to 2^53 survive exactly.
+-- emission interval (µs per unit) of a bucket. `lease` is the lease id of a concurrency
+-- limit, and for the others an extra argument, "" when unused: the per-key window shift
+-- (fixed and sliding window) or the exact interval's denominator (buckets). Integers are
+-- formatted with %d, never tostring, so that values up to 2^53 survive exactly.
 local ALGO = {}
 -- REFUND.<code>(key, now, period, cost, lease) gives back `cost` units admitted at `now`
 -- (layered checks across shards, when another shard denied). Only the layered and refund

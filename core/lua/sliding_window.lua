@@ -2,7 +2,9 @@
 --   estimate = previous * (window - elapsed) / window + current
 -- State: integer counters in key..':'..window_index for this and the previous window.
 -- The Rust in-memory engine evaluates the very same floating-point expression.
-ALGO.sw = function(key, now, limit, window, cost, peek)
+-- `shift` (the 7th argument, "" for none): added to `now`, as in fixed_window.lua.
+ALGO.sw = function(key, now, limit, window, cost, peek, shift)
+  if shift ~= '' then now = now + tonumber(shift) end
   local idx = math.floor(now / window)
   local elapsed = now - idx * window
   local ckey = key .. ':' .. int(idx)
@@ -57,7 +59,8 @@ ALGO.sw = function(key, now, limit, window, cost, peek)
 end
 
 if REFUND then -- only the layered and refund scripts give units back
-  REFUND.sw = function(key, now, window, cost)
+  REFUND.sw = function(key, now, window, cost, shift)
+    if shift ~= '' then now = now + tonumber(shift) end
     local ckey = key .. ':' .. int(math.floor(now / window))
     local cur = tonumber(redis.call('GET', ckey) or '0')
     if cur > 0 then

@@ -55,6 +55,7 @@ pub use limiter::{
     Spawner, BLOCK_CACHE_TTL, CLOSED_RETRY_AFTER, MAX_KEY_LEN,
 };
 pub use metrics::{MetricsSnapshot, PolicyMetrics};
+pub use policy::{window_offset_us, WindowOffset, WINDOW_OFFSET_SEED};
 pub use policy::{Algorithm, AutoBlock, Limit, LocalAdmission, OnError, Policy, MAX_LIMIT};
 pub use rate::{parse_rate, parse_rate_as};
 pub use time::duration::parse_duration_us;

@@ -58,11 +58,32 @@ struct Spec {
     algorithm: usize,
     limit: u64,
     period_us: u64,
+    /// fixed and sliding windows: `"window_offset": "per_key"`
+    per_key: bool,
+    /// buckets: an exact rate of `.0` units per `.1` seconds whose interval is not a whole
+    /// number of µs (`period_us` is then that interval rounded up, for the times only)
+    fine: Option<(u64, u64)>,
 }
 
 impl Spec {
     fn is_bucket(&self) -> bool {
         matches!(ALGORITHMS[self.algorithm], "token_bucket" | "leaky_bucket")
+    }
+
+    fn per_sec(&self) -> f64 {
+        match self.fine {
+            Some((n, secs)) => n as f64 / secs as f64,
+            None => 1e6 / self.period_us as f64,
+        }
+    }
+
+    /// What the engines add to the clock for `key`'s windows (0 unless per-key offsets).
+    fn shift(&self, key: &str) -> u64 {
+        if !self.per_key {
+            return 0;
+        }
+        let w = self.period_us;
+        (w - shardlimit::window_offset_us(key, w)) % w
     }
 
     fn is_concurrency(&self) -> bool {
@@ -73,13 +94,17 @@ impl Spec {
     fn json(&self) -> Value {
         let ms = format!("{}ms", self.period_us / 1000);
         match ALGORITHMS[self.algorithm] {
+            a @ ("fixed_window" | "sliding_window") if self.per_key => {
+                json!({"algorithm": a, "limit": self.limit, "window": ms,
+                    "window_offset": "per_key"})
+            }
             a @ ("fixed_window" | "sliding_window" | "sliding_log") => {
                 json!({"algorithm": a, "limit": self.limit, "window": ms})
             }
             "token_bucket" => json!({"algorithm": "token_bucket", "capacity": self.limit,
-                "refill_per_sec": 1e6 / self.period_us as f64}),
+                "refill_per_sec": self.per_sec()}),
             "leaky_bucket" => json!({"algorithm": "leaky_bucket", "capacity": self.limit,
-                "leak_per_sec": 1e6 / self.period_us as f64}),
+                "leak_per_sec": self.per_sec()}),
             _ => json!({"algorithm": "concurrency", "max": self.limit, "lease_ttl": ms}),
         }
     }
@@ -163,22 +188,40 @@ fn spec() -> impl Strategy<Value = Spec> {
         1 => Just(1_000_000u64),
         1 => Just(MAX_LIMIT),
     ];
-    (0..ALGORITHMS.len(), limit, 0u64..=600).prop_map(|(algorithm, limit, p)| {
-        // periods from MIN_TTL_US to 20 times that, on whole ms (windows must be)
-        let period_us = (MIN_TTL_US + p * MIN_TTL_US * 19 / 600) / 1000 * 1000;
-        let mut s = Spec {
-            algorithm,
-            limit,
-            period_us,
-        };
-        if s.is_bucket() {
-            // a whole number of µs per unit that 1e6 / rate gives back exactly, and a
-            // capacity that refills within the longest span a bucket may have
-            s.period_us += p * 7 + 1;
-            s.limit = s.limit.min(1_000_000);
-        }
-        s
-    })
+    let fine = prop_oneof![2 => Just(None), 1 => (0usize..5, 1u64..=20).prop_map(Some)];
+    (0..ALGORITHMS.len(), limit, 0u64..=600, any::<bool>(), fine).prop_map(
+        |(algorithm, limit, p, per_key, fine)| {
+            // periods from MIN_TTL_US to 20 times that, on whole ms (windows must be)
+            let period_us = (MIN_TTL_US + p * MIN_TTL_US * 19 / 600) / 1000 * 1000;
+            let mut s = Spec {
+                algorithm,
+                limit,
+                period_us,
+                per_key: false,
+                fine: None,
+            };
+            if matches!(ALGORITHMS[algorithm], "fixed_window" | "sliding_window") && per_key {
+                s.per_key = true;
+            }
+            if s.is_bucket() {
+                // a whole number of µs per unit that 1e6 / rate gives back exactly, and a
+                // capacity that refills within the longest span a bucket may have
+                s.period_us += p * 7 + 1;
+                s.limit = s.limit.min(1_000_000);
+                if let Some((k, m)) = fine {
+                    // n units per `secs` seconds, n prime to 10: an interval of secs·1e6/n µs,
+                    // never whole, at least MIN_TTL_US; a capacity whose full bucket in
+                    // ticks of 1/n µs stays exact in the scripts' doubles
+                    let n = [3u64, 7, 9, 11, 13][k];
+                    let secs = n * 30 * m + 1;
+                    s.fine = Some((n, secs));
+                    s.period_us = (secs * 1_000_000).div_ceil(n);
+                    s.limit = s.limit.min(100_000);
+                }
+            }
+            s
+        },
+    )
 }
 
 fn cost() -> impl Strategy<Value = Cost> {
@@ -227,6 +270,16 @@ fn case() -> impl Strategy<Value = Case> {
             .find(|s| ALGORITHMS[s.algorithm] == "fixed_window")
             .map(|s| s.period_us)
         {
+            // with per-key offsets the keys' windows end at up to 1 + KEYS.len() instants
+            // per window: long enough windows leave a time at least MIN_TTL_US before each
+            let w = if policies
+                .iter()
+                .any(|s| ALGORITHMS[s.algorithm] == "fixed_window" && s.per_key)
+            {
+                w.max((KEYS.len() as u64 + 2) * MIN_TTL_US)
+            } else {
+                w
+            };
             for s in policies.iter_mut() {
                 if ALGORITHMS[s.algorithm] == "fixed_window" {
                     s.period_us = w;
@@ -320,6 +373,8 @@ impl Engines {
                 algorithm: i,
                 limit: 2,
                 period_us: MIN_TTL_US + 7,
+                per_key: false,
+                fine: None,
             };
             let p = policy(&format!("warm_{a}"), &s);
             self.redis.peek_blocking("warm", &p).unwrap();
@@ -609,17 +664,20 @@ fn run(e: &Engines, case: &Case) -> Result<Vec<Vec<Got>>, String> {
 /// The time of every step of `case`.
 fn times(case: &Case) -> Vec<u64> {
     let longest = case.policies.iter().map(|s| s.period_us).max().unwrap();
-    let fw = case
-        .policies
-        .iter()
-        .find(|s| ALGORITHMS[s.algorithm] == "fixed_window")
-        .map(|s| s.period_us);
-    let windows: Vec<u64> = case
-        .policies
-        .iter()
-        .filter(|s| matches!(ALGORITHMS[s.algorithm], "fixed_window" | "sliding_window"))
-        .map(|s| s.period_us)
-        .collect();
+    // (window, shift) of every fixed window's keys, and of every fixed or sliding one's
+    let shifted = |algorithms: &[&str]| -> Vec<(u64, u64)> {
+        let mut v: Vec<(u64, u64)> = case
+            .policies
+            .iter()
+            .filter(|s| algorithms.contains(&ALGORITHMS[s.algorithm]))
+            .flat_map(|s| KEYS.iter().map(move |k| (s.period_us, s.shift(k))))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let fw = shifted(&["fixed_window"]);
+    let windows = shifted(&["fixed_window", "sliding_window"]);
     let mut t = case.t0;
     let mut out = Vec::new();
     for (dt, ..) in &case.steps {
@@ -627,7 +685,11 @@ fn times(case: &Case) -> Vec<u64> {
             // not before the start of a fixed or sliding window's current window: the
             // in-memory engine keeps the counters of the newest window only (see the
             // module's comment)
-            let start = windows.iter().map(|w| t / w * w).max().unwrap_or(0);
+            let start = windows
+                .iter()
+                .map(|(w, sh)| ((t + sh) / w * w).saturating_sub(*sh))
+                .max()
+                .unwrap_or(0);
             t = t.saturating_sub(longest * n / 1000).max(start);
         }
         t += match *dt {
@@ -636,18 +698,30 @@ fn times(case: &Case) -> Vec<u64> {
             Dt::Micros(n) => n,
             Dt::Fraction(n) => longest * n / 1000,
             Dt::Boundary(p, before) => {
+                // (the first key's boundary, for windows placed per key)
                 let period = case.policies[p].period_us;
-                let next = (t / period + 1) * period - before;
+                let sh = case.policies[p].shift(KEYS[0]);
+                let next = ((t + sh) / period + 1) * period - sh - before;
                 next.saturating_sub(t)
             }
         };
-        if let Some(w) = fw {
-            // never within MIN_TTL_US of a fixed window's end: on to its boundary
-            let left = w - t % w;
-            if left < MIN_TTL_US {
-                t += left;
-            }
+        // never within MIN_TTL_US of a fixed window's end (any key's): on to its boundary,
+        // until no key's window ends that soon (each move lands on a boundary, and the
+        // windows are long enough for a time that is far from all of them)
+        for _ in 0..=fw.len() {
+            let Some(left) = fw
+                .iter()
+                .map(|(w, sh)| w - (t + sh) % w)
+                .find(|left| *left < MIN_TTL_US)
+            else {
+                break;
+            };
+            t += left;
         }
+        assert!(
+            fw.iter().all(|(w, sh)| w - (t + sh) % w >= MIN_TTL_US),
+            "a time far from every fixed window's end"
+        );
         out.push(t);
     }
     out
@@ -761,8 +835,20 @@ fn memory_and_redis_engines_agree_on_random_sequences() {
     }
     let cases = config.cases;
     let steps = std::sync::atomic::AtomicUsize::new(0);
+    // cases with a per-key window offset, with an exact fractional bucket rate
+    let (per_key, fine) = (
+        std::sync::atomic::AtomicUsize::new(0),
+        std::sync::atomic::AtomicUsize::new(0),
+    );
     let mut runner = proptest::test_runner::TestRunner::new(config);
     let result = runner.run(&case(), |c| {
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        if c.policies.iter().any(|s| s.per_key) {
+            per_key.fetch_add(1, relaxed);
+        }
+        if c.policies.iter().any(|s| s.fine.is_some()) {
+            fine.fetch_add(1, relaxed);
+        }
         let got = run(&engines, &c).map_err(TestCaseError::fail)?;
         steps.fetch_add(
             got.iter().map(Vec::len).sum(),
@@ -773,9 +859,15 @@ fn memory_and_redis_engines_agree_on_random_sequences() {
     if let Err(e) = result {
         panic!("{e}");
     }
+    let (per_key, fine) = (per_key.into_inner(), fine.into_inner());
     eprintln!(
-        "{cases} random cases, {} calls on each engine, in {:?}",
+        "{cases} random cases ({per_key} with per-key window offsets, {fine} with exact \
+         fractional rates), {} calls on each engine, in {:?}",
         steps.into_inner(),
         started.elapsed()
+    );
+    assert!(
+        per_key >= cases as usize / 8 && fine >= cases as usize / 16,
+        "the generator covers offsets and fine rates"
     );
 }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The decision vectors: every file is replayed by every engine and binding.
-const DECISION_FILES: [&str; 2] = ["algorithms.json", "plans.json"];
+const DECISION_FILES: [&str; 3] = ["algorithms.json", "plans.json", "precision.json"];
 
 fn path(name: &str) -> String {
     format!("{}/../tests/vectors/{name}", env!("CARGO_MANIFEST_DIR"))
@@ -461,6 +461,7 @@ fn memory_engine_matches_vectors() {
     for file in DECISION_FILES {
         let doc = load(file);
         if file == "algorithms.json" {
+            // (precision.json holds only the cases of per-key offsets and exact rates)
             assert!(census(&doc) > 100);
         }
         let got = Replay {
@@ -669,6 +670,20 @@ fn redis_engine_blocking_matches_vectors() {
 #[test]
 fn redis_engine_batch_scripts_match_vectors() {
     redis_replay(Mode::RedisBatch);
+}
+
+/// The per-key window offset function, pinned (`precision.json`, `offsets`).
+#[test]
+fn window_offsets_match_vectors() {
+    let doc = load("precision.json");
+    let offsets = doc["offsets"].as_array().unwrap();
+    assert!(offsets.len() >= 64);
+    for o in offsets {
+        let key = o["key"].as_str().unwrap();
+        let w = o["window_us"].as_u64().unwrap();
+        let want = o["offset_us"].as_u64().unwrap();
+        assert_eq!(shardlimit::window_offset_us(key, w), want, "{key:?} {w}");
+    }
 }
 
 #[test]

@@ -1118,9 +1118,9 @@ impl NativeLimit {
                 .ok_or_else(|| shardlimit::Error::Internal("ad-hoc policy lost".into()))?;
             match name {
                 Some(_) => Ok(p),
-                None => {
-                    Ok(shardlimit::Policy::from_limits(p.limits())?.with_on_error(p.on_error()))
-                }
+                None => Ok(shardlimit::Policy::from_limits(p.limits())?
+                    .with_on_error(p.on_error())
+                    .with_window_offset(p.window_offset())?),
             }
         })
         .map(|policy| NativeLimit { policy })

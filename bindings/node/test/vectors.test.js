@@ -13,7 +13,7 @@ const { startRedis } = require('./support/redis.js')
 
 const VECTORS = path.join(__dirname, '..', '..', '..', 'tests', 'vectors')
 // every file of decision vectors, replayed in full
-const FILES = ['algorithms.json', 'plans.json']
+const FILES = ['algorithms.json', 'plans.json', 'precision.json']
 const cases = FILES.flatMap((f) =>
   JSON.parse(fs.readFileSync(path.join(VECTORS, f), 'utf8')).cases.map((c) => ({ file: f, ...c }))
 )

@@ -18,7 +18,7 @@ from shardlimit import Decision, Lease, Limiter, ManualClock
 
 VECTORS = Path(__file__).resolve().parents[3] / "tests" / "vectors"
 #: every file of decision vectors, replayed in full
-FILES = ["algorithms.json", "plans.json"]
+FILES = ["algorithms.json", "plans.json", "precision.json"]
 DOCS: dict[str, dict[str, Any]] = {f: json.loads((VECTORS / f).read_text()) for f in FILES}
 OPS = {"check", "peek", "acquire", "release", "reset", "check_all", "batch"}
 

@@ -387,9 +387,7 @@ impl Config {
                     let c = &part.0.compiled;
                     let us = match c.algorithm {
                         Algorithm::SlidingWindow => c.period_us.saturating_mul(2),
-                        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                            c.limit.saturating_mul(c.period_us)
-                        }
+                        Algorithm::TokenBucket | Algorithm::LeakyBucket => c.window_us(),
                         _ => c.period_us,
                     };
                     (name.as_str(), Duration::from_micros(us))

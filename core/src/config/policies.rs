@@ -5,6 +5,7 @@ use super::*;
 use crate::error::{Error, Result};
 use crate::policy::{
     validate_auto_block, validate_local, Algorithm, AutoBlock, LocalAdmission, OnError, Policy,
+    WindowOffset,
 };
 use crate::time::duration::duration_from_json;
 use serde_json::Value;
@@ -90,6 +91,7 @@ pub(super) fn policy_at(
         "local_admission",
     ];
     known.extend(params);
+    known.push("window_offset");
     check_fields(obj, &format!("{field}."), &known)?;
     let on_error = match obj.get("on_error") {
         Some(v) => on_error(&f("on_error"), v)?,
@@ -135,5 +137,14 @@ pub(super) fn policy_at(
         validate_local(&f, policy.algorithm(), &l)?;
         policy = policy.with_local_admission(l)?;
     }
+    if let Some(v) = obj.get("window_offset") {
+        policy = policy.with_window_offset(window_offset(&f("window_offset"), v)?)?;
+    }
     Ok(policy)
+}
+
+fn window_offset(field: &str, v: &Value) -> Result<WindowOffset> {
+    v.as_str()
+        .and_then(WindowOffset::from_name)
+        .ok_or_else(|| Error::config(field, format!("expected \"none\" or \"per_key\", got {v}")))
 }

@@ -3,6 +3,7 @@
 //! sliding-window estimate), so that both engines give identical decisions for the same
 //! sequence of (time, key, cost). `tests/vectors/*.json` holds that promise.
 
+use super::exact;
 use crate::policy::{Algorithm, Compiled};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -17,7 +18,7 @@ pub(crate) struct Outcome {
 }
 
 impl Outcome {
-    fn deny(remaining: u64, reset_us: u64, retry_us: Option<u64>) -> Outcome {
+    pub(crate) fn deny(remaining: u64, reset_us: u64, retry_us: Option<u64>) -> Outcome {
         Outcome {
             allowed: false,
             remaining,
@@ -26,7 +27,7 @@ impl Outcome {
             delay_us: 0,
         }
     }
-    fn allow(remaining: u64, reset_us: u64, delay_us: u64) -> Outcome {
+    pub(crate) fn allow(remaining: u64, reset_us: u64, delay_us: u64) -> Outcome {
         Outcome {
             allowed: true,
             remaining,
@@ -100,6 +101,9 @@ pub(crate) enum State {
     Tat(u64),
     /// Concurrency: the leases held.
     Leases(Leases),
+    /// Token and leaky bucket with an exact interval `P/Q` µs: the theoretical arrival time
+    /// `t + f/Q` µs, `f < Q` (`engine/exact.rs`).
+    TatExact { t: u64, f: u64 },
 }
 
 impl State {
@@ -118,6 +122,7 @@ impl State {
             State::Log(log) => log.back().map_or(0, |e| e.t + c.period_us),
             State::Tat(t) => *t,
             State::Leases(h) => h.latest().unwrap_or(0),
+            State::TatExact { t, f } => t + u64::from(*f > 0),
         }
     }
 }
@@ -136,6 +141,8 @@ pub(crate) fn decide(
         Algorithm::FixedWindow => fixed_window(c, state, now, cost, peek),
         Algorithm::SlidingWindow => sliding_window(c, state, now, cost, peek),
         Algorithm::SlidingLog => sliding_log(c, state, now, cost, peek),
+        Algorithm::TokenBucket if c.period_den > 1 => exact::gcra(c, state, now, cost, peek, false),
+        Algorithm::LeakyBucket if c.period_den > 1 => exact::gcra(c, state, now, cost, peek, true),
         Algorithm::TokenBucket => gcra(c, state, now, cost, peek, false),
         Algorithm::LeakyBucket => gcra(c, state, now, cost, peek, true),
         Algorithm::Concurrency => concurrency(c, state, now, cost, peek, lease_id),

@@ -5,7 +5,7 @@
 
 use crate::engine::algo::{self, Outcome, State};
 use crate::engine::expiry::{ExpiringMap, NEVER};
-use crate::policy::{Algorithm, AutoBlock, Compiled};
+use crate::policy::{Algorithm, AutoBlock, Compiled, WindowOffset};
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
 use std::hash::BuildHasher;
@@ -82,6 +82,8 @@ struct Entry {
     algorithm: Algorithm,
     state: Option<State>,
     expires_at: u64,
+    /// the window placement the state was written under (its window indices depend on it)
+    offset: WindowOffset,
 }
 
 struct Shard {
@@ -102,9 +104,11 @@ impl Shard {
     ) -> R {
         let eq = |e: &Entry| *e.scope == **scope && *e.key == *key;
         if let Some(entry) = self.table.find_mut(hash, eq) {
-            if entry.algorithm != c.algorithm {
-                // the policy changed algorithm: old state means nothing now
+            if entry.algorithm != c.algorithm || entry.offset != c.window_offset {
+                // the policy changed algorithm (or window placement, like another state key
+                // in Redis): old state means nothing now
                 entry.algorithm = c.algorithm;
+                entry.offset = c.window_offset;
                 entry.state = None;
             }
             let r = f(&mut entry.state);
@@ -130,6 +134,7 @@ impl Shard {
                     algorithm: c.algorithm,
                     state: Some(state),
                     expires_at,
+                    offset: c.window_offset,
                 },
                 |e| e.hash,
             );
@@ -256,7 +261,9 @@ impl MemoryEngine {
         let outcome = self.shards[shard]
             .lock()
             .with_state(hash, scope, key, c, now, |s| {
-                algo::decide(c, s, now, cost, peek, lease)
+                // (windows placed per key run on the key's shifted clock; their expiry is
+                // then up to one window late, never early)
+                algo::decide(c, s, now + c.shift_us(key), cost, peek, lease)
             });
         let mut blocked = BlockVerdict::Clear;
         if !outcome.allowed && !peek {
@@ -316,7 +323,16 @@ impl MemoryEngine {
                 l.key,
                 &l.compiled,
                 now,
-                |s| algo::decide(&l.compiled, s, now, l.cost, true, l.lease),
+                |s| {
+                    algo::decide(
+                        &l.compiled,
+                        s,
+                        now + l.compiled.shift_us(l.key),
+                        l.cost,
+                        true,
+                        l.lease,
+                    )
+                },
             );
             if !o.allowed && out.deciding.is_none() {
                 out.deciding = Some(i);
@@ -331,7 +347,10 @@ impl MemoryEngine {
                     l.key,
                     &l.compiled,
                     now,
-                    |s| algo::decide(&l.compiled, s, now, l.cost, false, l.lease),
+                    |s| {
+                        let at = now + l.compiled.shift_us(l.key);
+                        algo::decide(&l.compiled, s, at, l.cost, false, l.lease)
+                    },
                 );
             }
         }
@@ -446,6 +465,8 @@ mod tests {
             algorithm: Algorithm::FixedWindow,
             limit: 1,
             period_us: 3_600_000_000,
+            period_den: 1,
+            window_offset: WindowOffset::None,
         };
         let a = AutoBlock {
             after: 2,

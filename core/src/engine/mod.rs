@@ -3,6 +3,7 @@
 //! same (time, key, cost) sequence both give the same decisions.
 
 pub(crate) mod algo;
+pub(crate) mod exact;
 pub(crate) mod expiry;
 pub(crate) mod memory;
 pub(crate) mod redis;

@@ -2,6 +2,10 @@
 
 use crate::error::{Error, Result};
 
+mod offset;
+pub(crate) mod precision;
+pub use offset::{window_offset_us, WindowOffset, WINDOW_OFFSET_SEED};
+
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -153,22 +157,24 @@ impl Limit {
                 format!("must be between 1 and {MAX_LIMIT}, got {count}"),
             ));
         }
-        let period_us = match self {
+        let (period_us, period_den) = match self {
             Limit::FixedWindow { window, .. }
             | Limit::SlidingWindow { window, .. }
-            | Limit::SlidingLog { window, .. } => period(field, "window", *window)?,
-            Limit::Concurrency { lease_ttl, .. } => period(field, "lease_ttl", *lease_ttl)?,
+            | Limit::SlidingLog { window, .. } => (period(field, "window", *window)?, 1),
+            Limit::Concurrency { lease_ttl, .. } => (period(field, "lease_ttl", *lease_ttl)?, 1),
             Limit::TokenBucket { refill_per_sec, .. } => {
-                rate(field, "refill_per_sec", *refill_per_sec, count)?
+                precision::interval(field, "refill_per_sec", *refill_per_sec, count)?
             }
             Limit::LeakyBucket { leak_per_sec, .. } => {
-                rate(field, "leak_per_sec", *leak_per_sec, count)?
+                precision::interval(field, "leak_per_sec", *leak_per_sec, count)?
             }
         };
         Ok(Compiled {
             algorithm,
             limit: count,
             period_us,
+            period_den,
+            window_offset: WindowOffset::None,
         })
     }
 
@@ -253,44 +259,19 @@ fn period(field: &str, name: &str, d: Duration) -> Result<u64> {
     Ok(us as u64)
 }
 
-/// Converts a rate (units per second) to the emission interval in whole µs per unit.
-fn rate(field: &str, name: &str, per_sec: f64, capacity: u64) -> Result<u64> {
-    if !per_sec.is_finite() || per_sec <= 0.0 {
-        return Err(Error::config(
-            format!("{field}.{name}"),
-            format!("must be a positive number, got {per_sec}"),
-        ));
-    }
-    let interval = (1_000_000.0 / per_sec).round();
-    if interval < 1.0 {
-        return Err(Error::config(
-            format!("{field}.{name}"),
-            format!("must be at most 1000000 per second, got {per_sec}"),
-        ));
-    }
-    if interval > MAX_PERIOD_US as f64 {
-        return Err(Error::config(
-            format!("{field}.{name}"),
-            format!("must be at least one unit per 366 days, got {per_sec}"),
-        ));
-    }
-    let interval = interval as u64;
-    if capacity.saturating_mul(interval) > MAX_BUCKET_SPAN_US {
-        return Err(Error::config(
-            format!("{field}.{name}"),
-            format!("refilling {capacity} units at {per_sec}/s would take more than 35 years"),
-        ));
-    }
-    Ok(interval)
-}
-
 /// The integer form of a limit that both engines run: `limit` units and a `period_us`
-/// that is the window, the lease TTL, or the emission interval (µs per unit) of a bucket.
+/// that is the window, the lease TTL, or the emission interval of a bucket, which is
+/// `period_us / period_den` µs per unit (a reduced fraction, `period_den` 1 for whole µs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Compiled {
     pub algorithm: Algorithm,
     pub limit: u64,
     pub period_us: u64,
+    /// The denominator of a bucket's emission interval (`policy/precision.rs`); 1 for
+    /// whole µs and for every other algorithm.
+    pub period_den: u64,
+    /// Where a fixed or sliding window's boundaries fall (`policy/offset.rs`).
+    pub window_offset: WindowOffset,
 }
 
 impl Compiled {
@@ -302,6 +283,7 @@ impl Compiled {
             return *self;
         }
         let limit = ((self.limit as f64 * factor).floor() as u64).max(1);
+        // (an exact interval P/Q keeps its denominator: P/factor rounded up, over Q)
         let period_us = match self.algorithm {
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
                 (self.period_us as f64 / factor).ceil() as u64
@@ -323,8 +305,47 @@ impl Compiled {
     /// The window the limit is measured over, for `RateLimit-Policy` (`w`).
     pub fn window_us(&self) -> u64 {
         match self.algorithm {
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => self.limit * self.period_us,
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                (self.limit * self.period_us).div_ceil(self.period_den)
+            }
             _ => self.period_us,
+        }
+    }
+
+    /// The code naming this limit's state in Redis keys (`docs/keys.md`): the algorithm's,
+    /// or for the variants whose state reads differently `fo`/`so` (per-key window
+    /// offsets: other window indices) and `tq`/`lq` (an exact fractional interval: the
+    /// state is `T:f`), so that old and new state are never misread for one another.
+    pub fn state_code(&self) -> &'static str {
+        match self.algorithm {
+            Algorithm::FixedWindow if self.window_offset == WindowOffset::PerKey => "fo",
+            Algorithm::SlidingWindow if self.window_offset == WindowOffset::PerKey => "so",
+            Algorithm::TokenBucket if self.period_den > 1 => "tq",
+            Algorithm::LeakyBucket if self.period_den > 1 => "lq",
+            a => a.code(),
+        }
+    }
+
+    /// What a windowed algorithm adds to `now` for `key` (0 unless per-key offsets).
+    #[inline]
+    pub fn shift_us(&self, key: &str) -> u64 {
+        match self.window_offset {
+            WindowOffset::None => 0,
+            WindowOffset::PerKey => offset::shift_us(key, self.period_us),
+        }
+    }
+
+    /// The scripts' 7th algorithm argument for a check of `key` that is not a lease: the
+    /// window shift (`fo`, `so`) or the interval's denominator (`tq`, `lq`); `None` when
+    /// the argument is empty (every other limit: today's scripts, byte for byte).
+    #[inline]
+    pub fn extra_arg(&self, key: &str) -> Option<u64> {
+        if self.window_offset == WindowOffset::PerKey {
+            Some(self.shift_us(key))
+        } else if self.period_den > 1 {
+            Some(self.period_den)
+        } else {
+            None
         }
     }
 }
@@ -460,6 +481,52 @@ impl Policy {
         Ok(self.derive(self.0.on_error, Some(auto_block), self.0.local_admission))
     }
 
+    /// The same policy with its windows placed by `offset` (fixed_window and
+    /// sliding_window; `WindowOffset::None` on any algorithm).
+    pub fn with_window_offset(&self, offset: WindowOffset) -> Result<Policy> {
+        let field = format!("policies.{}.window_offset", self.name());
+        if let Some(parts) = &self.0.parts {
+            // a multi-limit policy: every windowed limit takes the offset (buckets have no
+            // window boundaries to move); per_key needs at least one windowed limit
+            if !parts.iter().any(|part| part.algorithm().is_windowed()) {
+                validate_window_offset(&field, self.algorithm(), offset)?;
+            }
+            let parts = parts
+                .iter()
+                .map(|part| match part.algorithm().is_windowed() {
+                    true => part.with_window_offset(offset),
+                    false => Ok(part.clone()),
+                })
+                .collect::<Result<Vec<Policy>>>()?;
+            let mut p = self.derive(self.0.on_error, self.0.auto_block, self.0.local_admission);
+            let inner = Arc::get_mut(&mut p.0).expect("a policy just derived is not shared");
+            inner.compiled = parts[0].0.compiled;
+            inner.key_scope = parts[0].0.key_scope.clone();
+            inner.parts = Some(parts.into());
+            return Ok(p);
+        }
+        validate_window_offset(&field, self.algorithm(), offset)?;
+        let mut p = self.derive(self.0.on_error, self.0.auto_block, self.0.local_admission);
+        let inner = Arc::get_mut(&mut p.0).expect("a policy just derived is not shared");
+        inner.compiled.window_offset = offset;
+        // (`scope` is the name, or `name#i` for a later limit of a multi-limit policy)
+        inner.key_scope = format!("{}:{}:", inner.scope, inner.compiled.state_code());
+        Ok(p)
+    }
+
+    /// A bucket's emission interval as the reduced fraction (numerator, denominator) of µs
+    /// per unit it runs at exactly (300,000/s is `(10, 3)`); `None` for other algorithms.
+    pub fn emission_interval_us(&self) -> Option<(u64, u64)> {
+        let c = &self.0.compiled;
+        matches!(c.algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+            .then_some((c.period_us, c.period_den))
+    }
+
+    /// Where this policy's window boundaries fall.
+    pub fn window_offset(&self) -> WindowOffset {
+        self.0.compiled.window_offset
+    }
+
     /// The same policy with local admission (fixed_window, sliding_window, token_bucket).
     pub fn with_local_admission(&self, local: LocalAdmission) -> Result<Policy> {
         multi::refuse_local(self, &format!("policies.{}.local_admission", self.name()))?;
@@ -481,7 +548,7 @@ impl Policy {
         let compiled = limit.compile(field)?;
         Ok(Policy(Arc::new(PolicyInner {
             name: Arc::from(name),
-            key_scope: format!("{name}:{}:", compiled.algorithm.code()),
+            key_scope: format!("{name}:{}:", compiled.state_code()),
             limit,
             compiled,
             on_error,
@@ -550,6 +617,20 @@ pub(crate) fn validate_auto_block(field: &str, a: &AutoBlock) -> Result<()> {
     }
     period(field, "within", a.within)?;
     period(field, "for", a.duration)?;
+    Ok(())
+}
+
+pub(crate) fn validate_window_offset(
+    field: &str,
+    algorithm: Algorithm,
+    offset: WindowOffset,
+) -> Result<()> {
+    if offset == WindowOffset::PerKey && !algorithm.is_windowed() {
+        return Err(Error::config(
+            field,
+            format!("\"per_key\" works with fixed_window and sliding_window, not {algorithm} (whose state has no window boundaries)"),
+        ));
+    }
     Ok(())
 }
 

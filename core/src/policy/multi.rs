@@ -123,7 +123,7 @@ impl Policy {
             on_error: p.on_error,
             auto_block: p.auto_block,
             local_admission: None,
-            key_scope: format!("{scope}:{}:", p.compiled.algorithm.code()),
+            key_scope: format!("{scope}:{}:", p.compiled.state_code()),
             scale: AtomicU64::new(p.scale.load(Relaxed)),
             scope: Arc::from(scope),
             parts: None,

@@ -152,7 +152,7 @@ impl RedisEngine {
                 .arg(l.compiled.limit)
                 .arg(l.compiled.period_us)
                 .arg(l.cost)
-                .arg(l.lease)
+                .arg(layer_extra(l))
                 .arg(after)
                 .arg(within)
                 .arg(dur)
@@ -212,7 +212,7 @@ impl RedisEngine {
                 .arg(l.compiled.algorithm.code())
                 .arg(l.compiled.period_us)
                 .arg(l.cost)
-                .arg(l.lease);
+                .arg(layer_extra(l));
         }
         let at = self.layers_at(layers);
         let _: i64 = self
@@ -265,6 +265,7 @@ impl RedisEngine {
         } else {
             0
         };
+        let shift = c.shift_us(key);
         let at = self.at(&rkey);
         let _: i64 = self
             .with_conn_at(shard, at.as_deref(), |mut conn| async move {
@@ -273,6 +274,7 @@ impl RedisEngine {
                     .key(rkey)
                     .arg(now_us.unwrap_or(0))
                     .arg(window)
+                    .arg(shift)
                     .invoke_async(&mut conn)
                     .await
             })
@@ -295,6 +297,7 @@ impl RedisEngine {
         } else {
             0
         };
+        let shift = c.shift_us(key);
         let (skey, bkey) = (
             state_key(&self.prefix, &policy.key_scope, key),
             block_key(&self.prefix, key),
@@ -307,6 +310,7 @@ impl RedisEngine {
                     .key(bkey)
                     .arg(now_us.unwrap_or(0))
                     .arg(window)
+                    .arg(shift)
                     .invoke_async(&mut conn)
                     .await
             })
@@ -405,4 +409,15 @@ impl RedisEngine {
             _ => None,
         })
     }
+}
+
+/// A layer's 7th algorithm argument (see `CheckRequest::write`): its lease id, or the
+/// per-key window shift or exact interval denominator of its limit, or "".
+fn layer_extra(l: &LayerReq<'_>) -> String {
+    if !l.lease.is_empty() {
+        return l.lease.to_string();
+    }
+    l.compiled
+        .extra_arg(l.key)
+        .map_or_else(String::new, |x| x.to_string())
 }

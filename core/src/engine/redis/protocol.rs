@@ -2,6 +2,7 @@
 //! and checked (every value from Redis is untrusted).
 
 use super::*;
+use crate::policy::Algorithm;
 
 /// How a check script runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,7 +148,14 @@ impl CheckRequest<'_> {
         out.mark(CheckPart::Item);
         out.int(self.now_us.unwrap_or(0)); // 0: the script reads TIME
         out.int(self.cost);
-        out.arg(self.lease.unwrap_or("").as_bytes()); // "": no lease
+        // the algorithm's 7th argument: a concurrency limit's lease id; for a per-key window
+        // offset the key's shift, for an exact bucket interval its denominator; "" otherwise
+        // (an acquire on another algorithm has a lease id that its script must not see)
+        match (eff.algorithm, eff.extra_arg(self.key)) {
+            (Algorithm::Concurrency, _) => out.arg(self.lease.unwrap_or("").as_bytes()),
+            (_, Some(extra)) => out.int(extra),
+            (_, None) => out.arg(b""),
+        }
         out.int(need);
         out.mark(CheckPart::Shape);
         out.arg(eff.algorithm.code().as_bytes());
