@@ -65,6 +65,11 @@ pub struct Decision {
     /// Layered checks: the index of the layer this decision describes (the one that denied,
     /// or the tightest when all allowed). `None` for single checks.
     pub layer: Option<usize>,
+    /// Shadow mode: the limit would have denied this check, but the policy (or the call)
+    /// is in shadow, so it was allowed and consumed nothing. `allowed` is true and
+    /// `retry_after` is `None`; `remaining` is what the limit really has left (less than
+    /// the cost). Its headers do not say the client is limited (see [`Decision::headers`]).
+    pub shadow_denied: bool,
 }
 
 fn ceil_secs(d: Duration) -> u64 {
@@ -88,9 +93,22 @@ impl Decision {
     /// ([`Decision::measured`]) renders no remaining budget or reset time, only the
     /// limit, `RateLimit-Policy`, `X-RateLimit-Status: unmeasured` and `Retry-After` when
     /// denied.
+    ///
+    /// A shadow-denied decision ([`Decision::shadow_denied`]) renders only
+    /// `X-RateLimit-Limit` and `RateLimit-Policy`: no remaining budget, no reset time and no
+    /// `Retry-After`, so a client is never told it is limited by a limit in shadow.
     pub fn headers(&self) -> Vec<(&'static str, String)> {
         let reset = ceil_secs(self.reset_after);
         let window = ceil_secs(self.window).max(1);
+        if self.shadow_denied {
+            return vec![
+                ("X-RateLimit-Limit", self.limit.to_string()),
+                (
+                    "RateLimit-Policy",
+                    format!("\"{}\";q={};w={}", self.policy, self.limit, window),
+                ),
+            ];
+        }
         if !self.measured() {
             let mut h = vec![
                 ("X-RateLimit-Limit", self.limit.to_string()),
@@ -178,6 +196,7 @@ impl Decision {
             "source": self.source.name(),
             "shard": self.shard,
             "layer": self.layer,
+            "shadow_denied": self.shadow_denied,
         })
     }
 }
@@ -198,6 +217,7 @@ mod tests {
             shard: Some(1),
             window: Duration::from_secs(60),
             layer: None,
+            shadow_denied: false,
         }
     }
     #[test]
@@ -264,5 +284,23 @@ mod tests {
             "{b}"
         );
         assert!(d(true, None).measured());
+    }
+
+    /// A shadow-denied decision is allowed, and its headers never tell the client it is
+    /// limited: no remaining, no reset, no Retry-After.
+    #[test]
+    fn shadow_denied_headers_do_not_say_limited() {
+        let mut s = d(true, None);
+        s.remaining = 0;
+        s.shadow_denied = true;
+        assert_eq!(
+            s.headers(),
+            vec![
+                ("X-RateLimit-Limit", "100".to_string()),
+                ("RateLimit-Policy", "\"api\";q=100;w=60".to_string()),
+            ]
+        );
+        assert_eq!(s.to_json()["shadow_denied"], true);
+        assert_eq!(d(true, None).to_json()["shadow_denied"], false);
     }
 }

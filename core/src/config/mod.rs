@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 mod policies;
+mod shadow;
 mod shard;
 mod strict;
 #[cfg(test)]

@@ -108,6 +108,8 @@ pub(super) fn policy(name: &str, v: &Value, default_on_error: OnError) -> Result
         "description",
         "auto_block",
         "local_admission",
+        "shadow",
+        "near_limit",
     ];
     known.extend(params);
     check_fields(obj, &format!("{field}."), &known)?;
@@ -155,5 +157,6 @@ pub(super) fn policy(name: &str, v: &Value, default_on_error: OnError) -> Result
         validate_local(&f, policy.algorithm(), &l)?;
         policy = policy.with_local_admission(l)?;
     }
+    let policy = super::shadow::fields(obj, &field, policy)?;
     Ok(policy)
 }

@@ -141,6 +141,7 @@ impl Limiter {
             shard,
             window: Duration::from_micros(eff.window_us()),
             layer: None,
+            shadow_denied: false,
         }
     }
 
@@ -205,6 +206,9 @@ impl Limiter {
         peek: bool,
         lease: Option<&str>,
     ) -> Result<Decision> {
+        if policy.0.shadow && !peek && lease.is_none() {
+            return self.shadow_memory(m, key, policy, cost);
+        }
         let (eff, cost) = self.prepare(key, policy, cost)?;
         let p = &*policy.0;
         let raw = m.check(
@@ -220,6 +224,7 @@ impl Limiter {
         let d = self.finish(p, &eff, key, raw, Source::Memory, None);
         if !peek {
             self.count(&p.name, &d);
+            self.near(p, key, cost, &d);
         }
         Ok(d)
     }
@@ -251,6 +256,9 @@ impl Limiter {
         if let Some(h) = &view.handoff {
             self.carry_over(h, r, p, key, shard as usize).await;
         }
+        if p.shadow && !peek && lease.is_none() {
+            return self.shadow_redis(r, p, &eff, key, cost, shard).await;
+        }
         if let (Some(la), false, None) = (p.local_admission, peek, lease) {
             return self.local_admission(r, p, &eff, la, key, shard, cost).await;
         }
@@ -276,7 +284,9 @@ impl Limiter {
             return None;
         };
         let p = &*policy.0;
-        if !r.blocking_capable() || view.handoff.is_some() || (p.local_admission.is_some() && !peek)
+        if !r.blocking_capable()
+            || view.handoff.is_some()
+            || ((p.local_admission.is_some() || p.shadow) && !peek)
         {
             return None;
         }
@@ -350,6 +360,7 @@ impl Limiter {
         };
         if !peek {
             self.count(&p.name, &d);
+            self.near(p, key, cost, &d);
         }
         Ok(d)
     }

@@ -79,6 +79,9 @@ impl Limiter {
                 String::new()
             });
         }
+        if layers.iter().any(|l| l.policy.0.shadow) {
+            return self.check_all_shadowed(layers).await;
+        }
         let reqs: Vec<LayerReq<'_>> = layers
             .iter()
             .enumerate()

@@ -26,6 +26,7 @@ mod local_admission;
 mod metrics;
 mod reload;
 mod scale;
+mod shadow;
 
 pub use block_list::BlockInfo;
 pub use blocking::Spawner;
@@ -36,6 +37,7 @@ use local_admission::LocalBatch;
 use metrics::{config_series, Series};
 pub use reload::{ConfigWatcher, ReloadReport};
 pub use scale::{latency_scale, ScaleHook};
+pub use shadow::ShadowReport;
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
@@ -93,6 +95,8 @@ struct Inner {
     block_cache_len: AtomicUsize,
     /// local admission batches, expiring with the batch
     local: Mutex<ExpiringMap<PolicyKey, LocalBatch>>,
+    /// The in-memory engine's shadow counts, by policy and key.
+    shadow: shadow::ShadowCounts,
 }
 
 impl std::fmt::Debug for Inner {
@@ -143,6 +147,7 @@ impl Limiter {
                 block_cache: Mutex::new(ExpiringMap::default()),
                 block_cache_len: AtomicUsize::new(0),
                 local: Mutex::new(ExpiringMap::default()),
+                shadow: shadow::ShadowCounts::default(),
             }),
         })
     }

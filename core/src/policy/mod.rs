@@ -1,6 +1,8 @@
 //! Limits (an algorithm with its parameters) and policies (a named, validated limit).
 
+mod shadow;
 use crate::error::{Error, Result};
+pub(crate) use shadow::validate_near_limit;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -396,6 +398,11 @@ pub(crate) struct PolicyInner {
     pub key_scope: String,
     /// The adaptive scale factor (f64 bits), 1.0 unless set.
     pub scale: AtomicU64,
+    /// Shadow mode: a would-be denial is allowed, consumes nothing and is reported
+    /// (`limiter/shadow.rs`).
+    pub shadow: bool,
+    /// The fraction of the limit whose crossing emits a near-limit event; `None`: off.
+    pub near_limit: Option<f64>,
 }
 
 impl PolicyInner {
@@ -430,6 +437,8 @@ impl Policy {
             local_admission,
             key_scope: p.key_scope.clone(),
             scale: AtomicU64::new(p.scale.load(Relaxed)),
+            shadow: p.shadow,
+            near_limit: p.near_limit,
         }))
     }
 
@@ -471,6 +480,8 @@ impl Policy {
             auto_block: None,
             local_admission: None,
             scale: AtomicU64::new(1.0f64.to_bits()),
+            shadow: false,
+            near_limit: Some(DEFAULT_NEAR_LIMIT),
         })))
     }
 
@@ -508,6 +519,9 @@ impl Policy {
         Ok(())
     }
 }
+
+/// The default fraction of a policy's limit at which a near-limit event is emitted.
+pub const DEFAULT_NEAR_LIMIT: f64 = 0.8;
 
 pub(crate) fn validate_scale(factor: f64) -> Result<()> {
     if !(factor > 0.0 && factor <= 1.0) {
