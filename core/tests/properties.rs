@@ -70,7 +70,10 @@ fn names(prefix: &str, policy: &str, code: &str, key: &str) -> Vec<(String, Stri
         (block_key(prefix, key), format!("block {key:?}")),
     ];
     out.push((events_key(prefix), "events".into()));
-    out.push((shadow_key(prefix, policy), format!("shadow counts {policy}")));
+    out.push((
+        shadow_key(prefix, policy),
+        format!("shadow counts {policy}"),
+    ));
     out
 }
 
