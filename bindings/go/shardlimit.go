@@ -163,6 +163,10 @@ type Decision struct {
 	// Layer is, for CheckAll, the index of the layer this decision describes (the one
 	// that denied, or the tightest when all allowed); -1 for single checks.
 	Layer int
+	// ShadowDenied is true when the limit would have denied this check but its policy
+	// (or the call: CheckShadow) is in shadow mode: Allowed is true and nothing was
+	// consumed. Its headers do not say the client is limited.
+	ShadowDenied bool
 
 	raw C.shardlimit_decision // for rendering headers and body in the core
 }
@@ -195,6 +199,7 @@ func decisionFromC(d *C.shardlimit_decision, policy string) Decision {
 		Source:        Source(d.source),
 		Shard:         shard,
 		Layer:         layer,
+		ShadowDenied:  bool(d.shadow_denied),
 		raw:           *d,
 	}
 }

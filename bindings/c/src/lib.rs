@@ -288,6 +288,11 @@ pub struct shardlimit_decision {
     pub has_layer: bool,
     /// The layer index (valid when `has_layer`).
     pub layer: u32,
+    /// Shadow mode: the limit would have denied this check, but its policy (or the call,
+    /// `shardlimit_check_shadow()`) is in shadow, so it was allowed (`allowed` is true,
+    /// `has_retry_after` false) and consumed nothing. `remaining` is what the limit really
+    /// has left.
+    pub shadow_denied: bool,
 }
 
 /// One layer of `shardlimit_check_all()`: `cost` units of a policy for a key. The policy
@@ -717,6 +722,7 @@ fn decision_to_c(d: &Decision) -> Result<shardlimit_decision, Error> {
         policy,
         has_layer: d.layer.is_some(),
         layer: d.layer.map_or(0, |l| u32::try_from(l).unwrap_or(u32::MAX)),
+        shadow_denied: d.shadow_denied,
     })
 }
 
@@ -759,6 +765,7 @@ unsafe fn decision_from_c(p: *const shardlimit_decision) -> Result<Decision, Err
         shard: d.has_shard.then_some(d.shard),
         window: Duration::from_micros(d.window_us),
         layer: d.has_layer.then_some(d.layer as usize),
+        shadow_denied: d.shadow_denied,
     })
 }
 
