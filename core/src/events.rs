@@ -1,6 +1,7 @@
-//! Events: denials, blocks, fallbacks, circuit changes, shadow denials and near-limit crossings, delivered to subscriber callbacks
-//! and optionally to a capped Redis Stream per shard. Never emitted for an allowed request
-//! decided normally.
+//! Events: denials, blocks, fallbacks, circuit changes, shadow denials and near-limit
+//! crossings, delivered to subscriber callbacks and optionally to a capped Redis Stream per
+//! shard. Never emitted for an allowed request decided normally, but for the one whose check
+//! crosses its policy's `near_limit` fraction.
 
 use crate::decision::Decision;
 use crate::error::Error;

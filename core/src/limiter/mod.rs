@@ -259,7 +259,8 @@ impl Limiter {
         }
     }
 
-    /// Calls `subscriber` for every event: denials, blocks, fallbacks, circuit changes.
+    /// Calls `subscriber` for every event: denials, blocks, fallbacks, circuit changes,
+    /// shadow denials and near-limit crossings.
     pub fn subscribe(&self, subscriber: Subscriber) {
         self.inner.subscribers.add(subscriber);
     }
