@@ -325,6 +325,11 @@ typedef struct shardlimit_decision {
   uint32_t quota_count;
   // The limits of a multi-limit policy (the first `quota_count`).
   struct shardlimit_quota quotas[SHARDLIMIT_MAX_LIMITS];
+  // Shadow mode: the limit would have denied this check, but its policy (or the call,
+  // `shardlimit_check_shadow()`) is in shadow, so it was allowed (`allowed` is true,
+  // `has_retry_after` false) and consumed nothing. `remaining` is what the limit really
+  // has left.
+  bool shadow_denied;
 } shardlimit_decision;
 
 // One layer of `shardlimit_check_all()`: `cost` units of a policy for a key. The policy
@@ -888,7 +893,8 @@ shardlimit_result shardlimit_observe_health(const struct shardlimit_limiter *lim
                                             struct shardlimit_error **err);
 
 // The limiter's counters as JSON: `{"policies":[{"policy":..,"allowed":..,"denied":..,
-// "fallback":..,"blocked":..,"local_admitted":..,"redis_errors":..}],
+// "fallback":..,"blocked":..,"local_admitted":..,"redis_errors":..,"shadow_denied":..,
+// "near_limit":..}],
 // "redis_latency":{"buckets_le_us":[..],"buckets":[..],"sum_us":..,"count":..},
 // "events_dropped":..}`. On success `*out` is an owned string the caller frees with
 // `shardlimit_string_free()`. Thread-safe. `err` may be NULL.
@@ -1110,6 +1116,55 @@ shardlimit_result shardlimit_pending_block_info(const struct shardlimit_pending 
 // already freed, or a pointer that is not a pending, is a no-op. Thread-safe; may be
 // called from the pending's own callback.
 void shardlimit_pending_free(struct shardlimit_pending *pending);
+
+// `shardlimit_check()` in shadow mode for this one call, whatever the policy says: a
+// check the limit would deny returns OK with `out->allowed == true` and
+// `out->shadow_denied == true`, consumes nothing, and is counted by key for
+// `shardlimit_shadow_report()`. Block-list denials and `on_error` fallbacks are not
+// shadowed. A concurrency policy is INVALID_ARGUMENT (a lease in shadow would hold
+// nothing).
+//
+// Blocks the calling thread for at most the configured deadline (`timeout_ms`).
+// Thread-safe. On success `*out` (caller-allocated) is filled; nothing is allocated.
+// `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+shardlimit_result shardlimit_check_shadow(const struct shardlimit_limiter *limiter,
+                                          const char *key,
+                                          size_t key_len,
+                                          const struct shardlimit_policy *policy,
+                                          uint64_t cost,
+                                          struct shardlimit_decision *out,
+                                          struct shardlimit_error **err);
+
+// `shardlimit_check_shadow()` that returns at once (see `shardlimit_check_start()`);
+// read the decision with `shardlimit_pending_decision()`.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL (the call's own result comes through
+// the pending).
+shardlimit_result shardlimit_check_shadow_start(const struct shardlimit_limiter *limiter,
+                                                const char *key,
+                                                size_t key_len,
+                                                const struct shardlimit_policy *policy,
+                                                uint64_t cost,
+                                                shardlimit_callback callback,
+                                                void *user,
+                                                struct shardlimit_pending **out_pending,
+                                                struct shardlimit_error **err);
+
+// The shadow-mode denials of the policy named by `policy_len` bytes at `policy`, by key,
+// summed over every shard (on the in-memory engine: this process's counts), as JSON:
+// `{"policy":..,"total":..,"untracked":..,"keys":[{"key":..,"count":..}]}`, most first;
+// `top` keeps that many keys (0: every key; `total` always counts them all). On success
+// `*out` is an owned string the caller frees with `shardlimit_string_free()`.
+//
+// Blocks for at most the configured deadline. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT (a policy name that cannot exist; a Redis Cluster),
+// CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+shardlimit_result shardlimit_shadow_report(const struct shardlimit_limiter *limiter,
+                                           const char *policy,
+                                           size_t policy_len,
+                                           size_t top,
+                                           struct shardlimit_string *out,
+                                           struct shardlimit_error **err);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -112,6 +112,9 @@ class Decision {
   std::vector<shardlimit_quota> quotas() const {
     return std::vector<shardlimit_quota>(d_.quotas, d_.quotas + d_.quota_count);
   }
+  /// Shadow mode: the limit would have denied, but the policy (or the call, check_shadow)
+  /// is in shadow, so it was allowed and consumed nothing.
+  bool shadow_denied() const noexcept { return d_.shadow_denied; }
   const shardlimit_decision& raw() const noexcept { return d_; }
 
   /// The rate-limit response headers, rendered by the core, in a stable order.
@@ -426,6 +429,27 @@ class Limiter {
                                         user, out, err);
         },
         &detail::pending_decision);
+  }
+  /// check() in shadow mode for this one call: a would-be denial is allowed
+  /// (Decision::shadow_denied), consumes nothing and is counted for shadow_report().
+  Decision check_shadow(std::string_view key, const Policy& policy, uint64_t cost = 1) const {
+    shardlimit_decision d;
+    shardlimit_error* err = nullptr;
+    detail::check(
+        shardlimit_check_shadow(h_.get(), key.data(), key.size(), policy.get(), cost, &d, &err),
+        err);
+    return Decision(d);
+  }
+  /// The shadow-mode denials of the named policy by key, summed over every shard, as JSON
+  /// (see shardlimit_shadow_report); `top` > 0 keeps that many keys.
+  std::string shadow_report(std::string_view policy, size_t top = 0) const {
+    shardlimit_string s{nullptr, 0};
+    shardlimit_error* err = nullptr;
+    detail::check(
+        shardlimit_shadow_report(h_.get(), policy.data(), policy.size(), top, &s, &err), err);
+    std::string out(s.ptr, s.len);
+    shardlimit_string_free(&s);
+    return out;
   }
   /// The named policy of the config.
   Policy policy(std::string_view name) const {

@@ -163,6 +163,10 @@ type Decision struct {
 	// Layer is, for CheckAll, the index of the layer this decision describes (the one
 	// that denied, or the tightest when all allowed); -1 for single checks.
 	Layer int
+	// ShadowDenied is true when the limit would have denied this check but its policy
+	// (or the call: CheckShadow) is in shadow mode: Allowed is true and nothing was
+	// consumed. Its headers do not say the client is limited.
+	ShadowDenied bool
 	// LimitIndex is, for a multi-limit policy, the index of the limit this decision
 	// describes (the one that denied, or the tightest when all allowed); -1 otherwise.
 	LimitIndex int
@@ -195,6 +199,7 @@ func decisionFromC(d *C.shardlimit_decision, policy string) Decision {
 		ResetAfter:    us(d.reset_after_us),
 		RetryAfter:    us(d.retry_after_us),
 		HasRetryAfter: bool(d.has_retry_after),
+		ShadowDenied:  bool(d.shadow_denied),
 		Delay:         us(d.delay_us),
 		Window:        us(d.window_us),
 		Policy:        name,

@@ -40,6 +40,8 @@ export interface DecisionJson {
   shard: number | null
   /** See `Decision.layer`. */
   layer: number | null
+  /** See `Decision.shadowDenied`. */
+  shadowDenied: boolean
   /** See `Decision.limitIndex` (multi-limit policies only). */
   limitIndex?: number
   /** See `Decision.quotas` (multi-limit policies only). */
@@ -68,6 +70,8 @@ export declare class Decision {
   get remaining(): number
   /** Milliseconds until the full budget is back with no further traffic. */
   get resetAfter(): number
+  /** Shadow mode: the limit would have denied, but the policy (or the call, `{ shadow: true }`) is in shadow, so it was allowed and consumed nothing. Its headers do not say limited. */
+  get shadowDenied(): boolean
   /** When denied: milliseconds until the same check could pass; null when allowed or when the cost can never fit. */
   get retryAfter(): number | null
   /** Leaky bucket: milliseconds to wait before sending; 0 otherwise. */
@@ -129,6 +133,8 @@ export type Target = { /** A policy name from the config. */ policy: string; lim
 export type CheckOptions = Target & {
   /** Units this request costs (default 1). */
   cost?: number
+  /** Shadow mode for this call: a would-be denial is allowed (`decision.shadowDenied`), consumes nothing and is counted for `shadowReport`. */
+  shadow?: boolean
 }
 
 /** Options of `acquire`. */
@@ -240,6 +246,22 @@ export interface PolicyMetrics {
   localAdmitted: number
   /** Redis calls that failed or timed out. */
   redisErrors: number
+  /** Checks a limit in shadow mode would have denied (allowed, and counted in `allowed`). */
+  shadowDenied: number
+  /** Allowed checks that crossed the policy's `near_limit` fraction. */
+  nearLimit: number
+}
+
+/** `limiter.shadowReport(policy)`: a policy's shadow-mode denials, summed over every shard. */
+export interface ShadowReport {
+  /** The policy reported on. */
+  policy: string
+  /** Every shadow denial (listed keys, keys cut by `top`, and `untracked`). */
+  total: number
+  /** Denials of keys beyond the bound of 1000 keys per policy per shard. */
+  untracked: number
+  /** The most-denied keys first (ties by key). */
+  keys: { /** The key. */ key: string; /** Its shadow denials. */ count: number }[]
 }
 
 /** `limiter.metricsSnapshot()`: everything a limiter counts. */
@@ -254,8 +276,8 @@ export interface MetricsSnapshot {
 
 /** An event of the core (`limiter.subscribe`): `kind` plus its fields, as strings (as in the events stream). */
 export interface ShardlimitEvent {
-  /** `denied`, `blocked` (met the block list, or `auto`: put on it), `fallback` (a shard failed), `circuit`. */
-  kind: 'denied' | 'blocked' | 'fallback' | 'circuit'
+  /** `denied`, `blocked` (met the block list, or `auto`: put on it), `fallback` (a shard failed), `circuit`, `shadow_denied` (a would-be denial allowed in shadow mode), `near_limit` (usage crossed the policy's `near_limit` fraction). */
+  kind: 'denied' | 'blocked' | 'fallback' | 'circuit' | 'shadow_denied' | 'near_limit'
   /** The policy (denied, blocked, fallback). */
   policy?: string
   /** The key (denied, blocked, fallback). */
@@ -361,6 +383,8 @@ export declare class Limiter {
   check(key: string, options: CheckOptions | string): Promise<Decision>
   /** The decision a check of one unit would make now, consuming nothing. */
   peek(key: string, options: PolicyOptions | string): Promise<Decision>
+  /** The shadow-mode denials of the policy named `policy` by key, summed over every shard (in memory: this process's counts); `{ top }` keeps that many keys. */
+  shadowReport(policy: string, options?: { top?: number }): Promise<ShadowReport>
   /** Takes a lease of a concurrency policy; `lease` is null when denied. */
   acquire(key: string, options: AcquireOptions | string): Promise<{ decision: Decision; lease: Lease | null }>
   /** Gives a lease back (pass `{ limit }` for an ad-hoc limit's lease); false when it was no longer held. */

@@ -195,17 +195,50 @@ class Limiter {
 
   /**
    * Checks `cost` units (default 1) of a policy for `key` (`{ policy }` or an ad-hoc
-   * `{ limit }`). Resolves to a Decision.
+   * `{ limit }`). Resolves to a Decision. `{ shadow: true }`: shadow mode for this call
+   * (a would-be denial is allowed, with `decision.shadowDenied`, and consumes nothing).
    */
   check(key, opts) {
     try {
       checkString('key', key)
+      if (typeof opts === 'object' && opts !== null && opts.shadow !== undefined && opts.shadow !== false) {
+        return this.#checkShadow(key, opts)
+      }
       const adhoc = adhocOf(opts)
       if (adhoc !== null) return this[kNative].checkLimit(key, adhoc[kNative], countOf(opts, 'cost'))
       const policy = policyOf(opts, 'check')
       const plan = planOf(opts)
       if (plan !== null) return this[kNative].checkPlan(key, plan, policy, countOf(opts, 'cost'))
       return this[kNative].check(key, policy, countOf(opts, 'cost'))
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  #checkShadow(key, opts) {
+    if (opts.shadow !== true) throw argError('options.shadow', 'a boolean', opts.shadow)
+    const adhoc = adhocOf(opts)
+    if (adhoc !== null) return this[kNative].checkLimitShadow(key, adhoc[kNative], countOf(opts, 'cost'))
+    return this[kNative].checkShadow(key, policyOf(opts, 'check'), countOf(opts, 'cost'))
+  }
+
+  /**
+   * The shadow-mode denials of a policy by key, summed over every shard (in memory: this
+   * process's counts): `{ policy, total, untracked, keys: [{ key, count }] }`, most first;
+   * `{ top }` keeps that many keys.
+   */
+  shadowReport(policy, opts) {
+    try {
+      checkString('policy', policy)
+      let top
+      if (opts !== undefined && opts !== null) {
+        if (typeof opts !== 'object') throw argError('options', 'an object { top }', opts)
+        if (opts.top !== undefined) {
+          checkUnits('options.top', opts.top)
+          top = opts.top
+        }
+      }
+      return this[kNative].shadowReport(policy, top)
     } catch (e) {
       return Promise.reject(e)
     }
@@ -503,6 +536,7 @@ Object.defineProperty(Decision.prototype, 'toJSON', {
       source: this.source,
       shard: this.shard,
       layer: this.layer,
+      shadowDenied: this.shadowDenied,
     }
     const limitIndex = this.limitIndex
     if (limitIndex !== null) {

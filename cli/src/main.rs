@@ -41,6 +41,22 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         cost: u64,
         key: String,
+        /// Shadow mode for this check: a would-be denial is allowed (exit 0), consumes
+        /// nothing and is reported (`"shadow_denied": true`, and counted for shadow-report).
+        #[arg(long)]
+        shadow: bool,
+    },
+    /// Shadow-mode denials of a policy by key, summed over every shard, as JSON:
+    /// {"policy", "total", "untracked", "keys": [{"key", "count"}]}, most first.
+    ShadowReport {
+        #[command(flatten)]
+        target: Target,
+        /// The policy's name.
+        #[arg(long)]
+        policy: String,
+        /// List at most this many keys (the total counts every key).
+        #[arg(long)]
+        top: Option<usize>,
     },
     /// Show a key's state without consuming (same JSON as check).
     Peek {
@@ -449,16 +465,31 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
             policy: p,
             cost,
             key,
+            shadow,
         } => {
             let l = limiter(&target)?;
             let p = policy(&l, &p)?;
-            let d = l.check_blocking(&key, &p, cost)?;
+            let d = if shadow {
+                l.check_shadow_blocking(&key, &p, cost)?
+            } else {
+                l.check_blocking(&key, &p, cost)?
+            };
             println!("{}", decision_json(&d, &l, &key));
             Ok(if d.allowed {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)
             })
+        }
+        Command::ShadowReport {
+            target,
+            policy,
+            top,
+        } => {
+            let l = limiter(&target)?;
+            let r = l.shadow_report_blocking(&policy, top)?;
+            println!("{}", r.to_json());
+            Ok(ExitCode::SUCCESS)
         }
         Command::Peek {
             target,

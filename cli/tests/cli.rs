@@ -523,3 +523,95 @@ fn multi_limit_policies_plans_and_rate_strings() {
         "{err}"
     );
 }
+
+/// Shadow mode from the shell: a policy in shadow (and `--shadow` on an enforcing one)
+/// exits 0 with `"shadow_denied": true`, and `shadow-report` reads the counts that
+/// separate processes wrote to Redis, summed over both shards.
+#[test]
+fn shadow_checks_exit_0_and_shadow_report_reads_redis() {
+    let (a, b) = (redis(), redis());
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.json");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"shards":[{{"name":"a","url":"redis://127.0.0.1:{}"}},{{"name":"b","url":"redis://127.0.0.1:{}"}}],
+            "policies":{{"new":{{"algorithm":"fixed_window","limit":1,"window":"1h","shadow":true}},
+                         "old":{{"algorithm":"fixed_window","limit":1,"window":"1h"}}}}}}"#,
+            a.1, b.1
+        ),
+    )
+    .unwrap();
+    let c = cfg.to_str().unwrap();
+    let keys = ["user:1", "user:2", "user:3", "user:4", "user:5", "user:6"];
+    for (i, k) in keys.iter().enumerate() {
+        for attempt in 0..=(i % 3) {
+            let o = sl(&["check", "--config", c, "--policy", "new", k]);
+            assert_eq!(
+                o.status.code(),
+                Some(0),
+                "{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let d: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+            assert_eq!(d["allowed"], true);
+            assert_eq!(d["shadow_denied"], attempt > 0, "{d}");
+        }
+    }
+    let o = sl(&["shadow-report", "--config", c, "--policy", "new"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(r["policy"], "new");
+    assert_eq!(r["total"], 6); // 0+1+2 twice
+    assert_eq!(r["untracked"], 0);
+    let ks = r["keys"].as_array().unwrap();
+    assert_eq!(ks.len(), 4);
+    assert_eq!(ks[0], serde_json::json!({"key": "user:3", "count": 2}));
+    assert_eq!(ks[1], serde_json::json!({"key": "user:6", "count": 2}));
+    let o = sl(&[
+        "shadow-report",
+        "--config",
+        c,
+        "--policy",
+        "new",
+        "--top",
+        "1",
+    ]);
+    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        (r["total"].as_u64(), r["keys"].as_array().unwrap().len()),
+        (Some(6), 1)
+    );
+    // the per-call option on an enforcing policy
+    assert_eq!(
+        sl(&["check", "--config", c, "--policy", "old", "k"])
+            .status
+            .code(),
+        Some(0)
+    );
+    assert_eq!(
+        sl(&["check", "--config", c, "--policy", "old", "k"])
+            .status
+            .code(),
+        Some(1)
+    );
+    let o = sl(&["check", "--config", c, "--policy", "old", "--shadow", "k"]);
+    assert_eq!(o.status.code(), Some(0));
+    let d: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        (d["allowed"].as_bool(), d["shadow_denied"].as_bool()),
+        (Some(true), Some(true))
+    );
+    let o = sl(&["shadow-report", "--config", c, "--policy", "old"]);
+    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(r["keys"], serde_json::json!([{"key": "k", "count": 1}]));
+    // a bad policy name is an error naming it, exit 2
+    let o = sl(&["shadow-report", "--config", c, "--policy", "a:b"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("policy"));
+}

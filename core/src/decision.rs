@@ -65,6 +65,11 @@ pub struct Decision {
     /// Layered checks: the index of the layer this decision describes (the one that denied,
     /// or the tightest when all allowed). `None` for single checks.
     pub layer: Option<usize>,
+    /// Shadow mode: the limit would have denied this check, but the policy (or the call)
+    /// is in shadow, so it was allowed and consumed nothing. `allowed` is true and
+    /// `retry_after` is `None`; `remaining` is what the limit really has left (less than
+    /// the cost). Its headers do not say the client is limited (see [`Decision::headers`]).
+    pub shadow_denied: bool,
     /// A multi-limit policy: the index of the limit this decision describes (the one that
     /// denied, or the tightest when all allowed). `None` for a policy of one limit.
     pub limit_index: Option<usize>,
@@ -108,9 +113,19 @@ impl Decision {
     /// quota policies): the first named after the policy, limit `i > 0` `"policy#i"`;
     /// `RateLimit` and the `X-RateLimit-*` fields describe the deciding limit
     /// ([`Decision::limit_index`]).
+    ///
+    /// A shadow-denied decision ([`Decision::shadow_denied`]) renders only
+    /// `X-RateLimit-Limit` and `RateLimit-Policy`: no remaining budget, no reset time and no
+    /// `Retry-After`, so a client is never told it is limited by a limit in shadow.
     pub fn headers(&self) -> Vec<(&'static str, String)> {
         let reset = ceil_secs(self.reset_after);
         let (policy_field, item) = self.policy_field();
+        if self.shadow_denied {
+            return vec![
+                ("X-RateLimit-Limit", self.limit.to_string()),
+                ("RateLimit-Policy", policy_field),
+            ];
+        }
         if !self.measured() {
             let mut h = vec![
                 ("X-RateLimit-Limit", self.limit.to_string()),
@@ -220,6 +235,7 @@ impl Decision {
             "source": self.source.name(),
             "shard": self.shard,
             "layer": self.layer,
+            "shadow_denied": self.shadow_denied,
         });
         if !self.quotas.is_empty() {
             // multi-limit policies only: which limit decided, and every limit in force
@@ -252,6 +268,7 @@ mod tests {
             layer: None,
             limit_index: None,
             quotas: Vec::new(),
+            shadow_denied: false,
         }
     }
     #[test]
@@ -347,5 +364,23 @@ mod tests {
             "{b}"
         );
         assert!(d(true, None).measured());
+    }
+
+    /// A shadow-denied decision is allowed, and its headers never tell the client it is
+    /// limited: no remaining, no reset, no Retry-After.
+    #[test]
+    fn shadow_denied_headers_do_not_say_limited() {
+        let mut s = d(true, None);
+        s.remaining = 0;
+        s.shadow_denied = true;
+        assert_eq!(
+            s.headers(),
+            vec![
+                ("X-RateLimit-Limit", "100".to_string()),
+                ("RateLimit-Policy", "\"api\";q=100;w=60".to_string()),
+            ]
+        );
+        assert_eq!(s.to_json()["shadow_denied"], true);
+        assert_eq!(d(true, None).to_json()["shadow_denied"], false);
     }
 }

@@ -1,6 +1,7 @@
-//! Events: denials, blocks, fallbacks and circuit changes, delivered to subscriber callbacks
-//! and optionally to a capped Redis Stream per shard. Never emitted for an allowed request
-//! decided normally.
+//! Events: denials, blocks, fallbacks, circuit changes, shadow denials and near-limit
+//! crossings, delivered to subscriber callbacks and optionally to a capped Redis Stream per
+//! shard. Never emitted for an allowed request decided normally, but for the one whose check
+//! crosses its policy's `near_limit` fraction.
 
 use crate::decision::Decision;
 use crate::error::Error;
@@ -44,16 +45,33 @@ pub enum Event {
     },
     /// A shard's circuit opened or closed.
     Circuit { shard: String, state: CircuitState },
+    /// Shadow mode: the limit would have denied this check; it was allowed
+    /// (`decision.shadow_denied`).
+    ShadowDenied {
+        policy: Arc<str>,
+        key: String,
+        decision: Decision,
+    },
+    /// An allowed check took the key's usage across the policy's `near_limit` fraction of
+    /// its limit (once per crossing, not on every check above it).
+    NearLimit {
+        policy: Arc<str>,
+        key: String,
+        limit: u64,
+        remaining: u64,
+    },
 }
 
 impl Event {
-    /// `denied`, `blocked`, `fallback` or `circuit`.
+    /// `denied`, `blocked`, `fallback`, `circuit`, `shadow_denied` or `near_limit`.
     pub fn kind(&self) -> &'static str {
         match self {
             Event::Denied { .. } => "denied",
             Event::Blocked { .. } => "blocked",
             Event::Fallback { .. } => "fallback",
             Event::Circuit { .. } => "circuit",
+            Event::ShadowDenied { .. } => "shadow_denied",
+            Event::NearLimit { .. } => "near_limit",
         }
     }
 
@@ -100,6 +118,27 @@ impl Event {
             Event::Circuit { shard, state } => {
                 f.push(("shard", shard.clone()));
                 f.push(("state", format!("{state:?}").to_lowercase()));
+            }
+            Event::ShadowDenied {
+                policy,
+                key,
+                decision,
+            } => {
+                f.push(("policy", policy.to_string()));
+                f.push(("key", key.clone()));
+                f.push(("limit", decision.limit.to_string()));
+                f.push(("remaining", decision.remaining.to_string()));
+            }
+            Event::NearLimit {
+                policy,
+                key,
+                limit,
+                remaining,
+            } => {
+                f.push(("policy", policy.to_string()));
+                f.push(("key", key.clone()));
+                f.push(("limit", limit.to_string()));
+                f.push(("remaining", remaining.to_string()));
             }
         }
         f

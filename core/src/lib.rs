@@ -50,6 +50,7 @@ pub use ip::{
     client_ip, client_ip_key, client_ip_with, ip_key, parse_peer, Cidr, TrustedProxies,
     DEFAULT_IPV6_PREFIX,
 };
+pub use limiter::ShadowReport;
 pub use limiter::{
     latency_scale, BlockInfo, ConfigWatcher, Layer, Lease, Limiter, ReloadReport, ScaleHook,
     Spawner, BLOCK_CACHE_TTL, CLOSED_RETRY_AFTER, MAX_KEY_LEN,

@@ -13,6 +13,8 @@ pub(crate) struct PolicyCounters {
     pub blocked: AtomicU64,
     pub local_admitted: AtomicU64,
     pub redis_errors: AtomicU64,
+    pub shadow_denied: AtomicU64,
+    pub near_limit: AtomicU64,
 }
 
 impl PolicyCounters {
@@ -25,6 +27,8 @@ impl PolicyCounters {
             blocked: self.blocked.load(Relaxed),
             local_admitted: self.local_admitted.load(Relaxed),
             redis_errors: self.redis_errors.load(Relaxed),
+            shadow_denied: self.shadow_denied.load(Relaxed),
+            near_limit: self.near_limit.load(Relaxed),
         }
     }
 }
@@ -45,6 +49,11 @@ pub struct PolicyMetrics {
     pub local_admitted: u64,
     /// Redis calls of this policy that failed or timed out.
     pub redis_errors: u64,
+    /// Checks the limit would have denied, allowed because the policy or call was in
+    /// shadow mode (counted as allowed too).
+    pub shadow_denied: u64,
+    /// Allowed checks that crossed the policy's `near_limit` fraction of its limit.
+    pub near_limit: u64,
 }
 
 /// Upper bounds (µs) of the latency histogram's buckets; the last bucket is +Inf.
@@ -110,7 +119,7 @@ impl MetricsSnapshot {
     pub fn to_prometheus(&self) -> String {
         let mut s = String::new();
         type Counter = (&'static str, &'static str, fn(&PolicyMetrics) -> u64);
-        let counters: [Counter; 6] = [
+        let counters: [Counter; 8] = [
             ("allowed", "Allowed decisions", |m| m.allowed),
             ("denied", "Denied decisions", |m| m.denied),
             (
@@ -130,6 +139,16 @@ impl MetricsSnapshot {
                 "redis_errors",
                 "Redis calls that failed or timed out",
                 |m| m.redis_errors,
+            ),
+            (
+                "shadow_denied",
+                "Checks a limit in shadow mode would have denied (allowed)",
+                |m| m.shadow_denied,
+            ),
+            (
+                "near_limit",
+                "Allowed checks that crossed the policy's near_limit fraction",
+                |m| m.near_limit,
             ),
         ];
         for (name, help, get) in counters {

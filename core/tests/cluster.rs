@@ -345,3 +345,29 @@ fn release_with(limiter: &Limiter, policy: &Policy, lease: &Lease) -> shardlimit
     let (me, policy, lease) = (limiter.clone(), policy.clone(), lease.clone());
     limiter.block_on(async move { me.release_with(&policy, &lease).await })
 }
+
+/// Shadow mode on a Redis Cluster: the shadow script touches only the key's slot (no
+/// CROSSSLOT), decides like anywhere else, and keeps no counts there (the policy's hash
+/// would live in another slot), so `shadow_report` says so.
+#[test]
+fn cluster_mode_shadow_checks_decide_without_counts() {
+    let nodes = create_cluster();
+    let l = limiter(&nodes, 1000);
+    let login = l.policy("login").unwrap();
+    for key in ["user:1", "{tenant}:a", "ip:9"] {
+        for _ in 0..3 {
+            assert!(!l.check_blocking(key, &login, 1).unwrap().shadow_denied);
+        }
+        let d = l.check_shadow_blocking(key, &login, 1).unwrap();
+        assert!(
+            d.allowed && d.shadow_denied && d.source == shardlimit::Source::Redis,
+            "{d:?}"
+        );
+        assert!(!l.check_blocking(key, &login, 1).unwrap().allowed);
+    }
+    let e = l.shadow_report_blocking("login", None).unwrap_err();
+    assert!(
+        e.is_invalid_argument() && e.to_string().contains("Cluster"),
+        "{e}"
+    );
+}

@@ -165,6 +165,9 @@ enum Op {
     CheckAll(Vec<(usize, usize, Cost)>),
     /// checks issued together (Redis: batch script calls)
     Burst(Vec<Item>),
+    /// a check in shadow mode for this call (`check_shadow`; its own script call, so never
+    /// in a burst, whose order it would not keep); a lease on a concurrency policy
+    Shadow(usize, usize, Cost),
 }
 
 /// How the Redis side makes a single call.
@@ -248,6 +251,7 @@ fn op(np: usize) -> impl Strategy<Value = Op> {
         1 => (0..np, 0..KEYS.len()).prop_map(|(p, k)| Op::Reset(p, k)),
         2 => prop::collection::vec((0..np, 0..KEYS.len(), cost()), 1..=3).prop_map(Op::CheckAll),
         2 => prop::collection::vec(item(np), 2..=6).prop_map(Op::Burst),
+        2 => (0..np, 0..KEYS.len(), cost()).prop_map(|(p, k, c)| Op::Shadow(p, k, c)),
     ]
 }
 
@@ -329,13 +333,19 @@ fn fields(d: &Decision) -> Value {
         "policy": &*d.policy,
         "layer": d.layer,
         "window_us": d.window.as_micros() as u64,
+        "shadow_denied": d.shadow_denied,
     })
 }
 
 /// The vectors' `expect`: the fields above but `window_us`.
 fn expect_of(v: &Value) -> Value {
     let mut v = v.clone();
-    v.as_object_mut().unwrap().remove("window_us");
+    let o = v.as_object_mut().unwrap();
+    o.remove("window_us");
+    // as tests/vectors/shadow.json writes it: only when true
+    if o.get("shadow_denied") == Some(&Value::Bool(false)) {
+        o.remove("shadow_denied");
+    }
     v
 }
 
@@ -594,6 +604,36 @@ fn run(e: &Engines, case: &Case) -> Result<Vec<Vec<Got>>, String> {
                 r.map_err(|e| format!("{what}: {e}"))?;
                 (vec![Got::Reset], vec![Got::Reset])
             }
+            Op::Shadow(p, k, c) => {
+                let it = Item::Check(*p, *k, *c);
+                let shadow = |l: &Limiter| {
+                    if specs[*p].is_concurrency() {
+                        return call_blocking(l, &it, &policies, specs);
+                    }
+                    l.check_shadow_blocking(KEYS[*k], &policies[*p], c.of(specs[*p].limit))
+                        .map(|d| (d, None))
+                };
+                let m = mem.decided(shadow(mem.limiter), &what)?;
+                let r = match via {
+                    Via::Blocking => shadow(red.limiter),
+                    Via::Async if specs[*p].is_concurrency() => {
+                        call_async(red.limiter, &it, &policies, specs)
+                    }
+                    Via::Async => {
+                        let (l, pol, cost, key) = (
+                            red.limiter.clone(),
+                            policies[*p].clone(),
+                            c.of(specs[*p].limit),
+                            KEYS[*k],
+                        );
+                        red.limiter.block_on(async move {
+                            l.check_shadow(key, &pol, cost).await.map(|d| (d, None))
+                        })
+                    }
+                };
+                let r = red.decided(r, &what)?;
+                (vec![m], vec![r])
+            }
             Op::CheckAll(raw) => {
                 let layers = layers_of(raw, &policies, specs);
                 let m = memory.check_all_blocking(&layers).map(|d| (d, None));
@@ -774,6 +814,13 @@ fn vector_case(case: &Case, times: &[u64], got: &[Vec<Got>], upto: usize) -> Val
                 "expect_released": matches!(results.and_then(|r| r.first()), Some(Got::Released(true)))}),
             Op::Release(_) => continue,
             Op::Reset(p, k) => json!({"op": "reset", "key": KEYS[*k], "policy": format!("p{p}")}),
+            Op::Shadow(p, k, c) => {
+                let mut v = item(&Item::Check(*p, *k, *c), 0, &mut leases);
+                if !specs[*p].is_concurrency() {
+                    v["shadow"] = json!(true);
+                }
+                v
+            }
             Op::CheckAll(raw) => {
                 let mut seen = Vec::new();
                 let mut layers = Vec::new();

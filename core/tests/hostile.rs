@@ -180,6 +180,12 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                         .chunks(6)
                         .map(|c| String::from_utf8_lossy(&c[5]).to_string())
                         .collect()
+                } else if script.contains("shadow") {
+                    // main_shadow.lua: the tag is ARGV[13], the shadow arguments follow
+                    argv.get(12)
+                        .map(|t| String::from_utf8_lossy(t).to_string())
+                        .into_iter()
+                        .collect()
                 } else {
                     argv.last()
                         .map(|t| String::from_utf8_lossy(t).to_string())
@@ -639,4 +645,46 @@ fn a_reply_carrying_another_calls_tag_is_never_taken() {
     assert!(e.to_string().contains("another call's tag"), "{e}");
     let e = rt.block_on(l.check(&key(1), &p, 1)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+}
+
+/// A shadow check (`main_shadow.lua`, its own script call) is read by the same checks as
+/// any check: its own decision from an honest reply, a script error for a reply our script
+/// cannot give, and never a reply that carries another call's tag.
+#[test]
+fn shadow_check_replies_are_checked_like_any_check() {
+    let fake = Fake::start(Mode::Honest);
+    let l = fake.limiter("error", 500);
+    let p = l.policy("p").unwrap();
+    let rt = rt();
+    for n in 0..3 {
+        assert!(own_or_backend_error(
+            n,
+            l.check_shadow_blocking(&key(n), &p, 1)
+        ));
+        assert!(own_or_backend_error(
+            n,
+            rt.block_on(l.check_shadow(&key(n), &p, 1))
+        ));
+    }
+    for reply in [
+        "*8\r\n:1\r\n:1001\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:1\r\n:{tag}\r\n",
+        "*8\r\n:0\r\n:0\r\n:1\r\n:1\r\n:0\r\n:5\r\n:0\r\n:{tag}\r\n",
+        "*3\r\n:1\r\n:1\r\n:{tag}\r\n",
+    ] {
+        fake.set(Mode::Fixed(reply));
+        let e = l.check_shadow_blocking(&key(1), &p, 1).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Script, "{reply}: {e}");
+    }
+    // a well-formed reply with another call's tag
+    fake.set(Mode::Fixed(
+        "*8\r\n:1\r\n:5\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:1\r\n:123456789\r\n",
+    ));
+    let e = l.check_shadow_blocking(&key(1), &p, 1).unwrap_err();
+    assert!(e.is_backend(), "{e}");
+    fake.set(Mode::Honest);
+    recovered(&l, &p);
+    assert!(own_or_backend_error(
+        7,
+        l.check_shadow_blocking(&key(7), &p, 1)
+    ));
 }

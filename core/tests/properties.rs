@@ -7,7 +7,7 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use serde_json::Value;
 use shardlimit::config::Config;
-use shardlimit::keys::{block_key, denial_key, events_key, state_key};
+use shardlimit::keys::{block_key, denial_key, events_key, shadow_key, state_key};
 use shardlimit::routing::{cluster_slot, hash_tag, routing_key, shard_index};
 use std::collections::HashMap;
 
@@ -78,6 +78,10 @@ fn names(prefix: &str, policy: &str, code: &str, key: &str) -> Vec<(String, Stri
         (block_key(prefix, key), format!("block {key:?}")),
     ];
     out.push((events_key(prefix), "events".into()));
+    out.push((
+        shadow_key(prefix, policy),
+        format!("shadow counts {policy}"),
+    ));
     out
 }
 
@@ -106,6 +110,8 @@ fn json() -> impl Strategy<Value = Value> {
         Just("on_error"),
         Just("auto_block"),
         Just("local_admission"),
+        Just("shadow"),
+        Just("near_limit"),
         Just("key_prefix"),
         Just("timeout_ms"),
         Just("reshard_handoff"),
@@ -185,7 +191,8 @@ proptest! {
         prop_assert!(!tag.is_empty() && !tag.contains('}'), "tag {:?}", tag);
         let slot = cluster_slot(&key);
         for (name, what) in names("sl:", &policy, "tb", &key) {
-            if what == "events" {
+            // one per shard, not per key (and not written on a Cluster)
+            if what == "events" || what.starts_with("shadow counts") {
                 continue;
             }
             prop_assert_eq!(redis_tag(&name), &*tag, "{}", name);

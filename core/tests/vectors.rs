@@ -19,7 +19,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The decision vectors: every file is replayed by every engine and binding.
-const DECISION_FILES: [&str; 3] = ["algorithms.json", "plans.json", "precision.json"];
+const DECISION_FILES: [&str; 4] = [
+    "algorithms.json",
+    "plans.json",
+    "precision.json",
+    "shadow.json",
+];
 
 fn path(name: &str) -> String {
     format!("{}/../tests/vectors/{name}", env!("CARGO_MANIFEST_DIR"))
@@ -50,6 +55,11 @@ fn expect_of(d: &Decision) -> Value {
         "policy": &*d.policy,
         "layer": d.layer,
     });
+    // shadow.json: written only when true, so algorithms.json has no such field and a
+    // shadow denial where none is expected (or none where one is) still differs
+    if d.shadow_denied {
+        v["shadow_denied"] = json!(true);
+    }
     if let Some(i) = d.limit_index {
         // multi-limit policies (plans.json): which limit decided, and every window as
         // the headers list them
@@ -79,6 +89,8 @@ struct Call {
     key: String,
     policy: Policy,
     cost: u64,
+    /// a check with the per-call shadow option (`"shadow": true`)
+    shadow: bool,
 }
 
 impl Call {
@@ -104,12 +116,16 @@ impl Call {
                 .unwrap_or_else(|| panic!("{at}: unknown policy {name:?}"))
                 .clone(),
             cost: cost.unwrap_or_else(|| panic!("{at}: no cost/units")),
+            shadow: step["shadow"].as_bool().unwrap_or(false),
         }
     }
 
     fn future(&self, l: &Limiter) -> BoxFut<CallResult> {
         let (l, key, p, cost) = (l.clone(), self.key.clone(), self.policy.clone(), self.cost);
         match self.op.as_str() {
+            "check" if self.shadow => {
+                Box::pin(async move { l.check_shadow(&key, &p, cost).await.map(|d| (d, None)) })
+            }
             "check" => Box::pin(async move { l.check(&key, &p, cost).await.map(|d| (d, None)) }),
             "peek" => Box::pin(async move { l.peek(&key, &p).await.map(|d| (d, None)) }),
             _ => Box::pin(async move { l.acquire(&key, &p, cost).await }),
@@ -118,6 +134,9 @@ impl Call {
 
     fn blocking(&self, l: &Limiter) -> CallResult {
         match self.op.as_str() {
+            "check" if self.shadow => l
+                .check_shadow_blocking(&self.key, &self.policy, self.cost)
+                .map(|d| (d, None)),
             "check" => l
                 .check_blocking(&self.key, &self.policy, self.cost)
                 .map(|d| (d, None)),
@@ -185,9 +204,16 @@ impl Replay<'_> {
     /// script call per algorithm.
     fn burst(&self, l: &Limiter, calls: &[Call], at: &str) -> Vec<CallResult> {
         let futs: Vec<BoxFut<CallResult>> = calls.iter().map(|c| c.future(l)).collect();
-        let mut algorithms: Vec<_> = calls.iter().map(|c| c.policy.algorithm()).collect();
+        // a check in shadow mode is a script call of its own (main_shadow.lua)
+        let shadowed = |c: &Call| c.op == "check" && (c.shadow || c.policy.shadow());
+        let mut algorithms: Vec<_> = calls
+            .iter()
+            .filter(|c| !shadowed(c))
+            .map(|c| c.policy.algorithm())
+            .collect();
         algorithms.sort_by_key(|a| a.name());
         algorithms.dedup();
+        let expected_calls = algorithms.len() + calls.iter().filter(|c| shadowed(c)).count();
         let before = self.script_calls();
         let (tx, rx) = std::sync::mpsc::channel();
         l.spawner().unwrap().unwrap().spawn(async move {
@@ -199,7 +225,7 @@ impl Replay<'_> {
         let calls_made = self.script_calls() - before;
         assert_eq!(
             calls_made,
-            algorithms.len() as u64,
+            expected_calls as u64,
             "{at}: {} checks of {} algorithms took {calls_made} script calls",
             calls.len(),
             algorithms.len()
@@ -223,6 +249,7 @@ impl Replay<'_> {
                     key: c.key.clone(),
                     policy: c.policy.clone(),
                     cost: 1,
+                    shadow: false,
                 };
                 let mut out = self.burst(l, &[c.clone(), peek], at);
                 out.truncate(1);
@@ -350,6 +377,17 @@ impl Replay<'_> {
                             limiter.block_on(async move { l.check_all(&layers).await })
                         };
                         decided(vec![r.map(|d| (d, None))], vec![step]);
+                    }
+                    "shadow_report" => {
+                        let policy = step["policy"].as_str().unwrap().to_string();
+                        let top = step["top"].as_u64().map(|n| n as usize);
+                        let r = if self.mode == Mode::RedisBlocking || self.server.is_none() {
+                            limiter.shadow_report_blocking(&policy, top)
+                        } else {
+                            let l = limiter.clone();
+                            limiter.block_on(async move { l.shadow_report(&policy, top).await })
+                        };
+                        step["expect_report"] = r.unwrap_or_else(|e| panic!("{at}: {e}")).to_json();
                     }
                     other => panic!("{at}: unknown op {other:?}"),
                 }
@@ -606,7 +644,7 @@ fn write_json(v: &Value, indent: usize, out: &mut String) {
     }
 }
 
-/// Loads the single and the batch script of every algorithm (a script's first call would
+/// Loads the single, the batch and the shadow script of every algorithm (a script's first call would
 /// see NOSCRIPT and go again, which the count of script calls would see).
 fn warm_up_scripts(server: &support::RedisServer) {
     let replay = Replay {
@@ -625,6 +663,10 @@ fn warm_up_scripts(server: &support::RedisServer) {
     for name in ["fw", "sw", "sl", "tb", "lb", "cc"] {
         let p = l.policy(name).unwrap();
         l.peek_blocking("warm", &p).unwrap();
+        if name != "cc" {
+            // and its shadow script (main_shadow.lua)
+            l.check_shadow_blocking("warm", &p, 1).unwrap();
+        }
         let peeks: Vec<BoxFut<shardlimit::Result<Decision>>> = (0..2)
             .map(|_| {
                 let (l, p) = (l.clone(), p.clone());

@@ -91,6 +91,25 @@ impl Check {
         }
         self
     }
+
+    /// The same check in shadow mode (the per-call option, [`shardlimit::Limiter::check_shadow`]): a
+    /// request the limit would deny goes through with no 429 and no headers that say it is
+    /// limited (`decision.shadow_denied`; counted for `shadow_report`). On [`Check::All`]
+    /// every layer is in shadow. Concurrency policies stay enforcing (a lease in shadow
+    /// would hold nothing).
+    pub fn shadow(mut self) -> Check {
+        let shadowed = |p: &mut Policy| {
+            if let Ok(s) = p.with_shadow(true) {
+                *p = s;
+            }
+        };
+        match &mut self {
+            Check::One { policy, .. } => shadowed(policy),
+            Check::All(layers) => layers.iter_mut().for_each(|l| shadowed(&mut l.policy)),
+            Check::Skip => {}
+        }
+        self
+    }
 }
 
 /// Why a request could not be checked.

@@ -408,3 +408,65 @@ async fn leaky_bucket_holds_the_request_for_its_delay() {
         ]
     );
 }
+
+/// Shadow mode end to end: a request the limit would deny goes through (200, the service
+/// is called), with no Retry-After, no remaining and no `RateLimit` field; it is counted.
+/// Per policy and per call (`Check::shadow`), also in a layered check.
+#[tokio::test]
+async fn shadow_denied_requests_go_through_without_limited_headers() {
+    let (limiter, _clock) = limiter();
+    let login = Policy::new("login", Limit::fixed_window(1, Duration::from_secs(60)))
+        .unwrap()
+        .with_shadow(true)
+        .unwrap();
+    let api = Policy::new("api", Limit::fixed_window(1, Duration::from_secs(60))).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (l2, api2) = (login.clone(), api.clone());
+    let layer = RateLimitLayer::new(limiter.clone(), move |r: &Request<String>| {
+        Ok(match r.uri().path() {
+            "/login" => Check::new("user:1", &l2),
+            "/api-shadow" => Check::new("user:1", &api2).shadow(),
+            "/api" => Check::new("user:1", &api2),
+            _ => Check::All(vec![
+                Layer::new("user:2", &l2, 1),
+                Layer::new("user:2", &api2, 1),
+            ]),
+        })
+    });
+    let svc = layer.layer(counting(calls.clone()));
+    let r = svc.clone().oneshot(req("/login")).await.unwrap();
+    assert_eq!(header(&r, "x-ratelimit-remaining"), Some("0"));
+    for path in ["/login", "/login"] {
+        let r = svc.clone().oneshot(req(path)).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(header(&r, "retry-after"), None);
+        assert_eq!(header(&r, "x-ratelimit-remaining"), None);
+        assert_eq!(header(&r, "ratelimit"), None);
+        assert_eq!(header(&r, "x-ratelimit-limit"), Some("1"));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    // per call: the enforcing policy denies, the shadow call of it goes through
+    assert_eq!(
+        svc.clone().oneshot(req("/api")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        svc.clone().oneshot(req("/api")).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let r = svc.clone().oneshot(req("/api-shadow")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "retry-after"), None);
+    // layered: the enforced layer allows, the shadow layer reports; then the enforced
+    // layer denies (429) whatever the shadow layer says
+    let r = svc.clone().oneshot(req("/layers")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = svc.clone().oneshot(req("/layers")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, "ratelimit-policy"), Some("\"api\";q=1;w=60"));
+    assert_eq!(calls.load(Ordering::SeqCst), 6);
+    let report = limiter.shadow_report("login", None).await.unwrap();
+    assert_eq!(report.keys, vec![("user:1".to_string(), 2)]);
+    let report = limiter.shadow_report("api", None).await.unwrap();
+    assert_eq!(report.keys, vec![("user:1".to_string(), 1)]);
+}

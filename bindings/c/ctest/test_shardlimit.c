@@ -888,6 +888,69 @@ static void test_started_calls(void) {
   shardlimit_limiter_free(l);
 }
 
+/* Shadow mode: a policy in shadow and the per-call option (blocking and started) allow
+ * a would-be denial with shadow_denied, headers that do not say limited, and counts that
+ * shardlimit_shadow_report() reads back from Redis. */
+static void test_shadow(void) {
+  shardlimit_error *err = NULL;
+  shardlimit_limiter *l = NULL;
+  char cfg[640];
+  snprintf(cfg, sizeof cfg,
+           "{\"shards\":[{\"name\":\"only\",\"url\":\"redis://127.0.0.1:%d\"}],"
+           "\"key_prefix\":\"cshadow:\",\"timeout_ms\":5000,\"policies\":{"
+           "\"new\":{\"algorithm\":\"fixed_window\",\"limit\":1,\"window\":\"1h\",\"shadow\":true},"
+           "\"old\":{\"algorithm\":\"fixed_window\",\"limit\":1,\"window\":\"1h\"}}}",
+           redis_port);
+  CHECK_RC(shardlimit_limiter_new_json(cfg, strlen(cfg), NULL, &l, &err), SHARDLIMIT_OK, err);
+  shardlimit_policy *np = NULL, *op = NULL;
+  CHECK_RC(shardlimit_limiter_policy(l, S("new"), &np, &err), SHARDLIMIT_OK, err);
+  CHECK_RC(shardlimit_limiter_policy(l, S("old"), &op, &err), SHARDLIMIT_OK, err);
+  shardlimit_decision d;
+  CHECK_RC(shardlimit_check(l, S("u1"), np, 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && !d.shadow_denied);
+  for (int i = 0; i < 2; i++) {
+    CHECK_RC(shardlimit_check(l, S("u1"), np, 1, &d, &err), SHARDLIMIT_OK, err);
+    CHECK(d.allowed && d.shadow_denied && !d.has_retry_after && d.remaining == 0);
+  }
+  shardlimit_headers *h = NULL;
+  CHECK_RC(shardlimit_decision_headers(&d, &h, &err), SHARDLIMIT_OK, err);
+  CHECK(shardlimit_headers_len(h) == 2); /* limit and policy only: no Retry-After */
+  shardlimit_headers_free(h);
+  /* per call, on an enforcing policy */
+  CHECK_RC(shardlimit_check(l, S("u2"), op, 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK_RC(shardlimit_check(l, S("u2"), op, 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(!d.allowed && !d.shadow_denied);
+  CHECK_RC(shardlimit_check_shadow(l, S("u2"), op, 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.shadow_denied);
+  shardlimit_pending *p = NULL;
+  CHECK_RC(shardlimit_check_shadow_start(l, S("u2"), op, 1, NULL, NULL, &p, &err), SHARDLIMIT_OK,
+           err);
+  CHECK(shardlimit_pending_wait(p, 10 * 1000 * 1000));
+  CHECK_RC(shardlimit_pending_decision(p, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.shadow_denied);
+  shardlimit_pending_free(p);
+  /* the counts, from Redis */
+  shardlimit_string r = {0};
+  CHECK_RC(shardlimit_shadow_report(l, S("new"), 0, &r, &err), SHARDLIMIT_OK, err);
+  CHECK(r.ptr && strstr(r.ptr, "\"total\":2") && strstr(r.ptr, "{\"count\":2,\"key\":\"u1\"}"));
+  if (r.ptr && !strstr(r.ptr, "\"total\":2")) fprintf(stderr, "report: %s\n", r.ptr);
+  shardlimit_string_free(&r);
+  CHECK_RC(shardlimit_shadow_report(l, S("old"), 1, &r, &err), SHARDLIMIT_OK, err);
+  CHECK(r.ptr && strstr(r.ptr, "\"total\":2") && strstr(r.ptr, "\"u2\""));
+  shardlimit_string_free(&r);
+  CHECK_RC(shardlimit_shadow_report(l, S("a:b"), 0, &r, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT,
+           err);
+  CHECK_RC(shardlimit_shadow_report(l, S("new"), 0, NULL, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT,
+           err);
+  shardlimit_string m = {0};
+  CHECK_RC(shardlimit_metrics(l, &m, &err), SHARDLIMIT_OK, err);
+  CHECK(m.ptr && strstr(m.ptr, "\"shadow_denied\":2"));
+  shardlimit_string_free(&m);
+  shardlimit_policy_free(np);
+  shardlimit_policy_free(op);
+  shardlimit_limiter_free(l);
+}
+
 /* ---------------------------------------------------------------- shared contracts */
 
 /* A whole file of the repository (the test runs from its root, or $SHARDLIMIT_ROOT), or
@@ -965,6 +1028,7 @@ static const struct op c_ops[] = {
     OP(is_redis), OP(memory_keys), OP(route), OP(reload), OP(reload_from_file), OP(set_scale),
     OP(scale), OP(observe_health), OP(metrics), OP(check), OP(peek), OP(acquire), OP(release),
     OP(reset), OP(check_all), OP(block), OP(unblock), OP(blocked), OP(connect),
+    OP(check_shadow), OP(shadow_report),
     OP(plan_policy),
 };
 #undef OP
@@ -1552,6 +1616,7 @@ int main(void) {
   test_freed_limiter();
   test_close_while_checking();
   test_started_calls();
+  test_shadow();
   test_operations_spec();
   test_errors_spec();
   replay_vectors(0);

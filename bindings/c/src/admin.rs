@@ -225,7 +225,8 @@ pub unsafe extern "C" fn shardlimit_observe_health(
 }
 
 /// The limiter's counters as JSON: `{"policies":[{"policy":..,"allowed":..,"denied":..,
-/// "fallback":..,"blocked":..,"local_admitted":..,"redis_errors":..}],
+/// "fallback":..,"blocked":..,"local_admitted":..,"redis_errors":..,"shadow_denied":..,
+/// "near_limit":..}],
 /// "redis_latency":{"buckets_le_us":[..],"buckets":[..],"sum_us":..,"count":..},
 /// "events_dropped":..}`. On success `*out` is an owned string the caller frees with
 /// `shardlimit_string_free()`. Thread-safe. `err` may be NULL.
@@ -248,6 +249,7 @@ pub unsafe extern "C" fn shardlimit_metrics(
                     "policy": p.policy, "allowed": p.allowed, "denied": p.denied,
                     "fallback": p.fallback, "blocked": p.blocked,
                     "local_admitted": p.local_admitted, "redis_errors": p.redis_errors,
+                    "shadow_denied": p.shadow_denied, "near_limit": p.near_limit,
                 })
             })
             .collect();

@@ -302,6 +302,11 @@ pub struct shardlimit_decision {
     pub quota_count: u32,
     /// The limits of a multi-limit policy (the first `quota_count`).
     pub quotas: [shardlimit_quota; SHARDLIMIT_MAX_LIMITS],
+    /// Shadow mode: the limit would have denied this check, but its policy (or the call,
+    /// `shardlimit_check_shadow()`) is in shadow, so it was allowed (`allowed` is true,
+    /// `has_retry_after` false) and consumed nothing. `remaining` is what the limit really
+    /// has left.
+    pub shadow_denied: bool,
 }
 
 /// One limit of a multi-limit policy as the headers describe it.
@@ -759,6 +764,7 @@ fn decision_to_c(d: &Decision) -> Result<shardlimit_decision, Error> {
         reset_after_us: us(d.reset_after),
         has_retry_after: d.retry_after.is_some(),
         retry_after_us: d.retry_after.map(us).unwrap_or(0),
+        shadow_denied: d.shadow_denied,
         delay_us: us(d.delay),
         window_us: us(d.window),
         source: source_to_c(d.source) as u32,
@@ -834,6 +840,7 @@ unsafe fn decision_from_c(p: *const shardlimit_decision) -> Result<Decision, Err
         shard: d.has_shard.then_some(d.shard),
         window: Duration::from_micros(d.window_us),
         layer: d.has_layer.then_some(d.layer as usize),
+        shadow_denied: d.shadow_denied,
         limit_index: d.has_limit_index.then_some(d.limit_index as usize),
         quotas,
     })

@@ -721,5 +721,8 @@ pub unsafe extern "C" fn shardlimit_pending_free(pending: *mut shardlimit_pendin
     })
 }
 
+mod shadow;
+pub use shadow::*;
+
 #[cfg(test)]
 mod tests;

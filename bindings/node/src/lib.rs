@@ -371,6 +371,12 @@ impl Decision {
             .map(|q| serde_json::json!({ "limit": q.limit, "windowMs": ms(q.window) }))
             .collect()
     }
+    /// Shadow mode: the limit would have denied, but the policy (or the call) is in
+    /// shadow, so it was allowed and consumed nothing.
+    #[napi(getter)]
+    pub fn shadow_denied(&self) -> bool {
+        self.inner.shadow_denied
+    }
     /// The standard rate-limit response headers, in the core's order.
     #[napi(catch_unwind, ts_return_type = "Record<string, string>")]
     pub fn headers(&self, env: Env) -> Result<Object<'_>> {
@@ -787,6 +793,8 @@ impl NativeLimiter {
                     "blocked": p.blocked,
                     "localAdmitted": p.local_admitted,
                     "redisErrors": p.redis_errors,
+                    "shadowDenied": p.shadow_denied,
+                    "nearLimit": p.near_limit,
                 })
             })
             .collect();
@@ -886,6 +894,74 @@ impl NativeLimiter {
         guarded(|| self.inner.plan_policy(&plan, &policy))
             .map(|p| policy_json(&p))
             .map_err(|e| core_error(&env, e))
+    }
+
+    /// `check` in shadow mode for this one call (`{ shadow: true }`).
+    #[napi(catch_unwind, ts_return_type = "Promise<Decision>")]
+    pub fn check_shadow(
+        &self,
+        env: Env,
+        key: String,
+        policy: String,
+        cost: f64,
+    ) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move {
+                let cost = units("cost", cost)?;
+                let p = me.policy(&policy)?;
+                me.check_shadow(&key, &p, cost).await
+            },
+            |_, d| Ok(Decision { inner: d }),
+        )
+    }
+
+    /// `checkLimit` in shadow mode for this one call.
+    #[napi(catch_unwind, ts_return_type = "Promise<Decision>")]
+    pub fn check_limit_shadow(
+        &self,
+        env: Env,
+        key: String,
+        limit: &NativeLimit,
+        cost: f64,
+    ) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        let p = limit.policy.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move {
+                let cost = units("cost", cost)?;
+                me.check_shadow(&key, &p, cost).await
+            },
+            |_, d| Ok(Decision { inner: d }),
+        )
+    }
+
+    /// The shadow-mode denials of a policy by key, summed over every shard:
+    /// `{ policy, total, untracked, keys: [{ key, count }] }`; `top` (> 0) keeps that many.
+    #[napi(catch_unwind, ts_return_type = "Promise<ShadowReport>")]
+    pub fn shadow_report(
+        &self,
+        env: Env,
+        policy: String,
+        top: Option<f64>,
+    ) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move {
+                let top = match top {
+                    Some(t) => Some(units("top", t)? as usize),
+                    None => None,
+                };
+                me.shadow_report(&policy, top).await
+            },
+            |_, r| Ok(r.to_json()),
+        )
     }
 
     /// Checks an ad-hoc limit (see `NativeLimit`).

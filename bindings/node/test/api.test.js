@@ -67,6 +67,7 @@ test('check: fields in ms, headers and the 429 body come from the core', async (
     source: 'memory',
     shard: null,
     layer: null,
+    shadowDenied: false,
   }
   assert.deepEqual(JSON.parse(JSON.stringify(denied)), fields)
   assert.deepEqual(denied.toJSON(), fields)

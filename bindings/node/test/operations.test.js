@@ -18,6 +18,7 @@ const IDIOM = {
   new: 'fromJson', // `new Limiter()` is reserved for the factories' handles
   from_config_file: 'fromConfig',
   with_clock: null, // the `{ clock }` option of every factory: checked below
+  check_shadow: null, // the `{ shadow: true }` option of check: test/shadow.test.js
 }
 
 const has = (name) => name in Limiter || name in Limiter.prototype

@@ -118,6 +118,11 @@ export async function usage(): Promise<void> {
   void [index, windows, planned, limitCount, json.limitIndex, json.quotas]
   const m: MetricsSnapshot = limiter.metricsSnapshot()
   limiter.subscribe((e: ShardlimitEvent) => void e.kind)
+  const shadowed: boolean = (await limiter.check('k', { policy: 'api', shadow: true })).shadowDenied
+  const shadowReport = await limiter.shadowReport('api', { top: 10 })
+  const topKey: string | undefined = shadowReport.keys[0]?.key
+  const shadowTotal: number = shadowReport.total + m.policies[0].shadowDenied + m.policies[0].nearLimit
+  void [shadowed, topKey, shadowTotal]
   const watcher = limiter.watchConfig('shard-config.json', { intervalMs: 500 })
   watcher.close()
   const fromEnv = Limiter.fromEnv()
@@ -137,5 +142,7 @@ export async function usage(): Promise<void> {
 void Limiter.memory().check(42, { policy: 'api' })
 // @ts-expect-error: a policy is required
 void Limiter.memory().check('k', { cost: 1 })
+// @ts-expect-error: shadow is a boolean
+void Limiter.memory().check('k', { policy: 'api', shadow: 'yes' })
 // @ts-expect-error: limiters come from the factories
 new Limiter()

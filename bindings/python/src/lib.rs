@@ -7,6 +7,7 @@
 
 mod completion;
 mod convert;
+mod shadow;
 
 use convert::{
     as_invalid_argument, core_err, cost_arg, count_arg, decision_obj, json_to_py, layers_arg,
@@ -96,6 +97,12 @@ impl Decision {
             .iter()
             .map(|q| (q.limit, q.window.as_secs_f64()))
             .collect()
+    }
+    /// Shadow mode: the limit would have denied this check, but its policy (or the call,
+    /// `check_shadow`) is in shadow, so it was allowed and consumed nothing.
+    #[getter]
+    fn shadow_denied(&self) -> bool {
+        self.0.shadow_denied
     }
     /// The standard rate-limit response headers, in a stable order.
     fn headers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -588,6 +595,81 @@ impl Limiter {
         }
         .map(Decision)
     }
+    /// `check` in shadow mode for this one call: a check the limit would deny is allowed
+    /// (`decision.shadow_denied`), consumes nothing and is counted for `shadow_report`.
+    /// Block-list denials and `on_error` fallbacks are not shadowed.
+    #[pyo3(signature = (key, policy, cost = None))]
+    fn check_shadow(
+        &self,
+        py: Python<'_>,
+        key: String,
+        policy: &Bound<'_, PyAny>,
+        cost: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Decision> {
+        let ps = shadow::shadowed(&resolve_policies(self, policy)?)?;
+        let cost = cost_arg(cost)?;
+        match &ps[..] {
+            [p] => self.blocking(py, |l| l.check_blocking(&key, p, cost)),
+            _ => {
+                let layers = same_key(&key, &ps, cost);
+                self.blocking(py, |l| l.check_all_blocking(&layers))
+            }
+        }
+        .map(Decision)
+    }
+    /// The shadow-mode denials of the policy named `policy` by key, summed over every
+    /// shard (in memory: this process's counts), most first; `top` keeps that many keys:
+    /// `{"policy", "total", "untracked", "keys": [{"key", "count"}]}`.
+    #[pyo3(signature = (policy, top = None))]
+    fn shadow_report(
+        &self,
+        py: Python<'_>,
+        policy: String,
+        top: Option<usize>,
+    ) -> PyResult<Py<PyAny>> {
+        let r = self.blocking(py, |l| l.shadow_report_blocking(&policy, top))?;
+        shadow::report_obj(py, r)
+    }
+    /// `await limiter.acheck_shadow(...)`: `check_shadow` on asyncio.
+    #[pyo3(signature = (key, policy, cost = None))]
+    fn acheck_shadow<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+        policy: &Bound<'py, PyAny>,
+        cost: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let ps = shadow::shadowed(&resolve_policies(self, policy)?)?;
+        let cost = cost_arg(cost)?;
+        let l = self.inner()?;
+        self.completers.coroutine(
+            py,
+            &self.inner()?,
+            async move {
+                match &ps[..] {
+                    [p] => l.check(&key, p, cost).await,
+                    _ => l.check_all(&same_key(&key, &ps, cost)).await,
+                }
+            },
+            decision_obj,
+        )
+    }
+    /// `await limiter.ashadow_report(...)`.
+    #[pyo3(signature = (policy, top = None))]
+    fn ashadow_report<'py>(
+        &self,
+        py: Python<'py>,
+        policy: String,
+        top: Option<usize>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let l = self.inner()?;
+        self.completers.coroutine(
+            py,
+            &self.inner()?,
+            async move { l.shadow_report(&policy, top).await },
+            shadow::report_obj,
+        )
+    }
     /// `key`'s state without consuming: would a check of one unit pass now?
     fn peek(&self, py: Python<'_>, key: String, policy: &Bound<'_, PyAny>) -> PyResult<Decision> {
         let p = resolve_policy(self, policy)?;
@@ -975,6 +1057,8 @@ impl Limiter {
             pd.set_item("blocked", p.blocked)?;
             pd.set_item("local_admitted", p.local_admitted)?;
             pd.set_item("redis_errors", p.redis_errors)?;
+            pd.set_item("shadow_denied", p.shadow_denied)?;
+            pd.set_item("near_limit", p.near_limit)?;
             policies.append(pd)?;
         }
         d.set_item("policies", policies)?;

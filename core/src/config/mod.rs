@@ -11,6 +11,7 @@ use std::time::Duration;
 
 mod plans;
 mod policies;
+mod shadow;
 mod shard;
 mod strict;
 #[cfg(test)]

@@ -89,6 +89,8 @@ pub(super) fn policy_at(
         "description",
         "auto_block",
         "local_admission",
+        "shadow",
+        "near_limit",
     ];
     known.extend(params);
     known.push("window_offset");
@@ -140,6 +142,7 @@ pub(super) fn policy_at(
     if let Some(v) = obj.get("window_offset") {
         policy = policy.with_window_offset(window_offset(&f("window_offset"), v)?)?;
     }
+    let policy = super::shadow::fields(obj, &field, policy)?;
     Ok(policy)
 }
 

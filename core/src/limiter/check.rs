@@ -156,6 +156,7 @@ impl Limiter {
             layer: None,
             limit_index: None,
             quotas: Vec::new(),
+            shadow_denied: false,
         }
     }
 
@@ -223,6 +224,9 @@ impl Limiter {
         if let Some(parts) = policy.parts() {
             return self.multi_memory(m, key, policy, parts, cost, peek, lease);
         }
+        if policy.0.shadow && !peek && lease.is_none() {
+            return self.shadow_memory(m, key, policy, cost);
+        }
         let (eff, cost) = self.prepare(key, policy, cost)?;
         let p = &*policy.0;
         let raw = m.check(
@@ -238,6 +242,7 @@ impl Limiter {
         let d = self.finish(p, &eff, key, raw, Source::Memory, None);
         if !peek {
             self.count(&p.name, &d);
+            self.near(p, key, cost, &d);
         }
         Ok(d)
     }
@@ -274,6 +279,9 @@ impl Limiter {
         if let Some(h) = &view.handoff {
             self.carry_over(h, r, p, key, shard as usize).await;
         }
+        if p.shadow && !peek && lease.is_none() {
+            return self.shadow_redis(r, p, &eff, key, cost, shard).await;
+        }
         if let (Some(la), false, None) = (p.local_admission, peek, lease) {
             return self.local_admission(r, p, &eff, la, key, shard, cost).await;
         }
@@ -301,7 +309,7 @@ impl Limiter {
         let p = &*policy.0;
         if !r.blocking_capable()
             || view.handoff.is_some()
-            || (p.local_admission.is_some() && !peek)
+            || ((p.local_admission.is_some() || p.shadow) && !peek)
             || p.parts.is_some()
         {
             return None;
@@ -376,6 +384,7 @@ impl Limiter {
         };
         if !peek {
             self.count(&p.name, &d);
+            self.near(p, key, cost, &d);
         }
         Ok(d)
     }

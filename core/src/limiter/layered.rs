@@ -68,6 +68,14 @@ impl Limiter {
                 ));
             }
         }
+        if layers.iter().any(|l| l.policy.0.shadow) {
+            return self.check_all_shadowed(layers).await;
+        }
+        self.check_all_enforced(layers).await
+    }
+
+    /// [`Limiter::check_all`] of validated layers none of which is in shadow.
+    pub(super) async fn check_all_enforced(&self, layers: &[Layer]) -> Result<Decision> {
         if layers.iter().any(|l| l.policy.is_multi()) {
             // every limit of a multi-limit policy is a layer of its own
             let (expanded, origin) = super::multi::expand(layers)?;

@@ -27,6 +27,7 @@ mod metrics;
 mod multi;
 mod reload;
 mod scale;
+mod shadow;
 
 pub use block_list::BlockInfo;
 pub use blocking::Spawner;
@@ -37,6 +38,7 @@ use local_admission::LocalBatch;
 use metrics::{config_series, Series};
 pub use reload::{ConfigWatcher, ReloadReport};
 pub use scale::{latency_scale, ScaleHook};
+pub use shadow::ShadowReport;
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
@@ -94,6 +96,8 @@ struct Inner {
     block_cache_len: AtomicUsize,
     /// local admission batches, expiring with the batch
     local: Mutex<ExpiringMap<PolicyKey, LocalBatch>>,
+    /// The in-memory engine's shadow counts, by policy and key.
+    shadow: shadow::ShadowCounts,
 }
 
 impl std::fmt::Debug for Inner {
@@ -144,6 +148,7 @@ impl Limiter {
                 block_cache: Mutex::new(ExpiringMap::default()),
                 block_cache_len: AtomicUsize::new(0),
                 local: Mutex::new(ExpiringMap::default()),
+                shadow: shadow::ShadowCounts::default(),
             }),
         })
     }
@@ -255,7 +260,8 @@ impl Limiter {
         }
     }
 
-    /// Calls `subscriber` for every event: denials, blocks, fallbacks, circuit changes.
+    /// Calls `subscriber` for every event: denials, blocks, fallbacks, circuit changes,
+    /// shadow denials and near-limit crossings.
     pub fn subscribe(&self, subscriber: Subscriber) {
         self.inner.subscribers.add(subscriber);
     }

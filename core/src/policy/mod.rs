@@ -1,6 +1,8 @@
 //! Limits (an algorithm with its parameters) and policies (a named, validated limit).
 
+mod shadow;
 use crate::error::{Error, Result};
+pub(crate) use shadow::validate_near_limit;
 
 mod offset;
 pub(crate) mod precision;
@@ -426,6 +428,11 @@ pub(crate) struct PolicyInner {
     /// A multi-limit policy's limits, each a policy of the same name with its own state
     /// (`policy/multi.rs`); `None` for a policy of one limit.
     pub parts: Option<Arc<[Policy]>>,
+    /// Shadow mode: a would-be denial is allowed, consumes nothing and is reported
+    /// (`limiter/shadow.rs`).
+    pub shadow: bool,
+    /// The fraction of the limit whose crossing emits a near-limit event; `None`: off.
+    pub near_limit: Option<f64>,
 }
 
 impl PolicyInner {
@@ -467,6 +474,8 @@ impl Policy {
                     .map(|part| part.derive(on_error, auto_block, None))
                     .collect()
             }),
+            shadow: p.shadow,
+            near_limit: p.near_limit,
         }))
     }
 
@@ -557,6 +566,8 @@ impl Policy {
             scale: AtomicU64::new(1.0f64.to_bits()),
             scope: Arc::from(name),
             parts: None,
+            shadow: false,
+            near_limit: Some(DEFAULT_NEAR_LIMIT),
         })))
     }
 
@@ -597,6 +608,9 @@ impl Policy {
         Ok(())
     }
 }
+
+/// The default fraction of a policy's limit at which a near-limit event is emitted.
+pub const DEFAULT_NEAR_LIMIT: f64 = 0.8;
 
 pub(crate) fn validate_scale(factor: f64) -> Result<()> {
     if !(factor > 0.0 && factor <= 1.0) {

@@ -78,6 +78,8 @@ impl Policy {
             key_scope: first.key_scope.clone(),
             scale: AtomicU64::new(1.0f64.to_bits()),
             scope: first.scope.clone(),
+            shadow: false,
+            near_limit: first.near_limit,
             parts: Some(parts.into()),
         })))
     }
@@ -127,6 +129,8 @@ impl Policy {
             scale: AtomicU64::new(p.scale.load(Relaxed)),
             scope: Arc::from(scope),
             parts: None,
+            shadow: p.shadow,
+            near_limit: p.near_limit,
         }))
     }
 

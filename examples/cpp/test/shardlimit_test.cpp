@@ -152,6 +152,32 @@ TEST_F(Redis, MultiLimitPoliciesPlansAndRateStrings) {
   EXPECT_THROW(shardlimit::Policy::from_rate("5/fortnight"), shardlimit::Error);
 }
 
+// Shadow mode: a policy in shadow and the per-call check_shadow allow a would-be denial,
+// with shadow_denied and no Retry-After; shadow_report reads the counts back from Redis.
+TEST_F(Redis, ShadowModeAndReport) {
+  auto limiter = shardlimit::Limiter::from_json(config(
+      R"("new":{"algorithm":"fixed_window","limit":1,"window":"1h","shadow":true},)"
+      R"("old":{"algorithm":"fixed_window","limit":1,"window":"1h"})"));
+  auto np = limiter.policy("new");
+  auto op = limiter.policy("old");
+  EXPECT_FALSE(limiter.check("cpp-u1", np).shadow_denied());
+  for (int i = 0; i < 2; i++) {
+    auto d = limiter.check("cpp-u1", np);
+    EXPECT_TRUE(d.allowed() && d.shadow_denied());
+    EXPECT_FALSE(d.retry_after().has_value());
+    EXPECT_EQ(d.headers().size(), 2u);  // limit and policy: nothing that says limited
+  }
+  EXPECT_TRUE(limiter.check("cpp-u2", op).allowed());
+  EXPECT_FALSE(limiter.check("cpp-u2", op).allowed());
+  auto s = limiter.check_shadow("cpp-u2", op);
+  EXPECT_TRUE(s.allowed() && s.shadow_denied());
+  std::string r = limiter.shadow_report("new");
+  EXPECT_NE(r.find("\"total\":2"), std::string::npos) << r;
+  EXPECT_NE(r.find("{\"count\":2,\"key\":\"cpp-u1\"}"), std::string::npos) << r;
+  EXPECT_NE(limiter.shadow_report("old", 1).find("\"cpp-u2\""), std::string::npos);
+  EXPECT_THROW(limiter.shadow_report("a:b"), shardlimit::Error);
+}
+
 TEST_F(Redis, PoliciesPeekResetAndLeases) {
   auto limiter = shardlimit::Limiter::from_json(
       config(R"("tb":{"algorithm":"token_bucket","capacity":2,"refill_per_sec":0.001},)"

@@ -90,6 +90,8 @@ const std::map<std::string, void (*)(const L*)> kOps = {
     OP("release", l->release(*l->acquire("k", l->policy("p")).second)),
     OP("reset", (l->reset("k", l->policy("p")), 0)),
     OP("check_all", l->check_all({})),
+    OP("check_shadow", l->check_shadow("k", l->policy("p"))),
+    OP("shadow_report", l->shadow_report("p")),
     OP("block", (l->block("k", std::chrono::milliseconds(0), ""), 0)),
     OP("unblock", l->unblock("k")),
     OP("blocked", l->blocked("k")),

@@ -2,7 +2,7 @@
 import os
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Optional, Union, final
+from typing import Any, Optional, TypedDict, Union, final
 
 #: The version of the core and of every binding (the workspace's).
 __version__: str
@@ -14,6 +14,22 @@ BACKEND_ERROR_KINDS: list[str]
 #: A policy argument: a policy name of the config, a rate string ("5/minute",
 #: "10/second; 100/minute"), a Policy, or a Limit.
 PolicyLike = Union[str, "Policy", "Limit"]
+
+class ShadowKey(TypedDict):
+    """One key of a shadow report and its shadow-mode denials."""
+
+    key: str
+    count: int
+
+class ShadowReport(TypedDict):
+    """A policy's shadow-mode denials, summed over every shard: ``total`` counts them
+    all, ``keys`` the most-denied keys first, ``untracked`` the denials of keys beyond
+    the bound of 1000 keys per policy per shard."""
+
+    policy: str
+    total: int
+    untracked: int
+    keys: list[ShadowKey]
 
 @final
 class Decision:
@@ -52,6 +68,10 @@ class Decision:
     @property
     def layer(self) -> Optional[int]:
         """Layered checks: the index of the layer this decision describes."""
+    @property
+    def shadow_denied(self) -> bool:
+        """Shadow mode: the limit would have denied, but the policy (or the call,
+        ``check_shadow``) is in shadow, so it was allowed and consumed nothing."""
     @property
     def limit_index(self) -> Optional[int]:
         """A multi-limit policy: the index of the limit this decision describes (the one
@@ -273,6 +293,11 @@ class Limiter:
     def check(self, key: str, policy: PolicyLike, cost: int = 1) -> Decision:
         """Checks ``cost`` units of ``policy`` for ``key``; a rate string of several
         limits is one layered check."""
+    def check_shadow(self, key: str, policy: PolicyLike, cost: int = 1) -> Decision:
+        """``check`` in shadow mode for this call: a would-be denial is allowed
+        (``shadow_denied``), consumes nothing and is counted for ``shadow_report``."""
+    def shadow_report(self, policy: str, top: Optional[int] = None) -> ShadowReport:
+        """Shadow-mode denials of a policy by key, summed over every shard, most first."""
     def peek(self, key: str, policy: PolicyLike) -> Decision:
         """``key``'s state without consuming."""
     def acquire(
@@ -295,8 +320,8 @@ class Limiter:
     def blocked(self, key: str) -> Optional[BlockInfo]:
         """The block-list entry of ``key``, or None."""
     def subscribe(self, callback: Callable[[dict[str, str]], object]) -> None:
-        """Calls ``callback(event)`` for every event (denied, blocked, fallback, circuit)
-        on a thread of its own; ``event["event"]`` is the kind."""
+        """Calls ``callback(event)`` for every event (denied, blocked, fallback, circuit,
+        shadow_denied, near_limit) on a thread of its own; ``event["event"]`` is the kind."""
     def reload(self, config: Union[str, dict[str, Any]]) -> dict[str, Any]:
         """Applies a new config (JSON text or a dict); returns what changed."""
     def reload_from_file(self, path: Union[str, os.PathLike[str]]) -> dict[str, Any]:
@@ -336,6 +361,14 @@ class Limiter:
         """``check`` on asyncio, never blocking the event loop."""
     def apeek(self, key: str, policy: PolicyLike) -> Coroutine[Any, Any, Decision]:
         """``peek`` on asyncio."""
+    def acheck_shadow(
+        self, key: str, policy: PolicyLike, cost: int = 1
+    ) -> Coroutine[Any, Any, Decision]:
+        """``check_shadow`` on asyncio."""
+    def ashadow_report(
+        self, policy: str, top: Optional[int] = None
+    ) -> Coroutine[Any, Any, ShadowReport]:
+        """``shadow_report`` on asyncio."""
     def aacquire(
         self, key: str, policy: PolicyLike, units: int = 1
     ) -> Coroutine[Any, Any, tuple[Decision, Optional[Lease]]]:

@@ -7,6 +7,7 @@
 //! denial counter   {prefix}d:{policy}:{algo}:{T}K     (automatic blocking)
 //! block entry      {prefix}b:{T}K                     (shared by every policy)
 //! reserved         {prefix}o:...                      (per-key overrides, not used yet)
+//! shadow counts    {prefix}h:{policy}                 (one hash per policy per shard)
 //!                  {prefix}events                     (the event stream)
 //! ```
 //!
@@ -25,8 +26,9 @@
 
 use crate::routing;
 
-/// The namespace letters in use or reserved after the prefix (`o`: per-key overrides).
-pub const RESERVED_NAMESPACES: [&str; 4] = ["s", "d", "b", "o"];
+/// The namespace letters in use or reserved after the prefix (`o`: per-key overrides,
+/// `h`: shadow counts).
+pub const RESERVED_NAMESPACES: [&str; 5] = ["s", "d", "b", "o", "h"];
 
 /// Appends `{T}K` for `key` (see the layout above).
 fn tagged(out: &mut String, key: &str) {
@@ -67,6 +69,13 @@ pub fn block_key(prefix: &str, key: &str) -> String {
 /// The denial counter of automatic blocking for (policy, key).
 pub fn denial_key(prefix: &str, key_scope: &str, key: &str) -> String {
     key_name(prefix, "d:", key_scope, key)
+}
+
+/// The hash of shadow-mode denial counts of policy `policy` on one shard: field = user
+/// key, value = count (field "" counts the keys beyond the hash's bound). The policy name
+/// ends the name (no `:` and no `{` follow), so it cannot spell any other key.
+pub fn shadow_key(prefix: &str, policy: &str) -> String {
+    format!("{prefix}h:{policy}")
 }
 
 /// The Redis stream events are written to (one per shard).

@@ -35,6 +35,8 @@ mod connect;
 pub mod keys;
 pub(crate) mod protocol;
 pub mod scripts;
+mod shadow;
+pub use shadow::{SHADOW_MAX_KEYS, SHADOW_TTL};
 
 use scripts::ScriptId;
 mod stream;

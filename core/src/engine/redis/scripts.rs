@@ -57,6 +57,27 @@ check_script!(SLIDING_LOG_BATCH_SRC, "main_batch.lua", "sliding_log.lua");
 check_script!(TOKEN_BUCKET_BATCH_SRC, "main_batch.lua", "token_bucket.lua");
 check_script!(LEAKY_BUCKET_BATCH_SRC, "main_batch.lua", "leaky_bucket.lua");
 check_script!(CONCURRENCY_BATCH_SRC, "main_batch.lua", "concurrency.lua");
+check_script!(
+    FIXED_WINDOW_SHADOW_SRC,
+    "main_shadow.lua",
+    "fixed_window.lua"
+);
+check_script!(
+    SLIDING_WINDOW_SHADOW_SRC,
+    "main_shadow.lua",
+    "sliding_window.lua"
+);
+check_script!(SLIDING_LOG_SHADOW_SRC, "main_shadow.lua", "sliding_log.lua");
+check_script!(
+    TOKEN_BUCKET_SHADOW_SRC,
+    "main_shadow.lua",
+    "token_bucket.lua"
+);
+check_script!(
+    LEAKY_BUCKET_SHADOW_SRC,
+    "main_shadow.lua",
+    "leaky_bucket.lua"
+);
 const LAYERED_SRC: &str = concat!(
     "local REFUND = {}\n",
     lua!("prelude.lua"),
@@ -86,6 +107,8 @@ pub(crate) enum ScriptId {
     Check(Algorithm),
     /// A batch of checks of one algorithm (`main_batch.lua`), as the pipe sends a burst.
     Batch(Algorithm),
+    /// One check in shadow mode (`main_shadow.lua`), counting would-be denials.
+    Shadow(Algorithm),
     Layered,
     Refund,
     Reset,
@@ -96,7 +119,7 @@ pub(crate) enum ScriptId {
 
 /// Every script: its id, the name [`all`] gives it, its assembled source. The one table of
 /// scripts; a script's place in it is its place in `SCRIPTS`.
-const TABLE: [(ScriptId, &str, &str); 18] = {
+const TABLE: [(ScriptId, &str, &str); 23] = {
     use Algorithm as A;
     use ScriptId::*;
     [
@@ -145,6 +168,31 @@ const TABLE: [(ScriptId, &str, &str); 18] = {
             Batch(A::Concurrency),
             "concurrency_batch",
             CONCURRENCY_BATCH_SRC,
+        ),
+        (
+            Shadow(A::FixedWindow),
+            "fixed_window_shadow",
+            FIXED_WINDOW_SHADOW_SRC,
+        ),
+        (
+            Shadow(A::SlidingWindow),
+            "sliding_window_shadow",
+            SLIDING_WINDOW_SHADOW_SRC,
+        ),
+        (
+            Shadow(A::SlidingLog),
+            "sliding_log_shadow",
+            SLIDING_LOG_SHADOW_SRC,
+        ),
+        (
+            Shadow(A::TokenBucket),
+            "token_bucket_shadow",
+            TOKEN_BUCKET_SHADOW_SRC,
+        ),
+        (
+            Shadow(A::LeakyBucket),
+            "leaky_bucket_shadow",
+            LEAKY_BUCKET_SHADOW_SRC,
         ),
     ]
 };

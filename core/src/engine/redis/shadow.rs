@@ -1,0 +1,141 @@
+//! Shadow mode on Redis: a check by `main_shadow.lua`, which counts would-be denials in one
+//! hash per policy per shard in the same script call, and the read of those counts.
+
+use super::*;
+use crate::engine::redis::keys::shadow_key;
+
+/// The most user keys one policy's shadow hash holds on one shard; the denials of further
+/// keys are counted in the field "" (the report's `other`).
+pub const SHADOW_MAX_KEYS: u64 = 1000;
+/// How long a shadow hash lives after its last count.
+pub const SHADOW_TTL: Duration = Duration::from_secs(7 * 86_400);
+
+/// Writes a check call's arguments into a command, inserting the shadow hash after the
+/// check's own keys.
+struct ShadowSink<'a> {
+    cmd: redis::Cmd,
+    hash: Option<&'a str>,
+}
+
+impl CheckSink for ShadowSink<'_> {
+    fn arg(&mut self, a: &[u8]) {
+        self.cmd.arg(a);
+    }
+    fn mark(&mut self, part: CheckPart) {
+        if let (CheckPart::Item, Some(h)) = (part, self.hash) {
+            self.cmd.arg(h);
+        }
+    }
+}
+
+impl RedisEngine {
+    /// Runs one check in shadow mode (`main_shadow.lua`). In a Redis Cluster the count is
+    /// not kept (the hash would live in another slot than the key).
+    pub async fn check_shadow(
+        self: &Arc<Self>,
+        shard: usize,
+        req: &CheckRequest<'_>,
+    ) -> Result<Raw> {
+        let (limit, cost, tag) = (req.eff.limit, req.cost, req.tag);
+        let hash = (!self.is_cluster()).then(|| shadow_key(&self.prefix, &req.policy.name));
+        let build = |eval: bool| {
+            let id = ScriptId::Shadow(req.eff.algorithm);
+            let mut cmd = if eval {
+                let mut c = redis::cmd("EVAL");
+                c.arg(id.source());
+                c
+            } else {
+                let mut c = redis::cmd("EVALSHA");
+                c.arg(id.script().get_hash());
+                c
+            };
+            cmd.arg(CHECK_KEYS + usize::from(hash.is_some()));
+            let mut sink = ShadowSink {
+                cmd,
+                hash: hash.as_deref(),
+            };
+            req.write(&self.prefix, &mut sink);
+            let mut cmd = sink.cmd;
+            cmd.arg(req.key)
+                .arg(SHADOW_TTL.as_millis() as u64)
+                .arg(SHADOW_MAX_KEYS);
+            cmd
+        };
+        let at = self
+            .cluster_nodes
+            .as_ref()
+            .map(|_| state_key(&self.prefix, &req.policy.key_scope, req.key));
+        let (first, again) = (build(false), build(true));
+        let mut r: Vec<i64> = self
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
+                match first.query_async(&mut conn).await {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        again.query_async(&mut conn).await
+                    }
+                    r => r,
+                }
+            })
+            .await?;
+        match r.last() {
+            Some(&t) if t >= 0 && t as u64 == tag => {
+                r.pop();
+            }
+            _ => return Err(self.not_theirs(shard)),
+        }
+        self.check_reply(shard, &r, limit, cost)
+    }
+
+    /// The shadow counts of `policy` on `shard`: (key, count) pairs and the count of keys
+    /// beyond the bound. The reply is untrusted: at most [`SHADOW_MAX_KEYS`] + 1 fields of
+    /// UTF-8 keys and integer counts.
+    pub async fn shadow_counts(
+        self: &Arc<Self>,
+        shard: usize,
+        policy: &str,
+    ) -> Result<(Vec<(String, u64)>, u64)> {
+        if self.is_cluster() {
+            return Err(Error::invalid(
+                "shadow_report",
+                "shadow counts are not kept on a Redis Cluster (a policy's hash would live in another slot than its keys)",
+            ));
+        }
+        let key = shadow_key(&self.prefix, policy);
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> = self
+            .with_conn(shard, |mut conn| async move {
+                redis::cmd("HGETALL").arg(key).query_async(&mut conn).await
+            })
+            .await?;
+        let bad = |why: String| Error::Script {
+            shard: self.shards[shard].name.clone(),
+            message: format!("implausible shadow hash of policy {policy}: {why}"),
+        };
+        if pairs.len() as u64 > SHADOW_MAX_KEYS + 1 {
+            return Err(bad(format!(
+                "{} fields, at most {} expected",
+                pairs.len(),
+                SHADOW_MAX_KEYS + 1
+            )));
+        }
+        let mut keys = Vec::with_capacity(pairs.len());
+        let mut other = 0;
+        for (k, v) in pairs {
+            let n = std::str::from_utf8(&v)
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or_else(|| bad("a count that is not a non-negative integer".into()))?;
+            if k.is_empty() {
+                other = n;
+                continue;
+            }
+            let k = String::from_utf8(k).map_err(|_| bad("a key that is not UTF-8".into()))?;
+            if k.len() > crate::limiter::MAX_KEY_LEN {
+                return Err(bad("a key longer than any valid key".into()));
+            }
+            keys.push((k, n));
+        }
+        Ok((keys, other))
+    }
+}

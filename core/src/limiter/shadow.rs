@@ -1,0 +1,333 @@
+//! Shadow mode and near-limit events (issue 18, items 4 and 6).
+//!
+//! Shadow: the check runs; a would-be denial is allowed, consumes nothing (a denied check
+//! never does), never counts toward automatic blocking, and is reported: the decision's
+//! `shadow_denied`, an event, the `shadow_denied` metric and the shadow counts (in Redis,
+//! in the same script call; in process on the in-memory engine). Block-list denials and
+//! `on_error` fallbacks are not shadowed.
+//!
+//! Near-limit: an allowed check whose usage crosses `ceil(near_limit × limit)` units from
+//! below emits one event and counts the `near_limit` metric.
+
+use super::{Engine, Limiter};
+use crate::decision::{Decision, Source};
+use crate::engine::memory::{MemoryEngine, Raw};
+use crate::engine::redis::{Mode, RedisEngine, SHADOW_MAX_KEYS, SHADOW_TTL};
+use crate::error::{Error, Result};
+use crate::events::Event;
+use crate::policy::{Compiled, Policy, PolicyInner};
+use crate::Layer;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Shadow-mode denials of one policy, summed over every shard (or the in-memory engine).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ShadowReport {
+    pub policy: String,
+    /// Every shadow denial counted (the keys listed, those cut by `top`, and `untracked`).
+    pub total: u64,
+    /// (key, shadow denials), most first (ties by key), at most `top` of them.
+    pub keys: Vec<(String, u64)>,
+    /// Denials of keys beyond the bound of 1000 keys per policy per shard, not counted by
+    /// key.
+    pub untracked: u64,
+}
+
+impl ShadowReport {
+    /// `{"policy", "total", "untracked", "keys": [{"key", "count"}]}`, as the CLI prints it.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "policy": self.policy,
+            "total": self.total,
+            "untracked": self.untracked,
+            "keys": self.keys.iter().map(|(k, n)| serde_json::json!({"key": k, "count": n})).collect::<Vec<_>>(),
+        })
+    }
+
+    fn build(
+        policy: &str,
+        counts: HashMap<String, u64>,
+        untracked: u64,
+        top: Option<usize>,
+    ) -> Self {
+        let total = counts.values().sum::<u64>() + untracked;
+        let mut keys: Vec<(String, u64)> = counts.into_iter().collect();
+        keys.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        if let Some(n) = top {
+            keys.truncate(n);
+        }
+        ShadowReport {
+            policy: policy.to_string(),
+            total,
+            keys,
+            untracked,
+        }
+    }
+}
+
+/// The in-memory engine's shadow counts: per policy, at most [`SHADOW_MAX_KEYS`] keys (the
+/// rest in `untracked`), forgotten [`SHADOW_TTL`] after the policy's last count, as the
+/// Redis hash is.
+#[derive(Debug, Default)]
+pub(super) struct ShadowCounts(Mutex<HashMap<Arc<str>, PolicyShadow>>);
+
+#[derive(Debug, Default)]
+struct PolicyShadow {
+    keys: HashMap<String, u64>,
+    untracked: u64,
+    last_us: u64,
+}
+
+/// Policies whose shadow counts one limiter keeps in process at most.
+const MAX_SHADOW_POLICIES: usize = 10_000;
+
+impl ShadowCounts {
+    fn add(&self, policy: &Arc<str>, key: &str, now_us: u64) {
+        let mut all = self.0.lock();
+        if !all.contains_key(policy) && all.len() >= MAX_SHADOW_POLICIES {
+            return;
+        }
+        let p = all.entry(policy.clone()).or_default();
+        if now_us.saturating_sub(p.last_us) > SHADOW_TTL.as_micros() as u64 && p.last_us != 0 {
+            *p = PolicyShadow::default();
+        }
+        p.last_us = now_us.max(1);
+        let room = (p.keys.len() as u64) < SHADOW_MAX_KEYS;
+        match p.keys.get_mut(key) {
+            Some(n) => *n += 1,
+            None if room => {
+                p.keys.insert(key.to_string(), 1);
+            }
+            None => p.untracked += 1,
+        }
+    }
+
+    fn report(&self, policy: &str, now_us: u64, top: Option<usize>) -> ShadowReport {
+        let all = self.0.lock();
+        match all.get(policy) {
+            Some(p) if now_us.saturating_sub(p.last_us) <= SHADOW_TTL.as_micros() as u64 => {
+                ShadowReport::build(policy, p.keys.clone(), p.untracked, top)
+            }
+            _ => ShadowReport::build(policy, HashMap::new(), 0, top),
+        }
+    }
+}
+
+impl Limiter {
+    /// [`Limiter::check`] in shadow mode for this call, whatever the policy says: a check
+    /// the limit would deny is allowed, consumes nothing and is reported
+    /// (`decision.shadow_denied`). Block-list denials and `on_error` fallbacks are not
+    /// shadowed. A concurrency policy is an `invalid_argument` error.
+    pub async fn check_shadow(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision> {
+        super::blocking::unleased(policy, "check_shadow")?;
+        if policy.0.shadow {
+            return self.check(key, policy, cost).await;
+        }
+        let shadowed = policy.with_shadow(true)?;
+        self.check(key, &shadowed, cost).await
+    }
+
+    /// Blocking [`Limiter::check_shadow`].
+    pub fn check_shadow_blocking(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision> {
+        super::blocking::unleased(policy, "check_shadow")?;
+        let shadowed = if policy.0.shadow {
+            policy.clone()
+        } else {
+            policy.with_shadow(true)?
+        };
+        self.check_blocking(key, &shadowed, cost)
+    }
+
+    /// The shadow-mode denials of policy `policy` by key, summed over every shard (one
+    /// `HGETALL` per shard), most first; `top` keeps that many keys. On the in-memory
+    /// engine: this process's counts. Not available on a Redis Cluster (an
+    /// `invalid_argument` error).
+    pub async fn shadow_report(&self, policy: &str, top: Option<usize>) -> Result<ShadowReport> {
+        crate::policy::validate_policy_name(policy, "policy")
+            .map_err(|e| Error::invalid("policy", e.to_string()))?;
+        let view = self.view();
+        let r = match &view.engine {
+            Engine::Memory(_) => return Ok(self.inner.shadow.report(policy, self.now(), top)),
+            Engine::Redis(r) => r.clone(),
+        };
+        let calls = (0..r.shards.len()).map(|s| r.shadow_counts(s, policy));
+        let mut counts: HashMap<String, u64> = HashMap::new();
+        let mut untracked = 0u64;
+        for res in futures_util::future::join_all(calls).await {
+            let (keys, other) = res?;
+            untracked = untracked.saturating_add(other);
+            for (k, n) in keys {
+                let e = counts.entry(k).or_default();
+                *e = e.saturating_add(n);
+            }
+        }
+        Ok(ShadowReport::build(policy, counts, untracked, top))
+    }
+
+    /// Blocking [`Limiter::shadow_report`].
+    pub fn shadow_report_blocking(&self, policy: &str, top: Option<usize>) -> Result<ShadowReport> {
+        let (me, policy) = (self.clone(), policy.to_string());
+        self.block_on(async move { me.shadow_report(&policy, top).await })
+    }
+
+    /// A shadow check on the in-memory engine (from `check_memory`).
+    pub(super) fn shadow_memory(
+        &self,
+        m: &MemoryEngine,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Decision> {
+        let (eff, cost) = self.prepare(key, policy, cost)?;
+        let p = &*policy.0;
+        let now = self.now();
+        // no automatic blocking: a shadow denial must not enforce anything
+        let raw = m.check(&p.name, &eff, key, now, cost, false, "", None);
+        let d = self.finish_shadow(p, &eff, key, raw, Source::Memory, None);
+        if d.shadow_denied {
+            self.inner.shadow.add(&p.name, key, now);
+        }
+        self.count(&p.name, &d);
+        self.near(p, key, cost, &d);
+        Ok(d)
+    }
+
+    /// A shadow check on Redis, after the preamble of `run` (validation, block cache,
+    /// handoff): `main_shadow.lua`, one round trip, counting the denial there.
+    pub(super) async fn shadow_redis(
+        &self,
+        r: &Arc<RedisEngine>,
+        p: &PolicyInner,
+        eff: &Compiled,
+        key: &str,
+        cost: u64,
+        shard: u32,
+    ) -> Result<Decision> {
+        let req = self.request(p, eff, key, cost, Mode::Check, None);
+        let d = match r.check_shadow(shard as usize, &req).await {
+            Ok(raw) => self.finish_shadow(p, eff, key, raw, Source::Redis, Some(shard)),
+            // on_error decides, unshadowed: a fallback measured nothing to shadow
+            Err(e) if e.is_backend() => self.fallback(p, eff, key, cost, false, e)?,
+            Err(e) => return Err(e),
+        };
+        self.count(&p.name, &d);
+        self.near(p, key, cost, &d);
+        Ok(d)
+    }
+
+    /// The decision of a shadow check: a limit's denial becomes an allowed, shadow-denied
+    /// decision with no `retry_after`; a block stays a block.
+    fn finish_shadow(
+        &self,
+        p: &PolicyInner,
+        eff: &Compiled,
+        key: &str,
+        raw: Raw,
+        source: Source,
+        shard: Option<u32>,
+    ) -> Decision {
+        if raw.blocked.is_blocked() || raw.outcome.allowed {
+            return self.finish(p, eff, key, raw, source, shard);
+        }
+        let mut d = self.decision(p, eff, raw.outcome, source, shard);
+        d.allowed = true;
+        d.retry_after = None;
+        d.shadow_denied = true;
+        self.with_counters(&p.name, |c| {
+            c.shadow_denied.fetch_add(1, Ordering::Relaxed);
+        });
+        if self.wants_events() {
+            let e = Event::ShadowDenied {
+                policy: p.name.clone(),
+                key: key.to_string(),
+                decision: d.clone(),
+            };
+            self.publish(key, &e);
+        }
+        d
+    }
+
+    /// Whether an event would reach anyone: a subscriber, or the Redis event stream.
+    fn wants_events(&self) -> bool {
+        self.inner.subscribers.active()
+            || (matches!(&self.view().engine, Engine::Redis(_))
+                && self.view().config.events_stream_maxlen.is_some())
+    }
+
+    /// The near-limit event of an allowed check of `cost` units, when its usage crossed
+    /// the policy's fraction: from below `ceil(f × limit)` units used to at or above it.
+    /// Only measured, allowed decisions of the limit itself (not shadow denials, fallbacks,
+    /// blocks or local admission).
+    #[inline]
+    pub(super) fn near(&self, p: &PolicyInner, key: &str, cost: u64, d: &Decision) {
+        let Some(f) = p.near_limit else { return };
+        if !d.allowed || d.shadow_denied || !matches!(d.source, Source::Redis | Source::Memory) {
+            return;
+        }
+        let threshold = (f * d.limit as f64).ceil() as u64;
+        let used = d.limit.saturating_sub(d.remaining);
+        if used < threshold || used.saturating_sub(cost) >= threshold {
+            return;
+        }
+        self.near_crossed(p, key, d);
+    }
+
+    #[cold]
+    fn near_crossed(&self, p: &PolicyInner, key: &str, d: &Decision) {
+        self.with_counters(&p.name, |c| {
+            c.near_limit.fetch_add(1, Ordering::Relaxed);
+        });
+        if self.wants_events() {
+            let e = Event::NearLimit {
+                policy: p.name.clone(),
+                key: key.to_string(),
+                limit: d.limit,
+                remaining: d.remaining,
+            };
+            self.publish(key, &e);
+        }
+    }
+
+    /// A layered check with shadow layers. The enforced layers are decided first, as one
+    /// layered check (atomic, none consumes when one denies); when they deny, that is the
+    /// decision and the shadow layers are not checked. When they allow, each shadow layer
+    /// is a shadow check of its own (its own round trip: it consumes when it allows, and a
+    /// would-be denial consumes nothing and is counted). The decision describes the first
+    /// shadow-denied layer (`shadow_denied`, allowed), else the layer with the fewest units
+    /// remaining.
+    pub(super) async fn check_all_shadowed(&self, layers: &[Layer]) -> Result<Decision> {
+        let (shadow, enforced): (Vec<usize>, Vec<usize>) =
+            (0..layers.len()).partition(|i| layers[*i].policy.0.shadow);
+        let mut best: Option<Decision> = None;
+        if !enforced.is_empty() {
+            let sub: Vec<Layer> = enforced.iter().map(|i| layers[*i].clone()).collect();
+            let mut d = self.check_all_enforced(&sub).await?;
+            d.layer = d.layer.map(|i| enforced[i]);
+            if !d.allowed {
+                return Ok(d);
+            }
+            best = Some(d);
+        }
+        let mut denied: Option<Decision> = None;
+        for i in shadow {
+            let l = &layers[i];
+            let mut d = Box::pin(self.check(&l.key, &l.policy, l.cost))
+                .await
+                .map_err(|e| match e {
+                    Error::InvalidArgument { what, message } => {
+                        Error::invalid(format!("layers[{i}].{what}"), message)
+                    }
+                    e => e,
+                })?;
+            d.layer = Some(i);
+            if d.shadow_denied {
+                denied.get_or_insert(d);
+            } else if best.as_ref().is_none_or(|b| d.remaining < b.remaining) {
+                best = Some(d);
+            }
+        }
+        Ok(denied.or(best).expect("at least one layer"))
+    }
+}
