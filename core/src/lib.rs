@@ -51,8 +51,8 @@ pub use ip::{
     DEFAULT_IPV6_PREFIX,
 };
 pub use limiter::{
-    latency_scale, BlockInfo, ConfigWatcher, Layer, Lease, Limiter, ReloadReport, ScaleHook,
-    Spawner, BLOCK_CACHE_TTL, CLOSED_RETRY_AFTER, MAX_KEY_LEN,
+    latency_scale, BlockInfo, ConfigWatcher, Layer, Lease, Limiter, ReloadReport, Reservation,
+    ScaleHook, Spawner, BLOCK_CACHE_TTL, CLOSED_RETRY_AFTER, MAX_KEY_LEN,
 };
 pub use metrics::{MetricsSnapshot, PolicyMetrics};
 pub use policy::{Algorithm, AutoBlock, Limit, LocalAdmission, OnError, Policy, MAX_LIMIT};

@@ -13,6 +13,8 @@ pub(crate) struct PolicyCounters {
     pub blocked: AtomicU64,
     pub local_admitted: AtomicU64,
     pub redis_errors: AtomicU64,
+    pub charged_units: AtomicU64,
+    pub refunded_units: AtomicU64,
 }
 
 impl PolicyCounters {
@@ -25,6 +27,8 @@ impl PolicyCounters {
             blocked: self.blocked.load(Relaxed),
             local_admitted: self.local_admitted.load(Relaxed),
             redis_errors: self.redis_errors.load(Relaxed),
+            charged_units: self.charged_units.load(Relaxed),
+            refunded_units: self.refunded_units.load(Relaxed),
         }
     }
 }
@@ -45,6 +49,10 @@ pub struct PolicyMetrics {
     pub local_admitted: u64,
     /// Redis calls of this policy that failed or timed out.
     pub redis_errors: u64,
+    /// Units consumed by `charge` and by `settle` beyond what was reserved.
+    pub charged_units: u64,
+    /// Units given back by `refund` and by `settle` below what was reserved.
+    pub refunded_units: u64,
 }
 
 /// Upper bounds (µs) of the latency histogram's buckets; the last bucket is +Inf.
@@ -110,7 +118,7 @@ impl MetricsSnapshot {
     pub fn to_prometheus(&self) -> String {
         let mut s = String::new();
         type Counter = (&'static str, &'static str, fn(&PolicyMetrics) -> u64);
-        let counters: [Counter; 6] = [
+        let counters: [Counter; 8] = [
             ("allowed", "Allowed decisions", |m| m.allowed),
             ("denied", "Denied decisions", |m| m.denied),
             (
@@ -130,6 +138,16 @@ impl MetricsSnapshot {
                 "redis_errors",
                 "Redis calls that failed or timed out",
                 |m| m.redis_errors,
+            ),
+            (
+                "charged_units",
+                "Units consumed by charge and by settle beyond the reservation",
+                |m| m.charged_units,
+            ),
+            (
+                "refunded_units",
+                "Units given back by refund and by settle below the reservation",
+                |m| m.refunded_units,
             ),
         ];
         for (name, help, get) in counters {

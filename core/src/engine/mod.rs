@@ -6,3 +6,4 @@ pub(crate) mod algo;
 pub(crate) mod expiry;
 pub(crate) mod memory;
 pub(crate) mod redis;
+pub(crate) mod settle;

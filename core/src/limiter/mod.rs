@@ -26,6 +26,7 @@ mod local_admission;
 mod metrics;
 mod reload;
 mod scale;
+mod settle;
 
 pub use block_list::BlockInfo;
 pub use blocking::Spawner;
@@ -36,6 +37,7 @@ use local_admission::LocalBatch;
 use metrics::{config_series, Series};
 pub use reload::{ConfigWatcher, ReloadReport};
 pub use scale::{latency_scale, ScaleHook};
+pub use settle::Reservation;
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;

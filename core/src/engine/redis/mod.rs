@@ -35,6 +35,8 @@ mod connect;
 pub mod keys;
 pub(crate) mod protocol;
 pub mod scripts;
+mod settle;
+pub(crate) use settle::SettleCall;
 
 use scripts::ScriptId;
 mod stream;

@@ -69,6 +69,14 @@ const REFUND_SRC: &str = concat!(
     all_algorithms!(),
     lua!("main_refund.lua")
 );
+const SETTLE_SRC: &str = concat!(
+    "local REFUND = {}\n",
+    lua!("prelude.lua"),
+    all_algorithms!(),
+    lua!("check.lua"),
+    lua!("settle.lua"),
+    lua!("main_settle.lua")
+);
 const RESET_SRC: &str = concat!(lua!("prelude.lua"), lua!("reset.lua"));
 const MIGRATE_DUMP_SRC: &str = concat!(lua!("prelude.lua"), lua!("migrate_dump.lua"));
 const MIGRATE_RESTORE_SRC: &str = concat!(lua!("prelude.lua"), lua!("migrate_restore.lua"));
@@ -92,11 +100,13 @@ pub(crate) enum ScriptId {
     MigrateDump,
     MigrateRestore,
     Release,
+    /// Charge, refund, reserve or settle (`main_settle.lua`).
+    Settle,
 }
 
 /// Every script: its id, the name [`all`] gives it, its assembled source. The one table of
 /// scripts; a script's place in it is its place in `SCRIPTS`.
-const TABLE: [(ScriptId, &str, &str); 18] = {
+const TABLE: [(ScriptId, &str, &str); 19] = {
     use Algorithm as A;
     use ScriptId::*;
     [
@@ -146,6 +156,7 @@ const TABLE: [(ScriptId, &str, &str); 18] = {
             "concurrency_batch",
             CONCURRENCY_BATCH_SRC,
         ),
+        (Settle, "settle", SETTLE_SRC),
     ]
 };
 
