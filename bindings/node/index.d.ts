@@ -100,6 +100,26 @@ export interface Lease {
   units: number
 }
 
+/** Units reserved by `reserve`: plain data, settle it once with `settle`. */
+export interface Reservation {
+  /** The key the units were reserved for. */
+  key: string
+  /** The policy name. */
+  policy: string
+  /** Units reserved. */
+  units: number
+  /** When they were recorded (µs on the engine's clock): settle gives the unused part back to that window. */
+  atUs: number
+}
+
+/** Options of `charge`, `refund` and `reserve`: a named policy and the units. */
+export type ChargeOptions = {
+  /** A policy name from the config. */
+  policy: string
+  /** Units (default 1): charged, given back, or the estimate reserved. */
+  cost?: number
+}
+
 /** Options of the factories. */
 export interface LimiterOptions {
   /** Decide with this clock instead of Redis `TIME` / the monotonic clock (tests). */
@@ -338,6 +358,14 @@ export declare class Limiter {
   acquire(key: string, options: AcquireOptions | string): Promise<{ decision: Decision; lease: Lease | null }>
   /** Gives a lease back (pass `{ limit }` for an ad-hoc limit's lease); false when it was no longer held. */
   release(lease: Lease, options?: Target): Promise<boolean>
+  /** Consumes units without ever denying: the key may go into debt (capped at one limit) and later checks are denied until it is repaid. Always allowed; `remaining` is 0 in debt. */
+  charge(key: string, options: ChargeOptions | string): Promise<Decision>
+  /** Gives units back, never above the limit. */
+  refund(key: string, options: ChargeOptions | string): Promise<Decision>
+  /** A check of an estimated cost; `reservation` is null when denied. */
+  reserve(key: string, options: ChargeOptions | string): Promise<{ decision: Decision; reservation: Reservation | null }>
+  /** Settles a reservation at its actual cost (0 gives it all back): the unused part goes back to the window that admitted it, the excess is charged. */
+  settle(reservation: Reservation, actual: number): Promise<Decision>
   /** Connects to every shard and loads the scripts within `timeoutMs` (default 5000, its own budget), so that the first checks do not spend their deadline connecting; rejects with the shard's error when one does not answer. */
   connect(options?: { timeoutMs?: number }): Promise<void>
   /** Forgets `key`'s state under a policy. */
