@@ -363,9 +363,9 @@ export declare class Limiter {
   /** Gives units back, never above the limit. */
   refund(key: string, options: ChargeOptions | string): Promise<Decision>
   /** A check of an estimated cost; `reservation` is null when denied. */
-  reserve(key: string, options: ChargeOptions | string): Promise<{ decision: Decision; reservation: Reservation | null }>
+  reserve(key: string, options: CheckOptions | string): Promise<{ decision: Decision; reservation: Reservation | null }>
   /** Settles a reservation at its actual cost (0 gives it all back): the unused part goes back to the window that admitted it, the excess is charged. */
-  settle(reservation: Reservation, actual: number): Promise<Decision>
+  settle(reservation: Reservation, actual: number, options?: Target): Promise<Decision>
   /** Connects to every shard and loads the scripts within `timeoutMs` (default 5000, its own budget), so that the first checks do not spend their deadline connecting; rejects with the shard's error when one does not answer. */
   connect(options?: { timeoutMs?: number }): Promise<void>
   /** Forgets `key`'s state under a policy. */
@@ -543,6 +543,12 @@ export interface MiddlewareOptions<Req = HttpRequestLike, Res = HttpResponseLike
   trustedProxies?: string[]
   /** The default key keys IPv6 clients by their network of this many bits (1 to 128, default 64). */
   ipv6Prefix?: number
+  /** Count only failed requests: each request reserves its units atomically, and a successful one gets them back when its response finishes (to the window that admitted them). Not for a concurrency limit. */
+  skipSuccessfulRequests?: boolean
+  /** Count only successful requests: a failed one (or one whose connection closed first) gets its reserved units back. */
+  skipFailedRequests?: boolean
+  /** Whether a finished request succeeded (default: `res.statusCode < 400`); Node's own req/res, also under Fastify. With either skip option, Node's `req.rateLimitSettled` is a Promise of whether the request's units were given back, settled once that is done. */
+  requestWasSuccessful?: (req: HttpRequestLike, res: HttpResponseLike) => boolean
 }
 
 /**

@@ -251,18 +251,27 @@ class Limiter {
   }
 
   /**
-   * A check of an estimated `cost` (default 1) that can be settled later: resolves to
-   * `{ decision, reservation }`, `reservation` null when denied.
+   * A check of an estimated `cost` (default 1) of a policy (`{ policy }` or an ad-hoc
+   * `{ limit }`) that can be settled later: resolves to `{ decision, reservation }`,
+   * `reservation` null when denied.
    */
   reserve(key, opts) {
-    return this.#named('reserve', key, opts, (policy, cost) => this[kNative].reserve(key, policy, cost))
+    try {
+      checkString('key', key)
+      const adhoc = adhocOf(opts)
+      if (adhoc !== null) return this[kNative].reserveLimit(key, adhoc[kNative], countOf(opts, 'cost'))
+      return this[kNative].reserve(key, policyOf(opts, 'reserve'), countOf(opts, 'cost'))
+    } catch (e) {
+      return Promise.reject(e)
+    }
   }
 
   /**
    * Settles a reservation at its `actual` cost (0 gives it all back): the unused part goes
    * back to the window that admitted it, the excess is charged. Once per reservation.
+   * Pass `{ limit }` for a reservation of an ad-hoc limit.
    */
-  settle(reservation, actual) {
+  settle(reservation, actual, opts) {
     try {
       if (reservation === null || typeof reservation !== 'object') {
         throw argError('reservation', 'a reservation object (from reserve)', reservation)
@@ -273,6 +282,8 @@ class Limiter {
       checkUnits('reservation.atUs', reservation.atUs)
       checkUnits('actual', actual)
       const plain = { key: reservation.key, policy: reservation.policy, units: reservation.units, atUs: reservation.atUs }
+      const adhoc = adhocOf(opts)
+      if (adhoc !== null) return this[kNative].settleLimit(plain, adhoc[kNative], actual)
       return this[kNative].settle(plain, actual)
     } catch (e) {
       return Promise.reject(e)

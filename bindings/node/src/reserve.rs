@@ -77,20 +77,7 @@ impl NativeLimiter {
                 let p = me.policy(&policy)?;
                 me.reserve(&key, &p, n).await
             },
-            |env, (d, r)| {
-                let mut obj = Object::new(env)?;
-                obj.set("decision", Decision { inner: d })?;
-                obj.set(
-                    "reservation",
-                    r.map(|r| Reservation {
-                        key: r.key,
-                        policy: r.policy,
-                        units: r.units as f64,
-                        at_us: r.at_us as f64,
-                    }),
-                )?;
-                Ok(obj)
-            },
+            |env, (d, r)| reservation_obj(env, d, r),
         )
     }
 
@@ -106,16 +93,87 @@ impl NativeLimiter {
             &env,
             &self.inner,
             async move {
-                let r = shardlimit::Reservation {
-                    units: units("reservation.units", reservation.units)?,
-                    at_us: units("reservation.atUs", reservation.at_us)?,
-                    key: reservation.key,
-                    policy: reservation.policy,
-                };
+                let r = reservation_of(reservation)?;
                 let actual = units("actual", actual)?;
                 me.settle(&r, actual).await
             },
             |_, d| Ok(Decision { inner: d }),
         )
     }
+
+    /// Reserves units of an ad-hoc limit.
+    #[napi(
+        catch_unwind,
+        ts_return_type = "Promise<{ decision: Decision; reservation: Reservation | null }>"
+    )]
+    pub fn reserve_limit(
+        &self,
+        env: Env,
+        key: String,
+        limit: &NativeLimit,
+        estimate: f64,
+    ) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        let p = limit.policy.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move {
+                let n = units("estimate", estimate)?;
+                me.reserve(&key, &p, n).await
+            },
+            |env, (d, r)| reservation_obj(env, d, r),
+        )
+    }
+
+    /// Settles a reservation of an ad-hoc limit.
+    #[napi(catch_unwind, ts_return_type = "Promise<Decision>")]
+    pub fn settle_limit(
+        &self,
+        env: Env,
+        reservation: Reservation,
+        limit: &NativeLimit,
+        actual: f64,
+    ) -> Result<Unknown<'static>> {
+        let me = self.inner.clone();
+        let p = limit.policy.clone();
+        promise(
+            &env,
+            &self.inner,
+            async move {
+                let r = reservation_of(reservation)?;
+                let actual = units("actual", actual)?;
+                me.settle_with(&p, &r, actual).await
+            },
+            |_, d| Ok(Decision { inner: d }),
+        )
+    }
+}
+
+fn reservation_obj(
+    env: &Env,
+    d: shardlimit::Decision,
+    r: Option<shardlimit::Reservation>,
+) -> Result<Object<'static>> {
+    let mut obj = Object::new(env)?;
+    obj.set("decision", Decision { inner: d })?;
+    obj.set(
+        "reservation",
+        r.map(|r| Reservation {
+            key: r.key,
+            policy: r.policy,
+            units: r.units as f64,
+            at_us: r.at_us as f64,
+        }),
+    )?;
+    Ok(obj)
+}
+
+fn reservation_of(r: Reservation) -> shardlimit::Result<shardlimit::Reservation> {
+    Ok(shardlimit::Reservation {
+        units: units("reservation.units", r.units)?,
+        at_us: units("reservation.atUs", r.at_us)?,
+        key: r.key,
+        policy: r.policy,
+    })
 }
