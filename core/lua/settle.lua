@@ -125,8 +125,8 @@ GIVE.sl = function(key, now, limit, window, cost, at, reserved)
   -- every later entry counts this one's units in its `before`: shift them down by the
   -- units given back, at most SL_SHIFT of them (beyond, the units stay counted until
   -- the entry expires: never more admitted than the limit)
+  if total - rank - 1 > SL_SHIFT then return end
   local later = redis.call('ZRANGE', key, rank + 1, -1, 'WITHSCORES')
-  if #later > 2 * SL_SHIFT then return end
   local give = math.min(cost, reserved)
   for i = 1, #later, 2 do
     if string.match(later[i], '^(%d+):(%d+)$') == nil then return end
