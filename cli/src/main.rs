@@ -137,7 +137,7 @@ enum Command {
     /// Print an assembled Redis script (as loaded by EVALSHA) and its SHA1 on stderr.
     Script {
         /// fixed_window, sliding_window, sliding_log, token_bucket, leaky_bucket,
-        /// concurrency, layered, refund, reset or settle.
+        /// concurrency, layered, refund, reset, or an algorithm's settle script (fixed_window_settle, ...).
         name: String,
     },
     /// Measure decisions per second and latency.

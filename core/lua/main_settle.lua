@@ -1,5 +1,5 @@
 -- shardlimit main: charge, refund, reserve or settle, one call each (core/src/limiter/settle.rs).
--- Assembled as prelude + every algorithm file + check.lua + settle.lua + this file.
+-- Assembled per algorithm as prelude + its algorithm file + check.lua + settle.lua + this file.
 -- KEYS[1..3]  state key, block-list entry, denial counter (the last two: reserve only)
 -- ARGV[1]     op: "charge", "refund", "reserve" or "settle"
 -- ARGV[2]     now (µs), or "0" for the server clock (TIME)

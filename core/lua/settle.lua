@@ -1,5 +1,6 @@
 -- settle: charge (consume without ever denying: the key may go into debt) and give back
--- (refund) per algorithm, for main_settle.lua. core/src/engine/settle.rs mirrors every step.
+-- (refund) per algorithm, for main_settle.lua (one script per algorithm: only the
+-- algorithm the script holds gets its functions defined, a closure costs ~2 us a call). core/src/engine/settle.rs mirrors every step.
 -- A key's debt is capped at one limit: what a window counts, a sliding log holds or a
 -- bucket is filled to never exceeds twice the limit, so one huge charge cannot lock a key
 -- out for more than about two periods, and every reply stays a plausible duration.
@@ -27,6 +28,7 @@ local function counter_give(ckey, cost)
   if used > 0 then redis.call('DECRBY', ckey, math.min(cost, used)) end
 end
 
+if ALGO.fw then -- each settle script holds one algorithm: define its functions only
 CHARGE.fw = function(key, now, limit, window, cost)
   local idx = math.floor(now / window)
   counter_charge(key .. ':' .. int(idx), limit, cost, (idx + 1) * window - now)
@@ -37,7 +39,9 @@ GIVE.fw = function(key, now, limit, window, cost, at)
   if idx ~= math.floor(now / window) then return end -- that window is over
   counter_give(key .. ':' .. int(idx), cost)
 end
+end
 
+if ALGO.sw then
 CHARGE.sw = function(key, now, limit, window, cost)
   local idx = math.floor(now / window)
   counter_charge(key .. ':' .. int(idx), limit, cost, 2 * window - (now - idx * window))
@@ -49,7 +53,9 @@ GIVE.sw = function(key, now, limit, window, cost, at)
   if idx + 1 < math.floor(now / window) then return end
   counter_give(key .. ':' .. int(idx), cost)
 end
+end
 
+if ALGO.sl then
 -- the sliding log's live units now: n, the newest entry (time, before, cost), its top;
 -- ok false when the key holds a state this script did not write
 local function sl_live(key, now, window)
@@ -142,6 +148,7 @@ GIVE.sl = function(key, now, limit, window, cost, at, reserved)
       string.format('%016d:%s', (tonumber(lb) - give) % SL_MOD, lc))
   end
 end
+end
 
 local function tat_charge(key, now, limit, interval, cost)
   local tat = tonumber(redis.call('GET', key) or '0')
@@ -162,5 +169,5 @@ local function tat_give(key, now, limit, interval, cost)
   end
 end
 
-CHARGE.tb, GIVE.tb = tat_charge, tat_give
-CHARGE.lb, GIVE.lb = tat_charge, tat_give
+if ALGO.tb then CHARGE.tb, GIVE.tb = tat_charge, tat_give end
+if ALGO.lb then CHARGE.lb, GIVE.lb = tat_charge, tat_give end

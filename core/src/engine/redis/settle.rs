@@ -37,7 +37,7 @@ impl RedisEngine {
             SettleCall::Reserve(_) => auto_block_args(policy.auto_block.as_ref()),
             SettleCall::Op(_) => (0, 0, 0),
         };
-        let mut inv = ScriptId::Settle.script().prepare_invoke();
+        let mut inv = ScriptId::Settle(eff.algorithm).script().prepare_invoke();
         inv.key(&skey)
             .key(block_key(&self.prefix, key))
             .key(denial_key(&self.prefix, &policy.key_scope, key))
