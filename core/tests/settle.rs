@@ -275,9 +275,11 @@ fn concurrency_policies_and_bad_arguments_are_invalid_arguments() {
     assert!(e.to_string().contains("key"), "{e}");
     let (_, r) = l.reserve_blocking("k", &fw, 2).unwrap();
     let mut r = r.unwrap();
-    r.units = 11;
-    let e = l.settle_with_blocking(&fw, &r, 1).unwrap_err();
-    assert!(e.to_string().contains("reservation.units"), "{e}");
+    for units in [0, 11] {
+        r.units = units;
+        let e = l.settle_with_blocking(&fw, &r, 1).unwrap_err();
+        assert!(e.to_string().contains("reservation.units"), "{units}: {e}");
+    }
     r.units = 2;
     r.policy = "other".into();
     let e = l.settle_with_blocking(&fw, &r, 1).unwrap_err();

@@ -152,6 +152,12 @@ impl Limiter {
         actual: u64,
     ) -> Result<Decision> {
         let r = reservation;
+        if r.units == 0 {
+            return Err(Error::invalid(
+                "reservation.units",
+                "must be at least 1, as reserve returns it",
+            ));
+        }
         let eff = self.settle_prepare(&r.key, policy, "settle", r.units)?;
         if r.policy != policy.name() {
             return Err(Error::invalid(
