@@ -438,7 +438,7 @@ fn charge_and_refund_on_redis_and_in_memory() {
     std::fs::write(
         &cfg,
         format!(
-            r#"{{"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}],
+            r#"{{"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}], "timeout_ms": 5000,
             "policies":{{"tokens":{{"algorithm":"fixed_window","limit":10,"window":"1h"}}}}}}"#,
             r.1
         ),
