@@ -374,6 +374,21 @@ typedef struct shardlimit_block_info {
 // fails with INVALID_ARGUMENT and `shardlimit_pending_wait()` does not wait there.
 typedef void (*shardlimit_callback)(void *user, struct shardlimit_pending *pending);
 
+// Units reserved by `shardlimit_reserve()`, to settle with `shardlimit_settle()` once the
+// actual cost is known (each reservation once). A plain value the caller allocates and
+// keeps (copy it freely); nothing inside it needs freeing. The key and policy are not in
+// it: settle with the same key and policy as the reserve.
+typedef struct shardlimit_reservation {
+  // True when units were reserved (the reserve was allowed by Redis or the in-memory
+  // engine); false when denied or decided by `on_error`: then there is nothing to settle.
+  bool reserved;
+  // The units reserved.
+  uint64_t units;
+  // When they were recorded (µs, on the engine's clock): where settle gives the unused
+  // part back to.
+  uint64_t at_us;
+} shardlimit_reservation;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -1165,6 +1180,123 @@ shardlimit_result shardlimit_shadow_report(const struct shardlimit_limiter *limi
                                            size_t top,
                                            struct shardlimit_string *out,
                                            struct shardlimit_error **err);
+
+// Consumes `cost` (≥ 1) units of `policy` for `key` without ever denying: the key may go
+// into debt (capped at one limit), and later checks are denied until it is repaid. On
+// success `*out` is filled: always allowed, `remaining` (0 in debt) and `reset_after_us`
+// describe the key after the charge. A concurrency policy is INVALID_ARGUMENT (use
+// acquire and release). A backend failure is an error (nothing was charged).
+// Blocks for at most the configured deadline. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
+shardlimit_result shardlimit_charge(const struct shardlimit_limiter *limiter,
+                                    const char *key,
+                                    size_t key_len,
+                                    const struct shardlimit_policy *policy,
+                                    uint64_t cost,
+                                    struct shardlimit_decision *out,
+                                    struct shardlimit_error **err);
+
+// Gives `cost` (≥ 1) units of `policy` back to `key`, never above its limit (a full
+// budget stays full). `*out` as `shardlimit_charge()`'s. Blocks for at most the configured
+// deadline. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
+shardlimit_result shardlimit_refund(const struct shardlimit_limiter *limiter,
+                                    const char *key,
+                                    size_t key_len,
+                                    const struct shardlimit_policy *policy,
+                                    uint64_t cost,
+                                    struct shardlimit_decision *out,
+                                    struct shardlimit_error **err);
+
+// A check of an estimated cost (`estimate` ≥ 1 units) that can be settled later: on
+// success `*out` is the check's decision and `*out_reservation` (caller-allocated) says
+// what was reserved (`reserved` false when denied). Blocks for at most the configured
+// deadline. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
+shardlimit_result shardlimit_reserve(const struct shardlimit_limiter *limiter,
+                                     const char *key,
+                                     size_t key_len,
+                                     const struct shardlimit_policy *policy,
+                                     uint64_t estimate,
+                                     struct shardlimit_decision *out,
+                                     struct shardlimit_reservation *out_reservation,
+                                     struct shardlimit_error **err);
+
+// Settles a reservation of `shardlimit_reserve()` (made with the same key and policy) at
+// its `actual` cost (0 gives it all back): the unused part goes back to the window that
+// admitted it, the excess is charged. `*out` as `shardlimit_charge()`'s. Blocks for at
+// most the configured deadline. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
+shardlimit_result shardlimit_settle(const struct shardlimit_limiter *limiter,
+                                    const char *key,
+                                    size_t key_len,
+                                    const struct shardlimit_policy *policy,
+                                    const struct shardlimit_reservation *reservation,
+                                    uint64_t actual,
+                                    struct shardlimit_decision *out,
+                                    struct shardlimit_error **err);
+
+// `shardlimit_charge()` that returns at once (see `shardlimit_check_start()`); read the
+// decision with `shardlimit_pending_decision()`.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_charge_start(const struct shardlimit_limiter *limiter,
+                                          const char *key,
+                                          size_t key_len,
+                                          const struct shardlimit_policy *policy,
+                                          uint64_t cost,
+                                          shardlimit_callback callback,
+                                          void *user,
+                                          struct shardlimit_pending **out_pending,
+                                          struct shardlimit_error **err);
+
+// `shardlimit_refund()` that returns at once (see `shardlimit_check_start()`); read the
+// decision with `shardlimit_pending_decision()`.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_refund_start(const struct shardlimit_limiter *limiter,
+                                          const char *key,
+                                          size_t key_len,
+                                          const struct shardlimit_policy *policy,
+                                          uint64_t cost,
+                                          shardlimit_callback callback,
+                                          void *user,
+                                          struct shardlimit_pending **out_pending,
+                                          struct shardlimit_error **err);
+
+// `shardlimit_reserve()` that returns at once (see `shardlimit_check_start()`); read the
+// decision and the reservation with `shardlimit_pending_reserved()`.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_reserve_start(const struct shardlimit_limiter *limiter,
+                                           const char *key,
+                                           size_t key_len,
+                                           const struct shardlimit_policy *policy,
+                                           uint64_t estimate,
+                                           shardlimit_callback callback,
+                                           void *user,
+                                           struct shardlimit_pending **out_pending,
+                                           struct shardlimit_error **err);
+
+// `shardlimit_settle()` that returns at once (see `shardlimit_check_start()`); the
+// reservation is copied. Read the decision with `shardlimit_pending_decision()`.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_settle_start(const struct shardlimit_limiter *limiter,
+                                          const char *key,
+                                          size_t key_len,
+                                          const struct shardlimit_policy *policy,
+                                          const struct shardlimit_reservation *reservation,
+                                          uint64_t actual,
+                                          shardlimit_callback callback,
+                                          void *user,
+                                          struct shardlimit_pending **out_pending,
+                                          struct shardlimit_error **err);
+
+// The decision and reservation of a completed `shardlimit_reserve_start()`: on success
+// `*out` and `*out_reservation` are filled. The call's own error otherwise;
+// INVALID_ARGUMENT when it has not completed or is another kind of call. May be read more
+// than once. Thread-safe. `err` may be NULL.
+shardlimit_result shardlimit_pending_reserved(const struct shardlimit_pending *pending,
+                                              struct shardlimit_decision *out,
+                                              struct shardlimit_reservation *out_reservation,
+                                              struct shardlimit_error **err);
 
 #ifdef __cplusplus
 }  // extern "C"

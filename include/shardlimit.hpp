@@ -293,6 +293,16 @@ class Lease {
   detail::LeasePtr l_;
 };
 
+/// Units reserved by Limiter::reserve, to settle once with Limiter::settle (with the same
+/// policy) when the actual cost is known. Plain data: copy it freely.
+struct Reservation {
+  std::string key;
+  /// Units reserved.
+  uint64_t units = 0;
+  /// When they were recorded (µs on the engine's clock): where the unused part goes back.
+  uint64_t at_us = 0;
+};
+
 /// One layer of Limiter::check_all: `cost` units of the named policy for `key`.
 struct Layer {
   std::string_view key;
@@ -539,6 +549,49 @@ class Limiter {
     }
     shardlimit_string_free(&info.reason);
     return out;
+  }
+  /// Consumes `cost` units without ever denying: the key may go into debt (capped at one
+  /// limit) and later checks are denied until it is repaid. Always allowed; remaining() is
+  /// 0 in debt.
+  Decision charge(std::string_view key, const Policy& policy, uint64_t cost = 1) const {
+    shardlimit_decision d;
+    shardlimit_error* err = nullptr;
+    detail::check(
+        shardlimit_charge(h_.get(), key.data(), key.size(), policy.get(), cost, &d, &err), err);
+    return Decision(d);
+  }
+  /// Gives `cost` units back, never above the limit.
+  Decision refund(std::string_view key, const Policy& policy, uint64_t cost = 1) const {
+    shardlimit_decision d;
+    shardlimit_error* err = nullptr;
+    detail::check(
+        shardlimit_refund(h_.get(), key.data(), key.size(), policy.get(), cost, &d, &err), err);
+    return Decision(d);
+  }
+  /// A check of an estimated cost; the reservation is set when allowed.
+  std::pair<Decision, std::optional<Reservation>> reserve(std::string_view key,
+                                                          const Policy& policy,
+                                                          uint64_t estimate = 1) const {
+    shardlimit_decision d;
+    shardlimit_reservation r;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_reserve(h_.get(), key.data(), key.size(), policy.get(), estimate, &d,
+                                     &r, &err),
+                  err);
+    std::optional<Reservation> out;
+    if (r.reserved) out = Reservation{std::string(key), r.units, r.at_us};
+    return {Decision(d), std::move(out)};
+  }
+  /// Settles a reservation at its `actual` cost (0 gives it all back): the unused part goes
+  /// back to the window that admitted it, the excess is charged. Once per reservation.
+  Decision settle(const Policy& policy, const Reservation& reservation, uint64_t actual) const {
+    shardlimit_reservation r{true, reservation.units, reservation.at_us};
+    shardlimit_decision d;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_settle(h_.get(), reservation.key.data(), reservation.key.size(),
+                                    policy.get(), &r, actual, &d, &err),
+                  err);
+    return Decision(d);
   }
   /// Gives a lease back; false when it was no longer held.
   bool release(const Lease& lease) const {

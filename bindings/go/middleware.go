@@ -53,7 +53,37 @@ type MiddlewareOptions struct {
 	// UnavailableRetryAfter is the Retry-After of a 503 (a denying fallback); 0: the
 	// decision's, at least one second.
 	UnavailableRetryAfter time.Duration
+	// DeductWhen, when set, counts only the requests whose response status it accepts
+	// (func(s int) bool { return s >= 400 }: failed requests only, as Flask-Limiter's
+	// deduct_when and express-rate-limit's skipSuccessfulRequests). Each request reserves
+	// its units atomically (Reserve, or one CheckAll for several rules) and one that does
+	// not count gets them back when next returns (Settle at 0: to the window that admitted
+	// them; CheckAll's layers are refunded). A handler that panics counts.
+	DeductWhen func(status int) bool
 }
+
+// statusRecorder remembers the status a handler answered (200 when it only wrote a body).
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the writer's Flush, Hijack and deadlines.
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // HeaderSet chooses which rate-limit headers the middleware sends.
 type HeaderSet int
@@ -219,9 +249,13 @@ func MiddlewareFunc(o MiddlewareOptions) func(http.Handler) http.Handler {
 			}
 			var d Decision
 			var err error
-			if len(layers) == 1 {
+			var reservation *Reservation
+			switch {
+			case len(layers) == 1 && o.DeductWhen != nil:
+				d, reservation, err = o.Limiter.Reserve(r.Context(), layers[0].Key, layers[0].Policy, layers[0].Cost)
+			case len(layers) == 1:
 				d, err = o.Limiter.Check(r.Context(), layers[0].Key, layers[0].Policy, layers[0].Cost)
-			} else {
+			default:
 				d, err = o.Limiter.CheckAll(r.Context(), layers)
 			}
 			if err != nil {
@@ -266,7 +300,33 @@ func MiddlewareFunc(o MiddlewareOptions) func(http.Handler) http.Handler {
 				onLimited(w, r, d)
 				return
 			}
-			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), decisionKey{}, d)))
+			r = r.WithContext(context.WithValue(r.Context(), decisionKey{}, d))
+			if o.DeductWhen == nil || (reservation == nil && len(layers) == 1) {
+				next.ServeHTTP(w, r)
+				return
+			}
+			rec := &statusRecorder{ResponseWriter: w}
+			next.ServeHTTP(rec, r)
+			if rec.status == 0 {
+				rec.status = http.StatusOK
+			}
+			if o.DeductWhen(rec.status) {
+				return
+			}
+			// the response is written; the give-back must not end with the client's request
+			ctx := context.WithoutCancel(r.Context())
+			if reservation != nil {
+				_, err = reservation.Settle(ctx, 0)
+			} else {
+				for _, l := range layers {
+					if _, e := o.Limiter.Refund(ctx, l.Key, l.Policy, l.Cost); e != nil {
+						err = e
+					}
+				}
+			}
+			if err != nil {
+				log.Printf("shardlimit: %s %s: giving the request's units back: %v", r.Method, r.URL.Path, err)
+			}
 		})
 	}
 }

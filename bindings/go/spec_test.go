@@ -238,6 +238,7 @@ func TestEveryOperationOfTheCore(t *testing.T) {
 	// operations that are not methods of *Limiter: the function values prove they exist
 	functions := map[string]any{
 		"release":          (*Lease).Release,
+		"settle":           (*Reservation).Settle,
 		"memory":           NewMemory,
 		"new":              NewFromJSON,
 		"from_config_file": NewFromFile,

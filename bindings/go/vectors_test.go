@@ -26,6 +26,10 @@ type vectorItem struct {
 	Layers         []vectorLayer   `json:"layers"`
 	Items          []vectorItem    `json:"items"`
 	Expect         json.RawMessage `json:"expect"`
+	// settle.json's ops
+	ReserveAs   string `json:"reserve_as"`
+	Reservation string `json:"reservation"`
+	Actual      uint64 `json:"actual"`
 }
 
 type vectorLayer struct {
@@ -60,7 +64,8 @@ type vectorCase struct {
 }
 
 var vectorOps = map[string]bool{"check": true, "peek": true, "acquire": true, "release": true,
-	"reset": true, "check_all": true, "batch": true}
+	"reset": true, "check_all": true, "batch": true,
+	"charge": true, "refund": true, "reserve": true, "settle": true}
 
 func observedDecision(d Decision) vectorDecision {
 	v := vectorDecision{
@@ -95,7 +100,7 @@ func observedDecision(d Decision) vectorDecision {
 func readVectors(t *testing.T) []vectorCase {
 	t.Helper()
 	var cases []vectorCase
-	for _, f := range []string{"algorithms.json", "plans.json"} {
+	for _, f := range []string{"algorithms.json", "plans.json", "settle.json"} {
 		var doc struct {
 			Cases []vectorCase `json:"cases"`
 		}
@@ -110,10 +115,11 @@ func readVectors(t *testing.T) []vectorCase {
 
 // vectorReplay is one case's limiter and the leases kept by name (lease_as).
 type vectorReplay struct {
-	t      *testing.T
-	l      *Limiter
-	source Source
-	leases map[string]*Lease
+	t            *testing.T
+	l            *Limiter
+	source       Source
+	leases       map[string]*Lease
+	reservations map[string]*Reservation
 }
 
 // decided compares every field of the expectation, and the source (never fallback).
@@ -218,12 +224,41 @@ func (r *vectorReplay) step(ctx context.Context, where string, s vectorItem) {
 			r.t.Fatalf("%s: %v", where, err)
 		}
 		r.decided(where, s, d, nil)
+	case "charge", "refund", "reserve", "settle":
+		var d Decision
+		var err error
+		switch s.Op {
+		case "charge":
+			d, err = r.l.Charge(ctx, s.Key, s.Policy, s.Cost)
+		case "refund":
+			d, err = r.l.Refund(ctx, s.Key, s.Policy, s.Cost)
+		case "reserve":
+			var res *Reservation
+			d, res, err = r.l.Reserve(ctx, s.Key, s.Policy, s.Cost)
+			if s.ReserveAs != "" {
+				if res == nil {
+					r.t.Fatalf("%s: no reservation to keep as %q", where, s.ReserveAs)
+				}
+				r.reservations[s.ReserveAs] = res
+			}
+		default:
+			res := r.reservations[s.Reservation]
+			if res == nil {
+				r.t.Fatalf("%s: no reservation %q", where, s.Reservation)
+			}
+			d, err = res.Settle(ctx, s.Actual)
+		}
+		if err != nil {
+			r.t.Fatalf("%s: %v", where, err)
+		}
+		r.decided(where, s, d, nil)
 	default:
 		r.t.Fatalf("%s: unknown op %q: teach this replay the op", where, s.Op)
 	}
 }
 
-// replayVectors replays every case and every step of tests/vectors/algorithms.json on a
+// replayVectors replays every case and every step of tests/vectors/algorithms.json and
+// settle.json on a
 // fresh limiter from config(policies, case index) deciding on a manual clock set to each
 // step's t_us; it returns the number of steps replayed.
 func replayVectors(t *testing.T, source Source, config func(policies string, i int) string) int {
@@ -250,7 +285,7 @@ func replayVectors(t *testing.T, source Source, config func(policies string, i i
 		if err != nil {
 			t.Fatalf("%s: %v", c.Name, err)
 		}
-		r := &vectorReplay{t: t, l: l, source: source, leases: map[string]*Lease{}}
+		r := &vectorReplay{t: t, l: l, source: source, leases: map[string]*Lease{}, reservations: map[string]*Reservation{}}
 		for j, s := range c.Steps {
 			where := fmt.Sprintf("%s, step %d (%s)", c.Name, j, s.Op)
 			if s.TUs == nil {

@@ -120,6 +120,26 @@ export interface Lease {
   units: number
 }
 
+/** Units reserved by `reserve`: plain data, settle it once with `settle`. */
+export interface Reservation {
+  /** The key the units were reserved for. */
+  key: string
+  /** The policy name. */
+  policy: string
+  /** Units reserved. */
+  units: number
+  /** When they were recorded (µs on the engine's clock): settle gives the unused part back to that window. */
+  atUs: number
+}
+
+/** Options of `charge`, `refund` and `reserve`: a named policy and the units. */
+export type ChargeOptions = {
+  /** A policy name from the config. */
+  policy: string
+  /** Units (default 1): charged, given back, or the estimate reserved. */
+  cost?: number
+}
+
 /** Options of the factories. */
 export interface LimiterOptions {
   /** Decide with this clock instead of Redis `TIME` / the monotonic clock (tests). */
@@ -389,6 +409,14 @@ export declare class Limiter {
   acquire(key: string, options: AcquireOptions | string): Promise<{ decision: Decision; lease: Lease | null }>
   /** Gives a lease back (pass `{ limit }` for an ad-hoc limit's lease); false when it was no longer held. */
   release(lease: Lease, options?: Target): Promise<boolean>
+  /** Consumes units without ever denying: the key may go into debt (capped at one limit) and later checks are denied until it is repaid. Always allowed; `remaining` is 0 in debt. */
+  charge(key: string, options: ChargeOptions | string): Promise<Decision>
+  /** Gives units back, never above the limit. */
+  refund(key: string, options: ChargeOptions | string): Promise<Decision>
+  /** A check of an estimated cost; `reservation` is null when denied. */
+  reserve(key: string, options: CheckOptions | string): Promise<{ decision: Decision; reservation: Reservation | null }>
+  /** Settles a reservation at its actual cost (0 gives it all back): the unused part goes back to the window that admitted it, the excess is charged. */
+  settle(reservation: Reservation, actual: number, options?: Target): Promise<Decision>
   /** Connects to every shard and loads the scripts within `timeoutMs` (default 5000, its own budget), so that the first checks do not spend their deadline connecting; rejects with the shard's error when one does not answer. */
   connect(options?: { timeoutMs?: number }): Promise<void>
   /** Forgets `key`'s state under a policy. */
@@ -566,6 +594,12 @@ export interface MiddlewareOptions<Req = HttpRequestLike, Res = HttpResponseLike
   trustedProxies?: string[]
   /** The default key keys IPv6 clients by their network of this many bits (1 to 128, default 64). */
   ipv6Prefix?: number
+  /** Count only failed requests: each request reserves its units atomically, and a successful one gets them back when its response finishes (to the window that admitted them). Not for a concurrency limit. */
+  skipSuccessfulRequests?: boolean
+  /** Count only successful requests: a failed one (or one whose connection closed first) gets its reserved units back. */
+  skipFailedRequests?: boolean
+  /** Whether a finished request succeeded (default: `res.statusCode < 400`); Node's own req/res, also under Fastify. With either skip option, Node's `req.rateLimitSettled` is a Promise of whether the request's units were given back, settled once that is done. */
+  requestWasSuccessful?: (req: HttpRequestLike, res: HttpResponseLike) => boolean
 }
 
 /**

@@ -293,6 +293,71 @@ class Limiter {
   }
 
   /**
+   * Consumes `cost` units (default 1) of a named policy without ever denying: the key may
+   * go into debt (capped at one limit) and later checks are denied until it is repaid.
+   * Resolves to a Decision that is always allowed (`remaining` 0 in debt).
+   */
+  charge(key, opts) {
+    return this.#named('charge', key, opts, (policy, cost) => this[kNative].charge(key, policy, cost))
+  }
+
+  /** Gives `cost` units (default 1) of a named policy back to `key`, never above its limit. */
+  refund(key, opts) {
+    return this.#named('refund', key, opts, (policy, cost) => this[kNative].refund(key, policy, cost))
+  }
+
+  /**
+   * A check of an estimated `cost` (default 1) of a policy (`{ policy }` or an ad-hoc
+   * `{ limit }`) that can be settled later: resolves to `{ decision, reservation }`,
+   * `reservation` null when denied.
+   */
+  reserve(key, opts) {
+    try {
+      checkString('key', key)
+      const adhoc = adhocOf(opts)
+      if (adhoc !== null) return this[kNative].reserveLimit(key, adhoc[kNative], countOf(opts, 'cost'))
+      return this[kNative].reserve(key, policyOf(opts, 'reserve'), countOf(opts, 'cost'))
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  /**
+   * Settles a reservation at its `actual` cost (0 gives it all back): the unused part goes
+   * back to the window that admitted it, the excess is charged. Once per reservation.
+   * Pass `{ limit }` for a reservation of an ad-hoc limit.
+   */
+  settle(reservation, actual, opts) {
+    try {
+      if (reservation === null || typeof reservation !== 'object') {
+        throw argError('reservation', 'a reservation object (from reserve)', reservation)
+      }
+      checkString('reservation.key', reservation.key)
+      checkString('reservation.policy', reservation.policy)
+      checkUnits('reservation.units', reservation.units)
+      checkUnits('reservation.atUs', reservation.atUs)
+      checkUnits('actual', actual)
+      const plain = { key: reservation.key, policy: reservation.policy, units: reservation.units, atUs: reservation.atUs }
+      const adhoc = adhocOf(opts)
+      if (adhoc !== null) return this[kNative].settleLimit(plain, adhoc[kNative], actual)
+      return this[kNative].settle(plain, actual)
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  /** A call of a named policy (`'name'` or `{ policy, cost }`); ad-hoc limits are refused. */
+  #named(method, key, opts, call) {
+    try {
+      checkString('key', key)
+      if (opts !== null && typeof opts === 'object' && opts.limit !== undefined) throw argError(`${method} options`, 'a named policy ({ policy }): ad-hoc limits are not supported here', opts)
+      return call(policyOf(opts, method), countOf(opts, 'cost'))
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  /**
    * Connects to every shard and loads the scripts within `timeoutMs` (default 5000; its
    * own budget, not a call's deadline), so that the first checks after start-up do not
    * spend their deadline on a TCP connect. Rejects with the shard's error when one does not

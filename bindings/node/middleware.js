@@ -108,9 +108,17 @@ function compile(limiter, options) {
   if (unavailableRetryAfter !== undefined && !(Number.isInteger(unavailableRetryAfter) && unavailableRetryAfter >= 0)) {
     throw typeError('The "options.unavailableRetryAfter" argument must be a whole number of seconds')
   }
-  if (opts.skipSuccessfulRequests !== undefined || opts.skipFailedRequests !== undefined) {
-    throw typeError('skipSuccessfulRequests / skipFailedRequests are not supported: they need an atomic refund the core does not have yet')
+  for (const b of ['skipSuccessfulRequests', 'skipFailedRequests']) {
+    if (opts[b] !== undefined && typeof opts[b] !== 'boolean') throw typeError(`The "options.${b}" argument must be a boolean`)
   }
+  checkFn('requestWasSuccessful', opts.requestWasSuccessful, '(req, res) => boolean')
+  const giveBack = opts.skipSuccessfulRequests || opts.skipFailedRequests
+    ? {
+        successful: opts.skipSuccessfulRequests === true,
+        failed: opts.skipFailedRequests === true,
+        wasSuccessful: opts.requestWasSuccessful || ((req, res) => res.statusCode < 400),
+      }
+    : null
 
   const warmUpMs = opts.warmUpMs === undefined ? 5000 : opts.warmUpMs
   if (typeof warmUpMs !== 'number' || !(warmUpMs >= 0)) throw typeError('The "options.warmUpMs" argument must be a non-negative number of milliseconds')
@@ -137,8 +145,13 @@ function compile(limiter, options) {
     throw typeError('shardlimit middleware: set options.policy, options.limit, or a key function that returns { key, policy }')
   }
 
+  if (giveBack && algorithm === 'concurrency') {
+    throw typeError('skipSuccessfulRequests / skipFailedRequests do not apply to a concurrency limit (its lease is given back when the response ends)')
+  }
+
   return {
     limiter,
+    giveBack,
     warm: warmUp(limiter, warmUpMs),
     skip,
     handler,
@@ -246,6 +259,14 @@ function run(c, spec) {
   if (spec.algorithm === 'concurrency') {
     return c.limiter.acquire(spec.key, { ...target, units: spec.cost }).then((r) => outcome(c, r.decision, r.lease ? { lease: r.lease, target } : null))
   }
+  if (c.giveBack) {
+    // reserved atomically; given back when the response says it does not count
+    return c.limiter.reserve(spec.key, { ...target, cost: spec.cost }).then((r) => {
+      const o = outcome(c, r.decision, null)
+      if (r.reservation) o.counted = { reservation: r.reservation, target }
+      return o
+    })
+  }
   return c.limiter.check(spec.key, { ...target, cost: spec.cost }).then((d) => outcome(c, d, null))
 }
 
@@ -253,7 +274,47 @@ function outcome(c, decision, lease) {
   let status = 200
   if (!decision.allowed) status = decision.source === 'fallback' ? 503 : 429
   else if (decision.delay > 0 && (!c.wait || decision.delay > c.maxDelayMs)) status = 429
-  return { decision, status, lease }
+  return { decision, status, lease, counted: null }
+}
+
+/**
+ * skipSuccessfulRequests / skipFailedRequests: once the response is finished (a closed
+ * connection is a failed request), a request that does not count gets its reserved units
+ * back, to the window that admitted them. Each reservation is settled once.
+ */
+function settleOnEnd(c, req, res, counted) {
+  let done = false
+  let settled
+  // resolves once the request's units are given back (or kept): for tests and graceful
+  // shutdowns that must not cut a give-back short
+  req.rateLimitSettled = new Promise((resolve) => {
+    settled = resolve
+  })
+  const settle = (finished) => {
+    if (done) return
+    done = true
+    res.off('finish', onFinish)
+    res.off('close', onClose)
+    let ok = false
+    if (finished) {
+      try {
+        ok = Boolean(c.giveBack.wasSuccessful(req, res))
+      } catch (_) {
+        ok = false
+      }
+    }
+    if (ok ? !c.giveBack.successful : !c.giveBack.failed) return settled(false)
+    const opts = counted.target.limit ? counted.target : undefined
+    // if this fails (Redis down) the units stay counted: nothing more to do
+    c.limiter.settle(counted.reservation, 0, opts).then(
+      () => settled(true),
+      () => settled(false)
+    )
+  }
+  const onFinish = () => settle(true)
+  const onClose = () => settle(res.writableFinished === true)
+  res.once('finish', onFinish)
+  res.once('close', onClose)
 }
 
 /** Sets the headers of `decision` on a response through `set`/`remove`, once per response. */
@@ -309,6 +370,7 @@ function expressMiddleware(limiter, options) {
         if (r === null) return next()
         const { decision, status } = r
         if (r.lease) releaseOnEnd(c, res, r.lease)
+        if (r.counted) settleOnEnd(c, req, res, r.counted)
         if (showHeaders(c, res, decision, status, (n, v) => res.setHeader(n, v), (n) => res.removeHeader(n))) {
           req.rateLimit = decision
         }
@@ -362,6 +424,7 @@ function fastifyHookOf(c) {
     if (r === null) return
     const { decision, status } = r
     if (r.lease) releaseOnEnd(c, reply.raw, r.lease)
+    if (r.counted) settleOnEnd(c, request.raw, reply.raw, r.counted)
     if (showHeaders(c, reply, decision, status, (n, v) => reply.header(n, v), (n) => reply.removeHeader(n))) {
       request.rateLimit = decision
     }

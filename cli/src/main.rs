@@ -74,6 +74,31 @@ enum Command {
         policy: PolicyArg,
         key: String,
     },
+    /// Consume units without ever denying (the key may go into debt: later checks are
+    /// denied until it is repaid). Prints the decision JSON (always allowed; remaining 0
+    /// in debt). Exit code 0, 2 on error.
+    Charge {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        policy: PolicyArg,
+        /// Units to charge.
+        #[arg(long, default_value_t = 1)]
+        cost: u64,
+        key: String,
+    },
+    /// Give units back, never above the limit. Prints the decision JSON; exit code 0, 2 on
+    /// error.
+    Refund {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        policy: PolicyArg,
+        /// Units to give back.
+        #[arg(long, default_value_t = 1)]
+        cost: u64,
+        key: String,
+    },
     /// Layered check: allowed only if every layer allows; a denial consumes nothing.
     /// Prints the decision JSON (with the deciding layer's index); exit codes as check.
     CheckAll {
@@ -128,7 +153,7 @@ enum Command {
     /// Print an assembled Redis script (as loaded by EVALSHA) and its SHA1 on stderr.
     Script {
         /// fixed_window, sliding_window, sliding_log, token_bucket, leaky_bucket,
-        /// concurrency, layered, refund or reset.
+        /// concurrency, layered, refund, reset, or an algorithm's settle script (fixed_window_settle, ...).
         name: String,
     },
     /// Measure decisions per second and latency.
@@ -515,6 +540,30 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
             let p = policy(&l, &p)?;
             l.reset_blocking(&key, &p)?;
             println!("reset {key} under {}", p.name());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Charge {
+            target,
+            policy: p,
+            cost,
+            key,
+        } => {
+            let l = limiter(&target)?;
+            let p = policy(&l, &p)?;
+            let d = l.charge_blocking(&key, &p, cost)?;
+            println!("{}", decision_json(&d, &l, &key));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Refund {
+            target,
+            policy: p,
+            cost,
+            key,
+        } => {
+            let l = limiter(&target)?;
+            let p = policy(&l, &p)?;
+            let d = l.refund_blocking(&key, &p, cost)?;
+            println!("{}", decision_json(&d, &l, &key));
             Ok(ExitCode::SUCCESS)
         }
         Command::CheckAll { target, layers } => {

@@ -615,3 +615,73 @@ fn shadow_checks_exit_0_and_shadow_report_reads_redis() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("policy"));
 }
+
+/// `charge` and `refund` take check's flags and print its JSON: a charge into debt denies
+/// the next check until the window ends, a refund gives units back (never above the limit).
+#[test]
+fn charge_and_refund_on_redis_and_in_memory() {
+    let r = redis();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.json");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}], "timeout_ms": 5000,
+            "policies":{{"tokens":{{"algorithm":"fixed_window","limit":10,"window":"1h"}}}}}}"#,
+            r.1
+        ),
+    )
+    .unwrap();
+    let c = cfg.to_str().unwrap();
+    let json = |o: &Output| -> serde_json::Value {
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_str(&stdout(o)).unwrap()
+    };
+    let d = json(&sl(&[
+        "charge", "--config", c, "--policy", "tokens", "--cost", "14", "t:1",
+    ]));
+    assert_eq!(
+        (d["allowed"].as_bool(), d["remaining"].as_u64()),
+        (Some(true), Some(0))
+    );
+    assert_eq!(d["source"], "redis");
+    let o = sl(&["check", "--config", c, "--policy", "tokens", "t:1"]);
+    assert_eq!(o.status.code(), Some(1), "in debt: denied");
+    // 14 used: 5 back leave 9 used, one unit free
+    let d = json(&sl(&[
+        "refund", "--config", c, "--policy", "tokens", "--cost", "5", "t:1",
+    ]));
+    assert_eq!(d["remaining"], 1);
+    assert_eq!(
+        sl(&["check", "--config", c, "--policy", "tokens", "t:1"])
+            .status
+            .code(),
+        Some(0)
+    );
+    let d = json(&sl(&[
+        "refund", "--config", c, "--policy", "tokens", "--cost", "99", "t:1",
+    ]));
+    assert_eq!(d["remaining"], 10, "never above the limit");
+    // bad input: exit 2 with the field named
+    let o = sl(&[
+        "charge", "--config", c, "--policy", "tokens", "--cost", "0", "t:1",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cost"));
+    let lim = r#"{"algorithm":"concurrency","max":2,"lease_ttl":"1s"}"#;
+    let o = sl(&["charge", "--limit", lim, "k"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("acquire and release"));
+    // the in-memory engine (one process: the charge is there for its own decision)
+    let lim = r#"{"algorithm":"token_bucket","capacity":5,"refill_per_sec":1}"#;
+    let d = json(&sl(&["charge", "--limit", lim, "--cost", "7", "k"]));
+    assert_eq!(
+        (d["remaining"].as_u64(), d["source"].as_str()),
+        (Some(0), Some("memory"))
+    );
+}

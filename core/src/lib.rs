@@ -52,8 +52,8 @@ pub use ip::{
 };
 pub use limiter::ShadowReport;
 pub use limiter::{
-    latency_scale, BlockInfo, ConfigWatcher, Layer, Lease, Limiter, ReloadReport, ScaleHook,
-    Spawner, BLOCK_CACHE_TTL, CLOSED_RETRY_AFTER, MAX_KEY_LEN,
+    latency_scale, BlockInfo, ConfigWatcher, Layer, Lease, Limiter, ReloadReport, Reservation,
+    ScaleHook, Spawner, BLOCK_CACHE_TTL, CLOSED_RETRY_AFTER, MAX_KEY_LEN,
 };
 pub use metrics::{MetricsSnapshot, PolicyMetrics};
 pub use policy::{window_offset_us, WindowOffset, WINDOW_OFFSET_SEED};

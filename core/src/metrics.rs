@@ -15,6 +15,8 @@ pub(crate) struct PolicyCounters {
     pub redis_errors: AtomicU64,
     pub shadow_denied: AtomicU64,
     pub near_limit: AtomicU64,
+    pub charged_units: AtomicU64,
+    pub refunded_units: AtomicU64,
 }
 
 impl PolicyCounters {
@@ -29,6 +31,8 @@ impl PolicyCounters {
             redis_errors: self.redis_errors.load(Relaxed),
             shadow_denied: self.shadow_denied.load(Relaxed),
             near_limit: self.near_limit.load(Relaxed),
+            charged_units: self.charged_units.load(Relaxed),
+            refunded_units: self.refunded_units.load(Relaxed),
         }
     }
 }
@@ -54,6 +58,10 @@ pub struct PolicyMetrics {
     pub shadow_denied: u64,
     /// Allowed checks that crossed the policy's `near_limit` fraction of its limit.
     pub near_limit: u64,
+    /// Units consumed by `charge` and by `settle` beyond what was reserved.
+    pub charged_units: u64,
+    /// Units given back by `refund` and by `settle` below what was reserved.
+    pub refunded_units: u64,
 }
 
 /// Upper bounds (µs) of the latency histogram's buckets; the last bucket is +Inf.
@@ -119,7 +127,7 @@ impl MetricsSnapshot {
     pub fn to_prometheus(&self) -> String {
         let mut s = String::new();
         type Counter = (&'static str, &'static str, fn(&PolicyMetrics) -> u64);
-        let counters: [Counter; 8] = [
+        let counters: [Counter; 10] = [
             ("allowed", "Allowed decisions", |m| m.allowed),
             ("denied", "Denied decisions", |m| m.denied),
             (
@@ -149,6 +157,16 @@ impl MetricsSnapshot {
                 "near_limit",
                 "Allowed checks that crossed the policy's near_limit fraction",
                 |m| m.near_limit,
+            ),
+            (
+                "charged_units",
+                "Units consumed by charge and by settle beyond the reservation",
+                |m| m.charged_units,
+            ),
+            (
+                "refunded_units",
+                "Units given back by refund and by settle below the reservation",
+                |m| m.refunded_units,
             ),
         ];
         for (name, help, get) in counters {

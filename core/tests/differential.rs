@@ -34,7 +34,8 @@ mod support;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 use shardlimit::{
-    Config, Decision, Layer, Lease, Limiter, ManualClock, OnError, Policy, Source, MAX_LIMIT,
+    Config, Decision, Layer, Lease, Limiter, ManualClock, OnError, Policy, Reservation, Source,
+    MAX_LIMIT,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,6 +89,16 @@ impl Spec {
 
     fn is_concurrency(&self) -> bool {
         ALGORITHMS[self.algorithm] == "concurrency"
+    }
+
+    /// Whether charge, refund and reserve apply (the core refuses them, on both engines
+    /// alike, for concurrency, per-key window offsets and fractional refill intervals).
+    fn settles(&self) -> bool {
+        !self.is_concurrency()
+            && !self.per_key
+            && policy("p", self)
+                .emission_interval_us()
+                .is_none_or(|(_, den)| den == 1)
     }
 
     /// The policy as a config object (the form of the vectors).
@@ -168,6 +179,13 @@ enum Op {
     /// a check in shadow mode for this call (`check_shadow`; its own script call, so never
     /// in a burst, whose order it would not keep); a lease on a concurrency policy
     Shadow(usize, usize, Cost),
+    /// charge, refund or reserve (policy, key, cost); nothing on a concurrency policy
+    Charge(usize, usize, Cost),
+    Refund(usize, usize, Cost),
+    Reserve(usize, usize, Cost),
+    /// settles the n-th reservation still held (mod their number) at this actual cost
+    /// (`Cost::of` its units: 0 when `Over(2)`, to give everything back)
+    Settle(usize, Cost),
 }
 
 /// How the Redis side makes a single call.
@@ -252,6 +270,10 @@ fn op(np: usize) -> impl Strategy<Value = Op> {
         2 => prop::collection::vec((0..np, 0..KEYS.len(), cost()), 1..=3).prop_map(Op::CheckAll),
         2 => prop::collection::vec(item(np), 2..=6).prop_map(Op::Burst),
         2 => (0..np, 0..KEYS.len(), cost()).prop_map(|(p, k, c)| Op::Shadow(p, k, c)),
+        2 => (0..np, 0..KEYS.len(), cost()).prop_map(|(p, k, c)| Op::Charge(p, k, c)),
+        1 => (0..np, 0..KEYS.len(), cost()).prop_map(|(p, k, c)| Op::Refund(p, k, c)),
+        2 => (0..np, 0..KEYS.len(), cost()).prop_map(|(p, k, c)| Op::Reserve(p, k, c)),
+        2 => (0usize..8, cost()).prop_map(|(n, c)| Op::Settle(n, c)),
     ]
 }
 
@@ -436,6 +458,8 @@ struct Side<'a> {
     clock: &'a ManualClock,
     leases: Vec<Option<Lease>>,
     source: Source,
+    /// reservations not settled yet, oldest first
+    reservations: Vec<Reservation>,
 }
 
 type CallResult = shardlimit::Result<(Decision, Option<Lease>)>;
@@ -537,12 +561,14 @@ fn run(e: &Engines, case: &Case) -> Result<Vec<Vec<Got>>, String> {
         clock: &mem_clock,
         leases: Vec::new(),
         source: Source::Memory,
+        reservations: Vec::new(),
     };
     let mut red = Side {
         limiter: &e.redis,
         clock: &e.redis_clock,
         leases: Vec::new(),
         source: Source::Redis,
+        reservations: Vec::new(),
     };
     let times = times(case);
     let mut all = Vec::new();
@@ -692,6 +718,73 @@ fn run(e: &Engines, case: &Case) -> Result<Vec<Vec<Got>>, String> {
                 }
                 (m, r)
             }
+            Op::Charge(p, k, c) | Op::Refund(p, k, c) | Op::Reserve(p, k, c)
+                if specs[*p].settles() =>
+            {
+                let cost = c.of(specs[*p].limit);
+                let mut got = Vec::new();
+                for side in [&mut mem, &mut red] {
+                    let (l, pol, key) = (side.limiter.clone(), policies[*p].clone(), KEYS[*k]);
+                    let blocking = matches!(via, Via::Blocking) || side.source == Source::Memory;
+                    let r = match (op, blocking) {
+                        (Op::Charge(..), true) => {
+                            l.charge_blocking(key, &pol, cost).map(|d| (d, None))
+                        }
+                        (Op::Refund(..), true) => {
+                            l.refund_blocking(key, &pol, cost).map(|d| (d, None))
+                        }
+                        (_, true) => l.reserve_blocking(key, &pol, cost),
+                        (Op::Charge(..), false) => side.limiter.block_on(async move {
+                            l.charge(key, &pol, cost).await.map(|d| (d, None))
+                        }),
+                        (Op::Refund(..), false) => side.limiter.block_on(async move {
+                            l.refund(key, &pol, cost).await.map(|d| (d, None))
+                        }),
+                        (_, false) => side
+                            .limiter
+                            .block_on(async move { l.reserve(key, &pol, cost).await }),
+                    };
+                    let (d, reservation) = r.map_err(|e| format!("{what}: {e}"))?;
+                    if d.source != side.source {
+                        return Err(format!("{what}: decided by {:?}: {d:?}", d.source));
+                    }
+                    side.reservations.extend(reservation);
+                    got.push(Got::Decision(fields(&d)));
+                }
+                let r = got.pop().unwrap();
+                (got, vec![r])
+            }
+            Op::Charge(..) | Op::Refund(..) | Op::Reserve(..) => {
+                (vec![Got::Nothing], vec![Got::Nothing])
+            }
+            Op::Settle(n, c) => {
+                let mut got = Vec::new();
+                for side in [&mut mem, &mut red] {
+                    if side.reservations.is_empty() {
+                        got.push(Got::Nothing);
+                        continue;
+                    }
+                    let r = side.reservations.remove(n % side.reservations.len());
+                    let actual = match c {
+                        Cost::Over(2) => 0,
+                        c => c.of(r.units),
+                    };
+                    let pol = policies.iter().find(|p| p.name() == r.policy).unwrap();
+                    let l = side.limiter.clone();
+                    let d = match via {
+                        Via::Blocking => l.settle_with_blocking(pol, &r, actual),
+                        Via::Async => {
+                            let pol = pol.clone();
+                            side.limiter
+                                .block_on(async move { l.settle_with(&pol, &r, actual).await })
+                        }
+                    };
+                    let d = d.map_err(|e| format!("{what}: {e}"))?;
+                    got.push(Got::Decision(fields(&d)));
+                }
+                let r = got.pop().unwrap();
+                (got, vec![r])
+            }
         };
         if m != r {
             return Err(fail(&m, &r));
@@ -777,6 +870,7 @@ fn vector_case(case: &Case, times: &[u64], got: &[Vec<Got>], upto: usize) -> Val
         .map(|(i, s)| (format!("p{i}"), s.json()))
         .collect();
     let mut leases = 0usize;
+    let (mut reservations, mut settled) = (0usize, Vec::<usize>::new());
     let mut steps = Vec::new();
     for (i, ((_, op, _), t)) in case.steps.iter().zip(times).enumerate().take(upto + 1) {
         let results = got.get(i);
@@ -807,7 +901,7 @@ fn vector_case(case: &Case, times: &[u64], got: &[Vec<Got>], upto: usize) -> Val
                     "policy": format!("p{p}"), "cost": c.of(specs[p].limit), "expect": expect(j)}),
             }
         };
-        let mut step = match op {
+        let step = match op {
             Op::One(it) => item(it, 0, &mut leases),
             Op::Release(n) if leases > 0 => json!({"op": "release",
                 "lease": format!("l{}", n % leases),
@@ -841,7 +935,42 @@ fn vector_case(case: &Case, times: &[u64], got: &[Vec<Got>], upto: usize) -> Val
                     .collect();
                 json!({"op": "batch", "items": items})
             }
+            Op::Charge(p, k, c) | Op::Refund(p, k, c) | Op::Reserve(p, k, c)
+                if specs[*p].settles() =>
+            {
+                let name = match op {
+                    Op::Charge(..) => "charge",
+                    Op::Refund(..) => "refund",
+                    _ => "reserve",
+                };
+                let e = expect(0);
+                let mut v = json!({"op": name, "key": KEYS[*k], "policy": format!("p{p}"),
+                    "cost": c.of(specs[*p].limit), "expect": e});
+                if name == "reserve" && e["allowed"] == true {
+                    v["reserve_as"] = json!(format!("r{reservations}"));
+                    reservations += 1;
+                }
+                v
+            }
+            Op::Settle(n, c) if reservations > settled.len() => {
+                // the n-th of those not settled yet, as run() picks it
+                let open: Vec<usize> = (0..reservations).filter(|r| !settled.contains(r)).collect();
+                let r = open[n % open.len()];
+                settled.push(r);
+                let actual = match c {
+                    Cost::Over(2) => Value::from(0),
+                    c => Value::from(format!("{c:?} of the reservation's units")),
+                };
+                json!({"op": "settle", "reservation": format!("r{r}"), "actual": actual,
+                    "expect": expect(0)})
+            }
+            _ => Value::Null,
         };
+        // (settle.json's ops; a reservation is named by its place among those made)
+        let mut step = step;
+        if step.is_null() {
+            continue;
+        }
         step["t_us"] = json!(t);
         steps.push(step);
     }

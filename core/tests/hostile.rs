@@ -200,6 +200,11 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                             out.push_str(&format!(":1\r\n:{n}\r\n:1000000\r\n:-1\r\n:0\r\n"));
                         }
                         out
+                    } else if script.contains("settle") {
+                        // core/lua/main_settle.lua: a check's 7 values and the time (no tag:
+                        // it goes over the redis crate's connection, never in a batch)
+                        let n = whos.first().copied().unwrap_or(0);
+                        format!("*8\r\n:1\r\n:{n}\r\n:1000000\r\n:-1\r\n:0\r\n:0\r\n:0\r\n:1800000000000000\r\n")
                     } else if script.contains("batch") {
                         let mut out = format!("*{}\r\n", whos.len());
                         for (n, tag) in whos.iter().zip(&tags) {
@@ -687,4 +692,74 @@ fn shadow_check_replies_are_checked_like_any_check() {
         7,
         l.check_shadow_blocking(&key(7), &p, 1)
     ));
+}
+
+/// The settle script's replies (charge, refund, reserve, settle) are checked like a check's:
+/// a reply our script cannot give is a script error naming the shard, never a decision.
+#[test]
+fn implausible_settle_replies_are_script_errors() {
+    let fake = Fake::start(Mode::Honest);
+    let l = fake.limiter("error", 500);
+    let p = l.policy("p").unwrap();
+    let d = l.charge_blocking(&key(5), &p, 3).unwrap();
+    assert_eq!(
+        (d.allowed, d.remaining),
+        (true, 5),
+        "the honest fake answers key 5's number"
+    );
+    let (d, r) = l.reserve_blocking(&key(6), &p, 2).unwrap();
+    let r = r.expect("an allowed reserve");
+    assert_eq!((d.remaining, r.at_us), (6, 1_800_000_000_000_000));
+    let cases: &[(&str, &'static str)] = &[
+        (
+            "seven values",
+            "*7\r\n:1\r\n:1\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:0\r\n",
+        ),
+        (
+            "a negative time",
+            "*8\r\n:1\r\n:1\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:0\r\n:-1\r\n",
+        ),
+        (
+            "a time past 2^53",
+            "*8\r\n:1\r\n:1\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:0\r\n:9007199254740993\r\n",
+        ),
+        (
+            "remaining above the limit",
+            "*8\r\n:1\r\n:1001\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:0\r\n:1\r\n",
+        ),
+        (
+            "a block verdict of 5",
+            "*8\r\n:1\r\n:1\r\n:1\r\n:-1\r\n:0\r\n:5\r\n:0\r\n:1\r\n",
+        ),
+        (
+            "more units than asked for",
+            "*8\r\n:1\r\n:1\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:99\r\n:1\r\n",
+        ),
+    ];
+    for (what, reply) in cases {
+        fake.set(Mode::Fixed(reply));
+        for (op, e) in [
+            ("charge", l.charge_blocking(&key(1), &p, 1).unwrap_err()),
+            ("refund", l.refund_blocking(&key(1), &p, 1).unwrap_err()),
+            ("reserve", l.reserve_blocking(&key(1), &p, 1).unwrap_err()),
+            ("settle", l.settle_blocking(&r, 1).unwrap_err()),
+        ] {
+            assert_eq!(e.kind(), ErrorKind::Script, "{op}, {what}: {e}");
+            assert!(
+                e.to_string().contains("fake"),
+                "{op}, {what}: names the shard: {e}"
+            );
+        }
+    }
+    // a charge, refund or settle never denies: a reply that says so is not ours
+    fake.set(Mode::Fixed(
+        "*8\r\n:0\r\n:0\r\n:1\r\n:1\r\n:0\r\n:0\r\n:0\r\n:1\r\n",
+    ));
+    let e = l.charge_blocking(&key(1), &p, 1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Script, "{e}");
+    // while a reserve may be denied
+    let (d, r) = l.reserve_blocking(&key(1), &p, 1).unwrap();
+    assert!(!d.allowed && r.is_none());
+    fake.set(Mode::Honest);
+    assert!(l.charge_blocking(&key(9), &p, 1).unwrap().allowed);
 }

@@ -13,17 +13,20 @@
 mod support;
 
 use serde_json::{json, Value};
-use shardlimit::{Config, Decision, Layer, Lease, Limiter, ManualClock, Policy, Source};
+use shardlimit::{
+    Config, Decision, Layer, Lease, Limiter, ManualClock, Policy, Reservation, Source,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// The decision vectors: every file is replayed by every engine and binding.
-const DECISION_FILES: [&str; 4] = [
+const DECISION_FILES: [&str; 5] = [
     "algorithms.json",
     "plans.json",
     "precision.json",
     "shadow.json",
+    "settle.json",
 ];
 
 fn path(name: &str) -> String {
@@ -288,6 +291,7 @@ impl Replay<'_> {
                 }
             }
             let mut leases: HashMap<String, Lease> = HashMap::new();
+            let mut reservations: HashMap<String, Reservation> = HashMap::new();
             for (i, step) in case["steps"].as_array_mut().unwrap().iter_mut().enumerate() {
                 let at = format!("{:?}: {name}, step {i}", self.mode);
                 clock.set_us(
@@ -389,6 +393,62 @@ impl Replay<'_> {
                         };
                         step["expect_report"] = r.unwrap_or_else(|e| panic!("{at}: {e}")).to_json();
                     }
+                    "charge" | "refund" | "reserve" => {
+                        let mut as_check = step.clone();
+                        as_check["op"] = json!("check");
+                        let c = Call::of(&as_check, &policies, &at);
+                        let on_thread = self.mode == Mode::RedisBlocking || self.server.is_none();
+                        let l = limiter.clone();
+                        let r = match (op.as_str(), on_thread) {
+                            ("charge", true) => l
+                                .charge_blocking(&c.key, &c.policy, c.cost)
+                                .map(|d| (d, None)),
+                            ("refund", true) => l
+                                .refund_blocking(&c.key, &c.policy, c.cost)
+                                .map(|d| (d, None)),
+                            (_, true) => l.reserve_blocking(&c.key, &c.policy, c.cost),
+                            ("charge", false) => limiter.block_on(async move {
+                                l.charge(&c.key, &c.policy, c.cost).await.map(|d| (d, None))
+                            }),
+                            ("refund", false) => limiter.block_on(async move {
+                                l.refund(&c.key, &c.policy, c.cost).await.map(|d| (d, None))
+                            }),
+                            (_, false) => limiter.block_on(async move {
+                                l.reserve(&c.key, &c.policy, c.cost).await
+                            }),
+                        };
+                        let (d, reservation) = r.unwrap_or_else(|e| panic!("{at}: {e}"));
+                        assert_eq!(d.source, source, "{at}: {d:?}");
+                        step["expect"] = expect_of(&d);
+                        match (step.get("reserve_as"), reservation) {
+                            (Some(tag), Some(r)) => {
+                                reservations.insert(tag.as_str().unwrap().to_string(), r);
+                            }
+                            (Some(tag), None) => {
+                                panic!("{at}: reserve_as {tag} on a reserve that was denied")
+                            }
+                            _ => {}
+                        }
+                    }
+                    "settle" => {
+                        let tag = step["reservation"].as_str().unwrap();
+                        let r = reservations
+                            .get(tag)
+                            .unwrap_or_else(|| panic!("{at}: no reservation {tag:?} was made"))
+                            .clone();
+                        let actual = step["actual"]
+                            .as_u64()
+                            .unwrap_or_else(|| panic!("{at}: no actual"));
+                        let d = if self.mode == Mode::RedisBlocking || self.server.is_none() {
+                            limiter.settle_blocking(&r, actual)
+                        } else {
+                            let l = limiter.clone();
+                            limiter.block_on(async move { l.settle(&r, actual).await })
+                        };
+                        let d = d.unwrap_or_else(|e| panic!("{at}: {e}"));
+                        assert_eq!(d.source, source, "{at}: {d:?}");
+                        step["expect"] = expect_of(&d);
+                    }
                     other => panic!("{at}: unknown op {other:?}"),
                 }
             }
@@ -421,7 +481,7 @@ fn assert_same(want: &Value, got: &Value, mode: Mode, file: &str) {
 }
 
 /// Ops a step may have; every replay must run every one of them.
-const OPS: [&str; 7] = [
+const OPS: [&str; 12] = [
     "check",
     "peek",
     "acquire",
@@ -429,17 +489,23 @@ const OPS: [&str; 7] = [
     "reset",
     "check_all",
     "batch",
+    "charge",
+    "refund",
+    "reserve",
+    "settle",
+    "shadow_report",
 ];
 
 /// Steps in all; every op is there on every algorithm it applies to.
-fn census(doc: &Value) -> usize {
+fn census(doc: &Value, file: &str) -> usize {
     let mut seen: Vec<(String, String)> = Vec::new();
     let mut steps = 0;
     for case in doc["cases"].as_array().unwrap() {
+        // (a policy may be a rate string or a multi-limit object: plans.json)
         let algo = |p: &Value| {
             case["policies"][p.as_str().unwrap()]["algorithm"]
                 .as_str()
-                .unwrap()
+                .unwrap_or("multi")
                 .to_string()
         };
         for step in case["steps"].as_array().unwrap() {
@@ -460,6 +526,7 @@ fn census(doc: &Value) -> usize {
                     .map(|l| algo(&l["policy"]))
                     .collect(),
                 "release" => vec!["concurrency".into()],
+                "settle" => vec![settled_algo(case, step)],
                 _ => vec![algo(&step["policy"])],
             };
             for a in algos {
@@ -468,6 +535,27 @@ fn census(doc: &Value) -> usize {
                 }
             }
         }
+    }
+    if file == "settle.json" {
+        for a in [
+            "fixed_window",
+            "sliding_window",
+            "sliding_log",
+            "token_bucket",
+            "leaky_bucket",
+        ] {
+            for op in ["charge", "refund", "reserve", "settle", "check"] {
+                assert!(
+                    seen.contains(&(op.to_string(), a.to_string())),
+                    "{file}: no {op} step on {a}"
+                );
+            }
+        }
+        return steps;
+    }
+    if file != "algorithms.json" {
+        // (the other files hold the cases of one feature each)
+        return steps;
     }
     for a in [
         "fixed_window",
@@ -494,14 +582,27 @@ fn census(doc: &Value) -> usize {
     steps
 }
 
+/// The algorithm of the policy a `settle` step's reservation was made under.
+fn settled_algo(case: &Value, step: &Value) -> String {
+    let tag = &step["reservation"];
+    let reserve = case["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["op"] == "reserve" && &s["reserve_as"] == tag)
+        .unwrap_or_else(|| panic!("no reserve step with reserve_as {tag}"));
+    case["policies"][reserve["policy"].as_str().unwrap()]["algorithm"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 #[test]
 fn memory_engine_matches_vectors() {
     for file in DECISION_FILES {
         let doc = load(file);
-        if file == "algorithms.json" {
-            // (precision.json holds only the cases of per-key offsets and exact rates)
-            assert!(census(&doc) > 100);
-        }
+        let least = if file == "algorithms.json" { 100 } else { 20 };
+        assert!(census(&doc, file) > least, "{file}: too few steps");
         let got = Replay {
             mode: Mode::Memory,
             server: None,
@@ -532,7 +633,7 @@ fn memory_engine_matches_vectors() {
 /// op and time first, an expectation's verdict first), objects of plain values on one line,
 /// a step's inputs on one line and each of its expectations on a line of its own.
 fn write_json(v: &Value, indent: usize, out: &mut String) {
-    const ORDER: [&str; 31] = [
+    const ORDER: [&str; 34] = [
         "description",
         "format",
         "name",
@@ -555,6 +656,9 @@ fn write_json(v: &Value, indent: usize, out: &mut String) {
         "cost",
         "units",
         "lease_as",
+        "reserve_as",
+        "reservation",
+        "actual",
         "lease",
         "expect_released",
         "layers",

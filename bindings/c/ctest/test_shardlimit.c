@@ -550,6 +550,72 @@ static void test_leases(void) {
   shardlimit_policy_free(conc);
 }
 
+/* Charge into debt, refund, reserve and settle (blocking and started). */
+static void test_settle(void) {
+  shardlimit_error *err = NULL;
+  shardlimit_decision d;
+  shardlimit_reservation r, none;
+  shardlimit_policy *tok = NULL, *conc = NULL;
+  CHECK_RC(shardlimit_limiter_policy(lim, S("tokens"), &tok, &err), SHARDLIMIT_OK, err);
+  /* a charge never denies: the key goes into debt and the next check is denied */
+  CHECK_RC(shardlimit_charge(lim, S("llm"), tok, 14, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.remaining == 0 && !d.has_retry_after);
+  CHECK(d.source == SHARDLIMIT_SOURCE_REDIS);
+  CHECK_RC(shardlimit_check(lim, S("llm"), tok, 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(!d.allowed && d.has_retry_after);
+  /* a refund never goes above the limit */
+  CHECK_RC(shardlimit_refund(lim, S("llm"), tok, 99, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.remaining == 10);
+  /* reserve 8, use 3: 5 go back */
+  CHECK_RC(shardlimit_reserve(lim, S("llm"), tok, 8, &d, &r, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.remaining == 2 && r.reserved && r.units == 8);
+  CHECK_RC(shardlimit_settle(lim, S("llm"), tok, &r, 3, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.remaining == 7);
+  /* a denied reserve reserves nothing, and there is nothing to settle */
+  CHECK_RC(shardlimit_reserve(lim, S("llm"), tok, 11, &d, &none, &err), SHARDLIMIT_OK, err);
+  CHECK(!d.allowed && !none.reserved);
+  CHECK_RC(shardlimit_settle(lim, S("llm"), tok, &none, 1, &d, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_settle(lim, S("llm"), tok, NULL, 1, &d, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_charge(lim, S("llm"), tok, 0, &d, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT,
+           err);
+  CHECK_RC(shardlimit_reserve(lim, S("llm"), tok, 1, &d, NULL, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_limiter_policy(lim, S("conc"), &conc, &err), SHARDLIMIT_OK, err);
+  CHECK_RC(shardlimit_charge(lim, S("llm"), conc, 1, &d, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT,
+           err);
+  /* the started forms */
+  shardlimit_pending *p = NULL;
+  CHECK_RC(shardlimit_reserve_start(lim, S("llm"), tok, 2, NULL, NULL, &p, &err), SHARDLIMIT_OK,
+           err);
+  CHECK(shardlimit_pending_wait(p, 10 * 1000 * 1000));
+  CHECK_RC(shardlimit_pending_decision(p, &d, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_pending_reserved(p, &d, &r, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.remaining == 5 && r.reserved && r.units == 2);
+  shardlimit_pending_free(p);
+  CHECK_RC(shardlimit_settle_start(lim, S("llm"), tok, &r, 6, NULL, NULL, &p, &err),
+           SHARDLIMIT_OK, err);
+  CHECK(shardlimit_pending_wait(p, 10 * 1000 * 1000));
+  CHECK_RC(shardlimit_pending_decision(p, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.remaining == 1); /* 4 more than reserved were charged */
+  shardlimit_pending_free(p);
+  CHECK_RC(shardlimit_charge_start(lim, S("llm"), tok, 3, NULL, NULL, &p, &err), SHARDLIMIT_OK,
+           err);
+  CHECK(shardlimit_pending_wait(p, 10 * 1000 * 1000));
+  CHECK_RC(shardlimit_pending_decision(p, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.remaining == 0);
+  shardlimit_pending_free(p);
+  CHECK_RC(shardlimit_refund_start(lim, S("llm"), tok, 4, NULL, NULL, &p, &err), SHARDLIMIT_OK,
+           err);
+  CHECK(shardlimit_pending_wait(p, 10 * 1000 * 1000));
+  CHECK_RC(shardlimit_pending_decision(p, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.allowed && d.remaining == 2); /* 12 used, 4 back */
+  shardlimit_pending_free(p);
+  shardlimit_policy_free(conc);
+  shardlimit_policy_free(tok);
+}
+
 /* Exact admission from many threads sharing one handle. */
 #define THREADS 8
 #define PER_THREAD 40
@@ -1029,6 +1095,7 @@ static const struct op c_ops[] = {
     OP(scale), OP(observe_health), OP(metrics), OP(check), OP(peek), OP(acquire), OP(release),
     OP(reset), OP(check_all), OP(block), OP(unblock), OP(blocked), OP(connect),
     OP(check_shadow), OP(shadow_report),
+    OP(charge), OP(refund), OP(reserve), OP(settle),
     OP(plan_policy),
 };
 #undef OP
@@ -1595,7 +1662,8 @@ int main(void) {
            "\"api\":{\"algorithm\":\"fixed_window\",\"limit\":5,\"window\":\"10s\"},"
            "\"burst\":{\"algorithm\":\"fixed_window\",\"limit\":100,\"window\":\"60s\"},"
            "\"tb\":{\"algorithm\":\"token_bucket\",\"capacity\":3,\"refill_per_sec\":1},"
-           "\"conc\":{\"algorithm\":\"concurrency\",\"max\":2,\"lease_ttl\":\"30s\"}}}",
+           "\"conc\":{\"algorithm\":\"concurrency\",\"max\":2,\"lease_ttl\":\"30s\"},"
+           "\"tokens\":{\"algorithm\":\"fixed_window\",\"limit\":10,\"window\":\"1h\"}}}",
            redis_port);
 
   test_static_functions();
@@ -1607,6 +1675,7 @@ int main(void) {
   test_check_errors();
   test_peek_reset_check();
   test_leases();
+  test_settle();
   test_threads();
   test_fork();
   test_dead_shard();

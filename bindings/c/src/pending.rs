@@ -63,6 +63,7 @@ enum Outcome {
     Bool(bool),
     Unit,
     Blocked(Option<BlockInfo>),
+    Reserved(Decision, settle::shardlimit_reservation),
 }
 
 impl Outcome {
@@ -73,6 +74,7 @@ impl Outcome {
             Outcome::Bool(_) => "boolean (shardlimit_pending_bool)",
             Outcome::Unit => "status (shardlimit_pending_result)",
             Outcome::Blocked(_) => "block-list entry (shardlimit_pending_block_info)",
+            Outcome::Reserved(..) => "reservation (shardlimit_pending_reserved)",
         }
     }
 }
@@ -723,6 +725,7 @@ pub unsafe extern "C" fn shardlimit_pending_free(pending: *mut shardlimit_pendin
 
 mod shadow;
 pub use shadow::*;
+mod settle;
 
 #[cfg(test)]
 mod tests;

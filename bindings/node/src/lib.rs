@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+mod reserve;
 mod settle;
 
 /// The JS function `(kindName, message) => Error` that `index.js` registers in each

@@ -13,11 +13,11 @@ const { startRedis } = require('./support/redis.js')
 
 const VECTORS = path.join(__dirname, '..', '..', '..', 'tests', 'vectors')
 // every file of decision vectors, replayed in full
-const FILES = ['algorithms.json', 'plans.json', 'precision.json']
+const FILES = ['algorithms.json', 'plans.json', 'precision.json', 'settle.json']
 const cases = FILES.flatMap((f) =>
   JSON.parse(fs.readFileSync(path.join(VECTORS, f), 'utf8')).cases.map((c) => ({ file: f, ...c }))
 )
-const OPS = ['check', 'peek', 'acquire', 'release', 'reset', 'check_all', 'batch']
+const OPS = ['check', 'peek', 'acquire', 'release', 'reset', 'check_all', 'batch', 'charge', 'refund', 'reserve', 'settle']
 const totalSteps = cases.reduce((n, c) => n + c.steps.length, 0)
 const us = (ms) => Math.round(ms * 1000)
 
@@ -56,6 +56,7 @@ async function replay(limiterFor, source) {
     const clock = new ManualClock(0)
     const limiter = await limiterFor(c, clock)
     const leases = new Map()
+    const reservations = new Map()
     const decided = (item, { decision: d, lease }, where) => {
       assert.equal(d.source, source, where)
       assert.deepEqual(observed(d), item.expect, where)
@@ -83,6 +84,23 @@ async function replay(limiterFor, source) {
         }
         case 'reset':
           await limiter.reset(step.key, step.policy)
+          break
+        case 'charge':
+        case 'refund':
+          decided(step, { decision: await limiter[step.op](step.key, { policy: step.policy, cost: step.cost }), lease: null }, where)
+          break
+        case 'reserve': {
+          const { decision, reservation } = await limiter.reserve(step.key, { policy: step.policy, cost: step.cost })
+          decided(step, { decision, lease: null }, where)
+          if (step.reserve_as !== undefined) {
+            assert.ok(reservation, `${where}: no reservation`)
+            reservations.set(step.reserve_as, reservation)
+          }
+          break
+        }
+        case 'settle':
+          assert.ok(reservations.has(step.reservation), `${where}: no reservation ${step.reservation}`)
+          decided(step, { decision: await limiter.settle(reservations.get(step.reservation), step.actual), lease: null }, where)
           break
         case 'check_all': {
           const layers = step.layers.map((l) => ({ key: l.key, policy: l.policy, cost: l.cost }))

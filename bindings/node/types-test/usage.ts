@@ -14,6 +14,7 @@ import shardlimit, {
   expressMiddleware,
   fastifyHook,
   type Lease,
+  type Reservation,
   type ErrorCode,
   type RateLimitBody,
   Limit,
@@ -47,6 +48,16 @@ export async function usage(): Promise<void> {
     const released: boolean = await memory.release(l)
     void released
   }
+  const charged: Decision = await limiter.charge('user:42', { policy: 'api', cost: 500 })
+  const refunded: Decision = await limiter.refund('user:42', 'api')
+  const reserved = await limiter.reserve('user:42', { policy: 'api', cost: 100 })
+  if (reserved.reservation !== null) {
+    const r: Reservation = reserved.reservation
+    const settled: Decision = await limiter.settle(r, 42)
+    void settled
+  }
+  void charged
+  void refunded
   await limiter.reset('user:42', { policy: 'api' })
   const layered: Decision = await limiter.checkAll([
     { key: 'ip:1.2.3.4', policy: 'ip' },

@@ -7,6 +7,7 @@
 
 mod completion;
 mod convert;
+mod settle;
 mod shadow;
 
 use convert::{
@@ -872,6 +873,149 @@ impl Limiter {
             move |py, r| Ok(lease_pair(py, r, p2)?.into_any().unbind()),
         )
     }
+    /// Consumes `cost` units of `policy` for `key` without ever denying: the key may go
+    /// into debt (capped at one limit) and later checks are denied until it is repaid.
+    /// The decision is always allowed; `remaining` (0 in debt) describes the key after it.
+    #[pyo3(signature = (key, policy, cost = None))]
+    fn charge(
+        &self,
+        py: Python<'_>,
+        key: String,
+        policy: &Bound<'_, PyAny>,
+        cost: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Decision> {
+        let p = resolve_policy(self, policy)?;
+        let cost = cost_arg(cost)?;
+        self.blocking(py, |l| l.charge_blocking(&key, &p, cost))
+            .map(Decision)
+    }
+    /// Gives `cost` units of `policy` back to `key`, never above its limit.
+    #[pyo3(signature = (key, policy, cost = None))]
+    fn refund(
+        &self,
+        py: Python<'_>,
+        key: String,
+        policy: &Bound<'_, PyAny>,
+        cost: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Decision> {
+        let p = resolve_policy(self, policy)?;
+        let cost = cost_arg(cost)?;
+        self.blocking(py, |l| l.refund_blocking(&key, &p, cost))
+            .map(Decision)
+    }
+    /// A check of an estimated cost: (decision, reservation or None when denied). Settle
+    /// the reservation with `settle` once the actual cost is known.
+    #[pyo3(signature = (key, policy, estimate = None))]
+    fn reserve<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+        policy: &Bound<'py, PyAny>,
+        estimate: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let p = resolve_policy(self, policy)?;
+        let estimate = cost_arg(estimate)?;
+        let r = self.blocking(py, |l| l.reserve_blocking(&key, &p, estimate))?;
+        settle::reservation_pair(py, r, p)
+    }
+    /// Settles a reservation at its `actual` cost (0 gives it all back): the unused part
+    /// goes back to the window that admitted it, the excess is charged. Once per
+    /// reservation.
+    fn settle(
+        &self,
+        py: Python<'_>,
+        reservation: &settle::Reservation,
+        actual: u64,
+    ) -> PyResult<Decision> {
+        let (policy, r) = reservation.take()?;
+        let l = &self.inner()?;
+        let run = || l.settle_with_blocking(&policy, &r, actual);
+        let out = if l.is_redis() { py.detach(run) } else { run() };
+        out.map(Decision).map_err(|e| {
+            reservation.untake(&e);
+            core_err(e)
+        })
+    }
+    /// `await limiter.acharge(key, policy, cost)`.
+    #[pyo3(signature = (key, policy, cost = None))]
+    fn acharge<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+        policy: &Bound<'py, PyAny>,
+        cost: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let p = resolve_policy(self, policy)?;
+        let cost = cost_arg(cost)?;
+        let l = self.inner()?;
+        self.completers.coroutine(
+            py,
+            &self.inner()?,
+            async move { l.charge(&key, &p, cost).await },
+            decision_obj,
+        )
+    }
+    /// `await limiter.arefund(key, policy, cost)`.
+    #[pyo3(signature = (key, policy, cost = None))]
+    fn arefund<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+        policy: &Bound<'py, PyAny>,
+        cost: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let p = resolve_policy(self, policy)?;
+        let cost = cost_arg(cost)?;
+        let l = self.inner()?;
+        self.completers.coroutine(
+            py,
+            &self.inner()?,
+            async move { l.refund(&key, &p, cost).await },
+            decision_obj,
+        )
+    }
+    /// `await limiter.areserve(key, policy, estimate)` -> (decision, reservation | None).
+    #[pyo3(signature = (key, policy, estimate = None))]
+    fn areserve<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+        policy: &Bound<'py, PyAny>,
+        estimate: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let p = resolve_policy(self, policy)?;
+        let estimate = cost_arg(estimate)?;
+        let l = self.inner()?;
+        let p2 = p.clone();
+        self.completers.coroutine(
+            py,
+            &self.inner()?,
+            async move { l.reserve(&key, &p, estimate).await },
+            move |py, r| Ok(settle::reservation_pair(py, r, p2)?.into_any().unbind()),
+        )
+    }
+    /// `await limiter.asettle(reservation, actual)`.
+    fn asettle<'py>(
+        &self,
+        py: Python<'py>,
+        reservation: Py<settle::Reservation>,
+        actual: u64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (policy, r) = reservation.get().take()?;
+        let l = self.inner()?;
+        self.completers.coroutine(
+            py,
+            &self.inner()?,
+            async move {
+                let out = l.settle_with(&policy, &r, actual).await;
+                if let Err(e) = &out {
+                    reservation.get().untake(e);
+                }
+                out
+            },
+            decision_obj,
+        )
+    }
     /// `await limiter.arelease(lease)` -> bool.
     fn arelease<'py>(&self, py: Python<'py>, lease: &Lease) -> PyResult<Bound<'py, PyAny>> {
         let (policy, lease) = (lease.policy.clone(), lease.lease.clone());
@@ -1304,6 +1448,7 @@ fn _shardlimit(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Limit>()?;
     m.add_class::<Policy>()?;
     m.add_class::<Lease>()?;
+    m.add_class::<settle::Reservation>()?;
     m.add_class::<LeaseContext>()?;
     m.add_class::<ManualClock>()?;
     m.add_class::<BlockInfo>()?;

@@ -14,13 +14,15 @@ from typing import Any, Callable, Optional
 from redis_support import RedisServer, config
 
 import shardlimit
-from shardlimit import Decision, Lease, Limiter, ManualClock
+from shardlimit import Decision, Lease, Limiter, ManualClock, Reservation
 
 VECTORS = Path(__file__).resolve().parents[3] / "tests" / "vectors"
 #: every file of decision vectors, replayed in full
-FILES = ["algorithms.json", "plans.json", "precision.json"]
+FILES = ["algorithms.json", "plans.json", "precision.json", "settle.json"]
 DOCS: dict[str, dict[str, Any]] = {f: json.loads((VECTORS / f).read_text()) for f in FILES}
 OPS = {"check", "peek", "acquire", "release", "reset", "check_all", "batch"}
+#: settle.json's own ops (charge, refund, reserve-and-settle)
+SETTLE_OPS = {"charge", "refund", "reserve", "settle"}
 
 Make = Callable[[dict[str, Any], ManualClock], Limiter]
 
@@ -60,7 +62,48 @@ class Replay:
         self.clock = ManualClock(0)
         self.limiter = make(case, self.clock)
         self.leases: dict[str, Lease] = {}
+        self.reservations: dict[str, Reservation] = {}
         self.source = source
+
+    def reserved(self, step: dict[str, Any], d: Decision, r: Optional[Reservation], where: str) -> None:
+        self.decided(step, d, None, where)
+        if "reserve_as" in step:
+            assert r is not None, f"{where}: no reservation"
+            self.reservations[step["reserve_as"]] = r
+
+    def settle_step(self, step: dict[str, Any], where: str) -> bool:
+        """settle.json's ops, sync; False for another op."""
+        op = step["op"]
+        if op == "charge":
+            self.decided(step, self.limiter.charge(step["key"], step["policy"], step["cost"]), None, where)
+        elif op == "refund":
+            self.decided(step, self.limiter.refund(step["key"], step["policy"], step["cost"]), None, where)
+        elif op == "reserve":
+            self.reserved(step, *self.limiter.reserve(step["key"], step["policy"], step["cost"]), where)
+        elif op == "settle":
+            r = self.reservations[step["reservation"]]
+            self.decided(step, self.limiter.settle(r, step["actual"]), None, where)
+        else:
+            return False
+        return True
+
+    async def asettle_step(self, step: dict[str, Any], where: str) -> bool:
+        """settle.json's ops, on asyncio; False for another op."""
+        op = step["op"]
+        if op == "charge":
+            d = await self.limiter.acharge(step["key"], step["policy"], step["cost"])
+            self.decided(step, d, None, where)
+        elif op == "refund":
+            d = await self.limiter.arefund(step["key"], step["policy"], step["cost"])
+            self.decided(step, d, None, where)
+        elif op == "reserve":
+            self.reserved(step, *await self.limiter.areserve(step["key"], step["policy"], step["cost"]), where)
+        elif op == "settle":
+            r = self.reservations[step["reservation"]]
+            self.decided(step, await self.limiter.asettle(r, step["actual"]), None, where)
+        else:
+            return False
+        return True
 
     def decided(self, item: dict[str, Any], d: Decision, lease: Optional[Lease], where: str) -> None:
         assert d.source == self.source, f"{where}: decided by {d.source}"
@@ -95,7 +138,9 @@ class Replay:
 
     def step(self, step: dict[str, Any], where: str) -> None:
         op = step["op"]
-        assert op in OPS, f"{where}: unknown op {op!r}"
+        assert op in OPS | SETTLE_OPS, f"{where}: unknown op {op!r}"
+        if self.settle_step(step, where):
+            return
         if op in ("check", "peek", "acquire"):
             self.decided(step, *self.call(step), where)
         elif op == "batch":
@@ -112,7 +157,9 @@ class Replay:
 
     async def astep(self, step: dict[str, Any], where: str) -> None:
         op = step["op"]
-        assert op in OPS, f"{where}: unknown op {op!r}"
+        assert op in OPS | SETTLE_OPS, f"{where}: unknown op {op!r}"
+        if await self.asettle_step(step, where):
+            return
         if op in ("check", "peek", "acquire"):
             self.decided(step, *await self.acall(step), where)
         elif op == "batch":
@@ -180,7 +227,7 @@ def total_steps() -> int:
 
 def test_vectors_are_there() -> None:
     ops = {s["op"] for _, c in cases() for s in c["steps"]}
-    assert ops == OPS
+    assert ops == OPS | SETTLE_OPS
     algorithms = {
         p["algorithm"] for f, c in cases() if f == "algorithms.json" for p in c["policies"].values()
     }

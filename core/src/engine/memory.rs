@@ -386,6 +386,24 @@ impl MemoryEngine {
         }
     }
 
+    /// Charges, refunds or settles `key`'s units for `scope` at `now` (see
+    /// [`crate::engine::settle`]): the outcome describes the key after it.
+    pub fn settle(
+        &self,
+        scope: &Arc<str>,
+        c: &Compiled,
+        key: &str,
+        now: u64,
+        op: crate::engine::settle::SettleOp,
+    ) -> Outcome {
+        let (hash, shard) = self.locate(scope, key);
+        self.shards[shard]
+            .lock()
+            .with_state(hash, scope, key, c, now, |s| {
+                crate::engine::settle::apply(c, s, now, op)
+            })
+    }
+
     /// Forgets `key`'s state for `scope`.
     pub fn reset(&self, scope: &Arc<str>, key: &str) -> bool {
         let (hash, shard) = self.locate(scope, key);

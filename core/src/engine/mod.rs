@@ -7,3 +7,4 @@ pub(crate) mod exact;
 pub(crate) mod expiry;
 pub(crate) mod memory;
 pub(crate) mod redis;
+pub(crate) mod settle;

@@ -1,7 +1,7 @@
 //! The blocking API: calls made on the caller's thread, and the spawner bindings use.
 
 use super::{BlockInfo, Layer};
-use super::{Engine, Lease, Limiter};
+use super::{Engine, Lease, Limiter, Reservation};
 use crate::decision::Decision;
 use crate::error::{Error, Result};
 use crate::policy::{Algorithm, Policy};
@@ -146,6 +146,16 @@ blocking_twins! {
     unblock_blocking => unblock(key: &str) -> bool;
     /// Blocking [`Limiter::blocked`].
     blocked_blocking => blocked(key: &str) -> Option<BlockInfo>;
+    /// Blocking [`Limiter::charge`].
+    charge_blocking => charge(key: &str, policy: &Policy, cost: u64) -> Decision;
+    /// Blocking [`Limiter::refund`].
+    refund_blocking => refund(key: &str, policy: &Policy, cost: u64) -> Decision;
+    /// Blocking [`Limiter::reserve`].
+    reserve_blocking => reserve(key: &str, policy: &Policy, estimate: u64) -> (Decision, Option<Reservation>);
+    /// Blocking [`Limiter::settle`].
+    settle_blocking => settle(reservation: &Reservation, actual: u64) -> Decision;
+    /// Blocking [`Limiter::settle_with`] (a reservation of an ad-hoc policy).
+    settle_with_blocking => settle_with(policy: &Policy, reservation: &Reservation, actual: u64) -> Decision;
 }
 
 /// An argument of a blocking twin: owned to move into the future, lent back to the call.
@@ -174,6 +184,7 @@ carry_by_clone! {
     [Layer] => Vec<Layer>, <[Layer]>::to_vec;
     Policy => Policy, Policy::clone;
     Lease => Lease, Lease::clone;
+    Reservation => Reservation, Reservation::clone;
 }
 
 macro_rules! carry_by_copy {

@@ -288,7 +288,7 @@ impl Limiter {
         let mode = if peek { Mode::Peek } else { Mode::Check };
         let req = self.request(p, &eff, key, cost, mode, lease);
         let raw = r.check(shard as usize, &req).await;
-        self.settle(p, &eff, key, cost, peek, shard, raw)
+        self.after_script(p, &eff, key, cost, peek, shard, raw)
     }
 
     /// [`Limiter::run`] (without a lease) on the calling thread: the script is sent and
@@ -324,7 +324,7 @@ impl Limiter {
             let mode = if peek { Mode::Peek } else { Mode::Check };
             let req = self.request(p, &eff, key, cost, mode, None);
             let raw = r.check_blocking(shard as usize, &req);
-            self.settle(p, &eff, key, cost, peek, shard, raw)
+            self.after_script(p, &eff, key, cost, peek, shard, raw)
         })())
     }
 
@@ -367,7 +367,7 @@ impl Limiter {
     /// What a Redis check does after its script: the decision from the reply, or from
     /// `on_error` when the shard failed; counted unless it was a peek.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn settle(
+    pub(super) fn after_script(
         &self,
         p: &PolicyInner,
         eff: &Compiled,

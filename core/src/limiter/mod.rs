@@ -27,6 +27,7 @@ mod metrics;
 mod multi;
 mod reload;
 mod scale;
+mod settle;
 mod shadow;
 
 pub use block_list::BlockInfo;
@@ -38,6 +39,7 @@ use local_admission::LocalBatch;
 use metrics::{config_series, Series};
 pub use reload::{ConfigWatcher, ReloadReport};
 pub use scale::{latency_scale, ScaleHook};
+pub use settle::Reservation;
 pub use shadow::ShadowReport;
 
 /// The longest key accepted, in bytes.

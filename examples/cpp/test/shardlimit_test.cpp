@@ -208,6 +208,34 @@ TEST_F(Redis, PoliciesPeekResetAndLeases) {
   EXPECT_FALSE(limiter.check("x", adhoc).allowed());
 }
 
+TEST_F(Redis, ChargeRefundReserveSettle) {
+  auto limiter = shardlimit::Limiter::from_json(
+      config(R"("tokens":{"algorithm":"fixed_window","limit":10,"window":"1h"},)"
+             R"("conc":{"algorithm":"concurrency","max":1,"lease_ttl":"30s"})"));
+  auto tokens = limiter.policy("tokens");
+  auto d = limiter.charge("llm", tokens, 14);
+  EXPECT_TRUE(d.allowed());
+  EXPECT_EQ(d.remaining(), 0u);
+  EXPECT_FALSE(limiter.check("llm", tokens).allowed());
+  EXPECT_EQ(limiter.refund("llm", tokens, 99).remaining(), 10u);
+  auto [reserved, r] = limiter.reserve("llm", tokens, 8);
+  ASSERT_TRUE(reserved.allowed());
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->units, 8u);
+  EXPECT_EQ(limiter.settle(tokens, *r, 3).remaining(), 7u);
+  auto [denied, none] = limiter.reserve("llm", tokens, 11);
+  EXPECT_FALSE(denied.allowed());
+  EXPECT_FALSE(none.has_value());
+  auto conc = limiter.policy("conc");
+  try {
+    limiter.charge("llm", conc);
+    ADD_FAILURE() << "a concurrency policy must be refused";
+  } catch (const shardlimit::Error& e) {
+    EXPECT_EQ(e.code(), SHARDLIMIT_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("acquire and release"), std::string::npos);
+  }
+}
+
 TEST(Errors, AreExceptionsWithStableCodes) {
   try {
     shardlimit::Limiter::from_json(R"({"policies":{"a":{"algorithm":"fixed_window","limit":0,"window":"1s"}}})");

@@ -95,6 +95,10 @@ const std::map<std::string, void (*)(const L*)> kOps = {
     OP("block", (l->block("k", std::chrono::milliseconds(0), ""), 0)),
     OP("unblock", l->unblock("k")),
     OP("blocked", l->blocked("k")),
+    OP("charge", l->charge("k", l->policy("p"))),
+    OP("refund", l->refund("k", l->policy("p"))),
+    OP("reserve", l->reserve("k", l->policy("p"))),
+    OP("settle", l->settle(l->policy("p"), *l->reserve("k", l->policy("p")).second, 1)),
 };
 #undef OP
 // Operations of the core the C++ wrapper does not offer yet (the C ABI lacks them).

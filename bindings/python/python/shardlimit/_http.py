@@ -12,7 +12,16 @@ from email.utils import formatdate
 from typing import Any, Callable, Optional, Union
 
 from ._errors import BackendError, InvalidArgumentError
-from ._shardlimit import Decision, Limit, Limiter, Policy, TrustedProxies, ip_key, parse_rate
+from ._shardlimit import (
+    Decision,
+    Limit,
+    Limiter,
+    Policy,
+    Reservation,
+    TrustedProxies,
+    ip_key,
+    parse_rate,
+)
 
 PolicyLike = Union[str, Policy, Limit]
 #: One check: (key, policy) or (key, policy, cost).
@@ -22,6 +31,9 @@ Layer = Union[tuple[str, PolicyLike], tuple[str, PolicyLike, int]]
 #: to let the request through unchecked.
 Target = Union[Layer, list[Layer]]
 Rule = Callable[["Request"], Optional[Target]]
+#: What a request whose units may be given back holds: its reservation, the layers of its
+#: layered check, or None (denied, or nothing to give back).
+Counted = Union[Reservation, list[Layer], None]
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,45 @@ class Checker:
     ) -> Request:
         ip = self.client_ip(peer, headers.get("x-forwarded-for"))
         return Request(method, path, headers, peer, ip, raw)
+
+    def reserve(self, target: Target) -> tuple[Decision, Counted]:
+        """A check whose units can be given back once the response is known (``deduct_when``):
+        one check reserves them (one layered check, when several); :meth:`give_back` returns
+        them. A denial holds nothing."""
+        if isinstance(target, list):
+            d = self.limiter.check_all(target)
+            return d, (list(target) if d.allowed else None)
+        d, r = self.limiter.reserve(*target)
+        return d, r
+
+    async def areserve(self, target: Target) -> tuple[Decision, Counted]:
+        """:meth:`reserve` on asyncio."""
+        if isinstance(target, list):
+            d = await self.limiter.acheck_all(target)
+            return d, (list(target) if d.allowed else None)
+        d, r = await self.limiter.areserve(*target)
+        return d, r
+
+    def give_back(self, counted: Counted) -> None:
+        """Returns what :meth:`reserve` took: the reservation is settled at 0 (its units go
+        back to the window that admitted them); a layered check's layers are refunded."""
+        if counted is None:
+            return
+        if isinstance(counted, Reservation):
+            self.limiter.settle(counted, 0)
+            return
+        for layer in counted:
+            self.limiter.refund(*layer)
+
+    async def agive_back(self, counted: Counted) -> None:
+        """:meth:`give_back` on asyncio."""
+        if counted is None:
+            return
+        if isinstance(counted, Reservation):
+            await self.limiter.asettle(counted, 0)
+            return
+        for layer in counted:
+            await self.limiter.arefund(*layer)
 
     def check(self, target: Target) -> Decision:
         if isinstance(target, list):

@@ -163,6 +163,29 @@ class Lease:
         """The decision that granted this lease."""
 
 @final
+class Reservation:
+    """Units reserved by ``Limiter.reserve``; settle them once with ``Limiter.settle``."""
+    @property
+    def key(self) -> str:
+        """The key the units were reserved for."""
+    @property
+    def policy(self) -> str:
+        """The policy's name."""
+    @property
+    def units(self) -> int:
+        """How many units were reserved."""
+    @property
+    def at_us(self) -> int:
+        """When they were recorded (µs on the engine's clock): settle gives the unused
+        part back to that window."""
+    @property
+    def decision(self) -> Decision:
+        """The decision that reserved the units."""
+    @property
+    def settled(self) -> bool:
+        """True once settled."""
+
+@final
 class LeaseContext:
     """``with limiter.lease(...) as lease`` / ``async with``; RateLimitExceeded when denied."""
     def __enter__(self) -> Lease:
@@ -306,6 +329,18 @@ class Limiter:
         """Acquires ``units`` of a concurrency policy: (decision, lease or None)."""
     def release(self, lease: Lease) -> bool:
         """Releases a lease; False when it was no longer held."""
+    def charge(self, key: str, policy: PolicyLike, cost: int = 1) -> Decision:
+        """Consumes ``cost`` units without ever denying: the key may go into debt (capped
+        at one limit) and later checks are denied until it is repaid. Always allowed."""
+    def refund(self, key: str, policy: PolicyLike, cost: int = 1) -> Decision:
+        """Gives ``cost`` units back, never above the limit. Always allowed."""
+    def reserve(
+        self, key: str, policy: PolicyLike, estimate: int = 1
+    ) -> tuple[Decision, Optional[Reservation]]:
+        """A check of an estimated cost: (decision, reservation or None when denied)."""
+    def settle(self, reservation: Reservation, actual: int) -> Decision:
+        """Settles a reservation at its actual cost (0 gives it all back): the unused part
+        goes back to the window that admitted it, the excess is charged. Once."""
     def reset(self, key: str, policy: PolicyLike) -> None:
         """Forgets ``key``'s state under ``policy``."""
     def lease(self, key: str, policy: PolicyLike, units: int = 1) -> LeaseContext:
@@ -375,6 +410,22 @@ class Limiter:
         """``acquire`` on asyncio."""
     def arelease(self, lease: Lease) -> Coroutine[Any, Any, bool]:
         """``release`` on asyncio."""
+    def acharge(
+        self, key: str, policy: PolicyLike, cost: int = 1
+    ) -> Coroutine[Any, Any, Decision]:
+        """``charge`` on asyncio."""
+    def arefund(
+        self, key: str, policy: PolicyLike, cost: int = 1
+    ) -> Coroutine[Any, Any, Decision]:
+        """``refund`` on asyncio."""
+    def areserve(
+        self, key: str, policy: PolicyLike, estimate: int = 1
+    ) -> Coroutine[Any, Any, tuple[Decision, Optional[Reservation]]]:
+        """``reserve`` on asyncio."""
+    def asettle(
+        self, reservation: Reservation, actual: int
+    ) -> Coroutine[Any, Any, Decision]:
+        """``settle`` on asyncio."""
     def areset(self, key: str, policy: PolicyLike) -> Coroutine[Any, Any, None]:
         """``reset`` on asyncio."""
     def acheck_all(self, layers: Iterable[LayerLike]) -> Coroutine[Any, Any, Decision]:

@@ -130,6 +130,10 @@ class RateLimitMiddleware:
     429 and a 503 instead of the JSON default; the rate headers are added unless the
     response has its own. A policy with ``on_error: error`` raises the core's error, which
     reaches the app's exception handlers (``@app.exception_handler(shardlimit.BackendError)``).
+    ``deduct_when(status) -> bool``: count only the requests whose response status it
+    accepts (``lambda s: s >= 400``: failures only; ``lambda s: s < 400``: successes only):
+    each request reserves its units atomically, and they are given back to the window that
+    admitted them when the status does not count (a request whose app raised counts).
     """
 
     def __init__(
@@ -147,8 +151,10 @@ class RateLimitMiddleware:
         on_limited: Optional[Handler] = None,
         on_unavailable: Optional[Handler] = None,
         warm_up: float = 5.0,
+        deduct_when: Optional[Callable[[int], bool]] = None,
     ) -> None:
         self.app = app
+        self.deduct_when = deduct_when
         self.checker = Checker(limiter, rule, policy, trusted_proxies, routes=routes is not None)
         self.routes = routes
         self.options = Options(headers, retry_after, outage_retry_after)
@@ -196,16 +202,24 @@ class RateLimitMiddleware:
         if not checks:
             await self.app(scope, receive, send)
             return
+        target = checks if len(checks) > 1 else checks[0]
+        counted = None
         try:
-            decision = await self.checker.acheck(checks if len(checks) > 1 else checks[0])
+            if self.deduct_when is None:
+                decision = await self.checker.acheck(target)
+            else:
+                decision, counted = await self.checker.areserve(target)
         except Error as e:
             await self._error(e, scope, receive, send)
             return
         scope.setdefault("state", {})["shardlimit"] = decision
         extra = [(k.lower().encode(), v.encode()) for k, v in rate_headers(decision, self.options)]
 
+        sent_status: list[int] = []
+
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
+                sent_status.append(int(message.get("status", 200)))
                 own = list(message.get("headers") or ())
                 if not has_rate_headers(k.decode("latin-1") for k, _ in own):
                     message = dict(message)
@@ -229,6 +243,12 @@ class RateLimitMiddleware:
             await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, send_with_headers)
+        if counted is not None and self.deduct_when is not None and sent_status:
+            if not self.deduct_when(sent_status[0]):
+                try:
+                    await self.checker.agive_back(counted)
+                except Error:  # the response is sent; the units stay counted
+                    log.warning("shardlimit: giving back a request's units failed", exc_info=True)
 
     def _endpoint(self, scope: Scope) -> Optional[Callable[..., object]]:
         """:func:`find_endpoint`, remembered per (method, path, host) for the last

@@ -50,6 +50,10 @@ class FlaskLimits(RouteLimits):
     ``rule``/``policy`` add a limit to every request, as the WSGI middleware's do.
     ``headers``, ``retry_after``, ``outage_retry_after``, ``on_limited``,
     ``on_unavailable``, ``trusted_proxies`` and ``warm_up``: as the middlewares'.
+    ``deduct_when(response) -> bool`` (Flask-Limiter's): count only the requests whose
+    response it accepts (e.g. ``lambda r: r.status_code >= 400`` counts failures only): each
+    request reserves its units atomically, and they are given back to the window that
+    admitted them when the response does not count.
     """
 
     def __init__(
@@ -67,8 +71,10 @@ class FlaskLimits(RouteLimits):
         on_limited: Optional[Handler] = None,
         on_unavailable: Optional[Handler] = None,
         warm_up: float = 5.0,
+        deduct_when: Optional[Callable[[Response], bool]] = None,
     ) -> None:
         super().__init__(limiter, key=key)
+        self.deduct_when = deduct_when
         self.checker = Checker(limiter, rule, policy, trusted_proxies, routes=True)
         self.options = Options(headers, retry_after, outage_retry_after)
         self.on_limited = on_limited
@@ -101,7 +107,11 @@ class FlaskLimits(RouteLimits):
         checks = layers(self.checker.rule(view)) + self.layers_for(endpoint, view)
         if not checks:
             return None
-        decision = self.checker.check(checks if len(checks) > 1 else checks[0])
+        target = checks if len(checks) > 1 else checks[0]
+        if self.deduct_when is None:
+            decision = self.checker.check(target)
+        else:
+            decision, g.shardlimit_counted = self.checker.reserve(target)
         g.shardlimit = decision
         if decision:
             return None
@@ -113,6 +123,12 @@ class FlaskLimits(RouteLimits):
 
     def _after(self, response: Response) -> Response:
         decision = g.get("shardlimit")
+        counted = g.pop("shardlimit_counted", None)
+        if counted is not None and self.deduct_when is not None and not self.deduct_when(response):
+            try:
+                self.checker.give_back(counted)
+            except Exception:  # the response stands; the units stay counted
+                log.warning("shardlimit: giving back a request's units failed", exc_info=True)
         if decision is not None and not has_rate_headers(response.headers.keys()):
             for k, v in rate_headers(decision, self.options):
                 response.headers[k] = v

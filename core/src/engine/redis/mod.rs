@@ -37,6 +37,8 @@ pub(crate) mod protocol;
 pub mod scripts;
 mod shadow;
 pub use shadow::{SHADOW_MAX_KEYS, SHADOW_TTL};
+mod settle;
+pub(crate) use settle::SettleCall;
 
 use scripts::ScriptId;
 mod stream;

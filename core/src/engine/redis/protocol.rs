@@ -15,10 +15,11 @@ pub(crate) enum Mode {
     },
 }
 
-/// The longest duration a script reply can carry: a bucket's span plus the longest window
-/// (block TTLs are shorter). Anything longer is not a reply of our scripts.
+/// The longest duration a script reply can carry: twice a bucket's span (a bucket in debt,
+/// see `core/lua/settle.lua`, is filled to at most twice its capacity) plus the longest
+/// window (block TTLs are shorter). Anything longer is not a reply of our scripts.
 pub(super) const MAX_REPLY_US: i64 =
-    (crate::policy::MAX_BUCKET_SPAN_US + crate::policy::MAX_PERIOD_US) as i64;
+    (2 * crate::policy::MAX_BUCKET_SPAN_US + crate::policy::MAX_PERIOD_US) as i64;
 
 /// An error for a script reply that our scripts cannot have given: every value read from
 /// Redis is checked before it becomes part of a decision.

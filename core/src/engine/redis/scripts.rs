@@ -90,6 +90,26 @@ const REFUND_SRC: &str = concat!(
     all_algorithms!(),
     lua!("main_refund.lua")
 );
+/// Charge, refund, reserve and settle: one script per algorithm, so that a call defines
+/// the functions of its own algorithm only (settle.lua skips the others' definitions).
+macro_rules! settle_script {
+    ($name:ident, $file:literal) => {
+        const $name: &str = concat!(
+            "local REFUND\n",
+            lua!("prelude.lua"),
+            lua!($file),
+            lua!("check.lua"),
+            lua!("settle.lua"),
+            lua!("main_settle.lua")
+        );
+    };
+}
+
+settle_script!(FIXED_WINDOW_SETTLE_SRC, "fixed_window.lua");
+settle_script!(SLIDING_WINDOW_SETTLE_SRC, "sliding_window.lua");
+settle_script!(SLIDING_LOG_SETTLE_SRC, "sliding_log.lua");
+settle_script!(TOKEN_BUCKET_SETTLE_SRC, "token_bucket.lua");
+settle_script!(LEAKY_BUCKET_SETTLE_SRC, "leaky_bucket.lua");
 const RESET_SRC: &str = concat!(lua!("prelude.lua"), lua!("reset.lua"));
 const MIGRATE_DUMP_SRC: &str = concat!(lua!("prelude.lua"), lua!("migrate_dump.lua"));
 const MIGRATE_RESTORE_SRC: &str = concat!(lua!("prelude.lua"), lua!("migrate_restore.lua"));
@@ -115,11 +135,14 @@ pub(crate) enum ScriptId {
     MigrateDump,
     MigrateRestore,
     Release,
+    /// Charge, refund, reserve or settle (`main_settle.lua`) of an algorithm (none for
+    /// concurrency: leases are acquired and released).
+    Settle(Algorithm),
 }
 
 /// Every script: its id, the name [`all`] gives it, its assembled source. The one table of
 /// scripts; a script's place in it is its place in `SCRIPTS`.
-const TABLE: [(ScriptId, &str, &str); 23] = {
+const TABLE: [(ScriptId, &str, &str); 28] = {
     use Algorithm as A;
     use ScriptId::*;
     [
@@ -193,6 +216,31 @@ const TABLE: [(ScriptId, &str, &str); 23] = {
             Shadow(A::LeakyBucket),
             "leaky_bucket_shadow",
             LEAKY_BUCKET_SHADOW_SRC,
+        ),
+        (
+            Settle(A::FixedWindow),
+            "fixed_window_settle",
+            FIXED_WINDOW_SETTLE_SRC,
+        ),
+        (
+            Settle(A::SlidingWindow),
+            "sliding_window_settle",
+            SLIDING_WINDOW_SETTLE_SRC,
+        ),
+        (
+            Settle(A::SlidingLog),
+            "sliding_log_settle",
+            SLIDING_LOG_SETTLE_SRC,
+        ),
+        (
+            Settle(A::TokenBucket),
+            "token_bucket_settle",
+            TOKEN_BUCKET_SETTLE_SRC,
+        ),
+        (
+            Settle(A::LeakyBucket),
+            "leaky_bucket_settle",
+            LEAKY_BUCKET_SETTLE_SRC,
         ),
     ]
 };

@@ -1,0 +1,173 @@
+-- settle: charge (consume without ever denying: the key may go into debt) and give back
+-- (refund) per algorithm, for main_settle.lua (one script per algorithm: only the
+-- algorithm the script holds gets its functions defined, a closure costs ~2 us a call). core/src/engine/settle.rs mirrors every step.
+-- A key's debt is capped at one limit: what a window counts, a sliding log holds or a
+-- bucket is filled to never exceeds twice the limit, so one huge charge cannot lock a key
+-- out for more than about two periods, and every reply stays a plausible duration.
+-- CHARGE.<code>(key, now, limit, period, cost)
+-- GIVE.<code>(key, now, limit, period, cost, at, reserved): give back `cost` units; with
+--   `reserved` > 0 they are units of a reservation of `reserved` units recorded at `at`
+--   (µs): a window gives them back to the window that admitted them (nothing once that
+--   window no longer counts), a sliding log to the entry it recorded. With `reserved` 0:
+--   the current window's units, the sliding log's newest entries.
+local CHARGE, GIVE = {}, {}
+-- the most entries a sliding-log give-back rewrites (see GIVE.sl)
+local SL_SHIFT = 256
+
+local function counter_charge(ckey, limit, cost, ttl_us)
+  local used = tonumber(redis.call('GET', ckey) or '0')
+  local add = math.min(cost, 2 * limit - used)
+  if add > 0 then
+    redis.call('INCRBY', ckey, add)
+    if used == 0 then redis.call('PEXPIRE', ckey, math.ceil(ttl_us / 1000)) end
+  end
+end
+
+local function counter_give(ckey, cost)
+  local used = tonumber(redis.call('GET', ckey) or '0')
+  if used > 0 then redis.call('DECRBY', ckey, math.min(cost, used)) end
+end
+
+if ALGO.fw then -- each settle script holds one algorithm: define its functions only
+CHARGE.fw = function(key, now, limit, window, cost)
+  local idx = math.floor(now / window)
+  counter_charge(key .. ':' .. int(idx), limit, cost, (idx + 1) * window - now)
+end
+
+GIVE.fw = function(key, now, limit, window, cost, at)
+  local idx = math.floor(at / window)
+  if idx ~= math.floor(now / window) then return end -- that window is over
+  counter_give(key .. ':' .. int(idx), cost)
+end
+end
+
+if ALGO.sw then
+CHARGE.sw = function(key, now, limit, window, cost)
+  local idx = math.floor(now / window)
+  counter_charge(key .. ':' .. int(idx), limit, cost, 2 * window - (now - idx * window))
+end
+
+GIVE.sw = function(key, now, limit, window, cost, at)
+  local idx = math.floor(at / window)
+  -- the current window, or the previous one (whose weight is still counted)
+  if idx + 1 < math.floor(now / window) then return end
+  counter_give(key .. ':' .. int(idx), cost)
+end
+end
+
+if ALGO.sl then
+-- the sliding log's live units now: n, the newest entry (time, before, cost), its top;
+-- ok false when the key holds a state this script did not write
+local function sl_live(key, now, window)
+  local total = redis.call('ZCARD', key)
+  local expired = redis.call('ZCOUNT', key, '-inf', int(now - window))
+  if total == 0 then return true, total, expired, 0, nil, 0, 0, 0 end
+  local newest, nb, nc = sl_entry(key, -1)
+  if newest == nil then return false end
+  local base = 0
+  if expired < total then
+    local _
+    _, base = sl_entry(key, expired)
+    if base == nil then return false end
+  end
+  local top = (nb + nc) % SL_MOD
+  local n = 0
+  if expired < total then n = (top - base) % SL_MOD end
+  return true, total, expired, n, newest, nb, nc, top
+end
+
+CHARGE.sl = function(key, now, limit, window, cost)
+  local ok, total, expired, n, newest, nb, nc, top = sl_live(key, now, window)
+  if not ok then
+    redis.call('UNLINK', key)
+    total, expired, n, newest, nb, top = 0, 0, 0, nil, 0, 0
+  end
+  local add = math.min(cost, 2 * limit - n)
+  if add <= 0 then return end
+  if expired > 0 then
+    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, SL_EXPIRE) - 1)
+  end
+  local at = now
+  if newest ~= nil and newest > at then at = newest end
+  if newest ~= nil and top < nb and at == newest then at = at + 1 end
+  redis.call('ZADD', key, int(at), string.format('%016d:%d', top, add))
+  redis.call('PEXPIRE', key, math.ceil((at + window - now) / 1000))
+end
+
+GIVE.sl = function(key, now, limit, window, cost, at, reserved)
+  local ok, total, expired, n = sl_live(key, now, window)
+  if not ok or n == 0 then return end
+  if reserved == 0 then
+    -- the newest units first: taking from the newest entry changes no other entry
+    local left = math.min(cost, n)
+    for _ = 1, SL_EXPIRE do
+      if left <= 0 then return end
+      local t, b, c = sl_entry(key, -1)
+      if t == nil or t <= now - window then return end
+      local m = string.format('%016d:%d', b, c)
+      redis.call('ZREM', key, m)
+      if c > left then
+        redis.call('ZADD', key, int(t), string.format('%016d:%d', b, c - left))
+        return
+      end
+      left = left - c
+    end
+    return
+  end
+  -- the reservation's entry: recorded at `at` with `reserved` units, still live
+  if at <= now - window then return end
+  local ms = redis.call('ZRANGEBYSCORE', key, int(at), int(at))
+  local rank = nil
+  local b = nil
+  for _, m in ipairs(ms) do
+    local mb, mc = string.match(m, '^(%d+):(%d+)$')
+    if mc ~= nil and tonumber(mc) == reserved then
+      rank = redis.call('ZRANK', key, m)
+      b = tonumber(mb)
+      break
+    end
+  end
+  if rank == nil then return end
+  -- every later entry counts this one's units in its `before`: shift them down by the
+  -- units given back, at most SL_SHIFT of them (beyond, the units stay counted until
+  -- the entry expires: never more admitted than the limit)
+  if total - rank - 1 > SL_SHIFT then return end
+  local later = redis.call('ZRANGE', key, rank + 1, -1, 'WITHSCORES')
+  local give = math.min(cost, reserved)
+  for i = 1, #later, 2 do
+    if string.match(later[i], '^(%d+):(%d+)$') == nil then return end
+  end
+  redis.call('ZREM', key, string.format('%016d:%d', b, reserved))
+  if reserved > give then
+    redis.call('ZADD', key, int(at), string.format('%016d:%d', b, reserved - give))
+  end
+  for i = 1, #later, 2 do
+    local lb, lc = string.match(later[i], '^(%d+):(%d+)$')
+    redis.call('ZREM', key, later[i])
+    redis.call('ZADD', key, later[i + 1],
+      string.format('%016d:%s', (tonumber(lb) - give) % SL_MOD, lc))
+  end
+end
+end
+
+local function tat_charge(key, now, limit, interval, cost)
+  local tat = tonumber(redis.call('GET', key) or '0')
+  if tat < now then tat = now end
+  local new = math.max(math.min(tat + cost * interval, now + 2 * limit * interval), tat)
+  if new > now then
+    redis.call('SET', key, int(new), 'PX', math.ceil((new - now) / 1000))
+  end
+end
+
+local function tat_give(key, now, limit, interval, cost)
+  local tat = tonumber(redis.call('GET', key) or '0')
+  local back = tat - cost * interval
+  if back <= now then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, int(back), 'PX', math.ceil((back - now) / 1000))
+  end
+end
+
+if ALGO.tb then CHARGE.tb, GIVE.tb = tat_charge, tat_give end
+if ALGO.lb then CHARGE.lb, GIVE.lb = tat_charge, tat_give end

@@ -1,0 +1,409 @@
+//! Charge, refund and reserve-and-settle (issue 18, item 5) on both engines with an
+//! injected clock: debt and its exact `retry_after`, refunds that never exceed the limit,
+//! settles that give back to the window that admitted, and exact books under 64
+//! concurrent callers on a real Redis.
+
+mod support;
+
+use shardlimit::{Decision, ErrorKind, Limit, Limiter, ManualClock, Policy, Source};
+use std::sync::Arc;
+use std::time::Duration;
+use support::RedisServer;
+
+/// A window start (µs): 1s windows begin here.
+const T0: u64 = 1_800_000_000_000_000;
+const SEC: u64 = 1_000_000;
+
+fn engines(server: &RedisServer) -> Vec<(&'static str, Limiter, Arc<ManualClock>)> {
+    redis::cmd("FLUSHALL").exec(&mut server.conn()).unwrap();
+    let redis = Limiter::from_json(&support::config(&[server], "{}")).unwrap();
+    let mut out = Vec::new();
+    for (name, l) in [("redis", redis), ("memory", Limiter::memory())] {
+        let c = ManualClock::new(T0);
+        out.push((name, l.with_clock(c.clone()).unwrap(), c));
+    }
+    out
+}
+
+/// The five algorithms charge and refund apply to, each with 10 units per second.
+fn policies() -> Vec<Policy> {
+    let s = Duration::from_secs(1);
+    [
+        ("fw", Limit::fixed_window(10, s)),
+        ("sw", Limit::sliding_window(10, s)),
+        ("sl", Limit::sliding_log(10, s)),
+        ("tb", Limit::token_bucket(10, 10.0)),
+        ("lb", Limit::leaky_bucket(10, 10.0)),
+    ]
+    .into_iter()
+    .map(|(n, l)| Policy::new(n, l).unwrap())
+    .collect()
+}
+
+fn us(d: Option<Duration>) -> Option<u64> {
+    d.map(|d| d.as_micros() as u64)
+}
+
+/// A decision without its source and shard (which differ between engines).
+type Shape = (bool, u64, u64, Option<u64>, u64);
+
+fn shape(d: &Decision) -> Shape {
+    (
+        d.allowed,
+        d.remaining,
+        d.reset_after.as_micros() as u64,
+        us(d.retry_after),
+        d.delay.as_micros() as u64,
+    )
+}
+
+#[test]
+fn a_key_in_debt_is_denied_with_an_exact_retry_after_on_every_algorithm() {
+    let server = RedisServer::start();
+    let mut seen: Vec<Vec<Shape>> = Vec::new();
+    for (engine, l, clock) in engines(&server) {
+        let mut trace = Vec::new();
+        for p in policies() {
+            let at = format!("{engine}, {}", p.name());
+            clock.set_us(T0 + 250_000);
+            let d = l.charge_blocking("k", &p, 15).unwrap();
+            assert!(d.allowed, "{at}: a charge never denies: {d:?}");
+            assert_eq!(d.remaining, 0, "{at}: in debt");
+            assert!(d.retry_after.is_none(), "{at}");
+            let denied = l.check_blocking("k", &p, 1).unwrap();
+            assert!(!denied.allowed, "{at}: {denied:?}");
+            let retry = us(denied.retry_after).unwrap_or_else(|| panic!("{at}: no retry"));
+            let want = match p.name() {
+                // the window's end
+                "fw" => 750_000,
+                // this window's 15 units weigh 15 * (1 - x) in the next one: 1 unit fits
+                // at x = 0.4, 0.75 s + 0.4 s from now
+                "sw" => 1_150_000,
+                // the one entry of 15 units expires 1 s after it was recorded
+                "sl" => 1_000_000,
+                // 15 units in a bucket of 10 at 10/s: 1 more fits after 0.6 s
+                "tb" | "lb" => 600_000,
+                _ => unreachable!(),
+            };
+            assert_eq!(retry, want, "{at}: {denied:?}");
+            // exact: one µs earlier it is still denied, at retry_after it is admitted
+            clock.set_us(T0 + 250_000 + retry - 1);
+            let early = l.check_blocking("k", &p, 1).unwrap();
+            assert!(!early.allowed, "{at}: admitted 1 µs before retry_after");
+            assert_eq!(us(early.retry_after), Some(1), "{at}: {early:?}");
+            clock.set_us(T0 + 250_000 + retry);
+            let d = l.check_blocking("k", &p, 1).unwrap();
+            assert!(d.allowed, "{at}: denied at retry_after: {d:?}");
+            trace.extend([shape(&denied), shape(&early), shape(&d)]);
+            l.reset_blocking("k", &p).unwrap();
+        }
+        seen.push(trace);
+    }
+    assert_eq!(seen[0], seen[1], "Redis and memory decide alike");
+}
+
+#[test]
+fn debt_is_capped_at_one_limit() {
+    let server = RedisServer::start();
+    for (engine, l, clock) in engines(&server) {
+        for p in policies() {
+            let at = format!("{engine}, {}", p.name());
+            clock.set_us(T0);
+            l.charge_blocking("k", &p, 1_000_000).unwrap();
+            let d = l.check_blocking("k", &p, 1).unwrap();
+            let retry = us(d.retry_after).unwrap();
+            // at most twice the limit is held: repaid within about two periods
+            assert!(retry <= 2 * SEC + 100_000, "{at}: {d:?}");
+            // and a refund of one limit takes exactly that back
+            l.refund_blocking("k", &p, 10).unwrap();
+            let after = l.peek_blocking("k", &p).unwrap();
+            if p.name() != "sl" && p.name() != "sw" {
+                assert_eq!(after.remaining, 0, "{at}: {after:?}");
+            }
+            l.refund_blocking("k", &p, 10).unwrap();
+            let full = l.peek_blocking("k", &p).unwrap();
+            assert_eq!(full.remaining, 10, "{at}: 20 units back empty it: {full:?}");
+            l.reset_blocking("k", &p).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_refund_never_goes_above_the_limit() {
+    let server = RedisServer::start();
+    for (engine, l, clock) in engines(&server) {
+        for p in policies() {
+            let at = format!("{engine}, {}", p.name());
+            clock.set_us(T0 + 100_000);
+            let d = l.refund_blocking("fresh", &p, 5).unwrap();
+            assert_eq!(d.remaining, 10, "{at}: a full budget stays full: {d:?}");
+            assert!(l.check_blocking("k", &p, 4).unwrap().allowed);
+            let d = l.refund_blocking("k", &p, 3).unwrap();
+            assert_eq!(d.remaining, 9, "{at}: 3 of 4 back: {d:?}");
+            let d = l.refund_blocking("k", &p, 100).unwrap();
+            assert_eq!(d.remaining, 10, "{at}: {d:?}");
+            // and the budget is exactly the limit again: 10 fit, the 11th does not
+            for i in 0..10 {
+                assert!(l.check_blocking("k", &p, 1).unwrap().allowed, "{at}: {i}");
+            }
+            assert!(!l.check_blocking("k", &p, 1).unwrap().allowed, "{at}");
+            l.reset_blocking("k", &p).unwrap();
+            l.reset_blocking("fresh", &p).unwrap();
+        }
+    }
+}
+
+#[test]
+fn settle_gives_back_the_unused_part_and_charges_the_excess() {
+    let server = RedisServer::start();
+    for (engine, l, clock) in engines(&server) {
+        for p in policies() {
+            let at = format!("{engine}, {}", p.name());
+            clock.set_us(T0 + 100_000);
+            let (d, r) = l.reserve_blocking("k", &p, 8).unwrap();
+            assert!(d.allowed, "{at}");
+            assert_eq!(
+                d.source,
+                if engine == "redis" {
+                    Source::Redis
+                } else {
+                    Source::Memory
+                }
+            );
+            let r = r.unwrap();
+            assert_eq!(
+                (r.units, r.policy.as_str(), r.key.as_str()),
+                (8, p.name(), "k")
+            );
+            // other traffic after the reservation
+            assert!(l.check_blocking("k", &p, 1).unwrap().allowed, "{at}");
+            let d = l.settle_with_blocking(&p, &r, 3).unwrap();
+            assert!(d.allowed, "{at}");
+            assert_eq!(d.remaining, 6, "{at}: 3 + 1 used: {d:?}");
+            let (_, r2) = l.reserve_blocking("k", &p, 2).unwrap();
+            let d = l.settle_with_blocking(&p, &r2.unwrap(), 7).unwrap();
+            assert_eq!(d.remaining, 0, "{at}: 5 more charged: {d:?}");
+            let d = l.check_blocking("k", &p, 1).unwrap();
+            assert!(!d.allowed, "{at}: {d:?}");
+            l.reset_blocking("k", &p).unwrap();
+            // a reservation larger than the limit is denied, with nothing to settle
+            let (d, r) = l.reserve_blocking("k", &p, 11).unwrap();
+            assert!(
+                !d.allowed && d.retry_after.is_none() && r.is_none(),
+                "{at}: {d:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_settle_gives_back_to_the_window_that_admitted_it_not_a_later_one() {
+    let server = RedisServer::start();
+    for (engine, l, clock) in engines(&server) {
+        let s = Duration::from_secs(1);
+        let fw = Policy::new("fw", Limit::fixed_window(10, s)).unwrap();
+        let sw = Policy::new("sw", Limit::sliding_window(10, s)).unwrap();
+        // fixed window: reserved late in one window, settled in the next: the next
+        // window's budget is not raised
+        clock.set_us(T0 + 900_000);
+        let (_, r) = l.reserve_blocking("k", &fw, 8).unwrap();
+        clock.set_us(T0 + SEC + 100_000);
+        assert!(l.check_blocking("k", &fw, 10).unwrap().allowed, "{engine}");
+        let d = l.settle_with_blocking(&fw, &r.unwrap(), 0).unwrap();
+        assert_eq!(
+            d.remaining, 0,
+            "{engine}: nothing given to a later window: {d:?}"
+        );
+        assert!(!l.check_blocking("k", &fw, 1).unwrap().allowed, "{engine}");
+        // sliding window: settled in the next window, the units come off the previous
+        // window's counter (its weight), never the current one's
+        clock.set_us(T0 + 900_000);
+        let (_, r) = l.reserve_blocking("k", &sw, 10).unwrap();
+        clock.set_us(T0 + SEC + 500_000);
+        // previous 10 at weight 0.5: 5 remain
+        assert_eq!(l.peek_blocking("k", &sw).unwrap().remaining, 5, "{engine}");
+        let d = l.settle_with_blocking(&sw, &r.unwrap(), 2).unwrap();
+        // previous 2 at weight 0.5: 9 remain
+        assert_eq!(d.remaining, 9, "{engine}: {d:?}");
+        // two windows later the reservation's units count no more: nothing to give back
+        clock.set_us(T0 + 3 * SEC);
+        let (_, r) = l.reserve_blocking("j", &sw, 4).unwrap();
+        clock.set_us(T0 + 5 * SEC + 1);
+        assert!(l.check_blocking("j", &sw, 10).unwrap().allowed);
+        let d = l.settle_with_blocking(&sw, &r.unwrap(), 0).unwrap();
+        assert_eq!(d.remaining, 0, "{engine}: {d:?}");
+    }
+}
+
+#[test]
+fn a_sliding_log_settle_gives_back_to_its_own_entry() {
+    let server = RedisServer::start();
+    for (engine, l, clock) in engines(&server) {
+        let sl = Policy::new("sl", Limit::sliding_log(10, Duration::from_secs(1))).unwrap();
+        clock.set_us(T0);
+        let (_, r) = l.reserve_blocking("k", &sl, 6).unwrap();
+        clock.set_us(T0 + 400_000);
+        assert!(l.check_blocking("k", &sl, 3).unwrap().allowed);
+        // 6 reserved, 1 used: 5 back, to the entry recorded at T0
+        let d = l.settle_with_blocking(&sl, &r.unwrap(), 1).unwrap();
+        assert_eq!(d.remaining, 6, "{engine}: {d:?}");
+        // the reservation's 1 unit expires at T0 + 1 s, the 3 at T0 + 1.4 s
+        clock.set_us(T0 + SEC);
+        assert_eq!(l.peek_blocking("k", &sl).unwrap().remaining, 7, "{engine}");
+        clock.set_us(T0 + SEC + 400_000);
+        assert_eq!(l.peek_blocking("k", &sl).unwrap().remaining, 10, "{engine}");
+    }
+}
+
+#[test]
+fn concurrency_policies_and_bad_arguments_are_invalid_arguments() {
+    let l = Limiter::memory();
+    let cc = Policy::new("cc", Limit::concurrency(2, Duration::from_secs(1))).unwrap();
+    for e in [
+        l.charge_blocking("k", &cc, 1).unwrap_err(),
+        l.refund_blocking("k", &cc, 1).unwrap_err(),
+        l.reserve_blocking("k", &cc, 1).unwrap_err(),
+    ] {
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        let m = e.to_string();
+        assert!(m.contains("acquire") && m.contains("release"), "{m}");
+    }
+    let fw = Policy::new("fw", Limit::fixed_window(10, Duration::from_secs(1))).unwrap();
+    let e = l.charge_blocking("k", &fw, 0).unwrap_err();
+    assert!(e.to_string().contains("cost"), "{e}");
+    let e = l.charge_blocking("", &fw, 1).unwrap_err();
+    assert!(e.to_string().contains("key"), "{e}");
+    let (_, r) = l.reserve_blocking("k", &fw, 2).unwrap();
+    let mut r = r.unwrap();
+    for units in [0, 11] {
+        r.units = units;
+        let e = l.settle_with_blocking(&fw, &r, 1).unwrap_err();
+        assert!(e.to_string().contains("reservation.units"), "{units}: {e}");
+    }
+    r.units = 2;
+    r.policy = "other".into();
+    let e = l.settle_with_blocking(&fw, &r, 1).unwrap_err();
+    assert!(e.to_string().contains("reservation.policy"), "{e}");
+    let e = l.settle_blocking(&r, 1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::UnknownPolicy, "{e}");
+    r.policy = "fw".into();
+    r.at_us = u64::MAX;
+    let e = l.settle_with_blocking(&fw, &r, 1).unwrap_err();
+    assert!(e.to_string().contains("reservation.at_us"), "{e}");
+}
+
+#[test]
+fn charges_and_refunds_are_counted_in_the_metrics() {
+    // a policy of the config: settle finds it by the reservation's name
+    let l = Limiter::from_json(
+        r#"{"policies": {"fw": {"algorithm": "fixed_window", "limit": 10, "window": "1m"}}}"#,
+    )
+    .unwrap();
+    let fw = l.policy("fw").unwrap();
+    l.charge_blocking("k", &fw, 4).unwrap();
+    l.refund_blocking("k", &fw, 1).unwrap();
+    let (_, r) = l.reserve_blocking("k", &fw, 3).unwrap();
+    l.settle_blocking(&r.unwrap(), 1).unwrap();
+    let m = l.metrics();
+    let p = m.policies.iter().find(|p| p.policy == "fw").unwrap();
+    assert_eq!((p.charged_units, p.refunded_units, p.allowed), (4, 3, 1));
+    let text = m.to_prometheus();
+    assert!(
+        text.contains("shardlimit_charged_units_total{policy=\"fw\"} 4"),
+        "{text}"
+    );
+    assert!(
+        text.contains("shardlimit_refunded_units_total{policy=\"fw\"} 3"),
+        "{text}"
+    );
+}
+
+/// 64 callers at once on one key, each reserving, settling at a cost of its own, charging
+/// and refunding: on every algorithm the key's budget afterwards is exactly the limit minus
+/// what they used (the clock stands still, so nothing refills or expires).
+#[test]
+fn sixty_four_concurrent_settles_and_charges_keep_the_books_exact() {
+    let server = RedisServer::start();
+    let hour = Duration::from_secs(3600);
+    let limit = 100_000;
+    let all = [
+        ("fw", Limit::fixed_window(limit, hour)),
+        ("sw", Limit::sliding_window(limit, hour)),
+        ("sl", Limit::sliding_log(limit, hour)),
+        ("tb", Limit::token_bucket(limit, 1.0)),
+        ("lb", Limit::leaky_bucket(limit, 1.0)),
+    ];
+    for (engine, l, _clock) in engines(&server) {
+        for (name, lim) in &all {
+            let p = Policy::new(name, lim.clone()).unwrap();
+            let tasks: Vec<_> = (0..64u64)
+                .map(|i| {
+                    let (l, p) = (l.clone(), p.clone());
+                    std::thread::spawn(move || -> u64 {
+                        let (d, r) = l.reserve_blocking("hot", &p, 10).unwrap();
+                        assert!(d.allowed);
+                        let actual = i % 17; // 0..=16: refunds and excess charges
+                        l.settle_with_blocking(&p, &r.unwrap(), actual).unwrap();
+                        l.charge_blocking("hot", &p, 3).unwrap();
+                        l.refund_blocking("hot", &p, 1).unwrap();
+                        actual + 3 - 1
+                    })
+                })
+                .collect();
+            let used: u64 = tasks.into_iter().map(|t| t.join().unwrap()).sum();
+            let d = l.peek_blocking("hot", &p).unwrap();
+            assert_eq!(d.remaining, limit - used, "{engine}, {name}: {d:?}");
+        }
+    }
+}
+
+/// CPU time Redis's main thread has used (µs), from `INFO cpu` (as `costs.rs` measures).
+fn redis_cpu_us(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query(&mut server.conn())
+        .unwrap();
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap()
+    };
+    ((field("used_cpu_sys_main_thread:") + field("used_cpu_user_main_thread:")) * 1e6) as u64
+}
+
+/// The most a sliding-log settle rewrites: 256 later entries renumbered (beyond, the units
+/// stay counted), in one script call that costs Redis well under a few ms; with 257 later
+/// entries the units stay counted and the call costs less. The memory engine agrees.
+#[test]
+fn a_sliding_log_settle_rewrites_at_most_256_later_entries_within_a_few_ms() {
+    let server = RedisServer::start();
+    let mut out = Vec::new();
+    for later in [256u64, 257] {
+        let mut remaining = Vec::new();
+        for (engine, l, _clock) in engines(&server) {
+            let p =
+                Policy::new("sl", Limit::sliding_log(100_000, Duration::from_secs(3600))).unwrap();
+            let (_, r) = l.reserve_blocking("k", &p, 10).unwrap();
+            for _ in 0..later {
+                assert!(l.check_blocking("k", &p, 1).unwrap().allowed);
+            }
+            let before = (engine == "redis").then(|| redis_cpu_us(&server));
+            let d = l.settle_with_blocking(&p, &r.unwrap(), 0).unwrap();
+            if let Some(before) = before {
+                let cpu = redis_cpu_us(&server) - before;
+                eprintln!("settle with {later} later entries: {cpu} µs of Redis CPU");
+                assert!(cpu < 5_000, "{cpu} µs");
+                out.push(cpu);
+            }
+            remaining.push(d.remaining);
+        }
+        assert_eq!(remaining[0], remaining[1], "both engines");
+        let want = if later == 256 {
+            100_000 - 256
+        } else {
+            100_000 - 257 - 10
+        };
+        assert_eq!(remaining[0], want, "{later} later entries");
+    }
+}
