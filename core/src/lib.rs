@@ -54,6 +54,7 @@ pub use limiter::{
     latency_scale, BlockInfo, ConfigWatcher, Layer, Lease, Limiter, ReloadReport, ScaleHook,
     Spawner, BLOCK_CACHE_TTL, CLOSED_RETRY_AFTER, MAX_KEY_LEN,
 };
+pub use limiter::{resolve_override, OverrideInfo, OverridePage, OVERRIDE_CACHE_MAX};
 pub use metrics::{MetricsSnapshot, PolicyMetrics};
 pub use policy::{Algorithm, AutoBlock, Limit, LocalAdmission, OnError, Policy, MAX_LIMIT};
 pub use rate::{parse_rate, parse_rate_as};

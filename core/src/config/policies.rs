@@ -108,6 +108,7 @@ pub(super) fn policy(name: &str, v: &Value, default_on_error: OnError) -> Result
         "description",
         "auto_block",
         "local_admission",
+        "overrides",
     ];
     known.extend(params);
     check_fields(obj, &format!("{field}."), &known)?;
@@ -154,6 +155,14 @@ pub(super) fn policy(name: &str, v: &Value, default_on_error: OnError) -> Result
         };
         validate_local(&f, policy.algorithm(), &l)?;
         policy = policy.with_local_admission(l)?;
+    }
+    if let Some(v) = obj.get("overrides") {
+        let on = v.as_bool().ok_or_else(|| {
+            Error::config(f("overrides"), format!("expected true or false, got {v}"))
+        })?;
+        if on {
+            policy = policy.with_overrides()?;
+        }
     }
     Ok(policy)
 }

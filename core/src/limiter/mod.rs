@@ -24,6 +24,7 @@ mod handoff;
 mod layered;
 mod local_admission;
 mod metrics;
+mod overrides;
 mod reload;
 mod scale;
 
@@ -34,6 +35,7 @@ use handoff::Handoff;
 pub use layered::Layer;
 use local_admission::LocalBatch;
 use metrics::{config_series, Series};
+pub use overrides::{resolve_override, OverrideInfo, OverridePage, OVERRIDE_CACHE_MAX};
 pub use reload::{ConfigWatcher, ReloadReport};
 pub use scale::{latency_scale, ScaleHook};
 
@@ -93,6 +95,8 @@ struct Inner {
     block_cache_len: AtomicUsize,
     /// local admission batches, expiring with the batch
     local: Mutex<ExpiringMap<PolicyKey, LocalBatch>>,
+    /// per-key overrides: remembered from Redis, or the in-memory engine's
+    overrides: overrides::OverrideState,
 }
 
 impl std::fmt::Debug for Inner {
@@ -143,6 +147,7 @@ impl Limiter {
                 block_cache: Mutex::new(ExpiringMap::default()),
                 block_cache_len: AtomicUsize::new(0),
                 local: Mutex::new(ExpiringMap::default()),
+                overrides: overrides::OverrideState::default(),
             }),
         })
     }

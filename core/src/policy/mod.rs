@@ -396,6 +396,8 @@ pub(crate) struct PolicyInner {
     pub key_scope: String,
     /// The adaptive scale factor (f64 bits), 1.0 unless set.
     pub scale: AtomicU64,
+    /// Takes live per-key overrides (`"overrides": true`, `limiter/overrides.rs`).
+    pub overrides: bool,
 }
 
 impl PolicyInner {
@@ -430,6 +432,7 @@ impl Policy {
             local_admission,
             key_scope: p.key_scope.clone(),
             scale: AtomicU64::new(p.scale.load(Relaxed)),
+            overrides: p.overrides,
         }))
     }
 
@@ -451,6 +454,9 @@ impl Policy {
             self.algorithm(),
             &local,
         )?;
+        if self.0.overrides {
+            return Err(overrides_and_local(self.name()));
+        }
         Ok(self.derive(self.0.on_error, self.0.auto_block, Some(local)))
     }
 
@@ -471,7 +477,25 @@ impl Policy {
             auto_block: None,
             local_admission: None,
             scale: AtomicU64::new(1.0f64.to_bits()),
+            overrides: false,
         })))
+    }
+
+    /// The same policy taking live per-key overrides (`Limiter::set_override`). Not with
+    /// local admission: the batches it holds in process were reserved under one limit.
+    pub fn with_overrides(&self) -> Result<Policy> {
+        if self.0.local_admission.is_some() {
+            return Err(overrides_and_local(self.name()));
+        }
+        let p = self.derive(self.0.on_error, self.0.auto_block, None);
+        let mut inner = Arc::try_unwrap(p.0).expect("a policy just made is not shared");
+        inner.overrides = true;
+        Ok(Policy(Arc::new(inner)))
+    }
+
+    /// True when the policy takes live per-key overrides.
+    pub fn overrides(&self) -> bool {
+        self.0.overrides
     }
 
     pub fn name(&self) -> &str {
@@ -507,6 +531,13 @@ impl Policy {
         self.0.scale.store(factor.to_bits(), Relaxed);
         Ok(())
     }
+}
+
+fn overrides_and_local(name: &str) -> Error {
+    Error::config(
+        format!("policies.{name}.overrides"),
+        "per-key overrides and local_admission cannot be combined (local batches are reserved under one limit)",
+    )
 }
 
 pub(crate) fn validate_scale(factor: f64) -> Result<()> {
