@@ -427,3 +427,135 @@ fn config_diff_shows_the_moving_fraction() {
     assert!((22.0..28.0).contains(&pct), "{out}");
     assert!(out.contains("policies added: [\"extra\"]"), "{out}");
 }
+
+#[test]
+fn override_set_get_list_delete_on_redis() {
+    let r = redis();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.json");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}],
+            "policies":{{"api":{{"algorithm":"fixed_window","limit":2,"window":"1h","overrides":true}},
+                         "login":{{"algorithm":"fixed_window","limit":2,"window":"1h"}}}}}}"#,
+            r.1
+        ),
+    )
+    .unwrap();
+    let c = cfg.to_str().unwrap();
+    let json = |o: &Output| -> serde_json::Value {
+        serde_json::from_str(&stdout(o)).unwrap_or_else(|e| {
+            panic!(
+                "{e}: {:?} {}",
+                stdout(o),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        })
+    };
+    // no override yet: get exits 1
+    let o = sl(&["override", "get", "--config", c, "--policy", "api", "acme"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(json(&o)["limit"], serde_json::Value::Null);
+    // set: the next check (another process) is decided by it
+    let o = sl(&[
+        "override",
+        "set",
+        "--config",
+        c,
+        "--policy",
+        "api",
+        "--ttl",
+        "1h",
+        "acme",
+        "100/minute",
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v = json(&o);
+    assert_eq!(
+        v["limit"],
+        serde_json::json!({"algorithm": "fixed_window", "limit": 100, "window": "60000ms"})
+    );
+    assert_eq!(v["remaining_ms"], 3_600_000);
+    let o = sl(&["check", "--config", c, "--policy", "api", "acme"]);
+    let d = json(&o);
+    assert_eq!(
+        (d["limit"].as_u64(), d["policy"].as_str()),
+        (Some(100), Some("api"))
+    );
+    let o = sl(&["override", "get", "--config", c, "--policy", "api", "acme"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(json(&o)["limit"]["limit"], 100);
+    // a limit object in JSON; list prints one object a line
+    let o = sl(&[
+        "override",
+        "set",
+        "--config",
+        c,
+        "--policy",
+        "api",
+        "globex",
+        r#"{"algorithm": "token_bucket", "capacity": 5, "refill_per_sec": 2}"#,
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = sl(&[
+        "override", "list", "--config", c, "--policy", "api", "--page", "1",
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    let mut keys: Vec<String> = stdout(&o)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["key"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["acme", "globex"]);
+    // delete: exit 0, then 1; the check is the policy's again
+    for want in [0, 1] {
+        let o = sl(&[
+            "override", "delete", "--config", c, "--policy", "api", "acme",
+        ]);
+        assert_eq!(o.status.code(), Some(want));
+        assert_eq!(json(&o)["deleted"], want == 0);
+    }
+    let d = json(&sl(&["check", "--config", c, "--policy", "api", "acme"]));
+    assert_eq!(d["limit"], 2);
+    // bad input: exit 2 and the error names what is wrong
+    for (args, want) in [
+        (
+            vec!["set", "--policy", "login", "k", "5/minute"],
+            "takes no per-key overrides",
+        ),
+        (
+            vec!["set", "--policy", "api", "k", "5/minute;10/hour"],
+            "several limits",
+        ),
+        (vec!["set", "--policy", "api", "k", "gold"], "plan names"),
+        (
+            vec!["set", "--policy", "api", "--ttl", "soon", "k", "5/minute"],
+            "--ttl",
+        ),
+    ] {
+        let mut a = vec!["override"];
+        a.push(args[0]);
+        a.extend(["--config", c]);
+        a.extend(&args[1..]);
+        let o = sl(&a);
+        assert_eq!(o.status.code(), Some(2), "{a:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(want), "{a:?}: {err}");
+    }
+}

@@ -55,11 +55,34 @@ pub struct OverrideInfo {
     pub remaining: Option<Duration>,
 }
 
+impl OverrideInfo {
+    /// `{"key", "policy", "limit": {...}, "remaining_ms": n | null}`: the limit in the
+    /// canonical form `set_override` accepts back (the CLI and the bindings print this).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "key": self.key,
+            "policy": self.policy,
+            "limit": limit_to_json(&self.limit),
+            "remaining_ms": self.remaining.map(|r| r.as_millis() as u64),
+        })
+    }
+}
+
 /// One page of [`Limiter::list_overrides`]; `cursor` continues it (`None`: the last page).
 #[derive(Debug, Clone, PartialEq)]
 pub struct OverridePage {
     pub overrides: Vec<OverrideInfo>,
     pub cursor: Option<String>,
+}
+
+impl OverridePage {
+    /// `{"overrides": [OverrideInfo::to_json...], "cursor": "..." | null}`.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "overrides": self.overrides.iter().map(OverrideInfo::to_json).collect::<Vec<_>>(),
+            "cursor": self.cursor,
+        })
+    }
 }
 
 /// An override in force: its version (as written in Redis) and the policy it makes.
@@ -112,8 +135,13 @@ pub fn resolve_override(_config: &Config, policy: &Policy, value: &str) -> Resul
         ));
     }
     if text.starts_with('{') {
-        let v: Value = serde_json::from_str(text)
-            .map_err(|e| Error::invalid("limit", format!("is not valid JSON: {e}")))?;
+        // strict like a config file: a repeated field is an error, never last-wins
+        let v = crate::config::parse_strict_json(text).map_err(|e| match e {
+            Error::Config { message, .. } => {
+                Error::invalid("limit", format!("is not valid JSON: {message}"))
+            }
+            other => other,
+        })?;
         return limit_from_json("limit", &v, policy.algorithm());
     }
     if text.contains('/') || text.to_ascii_lowercase().contains(" per ") {
