@@ -92,6 +92,10 @@ const std::map<std::string, void (*)(const L*)> kOps = {
     OP("block", (l->block("k", std::chrono::milliseconds(0), ""), 0)),
     OP("unblock", l->unblock("k")),
     OP("blocked", l->blocked("k")),
+    OP("set_override", l->set_override("k", "p", "5/minute")),
+    OP("get_override", l->get_override("k", "p")),
+    OP("list_overrides", l->list_overrides("p")),
+    OP("delete_override", l->delete_override("k", "p")),
 };
 #undef OP
 // Operations of the core the C++ wrapper does not offer yet (the C ABI lacks them).
