@@ -20,8 +20,10 @@
 --          overrides: okey is not read), "" (none), or the version it has cached
 -- Returns {allowed, remaining, reset_after_us, retry_after_us (-1 = absent), delay_us,
 --          blocked (0 no, 1 blocked, 2 blocked by this very denial), units admitted}, or
---          {'o', entry} when the key's override is not the one the client sent (entry ""
---          when it has none): nothing was decided, the client checks again with it.
+--          {'o', entry, 0} when the key's override is not the one the client sent (entry
+--          "" when it has none): nothing was decided, the client checks again with it.
+--          (The 0 keeps an integer before the tag the main appends, so that a reply of
+--          this shape is only ever taken with its call's tag: see `untag`.)
 local server_now
 local function check(state, entry, denials, now, cost, lease, need, code, limit, period, mode,
                      after, within, dur, reason, okey, ov)
@@ -29,9 +31,9 @@ local function check(state, entry, denials, now, cost, lease, need, code, limit,
     local o = redis.call('GET', okey)
     if o then
       local sp = string.find(o, ' ', 1, true)
-      if not sp or string.sub(o, 1, sp - 1) ~= ov then return {'o', o} end
+      if not sp or string.sub(o, 1, sp - 1) ~= ov then return {'o', o, 0} end
     elseif ov ~= '' then
-      return {'o', ''}
+      return {'o', '', 0}
     end
   end
   now = tonumber(now)

@@ -611,10 +611,10 @@ fn a_reply_carrying_another_calls_tag_is_never_taken() {
     assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
 }
 
-/// An override entry in a check reply (`{'o', entry}` then the tag, core/lua/check.lua).
+/// An override entry in a check reply (`{'o', entry, 0}` then the tag, core/lua/check.lua).
 fn override_reply(entry: &str) -> String {
     format!(
-        "*3\r\n$1\r\no\r\n${}\r\n{entry}\r\n:{{tag}}\r\n",
+        "*4\r\n$1\r\no\r\n${}\r\n{entry}\r\n:0\r\n:{{tag}}\r\n",
         entry.len()
     )
 }
@@ -677,15 +677,36 @@ fn a_malformed_override_entry_is_an_error_naming_the_key() {
             );
         }
     }
-    // not a string where the entry belongs, and a bare marker
+    // not a string where the entry belongs, a bare marker, no 0 before the tag
     for reply in [
-        "*3\r\n$1\r\no\r\n:5\r\n:{tag}\r\n",
+        "*4\r\n$1\r\no\r\n:5\r\n:0\r\n:{tag}\r\n",
         "*2\r\n$1\r\no\r\n:{tag}\r\n",
+        "*3\r\n$1\r\no\r\n$1\r\nx\r\n:{tag}\r\n",
     ] {
         fake.set(Mode::Fixed(reply));
         let e = l.check_blocking(&k, &o, 1).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Script, "{reply:?}: {e}");
     }
+    // an override entry without its call's tag is never taken: the stream is in doubt
+    let untagged =
+        "*3\r\n$1\r\no\r\n$40\r\n7 {\"algorithm\":\"fixed_window\",\"limit\":5}\r\n:0\r\n";
+    // (and the shape of an untagged entry alone, which the first version took)
+    let bare = "*2\r\n$1\r\no\r\n$40\r\n7 {\"algorithm\":\"fixed_window\",\"limit\":5}\r\n";
+    for reply in [untagged, bare] {
+        fake.set(Mode::Fixed(reply));
+        for e in [
+            l.check_blocking(&k, &o, 1).unwrap_err(),
+            rt.block_on(l.check(&k, &o, 1)).unwrap_err(),
+        ] {
+            assert!(e.is_backend(), "{e}");
+            assert!(
+                !e.to_string().contains("override"),
+                "taken as an override: {e}"
+            );
+        }
+    }
+    fake.set(Mode::Honest);
+    recovered(&l, &o);
     // with on_error open, the same entry is a fallback decision, never a wrong limit
     let open = fake.limiter("open", 500);
     let reply: &'static str = Box::leak(override_reply("7 {").into_boxed_str());

@@ -258,11 +258,14 @@ impl RedisEngine {
             message,
         };
         let r = match reply {
+            // {'o', entry, 0} after its tag came off (core/lua/check.lua): without the tag
+            // the 0 would have been compared as one, so this shape is always the call's own
             Reply::Array(items)
-                if items.len() == 2 && matches!(&items[0], Reply::Str(s) if s == b"o") =>
+                if items.len() == 3 && matches!(&items[0], Reply::Str(s) if s == b"o") =>
             {
-                return match items.into_iter().nth(1) {
-                    Some(Reply::Str(v)) => Ok(Checked::Override(v)),
+                let mut items = items.into_iter().skip(1);
+                return match (items.next(), items.next()) {
+                    (Some(Reply::Str(v)), Some(Reply::Int(0))) => Ok(Checked::Override(v)),
                     other => Err(script_error(format!(
                         "unexpected override entry in a script reply: {other:?}"
                     ))),
