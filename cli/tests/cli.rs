@@ -26,32 +26,64 @@ impl Drop for Redis {
     }
 }
 fn redis() -> Redis {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = tempfile::tempdir().unwrap();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-        ])
-        .arg("--dir")
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
+    // The machine is shared: between the free-port probe and redis-server's bind another
+    // process (or a test running in parallel) may take the port, and then a connect would
+    // reach that server instead of ours. So the server is ours only when it reports our
+    // child's pid; otherwise (our child failed to bind) try another port.
+    for _ in 0..10 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                break; // it could not bind: another port
+            }
+            if server_pid(port) == Some(child.id()) {
+                return Redis(child, port, dir);
+            }
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
-    Redis(child, port, dir)
+    panic!("no free port for redis-server after 10 tries");
+}
+
+/// The `process_id` that the server on `port` reports (INFO server), if one answers.
+fn server_pid(port: u16) -> Option<u32> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n").ok()?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !String::from_utf8_lossy(&buf).contains("process_id:") || !buf.ends_with(b"\r\n") {
+        let n = s.read(&mut chunk).ok()?;
+        if n == 0 || buf.len() > 1 << 20 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let line = text.lines().find(|l| l.starts_with("process_id:"))?;
+    line["process_id:".len()..].trim().parse().ok()
 }
 
 #[test]
@@ -238,7 +270,9 @@ fn check_exit_codes_and_json_on_redis() {
     std::fs::write(
         &cfg,
         format!(
-            r#"{{"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}],
+            // a deadline a loaded machine keeps (the default 50 ms is not what this tests:
+            // each call is a fresh process that connects and loads the scripts)
+            r#"{{"timeout_ms":2000,"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}],
             "policies":{{"login":{{"algorithm":"fixed_window","limit":2,"window":"1h"}},
                          "ip":{{"algorithm":"token_bucket","capacity":10,"refill_per_sec":1}}}}}}"#,
             r.1
@@ -436,7 +470,7 @@ fn override_set_get_list_delete_on_redis() {
     std::fs::write(
         &cfg,
         format!(
-            r#"{{"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}],
+            r#"{{"timeout_ms":2000,"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}],
             "policies":{{"api":{{"algorithm":"fixed_window","limit":2,"window":"1h","overrides":true}},
                          "login":{{"algorithm":"fixed_window","limit":2,"window":"1h"}}}}}}"#,
             r.1
