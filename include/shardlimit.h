@@ -926,6 +926,73 @@ shardlimit_result shardlimit_metrics_prometheus(const struct shardlimit_limiter 
                                                 struct shardlimit_string *out,
                                                 struct shardlimit_error **err);
 
+// Sets `key`'s override of `policy` (a config policy with `"overrides": true`) to `limit`
+// (`limit_len` bytes of UTF-8): a rate string (`"100/minute"`, in the policy's
+// algorithm) or a limit object in JSON as in a config policy. For `ttl_ms` milliseconds
+// (0: until deleted). Every limiter of every language sharing the shards decides the
+// key's next check with it. All inputs are borrowed for the call only.
+//
+// On success, when `out_json` is not NULL, `*out_json` is the override as JSON, an owned
+// string the caller frees with `shardlimit_string_free()`. Blocks for at most the
+// configured deadline. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT (a policy without overrides, a bad limit or TTL),
+// UNKNOWN_POLICY, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
+shardlimit_result shardlimit_set_override(const struct shardlimit_limiter *limiter,
+                                          const char *key,
+                                          size_t key_len,
+                                          const char *policy,
+                                          size_t policy_len,
+                                          const char *limit,
+                                          size_t limit_len,
+                                          uint64_t ttl_ms,
+                                          struct shardlimit_string *out_json,
+                                          struct shardlimit_error **err);
+
+// `key`'s override of `policy`. On success `*out_found` says whether it has one; when it
+// does, `*out_json` is the override as JSON (an owned string the caller frees with
+// `shardlimit_string_free()`), else an empty struct (NULL `ptr`). Neither may be NULL.
+// Blocks for at most the configured deadline. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, UNKNOWN_POLICY, CONNECTION, TIMEOUT, SCRIPT (an entry in
+// Redis that shardlimit did not write), UNAVAILABLE, INTERNAL.
+shardlimit_result shardlimit_get_override(const struct shardlimit_limiter *limiter,
+                                          const char *key,
+                                          size_t key_len,
+                                          const char *policy,
+                                          size_t policy_len,
+                                          bool *out_found,
+                                          struct shardlimit_string *out_json,
+                                          struct shardlimit_error **err);
+
+// Deletes `key`'s override of `policy`; its next check, in every limiter, is decided by
+// the policy's own limit. On success `*out_deleted` (may be NULL) says whether it had
+// one. Blocks for at most the configured deadline. Thread-safe. `err` may be NULL.
+// Results: OK, INVALID_ARGUMENT, UNKNOWN_POLICY, CONNECTION, TIMEOUT, SCRIPT,
+// UNAVAILABLE, INTERNAL.
+shardlimit_result shardlimit_delete_override(const struct shardlimit_limiter *limiter,
+                                             const char *key,
+                                             size_t key_len,
+                                             const char *policy,
+                                             size_t policy_len,
+                                             bool *out_deleted,
+                                             struct shardlimit_error **err);
+
+// One page of `policy`'s overrides on every shard, about `limit` of them (1 to 10000):
+// `cursor` (`cursor_len` bytes; NULL with length 0 for the first page) is the previous
+// page's. On success `*out_json` (not NULL) is `{"overrides": [...], "cursor": "..." |
+// null}` (null: the last page), an owned string the caller frees with
+// `shardlimit_string_free()`. Not on a Redis Cluster yet (INVALID_ARGUMENT).
+// Blocks for at most the configured deadline per shard call. Thread-safe. `err` may be
+// NULL. Results: OK, INVALID_ARGUMENT, UNKNOWN_POLICY, CONNECTION, TIMEOUT, SCRIPT,
+// UNAVAILABLE, INTERNAL.
+shardlimit_result shardlimit_list_overrides(const struct shardlimit_limiter *limiter,
+                                            const char *policy,
+                                            size_t policy_len,
+                                            const char *cursor,
+                                            size_t cursor_len,
+                                            size_t limit,
+                                            struct shardlimit_string *out_json,
+                                            struct shardlimit_error **err);
+
 // `shardlimit_check()` that returns at once: on success `*out_pending` is a new pending
 // the caller owns, and `callback` (may be NULL) will be called exactly once with `user`
 // when it completes (see `shardlimit_callback`); read the decision with

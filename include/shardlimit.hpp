@@ -71,6 +71,12 @@ using LimiterPtr = std::unique_ptr<shardlimit_limiter, Deleter<&shardlimit_limit
 using PolicyPtr = std::unique_ptr<shardlimit_policy, Deleter<&shardlimit_policy_free>>;
 using LeasePtr = std::unique_ptr<shardlimit_lease, Deleter<&shardlimit_lease_free>>;
 using HeadersPtr = std::unique_ptr<shardlimit_headers, Deleter<&shardlimit_headers_free>>;
+/// The text of an owned string, which is freed.
+inline std::string take(shardlimit_string& s) {
+  std::string out = s.ptr ? std::string(s.ptr, s.len) : std::string();
+  shardlimit_string_free(&s);
+  return out;
+}
 }  // namespace detail
 
 /// The outcome of one check (a copy of the plain C struct; nothing to free).
@@ -592,6 +598,53 @@ class Limiter {
                                     policy.get(), &r, actual, &d, &err),
                   err);
     return Decision(d);
+  }
+  /// Sets `key`'s live override of `policy` (a config policy with `"overrides": true`) to
+  /// `limit`: a rate string ("100/minute") or a limit object in JSON as in a config
+  /// policy; for `ttl` (zero: until deleted). Every process's next check of the key is
+  /// decided by it. Returns the override as JSON:
+  /// `{"key", "policy", "limit": {...}, "remaining_ms": n | null}`.
+  std::string set_override(std::string_view key, std::string_view policy, std::string_view limit,
+                           std::chrono::milliseconds ttl = std::chrono::milliseconds(0)) const {
+    shardlimit_string out{nullptr, 0};
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_set_override(h_.get(), key.data(), key.size(), policy.data(),
+                                          policy.size(), limit.data(), limit.size(),
+                                          static_cast<uint64_t>(ttl.count()), &out, &err),
+                  err);
+    return detail::take(out);
+  }
+  /// `key`'s override of `policy` as JSON (the shape `set_override` returns), if any.
+  std::optional<std::string> get_override(std::string_view key, std::string_view policy) const {
+    bool found = false;
+    shardlimit_string out{nullptr, 0};
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_get_override(h_.get(), key.data(), key.size(), policy.data(),
+                                          policy.size(), &found, &out, &err),
+                  err);
+    std::string json = detail::take(out);
+    if (!found) return std::nullopt;
+    return json;
+  }
+  /// One page of `policy`'s overrides as JSON, `{"overrides": [...], "cursor": "..." |
+  /// null}`: pass the cursor back (empty for the first page) for the next.
+  std::string list_overrides(std::string_view policy, std::string_view cursor = {},
+                             size_t limit = 1000) const {
+    shardlimit_string out{nullptr, 0};
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_list_overrides(h_.get(), policy.data(), policy.size(),
+                                            cursor.data(), cursor.size(), limit, &out, &err),
+                  err);
+    return detail::take(out);
+  }
+  /// Deletes `key`'s override of `policy`; true when it had one.
+  bool delete_override(std::string_view key, std::string_view policy) const {
+    bool deleted = false;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_delete_override(h_.get(), key.data(), key.size(), policy.data(),
+                                             policy.size(), &deleted, &err),
+                  err);
+    return deleted;
   }
   /// Gives a lease back; false when it was no longer held.
   bool release(const Lease& lease) const {

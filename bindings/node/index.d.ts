@@ -192,6 +192,26 @@ export interface BlockInfo {
   remaining: number | null
 }
 
+/** A key's live override of a policy (`setOverride`). */
+export interface Override {
+  /** The key it applies to. */
+  key: string
+  /** The policy it overrides (decisions keep its name). */
+  policy: string
+  /** The limit object as a config policy writes it; `setOverride` takes it back. */
+  limit: Record<string, unknown>
+  /** Milliseconds left; null for an override until deleted. */
+  remainingMs: number | null
+}
+
+/** One page of `listOverrides`; `cursor` continues it (null: the last page). */
+export interface OverridePage {
+  /** About the number asked for (every shard's part, in shard order). */
+  overrides: Override[]
+  /** Pass it back for the next page; null on the last. */
+  cursor: string | null
+}
+
 /** What a reload changed. */
 export interface ReloadReport {
   /** The shards (or Cluster) changed: new connections. */
@@ -429,6 +449,14 @@ export declare class Limiter {
   unblock(key: string): Promise<boolean>
   /** `key`'s block-list entry, or null. */
   blocked(key: string): Promise<BlockInfo | null>
+  /** Sets `key`'s live override of `policy` (`"overrides": true` in its config) to a rate string or a limit object; every process's next check of the key uses it. */
+  setOverride(key: string, policy: string, limit: string | Record<string, unknown>, options?: { ttl?: number | null }): Promise<Override>
+  /** `key`'s override of `policy`, or null. */
+  getOverride(key: string, policy: string): Promise<Override | null>
+  /** One page of `policy`'s overrides on every shard (`limit` about 1 to 10000, default 1000). */
+  listOverrides(policy: string, options?: { cursor?: string | null; limit?: number }): Promise<OverridePage>
+  /** Deletes `key`'s override of `policy`; true when it had one. */
+  deleteOverride(key: string, policy: string): Promise<boolean>
   /** Scales limits by `factor` (0 < factor <= 1): every policy, or the named ones. */
   setScale(factor: number, policies?: string[]): void
   /** The global scale factor in force. */

@@ -437,6 +437,65 @@ class Limiter {
     }
   }
 
+  /**
+   * Sets `key`'s live override of `policy` (a config policy with `"overrides": true`) to
+   * `limit`: a rate string (`'100/minute'`) or a limit object as in a config policy
+   * (an object, or its JSON text); `{ ttl?: ms }` (default: until deleted). Every
+   * process's next check of the key, in any language, is decided by it.
+   */
+  setOverride(key, policy, limit, opts) {
+    try {
+      checkString('key', key)
+      checkString('policy', policy)
+      let text = limit
+      if (limit !== null && typeof limit === 'object' && !Array.isArray(limit)) text = JSON.stringify(limit)
+      else if (typeof limit !== 'string') throw argError('limit', 'a rate string or a limit object', limit)
+      const o = opts === undefined ? {} : opts
+      if (o === null || typeof o !== 'object') throw argError('options', 'an object { ttl? }', o)
+      if (o.ttl !== undefined && o.ttl !== null && typeof o.ttl !== 'number') throw argError('options.ttl', 'a number of milliseconds', o.ttl)
+      return this[kNative].setOverride(key, policy, text, o.ttl === undefined ? null : o.ttl)
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  /** `key`'s override of `policy` (`{ key, policy, limit, remainingMs }`) or null. */
+  getOverride(key, policy) {
+    try {
+      checkString('key', key)
+      checkString('policy', policy)
+      return this[kNative].getOverride(key, policy)
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  /** One page of `policy`'s overrides: `{ cursor?: string | null, limit?: number }` → `{ overrides, cursor }`. */
+  listOverrides(policy, opts) {
+    try {
+      checkString('policy', policy)
+      const o = opts === undefined ? {} : opts
+      if (o === null || typeof o !== 'object') throw argError('options', 'an object { cursor?, limit? }', o)
+      if (o.cursor !== undefined && o.cursor !== null) checkString('options.cursor', o.cursor)
+      const limit = o.limit === undefined ? 1000 : o.limit
+      if (!Number.isInteger(limit) || limit < 1 || limit > 10000) throw argError('options.limit', 'an integer from 1 to 10000', limit)
+      return this[kNative].listOverrides(policy, o.cursor === undefined ? null : o.cursor, limit)
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
+  /** Deletes `key`'s override of `policy`; resolves to true when it had one. */
+  deleteOverride(key, policy) {
+    try {
+      checkString('key', key)
+      checkString('policy', policy)
+      return this[kNative].deleteOverride(key, policy)
+    } catch (e) {
+      return Promise.reject(e)
+    }
+  }
+
   /** Scales limits by `factor` (0 < factor <= 1): every policy, or the named ones. */
   setScale(factor, policies) {
     if (typeof factor !== 'number') throw argError('factor', 'of type number', factor)

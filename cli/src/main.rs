@@ -131,6 +131,12 @@ enum Command {
         target: Target,
         key: String,
     },
+    /// Live per-key overrides of a policy (`"overrides": true`): every instance of every
+    /// language decides the key's next check with it. JSON output.
+    Override {
+        #[command(subcommand)]
+        command: OverrideCommand,
+    },
     /// The client address behind trusted proxies (X-Forwarded-For walked from the right).
     ClientIp {
         /// The TCP peer address, e.g. 10.0.0.5:43122.
@@ -202,6 +208,49 @@ struct Target {
     config: Option<String>,
 }
 
+#[derive(Subcommand)]
+enum OverrideCommand {
+    /// Set KEY's override: LIMIT is a rate string ("100/minute", in the policy's
+    /// algorithm) or a limit object in JSON as in a config policy.
+    Set {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        policy: String,
+        /// How long, e.g. 30d (default: until deleted).
+        #[arg(long)]
+        ttl: Option<String>,
+        key: String,
+        limit: String,
+    },
+    /// Print KEY's override; exit 0 when it has one, 1 when not.
+    Get {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        policy: String,
+        key: String,
+    },
+    /// Print every override of the policy on every shard, one JSON object a line.
+    List {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        policy: String,
+        /// Overrides asked for per round of calls (memory stays bounded by it).
+        #[arg(long, default_value_t = 1000)]
+        page: usize,
+    },
+    /// Delete KEY's override; exit 0 when it had one, 1 when not.
+    Delete {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        policy: String,
+        key: String,
+    },
+}
+
 #[derive(Args)]
 struct PolicyArg {
     /// A policy name from the config.
@@ -231,6 +280,84 @@ fn precision(p: &Policy) -> String {
         }
     }
     s
+}
+
+fn override_command(c: OverrideCommand) -> shardlimit::Result<ExitCode> {
+    use serde_json::json;
+    let found = |yes: bool| {
+        if yes {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        }
+    };
+    match c {
+        OverrideCommand::Set {
+            target,
+            policy,
+            ttl,
+            key,
+            limit,
+        } => {
+            let l = limiter(&target)?;
+            let ttl = match ttl {
+                Some(t) => Some(Duration::from_micros(shardlimit::parse_duration_us(
+                    "--ttl", &t,
+                )?)),
+                None => None,
+            };
+            let info = l.set_override_blocking(&key, &policy, &limit, ttl)?;
+            println!("{}", info.to_json());
+            Ok(ExitCode::SUCCESS)
+        }
+        OverrideCommand::Get {
+            target,
+            policy,
+            key,
+        } => {
+            let l = limiter(&target)?;
+            let info = l.get_override_blocking(&key, &policy)?;
+            match &info {
+                Some(i) => println!("{}", i.to_json()),
+                None => println!(
+                    "{}",
+                    json!({"key": key, "policy": policy, "limit": null, "remaining_ms": null})
+                ),
+            }
+            Ok(found(info.is_some()))
+        }
+        OverrideCommand::List {
+            target,
+            policy,
+            page,
+        } => {
+            let l = limiter(&target)?;
+            let mut cursor: Option<String> = None;
+            loop {
+                let p = l.list_overrides_blocking(&policy, cursor.as_deref(), page)?;
+                for o in &p.overrides {
+                    println!("{}", o.to_json());
+                }
+                match p.cursor {
+                    Some(c) => cursor = Some(c),
+                    None => return Ok(ExitCode::SUCCESS),
+                }
+            }
+        }
+        OverrideCommand::Delete {
+            target,
+            policy,
+            key,
+        } => {
+            let l = limiter(&target)?;
+            let deleted = l.delete_override_blocking(&key, &policy)?;
+            println!(
+                "{}",
+                json!({"key": key, "policy": policy, "deleted": deleted})
+            );
+            Ok(found(deleted))
+        }
+    }
 }
 
 fn limiter(t: &Target) -> shardlimit::Result<Limiter> {
@@ -625,6 +752,7 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::Override { command } => override_command(command),
         Command::Blocked { target, key } => {
             let l = limiter(&target)?;
             match l.blocked_blocking(&key)? {

@@ -26,32 +26,64 @@ impl Drop for Redis {
     }
 }
 fn redis() -> Redis {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = tempfile::tempdir().unwrap();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-        ])
-        .arg("--dir")
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
+    // The machine is shared: between the free-port probe and redis-server's bind another
+    // process (or a test running in parallel) may take the port, and then a connect would
+    // reach that server instead of ours. So the server is ours only when it reports our
+    // child's pid; otherwise (our child failed to bind) try another port.
+    for _ in 0..10 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                break; // it could not bind: another port
+            }
+            if server_pid(port) == Some(child.id()) {
+                return Redis(child, port, dir);
+            }
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
-    Redis(child, port, dir)
+    panic!("no free port for redis-server after 10 tries");
+}
+
+/// The `process_id` that the server on `port` reports (INFO server), if one answers.
+fn server_pid(port: u16) -> Option<u32> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n").ok()?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !String::from_utf8_lossy(&buf).contains("process_id:") || !buf.ends_with(b"\r\n") {
+        let n = s.read(&mut chunk).ok()?;
+        if n == 0 || buf.len() > 1 << 20 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let line = text.lines().find(|l| l.starts_with("process_id:"))?;
+    line["process_id:".len()..].trim().parse().ok()
 }
 
 #[test]
@@ -238,7 +270,9 @@ fn check_exit_codes_and_json_on_redis() {
     std::fs::write(
         &cfg,
         format!(
-            r#"{{"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}],
+            // a deadline a loaded machine keeps (the default 50 ms is not what this tests:
+            // each call is a fresh process that connects and loads the scripts)
+            r#"{{"timeout_ms":2000,"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}],
             "policies":{{"login":{{"algorithm":"fixed_window","limit":2,"window":"1h"}},
                          "ip":{{"algorithm":"token_bucket","capacity":10,"refill_per_sec":1}}}}}}"#,
             r.1
@@ -684,4 +718,139 @@ fn charge_and_refund_on_redis_and_in_memory() {
         (d["remaining"].as_u64(), d["source"].as_str()),
         (Some(0), Some("memory"))
     );
+}
+
+#[test]
+fn override_set_get_list_delete_on_redis() {
+    let r = redis();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.json");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"timeout_ms":2000,"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}],
+            "policies":{{"api":{{"algorithm":"fixed_window","limit":2,"window":"1h","overrides":true}},
+                         "login":{{"algorithm":"fixed_window","limit":2,"window":"1h"}}}}}}"#,
+            r.1
+        ),
+    )
+    .unwrap();
+    let c = cfg.to_str().unwrap();
+    let json = |o: &Output| -> serde_json::Value {
+        serde_json::from_str(&stdout(o)).unwrap_or_else(|e| {
+            panic!(
+                "{e}: {:?} {}",
+                stdout(o),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        })
+    };
+    // no override yet: get exits 1
+    let o = sl(&["override", "get", "--config", c, "--policy", "api", "acme"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(json(&o)["limit"], serde_json::Value::Null);
+    // set: the next check (another process) is decided by it
+    let o = sl(&[
+        "override",
+        "set",
+        "--config",
+        c,
+        "--policy",
+        "api",
+        "--ttl",
+        "1h",
+        "acme",
+        "100/minute",
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v = json(&o);
+    assert_eq!(
+        v["limit"],
+        serde_json::json!({"algorithm": "fixed_window", "limit": 100, "window": "60000ms"})
+    );
+    assert_eq!(v["remaining_ms"], 3_600_000);
+    let o = sl(&["check", "--config", c, "--policy", "api", "acme"]);
+    let d = json(&o);
+    assert_eq!(
+        (d["limit"].as_u64(), d["policy"].as_str()),
+        (Some(100), Some("api"))
+    );
+    let o = sl(&["override", "get", "--config", c, "--policy", "api", "acme"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(json(&o)["limit"]["limit"], 100);
+    // a limit object in JSON; list prints one object a line
+    let o = sl(&[
+        "override",
+        "set",
+        "--config",
+        c,
+        "--policy",
+        "api",
+        "globex",
+        r#"{"algorithm": "token_bucket", "capacity": 5, "refill_per_sec": 2}"#,
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = sl(&[
+        "override", "list", "--config", c, "--policy", "api", "--page", "1",
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    let mut keys: Vec<String> = stdout(&o)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["key"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["acme", "globex"]);
+    // delete: exit 0, then 1; the check is the policy's again
+    for want in [0, 1] {
+        let o = sl(&[
+            "override", "delete", "--config", c, "--policy", "api", "acme",
+        ]);
+        assert_eq!(o.status.code(), Some(want));
+        assert_eq!(json(&o)["deleted"], want == 0);
+    }
+    let d = json(&sl(&["check", "--config", c, "--policy", "api", "acme"]));
+    assert_eq!(d["limit"], 2);
+    // bad input: exit 2 and the error names what is wrong
+    for (args, want) in [
+        (
+            vec!["set", "--policy", "login", "k", "5/minute"],
+            "takes no per-key overrides",
+        ),
+        (
+            vec!["set", "--policy", "api", "k", "5/minute;10/hour"],
+            "several limits",
+        ),
+        (
+            vec!["set", "--policy", "api", "k", "gold"],
+            "nor a plan of the config",
+        ),
+        (
+            vec!["set", "--policy", "api", "--ttl", "soon", "k", "5/minute"],
+            "--ttl",
+        ),
+    ] {
+        let mut a = vec!["override"];
+        a.push(args[0]);
+        a.extend(["--config", c]);
+        a.extend(&args[1..]);
+        let o = sl(&a);
+        assert_eq!(o.status.code(), Some(2), "{a:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(want), "{a:?}: {err}");
+    }
 }

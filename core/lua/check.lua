@@ -1,7 +1,7 @@
 -- shardlimit: one check, with the block list and automatic blocking. Shared by main_check
 -- (one check per call) and main_batch (many checks of one algorithm per call).
 -- check(state, entry, denials, now, cost, lease, need, code, limit, period, mode, after,
---       within, dur, reason):
+--       within, dur, reason, okey, ov):
 -- state    the algorithm's state key
 -- entry    the key's block-list entry (any value; PTTL -1 = permanent)
 -- denials  the policy's denial counter for this key (automatic blocking)
@@ -15,11 +15,27 @@
 --          least `need`: local admission reserves a batch this way)
 -- after    block after this many denials (0 = never), counted `within` ms, for `dur` ms,
 --          with `reason` stored in the block entry
+-- okey     the key's override entry for this policy ("<version> <limit>", see overrides.rs)
+-- ov       the override version the client decided with: "-" (the policy takes no
+--          overrides: okey is not read), "" (none), or the version it has cached
 -- Returns {allowed, remaining, reset_after_us, retry_after_us (-1 = absent), delay_us,
---          blocked (0 no, 1 blocked, 2 blocked by this very denial), units admitted}
+--          blocked (0 no, 1 blocked, 2 blocked by this very denial), units admitted}, or
+--          {'o', entry, 0} when the key's override is not the one the client sent (entry
+--          "" when it has none): nothing was decided, the client checks again with it.
+--          (The 0 keeps an integer before the tag the main appends, so that a reply of
+--          this shape is only ever taken with its call's tag: see `untag`.)
 local server_now
 local function check(state, entry, denials, now, cost, lease, need, code, limit, period, mode,
-                     after, within, dur, reason)
+                     after, within, dur, reason, okey, ov)
+  if ov ~= '-' then
+    local o = redis.call('GET', okey)
+    if o then
+      local sp = string.find(o, ' ', 1, true)
+      if not sp or string.sub(o, 1, sp - 1) ~= ov then return {'o', o, 0} end
+    elseif ov ~= '' then
+      return {'o', '', 0}
+    end
+  end
   now = tonumber(now)
   if now == 0 then
     if server_now == nil then server_now = clock('0') end

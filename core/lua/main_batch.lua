@@ -4,24 +4,25 @@
 -- the script's setup, TIME) is paid once, and the policy arguments the checks share are
 -- sent once.
 -- Assembled as prelude + one algorithm file + check.lua + this file.
--- KEYS[3i-2..3i]  check i's state key, block-list entry, denial counter (see check.lua)
+-- KEYS[4i-3..4i]  check i's state key, block-list entry, denial counter, override entry
+--                 (see check.lua)
 -- ARGV[1]         S, the number of distinct policy argument sets ("shapes")
 -- ARGV[2..1+8S]   the shapes: code, limit, period, mode, after, within, dur, reason each
--- then 6 per check: now, cost, lease, need, its shape (1..S), its tag (echoed as the 8th
--- value of its reply, see main_check.lua)
+-- then 7 per check: now, cost, lease, need, override version, its shape (1..S), its tag
+-- (echoed as the last value of its reply, see main_check.lua)
 -- Returns an array of N replies: check i's result, or an error reply of its own (one
 -- check's error, WRONGTYPE say, leaves the others' results standing).
 local S = tonumber(ARGV[1])
 local items = 2 + 8 * S
 local out = {}
-for i = 1, #KEYS / 3 do
-  local a = items + 6 * (i - 1)
-  local s = 2 + 8 * (tonumber(ARGV[a + 4]) - 1)
-  local ok, r = pcall(check, KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], ARGV[a], ARGV[a + 1],
+for i = 1, #KEYS / 4 do
+  local a = items + 7 * (i - 1)
+  local s = 2 + 8 * (tonumber(ARGV[a + 5]) - 1)
+  local ok, r = pcall(check, KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], ARGV[a], ARGV[a + 1],
     ARGV[a + 2], ARGV[a + 3], ARGV[s], ARGV[s + 1], ARGV[s + 2], ARGV[s + 3], ARGV[s + 4],
-    ARGV[s + 5], ARGV[s + 6], ARGV[s + 7])
+    ARGV[s + 5], ARGV[s + 6], ARGV[s + 7], KEYS[4 * i], ARGV[a + 4])
   if ok then
-    r[8] = tonumber(ARGV[a + 5])
+    r[#r + 1] = tonumber(ARGV[a + 6])
     out[i] = r
   elseif type(r) == 'table' and r.err then
     out[i] = r

@@ -16,7 +16,8 @@ local code, limit, period = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local units = tonumber(ARGV[6])
 if op == 'reserve' then
   local r = check(KEYS[1], KEYS[2], KEYS[3], int(now), ARGV[6], '', ARGV[6], code, ARGV[4],
-    ARGV[5], 'check', ARGV[9], ARGV[10], ARGV[11], ARGV[12])
+    ARGV[5], 'check', ARGV[9], ARGV[10], ARGV[11], ARGV[12], nil, '-')
+  -- (okey nil, ov '-': settle refuses policies that take overrides, so none is read)
   r[8] = now
   return r
 end

@@ -371,3 +371,46 @@ fn cluster_mode_shadow_checks_decide_without_counts() {
         "{e}"
     );
 }
+
+#[test]
+fn cluster_mode_overrides_are_exact_on_the_next_check() {
+    let nodes = create_cluster();
+    let urls: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("\"redis://127.0.0.1:{}\"", n.port))
+        .collect();
+    let make = || {
+        Limiter::from_json(&format!(
+            r#"{{"timeout_ms": 1000, "cluster": {{"nodes": [{}]}}, "policies": {{
+                "api": {{"algorithm":"fixed_window","limit":3,"window":"1h","on_error":"error","overrides":true}}
+            }}}}"#,
+            urls.join(",")
+        ))
+        .unwrap()
+    };
+    let (a, b) = (make(), make());
+    let p = b.policy("api").unwrap();
+    // keys on every primary's slots
+    for i in 0..12 {
+        let key = format!("tenant:{i}");
+        assert_eq!(b.check_blocking(&key, &p, 1).unwrap().limit, 3);
+        a.set_override_blocking(&key, "api", "50/hour", None)
+            .unwrap();
+        let d = b.check_blocking(&key, &p, 1).unwrap();
+        assert_eq!(
+            (d.limit, d.remaining, d.source),
+            (50, 48, Source::Redis),
+            "{key}"
+        );
+        let got = b.get_override_blocking(&key, "api").unwrap().unwrap();
+        assert_eq!(
+            got.limit,
+            shardlimit::Limit::fixed_window(50, Duration::from_secs(3600))
+        );
+        assert!(a.delete_override_blocking(&key, "api").unwrap());
+        assert_eq!(b.check_blocking(&key, &p, 1).unwrap().limit, 3);
+    }
+    // listing needs every primary's SCAN: refused clearly
+    let e = a.list_overrides_blocking("api", None, 10).unwrap_err();
+    assert!(e.to_string().contains("Cluster"), "{e}");
+}

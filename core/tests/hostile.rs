@@ -133,7 +133,8 @@ impl Fake {
             r#"{{"timeout_ms": {timeout_ms}, "on_error": "{on_error}",
                 "shards": [{{"name": "fake", "url": "redis://127.0.0.1:{}"}}],
                 "policies": {{"p": {{"algorithm": "fixed_window", "limit": 1000, "window": "1h"}},
-                              "q": {{"algorithm": "token_bucket", "capacity": 1000, "refill_per_sec": 1}}}}}}"#,
+                              "q": {{"algorithm": "token_bucket", "capacity": 1000, "refill_per_sec": 1}},
+                              "o": {{"algorithm": "fixed_window", "limit": 1000, "window": "1h", "overrides": true}}}}}}"#,
             self.port
         ))
         .unwrap()
@@ -170,19 +171,21 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                 .unwrap_or("?");
                 let nkeys: usize = String::from_utf8_lossy(&args[2]).parse().unwrap_or(0);
                 let keys = &args[3..3 + nkeys];
-                let whos: Vec<u64> = keys.iter().step_by(3).filter_map(|k| who(k)).collect();
+                // keys per check: 3 a layer, 4 a check (core/lua/main_check.lua)
+                let per = if script.contains("layered") { 3 } else { 4 };
+                let whos: Vec<u64> = keys.iter().step_by(per).filter_map(|k| who(k)).collect();
                 let argv = &args[3 + nkeys..];
                 // each check's tag: the last argument of a single call, the last of each
-                // check's six in a batch call (core/lua/main_batch.lua)
+                // check's seven in a batch call (core/lua/main_batch.lua)
                 let tags: Vec<String> = if script.contains("batch") {
                     let s: usize = String::from_utf8_lossy(&argv[0]).parse().unwrap_or(0);
                     argv[1 + 8 * s..]
-                        .chunks(6)
-                        .map(|c| String::from_utf8_lossy(&c[5]).to_string())
+                        .chunks(7)
+                        .map(|c| String::from_utf8_lossy(&c[6]).to_string())
                         .collect()
                 } else if script.contains("shadow") {
-                    // main_shadow.lua: the tag is ARGV[13], the shadow arguments follow
-                    argv.get(12)
+                    // main_shadow.lua: the tag is ARGV[14], the shadow arguments follow
+                    argv.get(13)
                         .map(|t| String::from_utf8_lossy(t).to_string())
                         .into_iter()
                         .collect()
@@ -762,4 +765,136 @@ fn implausible_settle_replies_are_script_errors() {
     assert!(!d.allowed && r.is_none());
     fake.set(Mode::Honest);
     assert!(l.charge_blocking(&key(9), &p, 1).unwrap().allowed);
+}
+
+/// An override entry in a check reply (`{'o', entry, 0}` then the tag, core/lua/check.lua).
+fn override_reply(entry: &str) -> String {
+    format!(
+        "*4\r\n$1\r\no\r\n${}\r\n{entry}\r\n:0\r\n:{{tag}}\r\n",
+        entry.len()
+    )
+}
+
+#[test]
+fn a_malformed_override_entry_is_an_error_naming_the_key() {
+    let bad = [
+        (
+            "no version",
+            "{\"algorithm\":\"fixed_window\",\"limit\":5,\"window\":\"1s\"}",
+        ),
+        (
+            "version 0",
+            "0 {\"algorithm\":\"fixed_window\",\"limit\":5,\"window\":\"1s\"}",
+        ),
+        (
+            "a version with a sign",
+            "+7 {\"algorithm\":\"fixed_window\",\"limit\":5,\"window\":\"1s\"}",
+        ),
+        ("not JSON", "7 {\"algorithm\":"),
+        ("no algorithm", "7 {\"limit\":5,\"window\":\"1s\"}"),
+        (
+            "a limit of 0",
+            "7 {\"algorithm\":\"fixed_window\",\"limit\":0,\"window\":\"1s\"}",
+        ),
+        (
+            "a limit too large",
+            "7 {\"algorithm\":\"fixed_window\",\"limit\":1e300,\"window\":\"1s\"}",
+        ),
+        (
+            "an unknown field",
+            "7 {\"algorithm\":\"fixed_window\",\"limit\":5,\"window\":\"1s\",\"x\":1}",
+        ),
+        (
+            "a concurrency limit",
+            "7 {\"algorithm\":\"concurrency\",\"max\":5,\"lease_ttl\":\"1s\"}",
+        ),
+        (
+            "a negative window",
+            "7 {\"algorithm\":\"fixed_window\",\"limit\":5,\"window\":-1}",
+        ),
+    ];
+    let fake = Fake::start(Mode::Honest);
+    let l = fake.limiter("error", 500);
+    let o = l.policy("o").unwrap();
+    let rt = rt();
+    let k = key(1);
+    for (what, entry) in bad {
+        let reply: &'static str = Box::leak(override_reply(entry).into_boxed_str());
+        fake.set(Mode::Fixed(reply));
+        for e in [
+            l.check_blocking(&k, &o, 1).unwrap_err(),
+            rt.block_on(l.check(&k, &o, 1)).unwrap_err(),
+        ] {
+            assert_eq!(e.kind(), ErrorKind::Script, "{what}: {e}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&k) && msg.contains("override"),
+                "{what}: {msg}"
+            );
+        }
+    }
+    // not a string where the entry belongs, a bare marker, no 0 before the tag
+    for reply in [
+        "*4\r\n$1\r\no\r\n:5\r\n:0\r\n:{tag}\r\n",
+        "*2\r\n$1\r\no\r\n:{tag}\r\n",
+        "*3\r\n$1\r\no\r\n$1\r\nx\r\n:{tag}\r\n",
+    ] {
+        fake.set(Mode::Fixed(reply));
+        let e = l.check_blocking(&k, &o, 1).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Script, "{reply:?}: {e}");
+    }
+    // an override entry without its call's tag is never taken: the stream is in doubt
+    let untagged =
+        "*3\r\n$1\r\no\r\n$40\r\n7 {\"algorithm\":\"fixed_window\",\"limit\":5}\r\n:0\r\n";
+    // (and the shape of an untagged entry alone, which the first version took)
+    let bare = "*2\r\n$1\r\no\r\n$40\r\n7 {\"algorithm\":\"fixed_window\",\"limit\":5}\r\n";
+    for reply in [untagged, bare] {
+        fake.set(Mode::Fixed(reply));
+        for e in [
+            l.check_blocking(&k, &o, 1).unwrap_err(),
+            rt.block_on(l.check(&k, &o, 1)).unwrap_err(),
+        ] {
+            assert!(e.is_backend(), "{e}");
+            assert!(
+                !e.to_string().contains("override"),
+                "taken as an override: {e}"
+            );
+        }
+    }
+    fake.set(Mode::Honest);
+    recovered(&l, &o);
+    // with on_error open, the same entry is a fallback decision, never a wrong limit
+    let open = fake.limiter("open", 500);
+    let reply: &'static str = Box::leak(override_reply("7 {").into_boxed_str());
+    fake.set(Mode::Fixed(reply));
+    let d = open
+        .check_blocking(&k, &open.policy("o").unwrap(), 1)
+        .unwrap();
+    assert_eq!(d.source, Source::Fallback, "{d:?}");
+    fake.set(Mode::Honest);
+    assert!(own_or_backend_error(9, l.check_blocking(&key(9), &o, 1)));
+}
+
+#[test]
+fn a_server_that_always_finds_a_new_override_cannot_hold_a_check_forever() {
+    // every reply claims another override: the check gives up after a bounded number of
+    // tries with an error, on both paths
+    let fake = Fake::start(Mode::Honest);
+    let l = fake.limiter("error", 500);
+    let o = l.policy("o").unwrap();
+    let reply: &'static str = Box::leak(
+        override_reply("7 {\"algorithm\":\"fixed_window\",\"limit\":5,\"window\":\"1s\"}")
+            .into_boxed_str(),
+    );
+    fake.set(Mode::Fixed(reply));
+    let rt = rt();
+    let start = Instant::now();
+    for e in [
+        l.check_blocking(&key(2), &o, 1).unwrap_err(),
+        rt.block_on(l.check(&key(2), &o, 1)).unwrap_err(),
+    ] {
+        assert_eq!(e.kind(), ErrorKind::Script, "{e}");
+        assert!(e.to_string().contains("changed"), "{e}");
+    }
+    assert!(start.elapsed() < Duration::from_secs(5));
 }

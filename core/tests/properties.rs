@@ -7,7 +7,9 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use serde_json::Value;
 use shardlimit::config::Config;
-use shardlimit::keys::{block_key, denial_key, events_key, shadow_key, state_key};
+use shardlimit::keys::{
+    block_key, denial_key, events_key, override_key, override_user_key, shadow_key, state_key,
+};
 use shardlimit::routing::{cluster_slot, hash_tag, routing_key, shard_index};
 use std::collections::HashMap;
 
@@ -76,6 +78,11 @@ fn names(prefix: &str, policy: &str, code: &str, key: &str) -> Vec<(String, Stri
             format!("denial {scope} {key:?}"),
         ),
         (block_key(prefix, key), format!("block {key:?}")),
+        // one per (policy, key), whatever the algorithm
+        (
+            override_key(prefix, policy, key),
+            format!("override {policy} {key:?}"),
+        ),
     ];
     out.push((events_key(prefix), "events".into()));
     out.push((
@@ -183,6 +190,15 @@ proptest! {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_override_entry_name_gives_its_key_back(policy in policy_name(), key in user_key()) {
+        let name = override_key("sl:", &policy, &key);
+        prop_assert_eq!(override_user_key("sl:", &policy, &name), Some(key.clone()));
+        // and no other policy's listing claims it
+        let other = format!("{policy}x");
+        prop_assert_eq!(override_user_key("sl:", &other, &name), None);
     }
 
     #[test]

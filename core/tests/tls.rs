@@ -568,3 +568,33 @@ fn a_reload_with_new_tls_settings_reconnects() {
     limiter.reload(right).unwrap();
     assert_decides_on_redis(&limiter, &server);
 }
+
+#[test]
+fn overrides_over_tls_are_exact_on_the_next_check() {
+    // TLS shards take the redis crate's connection (the Cluster's call path): the script's
+    // override entry comes back through its parser
+    let certs = TestCerts::generate(DEFAULT_SAN);
+    let server = RedisServer::start_tls(&certs, false);
+    let cfg = config(
+        &server,
+        &format!(r#"{{"ca_file": "{}"}}"#, certs.path("ca.crt")),
+    )
+    .replace(
+        r#""on_error": "error"}"#,
+        r#""on_error": "error", "overrides": true}"#,
+    );
+    let (a, b) = (
+        Limiter::from_json(&cfg).unwrap(),
+        Limiter::from_json(&cfg).unwrap(),
+    );
+    assert_eq!(b.check_by_name_blocking("t", "strict", 1).unwrap().limit, 5);
+    a.set_override_blocking("t", "strict", "50/hour", None)
+        .unwrap();
+    let d = b.check_by_name_blocking("t", "strict", 1).unwrap();
+    assert_eq!((d.source, d.limit, d.remaining), (Source::Redis, 50, 48));
+    let d = rt().block_on(b.check_by_name("t", "strict", 1)).unwrap();
+    assert_eq!((d.limit, d.remaining), (50, 47));
+    assert!(a.delete_override_blocking("t", "strict").unwrap());
+    let d = rt().block_on(b.check_by_name("t", "strict", 1)).unwrap();
+    assert_eq!((d.limit, d.allowed), (5, true));
+}

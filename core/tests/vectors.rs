@@ -21,12 +21,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The decision vectors: every file is replayed by every engine and binding.
-const DECISION_FILES: [&str; 5] = [
+const DECISION_FILES: [&str; 6] = [
     "algorithms.json",
     "plans.json",
     "precision.json",
     "shadow.json",
     "settle.json",
+    "overrides.json",
 ];
 
 fn path(name: &str) -> String {
@@ -449,6 +450,40 @@ impl Replay<'_> {
                         assert_eq!(d.source, source, "{at}: {d:?}");
                         step["expect"] = expect_of(&d);
                     }
+                    "set_override" => {
+                        let (l, key, policy) = (
+                            limiter.clone(),
+                            step["key"].as_str().unwrap().to_string(),
+                            step["policy"].as_str().unwrap().to_string(),
+                        );
+                        let limit = step["limit"].as_str().unwrap().to_string();
+                        let ttl = step.get("ttl_ms").map(|t| {
+                            Duration::from_millis(
+                                t.as_u64().unwrap_or_else(|| panic!("{at}: ttl_ms")),
+                            )
+                        });
+                        let r = if self.mode == Mode::RedisBlocking || self.server.is_none() {
+                            l.set_override_blocking(&key, &policy, &limit, ttl)
+                        } else {
+                            limiter.block_on(async move {
+                                l.set_override(&key, &policy, &limit, ttl).await
+                            })
+                        };
+                        r.unwrap_or_else(|e| panic!("{at}: {e}"));
+                    }
+                    "delete_override" => {
+                        let (l, key, policy) = (
+                            limiter.clone(),
+                            step["key"].as_str().unwrap().to_string(),
+                            step["policy"].as_str().unwrap().to_string(),
+                        );
+                        let r = if self.mode == Mode::RedisBlocking || self.server.is_none() {
+                            l.delete_override_blocking(&key, &policy)
+                        } else {
+                            limiter.block_on(async move { l.delete_override(&key, &policy).await })
+                        };
+                        step["expect_deleted"] = json!(r.unwrap_or_else(|e| panic!("{at}: {e}")));
+                    }
                     other => panic!("{at}: unknown op {other:?}"),
                 }
             }
@@ -481,7 +516,7 @@ fn assert_same(want: &Value, got: &Value, mode: Mode, file: &str) {
 }
 
 /// Ops a step may have; every replay must run every one of them.
-const OPS: [&str; 12] = [
+const OPS: [&str; 14] = [
     "check",
     "peek",
     "acquire",
@@ -494,6 +529,8 @@ const OPS: [&str; 12] = [
     "reserve",
     "settle",
     "shadow_report",
+    "set_override",
+    "delete_override",
 ];
 
 /// Steps in all; every op is there on every algorithm it applies to.
@@ -597,12 +634,53 @@ fn settled_algo(case: &Value, step: &Value) -> String {
         .to_string()
 }
 
+/// overrides.json: both override ops, and a check or acquire under an override on every
+/// algorithm.
+fn overrides_census(doc: &Value) {
+    let mut seen: Vec<String> = Vec::new();
+    for case in doc["cases"].as_array().unwrap() {
+        let mut set = false;
+        for step in case["steps"].as_array().unwrap() {
+            let op = step["op"].as_str().unwrap();
+            assert!(OPS.contains(&op), "unknown op {op}");
+            seen.push(op.to_string());
+            set |= op == "set_override";
+            if set && matches!(op, "check" | "acquire") {
+                let p = step["policy"].as_str().unwrap();
+                seen.push(
+                    case["policies"][p]["algorithm"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                );
+            }
+        }
+    }
+    for want in [
+        "set_override",
+        "delete_override",
+        "batch",
+        "peek",
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+        "token_bucket",
+        "leaky_bucket",
+        "concurrency",
+    ] {
+        assert!(seen.iter().any(|s| s == want), "overrides.json: no {want}");
+    }
+}
+
 #[test]
 fn memory_engine_matches_vectors() {
     for file in DECISION_FILES {
         let doc = load(file);
         let least = if file == "algorithms.json" { 100 } else { 20 };
         assert!(census(&doc, file) > least, "{file}: too few steps");
+        if file == "overrides.json" {
+            overrides_census(&doc);
+        }
         let got = Replay {
             mode: Mode::Memory,
             server: None,
@@ -633,7 +711,7 @@ fn memory_engine_matches_vectors() {
 /// op and time first, an expectation's verdict first), objects of plain values on one line,
 /// a step's inputs on one line and each of its expectations on a line of its own.
 fn write_json(v: &Value, indent: usize, out: &mut String) {
-    const ORDER: [&str; 34] = [
+    const ORDER: [&str; 36] = [
         "description",
         "format",
         "name",
@@ -661,6 +739,8 @@ fn write_json(v: &Value, indent: usize, out: &mut String) {
         "actual",
         "lease",
         "expect_released",
+        "ttl_ms",
+        "expect_deleted",
         "layers",
         "items",
         "expect",

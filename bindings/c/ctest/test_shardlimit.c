@@ -779,6 +779,58 @@ static void test_block_list(void) {
   CHECK_RC(shardlimit_blocked(lim, S("k"), NULL, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
 }
 
+/* Live overrides: what one limiter (process) sets, another's next check uses. */
+static void test_overrides(void) {
+  char cfg[1024];
+  snprintf(cfg, sizeof cfg,
+           "{\"shards\":[{\"name\":\"only\",\"url\":\"redis://127.0.0.1:%d\"}],"
+           "\"timeout_ms\":2000,\"policies\":{"
+           "\"ov\":{\"algorithm\":\"fixed_window\",\"limit\":3,\"window\":\"1h\","
+           "\"overrides\":true}}}",
+           redis_port);
+  shardlimit_error *err = NULL;
+  shardlimit_limiter *a = NULL, *b = NULL;
+  CHECK_RC(shardlimit_limiter_new_json(cfg, strlen(cfg), NULL, &a, &err), SHARDLIMIT_OK, err);
+  CHECK_RC(shardlimit_limiter_new_json(cfg, strlen(cfg), NULL, &b, &err), SHARDLIMIT_OK, err);
+  shardlimit_decision d;
+  CHECK_RC(shardlimit_check_named(b, S("acme"), S("ov"), 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.limit == 3);
+  shardlimit_string json = {NULL, 0};
+  /* the same window: the same counter, the new limit */
+  CHECK_RC(shardlimit_set_override(a, S("acme"), S("ov"), S("100/hour"), 3600000, &json, &err),
+           SHARDLIMIT_OK, err);
+  CHECK(json.ptr != NULL && strstr(json.ptr, "\"limit\":100") != NULL);
+  shardlimit_string_free(&json);
+  CHECK_RC(shardlimit_check_named(b, S("acme"), S("ov"), 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.limit == 100 && d.remaining == 98);
+  bool found = false;
+  CHECK_RC(shardlimit_get_override(b, S("acme"), S("ov"), &found, &json, &err), SHARDLIMIT_OK, err);
+  CHECK(found && json.ptr != NULL && strstr(json.ptr, "\"key\":\"acme\"") != NULL);
+  shardlimit_string_free(&json);
+  CHECK_RC(shardlimit_get_override(b, S("nobody"), S("ov"), &found, &json, &err), SHARDLIMIT_OK,
+           err);
+  CHECK(!found && json.ptr == NULL);
+  CHECK_RC(shardlimit_list_overrides(b, S("ov"), NULL, 0, 10, &json, &err), SHARDLIMIT_OK, err);
+  CHECK(json.ptr != NULL && strstr(json.ptr, "\"cursor\":null") != NULL);
+  shardlimit_string_free(&json);
+  bool deleted = false;
+  CHECK_RC(shardlimit_delete_override(a, S("acme"), S("ov"), &deleted, &err), SHARDLIMIT_OK, err);
+  CHECK(deleted);
+  CHECK_RC(shardlimit_check_named(b, S("acme"), S("ov"), 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.limit == 3);
+  /* errors */
+  CHECK_RC(shardlimit_set_override(a, S("acme"), S("ov"), S("gold"), 0, NULL, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_set_override(a, S("acme"), S("nope"), S("5/minute"), 0, NULL, &err),
+           SHARDLIMIT_ERR_UNKNOWN_POLICY, err);
+  CHECK_RC(shardlimit_get_override(a, S("acme"), S("ov"), NULL, &json, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK_RC(shardlimit_list_overrides(a, S("ov"), NULL, 0, 0, &json, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  shardlimit_limiter_free(a);
+  shardlimit_limiter_free(b);
+}
+
 static void test_client_ip(void) {
   shardlimit_error *err = NULL;
   shardlimit_string ip = {NULL, 0};
@@ -1031,6 +1083,7 @@ static char *read_file(const char *rel) {
   long n = ftell(f);
   fseek(f, 0, SEEK_SET);
   char *buf = malloc((size_t)n + 1);
+    OP(set_override), OP(get_override), OP(list_overrides), OP(delete_override),
   if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
     free(buf);
     buf = NULL;
@@ -1681,6 +1734,7 @@ int main(void) {
   test_dead_shard();
   test_check_all();
   test_block_list();
+  test_overrides();
   test_client_ip();
   test_freed_limiter();
   test_close_while_checking();

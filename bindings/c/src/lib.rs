@@ -2012,8 +2012,10 @@ pub unsafe extern "C" fn shardlimit_decision_to_json(
 }
 
 mod admin;
+mod overrides;
 mod pending;
 pub use admin::*;
+pub use overrides::*;
 pub use pending::*;
 
 #[cfg(test)]

@@ -21,6 +21,8 @@ import shardlimit, {
   fastifyPlugin,
   type MetricsSnapshot,
   type ShardlimitEvent,
+  type Override,
+  type OverridePage,
   type DecisionJson,
   type Quota,
   type PolicyInfo,
@@ -68,6 +70,12 @@ export async function usage(): Promise<void> {
   const info = await limiter.blocked('ip:6.6.6.6')
   const left: number | null = info ? info.remaining : null
   const was: boolean = await limiter.unblock('ip:6.6.6.6')
+  const ov: Override = await limiter.setOverride('tenant:7', 'tenant', '100/minute', { ttl: 60_000 })
+  await limiter.setOverride('tenant:7', 'tenant', { capacity: 10, refill_per_sec: 1 })
+  const got: Override | null = await limiter.getOverride('tenant:7', 'tenant')
+  const page: OverridePage = await limiter.listOverrides('tenant', { cursor: null, limit: 100 })
+  const gone: boolean = await limiter.deleteOverride('tenant:7', 'tenant')
+  void [ov.remainingMs, got, page.cursor, gone]
   const ip: string = clientIp('10.0.0.1:443', '203.0.113.9', ['10.0.0.0/8'])
   const proxies = new TrustedProxies(['10.0.0.0/8'])
   const report = limiter.reload({ policies: {} })

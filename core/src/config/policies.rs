@@ -91,6 +91,7 @@ pub(super) fn policy_at(
         "local_admission",
         "shadow",
         "near_limit",
+        "overrides",
     ];
     known.extend(params);
     known.push("window_offset");
@@ -142,7 +143,15 @@ pub(super) fn policy_at(
     if let Some(v) = obj.get("window_offset") {
         policy = policy.with_window_offset(window_offset(&f("window_offset"), v)?)?;
     }
-    let policy = super::shadow::fields(obj, &field, policy)?;
+    policy = super::shadow::fields(obj, &field, policy)?;
+    if let Some(v) = obj.get("overrides") {
+        let on = v.as_bool().ok_or_else(|| {
+            Error::config(f("overrides"), format!("expected true or false, got {v}"))
+        })?;
+        if on {
+            policy = policy.with_overrides()?;
+        }
+    }
     Ok(policy)
 }
 

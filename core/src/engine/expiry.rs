@@ -98,6 +98,11 @@ impl<K: Hash + Eq + Clone, V> ExpiringMap<K, V> {
         }
     }
 
+    /// Every entry with its expiry (µs), expired or not, in no order.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V, u64)> {
+        self.map.iter().map(|(k, s)| (k, &s.value, s.expires_at))
+    }
+
     /// Inserts or replaces `k`, expiring at `expires_at` (µs, [`NEVER`]).
     pub fn insert(&mut self, k: K, value: V, expires_at: u64) {
         let queued = self.map.get(&k).and_then(|s| s.queued);

@@ -2,6 +2,7 @@
 
 use super::{BlockInfo, Layer};
 use super::{Engine, Lease, Limiter, Reservation};
+use super::{OverrideInfo, OverridePage};
 use crate::decision::Decision;
 use crate::error::{Error, Result};
 use crate::policy::{Algorithm, Policy};
@@ -156,6 +157,24 @@ blocking_twins! {
     settle_blocking => settle(reservation: &Reservation, actual: u64) -> Decision;
     /// Blocking [`Limiter::settle_with`] (a reservation of an ad-hoc policy).
     settle_with_blocking => settle_with(policy: &Policy, reservation: &Reservation, actual: u64) -> Decision;
+    /// Blocking [`Limiter::set_override`].
+    set_override_blocking => set_override(key: &str, policy: &str, limit: &str, ttl: Option<Duration>) -> OverrideInfo;
+    /// Blocking [`Limiter::get_override`].
+    get_override_blocking => get_override(key: &str, policy: &str) -> Option<OverrideInfo>;
+    /// Blocking [`Limiter::delete_override`].
+    delete_override_blocking => delete_override(key: &str, policy: &str) -> bool;
+    /// Blocking [`Limiter::list_overrides`].
+    list_overrides_blocking => list_overrides(policy: &str, cursor: Option<&str>, limit: usize) -> OverridePage;
+}
+
+impl<'a> Carry<'a> for Option<&'a str> {
+    type Owned = Option<String>;
+    fn carry(self) -> Option<String> {
+        self.map(str::to_owned)
+    }
+    fn lend(owned: &'a Option<String>) -> Self {
+        owned.as_deref()
+    }
 }
 
 /// An argument of a blocking twin: owned to move into the future, lent back to the call.
@@ -201,7 +220,7 @@ macro_rules! carry_by_copy {
     )*};
 }
 
-carry_by_copy!(u64, Duration, Option<Duration>);
+carry_by_copy!(u64, usize, Duration, Option<Duration>);
 
 /// A check of a concurrency policy would take units with no lease to give them back: an
 /// error that names the operation to use instead.

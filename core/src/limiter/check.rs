@@ -5,7 +5,7 @@ use super::{Engine, Lease, Limiter, MAX_KEY_LEN};
 use crate::decision::{Decision, Source};
 use crate::engine::algo::Outcome;
 use crate::engine::memory::{blocked_outcome, BlockVerdict, MemoryEngine, Raw};
-use crate::engine::redis::{CheckRequest, Mode, RedisEngine};
+use crate::engine::redis::{CheckRequest, Checked, Mode, RedisEngine};
 use crate::error::{Error, Result};
 use crate::events::Event;
 use crate::policy::{Algorithm, Compiled, Policy, PolicyInner};
@@ -227,10 +227,15 @@ impl Limiter {
         if policy.0.shadow && !peek && lease.is_none() {
             return self.shadow_memory(m, key, policy, cost);
         }
+        let ov = self.memory_override(&policy.0, key, self.now());
+        let (policy, scope) = match &ov {
+            Some((a, _)) => (&a.policy, &a.memory_scope),
+            None => (policy, &policy.0.scope),
+        };
         let (eff, cost) = self.prepare(key, policy, cost)?;
         let p = &*policy.0;
         let raw = m.check(
-            &p.scope,
+            scope,
             &eff,
             key,
             self.now(),
@@ -271,24 +276,46 @@ impl Limiter {
                 .multi_redis(key, policy, parts, cost, peek, lease)
                 .await;
         }
-        let (eff, cost, shard) = match self.plan(r, key, policy, cost)? {
-            Plan::Decided(d) => return Ok(d),
-            Plan::Redis { eff, cost, shard } => (eff, cost, shard),
-        };
-        let p = &*policy.0;
-        if let Some(h) = &view.handoff {
-            self.carry_over(h, r, p, key, shard as usize).await;
+        let base = policy;
+        let (mut ov, mut active) = self.override_arg(&base.0, key);
+        for tries in 0.. {
+            let policy = active.as_ref().map_or(base, |a| &a.policy);
+            let (eff, cost, shard) = match self.plan(r, key, policy, cost)? {
+                Plan::Decided(d) => return Ok(d),
+                Plan::Redis { eff, cost, shard } => (eff, cost, shard),
+            };
+            let p = &*policy.0;
+            if let (Some(h), 0) = (&view.handoff, tries) {
+                self.carry_over(h, r, p, key, shard as usize).await;
+            }
+            if p.shadow && !peek && lease.is_none() {
+                return self.shadow_redis(r, p, &eff, key, cost, shard).await;
+            }
+            if let (Some(la), false, None) = (p.local_admission, peek, lease) {
+                return self.local_admission(r, p, &eff, la, key, shard, cost).await;
+            }
+            let mode = if peek { Mode::Peek } else { Mode::Check };
+            let mut req = self.request(p, &eff, key, cost, mode, lease);
+            req.ov = ov;
+            let raw = match r.check(shard as usize, &req).await {
+                Ok(Checked::Override(v)) => {
+                    let name = &r.shards[shard as usize].name;
+                    match Limiter::override_churn(tries + 1, name, key)
+                        .and_then(|()| self.learn_override(base, key, name, &v))
+                    {
+                        Ok(next) => {
+                            (ov, active) = next;
+                            continue;
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+                Ok(Checked::Decided(raw)) => Ok(raw),
+                Err(e) => Err(e),
+            };
+            return self.after_script(p, &eff, key, cost, peek, shard, raw);
         }
-        if p.shadow && !peek && lease.is_none() {
-            return self.shadow_redis(r, p, &eff, key, cost, shard).await;
-        }
-        if let (Some(la), false, None) = (p.local_admission, peek, lease) {
-            return self.local_admission(r, p, &eff, la, key, shard, cost).await;
-        }
-        let mode = if peek { Mode::Peek } else { Mode::Check };
-        let req = self.request(p, &eff, key, cost, mode, lease);
-        let raw = r.check(shard as usize, &req).await;
-        self.after_script(p, &eff, key, cost, peek, shard, raw)
+        unreachable!("the loop returns")
     }
 
     /// [`Limiter::run`] (without a lease) on the calling thread: the script is sent and
@@ -317,14 +344,37 @@ impl Limiter {
         // more blocking callers than CPUs: the I/O thread batches their commands better
         let _slot = crate::transport::blocking::OWN_IO.take()?;
         Some((|| {
-            let (eff, cost, shard) = match self.plan(r, key, policy, cost)? {
-                Plan::Decided(d) => return Ok(d),
-                Plan::Redis { eff, cost, shard } => (eff, cost, shard),
-            };
-            let mode = if peek { Mode::Peek } else { Mode::Check };
-            let req = self.request(p, &eff, key, cost, mode, None);
-            let raw = r.check_blocking(shard as usize, &req);
-            self.after_script(p, &eff, key, cost, peek, shard, raw)
+            let base = policy;
+            let (mut ov, mut active) = self.override_arg(p, key);
+            for tries in 0.. {
+                let policy = active.as_ref().map_or(base, |a| &a.policy);
+                let (eff, cost, shard) = match self.plan(r, key, policy, cost)? {
+                    Plan::Decided(d) => return Ok(d),
+                    Plan::Redis { eff, cost, shard } => (eff, cost, shard),
+                };
+                let p = &*policy.0;
+                let mode = if peek { Mode::Peek } else { Mode::Check };
+                let mut req = self.request(p, &eff, key, cost, mode, None);
+                req.ov = ov;
+                let raw = match r.check_blocking(shard as usize, &req) {
+                    Ok(Checked::Override(v)) => {
+                        let name = &r.shards[shard as usize].name;
+                        match Limiter::override_churn(tries + 1, name, key)
+                            .and_then(|()| self.learn_override(base, key, name, &v))
+                        {
+                            Ok(next) => {
+                                (ov, active) = next;
+                                continue;
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
+                    Ok(Checked::Decided(raw)) => Ok(raw),
+                    Err(e) => Err(e),
+                };
+                return self.after_script(p, &eff, key, cost, peek, shard, raw);
+            }
+            unreachable!("the loop returns")
         })())
     }
 
@@ -347,6 +397,7 @@ impl Limiter {
             mode,
             lease,
             tag: next_tag(),
+            ov: crate::engine::redis::OverrideArg::Off,
         }
     }
 
@@ -430,6 +481,12 @@ impl PolicyKey {
             key: key.to_string(),
         }
     }
+    pub(super) fn policy_name(&self) -> &str {
+        &self.policy
+    }
+    pub(super) fn key_name(&self) -> &str {
+        &self.key
+    }
 }
 
 pub(super) fn validate_key(key: &str) -> Result<()> {
@@ -463,7 +520,13 @@ pub(super) fn validate_lease(policy: &Policy, lease: &Lease) -> Result<()> {
             format!("policy {} is not a concurrency policy", policy.name()),
         ));
     }
-    let max = policy.0.compiled.limit;
+    // a policy that takes overrides may have granted the lease under a larger override
+    // (set or gone since): bounded by what any limit can be
+    let max = if policy.0.overrides {
+        crate::policy::MAX_LIMIT
+    } else {
+        policy.0.compiled.limit
+    };
     if lease.units == 0 || lease.units > max {
         return Err(Error::invalid(
             "lease.units",

@@ -54,6 +54,16 @@ impl Limiter {
                     "must be at least 1",
                 ));
             }
+            if l.policy.overrides() {
+                return Err(Error::invalid(
+                    format!("layers[{i}].policy"),
+                    format!(
+                        "policy {} takes per-key overrides, which layered checks do not apply \
+                         yet: check that layer on its own",
+                        l.policy.name()
+                    ),
+                ));
+            }
             if layers[..i]
                 .iter()
                 .any(|o| o.key == l.key && o.policy.name() == l.policy.name())

@@ -4,8 +4,8 @@ use super::{Limiter, PolicyKey};
 use crate::decision::{Decision, Source};
 use crate::engine::algo::Outcome;
 use crate::engine::memory::Raw;
-use crate::engine::redis::{Mode, RedisEngine};
-use crate::error::Result;
+use crate::engine::redis::{Checked, Mode, RedisEngine};
+use crate::error::{Error, Result};
 use crate::policy::{Algorithm, Compiled, PolicyInner};
 use std::sync::Arc;
 
@@ -85,6 +85,14 @@ impl Limiter {
         let req = self.request(p, eff, key, batch, mode, None);
         let raw = r.check(shard as usize, &req).await;
         let reserving = reserve_from.is_some();
+        let raw = match raw {
+            Ok(Checked::Decided(raw)) => Ok(raw),
+            // a policy with local admission takes no overrides: its script reads none
+            Ok(Checked::Override(_)) => Err(Error::Internal(
+                "an override entry in the reply of a check that sent none".into(),
+            )),
+            Err(e) => Err(e),
+        };
         let raw = match raw {
             Ok(raw) => raw,
             Err(e) => {

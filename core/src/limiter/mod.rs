@@ -25,6 +25,7 @@ mod layered;
 mod local_admission;
 mod metrics;
 mod multi;
+mod overrides;
 mod reload;
 mod scale;
 mod settle;
@@ -37,6 +38,7 @@ use handoff::Handoff;
 pub use layered::Layer;
 use local_admission::LocalBatch;
 use metrics::{config_series, Series};
+pub use overrides::{resolve_override, OverrideInfo, OverridePage, OVERRIDE_CACHE_MAX};
 pub use reload::{ConfigWatcher, ReloadReport};
 pub use scale::{latency_scale, ScaleHook};
 pub use settle::Reservation;
@@ -100,6 +102,8 @@ struct Inner {
     local: Mutex<ExpiringMap<PolicyKey, LocalBatch>>,
     /// The in-memory engine's shadow counts, by policy and key.
     shadow: shadow::ShadowCounts,
+    /// per-key overrides: remembered from Redis, or the in-memory engine's
+    overrides: overrides::OverrideState,
 }
 
 impl std::fmt::Debug for Inner {
@@ -151,6 +155,7 @@ impl Limiter {
                 block_cache_len: AtomicUsize::new(0),
                 local: Mutex::new(ExpiringMap::default()),
                 shadow: shadow::ShadowCounts::default(),
+                overrides: overrides::OverrideState::default(),
             }),
         })
     }

@@ -226,6 +226,15 @@ impl Limiter {
                 ),
             ));
         }
+        if policy.overrides() {
+            return Err(Error::invalid(
+                "policy",
+                format!(
+                    "{} takes per-key overrides: {op} applies to policies without them for now",
+                    policy.name()
+                ),
+            ));
+        }
         let c = &policy.0.compiled;
         if c.window_offset != WindowOffset::None {
             return Err(Error::invalid(

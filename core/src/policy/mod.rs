@@ -433,6 +433,8 @@ pub(crate) struct PolicyInner {
     pub shadow: bool,
     /// The fraction of the limit whose crossing emits a near-limit event; `None`: off.
     pub near_limit: Option<f64>,
+    /// Takes live per-key overrides (`"overrides": true`, `limiter/overrides.rs`).
+    pub overrides: bool,
 }
 
 impl PolicyInner {
@@ -476,6 +478,7 @@ impl Policy {
             }),
             shadow: p.shadow,
             near_limit: p.near_limit,
+            overrides: p.overrides,
         }))
     }
 
@@ -544,6 +547,9 @@ impl Policy {
             self.algorithm(),
             &local,
         )?;
+        if self.0.overrides {
+            return Err(overrides_and_local(self.name()));
+        }
         Ok(self.derive(self.0.on_error, self.0.auto_block, Some(local)))
     }
 
@@ -568,7 +574,39 @@ impl Policy {
             parts: None,
             shadow: false,
             near_limit: Some(DEFAULT_NEAR_LIMIT),
+            overrides: false,
         })))
+    }
+
+    /// The same policy taking live per-key overrides (`Limiter::set_override`). Not with
+    /// local admission: the batches it holds in process were reserved under one limit.
+    pub fn with_overrides(&self) -> Result<Policy> {
+        if self.0.local_admission.is_some() {
+            return Err(overrides_and_local(self.name()));
+        }
+        // (not yet combined: an override replaces one limit, and a shadow check runs a
+        // script of its own that does not read the override entry)
+        if self.is_multi() {
+            return Err(Error::config(
+                format!("policies.{}.overrides", self.name()),
+                "per-key overrides apply to a policy of one limit for now, not to a multi-limit policy",
+            ));
+        }
+        if self.0.shadow {
+            return Err(Error::config(
+                format!("policies.{}.overrides", self.name()),
+                "per-key overrides and shadow mode cannot be combined yet",
+            ));
+        }
+        let p = self.derive(self.0.on_error, self.0.auto_block, None);
+        let mut inner = Arc::try_unwrap(p.0).expect("a policy just made is not shared");
+        inner.overrides = true;
+        Ok(Policy(Arc::new(inner)))
+    }
+
+    /// True when the policy takes live per-key overrides.
+    pub fn overrides(&self) -> bool {
+        self.0.overrides
     }
 
     pub fn name(&self) -> &str {
@@ -611,6 +649,12 @@ impl Policy {
 
 /// The default fraction of a policy's limit at which a near-limit event is emitted.
 pub const DEFAULT_NEAR_LIMIT: f64 = 0.8;
+fn overrides_and_local(name: &str) -> Error {
+    Error::config(
+        format!("policies.{name}.overrides"),
+        "per-key overrides and local_admission cannot be combined (local batches are reserved under one limit)",
+    )
+}
 
 pub(crate) fn validate_scale(factor: f64) -> Result<()> {
     if !(factor > 0.0 && factor <= 1.0) {

@@ -80,6 +80,7 @@ impl Policy {
             scope: first.scope.clone(),
             shadow: false,
             near_limit: first.near_limit,
+            overrides: false,
             parts: Some(parts.into()),
         })))
     }
@@ -131,6 +132,7 @@ impl Policy {
             parts: None,
             shadow: p.shadow,
             near_limit: p.near_limit,
+            overrides: false,
         }))
     }
 

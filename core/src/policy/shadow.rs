@@ -18,6 +18,12 @@ impl Policy {
                 "shadow mode does not apply to concurrency policies",
             ));
         }
+        if shadow && self.0.overrides {
+            return Err(Error::invalid(
+                format!("policies.{}.shadow", self.name()),
+                "shadow mode and per-key overrides cannot be combined yet",
+            ));
+        }
         if shadow && self.is_multi() {
             return Err(Error::invalid(
                 format!("policies.{}.shadow", self.name()),

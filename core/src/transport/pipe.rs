@@ -473,7 +473,7 @@ fn pack_calls(out: &mut Vec<u8>, calls: &[CheckCall], scratch: (&mut Vec<usize>,
         header(out, 3 + KEYS + ITEM_ARGS + SHAPE_ARGS + TAG_ARGS);
         bulk(out, op);
         bulk(out, script.as_bytes());
-        bulk(out, b"3");
+        bulk(out, itoa::Buffer::new().format(KEYS).as_bytes());
         out.extend_from_slice(&first.packed);
         return;
     }

@@ -313,6 +313,39 @@ TEST_F(Redis, CheckAllAndBlockList) {
   EXPECT_TRUE(limiter.check("ip:9", "ip").allowed());
 }
 
+TEST_F(Redis, OverridesAreSeenOnTheNextCheck) {
+  const std::string policies =
+      R"("api":{"algorithm":"fixed_window","limit":3,"window":"1h","overrides":true},)"
+      R"("plain":{"algorithm":"fixed_window","limit":3,"window":"1h"})";
+  // two limiters: two processes sharing one Redis
+  auto a = shardlimit::Limiter::from_json(config(policies));
+  auto b = shardlimit::Limiter::from_json(config(policies));
+  EXPECT_EQ(b.check("acme", "api").limit(), 3u);
+  std::string set = a.set_override("acme", "api", "100/hour", std::chrono::hours(1));
+  EXPECT_NE(set.find(R"("limit":100)"), std::string::npos) << set;
+  auto d = b.check("acme", "api");
+  EXPECT_EQ(d.limit(), 100u);
+  EXPECT_EQ(d.remaining(), 98u);
+  EXPECT_EQ(d.policy(), "api");
+  auto got = b.get_override("acme", "api");
+  ASSERT_TRUE(got.has_value());
+  EXPECT_NE(got->find(R"("key":"acme")"), std::string::npos) << *got;
+  EXPECT_FALSE(b.get_override("nobody", "api").has_value());
+  std::string page = b.list_overrides("api");
+  EXPECT_NE(page.find(R"("key":"acme")"), std::string::npos) << page;
+  EXPECT_NE(page.find(R"("cursor":null)"), std::string::npos) << page;
+  EXPECT_TRUE(a.delete_override("acme", "api"));
+  EXPECT_FALSE(a.delete_override("acme", "api"));
+  EXPECT_EQ(b.check("acme", "api").limit(), 3u);
+  try {
+    a.set_override("acme", "plain", "5/minute");
+    FAIL() << "a policy without overrides took one";
+  } catch (const shardlimit::Error& e) {
+    EXPECT_EQ(e.code(), SHARDLIMIT_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("overrides"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Async, InMemoryFutureIsReadyAtOnce) {
   auto limiter = shardlimit::Limiter::memory();
   shardlimit_limit l{};

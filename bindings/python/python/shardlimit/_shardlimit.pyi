@@ -11,6 +11,22 @@ ERROR_KINDS: list[tuple[int, str]]
 #: The kinds that mean "the backend failed" (BackendError subclasses).
 BACKEND_ERROR_KINDS: list[str]
 
+class Override(TypedDict):
+    """A key's live override (``Limiter.set_override``): ``limit`` is the limit object
+    as a config policy writes it, which ``set_override`` takes back."""
+
+    key: str
+    policy: str
+    limit: dict[str, Any]
+    #: Milliseconds left; None for an override until deleted.
+    remaining_ms: Optional[int]
+
+class OverridePage(TypedDict):
+    """One page of ``Limiter.list_overrides``; ``cursor`` is None on the last page."""
+
+    overrides: list[Override]
+    cursor: Optional[str]
+
 #: A policy argument: a policy name of the config, a rate string ("5/minute",
 #: "10/second; 100/minute"), a Policy, or a Limit.
 PolicyLike = Union[str, "Policy", "Limit"]
@@ -354,6 +370,26 @@ class Limiter:
         """Removes ``key`` from the block list; True when it was blocked."""
     def blocked(self, key: str) -> Optional[BlockInfo]:
         """The block-list entry of ``key``, or None."""
+    def set_override(
+        self,
+        key: str,
+        policy: str,
+        limit: Union[str, dict[str, Any]],
+        ttl: Optional[float] = None,
+    ) -> Override:
+        """Sets ``key``'s live override of ``policy`` (a config policy with
+        ``"overrides": true``) to ``limit``: a rate string (``"100/minute"``), a limit
+        object in JSON or a dict as in a config policy; for ``ttl`` seconds (None: until
+        deleted). Every process's next check of the key, in any language, uses it."""
+    def get_override(self, key: str, policy: str) -> Optional[Override]:
+        """``key``'s override of ``policy``, or None."""
+    def list_overrides(
+        self, policy: str, cursor: Optional[str] = None, limit: int = 1000
+    ) -> OverridePage:
+        """One page of ``policy``'s overrides on every shard; pass ``cursor`` back for
+        the next (None: the last page)."""
+    def delete_override(self, key: str, policy: str) -> bool:
+        """Deletes ``key``'s override of ``policy``; True when it had one."""
     def subscribe(self, callback: Callable[[dict[str, str]], object]) -> None:
         """Calls ``callback(event)`` for every event (denied, blocked, fallback, circuit,
         shadow_denied, near_limit) on a thread of its own; ``event["event"]`` is the kind."""
@@ -438,3 +474,19 @@ class Limiter:
         """``unblock`` on asyncio."""
     def ablocked(self, key: str) -> Coroutine[Any, Any, Optional[BlockInfo]]:
         """``blocked`` on asyncio."""
+    def aset_override(
+        self,
+        key: str,
+        policy: str,
+        limit: Union[str, dict[str, Any]],
+        ttl: Optional[float] = None,
+    ) -> Coroutine[Any, Any, Override]:
+        """``set_override`` on asyncio."""
+    def aget_override(self, key: str, policy: str) -> Coroutine[Any, Any, Optional[Override]]:
+        """``get_override`` on asyncio."""
+    def alist_overrides(
+        self, policy: str, cursor: Optional[str] = None, limit: int = 1000
+    ) -> Coroutine[Any, Any, OverridePage]:
+        """``list_overrides`` on asyncio."""
+    def adelete_override(self, key: str, policy: str) -> Coroutine[Any, Any, bool]:
+        """``delete_override`` on asyncio."""

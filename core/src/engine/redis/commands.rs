@@ -3,6 +3,22 @@
 
 use super::*;
 
+/// A reply the redis crate parsed, as [`Reply`] (Cluster, Sentinel and TLS shards).
+fn value_reply(v: redis::Value) -> Reply {
+    match v {
+        redis::Value::Nil => Reply::Nil,
+        redis::Value::Int(n) => Reply::Int(n),
+        redis::Value::BulkString(b) => Reply::Str(b),
+        redis::Value::SimpleString(s) => Reply::Str(s.into_bytes()),
+        redis::Value::Okay => Reply::Str(b"OK".to_vec()),
+        redis::Value::Array(items) | redis::Value::Set(items) => {
+            Reply::Array(items.into_iter().map(value_reply).collect())
+        }
+        redis::Value::ServerError(e) => Reply::Error(format!("{e:?}")),
+        other => Reply::Error(format!("unexpected reply {other:?}")),
+    }
+}
+
 impl RedisEngine {
     /// Connects to every shard and loads every script there, all within `timeout` (its
     /// own deadline, not a call's): the pipelined connection (or the redis crate's), and
@@ -73,7 +89,7 @@ impl RedisEngine {
     }
 
     /// Runs one check script.
-    pub async fn check(self: &Arc<Self>, shard: usize, req: &CheckRequest<'_>) -> Result<Raw> {
+    pub async fn check(self: &Arc<Self>, shard: usize, req: &CheckRequest<'_>) -> Result<Checked> {
         let (limit, cost, tag) = (req.eff.limit, req.cost, req.tag);
         if self.targets[shard].is_some() {
             // the hot path: the pipelined connection, which sends a burst's checks together
@@ -94,7 +110,7 @@ impl RedisEngine {
             .as_ref()
             .map(|_| state_key(&self.prefix, &req.policy.key_scope, req.key));
         let (first, again) = (req.cmd(&self.prefix, false), req.cmd(&self.prefix, true));
-        let r: Vec<i64> = self
+        let r: redis::Value = self
             .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 match first.query_async(&mut conn).await {
                     Err(e)
@@ -108,21 +124,21 @@ impl RedisEngine {
                 }
             })
             .await?;
-        // the rule of `untag` for a reply of integers: the last one is the call's tag
-        let mut r = r;
-        match r.last() {
-            Some(&t) if t >= 0 && t as u64 == tag => {
-                r.pop();
-            }
-            Some(_) => return Err(self.not_theirs(shard)),
-            None => {}
+        // the same reply the pipe reads, and the rule of `untag`
+        let reply = value_reply(r);
+        match untag(reply, tag) {
+            Ok(reply) => self.script_reply(shard, reply, limit, cost),
+            Err(_) => Err(self.not_theirs(shard)),
         }
-        self.check_reply(shard, &r, limit, cost)
     }
 
     /// [`RedisEngine::check`] on the calling thread, over a blocking connection (see
     /// [`RedisEngine::request_blocking`]).
-    pub fn check_blocking(self: &Arc<Self>, shard: usize, req: &CheckRequest<'_>) -> Result<Raw> {
+    pub fn check_blocking(
+        self: &Arc<Self>,
+        shard: usize,
+        req: &CheckRequest<'_>,
+    ) -> Result<Checked> {
         let packed = |eval| req.cmd(&self.prefix, eval).get_packed_command();
         // one deadline for the call, retry included
         let deadline = Instant::now() + self.timeout;

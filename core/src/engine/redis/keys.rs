@@ -6,7 +6,7 @@
 //!                  {prefix}s:{policy}#{i}:{algo}:{T}K   (limit i > 0 of a multi-limit policy)
 //! denial counter   {prefix}d:{policy}:{algo}:{T}K     (automatic blocking)
 //! block entry      {prefix}b:{T}K                     (shared by every policy)
-//! reserved         {prefix}o:...                      (per-key overrides, not used yet)
+//! override         {prefix}o:{policy}:{T}K            (per-key overrides)
 //! shadow counts    {prefix}h:{policy}                 (one hash per policy per shard)
 //!                  {prefix}events                     (the event stream)
 //! ```
@@ -78,6 +78,56 @@ pub fn shadow_key(prefix: &str, policy: &str) -> String {
     format!("{prefix}h:{policy}")
 }
 
+/// The override entry of (policy, key): `<version> <limit JSON>` (`limiter/overrides.rs`).
+/// The scope is the policy's name alone: an override may change the algorithm.
+pub fn override_key(prefix: &str, policy: &str, key: &str) -> String {
+    let mut s = String::with_capacity(prefix.len() + policy.len() + 2 * key.len() + 16);
+    s.push_str(prefix);
+    s.push_str("o:");
+    s.push_str(policy);
+    s.push(':');
+    tagged(&mut s, key);
+    s
+}
+
+/// The pattern of every override entry of `policy` (SCAN MATCH): `*?[]\` cannot occur in
+/// a prefix or policy name, so nothing needs escaping but the prefix's own characters.
+pub fn override_pattern(prefix: &str, policy: &str) -> String {
+    let mut s = String::with_capacity(prefix.len() + policy.len() + 8);
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            s.push('\\');
+        }
+        s.push(c);
+    }
+    s.push_str("o:");
+    s.push_str(policy);
+    s.push_str(":{*");
+    s
+}
+
+/// The user key in the override entry name `name` of `policy`, the inverse of
+/// [`override_key`]; `None` for a name it cannot have made.
+pub fn override_user_key(prefix: &str, policy: &str, name: &str) -> Option<String> {
+    let rest = name.strip_prefix(prefix)?.strip_prefix("o:")?;
+    let rest = rest.strip_prefix(policy)?.strip_prefix(":{")?;
+    let close = rest.find('}')?;
+    let (tag, k) = (&rest[..close], &rest[close + 1..]);
+    let key = if k.is_empty() {
+        tag.to_string()
+    } else {
+        let k = k.strip_prefix('=')?;
+        let colon = k.find(':')?;
+        let len: usize = k[..colon].parse().ok()?;
+        let key = &k[colon + 1..];
+        if key.len() != len {
+            return None;
+        }
+        key.to_string()
+    };
+    (override_key(prefix, policy, &key) == name).then_some(key)
+}
+
 /// The Redis stream events are written to (one per shard).
 pub fn events_key(prefix: &str) -> String {
     format!("{prefix}events")
@@ -101,6 +151,26 @@ mod tests {
         assert_eq!(block_key("sl:", "user:1"), "sl:b:{user:1}");
         assert_eq!(denial_key("sl:", "api:tb:", "u"), "sl:d:api:tb:{u}");
         assert_eq!(events_key("sl:"), "sl:events");
+        assert_eq!(override_key("sl:", "api", "user:1"), "sl:o:api:{user:1}");
+        for k in [
+            "user:1",
+            "{u}",
+            "{acme}:user:1",
+            "a}b",
+            "a%7Db",
+            "{}x",
+            "é{é}",
+        ] {
+            let name = override_key("sl:", "api", k);
+            assert_eq!(
+                override_user_key("sl:", "api", &name).as_deref(),
+                Some(k),
+                "{k}"
+            );
+            assert_eq!(override_user_key("sl:", "ap", &name), None);
+        }
+        assert_eq!(override_user_key("sl:", "api", "sl:o:api:{u}=2:u"), None);
+        assert_eq!(override_pattern("sl:", "api"), "sl:o:api:{*");
         // a routing key holding `}` (no valid tag) is escaped inside the tag
         assert_eq!(block_key("sl:", "a}b"), "sl:b:{a%7Db}=3:a}b");
     }

@@ -8,7 +8,7 @@
 use crate::config::ShardConfig;
 use crate::engine::algo::Outcome;
 use crate::engine::memory::{BlockVerdict, LayerReq, LayeredRaw, Raw};
-use crate::engine::redis::keys::{block_key, denial_key, events_key, state_key};
+use crate::engine::redis::keys::{block_key, denial_key, events_key, override_key, state_key};
 use crate::error::{Error, Result};
 use crate::events::{CircuitState, Event, Subscribers};
 use crate::metrics::Latency;
@@ -33,6 +33,7 @@ mod circuit;
 mod commands;
 mod connect;
 pub mod keys;
+mod overrides;
 pub(crate) mod protocol;
 pub mod scripts;
 mod shadow;
@@ -48,7 +49,7 @@ use call::*;
 use circuit::*;
 use connect::*;
 use protocol::*;
-pub(crate) use protocol::{CheckRequest, Mode};
+pub(crate) use protocol::{CheckRequest, Checked, Mode, OverrideArg};
 pub(crate) use stream::StreamItem;
 use stream::*;
 

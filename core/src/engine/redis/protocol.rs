@@ -91,8 +91,8 @@ pub(super) fn auto_block_args(a: Option<&AutoBlock>) -> (u64, u64, u64) {
 /// own arguments, its policy's (which a batch call, `main_batch.lua`, sends once per
 /// distinct set) and its tag. [`CheckRequest::write`] is the one place that writes them;
 /// the pipe regroups a burst's calls by these counts.
-pub(crate) const CHECK_KEYS: usize = 3;
-pub(crate) const CHECK_ITEM_ARGS: usize = 4;
+pub(crate) const CHECK_KEYS: usize = 4;
+pub(crate) const CHECK_ITEM_ARGS: usize = 5;
 pub(crate) const CHECK_SHAPE_ARGS: usize = 8;
 pub(crate) const CHECK_TAG_ARGS: usize = 1;
 
@@ -132,6 +132,25 @@ pub(crate) struct CheckRequest<'a> {
     pub lease: Option<&'a str>,
     /// echoed as the last value of the reply (see `transport::pipe::untag`)
     pub tag: u64,
+    /// the override the check was decided with (`limiter/overrides.rs`)
+    pub ov: OverrideArg,
+}
+
+/// What a check tells its script about the key's override: the policy takes none (the
+/// script reads nothing more), or the version the client holds (none, or one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OverrideArg {
+    Off,
+    None,
+    Cached(u64),
+}
+
+/// What a check script answered: a decision, or the key's override entry when it is not
+/// the one the call was made with (`""`: none); then nothing was decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Checked {
+    Decided(Raw),
+    Override(Vec<u8>),
 }
 
 impl CheckRequest<'_> {
@@ -139,8 +158,14 @@ impl CheckRequest<'_> {
     pub fn write(&self, prefix: &str, out: &mut impl CheckSink) {
         let (p, eff) = (self.policy, self.eff);
         out.arg(state_key(prefix, &p.key_scope, self.key).as_bytes());
-        out.arg(block_key(prefix, self.key).as_bytes());
+        let block = block_key(prefix, self.key);
+        out.arg(block.as_bytes());
         out.arg(denial_key(prefix, &p.key_scope, self.key).as_bytes());
+        match self.ov {
+            // never read: any key of the call's slot will do
+            OverrideArg::Off => out.arg(block.as_bytes()),
+            _ => out.arg(override_key(prefix, &p.name, self.key).as_bytes()),
+        }
         let (mode, need) = match self.mode {
             Mode::Check => ("check", 0),
             Mode::Peek => ("peek", 0),
@@ -158,6 +183,11 @@ impl CheckRequest<'_> {
             (_, None) => out.arg(b""),
         }
         out.int(need);
+        match self.ov {
+            OverrideArg::Off => out.arg(b"-"),
+            OverrideArg::None => out.arg(b""),
+            OverrideArg::Cached(v) => out.int(v),
+        }
         out.mark(CheckPart::Shape);
         out.arg(eff.algorithm.code().as_bytes());
         out.int(eff.limit);
@@ -231,12 +261,25 @@ impl RedisEngine {
         reply: Reply,
         limit: u64,
         cost: u64,
-    ) -> Result<Raw> {
+    ) -> Result<Checked> {
         let script_error = |message: String| Error::Script {
             shard: self.shards[shard].name.clone(),
             message,
         };
         let r = match reply {
+            // {'o', entry, 0} after its tag came off (core/lua/check.lua): without the tag
+            // the 0 would have been compared as one, so this shape is always the call's own
+            Reply::Array(items)
+                if items.len() == 3 && matches!(&items[0], Reply::Str(s) if s == b"o") =>
+            {
+                let mut items = items.into_iter().skip(1);
+                return match (items.next(), items.next()) {
+                    (Some(Reply::Str(v)), Some(Reply::Int(0))) => Ok(Checked::Override(v)),
+                    other => Err(script_error(format!(
+                        "unexpected override entry in a script reply: {other:?}"
+                    ))),
+                };
+            }
             Reply::Array(items) => items
                 .iter()
                 .map(|i| match i {
@@ -248,5 +291,6 @@ impl RedisEngine {
             other => return Err(script_error(format!("unexpected script reply {other:?}"))),
         };
         self.check_reply(shard, &r, limit, cost)
+            .map(Checked::Decided)
     }
 }

@@ -1,0 +1,98 @@
+"""Live per-key overrides through the Python API: sync and asyncio, memory and Redis, and
+two limiters on one Redis (two processes): what one sets, the other's next check uses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from redis_support import RedisServer, config
+
+from shardlimit import InvalidArgumentError, Limiter, ManualClock, UnknownPolicyError
+
+POLICIES = {
+    "api": {"algorithm": "fixed_window", "limit": 3, "window": "1h", "overrides": True},
+    "plain": {"algorithm": "fixed_window", "limit": 3, "window": "1h"},
+}
+
+
+def test_memory_engine_on_a_manual_clock() -> None:
+    clock = ManualClock(1_000_000)
+    limiter = Limiter.from_json(json.dumps({"policies": POLICIES}), clock=clock)
+    assert limiter.check("t", "api").limit == 3
+    info = limiter.set_override("t", "api", "10/hour", ttl=5)
+    assert info == {
+        "key": "t",
+        "policy": "api",
+        "limit": {"algorithm": "fixed_window", "limit": 10, "window": "3600000ms"},
+        "remaining_ms": 5000,
+    }
+    d = limiter.check("t", "api")
+    assert (d.limit, d.remaining, d.policy) == (10, 8, "api")
+    clock.advance_us(5_000_000)  # the TTL ends on the injected clock
+    assert limiter.check("t", "api").limit == 3
+    assert limiter.get_override("t", "api") is None
+    # a dict is a limit object
+    limiter.set_override("t", "api", {"algorithm": "token_bucket", "capacity": 4, "refill_per_sec": 1})
+    d = limiter.check("t", "api")
+    assert (d.limit, d.remaining) == (4, 3)
+
+
+def test_two_limiters_on_redis(redis: RedisServer) -> None:
+    a = Limiter.from_json(config([redis], POLICIES))
+    b = Limiter.from_json(config([redis], POLICIES))
+    assert b.check("acme", "api").limit == 3
+    a.set_override("acme", "api", "100/hour", ttl=3600)
+    d = b.check("acme", "api")
+    assert (d.limit, d.remaining) == (100, 98)
+    got = b.get_override("acme", "api")
+    assert got is not None and got["limit"]["limit"] == 100
+    assert 0 < (got["remaining_ms"] or 0) <= 3_600_000
+    a.set_override("globex", "api", '{"limit": 7, "window": "1h"}')
+    keys: list[str] = []
+    cursor = None
+    while True:
+        page = b.list_overrides("api", cursor, 1)
+        keys += [o["key"] for o in page["overrides"]]
+        cursor = page["cursor"]
+        if cursor is None:
+            break
+    assert sorted(keys) == ["acme", "globex"]
+    assert a.delete_override("acme", "api") is True
+    assert a.delete_override("acme", "api") is False
+    assert b.check("acme", "api").limit == 3
+
+
+def test_asyncio_twins(redis: RedisServer) -> None:
+    a = Limiter.from_json(config([redis], POLICIES))
+    b = Limiter.from_json(config([redis], POLICIES))
+
+    async def main() -> None:
+        await a.aset_override("k", "api", "50/hour")
+        assert (await b.acheck("k", "api")).limit == 50
+        got = await b.aget_override("k", "api")
+        assert got is not None and got["limit"]["limit"] == 50
+        page = await b.alist_overrides("api")
+        assert [o["key"] for o in page["overrides"]] == ["k"] and page["cursor"] is None
+        assert await a.adelete_override("k", "api")
+        assert (await b.acheck("k", "api")).limit == 3
+        assert await b.aget_override("k", "api") is None
+
+    asyncio.run(main())
+
+
+def test_errors_name_what_is_wrong() -> None:
+    limiter = Limiter.from_json(json.dumps({"policies": POLICIES}))
+    with pytest.raises(InvalidArgumentError, match="takes no per-key overrides"):
+        limiter.set_override("k", "plain", "5/minute")
+    with pytest.raises(InvalidArgumentError, match="nor a plan of the config"):
+        limiter.set_override("k", "api", "gold")
+    with pytest.raises(InvalidArgumentError, match="several limits"):
+        limiter.set_override("k", "api", "5/minute; 100/day")
+    with pytest.raises(InvalidArgumentError, match="`ttl`"):
+        limiter.set_override("k", "api", "5/minute", ttl=-1)
+    with pytest.raises(InvalidArgumentError, match="`limit`"):
+        limiter.set_override("k", "api", 5)  # type: ignore[arg-type]
+    with pytest.raises(UnknownPolicyError):
+        limiter.get_override("k", "nope")

@@ -1,0 +1,799 @@
+//! Live per-key overrides: (policy, key) → a replacement limit, with an optional TTL.
+//!
+//! A policy takes overrides when its config says `"overrides": true` (a policy that does
+//! not pays nothing per check: its check script reads no more keys). On Redis the entry
+//! lives on the key's shard as the string `<version> <limit JSON>`
+//! (`{prefix}o:{policy}:{T}K`, `docs/keys.md`); every check of such a policy sends the
+//! version this process has cached for the key (none for most keys) and its script
+//! compares it with the entry (`core/lua/check.lua`). When they differ nothing is decided:
+//! the script returns the entry, the limiter caches it and checks again with it. So every
+//! check is decided by the override in Redis at the time the script ran (there is no
+//! staleness), and a change costs one extra round trip for each process's next check of
+//! that key. The in-memory engine keeps its overrides in process.
+//!
+//! The override keeps the policy's name (keys, headers, metrics and events stay the
+//! policy's); a limit of another algorithm keeps separate state (its key names carry the
+//! algorithm's code). A concurrency policy takes only concurrency overrides, and no other
+//! policy takes them.
+
+use super::check::{validate_key, PolicyKey};
+use super::{Engine, Limiter};
+use crate::config::Config;
+use crate::engine::expiry::{ExpiringMap, NEVER};
+use crate::engine::redis::OverrideArg;
+use crate::error::{Error, Result};
+use crate::policy::{Algorithm, Limit, Policy, PolicyInner};
+use crate::routing::shard_index;
+use crate::time::duration::duration_from_json;
+use parking_lot::Mutex;
+use serde_json::{json, Map, Value};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Overrides this process remembers from Redis, at most; beyond it a key's override is
+/// used but not kept (its next check costs the extra round trip again, still exact).
+pub const OVERRIDE_CACHE_MAX: usize = 100_000;
+/// How long a remembered override is kept without being set again (exactness does not
+/// depend on it: every check compares versions).
+const OVERRIDE_CACHE_FOR: Duration = Duration::from_secs(600);
+/// Overrides the in-memory engine holds, at most.
+pub const MEMORY_OVERRIDES_MAX: usize = 1_000_000;
+/// The longest override entry accepted from Redis.
+const MAX_ENTRY_LEN: usize = 4096;
+/// Checks in a row that may find the override changed again before one is decided.
+const MAX_OVERRIDE_TRIES: usize = 8;
+
+/// An override as stored and listed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OverrideInfo {
+    pub key: String,
+    pub policy: String,
+    /// The limit in force for the key instead of the policy's.
+    pub limit: Limit,
+    /// Time left; `None` until deleted.
+    pub remaining: Option<Duration>,
+}
+
+impl OverrideInfo {
+    /// `{"key", "policy", "limit": {...}, "remaining_ms": n | null}`: the limit in the
+    /// canonical form `set_override` accepts back (the CLI and the bindings print this).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "key": self.key,
+            "policy": self.policy,
+            "limit": limit_to_json(&self.limit),
+            "remaining_ms": self.remaining.map(|r| r.as_millis() as u64),
+        })
+    }
+}
+
+/// One page of [`Limiter::list_overrides`]; `cursor` continues it (`None`: the last page).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OverridePage {
+    pub overrides: Vec<OverrideInfo>,
+    pub cursor: Option<String>,
+}
+
+impl OverridePage {
+    /// `{"overrides": [OverrideInfo::to_json...], "cursor": "..." | null}`.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "overrides": self.overrides.iter().map(OverrideInfo::to_json).collect::<Vec<_>>(),
+            "cursor": self.cursor,
+        })
+    }
+}
+
+/// An override in force: its version (as written in Redis) and the policy it makes.
+#[derive(Debug)]
+pub(super) struct Active {
+    pub version: u64,
+    pub policy: Policy,
+    /// The in-memory engine's scope of its state: the policy's name, or for a limit of
+    /// another algorithm `name:code:`, so that it keeps separate state as on Redis.
+    pub memory_scope: Arc<str>,
+}
+
+impl Active {
+    fn new(version: u64, base: &Policy, policy: Policy) -> Active {
+        let memory_scope = if policy.algorithm() == base.algorithm() {
+            base.0.name.clone()
+        } else {
+            Arc::from(policy.0.key_scope.as_str())
+        };
+        Active {
+            version,
+            policy,
+            memory_scope,
+        }
+    }
+}
+
+/// The limiter's override state: what it remembers from Redis, and the in-memory
+/// engine's store.
+#[derive(Default)]
+pub(super) struct OverrideState {
+    cache: Mutex<ExpiringMap<PolicyKey, Arc<Active>>>,
+    cache_len: AtomicUsize,
+    store: Mutex<ExpiringMap<PolicyKey, Arc<Active>>>,
+    store_len: AtomicUsize,
+}
+
+/// The value a user gives, resolved against the config: the one place where rate strings
+/// of several limits and plan names are turned into a limit (today: an `invalid_argument`
+/// error naming what is not supported yet). Accepted: a rate string of one limit
+/// (`"100/minute"`, in the policy's algorithm) and a limit object in JSON as in a config
+/// policy (`{"algorithm": "token_bucket", "capacity": 100, "refill_per_sec": 10}`, the
+/// algorithm defaulting to the policy's, or `{"rate": "100/minute"}`).
+pub fn resolve_override(config: &Config, policy: &Policy, value: &str) -> Result<Limit> {
+    let text = value.trim();
+    if text.is_empty() {
+        return Err(Error::invalid(
+            "limit",
+            "is empty; expected a rate string (\"100/minute\"), a limit object in JSON or a plan name",
+        ));
+    }
+    if text.starts_with('{') {
+        // strict like a config file: a repeated field is an error, never last-wins
+        let v = crate::config::parse_strict_json(text).map_err(|e| match e {
+            Error::Config { message, .. } => {
+                Error::invalid("limit", format!("is not valid JSON: {message}"))
+            }
+            other => other,
+        })?;
+        return limit_from_json("limit", &v, policy.algorithm());
+    }
+    if text.contains('/') || text.to_ascii_lowercase().contains(" per ") {
+        return single_rate("limit", text, policy.algorithm());
+    }
+    // a plan name: the limit that plan gives this policy
+    if !config.plans.contains_key(text) {
+        return Err(Error::invalid(
+            "limit",
+            format!(
+                "{text:?} is neither a rate string, a limit object in JSON nor a plan of the config"
+            ),
+        ));
+    }
+    let in_plan = config
+        .plan_policy(text, policy.name())
+        .map_err(|e| Error::invalid("limit", e.to_string()))?;
+    if in_plan.is_multi() {
+        return Err(Error::invalid(
+            "limit",
+            format!(
+                "plan {text:?} gives policy {} several limits; an override of several limits is not supported yet",
+                policy.name()
+            ),
+        ));
+    }
+    Ok(in_plan.limit().clone())
+}
+
+fn single_rate(field: &str, text: &str, algorithm: Algorithm) -> Result<Limit> {
+    let algorithm = if algorithm == Algorithm::Concurrency {
+        return Err(Error::invalid(
+            field,
+            "a concurrency policy's override is a limit object {\"max\": N, \"lease_ttl\": \"30s\"}, not a rate",
+        ));
+    } else {
+        algorithm
+    };
+    let mut limits = crate::rate::parse_rate_as(text, algorithm)
+        .map_err(|e| Error::invalid(field, e.to_string()))?;
+    if limits.len() != 1 {
+        // (issue 18: multi-limit policies are being added; they resolve here)
+        return Err(Error::invalid(
+            field,
+            format!(
+                "{text:?} holds {} limits; an override of several limits is not supported yet",
+                limits.len()
+            ),
+        ));
+    }
+    Ok(limits.remove(0))
+}
+
+fn u64_field(field: &str, name: &str, o: &Map<String, Value>) -> Result<u64> {
+    match o.get(name) {
+        Some(v) => v.as_u64().ok_or_else(|| {
+            Error::invalid(
+                format!("{field}.{name}"),
+                format!("expected a positive integer, got {v}"),
+            )
+        }),
+        None => Err(Error::invalid(format!("{field}.{name}"), "is required")),
+    }
+}
+
+fn f64_field(field: &str, name: &str, o: &Map<String, Value>) -> Result<f64> {
+    match o.get(name) {
+        Some(v) => v.as_f64().ok_or_else(|| {
+            Error::invalid(
+                format!("{field}.{name}"),
+                format!("expected a positive number, got {v}"),
+            )
+        }),
+        None => Err(Error::invalid(format!("{field}.{name}"), "is required")),
+    }
+}
+
+fn dur_field(field: &str, name: &str, o: &Map<String, Value>) -> Result<Duration> {
+    match o.get(name) {
+        Some(v) => duration_from_json(&format!("{field}.{name}"), v)
+            .map(Duration::from_micros)
+            .map_err(|e| Error::invalid(format!("{field}.{name}"), e.to_string())),
+        None => Err(Error::invalid(format!("{field}.{name}"), "is required")),
+    }
+}
+
+/// A limit object (the fields of a config policy's limit; `algorithm` defaults to
+/// `default`). Unknown fields are errors naming them.
+pub(crate) fn limit_from_json(field: &str, v: &Value, default: Algorithm) -> Result<Limit> {
+    let o = v.as_object().ok_or_else(|| {
+        Error::invalid(
+            field,
+            format!("expected a limit object or a rate string, got {v}"),
+        )
+    })?;
+    let algorithm = match o.get("algorithm") {
+        None => default,
+        Some(a) => a.as_str().and_then(Algorithm::from_name).ok_or_else(|| {
+            Error::invalid(
+                format!("{field}.algorithm"),
+                format!(
+                    "unknown algorithm {a}; expected one of: {}",
+                    Algorithm::ALL
+                        .iter()
+                        .map(|a| a.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+        })?,
+    };
+    let (limit, params): (Limit, &[&str]) = if let Some(r) = o.get("rate") {
+        let text = r.as_str().ok_or_else(|| {
+            Error::invalid(
+                format!("{field}.rate"),
+                format!("expected a rate string, got {r}"),
+            )
+        })?;
+        (
+            single_rate(&format!("{field}.rate"), text, algorithm)?,
+            &["rate"],
+        )
+    } else {
+        match algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => {
+                let (limit, window) = (
+                    u64_field(field, "limit", o)?,
+                    dur_field(field, "window", o)?,
+                );
+                let l = match algorithm {
+                    Algorithm::FixedWindow => Limit::fixed_window(limit, window),
+                    Algorithm::SlidingWindow => Limit::sliding_window(limit, window),
+                    _ => Limit::sliding_log(limit, window),
+                };
+                (l, &["limit", "window"])
+            }
+            Algorithm::TokenBucket => (
+                Limit::token_bucket(
+                    u64_field(field, "capacity", o)?,
+                    f64_field(field, "refill_per_sec", o)?,
+                ),
+                &["capacity", "refill_per_sec"],
+            ),
+            Algorithm::LeakyBucket => (
+                Limit::leaky_bucket(
+                    u64_field(field, "capacity", o)?,
+                    f64_field(field, "leak_per_sec", o)?,
+                ),
+                &["capacity", "leak_per_sec"],
+            ),
+            Algorithm::Concurrency => (
+                Limit::concurrency(
+                    u64_field(field, "max", o)?,
+                    dur_field(field, "lease_ttl", o)?,
+                ),
+                &["max", "lease_ttl"],
+            ),
+        }
+    };
+    if let Some(k) = o
+        .keys()
+        .find(|k| k.as_str() != "algorithm" && !params.contains(&k.as_str()))
+    {
+        return Err(Error::invalid(
+            format!("{field}.{k}"),
+            format!(
+                "unknown field for a {algorithm} override; expected: algorithm, {}",
+                params.join(", ")
+            ),
+        ));
+    }
+    Ok(limit)
+}
+
+/// The canonical JSON of a limit, as stored (read back by [`limit_from_json`]).
+pub(crate) fn limit_to_json(l: &Limit) -> Value {
+    let ms = |d: &Duration| format!("{}ms", d.as_millis());
+    let a = l.algorithm().name();
+    match l {
+        Limit::FixedWindow { limit, window }
+        | Limit::SlidingWindow { limit, window }
+        | Limit::SlidingLog { limit, window } => {
+            json!({"algorithm": a, "limit": limit, "window": ms(window)})
+        }
+        Limit::TokenBucket {
+            capacity,
+            refill_per_sec,
+        } => json!({"algorithm": a, "capacity": capacity, "refill_per_sec": refill_per_sec}),
+        Limit::LeakyBucket {
+            capacity,
+            leak_per_sec,
+        } => json!({"algorithm": a, "capacity": capacity, "leak_per_sec": leak_per_sec}),
+        Limit::Concurrency { max, lease_ttl } => {
+            json!({"algorithm": a, "max": max, "lease_ttl": ms(lease_ttl)})
+        }
+    }
+}
+
+/// The policy an override of `base` with `limit` makes: the same name, failure mode and
+/// automatic blocking, the new limit (validated), its own state (key scope).
+pub(crate) fn overridden(base: &Policy, limit: Limit) -> Result<Policy> {
+    let b = &*base.0;
+    let field = format!("overrides.{}", b.name);
+    let compiled = limit
+        .compile(&field)
+        .map_err(|e| Error::invalid("limit", e.to_string()))?;
+    let (was, now) = (b.compiled.algorithm, compiled.algorithm);
+    if (was == Algorithm::Concurrency) != (now == Algorithm::Concurrency) {
+        return Err(Error::invalid(
+            "limit",
+            format!(
+                "policy {} is {was}: its override must {}be a concurrency limit, got {now}",
+                b.name,
+                if was == Algorithm::Concurrency {
+                    ""
+                } else {
+                    "not "
+                }
+            ),
+        ));
+    }
+    let mut compiled = compiled;
+    if now.is_windowed() {
+        // the policy's window placement holds for its overrides too
+        compiled.window_offset = b.compiled.window_offset;
+    }
+    Ok(Policy(Arc::new(PolicyInner {
+        name: b.name.clone(),
+        key_scope: format!("{}:{}:", b.name, compiled.state_code()),
+        limit,
+        compiled,
+        on_error: b.on_error,
+        auto_block: b.auto_block,
+        local_admission: None,
+        scale: AtomicU64::new(b.scale.load(Ordering::Relaxed)),
+        overrides: true,
+        scope: b.scope.clone(),
+        parts: None,
+        shadow: false,
+        near_limit: b.near_limit,
+    })))
+}
+
+/// A fresh version: unique among the writers of one entry with overwhelming probability
+/// (64 random bits), never 0.
+fn new_version() -> u64 {
+    use std::hash::BuildHasher;
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    std::collections::hash_map::RandomState::new()
+        .hash_one((n, nanos, std::process::id()))
+        .max(1)
+}
+
+/// Why an override entry read from Redis is not one shardlimit writes.
+fn decode(base: &Policy, bytes: &[u8]) -> std::result::Result<(u64, Policy), String> {
+    if bytes.len() > MAX_ENTRY_LEN {
+        return Err(format!(
+            "{} bytes long (at most {MAX_ENTRY_LEN})",
+            bytes.len()
+        ));
+    }
+    let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8".to_string())?;
+    let (version, json) = text
+        .split_once(' ')
+        .ok_or_else(|| "no `<version> <limit>`".to_string())?;
+    let v: u64 = version
+        .parse()
+        .ok()
+        .filter(|v| *v != 0 && !version.starts_with('0') && !version.starts_with('+'))
+        .ok_or_else(|| format!("version {version:?} is not a positive integer"))?;
+    let j: Value = serde_json::from_str(json).map_err(|e| format!("limit not JSON: {e}"))?;
+    if j.get("algorithm").is_none() {
+        return Err("limit without an algorithm".into());
+    }
+    let limit = limit_from_json("limit", &j, base.algorithm()).map_err(|e| e.to_string())?;
+    let policy = overridden(base, limit).map_err(|e| e.to_string())?;
+    Ok((v, policy))
+}
+
+fn check_ttl(ttl: Option<Duration>) -> Result<()> {
+    if let Some(t) = ttl {
+        if t < Duration::from_millis(1) || t > Duration::from_micros(crate::policy::MAX_PERIOD_US) {
+            return Err(Error::invalid(
+                "ttl",
+                "must be between 1ms and 366 days (or none for an override until deleted)",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn remaining(ttl_ms: i64) -> Option<Duration> {
+    (ttl_ms >= 0).then(|| Duration::from_millis(ttl_ms as u64))
+}
+
+/// A list cursor: the shard and its SCAN cursor (Redis), or the last key listed (memory).
+fn parse_cursor(c: &str) -> Result<(usize, u64)> {
+    let bad = || {
+        Error::invalid(
+            "cursor",
+            format!("{c:?} is not a cursor list_overrides returned"),
+        )
+    };
+    let (s, n) = c
+        .strip_prefix("r:")
+        .and_then(|r| r.split_once(':'))
+        .ok_or_else(bad)?;
+    Ok((s.parse().map_err(|_| bad())?, n.parse().map_err(|_| bad())?))
+}
+
+impl Limiter {
+    /// The config's policy `name`, which must take overrides.
+    fn override_policy(&self, name: &str) -> Result<Policy> {
+        let p = self.policy(name)?;
+        if !p.0.overrides {
+            return Err(Error::invalid(
+                "policy",
+                format!(
+                    "policy {name} takes no per-key overrides: set \"overrides\": true in its config"
+                ),
+            ));
+        }
+        Ok(p)
+    }
+
+    /// Sets `key`'s override of `policy` (a config policy with `"overrides": true`) to
+    /// `limit`: a rate string (`"100/minute"`, in the policy's algorithm) or a limit
+    /// object in JSON as in a config policy. For `ttl` (`None`: until deleted). Every
+    /// limiter of every language sharing the shards decides the key's next check with it.
+    pub async fn set_override(
+        &self,
+        key: &str,
+        policy: &str,
+        limit: &str,
+        ttl: Option<Duration>,
+    ) -> Result<OverrideInfo> {
+        validate_key(key)?;
+        check_ttl(ttl)?;
+        let base = self.override_policy(policy)?;
+        let view = self.view();
+        let limit = resolve_override(&view.config, &base, limit)?;
+        let policy = overridden(&base, limit.clone())?;
+        let version = new_version();
+        let active = Arc::new(Active::new(version, &base, policy));
+        let pk = PolicyKey::new(&base.0.name, key);
+        let now = self.now();
+        match &view.engine {
+            Engine::Memory(_) => {
+                let st = &self.inner.overrides;
+                let mut m = st.store.lock();
+                m.sweep(now, |_| false);
+                if m.len() >= MEMORY_OVERRIDES_MAX && m.get(&pk).is_none() {
+                    return Err(Error::invalid(
+                        "key",
+                        format!(
+                            "the in-memory engine holds {MEMORY_OVERRIDES_MAX} overrides already"
+                        ),
+                    ));
+                }
+                let until = ttl.map_or(NEVER, |t| now + t.as_micros() as u64);
+                m.insert(pk, active, until);
+                st.store_len.store(m.len(), Ordering::Release);
+            }
+            Engine::Redis(r) => {
+                let shard = shard_index(key, r.shards.len() as u32) as usize;
+                let value = format!("{version} {}", limit_to_json(&limit));
+                r.set_override(shard, &base.0.name, key, value, ttl).await?;
+                self.cache_override(pk, Some(active));
+            }
+        }
+        Ok(OverrideInfo {
+            key: key.to_string(),
+            policy: base.0.name.to_string(),
+            limit,
+            remaining: ttl,
+        })
+    }
+
+    /// `key`'s override of `policy`, if it has one.
+    pub async fn get_override(&self, key: &str, policy: &str) -> Result<Option<OverrideInfo>> {
+        validate_key(key)?;
+        let base = self.override_policy(policy)?;
+        let info = |limit: Limit, remaining| OverrideInfo {
+            key: key.to_string(),
+            policy: base.0.name.to_string(),
+            limit,
+            remaining,
+        };
+        match &self.view().engine {
+            Engine::Memory(_) => {
+                let now = self.now();
+                Ok(self.memory_override(&base.0, key, now).map(|(a, until)| {
+                    info(
+                        a.policy.limit().clone(),
+                        (until != NEVER).then(|| Duration::from_micros(until - now)),
+                    )
+                }))
+            }
+            Engine::Redis(r) => {
+                let shard = shard_index(key, r.shards.len() as u32) as usize;
+                let Some((bytes, ttl)) = r.get_override(shard, &base.0.name, key).await? else {
+                    return Ok(None);
+                };
+                let (_, p) = decode(&base, &bytes).map_err(|why| {
+                    self.malformed(r.shards[shard].name.clone(), &base, key, &why)
+                })?;
+                Ok(Some(info(p.limit().clone(), remaining(ttl))))
+            }
+        }
+    }
+
+    /// Deletes `key`'s override of `policy`; true when it had one. Its next check, in
+    /// every limiter, is decided by the policy's own limit.
+    pub async fn delete_override(&self, key: &str, policy: &str) -> Result<bool> {
+        validate_key(key)?;
+        let base = self.override_policy(policy)?;
+        let pk = PolicyKey::new(&base.0.name, key);
+        match &self.view().engine {
+            Engine::Memory(_) => {
+                let st = &self.inner.overrides;
+                let mut m = st.store.lock();
+                let now = self.now();
+                let had = m.get(&pk).is_some_and(|(_, until)| until > now);
+                m.remove(&pk);
+                st.store_len.store(m.len(), Ordering::Release);
+                Ok(had)
+            }
+            Engine::Redis(r) => {
+                let shard = shard_index(key, r.shards.len() as u32) as usize;
+                let had = r.delete_override(shard, &base.0.name, key).await?;
+                self.cache_override(pk, None);
+                Ok(had)
+            }
+        }
+    }
+
+    /// One page of `policy`'s overrides, about `limit` of them (1 to 10000), on every
+    /// shard: pass the page's `cursor` to get the next (`None` first and at the end).
+    /// Memory stays bounded by the page; an override set or deleted while listing may or
+    /// may not be listed (SCAN's guarantee). Not on a Redis Cluster yet.
+    pub async fn list_overrides(
+        &self,
+        policy: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<OverridePage> {
+        if limit == 0 || limit > 10_000 {
+            return Err(Error::invalid(
+                "limit",
+                format!("must be between 1 and 10000, got {limit}"),
+            ));
+        }
+        let base = self.override_policy(policy)?;
+        let name = base.0.name.to_string();
+        match &self.view().engine {
+            Engine::Memory(_) => {
+                let after = match cursor {
+                    None => None,
+                    Some(c) => Some(c.strip_prefix("k:").ok_or_else(|| {
+                        Error::invalid(
+                            "cursor",
+                            format!("{c:?} is not a cursor list_overrides returned"),
+                        )
+                    })?),
+                };
+                let now = self.now();
+                let mut all: Vec<(String, Limit, u64)> = {
+                    let m = self.inner.overrides.store.lock();
+                    m.iter()
+                        .filter(|(k, _, until)| {
+                            *until > now
+                                && k.policy_name() == name
+                                && after.is_none_or(|a| k.key_name() > a)
+                        })
+                        .map(|(k, a, until)| {
+                            (k.key_name().to_string(), a.policy.limit().clone(), until)
+                        })
+                        .collect()
+                };
+                all.sort_by(|a, b| a.0.cmp(&b.0));
+                let more = all.len() > limit;
+                all.truncate(limit);
+                let cursor = more.then(|| format!("k:{}", all[all.len() - 1].0));
+                let overrides = all
+                    .into_iter()
+                    .map(|(key, limit, until)| OverrideInfo {
+                        key,
+                        policy: name.clone(),
+                        limit,
+                        remaining: (until != NEVER).then(|| Duration::from_micros(until - now)),
+                    })
+                    .collect();
+                Ok(OverridePage { overrides, cursor })
+            }
+            Engine::Redis(r) => {
+                let (mut shard, mut scan) = match cursor {
+                    None => (0, 0),
+                    Some(c) => parse_cursor(c)?,
+                };
+                if shard >= r.shards.len() {
+                    return Err(Error::invalid("cursor", format!("no shard {shard}")));
+                }
+                let mut overrides = Vec::new();
+                loop {
+                    let (next, items) = r.scan_overrides(shard, &name, scan).await?;
+                    for (key, bytes, ttl) in items {
+                        let (_, p) = decode(&base, &bytes).map_err(|why| {
+                            self.malformed(r.shards[shard].name.clone(), &base, &key, &why)
+                        })?;
+                        overrides.push(OverrideInfo {
+                            key,
+                            policy: name.clone(),
+                            limit: p.limit().clone(),
+                            remaining: remaining(ttl),
+                        });
+                    }
+                    scan = next;
+                    if scan == 0 {
+                        shard += 1;
+                        if shard == r.shards.len() {
+                            return Ok(OverridePage {
+                                overrides,
+                                cursor: None,
+                            });
+                        }
+                    }
+                    if overrides.len() >= limit {
+                        return Ok(OverridePage {
+                            overrides,
+                            cursor: Some(format!("r:{shard}:{scan}")),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    fn malformed(&self, shard: String, base: &Policy, key: &str, why: &str) -> Error {
+        Error::Script {
+            shard,
+            message: format!(
+                "malformed override entry of key {key:?} under policy {}: {why}",
+                base.0.name
+            ),
+        }
+    }
+
+    /// What a Redis check of `policy` tells its script, and the override it decides with.
+    #[inline]
+    pub(super) fn override_arg(
+        &self,
+        p: &PolicyInner,
+        key: &str,
+    ) -> (OverrideArg, Option<Arc<Active>>) {
+        if !p.overrides {
+            return (OverrideArg::Off, None);
+        }
+        let st = &self.inner.overrides;
+        if st.cache_len.load(Ordering::Acquire) == 0 {
+            return (OverrideArg::None, None);
+        }
+        let now = self.now();
+        let mut c = st.cache.lock();
+        c.sweep(now, |_| false);
+        let hit = c
+            .get(&PolicyKey::new(&p.name, key))
+            .filter(|(_, until)| *until > now)
+            .map(|(a, _)| a.clone());
+        st.cache_len.store(c.len(), Ordering::Release);
+        match hit {
+            Some(a) => (OverrideArg::Cached(a.version), Some(a)),
+            None => (OverrideArg::None, None),
+        }
+    }
+
+    /// The override entry a check script returned (it differed from the one sent): the
+    /// override to check again with (`None`: the key has none now), remembered.
+    pub(super) fn learn_override(
+        &self,
+        base: &Policy,
+        key: &str,
+        shard: &str,
+        bytes: &[u8],
+    ) -> Result<(OverrideArg, Option<Arc<Active>>)> {
+        let pk = PolicyKey::new(&base.0.name, key);
+        if bytes.is_empty() {
+            self.cache_override(pk, None);
+            return Ok((OverrideArg::None, None));
+        }
+        let (version, policy) = decode(base, bytes)
+            .map_err(|why| self.malformed(shard.to_string(), base, key, &why))?;
+        let a = Arc::new(Active::new(version, base, policy));
+        self.cache_override(pk, Some(a.clone()));
+        Ok((OverrideArg::Cached(version), Some(a)))
+    }
+
+    fn cache_override(&self, pk: PolicyKey, a: Option<Arc<Active>>) {
+        let st = &self.inner.overrides;
+        let now = self.now();
+        let mut c = st.cache.lock();
+        c.sweep(now, |_| false);
+        match a {
+            Some(a) if c.len() < OVERRIDE_CACHE_MAX || c.get(&pk).is_some() => {
+                c.insert(pk, a, now + OVERRIDE_CACHE_FOR.as_micros() as u64)
+            }
+            _ => {
+                c.remove(&pk);
+            }
+        }
+        st.cache_len.store(c.len(), Ordering::Release);
+    }
+
+    /// The in-memory engine's override of (policy, key) and when it ends ([`NEVER`]).
+    pub(super) fn memory_override(
+        &self,
+        p: &PolicyInner,
+        key: &str,
+        now: u64,
+    ) -> Option<(Arc<Active>, u64)> {
+        let st = &self.inner.overrides;
+        if !p.overrides || st.store_len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut m = st.store.lock();
+        m.sweep(now, |_| false);
+        let pk = PolicyKey::new(&p.name, key);
+        let r = match m.get(&pk) {
+            Some((a, until)) if until > now => Some((a.clone(), until)),
+            Some(_) => {
+                m.remove(&pk);
+                None
+            }
+            None => None,
+        };
+        st.store_len.store(m.len(), Ordering::Release);
+        r
+    }
+
+    /// Checks in a row that found the override changed: an error past the bound.
+    pub(super) fn override_churn(tries: usize, shard: &str, key: &str) -> Result<()> {
+        if tries >= MAX_OVERRIDE_TRIES {
+            return Err(Error::Script {
+                shard: shard.to_string(),
+                message: format!(
+                    "the override of key {key:?} changed {tries} times during one check"
+                ),
+            });
+        }
+        Ok(())
+    }
+}
