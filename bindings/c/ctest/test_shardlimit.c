@@ -1083,7 +1083,6 @@ static char *read_file(const char *rel) {
   long n = ftell(f);
   fseek(f, 0, SEEK_SET);
   char *buf = malloc((size_t)n + 1);
-    OP(set_override), OP(get_override), OP(list_overrides), OP(delete_override),
   if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
     free(buf);
     buf = NULL;
@@ -1150,6 +1149,7 @@ static const struct op c_ops[] = {
     OP(check_shadow), OP(shadow_report),
     OP(charge), OP(refund), OP(reserve), OP(settle),
     OP(plan_policy),
+    OP(set_override), OP(get_override), OP(list_overrides), OP(delete_override),
 };
 #undef OP
 #undef ALIAS
