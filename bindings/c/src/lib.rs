@@ -883,6 +883,31 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 /// Runs `f`, turning its error or panic into a result code and, when `err` is not NULL, an
 /// owned `shardlimit_error`. `f` writes its out-parameters only as its last step, after
 /// everything that can fail.
+/// The body of every blocking call of the shape (limiter, key, policy, cost) -> decision
+/// (`shardlimit_check`, `_check_shadow`, `_charge`, `_refund`): the arguments checked, the
+/// call made on the calling thread, the decision written to `*out`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn decide_blocking(
+    limiter: *const shardlimit_limiter,
+    key: *const c_char,
+    key_len: usize,
+    policy: *const shardlimit_policy,
+    cost: u64,
+    out: *mut shardlimit_decision,
+    err: *mut *mut shardlimit_error,
+    call: fn(&Limiter, &str, &Policy, u64) -> shardlimit::Result<Decision>,
+) -> shardlimit_result {
+    guard(err, || {
+        let l = blocking_limiter_arg(limiter)?;
+        let key = key_arg(key, key_len)?;
+        let p = policy_arg(policy)?;
+        let out = out_arg("out", out)?;
+        let d = decision_to_c(&call(&l, key, &p, cost)?)?;
+        out.write(d);
+        Ok(())
+    })
+}
+
 unsafe fn guard(
     err: *mut *mut shardlimit_error,
     f: impl FnOnce() -> Result<(), Error>,
@@ -1454,15 +1479,16 @@ pub unsafe extern "C" fn shardlimit_check(
     out: *mut shardlimit_decision,
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
-    guard(err, || {
-        let l = blocking_limiter_arg(limiter)?;
-        let key = key_arg(key, key_len)?;
-        let p = policy_arg(policy)?;
-        let out = out_arg("out", out)?;
-        let d = decision_to_c(&l.check_blocking(key, &p, cost)?)?;
-        out.write(d);
-        Ok(())
-    })
+    decide_blocking(
+        limiter,
+        key,
+        key_len,
+        policy,
+        cost,
+        out,
+        err,
+        Limiter::check_blocking,
+    )
 }
 
 /// `shardlimit_check()` with the policy named by `policy_len` bytes at `policy` in the

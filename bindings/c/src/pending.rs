@@ -208,6 +208,39 @@ fn start_limiter(p: *const shardlimit_limiter) -> Result<Limiter, Error> {
     limiter_arg(p)
 }
 
+/// The body of every `_start` call of the shape (limiter, key, policy, cost) -> decision
+/// (`shardlimit_check_start`, `_check_shadow_start`, `_charge_start`, `_refund_start`):
+/// the arguments checked and copied, `call`'s future run on the limiter's I/O runtime.
+#[allow(clippy::too_many_arguments)]
+unsafe fn start_decision<F, Fut>(
+    limiter: *const shardlimit_limiter,
+    key: *const c_char,
+    key_len: usize,
+    policy: *const shardlimit_policy,
+    cost: u64,
+    (callback, user, out_pending): (
+        shardlimit_callback,
+        *mut c_void,
+        *mut *mut shardlimit_pending,
+    ),
+    err: *mut *mut shardlimit_error,
+    call: F,
+) -> shardlimit_result
+where
+    F: FnOnce(Limiter, String, Policy, u64) -> Fut,
+    Fut: Future<Output = shardlimit::Result<Decision>> + Send + 'static,
+{
+    guard(err, || {
+        let l = start_limiter(limiter)?;
+        let key = owned_key(key_arg(key, key_len)?);
+        let p = policy_arg(policy)?;
+        let fut = call(l.clone(), key, p, cost);
+        start(l, callback, user, out_pending, async move {
+            Ok(Outcome::Decision(fut.await?))
+        })
+    })
+}
+
 fn owned_key(key: &str) -> String {
     key.to_string()
 }
@@ -233,15 +266,16 @@ pub unsafe extern "C" fn shardlimit_check_start(
     out_pending: *mut *mut shardlimit_pending,
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
-    guard(err, || {
-        let l = start_limiter(limiter)?;
-        let key = owned_key(key_arg(key, key_len)?);
-        let p = policy_arg(policy)?;
-        let me = l.clone();
-        start(l, callback, user, out_pending, async move {
-            Ok(Outcome::Decision(me.check(&key, &p, cost).await?))
-        })
-    })
+    start_decision(
+        limiter,
+        key,
+        key_len,
+        policy,
+        cost,
+        (callback, user, out_pending),
+        err,
+        |me, key, p, cost| async move { me.check(&key, &p, cost).await },
+    )
 }
 
 /// `shardlimit_check_named()` that returns at once (see `shardlimit_check_start()`): the

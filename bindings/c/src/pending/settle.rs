@@ -74,15 +74,16 @@ pub unsafe extern "C" fn shardlimit_charge(
     out: *mut shardlimit_decision,
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
-    guard(err, || {
-        let l = blocking_limiter_arg(limiter)?;
-        let key = key_arg(key, key_len)?;
-        let p = policy_arg(policy)?;
-        let out = out_arg("out", out)?;
-        let d = decision_to_c(&l.charge_blocking(key, &p, cost)?)?;
-        out.write(d);
-        Ok(())
-    })
+    decide_blocking(
+        limiter,
+        key,
+        key_len,
+        policy,
+        cost,
+        out,
+        err,
+        Limiter::charge_blocking,
+    )
 }
 
 /// Gives `cost` (≥ 1) units of `policy` back to `key`, never above its limit (a full
@@ -99,15 +100,16 @@ pub unsafe extern "C" fn shardlimit_refund(
     out: *mut shardlimit_decision,
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
-    guard(err, || {
-        let l = blocking_limiter_arg(limiter)?;
-        let key = key_arg(key, key_len)?;
-        let p = policy_arg(policy)?;
-        let out = out_arg("out", out)?;
-        let d = decision_to_c(&l.refund_blocking(key, &p, cost)?)?;
-        out.write(d);
-        Ok(())
-    })
+    decide_blocking(
+        limiter,
+        key,
+        key_len,
+        policy,
+        cost,
+        out,
+        err,
+        Limiter::refund_blocking,
+    )
 }
 
 /// A check of an estimated cost (`estimate` ≥ 1 units) that can be settled later: on
@@ -186,15 +188,16 @@ pub unsafe extern "C" fn shardlimit_charge_start(
     out_pending: *mut *mut shardlimit_pending,
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
-    guard(err, || {
-        let l = start_limiter(limiter)?;
-        let key = owned_key(key_arg(key, key_len)?);
-        let p = policy_arg(policy)?;
-        let me = l.clone();
-        start(l, callback, user, out_pending, async move {
-            Ok(Outcome::Decision(me.charge(&key, &p, cost).await?))
-        })
-    })
+    start_decision(
+        limiter,
+        key,
+        key_len,
+        policy,
+        cost,
+        (callback, user, out_pending),
+        err,
+        |me, key, p, cost| async move { me.charge(&key, &p, cost).await },
+    )
 }
 
 /// `shardlimit_refund()` that returns at once (see `shardlimit_check_start()`); read the
@@ -213,15 +216,16 @@ pub unsafe extern "C" fn shardlimit_refund_start(
     out_pending: *mut *mut shardlimit_pending,
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
-    guard(err, || {
-        let l = start_limiter(limiter)?;
-        let key = owned_key(key_arg(key, key_len)?);
-        let p = policy_arg(policy)?;
-        let me = l.clone();
-        start(l, callback, user, out_pending, async move {
-            Ok(Outcome::Decision(me.refund(&key, &p, cost).await?))
-        })
-    })
+    start_decision(
+        limiter,
+        key,
+        key_len,
+        policy,
+        cost,
+        (callback, user, out_pending),
+        err,
+        |me, key, p, cost| async move { me.refund(&key, &p, cost).await },
+    )
 }
 
 /// `shardlimit_reserve()` that returns at once (see `shardlimit_check_start()`); read the

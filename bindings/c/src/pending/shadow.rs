@@ -25,15 +25,16 @@ pub unsafe extern "C" fn shardlimit_check_shadow(
     out: *mut shardlimit_decision,
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
-    guard(err, || {
-        let l = blocking_limiter_arg(limiter)?;
-        let key = key_arg(key, key_len)?;
-        let p = policy_arg(policy)?;
-        let out = out_arg("out", out)?;
-        let d = decision_to_c(&l.check_shadow_blocking(key, &p, cost)?)?;
-        out.write(d);
-        Ok(())
-    })
+    decide_blocking(
+        limiter,
+        key,
+        key_len,
+        policy,
+        cost,
+        out,
+        err,
+        Limiter::check_shadow_blocking,
+    )
 }
 
 /// `shardlimit_check_shadow()` that returns at once (see `shardlimit_check_start()`);
@@ -53,15 +54,16 @@ pub unsafe extern "C" fn shardlimit_check_shadow_start(
     out_pending: *mut *mut shardlimit_pending,
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
-    guard(err, || {
-        let l = start_limiter(limiter)?;
-        let key = owned_key(key_arg(key, key_len)?);
-        let p = policy_arg(policy)?;
-        let me = l.clone();
-        start(l, callback, user, out_pending, async move {
-            Ok(Outcome::Decision(me.check_shadow(&key, &p, cost).await?))
-        })
-    })
+    start_decision(
+        limiter,
+        key,
+        key_len,
+        policy,
+        cost,
+        (callback, user, out_pending),
+        err,
+        |me, key, p, cost| async move { me.check_shadow(&key, &p, cost).await },
+    )
 }
 
 /// The shadow-mode denials of the policy named by `policy_len` bytes at `policy`, by key,
