@@ -1,12 +1,77 @@
 package shardlimit
 
 /*
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 #include "shardlimit.h"
 
-extern void shardlimitGoComplete(void *user, shardlimit_pending *pending);
+// The completion queue of started calls. The library's callback runs on its I/O thread; a
+// callback into Go from there would need the Go scheduler's P (with GOMAXPROCS=1, the one P
+// the goroutines hold), costing a thread switch per call. Instead the callback appends the
+// call's tag (a cgo.Handle) here and, when the queue was empty, writes one byte to a pipe
+// whose read end the Go runtime's network poller watches: one wake-up per burst of
+// completions, read by one goroutine (dispatch) that wakes each waiting goroutine.
+// The queue holds at most one entry per call in flight, so it is bounded by them.
+static pthread_mutex_t sl_q_mu = PTHREAD_MUTEX_INITIALIZER;
+static uintptr_t *sl_q_buf;
+static size_t sl_q_len, sl_q_cap;
+static int sl_q_wake = -1; // the pipe's write end
 
-static shardlimit_callback sl_go_callback(void) { return shardlimitGoComplete; }
+static void sl_q_complete(void *user, shardlimit_pending *pending) {
+	(void)pending;
+	pthread_mutex_lock(&sl_q_mu);
+	if (sl_q_len == sl_q_cap) {
+		size_t cap = sl_q_cap ? sl_q_cap * 2 : 256;
+		uintptr_t *buf = realloc(sl_q_buf, cap * sizeof *buf);
+		if (buf == NULL) {
+			// out of memory: the waiting goroutine could never be woken; stop, as Go does
+			abort();
+		}
+		sl_q_buf = buf;
+		sl_q_cap = cap;
+	}
+	int was_empty = sl_q_len == 0;
+	sl_q_buf[sl_q_len++] = (uintptr_t)user;
+	pthread_mutex_unlock(&sl_q_mu);
+	if (was_empty) {
+		char b = 1;
+		// non-blocking: a full pipe already holds a wake-up the reader has not taken
+		while (write(sl_q_wake, &b, 1) < 0 && errno == EINTR) {
+		}
+	}
+}
+
+// Moves up to cap tags to out, oldest first; returns how many.
+static size_t sl_q_drain(uintptr_t *out, size_t cap) {
+	pthread_mutex_lock(&sl_q_mu);
+	size_t n = sl_q_len < cap ? sl_q_len : cap;
+	memcpy(out, sl_q_buf, n * sizeof *out);
+	memmove(sl_q_buf, sl_q_buf + n, (sl_q_len - n) * sizeof *out);
+	sl_q_len -= n;
+	pthread_mutex_unlock(&sl_q_mu);
+	return n;
+}
+
+// Makes the pipe (both ends non-blocking, close-on-exec) and returns its read end, or -1.
+static int sl_q_open(void) {
+	int fds[2];
+	if (pipe(fds) != 0) {
+		return -1;
+	}
+	for (int i = 0; i < 2; i++) {
+		fcntl(fds[i], F_SETFD, FD_CLOEXEC);
+		fcntl(fds[i], F_SETFL, fcntl(fds[i], F_GETFL) | O_NONBLOCK);
+	}
+	sl_q_wake = fds[1];
+	return fds[0];
+}
+
+static shardlimit_callback sl_go_callback(void) { return sl_q_complete; }
 
 // A cgo.Handle as the callback's user pointer: an integer the library never dereferences.
 static void *sl_user(uintptr_t handle) { return (void *)handle; }
@@ -15,11 +80,57 @@ import "C"
 
 import (
 	"context"
+	"os"
 	"runtime/cgo"
+	"sync"
 	"unsafe"
 )
 
 var goCallback = C.sl_go_callback()
+
+var (
+	dispatchOnce sync.Once
+	dispatchErr  error
+)
+
+// startDispatch opens the completion queue's pipe and starts the goroutine that reads it
+// (once per process). The read end is non-blocking, so os.NewFile hands it to the
+// network poller: the goroutine parks there and holds no OS thread while it waits.
+func startDispatch() error {
+	dispatchOnce.Do(func() {
+		fd := C.sl_q_open()
+		if fd < 0 {
+			dispatchErr = &Error{Code: CodeInternal, Message: "cannot make the pipe that completes started calls (out of file descriptors?)"}
+			return
+		}
+		go dispatch(os.NewFile(uintptr(fd), "shardlimit-completions"))
+	})
+	return dispatchErr
+}
+
+// dispatch wakes, for each completed call, the goroutine waiting on it. Each tag is the
+// cgo.Handle of that goroutine's channel, which has room for this one send.
+func dispatch(wake *os.File) {
+	var tags [256]C.uintptr_t
+	var b [64]byte
+	for {
+		if _, err := wake.Read(b[:]); err != nil {
+			// the read end is never closed, so this cannot happen short of a broken process
+			panic("shardlimit: the completion pipe failed: " + err.Error())
+		}
+		for {
+			n := int(C.sl_q_drain(&tags[0], C.size_t(len(tags))))
+			for _, t := range tags[:n] {
+				h := cgo.Handle(uintptr(t))
+				h.Value().(chan struct{}) <- struct{}{}
+				h.Delete()
+			}
+			if n < len(tags) {
+				break
+			}
+		}
+	}
+}
 
 // starter starts one C call with the Go callback and a user pointer.
 type starter func(cb C.shardlimit_callback, user unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result
@@ -29,6 +140,9 @@ type starter func(cb C.shardlimit_callback, user unsafe.Pointer, out **C.shardli
 // reads and frees. When ctx ends first the call is cancelled and ctx.Err() returned,
 // unless it completed in the meantime: then its result stands.
 func (l *Limiter) await(ctx context.Context, start starter) (*C.shardlimit_pending, error) {
+	if err := startDispatch(); err != nil {
+		return nil, err
+	}
 	done := make(chan struct{}, 1)
 	h := cgo.NewHandle(done)
 	var p *C.shardlimit_pending
