@@ -129,8 +129,14 @@ require (
 
 replace github.com/shardlimit/shardlimit/bindings/go => $root/bindings/go
 EOF
+# The go command keys its build cache by the cgo flags, not by pkg-config's answer nor the
+# library's bytes: a rebuilt libshardlimit.a at the same path would be linked from the cache
+# as it was (a stale library was measured that way once). The library's hash in CGO_CFLAGS
+# makes the key follow the library.
+GO_LIB_SHA=$(sha256sum "$(PKG_CONFIG_PATH=$PC_DIR pkg-config --variable=libdir shardlimit-static)/libshardlimit.a" | cut -c1-16)
 (cd "$GO_DIR" && GOFLAGS=-mod=mod go mod tidy >/dev/null 2>&1 && \
-  PKG_CONFIG_PATH=$PC_DIR GOFLAGS=-mod=mod go build -tags benchpeers -o peers . )
+  PKG_CONFIG_PATH=$PC_DIR CGO_CFLAGS="-O2 -DSHARDLIMIT_LIB_SHA=$GO_LIB_SHA" GOFLAGS=-mod=mod \
+  go build -tags benchpeers -o peers . )
 # tidy may raise the minimum go-redis that redis_rate needs: record what was built
 GO_REDIS=$(cd "$GO_DIR" && go list -m -f '{{.Version}}' github.com/redis/go-redis/v9)
 REDIS_RATE=$(cd "$GO_DIR" && go list -m -f '{{.Version}}' github.com/go-redis/redis_rate/v10)
