@@ -496,3 +496,61 @@ func TestRoutingVectors(t *testing.T) {
 		_ = l.Close()
 	}
 }
+
+// precision.json's offsets (the per-key window offset function) through decisions: at a
+// multiple of the window, a per_key fixed window of window_us resets for the key in
+// exactly offset_us (a whole window when the offset is 0), on both engines.
+func TestWindowOffsetVectors(t *testing.T) {
+	var doc struct {
+		Offsets []struct {
+			Key      string `json:"key"`
+			WindowUs int64  `json:"window_us"`
+			OffsetUs int64  `json:"offset_us"`
+		} `json:"offsets"`
+	}
+	readJSON(t, "../../tests/vectors/precision.json", &doc)
+	if len(doc.Offsets) < 64 {
+		t.Fatalf("only %d offsets", len(doc.Offsets))
+	}
+	policies := map[string]map[string]any{}
+	for _, o := range doc.Offsets {
+		policies[fmt.Sprintf("w%d", o.WindowUs)] = map[string]any{"algorithm": "fixed_window",
+			"limit": 1, "window": fmt.Sprintf("%dus", o.WindowUs), "window_offset": "per_key"}
+	}
+	text, err := json.Marshal(policies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startRedis(t)
+	for _, cfg := range []string{
+		fmt.Sprintf(`{"policies":%s}`, text),
+		fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":2000,
+			"key_prefix":"offsets:","policies":%s}`, r.Port, text),
+	} {
+		clock, err := NewManualClock(time.UnixMicro(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := NewFromJSON(cfg, WithClock(clock))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range doc.Offsets {
+			w := o.WindowUs
+			// the first multiple of the window after 1.7e15 µs
+			if err := clock.Set(time.UnixMicro((1_700_000_000_000_000/w + 1) * w)); err != nil {
+				t.Fatal(err)
+			}
+			d, err := l.Check(context.Background(), o.Key, fmt.Sprintf("w%d", w), 1)
+			want := o.OffsetUs
+			if want == 0 {
+				want = w
+			}
+			if err != nil || !d.Allowed || d.ResetAfter.Microseconds() != want {
+				t.Errorf("%q in a window of %d µs: %+v (%v), want a reset in %d µs", o.Key, w, d, err, want)
+			}
+		}
+		_ = l.Close()
+		_ = clock.Close()
+	}
+}

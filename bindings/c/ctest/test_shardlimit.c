@@ -2086,6 +2086,77 @@ static void test_key_vectors(void) {
   free(text);
 }
 
+/* precision.json's offsets (the per-key window offset function) through decisions: at a
+ * multiple of the window, a per_key fixed window of window_us resets for the key in exactly
+ * offset_us (a whole window when the offset is 0), in memory and on Redis. */
+static void test_window_offset_vectors(void) {
+  char *text = read_file("tests/vectors/precision.json");
+  CHECK(text != NULL);
+  if (!text) return;
+  const char *p = text;
+  jv doc;
+  int parsed = j_value(&p, text + strlen(text), &doc, 0);
+  CHECK(parsed);
+  const jv *offsets = parsed ? jget(&doc, "offsets") : NULL;
+  CHECK(offsets != NULL && offsets->type == J_ARR && offsets->n >= 64);
+  for (int on_redis = 0; offsets && on_redis < 2; on_redis++) {
+    /* one policy per window, named w<window_us> */
+    size_t cap = 256 + offsets->n * 160, len;
+    char *cfg = malloc(cap);
+    if (!cfg) abort();
+    if (on_redis)
+      snprintf(cfg, cap,
+               "{\"shards\":[{\"name\":\"s0\",\"url\":\"redis://127.0.0.1:%d\"}],"
+               "\"timeout_ms\":2000,\"key_prefix\":\"coffsets:\",\"policies\":{",
+               redis_port);
+    else
+      snprintf(cfg, cap, "{\"policies\":{");
+    for (size_t i = 0; i < offsets->n; i++) {
+      uint64_t w = ju64(&offsets->items[i], "window_us", "offsets"), before = 0;
+      size_t j = 0;
+      while (j < i && (!j_u64(jget(&offsets->items[j], "window_us"), &before) || before != w)) j++;
+      if (j < i) continue; /* a window seen before */
+      len = strlen(cfg);
+      snprintf(cfg + len, cap - len,
+               "%s\"w%llu\":{\"algorithm\":\"fixed_window\",\"limit\":1,\"window\":\"%lluus\","
+               "\"window_offset\":\"per_key\"}",
+               cfg[len - 1] == '{' ? "" : ",", (unsigned long long)w, (unsigned long long)w);
+    }
+    strncat(cfg, "}}", cap - strlen(cfg) - 1);
+    shardlimit_error *err = NULL;
+    shardlimit_clock *clk = NULL;
+    shardlimit_limiter *l = NULL;
+    CHECK_RC(shardlimit_clock_new(0, &clk, &err), SHARDLIMIT_OK, err);
+    CHECK_RC(shardlimit_limiter_new_json(cfg, strlen(cfg), clk, &l, &err), SHARDLIMIT_OK, err);
+    free(cfg);
+    for (size_t i = 0; l && i < offsets->n; i++) {
+      const jv *o = &offsets->items[i];
+      const char *key = jstr(o, "key", "offsets");
+      uint64_t w = ju64(o, "window_us", "offsets"), offset = ju64(o, "offset_us", "offsets");
+      char name[32];
+      snprintf(name, sizeof name, "w%llu", (unsigned long long)w);
+      /* the first multiple of the window after 1.7e15 µs */
+      CHECK_RC(shardlimit_clock_set_us(clk, (1700000000000000ull / w + 1) * w, &err),
+               SHARDLIMIT_OK, err);
+      shardlimit_policy *pol = NULL;
+      shardlimit_decision d;
+      CHECK_RC(shardlimit_limiter_policy(l, name, strlen(name), &pol, &err), SHARDLIMIT_OK, err);
+      if (pol && vec_ok(shardlimit_check(l, key, strlen(key), pol, 1, &d, &err), err, "offsets") &&
+          (!d.allowed || d.reset_after_us != (offset ? offset : w))) {
+        fprintf(stderr, "offsets (%s): \"%s\" in a window of %llu us resets in %llu us, want %llu\n",
+                on_redis ? "redis" : "memory", key, (unsigned long long)w,
+                (unsigned long long)d.reset_after_us, (unsigned long long)(offset ? offset : w));
+        failures++;
+      }
+      shardlimit_policy_free(pol);
+    }
+    shardlimit_limiter_free(l);
+    shardlimit_clock_free(clk);
+  }
+  if (parsed) jv_free(&doc);
+  free(text);
+}
+
 int main(void) {
   start_redis();
   snprintf(config, sizeof config,
@@ -2124,6 +2195,7 @@ int main(void) {
   test_vector_files();
   test_key_vectors();
   test_routing_vectors();
+  test_window_offset_vectors();
   replay_vectors(0);
   replay_vectors(1);
 

@@ -319,3 +319,25 @@ def test_sources_are_reported(redis: RedisServer) -> None:
     d = on_redis(redis)(case, clock).check("k", "p")
     assert (d.source, d.shard) == ("redis", 0)
     assert shardlimit.Decision is type(d)
+
+
+def test_window_offsets_match_vectors(redis: RedisServer) -> None:
+    """precision.json's `offsets` (the per-key window offset function) through decisions:
+    at a multiple of the window, a per_key fixed window of `window_us` resets for `key` in
+    exactly offset_us (a whole window when the offset is 0), on both engines."""
+    offsets = json.loads((VECTORS / "precision.json").read_text())["offsets"]
+    assert len(offsets) >= 64
+    windows = sorted({o["window_us"] for o in offsets})
+    policies = {
+        f"w{w}": {"algorithm": "fixed_window", "limit": 1, "window": f"{w}us", "window_offset": "per_key"}
+        for w in windows
+    }
+    for text in (json.dumps({"policies": policies}), config([redis], policies, key_prefix="offsets:")):
+        clock = ManualClock(0)
+        limiter = Limiter.from_json(text, clock=clock)
+        for o in offsets:
+            w = o["window_us"]
+            clock.set_us(w * -(-1_700_000_000_000_000 // w))  # the first multiple of w after 1.7e15
+            d = limiter.check(o["key"], f"w{w}")
+            assert d.allowed, o
+            assert us(d.reset_after) == (o["offset_us"] or w), o

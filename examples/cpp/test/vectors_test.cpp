@@ -523,4 +523,35 @@ TEST(Vectors, Routing) {
   }
 }
 
+/// precision.json's offsets (the per-key window offset function) through decisions: at a
+/// multiple of the window, a per_key fixed window of window_us resets for the key in
+/// exactly offset_us (a whole window when the offset is 0), on both engines.
+TEST(Vectors, WindowOffsets) {
+  RedisServer redis;
+  Json doc = Json::parse(read("tests/vectors/precision.json"));
+  const auto& offsets = doc.at("offsets").items;
+  ASSERT_GE(offsets.size(), 64u);
+  std::set<uint64_t> windows;
+  for (const Json& o : offsets) windows.insert(o.u64("window_us"));
+  std::string policies;
+  for (uint64_t w : windows)
+    policies += (policies.empty() ? "" : ",") + std::string("\"w") + std::to_string(w) +
+                R"(":{"algorithm":"fixed_window","limit":1,"window":")" + std::to_string(w) +
+                R"(us","window_offset":"per_key"})";
+  for (const std::string& cfg :
+       {R"({"policies":{)" + policies + "}}",
+        R"({"shards":[)" + redis.shard("s0") +
+            R"(],"timeout_ms":2000,"key_prefix":"offsets:","policies":{)" + policies + "}}"}) {
+    shardlimit::Clock clock(0);
+    auto limiter = L::from_json(cfg, &clock);
+    for (const Json& o : offsets) {
+      uint64_t w = o.u64("window_us"), offset = o.u64("offset_us");
+      clock.set_us((1700000000000000ull / w + 1) * w);  // the first multiple of w after 1.7e15
+      auto d = limiter.check(o.s("key"), "w" + std::to_string(w));
+      EXPECT_TRUE(d.allowed()) << o.text;
+      EXPECT_EQ(static_cast<uint64_t>(d.reset_after().count()), offset ? offset : w) << o.text;
+    }
+  }
+}
+
 }  // namespace
