@@ -204,6 +204,9 @@ func (r *vectorReplay) call(ctx context.Context, where string, it vectorItem) {
 		defer planned.Close()
 	}
 	switch {
+	case it.Op == "check" && it.Shadow && planned != nil:
+		// a finding, not a skip: CheckShadow takes a policy name; no vector has this today
+		r.t.Fatalf("%s: Go cannot make a shadow check under a plan (CheckShadow takes a policy name)", where)
 	case it.Op == "check" && planned != nil:
 		d, err = r.l.CheckPolicy(ctx, it.Key, planned, it.Cost)
 	case it.Op == "peek" && planned != nil:
@@ -266,6 +269,11 @@ func (r *vectorReplay) step(ctx context.Context, where string, s vectorItem) {
 		}
 		r.decided(where, s, d, nil)
 	case "charge", "refund", "reserve", "settle":
+		if s.Plan != "" {
+			// a finding, not a skip: Charge, Refund and Reserve take a policy name; no
+			// vector has such a step today
+			r.t.Fatalf("%s: Go cannot %s under a plan (it takes a policy name only)", where, s.Op)
+		}
 		var d Decision
 		var err error
 		switch s.Op {

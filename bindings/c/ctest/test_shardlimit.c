@@ -1505,6 +1505,7 @@ struct vec_replay {
   shardlimit_lease *leases[VEC_LEASES];
   int nleases;
   const char *rnames[VEC_LEASES], *rkeys[VEC_LEASES], *rpolicies[VEC_LEASES];
+  const jv *rsteps[VEC_LEASES]; /* the reserve step (its plan, if any, settles it too) */
   shardlimit_reservation reservations[VEC_LEASES];
   int nreservations;
 };
@@ -1684,7 +1685,7 @@ static void vec_settle_op(struct vec_replay *r, const jv *s, const char *op, con
       failures++;
       return;
     }
-    shardlimit_policy *pol = vec_policy(r, s, r->rpolicies[i], where);
+    shardlimit_policy *pol = vec_policy(r, r->rsteps[i], r->rpolicies[i], where);
     if (!pol) return;
     rc = shardlimit_settle(r->l, r->rkeys[i], strlen(r->rkeys[i]), pol, &r->reservations[i],
                            ju64(s, "actual", where), &d, &err);
@@ -1713,6 +1714,7 @@ static void vec_settle_op(struct vec_replay *r, const jv *s, const char *op, con
         r->rnames[r->nreservations] = as->str;
         r->rkeys[r->nreservations] = key;
         r->rpolicies[r->nreservations] = name;
+        r->rsteps[r->nreservations] = s;
         r->reservations[r->nreservations++] = res;
       }
     }

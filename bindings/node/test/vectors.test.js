@@ -59,6 +59,12 @@ async function call(limiter, item) {
   }
 }
 
+// A finding, not a skip: charge, refund and reserve take a policy name (ChargeOptions has
+// no plan), so a step under a plan cannot be expressed in Node; no vector has one today.
+function noPlan(step, where) {
+  assert.equal(step.plan, undefined, `${where}: Node cannot ${step.op} under a plan (ChargeOptions takes a policy name only)`)
+}
+
 async function replay(limiterFor, source) {
   let steps = 0
   for (const c of cases) {
@@ -96,9 +102,11 @@ async function replay(limiterFor, source) {
           break
         case 'charge':
         case 'refund':
+          noPlan(step, where)
           decided(step, { decision: await limiter[step.op](step.key, { policy: step.policy, cost: step.cost }), lease: null }, where)
           break
         case 'reserve': {
+          noPlan(step, where)
           const { decision, reservation } = await limiter.reserve(step.key, { policy: step.policy, cost: step.cost })
           decided(step, { decision, lease: null }, where)
           if (step.reserve_as !== undefined) {

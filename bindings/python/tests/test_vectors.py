@@ -95,11 +95,11 @@ class Replay:
         """settle.json's ops, sync; False for another op."""
         op = step["op"]
         if op == "charge":
-            self.decided(step, self.limiter.charge(step["key"], step["policy"], step["cost"]), None, where)
+            self.decided(step, self.limiter.charge(step["key"], self.policy_of(step), step["cost"]), None, where)
         elif op == "refund":
-            self.decided(step, self.limiter.refund(step["key"], step["policy"], step["cost"]), None, where)
+            self.decided(step, self.limiter.refund(step["key"], self.policy_of(step), step["cost"]), None, where)
         elif op == "reserve":
-            self.reserved(step, *self.limiter.reserve(step["key"], step["policy"], step["cost"]), where)
+            self.reserved(step, *self.limiter.reserve(step["key"], self.policy_of(step), step["cost"]), where)
         elif op == "settle":
             r = self.reservations[step["reservation"]]
             self.decided(step, self.limiter.settle(r, step["actual"]), None, where)
@@ -119,13 +119,13 @@ class Replay:
         """settle.json's ops, on asyncio; False for another op."""
         op = step["op"]
         if op == "charge":
-            d = await self.limiter.acharge(step["key"], step["policy"], step["cost"])
+            d = await self.limiter.acharge(step["key"], self.policy_of(step), step["cost"])
             self.decided(step, d, None, where)
         elif op == "refund":
-            d = await self.limiter.arefund(step["key"], step["policy"], step["cost"])
+            d = await self.limiter.arefund(step["key"], self.policy_of(step), step["cost"])
             self.decided(step, d, None, where)
         elif op == "reserve":
-            self.reserved(step, *await self.limiter.areserve(step["key"], step["policy"], step["cost"]), where)
+            self.reserved(step, *await self.limiter.areserve(step["key"], self.policy_of(step), step["cost"]), where)
         elif op == "settle":
             r = self.reservations[step["reservation"]]
             self.decided(step, await self.limiter.asettle(r, step["actual"]), None, where)

@@ -282,7 +282,8 @@ struct Replay {
   L limiter;
   shardlimit_source source;
   std::map<std::string, shardlimit::Lease> leases;
-  std::map<std::string, std::pair<shardlimit::Reservation, std::string>> reservations;
+  /// each reservation with its reserve step (whose policy, or plan, settles it)
+  std::map<std::string, std::pair<shardlimit::Reservation, const Json*>> reservations;
 
   void decided(const Json& it, const shardlimit::Decision& d,
                std::optional<shardlimit::Lease> lease, const std::string& where) {
@@ -357,12 +358,12 @@ struct Replay {
       decided(s, d, std::nullopt, where);
       if (const Json* as = s.get("reserve_as")) {
         ASSERT_TRUE(as->type == Json::Str && r.has_value()) << where << ": no reservation to keep";
-        reservations.insert_or_assign(as->str, std::make_pair(*r, s.s("policy")));
+        reservations.insert_or_assign(as->str, std::make_pair(*r, &s));
       }
     } else if (op == "settle") {
       auto held = reservations.find(s.s("reservation"));
       ASSERT_NE(held, reservations.end()) << where << ": no reservation " << s.s("reservation");
-      auto p = limiter.policy(held->second.second);
+      auto p = policy(*held->second.second);
       decided(s, limiter.settle(p, held->second.first, s.u64("actual")), std::nullopt, where);
     } else if (op == "shadow_report") {
       const Json* top = s.get("top");
