@@ -5,7 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
+	"sort"
+	"strings"
 	"testing"
 	"time"
 )
@@ -30,6 +34,14 @@ type vectorItem struct {
 	ReserveAs   string `json:"reserve_as"`
 	Reservation string `json:"reservation"`
 	Actual      uint64 `json:"actual"`
+	// shadow.json: a check in shadow mode (CheckShadow), and the shadow_report op
+	Shadow       bool            `json:"shadow"`
+	Top          int             `json:"top"`
+	ExpectReport json.RawMessage `json:"expect_report"`
+	// overrides.json's ops
+	Limit         string `json:"limit"`
+	TTLMs         *int64 `json:"ttl_ms"`
+	ExpectDeleted *bool  `json:"expect_deleted"`
 }
 
 type vectorLayer struct {
@@ -52,6 +64,8 @@ type vectorDecision struct {
 	// multi-limit policies (plans.json): the deciding limit and RateLimit-Policy
 	LimitIndex      *int   `json:"limit_index,omitempty"`
 	RateLimitPolicy string `json:"rate_limit_policy,omitempty"`
+	// shadow.json: written only when true
+	ShadowDenied bool `json:"shadow_denied,omitempty"`
 }
 
 type vectorCase struct {
@@ -61,11 +75,27 @@ type vectorCase struct {
 	// plans.json: the config's plans and default_algorithm beside the policies
 	Plans            json.RawMessage `json:"plans"`
 	DefaultAlgorithm string          `json:"default_algorithm"`
+	// the file it is read from (for the failure messages)
+	File string `json:"-"`
 }
 
 var vectorOps = map[string]bool{"check": true, "peek": true, "acquire": true, "release": true,
 	"reset": true, "check_all": true, "batch": true,
-	"charge": true, "refund": true, "reserve": true, "settle": true}
+	"charge": true, "refund": true, "reserve": true, "settle": true,
+	"shadow_report": true, "set_override": true, "delete_override": true}
+
+// vectorFiles are the decision files of tests/vectors, every one replayed in full.
+var vectorFiles = []string{"algorithms.json", "plans.json", "precision.json", "settle.json",
+	"shadow.json", "overrides.json"}
+
+// otherVectorFiles are the other files of tests/vectors and the test replaying each.
+var otherVectorFiles = map[string]string{
+	"keys.json":    "TestKeyVectors (spec_test.go)",
+	"routing.json": "TestRoutingVectors (every case among 1 to 16 shards)",
+}
+
+// skippedVectorFiles: files no Go test replays, with the reason (none today).
+var skippedVectorFiles = map[string]string{}
 
 func observedDecision(d Decision) vectorDecision {
 	v := vectorDecision{
@@ -75,6 +105,7 @@ func observedDecision(d Decision) vectorDecision {
 		ResetAfterUs: d.ResetAfter.Microseconds(),
 		DelayUs:      d.Delay.Microseconds(),
 		Policy:       d.Policy,
+		ShadowDenied: d.ShadowDenied,
 	}
 	if d.HasRetryAfter {
 		r := d.RetryAfter.Microseconds()
@@ -100,13 +131,16 @@ func observedDecision(d Decision) vectorDecision {
 func readVectors(t *testing.T) []vectorCase {
 	t.Helper()
 	var cases []vectorCase
-	for _, f := range []string{"algorithms.json", "plans.json", "settle.json"} {
+	for _, f := range vectorFiles {
 		var doc struct {
 			Cases []vectorCase `json:"cases"`
 		}
 		readJSON(t, "../../tests/vectors/"+f, &doc)
 		if len(doc.Cases) == 0 {
 			t.Fatalf("no cases in %s", f)
+		}
+		for i := range doc.Cases {
+			doc.Cases[i].File = f
 		}
 		cases = append(cases, doc.Cases...)
 	}
@@ -127,8 +161,13 @@ func (r *vectorReplay) decided(where string, it vectorItem, d Decision, lease *L
 	r.t.Helper()
 	// every field of expect, no more, no fewer
 	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(it.Expect, &fields); err != nil || (len(fields) != 8 && len(fields) != 10) {
-		r.t.Fatalf("%s: expect %s is not the 8 (10: multi-limit) fields of a decision (%v)", where, it.Expect, err)
+	err := json.Unmarshal(it.Expect, &fields)
+	n := len(fields)
+	if _, ok := fields["shadow_denied"]; ok {
+		n--
+	}
+	if err != nil || (n != 8 && n != 10) {
+		r.t.Fatalf("%s: expect %s is not the 8 (10: multi-limit) fields of a decision, with shadow_denied when true (%v)", where, it.Expect, err)
 	}
 	var want vectorDecision
 	dec := json.NewDecoder(bytes.NewReader(it.Expect))
@@ -165,10 +204,15 @@ func (r *vectorReplay) call(ctx context.Context, where string, it vectorItem) {
 		defer planned.Close()
 	}
 	switch {
+	case it.Op == "check" && it.Shadow && planned != nil:
+		// a finding, not a skip: CheckShadow takes a policy name; no vector has this today
+		r.t.Fatalf("%s: Go cannot make a shadow check under a plan (CheckShadow takes a policy name)", where)
 	case it.Op == "check" && planned != nil:
 		d, err = r.l.CheckPolicy(ctx, it.Key, planned, it.Cost)
 	case it.Op == "peek" && planned != nil:
 		d, err = r.l.PeekPolicy(ctx, it.Key, planned)
+	case it.Op == "check" && it.Shadow:
+		d, err = r.l.CheckShadow(ctx, it.Key, it.Policy, it.Cost)
 	case it.Op == "check":
 		d, err = r.l.Check(ctx, it.Key, it.Policy, it.Cost)
 	case it.Op == "peek":
@@ -225,6 +269,11 @@ func (r *vectorReplay) step(ctx context.Context, where string, s vectorItem) {
 		}
 		r.decided(where, s, d, nil)
 	case "charge", "refund", "reserve", "settle":
+		if s.Plan != "" {
+			// a finding, not a skip: Charge, Refund and Reserve take a policy name; no
+			// vector has such a step today
+			r.t.Fatalf("%s: Go cannot %s under a plan (it takes a policy name only)", where, s.Op)
+		}
 		var d Decision
 		var err error
 		switch s.Op {
@@ -252,13 +301,45 @@ func (r *vectorReplay) step(ctx context.Context, where string, s vectorItem) {
 			r.t.Fatalf("%s: %v", where, err)
 		}
 		r.decided(where, s, d, nil)
+	case "shadow_report":
+		got, err := r.l.ShadowReport(ctx, s.Policy, s.Top)
+		if err != nil {
+			r.t.Fatalf("%s: %v", where, err)
+		}
+		var want ShadowReport
+		dec := json.NewDecoder(bytes.NewReader(s.ExpectReport))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&want); err != nil {
+			r.t.Fatalf("%s: expect_report %s: %v", where, s.ExpectReport, err)
+		}
+		if len(want.Keys) == 0 {
+			want.Keys = got.Keys[:0:0]
+		}
+		if !reflect.DeepEqual(got, want) {
+			r.t.Errorf("%s: report %+v, want %s", where, got, s.ExpectReport)
+		}
+	case "set_override":
+		var ttl time.Duration
+		if s.TTLMs != nil {
+			ttl = time.Duration(*s.TTLMs) * time.Millisecond
+		}
+		if _, err := r.l.SetOverride(ctx, s.Key, s.Policy, s.Limit, ttl); err != nil {
+			r.t.Fatalf("%s: %v", where, err)
+		}
+	case "delete_override":
+		if s.ExpectDeleted == nil {
+			r.t.Fatalf("%s: no expect_deleted", where)
+		}
+		deleted, err := r.l.DeleteOverride(ctx, s.Key, s.Policy)
+		if err != nil || deleted != *s.ExpectDeleted {
+			r.t.Errorf("%s: deleted %v (%v), want %v", where, deleted, err, *s.ExpectDeleted)
+		}
 	default:
 		r.t.Fatalf("%s: unknown op %q: teach this replay the op", where, s.Op)
 	}
 }
 
-// replayVectors replays every case and every step of tests/vectors/algorithms.json and
-// settle.json on a
+// replayVectors replays every case and every step of every file of vectorFiles on a
 // fresh limiter from config(policies, case index) deciding on a manual clock set to each
 // step's t_us; it returns the number of steps replayed.
 func replayVectors(t *testing.T, source Source, config func(policies string, i int) string) int {
@@ -287,7 +368,7 @@ func replayVectors(t *testing.T, source Source, config func(policies string, i i
 		}
 		r := &vectorReplay{t: t, l: l, source: source, leases: map[string]*Lease{}, reservations: map[string]*Reservation{}}
 		for j, s := range c.Steps {
-			where := fmt.Sprintf("%s, step %d (%s)", c.Name, j, s.Op)
+			where := fmt.Sprintf("%s: %s, step %d (%s)", c.File, c.Name, j, s.Op)
 			if s.TUs == nil {
 				t.Fatalf("%s: no t_us", where)
 			}
@@ -326,6 +407,48 @@ func TestVectorsCoverEveryOp(t *testing.T) {
 	}
 }
 
+// A new file in tests/vectors fails here until a Go test replays it or it is skipped with
+// a reason, so that no vector file is silently ignored by the Go binding.
+func TestEveryVectorFileIsReplayedOrSkipped(t *testing.T) {
+	paths, err := filepath.Glob("../../tests/vectors/*.json")
+	if err != nil || len(paths) == 0 {
+		t.Fatalf("no vector files (%v)", err)
+	}
+	known := map[string]bool{}
+	for _, f := range vectorFiles {
+		known[f] = true
+	}
+	for f := range otherVectorFiles {
+		known[f] = true
+	}
+	for f, why := range skippedVectorFiles {
+		if why == "" {
+			t.Errorf("%s is skipped without a reason", f)
+		}
+		known[f] = true
+	}
+	present := map[string]bool{}
+	for _, p := range paths {
+		present[filepath.Base(p)] = true
+		if !known[filepath.Base(p)] {
+			t.Errorf("tests/vectors/%s is neither replayed by a Go test nor skipped with a reason", filepath.Base(p))
+		}
+	}
+	var listed []string
+	for f := range known {
+		listed = append(listed, f)
+	}
+	sort.Strings(listed)
+	for _, f := range listed {
+		if !present[f] {
+			t.Errorf("%s is listed but not in tests/vectors", f)
+		}
+	}
+	if _, err := os.Stat("../../tests/vectors/README.md"); err != nil {
+		t.Errorf("tests/vectors/README.md documents the step formats: %v", err)
+	}
+}
+
 func TestVectorsInMemory(t *testing.T) {
 	n := replayVectors(t, SourceMemory, func(policies string, _ int) string {
 		return fmt.Sprintf(`{"policies":%s}`, policies)
@@ -344,5 +467,98 @@ func TestVectorsOnRedis(t *testing.T) {
 	})
 	if want := totalVectorSteps(t); n != want {
 		t.Fatalf("replayed %d steps of %d", n, want)
+	}
+}
+
+// The routing contract (tests/vectors/routing.json): every case's shard among 1 to 16
+// shards, as Route reports it (shard names s0, s1, ...).
+func TestRoutingVectors(t *testing.T) {
+	r := startRedis(t)
+	var doc struct {
+		Cases []struct {
+			Key      string `json:"key"`
+			ShardFor []int  `json:"shard_for"`
+		} `json:"cases"`
+	}
+	readJSON(t, "../../tests/vectors/routing.json", &doc)
+	if len(doc.Cases) == 0 {
+		t.Fatal("no routing cases")
+	}
+	for n := 1; n <= 16; n++ {
+		shards := make([]string, n)
+		for i := range shards {
+			shards[i] = fmt.Sprintf(`{"name":"s%d","url":"redis://127.0.0.1:%d"}`, i, r.Port)
+		}
+		cfg := fmt.Sprintf(`{"shards":[%s],"policies":{}}`, strings.Join(shards, ","))
+		l, err := NewFromJSON(cfg)
+		if err != nil {
+			t.Fatalf("%d shards: %v", n, err)
+		}
+		for _, c := range doc.Cases {
+			idx, name, err := l.Route(c.Key)
+			want := c.ShardFor[n-1]
+			if err != nil || idx != want || name != fmt.Sprintf("s%d", want) {
+				t.Errorf("key %q among %d shards: %d %q (%v), want %d", c.Key, n, idx, name, err, want)
+			}
+		}
+		_ = l.Close()
+	}
+}
+
+// precision.json's offsets (the per-key window offset function) through decisions: at a
+// multiple of the window, a per_key fixed window of window_us resets for the key in
+// exactly offset_us (a whole window when the offset is 0), on both engines.
+func TestWindowOffsetVectors(t *testing.T) {
+	var doc struct {
+		Offsets []struct {
+			Key      string `json:"key"`
+			WindowUs int64  `json:"window_us"`
+			OffsetUs int64  `json:"offset_us"`
+		} `json:"offsets"`
+	}
+	readJSON(t, "../../tests/vectors/precision.json", &doc)
+	if len(doc.Offsets) < 64 {
+		t.Fatalf("only %d offsets", len(doc.Offsets))
+	}
+	policies := map[string]map[string]any{}
+	for _, o := range doc.Offsets {
+		policies[fmt.Sprintf("w%d", o.WindowUs)] = map[string]any{"algorithm": "fixed_window",
+			"limit": 1, "window": fmt.Sprintf("%dus", o.WindowUs), "window_offset": "per_key"}
+	}
+	text, err := json.Marshal(policies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startRedis(t)
+	for _, cfg := range []string{
+		fmt.Sprintf(`{"policies":%s}`, text),
+		fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":2000,
+			"key_prefix":"offsets:","policies":%s}`, r.Port, text),
+	} {
+		clock, err := NewManualClock(time.UnixMicro(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := NewFromJSON(cfg, WithClock(clock))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range doc.Offsets {
+			w := o.WindowUs
+			// the first multiple of the window after 1.7e15 µs
+			if err := clock.Set(time.UnixMicro((1_700_000_000_000_000/w + 1) * w)); err != nil {
+				t.Fatal(err)
+			}
+			d, err := l.Check(context.Background(), o.Key, fmt.Sprintf("w%d", w), 1)
+			want := o.OffsetUs
+			if want == 0 {
+				want = w
+			}
+			if err != nil || !d.Allowed || d.ResetAfter.Microseconds() != want {
+				t.Errorf("%q in a window of %d µs: %+v (%v), want a reset in %d µs", o.Key, w, d, err, want)
+			}
+		}
+		_ = l.Close()
+		_ = clock.Close()
 	}
 }

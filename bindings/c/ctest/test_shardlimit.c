@@ -10,6 +10,7 @@
 #include "shardlimit.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -1453,7 +1454,49 @@ static uint64_t ju64(const jv *o, const char *key, const char *where) {
 
 /* ---------------------------------------------------------------- vector replay */
 
-/* One case of the vectors being replayed: its limiter and the leases kept by name. */
+/* Whether two parsed values are the same JSON: numbers by their text, strings decoded,
+ * objects by their keys in any order, arrays in order. */
+static int jv_same(const jv *a, const jv *b) {
+  if (!a || !b || a->type != b->type) return 0;
+  switch (a->type) {
+    case J_NULL: return 1;
+    case J_BOOL: return a->b == b->b;
+    case J_NUM: return a->e - a->s == b->e - b->s && memcmp(a->s, b->s, (size_t)(a->e - a->s)) == 0;
+    case J_STR: return strcmp(a->str, b->str) == 0;
+    case J_ARR:
+      if (a->n != b->n) return 0;
+      for (size_t i = 0; i < a->n; i++)
+        if (!jv_same(&a->items[i], &b->items[i])) return 0;
+      return 1;
+    default:
+      if (a->n != b->n) return 0;
+      for (size_t i = 0; i < a->n; i++)
+        if (!jv_same(&a->items[i], jget(b, a->keys[i]))) return 0;
+      return 1;
+  }
+}
+
+/* The decision files of tests/vectors, every one replayed in full (format: the `format`
+ * list at the top of algorithms.json and of each file that adds ops). */
+static const char *const vector_files[] = {"algorithms.json", "plans.json", "precision.json",
+                                           "settle.json",     "shadow.json", "overrides.json"};
+/* The other files of tests/vectors and the test of this file that replays each; files no
+ * C test replays would go into vector_skipped with the reason (none today). */
+static const char *const vector_other[][2] = {
+    {"keys.json", "test_key_vectors (the key rule, bytes as they are)"},
+    {"routing.json", "test_routing_vectors (every case among 1 to 16 shards)"},
+};
+static const char *const vector_skipped[][2] = {{NULL, NULL}};
+#define NFILES(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Every op of every file; the replay fails when one is never seen, or an unknown one is. */
+static const char *const vector_ops[] = {
+    "check",  "peek",   "acquire", "release", "reset",         "check_all",    "batch",
+    "charge", "refund", "reserve", "settle",  "shadow_report", "set_override", "delete_override"};
+#define NOPS (sizeof vector_ops / sizeof vector_ops[0])
+
+/* One case of the vectors being replayed: its limiter, and the leases and reservations
+ * kept by name (names, keys and policies borrowed from the parsed file). */
 #define VEC_LEASES 32
 struct vec_replay {
   shardlimit_limiter *l;
@@ -1461,91 +1504,155 @@ struct vec_replay {
   const char *names[VEC_LEASES];
   shardlimit_lease *leases[VEC_LEASES];
   int nleases;
+  const char *rnames[VEC_LEASES], *rkeys[VEC_LEASES], *rpolicies[VEC_LEASES];
+  const jv *rsteps[VEC_LEASES]; /* the reserve step (its plan, if any, settles it too) */
+  shardlimit_reservation reservations[VEC_LEASES];
+  int nreservations;
 };
 
-/* Compares every field of `expect` with d; prints both on a difference. */
+/* The RateLimit-Policy header d renders, into buf ("" when none). */
+static void vec_rate_limit_policy(const shardlimit_decision *d, char *buf, size_t cap) {
+  shardlimit_error *err = NULL;
+  shardlimit_headers *h = NULL;
+  buf[0] = 0;
+  CHECK_RC(shardlimit_decision_headers(d, &h, &err), SHARDLIMIT_OK, err);
+  for (size_t i = 0; h && i < shardlimit_headers_len(h); i++) {
+    shardlimit_str name, value;
+    CHECK_RC(shardlimit_headers_get(h, i, &name, &value, &err), SHARDLIMIT_OK, err);
+    if (name.len == 16 && memcmp(name.ptr, "RateLimit-Policy", 16) == 0)
+      snprintf(buf, cap, "%.*s", (int)value.len, value.ptr);
+  }
+  shardlimit_headers_free(h);
+}
+
+/* Compares every field of `expect` with d; prints both on a difference. An expectation has
+ * the 8 fields of a decision, plus limit_index and rate_limit_policy for a multi-limit
+ * policy (plans.json) and "shadow_denied": true for a shadow denial (shadow.json). */
 static void vec_compare(const char *where, const jv *expect, const shardlimit_decision *d,
                         uint32_t source) {
   static const char *const fields[] = {"allowed", "limit", "remaining", "reset_after_us",
                                        "retry_after_us", "delay_us", "policy", "layer"};
   const size_t nfields = sizeof fields / sizeof fields[0];
-  int same = expect && expect->type == J_OBJ && expect->n == nfields;
+  const jv *limit_index = jget(expect, "limit_index"), *rlp = jget(expect, "rate_limit_policy"),
+           *shadow = jget(expect, "shadow_denied");
+  size_t want_n = nfields + (limit_index ? 2 : 0) + (shadow ? 1 : 0);
+  int same = expect && expect->type == J_OBJ && expect->n == want_n && !limit_index == !rlp &&
+             (!rlp || rlp->type == J_STR) && (!shadow || (shadow->type == J_BOOL && shadow->b));
   for (size_t i = 0; same && i < nfields; i++) same = jget(expect, fields[i]) != NULL;
   if (!same) {
-    fprintf(stderr, "%s: expect is not the %zu fields of a decision\n", where, nfields);
+    fprintf(stderr, "%s: expect is not the %zu fields of a decision (with limit_index and "
+            "rate_limit_policy, \"shadow_denied\": true)\n", where, nfields);
     failures++;
     return;
   }
   const jv *allowed = jget(expect, "allowed"), *retry = jget(expect, "retry_after_us"),
            *policy = jget(expect, "policy"), *layer = jget(expect, "layer");
-  uint64_t limit = 0, remaining = 0, reset = 0, retry_us = 0, delay = 0, layer_ix = 0;
+  uint64_t limit = 0, remaining = 0, reset = 0, retry_us = 0, delay = 0, layer_ix = 0, li = 0;
   int ok = allowed->type == J_BOOL && j_u64(jget(expect, "limit"), &limit) &&
            j_u64(jget(expect, "remaining"), &remaining) &&
            j_u64(jget(expect, "reset_after_us"), &reset) &&
            j_u64(jget(expect, "delay_us"), &delay) && policy->type == J_STR &&
            (retry->type == J_NULL || j_u64(retry, &retry_us)) &&
-           (layer->type == J_NULL || j_u64(layer, &layer_ix));
+           (layer->type == J_NULL || j_u64(layer, &layer_ix)) &&
+           (!limit_index || j_u64(limit_index, &li));
   if (!ok) {
     fprintf(stderr, "%s: a field of expect has the wrong type: %.*s\n", where,
             (int)(expect->e - expect->s), expect->s);
     failures++;
     return;
   }
+  char header[512] = "";
+  if (d->has_limit_index) vec_rate_limit_policy(d, header, sizeof header);
   same = d->allowed == (bool)allowed->b && d->limit == limit && d->remaining == remaining &&
          d->reset_after_us == reset && d->delay_us == delay &&
          (retry->type == J_NULL ? !d->has_retry_after
                                 : d->has_retry_after && d->retry_after_us == retry_us) &&
          d->policy_len == strlen(policy->str) && strcmp(d->policy, policy->str) == 0 &&
          (layer->type == J_NULL ? !d->has_layer : d->has_layer && d->layer == layer_ix) &&
-         d->source == source;
+         (limit_index ? d->has_limit_index && d->limit_index == li &&
+                            strcmp(header, rlp->str) == 0
+                      : !d->has_limit_index) &&
+         d->shadow_denied == (shadow != NULL) && d->source == source;
   if (!same) {
-    char rs[24] = "null", ls[24] = "null";
+    char rs[24] = "null", ls[24] = "null", lis[24] = "null";
     if (d->has_retry_after) snprintf(rs, sizeof rs, "%llu", (unsigned long long)d->retry_after_us);
     if (d->has_layer) snprintf(ls, sizeof ls, "%u", d->layer);
+    if (d->has_limit_index) snprintf(lis, sizeof lis, "%u", d->limit_index);
     fprintf(stderr,
             "%s: got {\"allowed\": %s, \"limit\": %llu, \"remaining\": %llu, "
             "\"reset_after_us\": %llu, \"retry_after_us\": %s, \"delay_us\": %llu, "
-            "\"policy\": \"%s\", \"layer\": %s} from %s; want %.*s from %s\n",
+            "\"policy\": \"%s\", \"layer\": %s, \"limit_index\": %s, \"rate_limit_policy\": "
+            "\"%s\", \"shadow_denied\": %s} from %s; want %.*s from %s\n",
             where, d->allowed ? "true" : "false", (unsigned long long)d->limit,
             (unsigned long long)d->remaining, (unsigned long long)d->reset_after_us, rs,
-            (unsigned long long)d->delay_us, d->policy, ls, shardlimit_source_name(d->source).ptr,
+            (unsigned long long)d->delay_us, d->policy, ls, lis, header,
+            d->shadow_denied ? "true" : "false", shardlimit_source_name(d->source).ptr,
             (int)(expect->e - expect->s), expect->s, shardlimit_source_name(source).ptr);
     failures++;
   }
 }
 
-/* A check, peek or acquire: a step, or an item of a batch. */
-static void vec_call(struct vec_replay *r, const jv *it, const char *where) {
-  const char *op = jstr(it, "op", where), *key = jstr(it, "key", where),
-             *name = jstr(it, "policy", where);
+/* The step's policy: by name, or as the step's plan has it (plans.json). NULL (a failure
+ * printed) when there is none. The caller frees it. */
+static shardlimit_policy *vec_policy(struct vec_replay *r, const jv *it, const char *name,
+                                     const char *where) {
   shardlimit_error *err = NULL;
   shardlimit_policy *pol = NULL;
-  shardlimit_decision d;
-  shardlimit_lease *lease = NULL;
-  shardlimit_result rc = shardlimit_limiter_policy(r->l, name, strlen(name), &pol, &err);
-  if (rc == SHARDLIMIT_OK) {
-    if (strcmp(op, "check") == 0)
-      rc = shardlimit_check(r->l, key, strlen(key), pol, ju64(it, "cost", where), &d, &err);
-    else if (strcmp(op, "peek") == 0)
-      rc = shardlimit_peek(r->l, key, strlen(key), pol, &d, &err);
-    else if (strcmp(op, "acquire") == 0)
-      rc = shardlimit_acquire(r->l, key, strlen(key), pol, ju64(it, "units", where), &d, &lease,
-                              &err);
-    else {
-      fprintf(stderr, "%s: op \"%s\" cannot be a batch item\n", where, op);
-      failures++;
-      shardlimit_policy_free(pol);
-      return;
-    }
-  }
-  shardlimit_policy_free(pol);
+  const jv *plan = jget(it, "plan");
+  shardlimit_result rc =
+      plan ? shardlimit_plan_policy(r->l, plan->type == J_STR ? plan->str : "",
+                                    plan->type == J_STR ? strlen(plan->str) : 0, name,
+                                    strlen(name), &pol, &err)
+           : shardlimit_limiter_policy(r->l, name, strlen(name), &pol, &err);
   if (rc != SHARDLIMIT_OK) {
-    fprintf(stderr, "%s: %s: %s\n", where, shardlimit_result_name(rc).ptr,
+    fprintf(stderr, "%s: policy %s: %s: %s\n", where, name, shardlimit_result_name(rc).ptr,
             err ? shardlimit_error_message(err).ptr : "(no error object)");
     failures++;
     shardlimit_error_free(err);
+    return NULL;
+  }
+  return pol;
+}
+
+/* Prints a failed call; 1 when rc is OK. */
+static int vec_ok(shardlimit_result rc, shardlimit_error *err, const char *where) {
+  if (rc == SHARDLIMIT_OK) return 1;
+  fprintf(stderr, "%s: %s: %s\n", where, shardlimit_result_name(rc).ptr,
+          err ? shardlimit_error_message(err).ptr : "(no error object)");
+  failures++;
+  shardlimit_error_free(err);
+  return 0;
+}
+
+/* A check (in shadow mode with "shadow": true), peek or acquire: a step, or an item of a
+ * batch. */
+static void vec_call(struct vec_replay *r, const jv *it, const char *where) {
+  const char *op = jstr(it, "op", where), *key = jstr(it, "key", where),
+             *name = jstr(it, "policy", where);
+  const jv *shadow = jget(it, "shadow");
+  shardlimit_error *err = NULL;
+  shardlimit_decision d;
+  shardlimit_lease *lease = NULL;
+  shardlimit_policy *pol = vec_policy(r, it, name, where);
+  if (!pol) return;
+  shardlimit_result rc;
+  if (strcmp(op, "check") == 0 && shadow && shadow->type == J_BOOL && shadow->b)
+    rc = shardlimit_check_shadow(r->l, key, strlen(key), pol, ju64(it, "cost", where), &d, &err);
+  else if (strcmp(op, "check") == 0)
+    rc = shardlimit_check(r->l, key, strlen(key), pol, ju64(it, "cost", where), &d, &err);
+  else if (strcmp(op, "peek") == 0)
+    rc = shardlimit_peek(r->l, key, strlen(key), pol, &d, &err);
+  else if (strcmp(op, "acquire") == 0)
+    rc = shardlimit_acquire(r->l, key, strlen(key), pol, ju64(it, "units", where), &d, &lease,
+                            &err);
+  else {
+    fprintf(stderr, "%s: op \"%s\" cannot be a batch item\n", where, op);
+    failures++;
+    shardlimit_policy_free(pol);
     return;
   }
+  shardlimit_policy_free(pol);
+  if (!vec_ok(rc, err, where)) return;
   vec_compare(where, jget(it, "expect"), &d, r->source);
   const jv *lease_as = jget(it, "lease_as");
   if (!lease_as) {
@@ -1563,6 +1670,105 @@ static void vec_call(struct vec_replay *r, const jv *it, const char *where) {
   r->leases[r->nleases++] = lease;
 }
 
+/* settle.json's ops: charge, refund, reserve (keeping the reservation under reserve_as)
+ * and settle (of a reservation kept by name, with the key and policy of its reserve). */
+static void vec_settle_op(struct vec_replay *r, const jv *s, const char *op, const char *where) {
+  shardlimit_error *err = NULL;
+  shardlimit_decision d;
+  shardlimit_result rc;
+  if (strcmp(op, "settle") == 0) {
+    const char *name = jstr(s, "reservation", where);
+    int i = r->nreservations - 1;
+    while (i >= 0 && strcmp(r->rnames[i], name) != 0) i--;
+    if (i < 0) {
+      fprintf(stderr, "%s: no reservation \"%s\" was kept\n", where, name);
+      failures++;
+      return;
+    }
+    shardlimit_policy *pol = vec_policy(r, r->rsteps[i], r->rpolicies[i], where);
+    if (!pol) return;
+    rc = shardlimit_settle(r->l, r->rkeys[i], strlen(r->rkeys[i]), pol, &r->reservations[i],
+                           ju64(s, "actual", where), &d, &err);
+    shardlimit_policy_free(pol);
+  } else {
+    const char *key = jstr(s, "key", where), *name = jstr(s, "policy", where);
+    uint64_t cost = ju64(s, "cost", where);
+    shardlimit_reservation res;
+    memset(&res, 0, sizeof res);
+    shardlimit_policy *pol = vec_policy(r, s, name, where);
+    if (!pol) return;
+    if (strcmp(op, "charge") == 0)
+      rc = shardlimit_charge(r->l, key, strlen(key), pol, cost, &d, &err);
+    else if (strcmp(op, "refund") == 0)
+      rc = shardlimit_refund(r->l, key, strlen(key), pol, cost, &d, &err);
+    else
+      rc = shardlimit_reserve(r->l, key, strlen(key), pol, cost, &d, &res, &err);
+    shardlimit_policy_free(pol);
+    const jv *as = jget(s, "reserve_as");
+    if (rc == SHARDLIMIT_OK && as) {
+      if (as->type != J_STR || !res.reserved || r->nreservations == VEC_LEASES) {
+        fprintf(stderr, "%s: no reservation to keep as %.*s\n", where, (int)(as->e - as->s),
+                as->s);
+        failures++;
+      } else {
+        r->rnames[r->nreservations] = as->str;
+        r->rkeys[r->nreservations] = key;
+        r->rpolicies[r->nreservations] = name;
+        r->rsteps[r->nreservations] = s;
+        r->reservations[r->nreservations++] = res;
+      }
+    }
+  }
+  if (vec_ok(rc, err, where)) vec_compare(where, jget(s, "expect"), &d, r->source);
+}
+
+/* shadow.json's shadow_report and overrides.json's set_override and delete_override. */
+static void vec_admin_op(struct vec_replay *r, const jv *s, const char *op, const char *where) {
+  shardlimit_error *err = NULL;
+  const char *name = jstr(s, "policy", where);
+  if (strcmp(op, "shadow_report") == 0) {
+    uint64_t top = 0;
+    if (jget(s, "top")) top = ju64(s, "top", where);
+    shardlimit_string out = {NULL, 0};
+    if (!vec_ok(shardlimit_shadow_report(r->l, name, strlen(name), (size_t)top, &out, &err), err,
+                where))
+      return;
+    const char *p = out.ptr;
+    jv got;
+    int parsed = j_value(&p, out.ptr + out.len, &got, 0);
+    const jv *want = jget(s, "expect_report");
+    if (!parsed || !jv_same(&got, want)) {
+      fprintf(stderr, "%s: report %.*s, want %.*s\n", where, (int)out.len, out.ptr,
+              want ? (int)(want->e - want->s) : 0, want ? want->s : "");
+      failures++;
+    }
+    if (parsed) jv_free(&got);
+    shardlimit_string_free(&out);
+    return;
+  }
+  const char *key = jstr(s, "key", where);
+  if (strcmp(op, "set_override") == 0) {
+    const char *limit = jstr(s, "limit", where);
+    uint64_t ttl_ms = 0;
+    if (jget(s, "ttl_ms")) ttl_ms = ju64(s, "ttl_ms", where);
+    vec_ok(shardlimit_set_override(r->l, key, strlen(key), name, strlen(name), limit,
+                                   strlen(limit), ttl_ms, NULL, &err),
+           err, where);
+    return;
+  }
+  const jv *want = jget(s, "expect_deleted");
+  bool deleted = false;
+  if (!vec_ok(shardlimit_delete_override(r->l, key, strlen(key), name, strlen(name), &deleted,
+                                         &err),
+              err, where))
+    return;
+  if (!want || want->type != J_BOOL || deleted != (bool)want->b) {
+    fprintf(stderr, "%s: deleted %d, want %s\n", where, deleted,
+            want && want->type == J_BOOL ? (want->b ? "true" : "false") : "(no expect_deleted)");
+    failures++;
+  }
+}
+
 static void vec_step(struct vec_replay *r, const jv *s, const char *where) {
   const char *op = jstr(s, "op", where);
   shardlimit_error *err = NULL;
@@ -1578,7 +1784,7 @@ static void vec_step(struct vec_replay *r, const jv *s, const char *where) {
       return;
     }
     for (size_t j = 0; j < items->n; j++) {
-      char at[320];
+      char at[400];
       snprintf(at, sizeof at, "%s, item %zu", where, j);
       if (jget(&items->items[j], "t_us")) {
         fprintf(stderr, "%s: a batch item has no t_us of its own\n", at);
@@ -1605,8 +1811,7 @@ static void vec_step(struct vec_replay *r, const jv *s, const char *where) {
     }
   } else if (strcmp(op, "reset") == 0) {
     const char *key = jstr(s, "key", where), *name = jstr(s, "policy", where);
-    shardlimit_policy *pol = NULL;
-    CHECK_RC(shardlimit_limiter_policy(r->l, name, strlen(name), &pol, &err), SHARDLIMIT_OK, err);
+    shardlimit_policy *pol = vec_policy(r, s, name, where);
     if (pol) CHECK_RC(shardlimit_reset(r->l, key, strlen(key), pol, &err), SHARDLIMIT_OK, err);
     shardlimit_policy_free(pol);
   } else if (strcmp(op, "check_all") == 0) {
@@ -1625,73 +1830,90 @@ static void vec_step(struct vec_replay *r, const jv *s, const char *where) {
                                  .cost = ju64(la, "cost", where)};
     }
     shardlimit_decision d;
-    shardlimit_result rc = shardlimit_check_all(r->l, ls, layers->n, &d, &err);
-    if (rc != SHARDLIMIT_OK) {
-      CHECK_RC(rc, SHARDLIMIT_OK, err);
-      return;
-    }
-    vec_compare(where, jget(s, "expect"), &d, r->source);
+    if (vec_ok(shardlimit_check_all(r->l, ls, layers->n, &d, &err), err, where))
+      vec_compare(where, jget(s, "expect"), &d, r->source);
+  } else if (strcmp(op, "charge") == 0 || strcmp(op, "refund") == 0 ||
+             strcmp(op, "reserve") == 0 || strcmp(op, "settle") == 0) {
+    vec_settle_op(r, s, op, where);
+  } else if (strcmp(op, "shadow_report") == 0 || strcmp(op, "set_override") == 0 ||
+             strcmp(op, "delete_override") == 0) {
+    vec_admin_op(r, s, op, where);
   } else {
     fprintf(stderr, "%s: unknown op \"%s\": teach this replay the op\n", where, op);
     failures++;
   }
 }
 
-/* Replays every case and every step of tests/vectors/algorithms.json (format: the list
- * at its top) on a fresh limiter with a manual clock set to each step's t_us: in memory
- * or on the suite's redis-server (a key prefix of its own per case). An unknown op fails
- * loudly. */
-static void replay_vectors(int on_redis) {
-  char *text = read_file("tests/vectors/algorithms.json");
+/* Appends `,"name":<raw text>` of a case's member (plans, default_algorithm) to cfg. */
+static void vec_member(char *cfg, size_t cap, const jv *c, const char *name) {
+  const jv *v = jget(c, name);
+  size_t len = strlen(cfg);
+  if (v) snprintf(cfg + len, cap - len, ",\"%s\":%.*s", name, (int)(v->e - v->s), v->s);
+}
+
+/* Replays every case and every step of tests/vectors/<file> (format: the list at the top of
+ * algorithms.json, and the file's own) on a fresh limiter with a manual clock set to each
+ * step's t_us: in memory or on the suite's redis-server (a key prefix of its own per case).
+ * An unknown op fails loudly. Returns the steps replayed; marks the ops seen. */
+static size_t replay_vector_file(const char *file, int on_redis, int *op_seen) {
+  char rel[128];
+  snprintf(rel, sizeof rel, "tests/vectors/%s", file);
+  char *text = read_file(rel);
   CHECK(text != NULL);
-  if (!text) return;
+  if (!text) return 0;
   const char *p = text;
   jv doc;
   int parsed = j_value(&p, text + strlen(text), &doc, 0);
   CHECK(parsed);
   if (!parsed) {
+    fprintf(stderr, "%s: not JSON that the test's reader takes\n", file);
     free(text);
-    return;
+    return 0;
   }
   const jv *cases = jget(&doc, "cases");
   CHECK(cases != NULL && cases->type == J_ARR && cases->n > 0);
   size_t steps = 0, total = 0;
-  static const char *const ops[] = {"check", "peek", "acquire", "release", "reset", "check_all",
-                                    "batch"};
-  int op_seen[7] = {0};
+  static size_t prefix = 0;
   for (size_t ci = 0; cases && ci < cases->n; ci++) {
     const jv *c = &cases->items[ci];
-    const char *name = jstr(c, "name", "vector case");
+    const char *name = jstr(c, "name", file);
     const jv *policies = jget(c, "policies"), *case_steps = jget(c, "steps");
     if (!policies || policies->type != J_OBJ || !case_steps || case_steps->type != J_ARR) {
-      fprintf(stderr, "vector case %zu: no policies or steps\n", ci);
+      fprintf(stderr, "%s: case %zu: no policies or steps\n", file, ci);
       failures++;
       continue;
     }
     total += case_steps->n;
-    char cfg[4096];
-    int len;
+    size_t cap = (size_t)(c->e - c->s) + 256;
+    char *cfg = malloc(cap);
+    if (!cfg) abort();
     if (on_redis)
-      len = snprintf(cfg, sizeof cfg,
-                     "{\"shards\":[{\"name\":\"s0\",\"url\":\"redis://127.0.0.1:%d\"}],"
-                     "\"timeout_ms\":2000,\"key_prefix\":\"cvec%zu:\",\"policies\":%.*s}",
-                     redis_port, ci, (int)(policies->e - policies->s), policies->s);
+      snprintf(cfg, cap,
+               "{\"shards\":[{\"name\":\"s0\",\"url\":\"redis://127.0.0.1:%d\"}],"
+               "\"timeout_ms\":2000,\"key_prefix\":\"cvec%zu:\",\"policies\":%.*s",
+               redis_port, prefix++, (int)(policies->e - policies->s), policies->s);
     else
-      len = snprintf(cfg, sizeof cfg, "{\"policies\":%.*s}", (int)(policies->e - policies->s),
-                     policies->s);
-    CHECK(len > 0 && (size_t)len < sizeof cfg);
+      snprintf(cfg, cap, "{\"policies\":%.*s", (int)(policies->e - policies->s), policies->s);
+    vec_member(cfg, cap, c, "plans");
+    vec_member(cfg, cap, c, "default_algorithm");
+    strncat(cfg, "}", cap - strlen(cfg) - 1);
     shardlimit_error *err = NULL;
     shardlimit_clock *clk = NULL;
-    struct vec_replay r = {.l = NULL,
-                           .source = on_redis ? SHARDLIMIT_SOURCE_REDIS : SHARDLIMIT_SOURCE_MEMORY};
+    struct vec_replay r;
+    memset(&r, 0, sizeof r);
+    r.source = on_redis ? SHARDLIMIT_SOURCE_REDIS : SHARDLIMIT_SOURCE_MEMORY;
     CHECK_RC(shardlimit_clock_new(0, &clk, &err), SHARDLIMIT_OK, err);
     CHECK_RC(shardlimit_limiter_new_json(cfg, strlen(cfg), clk, &r.l, &err), SHARDLIMIT_OK, err);
+    free(cfg);
     for (size_t si = 0; r.l && si < case_steps->n; si++) {
       const jv *s = &case_steps->items[si];
-      char where[256];
-      snprintf(where, sizeof where, "vectors (%s) %s, step %zu (%s)", on_redis ? "redis" : "memory",
-               name, si, jstr(s, "op", name));
-      for (size_t k = 0; k < 7; k++) op_seen[k] |= strcmp(jstr(s, "op", where), ops[k]) == 0;
+      char where[320];
+      const char *op = jstr(s, "op", name);
+      snprintf(where, sizeof where, "vectors (%s) %s: %s, step %zu (%s)",
+               on_redis ? "redis" : "memory", file, name, si, op);
+      size_t k = 0;
+      while (k < NOPS && strcmp(op, vector_ops[k]) != 0) k++;
+      if (k < NOPS) op_seen[k] = 1;
       CHECK_RC(shardlimit_clock_set_us(clk, ju64(s, "t_us", where), &err), SHARDLIMIT_OK, err);
       vec_step(&r, s, where);
       steps++;
@@ -1700,10 +1922,240 @@ static void replay_vectors(int on_redis) {
     shardlimit_limiter_free(r.l);
     shardlimit_clock_free(clk);
   }
-  CHECK(steps == total && total > 100);
-  for (size_t k = 0; k < 7; k++)
-    if (!op_seen[k]) fprintf(stderr, "the vectors lack the op %s\n", ops[k]), failures++;
+  if (steps != total) fprintf(stderr, "%s: replayed %zu steps of %zu\n", file, steps, total);
+  CHECK(steps == total);
   jv_free(&doc);
+  free(text);
+  return steps;
+}
+
+/* Every decision file, in memory or on Redis; every op of vector_ops must be seen. */
+static void replay_vectors(int on_redis) {
+  int op_seen[NOPS] = {0};
+  size_t steps = 0;
+  for (size_t f = 0; f < NFILES(vector_files); f++)
+    steps += replay_vector_file(vector_files[f], on_redis, op_seen);
+  CHECK(steps > 300);
+  for (size_t k = 0; k < NOPS; k++)
+    if (!op_seen[k]) fprintf(stderr, "the vectors lack the op %s\n", vector_ops[k]), failures++;
+}
+
+/* Whether `file` is a decision file, another file replayed by a test here, or skipped with
+ * a reason. */
+static int vector_file_known(const char *file) {
+  for (size_t i = 0; i < NFILES(vector_files); i++)
+    if (strcmp(file, vector_files[i]) == 0) return 1;
+  for (size_t i = 0; i < NFILES(vector_other); i++)
+    if (strcmp(file, vector_other[i][0]) == 0) return 1;
+  for (size_t i = 0; i < NFILES(vector_skipped); i++)
+    if (vector_skipped[i][0] && strcmp(file, vector_skipped[i][0]) == 0)
+      return vector_skipped[i][1] && vector_skipped[i][1][0];
+  return 0;
+}
+
+/* A new file in tests/vectors fails here until a C test replays it or it is skipped with a
+ * reason, so that no vector file is silently ignored by the C binding. */
+static void test_vector_files(void) {
+  char path[1024];
+  const char *root = getenv("SHARDLIMIT_ROOT");
+  snprintf(path, sizeof path, "%s/tests/vectors", root ? root : ".");
+  DIR *dir = opendir(path);
+  CHECK(dir != NULL);
+  if (!dir) return;
+  size_t seen = 0;
+  for (struct dirent *e; (e = readdir(dir)) != NULL;) {
+    size_t n = strlen(e->d_name);
+    if (n < 5 || strcmp(e->d_name + n - 5, ".json") != 0) continue;
+    seen++;
+    if (!vector_file_known(e->d_name)) {
+      fprintf(stderr, "tests/vectors/%s is neither replayed by the C test nor skipped with a "
+              "reason\n", e->d_name);
+      failures++;
+    }
+  }
+  closedir(dir);
+  /* every listed file is there */
+  CHECK(seen == NFILES(vector_files) + NFILES(vector_other));
+  char *readme = read_file("tests/vectors/README.md");
+  CHECK(readme != NULL); /* the step formats of every file */
+  free(readme);
+}
+
+/* The routing contract (tests/vectors/routing.json): every case's shard among 1 to 16
+ * shards, as shardlimit_route() reports it (shard names s0, s1, ...). */
+static void test_routing_vectors(void) {
+  char *text = read_file("tests/vectors/routing.json");
+  CHECK(text != NULL);
+  if (!text) return;
+  const char *p = text;
+  jv doc;
+  int parsed = j_value(&p, text + strlen(text), &doc, 0);
+  CHECK(parsed);
+  const jv *cases = parsed ? jget(&doc, "cases") : NULL;
+  CHECK(cases != NULL && cases->type == J_ARR && cases->n > 0);
+  for (uint32_t n = 1; cases && n <= 16; n++) {
+    char cfg[2048] = "{\"policies\":{},\"shards\":[";
+    for (uint32_t i = 0; i < n; i++) {
+      size_t len = strlen(cfg);
+      snprintf(cfg + len, sizeof cfg - len, "%s{\"name\":\"s%u\",\"url\":\"redis://127.0.0.1:%d\"}",
+               i ? "," : "", i, redis_port);
+    }
+    strncat(cfg, "]}", sizeof cfg - strlen(cfg) - 1);
+    shardlimit_error *err = NULL;
+    shardlimit_limiter *l = NULL;
+    CHECK_RC(shardlimit_limiter_new_json(cfg, strlen(cfg), NULL, &l, &err), SHARDLIMIT_OK, err);
+    for (size_t ci = 0; l && ci < cases->n; ci++) {
+      const jv *c = &cases->items[ci], *shard_for = jget(c, "shard_for");
+      const char *key = jstr(c, "key", "routing case");
+      uint64_t want = 0;
+      if (!shard_for || shard_for->type != J_ARR || shard_for->n < n ||
+          !j_u64(&shard_for->items[n - 1], &want)) {
+        fprintf(stderr, "routing case %zu: no shard_for[%u]\n", ci, n - 1);
+        failures++;
+        continue;
+      }
+      uint32_t idx = 0;
+      shardlimit_string sname = {NULL, 0};
+      char want_name[16];
+      snprintf(want_name, sizeof want_name, "s%llu", (unsigned long long)want);
+      shardlimit_result rc = shardlimit_route(l, key, strlen(key), &idx, &sname, &err);
+      if (rc != SHARDLIMIT_OK || idx != want || !sname.ptr || strcmp(sname.ptr, want_name) != 0) {
+        fprintf(stderr, "routing: key \"%s\" among %u shards: %u %s (%s), want %llu\n", key, n, idx,
+                sname.ptr ? sname.ptr : "-", shardlimit_result_name(rc).ptr,
+                (unsigned long long)want);
+        failures++;
+      }
+      shardlimit_string_free(&sname);
+      shardlimit_error_free(err);
+      err = NULL;
+    }
+    shardlimit_limiter_free(l);
+  }
+  if (parsed) jv_free(&doc);
+  free(text);
+}
+
+/* The one key rule (tests/vectors/keys.json): every key, as the bytes the hex gives (so
+ * invalid UTF-8 and NUL are passed as they are), is accepted or is an INVALID_ARGUMENT
+ * naming `key`. */
+static void test_key_vectors(void) {
+  char *text = read_file("tests/vectors/keys.json");
+  CHECK(text != NULL);
+  if (!text) return;
+  const char *p = text;
+  jv doc;
+  int parsed = j_value(&p, text + strlen(text), &doc, 0);
+  CHECK(parsed);
+  const jv *cases = parsed ? jget(&doc, "cases") : NULL;
+  CHECK(cases != NULL && cases->type == J_ARR && cases->n >= 10);
+  shardlimit_error *err = NULL;
+  shardlimit_limiter *l = NULL;
+  shardlimit_policy *pol = NULL;
+  const char *cfg = "{\"policies\":{\"p\":{\"algorithm\":\"fixed_window\",\"limit\":10,"
+                    "\"window\":\"60s\"}}}";
+  CHECK_RC(shardlimit_limiter_new_json(cfg, strlen(cfg), NULL, &l, &err), SHARDLIMIT_OK, err);
+  CHECK_RC(shardlimit_limiter_policy(l, S("p"), &pol, &err), SHARDLIMIT_OK, err);
+  for (size_t ci = 0; pol && cases && ci < cases->n; ci++) {
+    const jv *c = &cases->items[ci], *accepted = jget(c, "accepted");
+    const char *name = jstr(c, "name", "key case"), *hex = jstr(c, "hex", name);
+    size_t n = strlen(hex) / 2;
+    char *key = malloc(n + 1);
+    if (!key) abort();
+    for (size_t i = 0; i < n; i++) {
+      unsigned int byte = 0;
+      char two[3] = {hex[2 * i], hex[2 * i + 1], 0};
+      sscanf(two, "%2x", &byte);
+      key[i] = (char)byte;
+    }
+    shardlimit_decision d;
+    shardlimit_result rc = shardlimit_check(l, key, n, pol, 1, &d, &err);
+    int want = accepted && accepted->type == J_BOOL && accepted->b;
+    int ok = want ? rc == SHARDLIMIT_OK
+                  : rc == SHARDLIMIT_ERR_INVALID_ARGUMENT && err &&
+                        strstr(shardlimit_error_message(err).ptr, "`key`") != NULL;
+    if (!ok) {
+      fprintf(stderr, "keys.json %s: %s (%s), want %s\n", name, shardlimit_result_name(rc).ptr,
+              err ? shardlimit_error_message(err).ptr : "", want ? "accepted" : "rejected");
+      failures++;
+    }
+    shardlimit_error_free(err);
+    err = NULL;
+    free(key);
+  }
+  shardlimit_policy_free(pol);
+  shardlimit_limiter_free(l);
+  if (parsed) jv_free(&doc);
+  free(text);
+}
+
+/* precision.json's offsets (the per-key window offset function) through decisions: at a
+ * multiple of the window, a per_key fixed window of window_us resets for the key in exactly
+ * offset_us (a whole window when the offset is 0), in memory and on Redis. */
+static void test_window_offset_vectors(void) {
+  char *text = read_file("tests/vectors/precision.json");
+  CHECK(text != NULL);
+  if (!text) return;
+  const char *p = text;
+  jv doc;
+  int parsed = j_value(&p, text + strlen(text), &doc, 0);
+  CHECK(parsed);
+  const jv *offsets = parsed ? jget(&doc, "offsets") : NULL;
+  CHECK(offsets != NULL && offsets->type == J_ARR && offsets->n >= 64);
+  for (int on_redis = 0; offsets && on_redis < 2; on_redis++) {
+    /* one policy per window, named w<window_us> */
+    size_t cap = 256 + offsets->n * 160, len;
+    char *cfg = malloc(cap);
+    if (!cfg) abort();
+    if (on_redis)
+      snprintf(cfg, cap,
+               "{\"shards\":[{\"name\":\"s0\",\"url\":\"redis://127.0.0.1:%d\"}],"
+               "\"timeout_ms\":2000,\"key_prefix\":\"coffsets:\",\"policies\":{",
+               redis_port);
+    else
+      snprintf(cfg, cap, "{\"policies\":{");
+    for (size_t i = 0; i < offsets->n; i++) {
+      uint64_t w = ju64(&offsets->items[i], "window_us", "offsets"), before = 0;
+      size_t j = 0;
+      while (j < i && (!j_u64(jget(&offsets->items[j], "window_us"), &before) || before != w)) j++;
+      if (j < i) continue; /* a window seen before */
+      len = strlen(cfg);
+      snprintf(cfg + len, cap - len,
+               "%s\"w%llu\":{\"algorithm\":\"fixed_window\",\"limit\":1,\"window\":\"%lluus\","
+               "\"window_offset\":\"per_key\"}",
+               cfg[len - 1] == '{' ? "" : ",", (unsigned long long)w, (unsigned long long)w);
+    }
+    strncat(cfg, "}}", cap - strlen(cfg) - 1);
+    shardlimit_error *err = NULL;
+    shardlimit_clock *clk = NULL;
+    shardlimit_limiter *l = NULL;
+    CHECK_RC(shardlimit_clock_new(0, &clk, &err), SHARDLIMIT_OK, err);
+    CHECK_RC(shardlimit_limiter_new_json(cfg, strlen(cfg), clk, &l, &err), SHARDLIMIT_OK, err);
+    free(cfg);
+    for (size_t i = 0; l && i < offsets->n; i++) {
+      const jv *o = &offsets->items[i];
+      const char *key = jstr(o, "key", "offsets");
+      uint64_t w = ju64(o, "window_us", "offsets"), offset = ju64(o, "offset_us", "offsets");
+      char name[32];
+      snprintf(name, sizeof name, "w%llu", (unsigned long long)w);
+      /* the first multiple of the window after 1.7e15 µs */
+      CHECK_RC(shardlimit_clock_set_us(clk, (1700000000000000ull / w + 1) * w, &err),
+               SHARDLIMIT_OK, err);
+      shardlimit_policy *pol = NULL;
+      shardlimit_decision d;
+      CHECK_RC(shardlimit_limiter_policy(l, name, strlen(name), &pol, &err), SHARDLIMIT_OK, err);
+      if (pol && vec_ok(shardlimit_check(l, key, strlen(key), pol, 1, &d, &err), err, "offsets") &&
+          (!d.allowed || d.reset_after_us != (offset ? offset : w))) {
+        fprintf(stderr, "offsets (%s): \"%s\" in a window of %llu us resets in %llu us, want %llu\n",
+                on_redis ? "redis" : "memory", key, (unsigned long long)w,
+                (unsigned long long)d.reset_after_us, (unsigned long long)(offset ? offset : w));
+        failures++;
+      }
+      shardlimit_policy_free(pol);
+    }
+    shardlimit_limiter_free(l);
+    shardlimit_clock_free(clk);
+  }
+  if (parsed) jv_free(&doc);
   free(text);
 }
 
@@ -1742,6 +2194,10 @@ int main(void) {
   test_shadow();
   test_operations_spec();
   test_errors_spec();
+  test_vector_files();
+  test_key_vectors();
+  test_routing_vectors();
+  test_window_offset_vectors();
   replay_vectors(0);
   replay_vectors(1);
 
