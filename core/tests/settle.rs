@@ -777,3 +777,69 @@ fn sixty_four_concurrent_settles_keep_multi_limit_and_exact_books() {
         }
     }
 }
+
+/// An override entry in Redis that shardlimit did not write (every byte from Redis is
+/// untrusted): a charge, refund or reserve of the key is an error naming the malformed
+/// entry, never a panic or another limit's decision; other keys are unaffected.
+#[test]
+fn a_malformed_override_entry_is_an_error_not_a_charge() {
+    let server = RedisServer::start();
+    let (_, l, _clock) = override_engines(&server).remove(0);
+    let p = l.policy("api").unwrap();
+    let entry = shardlimit::keys::override_key("sl:", "api", "vip");
+    for bad in [
+        "garbage",
+        "12 not-json",
+        "0 {\"algorithm\": \"fixed_window\"}",
+    ] {
+        redis::cmd("SET")
+            .arg(&entry)
+            .arg(bad)
+            .exec(&mut server.conn())
+            .unwrap();
+        for e in [
+            l.charge_blocking("vip", &p, 1).unwrap_err(),
+            l.refund_blocking("vip", &p, 1).unwrap_err(),
+            l.reserve_blocking("vip", &p, 1).unwrap_err(),
+        ] {
+            assert!(e.to_string().contains("malformed override"), "{bad}: {e}");
+        }
+    }
+    assert_eq!(l.charge_blocking("plain", &p, 1).unwrap().remaining, 9);
+}
+
+/// A multi-limit policy with a sliding log among its limits: a reservation's unused units go
+/// back to the log's own entry of the reservation's time and to the window's counter.
+#[test]
+fn a_multi_limit_reservation_settles_in_a_sliding_log_limit_too() {
+    let server = RedisServer::start();
+    let p = Policy::multi(
+        "plan",
+        vec![
+            Limit::sliding_log(10, Duration::from_secs(60)),
+            Limit::fixed_window(100, Duration::from_secs(3600)),
+        ],
+    )
+    .unwrap();
+    let mut seen = Vec::new();
+    for (engine, l, clock) in engines(&server) {
+        clock.set_us(T0 + 5 * SEC);
+        let (d, r) = l.reserve_blocking("k", &p, 8).unwrap();
+        assert_eq!((d.allowed, d.remaining), (true, 2), "{engine}: {d:?}");
+        clock.set_us(T0 + 6 * SEC);
+        l.charge_blocking("k", &p, 1).unwrap();
+        let d = l.settle_with_blocking(&p, &r.unwrap(), 3).unwrap();
+        // the log holds 3 + 1, the window 4
+        assert_eq!(
+            (d.limit_index, d.remaining),
+            (Some(0), 6),
+            "{engine}: {d:?}"
+        );
+        // the reservation's entry expires with its own time, a minute after it
+        clock.set_us(T0 + 65 * SEC);
+        let d = l.peek_blocking("k", &p).unwrap();
+        assert_eq!(d.remaining, 9, "{engine}: {d:?}");
+        seen.push(shape(&d));
+    }
+    assert_eq!(seen[0], seen[1], "redis and memory differ");
+}
