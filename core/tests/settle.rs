@@ -600,6 +600,25 @@ fn charges_and_settles_apply_the_keys_override() {
             d.remaining, 20,
             "{engine}: 60 + 150 (capped at 200) - 120: {d:?}"
         );
+        // a reservation made under the override, settled once it is gone: the policy's
+        // counter (the same algorithm's state) gets the unused units back, never refused
+        // for holding more than the policy's limit
+        let (_, big) = l.reserve_blocking("vip", &p, 15).unwrap();
+        l.delete_override_blocking("vip", "api").unwrap();
+        let d = l.settle_with_blocking(&p, &big.unwrap(), 5).unwrap();
+        assert_eq!(
+            (d.limit, d.remaining),
+            (10, 0),
+            "{engine}: 80 + 15 - 10 used: {d:?}"
+        );
+        l.set_override_blocking("vip", "api", "100/hour", None)
+            .unwrap();
+        assert_eq!(
+            l.peek_blocking("vip", &p).unwrap().remaining,
+            15,
+            "{engine}"
+        );
+        l.refund_blocking("vip", &p, 5).unwrap();
         // an override of another algorithm has its own state
         l.set_override_blocking(
             "vip",

@@ -215,11 +215,18 @@ impl Limiter {
             ));
         }
         let base_limit = policy.0.compiled.limit;
+        let overrides = policy.overrides();
         let (d, op) = self
             .settle_run(&r.key, policy, &|eff| {
                 // (the limit in force: the policy's, the key's override, or for a
-                // multi-limit policy its largest)
-                let most = eff.limit.max(base_limit);
+                // multi-limit policy its largest; under overrides, the one the units were
+                // reserved under may have changed since, so any limit shardlimit accepts:
+                // what a give-back returns is bounded by what the state holds)
+                let most = if overrides {
+                    crate::policy::MAX_LIMIT
+                } else {
+                    eff.limit.max(base_limit)
+                };
                 if r.units > most {
                     return Err(Error::invalid(
                         "reservation.units",
