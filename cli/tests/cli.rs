@@ -854,3 +854,66 @@ fn override_set_get_list_delete_on_redis() {
         assert!(err.contains(want), "{a:?}: {err}");
     }
 }
+
+/// `charge` and `refund` on a multi-limit policy (every limit charged: the hour's goes into
+/// debt, the decision names it with `limit_index`) and on an exact-rate bucket of
+/// 300,000/s (`tq` state: charged exactly, nothing refused).
+#[test]
+fn charge_and_refund_on_multi_limit_and_exact_rate_policies() {
+    let r = redis();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.json");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}], "timeout_ms": 5000,
+            "policies":{{"plan":"5/hour; 100/day",
+              "llm":{{"algorithm":"token_bucket","capacity":30000000,"refill_per_sec":300000}}}}}}"#,
+            r.1
+        ),
+    )
+    .unwrap();
+    let c = cfg.to_str().unwrap();
+    let json = |o: &Output| -> serde_json::Value {
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_str(&stdout(o)).unwrap()
+    };
+    let d = json(&sl(&[
+        "charge", "--config", c, "--policy", "plan", "--cost", "7", "t:1",
+    ]));
+    assert_eq!(
+        (d["remaining"].as_u64(), d["limit"].as_u64()),
+        (Some(0), Some(5))
+    );
+    assert_eq!(d["limit_index"], 0, "{d}");
+    let o = sl(&["check", "--config", c, "--policy", "plan", "t:1"]);
+    assert_eq!(o.status.code(), Some(1), "the hour is in debt: denied");
+    // 3 back in both: the hour has 1 left (the day 96)
+    let d = json(&sl(&[
+        "refund", "--config", c, "--policy", "plan", "--cost", "3", "t:1",
+    ]));
+    assert_eq!(
+        (d["remaining"].as_u64(), d["limit_index"].as_u64()),
+        (Some(1), Some(0))
+    );
+    // 300,000/s with room for 100 s: a charge of 20 million leaves 10 million, plus what
+    // refilled (0.3 a µs) while the CLI ran
+    let d = json(&sl(&[
+        "charge", "--config", c, "--policy", "llm", "--cost", "20000000", "t:1",
+    ]));
+    let left = d["remaining"].as_u64().unwrap();
+    assert!((10_000_000..10_000_000 + 3_000_000).contains(&left), "{d}");
+    let d = json(&sl(&[
+        "refund", "--config", c, "--policy", "llm", "--cost", "1000000", "t:1",
+    ]));
+    let after = d["remaining"].as_u64().unwrap();
+    assert!(
+        after >= left + 1_000_000 && after < left + 1_000_000 + 3_000_000,
+        "{d}"
+    );
+}

@@ -4,12 +4,15 @@
 -- A key's debt is capped at one limit: what a window counts, a sliding log holds or a
 -- bucket is filled to never exceeds twice the limit, so one huge charge cannot lock a key
 -- out for more than about two periods, and every reply stays a plausible duration.
--- CHARGE.<code>(key, now, limit, period, cost)
--- GIVE.<code>(key, now, limit, period, cost, at, reserved): give back `cost` units; with
+-- CHARGE.<code>(key, now, limit, period, cost, x)
+-- GIVE.<code>(key, now, limit, period, cost, at, reserved, x): give back `cost` units; with
 --   `reserved` > 0 they are units of a reservation of `reserved` units recorded at `at`
 --   (µs): a window gives them back to the window that admitted them (nothing once that
 --   window no longer counts), a sliding log to the entry it recorded. With `reserved` 0:
 --   the current window's units, the sliding log's newest entries.
+-- `x` is the algorithm's 7th argument as a check passes it ("" for none): a window's per-key
+-- shift, added to `now` and `at` (core/src/policy/offset.rs), or an exact bucket
+-- interval's denominator (the state is then "T:f", see ALGO.tb).
 local CHARGE, GIVE = {}, {}
 -- the most entries a sliding-log give-back rewrites (see GIVE.sl)
 local SL_SHIFT = 256
@@ -29,12 +32,14 @@ local function counter_give(ckey, cost)
 end
 
 if ALGO.fw then -- each settle script holds one algorithm: define its functions only
-CHARGE.fw = function(key, now, limit, window, cost)
+CHARGE.fw = function(key, now, limit, window, cost, x)
+  if x ~= '' then now = now + tonumber(x) end
   local idx = math.floor(now / window)
   counter_charge(key .. ':' .. int(idx), limit, cost, (idx + 1) * window - now)
 end
 
-GIVE.fw = function(key, now, limit, window, cost, at)
+GIVE.fw = function(key, now, limit, window, cost, at, reserved, x)
+  if x ~= '' then now, at = now + tonumber(x), at + tonumber(x) end
   local idx = math.floor(at / window)
   if idx ~= math.floor(now / window) then return end -- that window is over
   counter_give(key .. ':' .. int(idx), cost)
@@ -42,12 +47,14 @@ end
 end
 
 if ALGO.sw then
-CHARGE.sw = function(key, now, limit, window, cost)
+CHARGE.sw = function(key, now, limit, window, cost, x)
+  if x ~= '' then now = now + tonumber(x) end
   local idx = math.floor(now / window)
   counter_charge(key .. ':' .. int(idx), limit, cost, 2 * window - (now - idx * window))
 end
 
-GIVE.sw = function(key, now, limit, window, cost, at)
+GIVE.sw = function(key, now, limit, window, cost, at, reserved, x)
+  if x ~= '' then now, at = now + tonumber(x), at + tonumber(x) end
   local idx = math.floor(at / window)
   -- the current window, or the previous one (whose weight is still counted)
   if idx + 1 < math.floor(now / window) then return end
@@ -150,7 +157,46 @@ GIVE.sl = function(key, now, limit, window, cost, at, reserved)
 end
 end
 
-local function tat_charge(key, now, limit, interval, cost)
+-- an exact bucket's state "T:f" (see ALGO.tb) as ticks of 1/q µs ahead of now (0 when
+-- passed, at most 2^52 ticks); nil when it is unreadable
+local function exact_div(a, b) -- floor(a / b) and a % b, exactly, as div() in ALGO.tb
+  local x = math.floor(a / b)
+  local r = a - x * b
+  if r < 0 then return x - 1, r + b elseif r >= b then return x + 1, r - b end
+  return x, r
+end
+
+local function exact_ahead(key, now, q)
+  local v = redis.call('GET', key)
+  if not v then return 0 end
+  local t, f = string.match(v, '^(%d+):(%d+)$')
+  t, f = tonumber(t), tonumber(f)
+  if not t or f >= q then return nil end
+  if t < now then return 0 end
+  return math.min(t - now, (exact_div(4503599627370496, q))) * q + f
+end
+
+-- writes the exact state `d` ticks ahead of now (none when d is 0)
+local function exact_set(key, now, q, d)
+  if d <= 0 then
+    redis.call('DEL', key)
+    return
+  end
+  local t, f = exact_div(d, q)
+  local us = t
+  if f > 0 then us = us + 1 end
+  redis.call('SET', key, int(now + t) .. ':' .. int(f), 'PX', math.ceil(us / 1000))
+end
+
+local function tat_charge(key, now, limit, interval, cost, x)
+  if x ~= '' then
+    local q = tonumber(x)
+    local d = exact_ahead(key, now, q)
+    if d == nil then error('shardlimit: unreadable exact bucket state in ' .. key) end
+    local nd = math.max(math.min(d + cost * interval, 2 * limit * interval), d)
+    if nd > d then exact_set(key, now, q, nd) end
+    return
+  end
   local tat = tonumber(redis.call('GET', key) or '0')
   if tat < now then tat = now end
   local new = math.max(math.min(tat + cost * interval, now + 2 * limit * interval), tat)
@@ -159,7 +205,14 @@ local function tat_charge(key, now, limit, interval, cost)
   end
 end
 
-local function tat_give(key, now, limit, interval, cost)
+local function tat_give(key, now, limit, interval, cost, at, reserved, x)
+  if x ~= '' then
+    local q = tonumber(x)
+    local d = exact_ahead(key, now, q)
+    if d == nil then error('shardlimit: unreadable exact bucket state in ' .. key) end
+    if d > 0 then exact_set(key, now, q, d - cost * interval) end
+    return
+  end
   local tat = tonumber(redis.call('GET', key) or '0')
   local back = tat - cost * interval
   if back <= now then

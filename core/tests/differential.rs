@@ -91,14 +91,10 @@ impl Spec {
         ALGORITHMS[self.algorithm] == "concurrency"
     }
 
-    /// Whether charge, refund and reserve apply (the core refuses them, on both engines
-    /// alike, for concurrency, per-key window offsets and fractional refill intervals).
+    /// Whether charge, refund and reserve apply (every policy but a concurrency one, which
+    /// has leases: per-key window offsets and exact fractional rates too).
     fn settles(&self) -> bool {
         !self.is_concurrency()
-            && !self.per_key
-            && policy("p", self)
-                .emission_interval_us()
-                .is_none_or(|(_, den)| den == 1)
     }
 
     /// The policy as a config object (the form of the vectors).

@@ -628,9 +628,10 @@ fn settled_algo(case: &Value, step: &Value) -> String {
         .iter()
         .find(|s| s["op"] == "reserve" && &s["reserve_as"] == tag)
         .unwrap_or_else(|| panic!("no reserve step with reserve_as {tag}"));
+    // (a multi-limit policy: a rate string or an object of `limits`)
     case["policies"][reserve["policy"].as_str().unwrap()]["algorithm"]
         .as_str()
-        .unwrap()
+        .unwrap_or("multi")
         .to_string()
 }
 

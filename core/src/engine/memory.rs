@@ -400,7 +400,9 @@ impl MemoryEngine {
         self.shards[shard]
             .lock()
             .with_state(hash, scope, key, c, now, |s| {
-                crate::engine::settle::apply(c, s, now, op)
+                // (a window placed per key runs on the key's shifted clock, as a check)
+                let shift = c.shift_us(key);
+                crate::engine::settle::apply(c, s, now + shift, op.shifted(shift))
             })
     }
 

@@ -3,6 +3,7 @@
 //! a sliding log holds or a bucket is filled to never exceeds twice the limit).
 
 use crate::engine::algo::{self, LogEntry, Outcome, State, SL_EXPIRE, SL_MOD};
+use crate::engine::exact;
 use crate::policy::{Algorithm, Compiled};
 use std::collections::VecDeque;
 
@@ -32,6 +33,42 @@ impl SettleOp {
                 actual,
                 at,
             } => ("settle", reserved, actual, at),
+        }
+    }
+
+    /// The op for one limit of a multi-limit policy that holds at most `cap` units (twice
+    /// its limit): what is charged or given back capped at that; a reservation's units
+    /// stay as recorded (a sliding log finds its entry by them).
+    pub fn capped(self, cap: u64) -> SettleOp {
+        match self {
+            SettleOp::Charge(u) => SettleOp::Charge(u.min(cap)),
+            SettleOp::Refund(u) => SettleOp::Refund(u.min(cap)),
+            SettleOp::Settle {
+                reserved,
+                actual,
+                at,
+            } => SettleOp::Settle {
+                reserved,
+                actual: actual.min(reserved + cap),
+                at,
+            },
+        }
+    }
+
+    /// The op on a clock shifted by `shift` µs (a window placed per key): a reservation's
+    /// time moves with it, so that it settles into the window that admitted it.
+    pub fn shifted(self, shift: u64) -> SettleOp {
+        match self {
+            SettleOp::Settle {
+                reserved,
+                actual,
+                at,
+            } => SettleOp::Settle {
+                reserved,
+                actual,
+                at: at + shift,
+            },
+            op => op,
         }
     }
 }
@@ -89,6 +126,15 @@ fn charge(c: &Compiled, state: &mut Option<State>, now: u64, cost: u64) {
             }
         }
         Algorithm::SlidingLog => sl_charge(limit, p, state, now, cost),
+        Algorithm::TokenBucket | Algorithm::LeakyBucket if c.period_den > 1 => {
+            // an exact interval of p/q µs: in ticks of 1/q µs ahead of now (`tat_charge`)
+            let q = c.period_den;
+            let d = exact::ticks_ahead(state, now, q);
+            let nd = (d + cost * p).min(2 * limit * p).max(d);
+            if nd > d {
+                *state = Some(exact::at(now, nd, q));
+            }
+        }
         Algorithm::TokenBucket | Algorithm::LeakyBucket => {
             let tat = match state {
                 Some(State::Tat(t)) => (*t).max(now),
@@ -132,9 +178,17 @@ fn give(c: &Compiled, state: &mut Option<State>, now: u64, cost: u64, at: u64, r
                 sl_give(log, p, now, cost, at, reserved);
             }
         }
+        Algorithm::TokenBucket | Algorithm::LeakyBucket if c.period_den > 1 => {
+            let q = c.period_den;
+            let d = exact::ticks_ahead(state, now, q);
+            if d > 0 {
+                let back = d.saturating_sub(cost.saturating_mul(p));
+                *state = (back > 0).then(|| exact::at(now, back, q));
+            }
+        }
         Algorithm::TokenBucket | Algorithm::LeakyBucket => {
             if let Some(State::Tat(t)) = state {
-                let back = t.saturating_sub(cost * p);
+                let back = t.saturating_sub(cost.saturating_mul(p));
                 if back <= now {
                     *state = None;
                 } else {

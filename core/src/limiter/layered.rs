@@ -303,6 +303,7 @@ impl Limiter {
                     for (j, i) in idx.iter().enumerate() {
                         out.outcomes[*i] = raw.outcomes[j];
                     }
+                    out.now = raw.now;
                     match raw.deciding {
                         None => committed.push((g, raw.now)),
                         Some(d) => {

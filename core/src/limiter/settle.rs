@@ -3,13 +3,14 @@
 //! (`engine/settle.rs`, `core/lua/settle.lua`).
 
 use super::check::validate_key;
-use super::{Engine, Limiter};
+use super::layered::{describe, layer_reqs};
+use super::{Engine, Layer, Limiter};
 use crate::decision::{Decision, Source};
-use crate::engine::memory::Raw;
-use crate::engine::redis::SettleCall;
+use crate::engine::algo::Outcome;
+use crate::engine::redis::{SettleCall, Settled};
 use crate::engine::settle::SettleOp;
 use crate::error::{Error, Result};
-use crate::policy::{Algorithm, Compiled, Policy, WindowOffset};
+use crate::policy::{Algorithm, Compiled, Policy};
 use crate::routing::shard_index;
 use std::sync::atomic::Ordering;
 
@@ -37,53 +38,73 @@ impl Limiter {
     /// limit), so one huge charge cannot lock it out for more than about two periods.
     /// The decision is always allowed; `remaining` and `reset_after` describe the key
     /// after the charge (`remaining` 0 while in debt). A backend failure is an error (no
-    /// `on_error` decision: nothing was charged).
+    /// `on_error` decision: nothing was charged). On a multi-limit policy every limit is
+    /// charged (each may go into debt) and the decision describes the tightest; on a
+    /// policy with overrides, the key's limit in force is charged.
     pub async fn charge(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision> {
-        let eff = self.settle_prepare(key, policy, "charge", cost)?;
-        let cost = cost.min(2 * eff.limit);
-        let d = self
-            .settle_run(key, policy, eff, SettleOp::Charge(cost))
+        settle_checked(key, policy)?;
+        positive(cost)?;
+        let (d, op) = self
+            .settle_run(key, policy, &|eff| {
+                Ok(SettleOp::Charge(cost.min(2 * eff.limit)))
+            })
             .await?;
         self.with_counters(policy.name(), |c| {
-            c.charged_units.fetch_add(cost, Ordering::Relaxed);
+            c.charged_units.fetch_add(op.args().1, Ordering::Relaxed);
         });
         Ok(d)
     }
 
     /// Gives `cost` units of `policy` back to `key`, never above its limit (a full budget
     /// stays full): units of the current window (fixed and sliding window), the newest
-    /// units (sliding log, at most 64 entries), or the bucket's level. The decision is as
-    /// [`Limiter::charge`]'s.
+    /// units (sliding log, at most 64 entries), or the bucket's level; on a multi-limit
+    /// policy, in every limit. The decision is as [`Limiter::charge`]'s.
     pub async fn refund(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision> {
-        let eff = self.settle_prepare(key, policy, "refund", cost)?;
-        let cost = cost.min(2 * eff.limit);
-        let d = self
-            .settle_run(key, policy, eff, SettleOp::Refund(cost))
+        settle_checked(key, policy)?;
+        positive(cost)?;
+        let (d, op) = self
+            .settle_run(key, policy, &|eff| {
+                Ok(SettleOp::Refund(cost.min(2 * eff.limit)))
+            })
             .await?;
         self.with_counters(policy.name(), |c| {
-            c.refunded_units.fetch_add(cost, Ordering::Relaxed);
+            c.refunded_units.fetch_add(op.args().1, Ordering::Relaxed);
         });
         Ok(d)
     }
 
     /// A check of an estimated cost that can be settled later: the decision of a check of
     /// `estimate` units and, when it was allowed (by Redis or the in-memory engine, not
-    /// by `on_error`), the [`Reservation`] to settle with the actual cost.
+    /// by `on_error`), the [`Reservation`] to settle with the actual cost. On a multi-limit
+    /// policy it is the policy's all-or-nothing check, and the reservation settles in
+    /// every limit.
     pub async fn reserve(
         &self,
         key: &str,
         policy: &Policy,
         estimate: u64,
     ) -> Result<(Decision, Option<Reservation>)> {
-        let eff = self.settle_prepare(key, policy, "reserve", estimate)?;
-        // as a check: a cost above the limit is denied with no retry_after
-        let cost = estimate.min(eff.limit + 1);
-        let p = &*policy.0;
-        let (d, at) = match &self.view().engine {
+        settle_checked(key, policy)?;
+        positive(estimate)?;
+        if let Some(parts) = policy.parts() {
+            return self.reserve_multi(key, policy, parts, estimate).await;
+        }
+        let base = policy;
+        let view = self.view();
+        let (d, at, eff, cost) = match &view.engine {
             Engine::Memory(m) => {
                 let now = self.now();
+                let ov = self.memory_override(&base.0, key, now);
+                let (policy, scope) = match &ov {
+                    Some((a, _)) => (&a.policy, &a.memory_scope),
+                    None => (base, &base.0.scope),
+                };
+                let p = &*policy.0;
+                let eff = p.effective(self.global_scale());
+                // as a check: a cost above the limit is denied with no retry_after
+                let cost = estimate.min(eff.limit + 1);
                 let raw = m.check(
-                    &p.name,
+                    scope,
                     &eff,
                     key,
                     now,
@@ -92,30 +113,48 @@ impl Limiter {
                     "",
                     p.auto_block.as_ref(),
                 );
-                (self.finish(p, &eff, key, raw, Source::Memory, None), now)
+                let d = self.finish(p, &eff, key, raw, Source::Memory, None);
+                (d, now, eff, cost)
             }
             Engine::Redis(r) => {
                 let shard = shard_index(key, r.shards.len() as u32);
-                if let Some(h) = &self.view().handoff {
-                    self.carry_over(h, r, p, key, shard as usize).await;
+                if let Some(h) = &view.handoff {
+                    self.carry_over(h, r, &base.0, key, shard as usize).await;
                 }
-                let call = SettleCall::Reserve(cost);
                 let now = self.now_override();
-                match r.settle_call(shard as usize, p, &eff, key, call, now).await {
-                    Ok((raw, now)) => (
-                        self.finish(p, &eff, key, raw, Source::Redis, Some(shard)),
-                        now,
-                    ),
-                    Err(e) if e.is_backend() => {
-                        let d = self.fallback(p, &eff, key, cost, false, e)?;
-                        self.count(&p.name, &d);
-                        return Ok((d, None));
+                let (mut ov, mut active) = self.override_arg(&base.0, key);
+                let mut tries = 0;
+                loop {
+                    let policy = active.as_ref().map_or(base, |a| &a.policy);
+                    let p = &*policy.0;
+                    let eff = p.effective(self.global_scale());
+                    let cost = estimate.min(eff.limit + 1);
+                    let call = SettleCall::Reserve(cost);
+                    match r
+                        .settle_call(shard as usize, p, &eff, key, call, now, ov)
+                        .await
+                    {
+                        Ok(Settled::Done(raw, now)) => {
+                            let d = self.finish(p, &eff, key, raw, Source::Redis, Some(shard));
+                            break (d, now, eff, cost);
+                        }
+                        Ok(Settled::Override(v)) => {
+                            tries += 1;
+                            let name = &r.shards[shard as usize].name;
+                            Limiter::override_churn(tries, name, key)?;
+                            (ov, active) = self.learn_override(base, key, name, &v)?;
+                        }
+                        Err(e) if e.is_backend() => {
+                            let d = self.fallback(p, &eff, key, cost, false, e)?;
+                            self.count(&p.name, &d);
+                            return Ok((d, None));
+                        }
+                        Err(e) => return Err(e),
                     }
-                    Err(e) => return Err(e),
                 }
             }
         };
-        self.count(&p.name, &d);
+        self.count(base.name(), &d);
         let reservation =
             (d.allowed && matches!(d.source, Source::Redis | Source::Memory)).then(|| {
                 // a sliding log records its entry at `at + reset - window` (never before `at`)
@@ -126,7 +165,7 @@ impl Limiter {
                 };
                 Reservation {
                     key: key.to_string(),
-                    policy: p.name.to_string(),
+                    policy: base.name().to_string(),
                     units: cost,
                     at_us,
                 }
@@ -158,7 +197,7 @@ impl Limiter {
                 "must be at least 1, as reserve returns it",
             ));
         }
-        let eff = self.settle_prepare(&r.key, policy, "settle", r.units)?;
+        settle_checked(&r.key, policy)?;
         if r.policy != policy.name() {
             return Err(Error::invalid(
                 "reservation.policy",
@@ -169,28 +208,42 @@ impl Limiter {
                 ),
             ));
         }
-        if r.units > eff.limit.max(policy.0.compiled.limit) {
-            return Err(Error::invalid(
-                "reservation.units",
-                format!(
-                    "must be between 1 and the policy's limit {}, got {}",
-                    policy.0.compiled.limit, r.units
-                ),
-            ));
-        }
         if r.at_us >= MAX_AT_US {
             return Err(Error::invalid(
                 "reservation.at_us",
                 format!("must be below 2^53, got {}", r.at_us),
             ));
         }
-        let actual = actual.min(r.units + 2 * eff.limit);
-        let op = SettleOp::Settle {
-            reserved: r.units,
-            actual,
-            at: r.at_us,
-        };
-        let d = self.settle_run(&r.key, policy, eff, op).await?;
+        let base_limit = policy.0.compiled.limit;
+        let overrides = policy.overrides();
+        let (d, op) = self
+            .settle_run(&r.key, policy, &|eff| {
+                // (the limit in force: the policy's, the key's override, or for a
+                // multi-limit policy its largest; under overrides, the one the units were
+                // reserved under may have changed since, so any limit shardlimit accepts:
+                // what a give-back returns is bounded by what the state holds)
+                let most = if overrides {
+                    crate::policy::MAX_LIMIT
+                } else {
+                    eff.limit.max(base_limit)
+                };
+                if r.units > most {
+                    return Err(Error::invalid(
+                        "reservation.units",
+                        format!(
+                            "must be between 1 and the policy's limit {most}, got {}",
+                            r.units
+                        ),
+                    ));
+                }
+                Ok(SettleOp::Settle {
+                    reserved: r.units,
+                    actual: actual.min(r.units + 2 * eff.limit),
+                    at: r.at_us,
+                })
+            })
+            .await?;
+        let (_, _, actual, _) = op.args();
         self.with_counters(policy.name(), |c| {
             if actual > r.units {
                 c.charged_units
@@ -203,106 +256,120 @@ impl Limiter {
         Ok(d)
     }
 
-    /// The key, the policy (no concurrency: it has leases) and the limit in force.
-    fn settle_checked(&self, key: &str, policy: &Policy, op: &str) -> Result<Compiled> {
-        validate_key(key)?;
-        if policy.algorithm() == Algorithm::Concurrency {
-            return Err(Error::invalid(
-                "policy",
-                format!(
-                    "{} is a concurrency policy: {op} does not apply to leases; use acquire and release",
-                    policy.name()
-                ),
-            ));
-        }
-        // (what the settle scripts do not handle yet is refused, never misread: their
-        // state layouts are those of whole-µs buckets and aligned windows of one limit)
-        if policy.is_multi() {
-            return Err(Error::invalid(
-                "policy",
-                format!(
-                    "{} holds several limits: {op} applies to a policy of one limit for now",
-                    policy.name()
-                ),
-            ));
-        }
-        if policy.overrides() {
-            return Err(Error::invalid(
-                "policy",
-                format!(
-                    "{} takes per-key overrides: {op} applies to policies without them for now",
-                    policy.name()
-                ),
-            ));
-        }
-        let c = &policy.0.compiled;
-        if c.window_offset != WindowOffset::None {
-            return Err(Error::invalid(
-                "policy",
-                format!(
-                    "{} has window_offset per_key: {op} does not apply to offset windows yet",
-                    policy.name()
-                ),
-            ));
-        }
-        let eff = policy.0.effective(self.global_scale());
-        if eff.period_den != 1 {
-            return Err(Error::invalid(
-                "policy",
-                format!(
-                    "{} refills at an exact fractional rate: {op} applies to whole-microsecond refill intervals for now",
-                    policy.name()
-                ),
-            ));
-        }
-        Ok(eff)
-    }
-
-    fn settle_prepare(&self, key: &str, policy: &Policy, op: &str, cost: u64) -> Result<Compiled> {
-        let eff = self.settle_checked(key, policy, op)?;
-        if cost == 0 {
-            return Err(Error::invalid("cost", "must be at least 1"));
-        }
-        Ok(eff)
-    }
-
-    /// Runs a charge, refund or settle on the engine: a decision that always allows.
+    /// Runs a charge, refund or settle on the engine, the op built by `mk` for the limit
+    /// in force (the key's override if it has one): a decision that always allows, and
+    /// the op as it ran.
     async fn settle_run(
         &self,
         key: &str,
-        policy: &Policy,
-        eff: Compiled,
-        op: SettleOp,
-    ) -> Result<Decision> {
-        let p = &*policy.0;
+        base: &Policy,
+        mk: &(dyn Fn(&Compiled) -> Result<SettleOp> + Sync),
+    ) -> Result<(Decision, SettleOp)> {
+        if let Some(parts) = base.parts() {
+            return self.settle_multi(key, parts, mk).await;
+        }
         let view = self.view();
-        let (raw, source, shard) = match &view.engine {
+        match &view.engine {
             Engine::Memory(m) => {
-                let o = m.settle(&p.name, &eff, key, self.now(), op);
-                (
-                    Raw {
-                        outcome: o,
-                        blocked: crate::engine::memory::BlockVerdict::Clear,
-                        granted: 0,
-                    },
-                    Source::Memory,
-                    None,
-                )
+                let now = self.now();
+                let ov = self.memory_override(&base.0, key, now);
+                let (policy, scope) = match &ov {
+                    Some((a, _)) => (&a.policy, &a.memory_scope),
+                    None => (base, &base.0.scope),
+                };
+                let eff = policy.0.effective(self.global_scale());
+                let op = mk(&eff)?;
+                let o = m.settle(scope, &eff, key, now, op);
+                Ok((self.decision(&policy.0, &eff, o, Source::Memory, None), op))
             }
             Engine::Redis(r) => {
                 let shard = shard_index(key, r.shards.len() as u32);
                 if let Some(h) = &view.handoff {
-                    self.carry_over(h, r, p, key, shard as usize).await;
+                    self.carry_over(h, r, &base.0, key, shard as usize).await;
                 }
                 let now = self.now_override();
-                match r
-                    .settle_call(shard as usize, p, &eff, key, SettleCall::Op(op), now)
-                    .await
-                {
-                    Ok((raw, _)) => (raw, Source::Redis, Some(shard)),
+                let (mut ov, mut active) = self.override_arg(&base.0, key);
+                let mut tries = 0;
+                loop {
+                    let policy = active.as_ref().map_or(base, |a| &a.policy);
+                    let p = &*policy.0;
+                    let eff = p.effective(self.global_scale());
+                    let op = mk(&eff)?;
+                    let call = SettleCall::Op(op);
+                    match r
+                        .settle_call(shard as usize, p, &eff, key, call, now, ov)
+                        .await
+                    {
+                        Ok(Settled::Done(raw, _)) => {
+                            let d = self.decision(p, &eff, raw.outcome, Source::Redis, Some(shard));
+                            return Ok((d, op));
+                        }
+                        Ok(Settled::Override(v)) => {
+                            tries += 1;
+                            let name = &r.shards[shard as usize].name;
+                            Limiter::override_churn(tries, name, key)?;
+                            (ov, active) = self.learn_override(base, key, name, &v)?;
+                        }
+                        Err(e) => {
+                            if e.is_backend() {
+                                self.with_counters(&p.name, |c| {
+                                    c.redis_errors.fetch_add(1, Ordering::Relaxed);
+                                });
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A charge, refund or settle of a multi-limit policy: the op in every limit (each
+    /// capped at twice its own limit), in one script call on the key's shard; the
+    /// decision describes the limit with the fewest units left (the one in debt).
+    async fn settle_multi(
+        &self,
+        key: &str,
+        parts: &[Policy],
+        mk: &(dyn Fn(&Compiled) -> Result<SettleOp> + Sync),
+    ) -> Result<(Decision, SettleOp)> {
+        let global = self.global_scale();
+        let effs: Vec<Compiled> = parts.iter().map(|p| p.0.effective(global)).collect();
+        let widest = effs
+            .iter()
+            .max_by_key(|e| e.limit)
+            .expect("a multi-limit policy holds limits");
+        let op = mk(widest)?;
+        let ops: Vec<SettleOp> = effs.iter().map(|e| op.capped(2 * e.limit)).collect();
+        let view = self.view();
+        let (outcomes, source, shard): (Vec<Outcome>, _, _) = match &view.engine {
+            Engine::Memory(m) => {
+                let now = self.now();
+                let o = parts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| m.settle(&p.0.scope, &effs[i], key, now, ops[i]))
+                    .collect();
+                (o, Source::Memory, None)
+            }
+            Engine::Redis(r) => {
+                let shard = shard_index(key, r.shards.len() as u32);
+                if let Some(h) = &view.handoff {
+                    for p in parts {
+                        self.carry_over(h, r, &p.0, key, shard as usize).await;
+                    }
+                }
+                let now = self.now_override();
+                let limits: Vec<(&str, Compiled, SettleOp)> = parts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| (p.0.key_scope.as_str(), effs[i], ops[i]))
+                    .collect();
+                match r.settle_multi(shard as usize, key, &limits, now).await {
+                    Ok(o) => (o, Source::Redis, Some(shard)),
                     Err(e) => {
                         if e.is_backend() {
-                            self.with_counters(&p.name, |c| {
+                            self.with_counters(&parts[0].0.name, |c| {
                                 c.redis_errors.fetch_add(1, Ordering::Relaxed);
                             });
                         }
@@ -311,6 +378,87 @@ impl Limiter {
                 }
             }
         };
-        Ok(self.decision(p, &eff, raw.outcome, source, shard))
+        let idx = (0..outcomes.len())
+            .min_by_key(|i| outcomes[*i].remaining)
+            .unwrap_or(0);
+        let mut d = self.decision(&parts[idx].0, &effs[idx], outcomes[idx], source, shard);
+        let origin: Vec<(usize, Option<usize>)> = (0..parts.len()).map(|i| (0, Some(i))).collect();
+        describe(&mut d, idx, &origin, &effs, true);
+        Ok((d, op))
     }
+
+    /// [`Limiter::reserve`] of a multi-limit policy: its all-or-nothing check (one script
+    /// call on the key's shard), and the time it was decided at for the reservation.
+    async fn reserve_multi(
+        &self,
+        key: &str,
+        policy: &Policy,
+        parts: &[Policy],
+        estimate: u64,
+    ) -> Result<(Decision, Option<Reservation>)> {
+        let layers: Vec<Layer> = parts.iter().map(|p| Layer::new(key, p, estimate)).collect();
+        let origin: Vec<(usize, Option<usize>)> = (0..parts.len()).map(|i| (0, Some(i))).collect();
+        let originals = [Layer::new(key, policy, estimate)];
+        let (effs, leases) = self.layer_limits(&layers);
+        let reqs = layer_reqs(&layers, &effs, &leases);
+        let view = self.view();
+        let n = layers.len();
+        let (raw, source, shards) = match &view.engine {
+            Engine::Memory(m) => (
+                m.check_layers(&reqs, self.now()),
+                Source::Memory,
+                vec![None; n],
+            ),
+            Engine::Redis(r) => {
+                let shard = shard_index(key, r.shards.len() as u32);
+                if let Some(h) = &view.handoff {
+                    for p in parts {
+                        self.carry_over(h, r, &p.0, key, shard as usize).await;
+                    }
+                }
+                let shard_of = vec![shard as usize; n];
+                let (raw, src) = self.layered_redis(r, &layers, &reqs, &shard_of).await?;
+                (raw, src, vec![Some(shard); n])
+            }
+        };
+        let at = raw.now;
+        let d = self.conclude(
+            &layers, &origin, &originals, true, &effs, raw, source, &shards,
+        );
+        // (every limit admitted `estimate` units at `at`: each settles into its window of
+        // `at`; a sliding-log limit gives back to its entry of `at`, when it recorded it
+        // there, else its units stay counted until the entry expires)
+        let reservation =
+            (d.allowed && matches!(d.source, Source::Redis | Source::Memory)).then(|| {
+                Reservation {
+                    key: key.to_string(),
+                    policy: policy.name().to_string(),
+                    units: estimate,
+                    at_us: at,
+                }
+            });
+        Ok((d, reservation))
+    }
+}
+
+/// The key, and the policy: every policy but a concurrency one (it has leases).
+fn settle_checked(key: &str, policy: &Policy) -> Result<()> {
+    validate_key(key)?;
+    if policy.algorithm() == Algorithm::Concurrency {
+        return Err(Error::invalid(
+            "policy",
+            format!(
+                "{} is a concurrency policy: charge, refund, reserve and settle do not apply to leases; use acquire and release",
+                policy.name()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn positive(cost: u64) -> Result<()> {
+    if cost == 0 {
+        return Err(Error::invalid("cost", "must be at least 1"));
+    }
+    Ok(())
 }

@@ -39,7 +39,7 @@ pub mod scripts;
 mod shadow;
 pub use shadow::{SHADOW_MAX_KEYS, SHADOW_TTL};
 mod settle;
-pub(crate) use settle::SettleCall;
+pub(crate) use settle::{SettleCall, Settled};
 
 use scripts::ScriptId;
 mod stream;

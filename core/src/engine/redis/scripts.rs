@@ -110,6 +110,14 @@ settle_script!(SLIDING_WINDOW_SETTLE_SRC, "sliding_window.lua");
 settle_script!(SLIDING_LOG_SETTLE_SRC, "sliding_log.lua");
 settle_script!(TOKEN_BUCKET_SETTLE_SRC, "token_bucket.lua");
 settle_script!(LEAKY_BUCKET_SETTLE_SRC, "leaky_bucket.lua");
+/// Charge, refund and settle of every limit of a multi-limit policy (`main_settle_multi.lua`).
+const SETTLE_MULTI_SRC: &str = concat!(
+    "local REFUND\n",
+    lua!("prelude.lua"),
+    all_algorithms!(),
+    lua!("settle.lua"),
+    lua!("main_settle_multi.lua")
+);
 const RESET_SRC: &str = concat!(lua!("prelude.lua"), lua!("reset.lua"));
 const MIGRATE_DUMP_SRC: &str = concat!(lua!("prelude.lua"), lua!("migrate_dump.lua"));
 const MIGRATE_RESTORE_SRC: &str = concat!(lua!("prelude.lua"), lua!("migrate_restore.lua"));
@@ -138,11 +146,13 @@ pub(crate) enum ScriptId {
     /// Charge, refund, reserve or settle (`main_settle.lua`) of an algorithm (none for
     /// concurrency: leases are acquired and released).
     Settle(Algorithm),
+    /// Charge, refund or settle of a multi-limit policy (`main_settle_multi.lua`).
+    SettleMulti,
 }
 
 /// Every script: its id, the name [`all`] gives it, its assembled source. The one table of
 /// scripts; a script's place in it is its place in `SCRIPTS`.
-const TABLE: [(ScriptId, &str, &str); 28] = {
+const TABLE: [(ScriptId, &str, &str); 29] = {
     use Algorithm as A;
     use ScriptId::*;
     [
@@ -242,6 +252,7 @@ const TABLE: [(ScriptId, &str, &str); 28] = {
             "leaky_bucket_settle",
             LEAKY_BUCKET_SETTLE_SRC,
         ),
+        (SettleMulti, "settle_multi", SETTLE_MULTI_SRC),
     ]
 };
 

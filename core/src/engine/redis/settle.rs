@@ -11,12 +11,21 @@ pub(crate) enum SettleCall {
     Reserve(u64),
 }
 
+/// What a settle script answered: the outcome and the time (µs, the script's clock) it was
+/// decided at, or the key's override entry when it is not the one the call was made with
+/// (`""`: none); then nothing was done.
+#[derive(Debug)]
+pub(crate) enum Settled {
+    Done(Raw, u64),
+    Override(Vec<u8>),
+}
+
 /// The largest time (µs) a script may answer: Lua's doubles hold integers exactly below 2^53.
 const MAX_NOW_US: i64 = 1 << 53;
 
 impl RedisEngine {
-    /// Runs `call` for `key` under `policy` (limit `eff`) on `shard`: the outcome and the
-    /// time (µs, the script's clock) it was decided at.
+    /// Runs `call` for `key` under `policy` (limit `eff`) on `shard`, with the override the
+    /// client holds (`ov`, as a check's).
     #[allow(clippy::too_many_arguments)]
     pub async fn settle_call(
         self: &Arc<Self>,
@@ -26,7 +35,8 @@ impl RedisEngine {
         key: &str,
         call: SettleCall,
         now_us: Option<u64>,
-    ) -> Result<(Raw, u64)> {
+        ov: OverrideArg,
+    ) -> Result<Settled> {
         let skey = state_key(&self.prefix, &policy.key_scope, key);
         let at = self.at(&skey);
         let (op, units, actual, recorded) = match call {
@@ -38,10 +48,16 @@ impl RedisEngine {
             SettleCall::Op(_) => (0, 0, 0),
         };
         let mut inv = ScriptId::Settle(eff.algorithm).script().prepare_invoke();
+        let block = block_key(&self.prefix, key);
         inv.key(&skey)
-            .key(block_key(&self.prefix, key))
-            .key(denial_key(&self.prefix, &policy.key_scope, key))
-            .arg(op)
+            .key(&block)
+            .key(denial_key(&self.prefix, &policy.key_scope, key));
+        match ov {
+            // never read: any key of the call's slot will do
+            OverrideArg::Off => inv.key(&block),
+            _ => inv.key(override_key(&self.prefix, &policy.name, key)),
+        };
+        inv.arg(op)
             .arg(now_us.unwrap_or(0))
             .arg(eff.algorithm.code())
             .arg(eff.limit)
@@ -57,12 +73,48 @@ impl RedisEngine {
             } else {
                 String::new()
             });
-        let r: Vec<i64> = self
+        // the algorithm's 7th argument, as a check passes it (`CheckRequest::write`)
+        match eff.extra_arg(key) {
+            Some(x) => inv.arg(x),
+            None => inv.arg(""),
+        };
+        match ov {
+            OverrideArg::Off => inv.arg("-"),
+            OverrideArg::None => inv.arg(""),
+            OverrideArg::Cached(v) => inv.arg(v),
+        };
+        let reply: redis::Value = self
             .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 inv.invoke_async(&mut conn).await
             })
             .await?;
         let sc = &self.shards[shard];
+        let script_error = |message: String| Error::Script {
+            shard: sc.name.clone(),
+            message,
+        };
+        let items = match reply {
+            redis::Value::Array(items) => items,
+            other => return Err(script_error(format!("unexpected settle reply {other:?}"))),
+        };
+        if items.len() == 3 && matches!(&items[0], redis::Value::BulkString(s) if s == b"o") {
+            return match (&items[1], &items[2]) {
+                (redis::Value::BulkString(v), redis::Value::Int(0)) => {
+                    Ok(Settled::Override(v.clone()))
+                }
+                (redis::Value::Nil, redis::Value::Int(0)) => Ok(Settled::Override(Vec::new())),
+                other => Err(script_error(format!(
+                    "unexpected override entry in a settle reply: {other:?}"
+                ))),
+            };
+        }
+        let r = items
+            .iter()
+            .map(|i| match i {
+                redis::Value::Int(n) => Ok(*n),
+                other => Err(script_error(format!("unexpected settle reply {other:?}"))),
+            })
+            .collect::<Result<Vec<i64>>>()?;
         if r.len() != 8 {
             return Err(implausible(sc, &r, "not 8 values"));
         }
@@ -84,6 +136,68 @@ impl RedisEngine {
                 "a charge, refund or settle that denied",
             ));
         }
-        Ok((raw, now))
+        Ok(Settled::Done(raw, now))
+    }
+
+    /// Runs `op` in every limit (state key scope, limit in force, the op for it) of a
+    /// multi-limit policy for `key` on `shard`, in one script call: each limit after it.
+    pub async fn settle_multi(
+        self: &Arc<Self>,
+        shard: usize,
+        key: &str,
+        limits: &[(&str, Compiled, SettleOp)],
+        now_us: Option<u64>,
+    ) -> Result<Vec<Outcome>> {
+        let (op, at) = match limits.first().map(|l| l.2.args()) {
+            Some((op, _, _, at)) => (op, at),
+            None => return Ok(Vec::new()),
+        };
+        let mut inv = ScriptId::SettleMulti.script().prepare_invoke();
+        inv.arg(op)
+            .arg(now_us.unwrap_or(0))
+            .arg(limits.len())
+            .arg(at);
+        for (scope, eff, op) in limits {
+            let (_, units, actual, _) = op.args();
+            inv.key(state_key(&self.prefix, scope, key))
+                .arg(eff.algorithm.code())
+                .arg(eff.limit)
+                .arg(eff.period_us);
+            // the algorithm's 7th argument, as a check passes it (`CheckRequest::write`)
+            match eff.extra_arg(key) {
+                Some(x) => inv.arg(x),
+                None => inv.arg(""),
+            };
+            inv.arg(units).arg(actual);
+        }
+        let skey = state_key(&self.prefix, limits[0].0, key);
+        let at = self.at(&skey);
+        let r: Vec<i64> = self
+            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
+                inv.invoke_async(&mut conn).await
+            })
+            .await?;
+        let sc = &self.shards[shard];
+        if r.len() != 1 + 5 * limits.len() {
+            return Err(implausible(
+                sc,
+                &r,
+                &format!("not 1 + 5 x {} values", limits.len()),
+            ));
+        }
+        if !(0..MAX_NOW_US).contains(&r[0]) {
+            return Err(implausible(sc, &r, "a time out of range"));
+        }
+        let outcomes = (0..limits.len())
+            .map(|i| outcome(&r[1 + 5 * i..6 + 5 * i], sc, limits[i].1.limit))
+            .collect::<Result<Vec<_>>>()?;
+        if outcomes.iter().any(|o| !o.allowed || o.retry_us.is_some()) {
+            return Err(implausible(
+                sc,
+                &r,
+                "a charge, refund or settle that denied",
+            ));
+        }
+        Ok(outcomes)
     }
 }
