@@ -98,11 +98,10 @@ impl RedisEngine {
             let call = |eval| CheckCall::new(scripts, eval, req, &self.prefix);
             // one deadline for the call, retry included
             let deadline = Instant::now() + self.timeout;
-            let mut reply = Box::pin(self.request_pipelined(shard, call(false), deadline)).await?;
-            if reply.is_noscript() {
-                // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
-                reply = Box::pin(self.request_pipelined(shard, call(true), deadline)).await?;
-            }
+            let reply = evalsha_then_eval(|eval| {
+                Box::pin(self.request_pipelined(shard, call(eval), deadline))
+            })
+            .await?;
             return self.script_reply(shard, reply, limit, cost);
         }
         let at = self
@@ -111,17 +110,8 @@ impl RedisEngine {
             .map(|_| state_key(&self.prefix, &req.policy.key_scope, req.key));
         let (first, again) = (req.cmd(&self.prefix, false), req.cmd(&self.prefix, true));
         let r: redis::Value = self
-            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
-                match first.query_async(&mut conn).await {
-                    Err(e)
-                        if e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                    {
-                        // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
-                        again.query_async(&mut conn).await
-                    }
-                    r => r,
-                }
+            .with_conn_at(shard, at.as_deref(), |conn| async move {
+                query_script(conn, &first, &again).await
             })
             .await?;
         // the same reply the pipe reads, and the rule of `untag`
@@ -142,11 +132,9 @@ impl RedisEngine {
         let packed = |eval| req.cmd(&self.prefix, eval).get_packed_command();
         // one deadline for the call, retry included
         let deadline = Instant::now() + self.timeout;
-        let mut reply = self.request_blocking(shard, &packed(false), deadline, req.tag)?;
-        if reply.is_noscript() {
-            // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
-            reply = self.request_blocking(shard, &packed(true), deadline, req.tag)?;
-        }
+        let reply = evalsha_then_eval_blocking(|eval| {
+            self.request_blocking(shard, &packed(eval), deadline, req.tag)
+        })?;
         self.script_reply(shard, reply, req.eff.limit, req.cost)
     }
 
