@@ -19,6 +19,17 @@ fn value_reply(v: redis::Value) -> Reply {
     }
 }
 
+/// The window arguments of `reset.lua` and `migrate_dump.lua` for `key`: the window (µs;
+/// 0 for an algorithm without windows) and the key's window offset.
+fn window_args(c: &Compiled, key: &str) -> (u64, u64) {
+    let window = if c.algorithm.is_windowed() {
+        c.period_us
+    } else {
+        0
+    };
+    (window, c.shift_us(key))
+}
+
 impl RedisEngine {
     /// Connects to every shard and loads every script there, all within `timeout` (its
     /// own deadline, not a call's): the pipelined connection (or the redis crate's), and
@@ -262,14 +273,8 @@ impl RedisEngine {
         shard: usize,
         now_us: Option<u64>,
     ) -> Result<()> {
-        let c = &policy.compiled;
         let rkey = state_key(&self.prefix, &policy.key_scope, key);
-        let window = if c.algorithm.is_windowed() {
-            c.period_us
-        } else {
-            0
-        };
-        let shift = c.shift_us(key);
+        let (window, shift) = window_args(&policy.compiled, key);
         let at = self.at(&rkey);
         let _: i64 = self
             .with_conn_at(shard, at.as_deref(), |mut conn| async move {
@@ -295,13 +300,7 @@ impl RedisEngine {
         key: &str,
         now_us: Option<u64>,
     ) -> Result<Vec<(String, i64, Vec<u8>)>> {
-        let c = &policy.compiled;
-        let window = if c.algorithm.is_windowed() {
-            c.period_us
-        } else {
-            0
-        };
-        let shift = c.shift_us(key);
+        let (window, shift) = window_args(&policy.compiled, key);
         let (skey, bkey) = (
             state_key(&self.prefix, &policy.key_scope, key),
             block_key(&self.prefix, key),
