@@ -29,14 +29,31 @@ pub(crate) fn lease_obj(
     Ok(obj)
 }
 
+/// The policy of a call on the configured policy named `policy` (looked up in the Promise).
+pub(crate) fn named(
+    policy: String,
+) -> impl FnOnce(&shardlimit::Limiter) -> shardlimit::Result<shardlimit::Policy> + Send + 'static {
+    move |l| l.policy(&policy)
+}
+
+/// The policy of a call on an ad-hoc limit.
+pub(crate) fn ad_hoc(
+    limit: &NativeLimit,
+) -> impl FnOnce(&shardlimit::Limiter) -> shardlimit::Result<shardlimit::Policy> + Send + 'static {
+    let p = limit.policy.clone();
+    move |_| Ok(p)
+}
+
 impl NativeLimiter {
-    /// `call(limiter, key, policy, n)` on the configured policy named `policy`, with `n` the
-    /// units argument named `what`.
-    pub(crate) fn named_call<T, V, F, C>(
+    /// `call(limiter, key, policy, n)` with `n` the units argument named `what` and the
+    /// policy from `policy` ([`named`] or [`ad_hoc`]), both checked in that order.
+    pub(crate) fn units_call<T, V, F, C>(
         &self,
         env: &Env,
         key: String,
-        policy: String,
+        policy: impl FnOnce(&shardlimit::Limiter) -> shardlimit::Result<shardlimit::Policy>
+            + Send
+            + 'static,
         (what, n): (&'static str, f64),
         call: impl FnOnce(shardlimit::Limiter, String, shardlimit::Policy, u64) -> F + Send + 'static,
         convert: C,
@@ -53,35 +70,7 @@ impl NativeLimiter {
             &self.inner,
             async move {
                 let n = units(what, n)?;
-                let p = me.policy(&policy)?;
-                call(me, key, p, n).await
-            },
-            convert,
-        )
-    }
-
-    /// [`NativeLimiter::named_call`] on an ad-hoc limit.
-    pub(crate) fn limit_call<T, V, F, C>(
-        &self,
-        env: &Env,
-        key: String,
-        limit: &NativeLimit,
-        (what, n): (&'static str, f64),
-        call: impl FnOnce(shardlimit::Limiter, String, shardlimit::Policy, u64) -> F + Send + 'static,
-        convert: C,
-    ) -> Result<Unknown<'static>>
-    where
-        T: Send + 'static,
-        V: ToNapiValue + 'static,
-        F: Future<Output = shardlimit::Result<T>> + Send + 'static,
-        C: FnOnce(&Env, T) -> Result<V> + Send + 'static,
-    {
-        let (me, p) = (self.inner.clone(), limit.policy.clone());
-        promise(
-            env,
-            &self.inner,
-            async move {
-                let n = units(what, n)?;
+                let p = policy(&me)?;
                 call(me, key, p, n).await
             },
             convert,

@@ -526,10 +526,10 @@ impl NativeLimiter {
         policy: String,
         units_: f64,
     ) -> Result<Unknown<'static>> {
-        self.named_call(
+        self.units_call(
             &env,
             key,
-            policy,
+            calls::named(policy),
             ("units", units_),
             |l, k, p, n| async move { l.acquire(&k, &p, n).await },
             calls::lease_obj,
@@ -983,10 +983,10 @@ impl NativeLimiter {
         policy: String,
         cost: f64,
     ) -> Result<Unknown<'static>> {
-        self.named_call(
+        self.units_call(
             &env,
             key,
-            policy,
+            calls::named(policy),
             ("cost", cost),
             |l, k, p, n| async move { l.check_shadow(&k, &p, n).await },
             calls::decision,
@@ -1002,10 +1002,10 @@ impl NativeLimiter {
         limit: &NativeLimit,
         cost: f64,
     ) -> Result<Unknown<'static>> {
-        self.limit_call(
+        self.units_call(
             &env,
             key,
-            limit,
+            calls::ad_hoc(limit),
             ("cost", cost),
             |l, k, p, n| async move { l.check_shadow(&k, &p, n).await },
             calls::decision,
@@ -1045,10 +1045,10 @@ impl NativeLimiter {
         limit: &NativeLimit,
         cost: f64,
     ) -> Result<Unknown<'static>> {
-        self.limit_call(
+        self.units_call(
             &env,
             key,
-            limit,
+            calls::ad_hoc(limit),
             ("cost", cost),
             |l, k, p, n| async move { l.check(&k, &p, n).await },
             calls::decision,
@@ -1085,10 +1085,10 @@ impl NativeLimiter {
         limit: &NativeLimit,
         units_: f64,
     ) -> Result<Unknown<'static>> {
-        self.limit_call(
+        self.units_call(
             &env,
             key,
-            limit,
+            calls::ad_hoc(limit),
             ("units", units_),
             |l, k, p, n| async move { l.acquire(&k, &p, n).await },
             calls::lease_obj,

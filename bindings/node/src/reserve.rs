@@ -23,10 +23,10 @@ impl NativeLimiter {
         policy: String,
         cost: f64,
     ) -> Result<Unknown<'static>> {
-        self.named_call(
+        self.units_call(
             &env,
             key,
-            policy,
+            calls::named(policy),
             ("cost", cost),
             |l, k, p, n| async move { l.charge(&k, &p, n).await },
             calls::decision,
@@ -41,10 +41,10 @@ impl NativeLimiter {
         policy: String,
         cost: f64,
     ) -> Result<Unknown<'static>> {
-        self.named_call(
+        self.units_call(
             &env,
             key,
-            policy,
+            calls::named(policy),
             ("cost", cost),
             |l, k, p, n| async move { l.refund(&k, &p, n).await },
             calls::decision,
@@ -62,10 +62,10 @@ impl NativeLimiter {
         policy: String,
         estimate: f64,
     ) -> Result<Unknown<'static>> {
-        self.named_call(
+        self.units_call(
             &env,
             key,
-            policy,
+            calls::named(policy),
             ("estimate", estimate),
             |l, k, p, n| async move { l.reserve(&k, &p, n).await },
             |env, (d, r)| reservation_obj(env, d, r),
@@ -104,10 +104,10 @@ impl NativeLimiter {
         limit: &NativeLimit,
         estimate: f64,
     ) -> Result<Unknown<'static>> {
-        self.limit_call(
+        self.units_call(
             &env,
             key,
-            limit,
+            calls::ad_hoc(limit),
             ("estimate", estimate),
             |l, k, p, n| async move { l.reserve(&k, &p, n).await },
             |env, (d, r)| reservation_obj(env, d, r),
