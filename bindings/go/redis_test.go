@@ -40,30 +40,78 @@ func ping(port int) bool {
 	return err == nil && strings.HasPrefix(line, "+PONG")
 }
 
-// startRedis starts redis-server and stops it when the test (or benchmark) ends.
+// serverPID is the process_id of the server answering on port (0 when none answers).
+func serverPID(port int) int {
+	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+	if err != nil {
+		return 0
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
+		return 0
+	}
+	r := bufio.NewReader(c)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return 0
+		}
+		if v, ok := strings.CutPrefix(line, "process_id:"); ok {
+			var pid int
+			if _, err := fmt.Sscan(strings.TrimSpace(v), &pid); err != nil {
+				return 0
+			}
+			return pid
+		}
+	}
+}
+
+// startRedis starts redis-server and stops it when the test (or benchmark) ends. A port
+// found free may be taken before the server binds it (the kernel hands a released port
+// out again, and other test binaries run at the same time): the server then exits, and
+// starts again on another port. It is ready when its own process answers.
 func startRedis(t testing.TB) *redisServer {
 	t.Helper()
-	port := freePort(t)
-	cmd := exec.Command("redis-server", "--port", fmt.Sprint(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", os.TempDir())
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("redis-server must be installed: %v", err)
-	}
-	s := &redisServer{cmd: cmd, Port: port}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	// readiness, not a race: poll until it answers, for at most 10 s
-	deadline := time.Now().Add(10 * time.Second)
-	for !ping(port) {
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server did not start on port %d", port)
+	for try := 0; try < 10; try++ {
+		port := freePort(t)
+		cmd := exec.Command("redis-server", "--port", fmt.Sprint(port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", os.TempDir())
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("redis-server must be installed: %v", err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		exited := make(chan struct{})
+		go func() {
+			_ = cmd.Wait()
+			close(exited)
+		}()
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			<-exited
+		})
+		// readiness, not a race: poll until it answers, for at most 10 s
+		deadline := time.Now().Add(10 * time.Second)
+		for serverPID(port) != cmd.Process.Pid {
+			select {
+			case <-exited:
+			default:
+				if time.Now().After(deadline) {
+					t.Fatalf("redis-server did not start on port %d", port)
+				}
+				time.Sleep(20 * time.Millisecond)
+				continue
+			}
+			break
+		}
+		select {
+		case <-exited: // it could not listen on the port: another one
+		default:
+			return &redisServer{cmd: cmd, Port: port}
+		}
 	}
-	return s
+	t.Fatal("no free port for redis-server after 10 tries")
+	return nil
 }
 
 // config is a one-shard config on s with the given policies (a JSON object body).

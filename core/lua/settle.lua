@@ -121,38 +121,52 @@ GIVE.sl = function(key, now, limit, window, cost, at, reserved)
     end
     return
   end
-  -- the reservation's entry: recorded at `at` with `reserved` units, still live
+  -- the reservation's entry: recorded at `at` with `reserved` units, still live; when a
+  -- refund has taken from it since (refunds take the newest units), the newest entries
+  -- recorded at `at` instead (entries of one instant expire together: which of them holds
+  -- the units changes no decision)
   if at <= now - window then return end
   local ms = redis.call('ZRANGEBYSCORE', key, int(at), int(at))
-  local rank = nil
-  local b = nil
-  for _, m in ipairs(ms) do
-    local mb, mc = string.match(m, '^(%d+):(%d+)$')
-    if mc ~= nil and tonumber(mc) == reserved then
-      rank = redis.call('ZRANK', key, m)
-      b = tonumber(mb)
-      break
+  if #ms == 0 then return end
+  local cs = {}
+  for k, m in ipairs(ms) do
+    local _, mc = string.match(m, '^(%d+):(%d+)$')
+    if mc == nil then return end
+    cs[k] = tonumber(mc)
+  end
+  local gives, left, first = {}, math.min(cost, reserved), nil
+  for k = 1, #ms do
+    if cs[k] == reserved then gives[k], first = left, k break end
+  end
+  if first == nil then
+    for k = #ms, 1, -1 do
+      if left <= 0 then break end
+      local g = math.min(left, cs[k])
+      if g > 0 then gives[k], first, left = g, k, left - g end
     end
   end
-  if rank == nil then return end
-  -- every later entry counts this one's units in its `before`: shift them down by the
-  -- units given back, at most SL_SHIFT of them (beyond, the units stay counted until
-  -- the entry expires: never more admitted than the limit)
+  if first == nil then return end
+  local rank = redis.call('ZRANK', key, ms[first])
+  -- every later entry counts these units in its `before`: shift them down by the units
+  -- given back, at most SL_SHIFT of them (beyond, the units stay counted until the
+  -- entry expires: never more admitted than the limit)
   if total - rank - 1 > SL_SHIFT then return end
-  local later = redis.call('ZRANGE', key, rank + 1, -1, 'WITHSCORES')
-  local give = math.min(cost, reserved)
+  local later = redis.call('ZRANGE', key, rank, -1, 'WITHSCORES')
   for i = 1, #later, 2 do
     if string.match(later[i], '^(%d+):(%d+)$') == nil then return end
   end
-  redis.call('ZREM', key, string.format('%016d:%d', b, reserved))
-  if reserved > give then
-    redis.call('ZADD', key, int(at), string.format('%016d:%d', b, reserved - give))
-  end
+  local shift = 0
   for i = 1, #later, 2 do
-    local lb, lc = string.match(later[i], '^(%d+):(%d+)$')
-    redis.call('ZREM', key, later[i])
-    redis.call('ZADD', key, later[i + 1],
-      string.format('%016d:%s', (tonumber(lb) - give) % SL_MOD, lc))
+    local g = gives[first + (i - 1) / 2] or 0
+    if shift > 0 or g > 0 then
+      local lb, lc = string.match(later[i], '^(%d+):(%d+)$')
+      redis.call('ZREM', key, later[i])
+      if tonumber(lc) > g then
+        redis.call('ZADD', key, later[i + 1],
+          string.format('%016d:%d', (tonumber(lb) - shift) % SL_MOD, tonumber(lc) - g))
+      end
+    end
+    shift = shift + g
   end
 end
 end

@@ -571,8 +571,10 @@ fn every_key_written_has_a_ttl() {
         Limit::fixed_window(3, ms(60_000)),
         Limit::sliding_window(3, ms(60_000)),
         Limit::sliding_log(3, ms(60_000)),
-        Limit::token_bucket(3, 1.0),
-        Limit::leaky_bucket(3, 1.0),
+        // 0.01 units a second: a bucket's key lives 100 s a unit, not one second, which a
+        // loaded machine may spend before PTTL reads it
+        Limit::token_bucket(3, 0.01),
+        Limit::leaky_bucket(3, 0.01),
         Limit::concurrency(3, ms(60_000)),
     ];
     for (i, l) in ps.iter().enumerate() {
@@ -617,7 +619,8 @@ fn embedded_script_sha1_equals_script_load() {
 #[test]
 fn scripts_reload_after_script_flush() {
     let server = RedisServer::start();
-    let limiter = redis_limiter(&server);
+    // an injected clock: on the wall clock a second between the checks refills a token
+    let (limiter, _clock) = with_clock(redis_limiter(&server), T0);
     let p = Policy::new("x", Limit::token_bucket(5, 1.0)).unwrap();
     assert!(limiter.check_blocking("k", &p, 1).unwrap().allowed);
     redis::cmd("SCRIPT")
@@ -637,7 +640,9 @@ fn keys_land_on_the_routed_shard() {
         RedisServer::start(),
     );
     let limiter = Limiter::from_json(&support::config(&[&a, &b, &c], "{}")).unwrap();
-    let p = Policy::new("r", Limit::token_bucket(5, 1.0)).unwrap();
+    // 0.01 units a second: the key lives 100 s, not the one second a loaded machine may
+    // spend between the check and EXISTS
+    let p = Policy::new("r", Limit::token_bucket(5, 0.01)).unwrap();
     let servers = [&a, &b, &c];
     let mut used = [0; 3];
     for i in 0..60 {
@@ -726,15 +731,17 @@ fn redis_memory_per_active_key() {
             .sum()
     };
     let s = Duration::from_secs;
-    let tb = Policy::new("api", Limit::token_bucket(100, 10.0)).unwrap();
+    // keys that outlive the test on a loaded machine: at 10 units a second the bucket's key
+    // lived 100 ms (a second limiter connects in between), a 1 s window's counters 1-2 s
+    let tb = Policy::new("api", Limit::token_bucket(100, 0.01)).unwrap();
     let fw = Policy::new("api", Limit::fixed_window(100, s(60))).unwrap();
-    let sw = Policy::new("api", Limit::sliding_window(100, s(1))).unwrap();
+    let sw = Policy::new("api", Limit::sliding_window(100, s(60))).unwrap();
     limiter.check_blocking("user:12345", &tb, 1).unwrap();
     limiter.check_blocking("user:12345", &fw, 1).unwrap();
     // two counters: admit in one window, then in the next
     let (swl, clock) = with_clock(redis_limiter(&server), T0);
     swl.check_blocking("user:12345", &sw, 1).unwrap();
-    clock.advance_us(1_000_000);
+    clock.advance_us(60_000_000);
     swl.check_blocking("user:12345", &sw, 1).unwrap();
     let (tbu, fwu, swu) = (
         usage(&mut c, "sl:s:api:tb:*"),

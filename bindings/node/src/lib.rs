@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+mod calls;
 mod reserve;
 mod settle;
 
@@ -525,29 +526,13 @@ impl NativeLimiter {
         policy: String,
         units_: f64,
     ) -> Result<Unknown<'static>> {
-        let me = self.inner.clone();
-        promise(
+        self.units_call(
             &env,
-            &self.inner,
-            async move {
-                let n = units("units", units_)?;
-                let p = me.policy(&policy)?;
-                me.acquire(&key, &p, n).await
-            },
-            |env, (d, lease)| {
-                let mut obj = Object::new(env)?;
-                obj.set("decision", Decision { inner: d })?;
-                obj.set(
-                    "lease",
-                    lease.map(|l| Lease {
-                        key: l.key,
-                        policy: l.policy,
-                        id: l.id,
-                        units: l.units as f64,
-                    }),
-                )?;
-                Ok(obj)
-            },
+            key,
+            calls::named(policy),
+            ("units", units_),
+            |l, k, p, n| async move { l.acquire(&k, &p, n).await },
+            calls::lease_obj,
         )
     }
 
@@ -998,16 +983,13 @@ impl NativeLimiter {
         policy: String,
         cost: f64,
     ) -> Result<Unknown<'static>> {
-        let me = self.inner.clone();
-        promise(
+        self.units_call(
             &env,
-            &self.inner,
-            async move {
-                let cost = units("cost", cost)?;
-                let p = me.policy(&policy)?;
-                me.check_shadow(&key, &p, cost).await
-            },
-            |_, d| Ok(Decision { inner: d }),
+            key,
+            calls::named(policy),
+            ("cost", cost),
+            |l, k, p, n| async move { l.check_shadow(&k, &p, n).await },
+            calls::decision,
         )
     }
 
@@ -1020,16 +1002,13 @@ impl NativeLimiter {
         limit: &NativeLimit,
         cost: f64,
     ) -> Result<Unknown<'static>> {
-        let me = self.inner.clone();
-        let p = limit.policy.clone();
-        promise(
+        self.units_call(
             &env,
-            &self.inner,
-            async move {
-                let cost = units("cost", cost)?;
-                me.check_shadow(&key, &p, cost).await
-            },
-            |_, d| Ok(Decision { inner: d }),
+            key,
+            calls::ad_hoc(limit),
+            ("cost", cost),
+            |l, k, p, n| async move { l.check_shadow(&k, &p, n).await },
+            calls::decision,
         )
     }
 
@@ -1066,16 +1045,13 @@ impl NativeLimiter {
         limit: &NativeLimit,
         cost: f64,
     ) -> Result<Unknown<'static>> {
-        let me = self.inner.clone();
-        let p = limit.policy.clone();
-        promise(
+        self.units_call(
             &env,
-            &self.inner,
-            async move {
-                let cost = units("cost", cost)?;
-                me.check(&key, &p, cost).await
-            },
-            |_, d| Ok(Decision { inner: d }),
+            key,
+            calls::ad_hoc(limit),
+            ("cost", cost),
+            |l, k, p, n| async move { l.check(&k, &p, n).await },
+            calls::decision,
         )
     }
 
@@ -1109,29 +1085,13 @@ impl NativeLimiter {
         limit: &NativeLimit,
         units_: f64,
     ) -> Result<Unknown<'static>> {
-        let me = self.inner.clone();
-        let p = limit.policy.clone();
-        promise(
+        self.units_call(
             &env,
-            &self.inner,
-            async move {
-                let n = units("units", units_)?;
-                me.acquire(&key, &p, n).await
-            },
-            |env, (d, lease)| {
-                let mut obj = Object::new(env)?;
-                obj.set("decision", Decision { inner: d })?;
-                obj.set(
-                    "lease",
-                    lease.map(|l| Lease {
-                        key: l.key,
-                        policy: l.policy,
-                        id: l.id,
-                        units: l.units as f64,
-                    }),
-                )?;
-                Ok(obj)
-            },
+            key,
+            calls::ad_hoc(limit),
+            ("units", units_),
+            |l, k, p, n| async move { l.acquire(&k, &p, n).await },
+            calls::lease_obj,
         )
     }
 

@@ -23,16 +23,13 @@ impl NativeLimiter {
         policy: String,
         cost: f64,
     ) -> Result<Unknown<'static>> {
-        let me = self.inner.clone();
-        promise(
+        self.units_call(
             &env,
-            &self.inner,
-            async move {
-                let cost = units("cost", cost)?;
-                let p = me.policy(&policy)?;
-                me.charge(&key, &p, cost).await
-            },
-            |_, d| Ok(Decision { inner: d }),
+            key,
+            calls::named(policy),
+            ("cost", cost),
+            |l, k, p, n| async move { l.charge(&k, &p, n).await },
+            calls::decision,
         )
     }
 
@@ -44,16 +41,13 @@ impl NativeLimiter {
         policy: String,
         cost: f64,
     ) -> Result<Unknown<'static>> {
-        let me = self.inner.clone();
-        promise(
+        self.units_call(
             &env,
-            &self.inner,
-            async move {
-                let cost = units("cost", cost)?;
-                let p = me.policy(&policy)?;
-                me.refund(&key, &p, cost).await
-            },
-            |_, d| Ok(Decision { inner: d }),
+            key,
+            calls::named(policy),
+            ("cost", cost),
+            |l, k, p, n| async move { l.refund(&k, &p, n).await },
+            calls::decision,
         )
     }
 
@@ -68,15 +62,12 @@ impl NativeLimiter {
         policy: String,
         estimate: f64,
     ) -> Result<Unknown<'static>> {
-        let me = self.inner.clone();
-        promise(
+        self.units_call(
             &env,
-            &self.inner,
-            async move {
-                let n = units("estimate", estimate)?;
-                let p = me.policy(&policy)?;
-                me.reserve(&key, &p, n).await
-            },
+            key,
+            calls::named(policy),
+            ("estimate", estimate),
+            |l, k, p, n| async move { l.reserve(&k, &p, n).await },
             |env, (d, r)| reservation_obj(env, d, r),
         )
     }
@@ -113,15 +104,12 @@ impl NativeLimiter {
         limit: &NativeLimit,
         estimate: f64,
     ) -> Result<Unknown<'static>> {
-        let me = self.inner.clone();
-        let p = limit.policy.clone();
-        promise(
+        self.units_call(
             &env,
-            &self.inner,
-            async move {
-                let n = units("estimate", estimate)?;
-                me.reserve(&key, &p, n).await
-            },
+            key,
+            calls::ad_hoc(limit),
+            ("estimate", estimate),
+            |l, k, p, n| async move { l.reserve(&k, &p, n).await },
             |env, (d, r)| reservation_obj(env, d, r),
         )
     }

@@ -5,6 +5,7 @@
 //! Tokio runtime ([`shardlimit::Limiter::spawner`]) and resolve an asyncio future
 //! through [`completion`]: the I/O thread never takes the GIL.
 
+mod calls;
 mod completion;
 mod convert;
 mod overrides;
@@ -587,15 +588,7 @@ impl Limiter {
         cost: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Decision> {
         let ps = resolve_policies(self, policy)?;
-        let cost = cost_arg(cost)?;
-        match &ps[..] {
-            [p] => self.blocking(py, |l| l.check_blocking(&key, p, cost)),
-            _ => {
-                let layers = same_key(&key, &ps, cost);
-                self.blocking(py, |l| l.check_all_blocking(&layers))
-            }
-        }
-        .map(Decision)
+        self.check_policies(py, key, ps, cost)
     }
     /// `check` in shadow mode for this one call: a check the limit would deny is allowed
     /// (`decision.shadow_denied`), consumes nothing and is counted for `shadow_report`.
@@ -609,15 +602,7 @@ impl Limiter {
         cost: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Decision> {
         let ps = shadow::shadowed(&resolve_policies(self, policy)?)?;
-        let cost = cost_arg(cost)?;
-        match &ps[..] {
-            [p] => self.blocking(py, |l| l.check_blocking(&key, p, cost)),
-            _ => {
-                let layers = same_key(&key, &ps, cost);
-                self.blocking(py, |l| l.check_all_blocking(&layers))
-            }
-        }
-        .map(Decision)
+        self.check_policies(py, key, ps, cost)
     }
     /// The shadow-mode denials of the policy named `policy` by key, summed over every
     /// shard (in memory: this process's counts), most first; `top` keeps that many keys:
@@ -642,19 +627,7 @@ impl Limiter {
         cost: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let ps = shadow::shadowed(&resolve_policies(self, policy)?)?;
-        let cost = cost_arg(cost)?;
-        let l = self.inner()?;
-        self.completers.coroutine(
-            py,
-            &self.inner()?,
-            async move {
-                match &ps[..] {
-                    [p] => l.check(&key, p, cost).await,
-                    _ => l.check_all(&same_key(&key, &ps, cost)).await,
-                }
-            },
-            decision_obj,
-        )
+        self.acheck_policies(py, key, ps, cost)
     }
     /// `await limiter.ashadow_report(...)`.
     #[pyo3(signature = (policy, top = None))]
@@ -687,9 +660,9 @@ impl Limiter {
         policy: &Bound<'py, PyAny>,
         units: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        let p = resolve_policy(self, policy)?;
-        let units = cost_arg(units)?;
-        let r = self.blocking(py, |l| l.acquire_blocking(&key, &p, units))?;
+        let (r, p) = self.call_one(py, key, policy, units, |l, k, p, n| {
+            l.acquire_blocking(k, p, n)
+        })?;
         lease_pair(py, r, p)
     }
     /// Releases a lease. False when it was no longer held (released before, or expired).
@@ -946,19 +919,7 @@ impl Limiter {
         cost: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let ps = resolve_policies(self, policy)?;
-        let cost = cost_arg(cost)?;
-        let l = self.inner()?;
-        self.completers.coroutine(
-            py,
-            &self.inner()?,
-            async move {
-                match &ps[..] {
-                    [p] => l.check(&key, p, cost).await,
-                    _ => l.check_all(&same_key(&key, &ps, cost)).await,
-                }
-            },
-            decision_obj,
-        )
+        self.acheck_policies(py, key, ps, cost)
     }
     /// `await limiter.apeek(...)`.
     fn apeek<'py>(
@@ -985,15 +946,13 @@ impl Limiter {
         policy: &Bound<'py, PyAny>,
         units: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let p = resolve_policy(self, policy)?;
-        let units = cost_arg(units)?;
-        let l = self.inner()?;
-        let p2 = p.clone();
-        self.completers.coroutine(
+        self.acall_one(
             py,
-            &self.inner()?,
-            async move { l.acquire(&key, &p, units).await },
-            move |py, r| Ok(lease_pair(py, r, p2)?.into_any().unbind()),
+            key,
+            policy,
+            units,
+            |l, k, p, n| async move { l.acquire(&k, &p, n).await },
+            |py, r, p| Ok(lease_pair(py, r, p)?.into_any().unbind()),
         )
     }
     /// Consumes `cost` units of `policy` for `key` without ever denying: the key may go
@@ -1007,10 +966,10 @@ impl Limiter {
         policy: &Bound<'_, PyAny>,
         cost: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Decision> {
-        let p = resolve_policy(self, policy)?;
-        let cost = cost_arg(cost)?;
-        self.blocking(py, |l| l.charge_blocking(&key, &p, cost))
-            .map(Decision)
+        self.call_one(py, key, policy, cost, |l, k, p, n| {
+            l.charge_blocking(k, p, n)
+        })
+        .map(|(d, _)| Decision(d))
     }
     /// Gives `cost` units of `policy` back to `key`, never above its limit.
     #[pyo3(signature = (key, policy, cost = None))]
@@ -1021,10 +980,10 @@ impl Limiter {
         policy: &Bound<'_, PyAny>,
         cost: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Decision> {
-        let p = resolve_policy(self, policy)?;
-        let cost = cost_arg(cost)?;
-        self.blocking(py, |l| l.refund_blocking(&key, &p, cost))
-            .map(Decision)
+        self.call_one(py, key, policy, cost, |l, k, p, n| {
+            l.refund_blocking(k, p, n)
+        })
+        .map(|(d, _)| Decision(d))
     }
     /// A check of an estimated cost: (decision, reservation or None when denied). Settle
     /// the reservation with `settle` once the actual cost is known.
@@ -1036,9 +995,9 @@ impl Limiter {
         policy: &Bound<'py, PyAny>,
         estimate: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        let p = resolve_policy(self, policy)?;
-        let estimate = cost_arg(estimate)?;
-        let r = self.blocking(py, |l| l.reserve_blocking(&key, &p, estimate))?;
+        let (r, p) = self.call_one(py, key, policy, estimate, |l, k, p, n| {
+            l.reserve_blocking(k, p, n)
+        })?;
         settle::reservation_pair(py, r, p)
     }
     /// Settles a reservation at its `actual` cost (0 gives it all back): the unused part
@@ -1068,14 +1027,13 @@ impl Limiter {
         policy: &Bound<'py, PyAny>,
         cost: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let p = resolve_policy(self, policy)?;
-        let cost = cost_arg(cost)?;
-        let l = self.inner()?;
-        self.completers.coroutine(
+        self.acall_one(
             py,
-            &self.inner()?,
-            async move { l.charge(&key, &p, cost).await },
-            decision_obj,
+            key,
+            policy,
+            cost,
+            |l, k, p, n| async move { l.charge(&k, &p, n).await },
+            calls::decision_of,
         )
     }
     /// `await limiter.arefund(key, policy, cost)`.
@@ -1087,14 +1045,13 @@ impl Limiter {
         policy: &Bound<'py, PyAny>,
         cost: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let p = resolve_policy(self, policy)?;
-        let cost = cost_arg(cost)?;
-        let l = self.inner()?;
-        self.completers.coroutine(
+        self.acall_one(
             py,
-            &self.inner()?,
-            async move { l.refund(&key, &p, cost).await },
-            decision_obj,
+            key,
+            policy,
+            cost,
+            |l, k, p, n| async move { l.refund(&k, &p, n).await },
+            calls::decision_of,
         )
     }
     /// `await limiter.areserve(key, policy, estimate)` -> (decision, reservation | None).
@@ -1106,15 +1063,13 @@ impl Limiter {
         policy: &Bound<'py, PyAny>,
         estimate: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let p = resolve_policy(self, policy)?;
-        let estimate = cost_arg(estimate)?;
-        let l = self.inner()?;
-        let p2 = p.clone();
-        self.completers.coroutine(
+        self.acall_one(
             py,
-            &self.inner()?,
-            async move { l.reserve(&key, &p, estimate).await },
-            move |py, r| Ok(settle::reservation_pair(py, r, p2)?.into_any().unbind()),
+            key,
+            policy,
+            estimate,
+            |l, k, p, n| async move { l.reserve(&k, &p, n).await },
+            |py, r, p| Ok(settle::reservation_pair(py, r, p)?.into_any().unbind()),
         )
     }
     /// `await limiter.asettle(reservation, actual)`.

@@ -95,21 +95,35 @@ class RedisServer:
         if exe is None:
             raise RuntimeError("redis-server is not installed (scripts/test-python.sh installs it)")
         self.dir = tempfile.TemporaryDirectory(prefix="shardlimit-redis-")
-        self.port = free_port()
-        self.proc: Optional[subprocess.Popen[bytes]] = subprocess.Popen(
-            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir.name, *extra],
-            stdout=subprocess.DEVNULL,
-        )
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+        # a port found free may be taken before the server binds it (the kernel hands a
+        # released port out again): then the server exits and starts again on another
+        for _ in range(10):
+            self.port = free_port()
+            self.proc = subprocess.Popen(
+                [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", self.dir.name, *extra],
+                stdout=subprocess.DEVNULL,
+            )
+            if self._wait_ready():
+                return
+        raise RuntimeError("no free port for redis-server after 10 tries")
+
+    def _wait_ready(self) -> bool:
+        """Until this process (not another server on the port) answers; False if it exited."""
+        assert self.proc is not None
         deadline = time.monotonic() + 10
         while True:
+            if self.proc.poll() is not None:
+                return False
             try:
                 with Connection(self.port) as c:
-                    if c("PING") == "PONG":
-                        return
-            except OSError:
+                    info = c("INFO", "server")
+                    if f"process_id:{self.proc.pid}\r\n".encode() in info:
+                        return True
+            except (OSError, RuntimeError):
                 pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"redis-server on port {self.port} did not start")
             time.sleep(0.01)  # waiting for the server to listen, not for a race

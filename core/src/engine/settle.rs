@@ -269,19 +269,40 @@ fn sl_give(log: &mut VecDeque<LogEntry>, w: u64, now: u64, cost: u64, at: u64, r
     if at + w <= now {
         return;
     }
-    let Some(i) = log.iter().position(|e| e.t == at && e.cost == reserved) else {
+    // the reservation's entry, or (a refund has taken from it since) the newest entries
+    // recorded at `at`: entries of one instant expire together
+    let Some(first) = log.iter().position(|e| e.t == at) else {
         return;
     };
-    if log.len() - i - 1 > SL_SHIFT {
+    let end = first + log.iter().skip(first).take_while(|e| e.t == at).count();
+    let mut gives = vec![0u64; end - first];
+    let mut left = cost.min(reserved);
+    if let Some(j) = (first..end).find(|&j| log[j].cost == reserved) {
+        gives[j - first] = left;
+    } else {
+        for j in (first..end).rev() {
+            let g = left.min(log[j].cost);
+            gives[j - first] = g;
+            left -= g;
+        }
+    }
+    let Some(f) = gives.iter().position(|&g| g > 0) else {
+        return;
+    };
+    let f = first + f;
+    if log.len() - f - 1 > SL_SHIFT {
         return;
     }
-    let give = cost.min(reserved);
-    for e in log.iter_mut().skip(i + 1) {
-        e.before = (e.before + SL_MOD - give) % SL_MOD;
+    let mut shift = 0;
+    for (j, e) in log.iter_mut().enumerate().skip(f) {
+        let g = if j < end { gives[j - first] } else { 0 };
+        e.before = (e.before + SL_MOD - shift % SL_MOD) % SL_MOD;
+        e.cost -= g;
+        shift += g;
     }
-    if reserved > give {
-        log[i].cost = reserved - give;
-    } else {
-        log.remove(i);
+    for j in (f..end).rev() {
+        if log[j].cost == 0 {
+            log.remove(j);
+        }
     }
 }

@@ -59,7 +59,26 @@ pub fn free_port() -> u16 {
 impl RedisServer {
     /// Starts `redis-server` on a free loopback port and waits until it answers PING.
     pub fn start() -> RedisServer {
-        Self::start_on(free_port())
+        Self::start_free(Vec::new)
+    }
+
+    /// A server on a port chosen here, with the arguments `extra()`: a port found free can
+    /// be taken by another test's server before this one binds it (the kernel hands a
+    /// released port out again), so on a failed bind it starts again on another port.
+    fn start_free(extra: impl Fn() -> Vec<String>) -> RedisServer {
+        for _ in 0..10 {
+            let mut server = RedisServer {
+                child: None,
+                port: free_port(),
+                dir: tempfile::tempdir().unwrap(),
+                extra: extra(),
+                tls_port: None,
+            };
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("no free port for redis-server after 10 tries");
     }
 
     pub fn start_on(port: u16) -> RedisServer {
@@ -76,7 +95,7 @@ impl RedisServer {
             "--cluster-node-timeout",
             "1500",
         ];
-        Self::start_with(free_port(), extra.iter().map(|s| s.to_string()).collect())
+        Self::start_free(|| extra.iter().map(|s| s.to_string()).collect())
     }
 
     /// A server with extra command-line arguments (e.g. `--replicaof host port`).
@@ -89,7 +108,10 @@ impl RedisServer {
             extra,
             tls_port: None,
         };
-        server.spawn();
+        assert!(
+            server.spawn(),
+            "redis-server could not listen on port {port} (taken by another process)"
+        );
         server
     }
 
@@ -102,22 +124,25 @@ impl RedisServer {
 
     /// [`RedisServer::start_tls`] with `more` command-line arguments.
     pub fn start_tls_with(certs: &TestCerts, auth_clients: bool, more: &[&str]) -> RedisServer {
-        let tls_port = free_port();
-        let mut extra = vec![
-            "--tls-port".to_string(),
-            tls_port.to_string(),
-            "--tls-cert-file".to_string(),
-            certs.path("server.crt"),
-            "--tls-key-file".to_string(),
-            certs.path("server.key"),
-            "--tls-ca-cert-file".to_string(),
-            certs.path("ca.crt"),
-            "--tls-auth-clients".to_string(),
-            if auth_clients { "yes" } else { "no" }.to_string(),
-        ];
-        extra.extend(more.iter().map(|s| s.to_string()));
-        let mut server = Self::start_with(free_port(), extra);
-        server.tls_port = Some(tls_port);
+        let tls_port = std::cell::Cell::new(0);
+        let mut server = Self::start_free(|| {
+            tls_port.set(free_port());
+            let mut extra = vec![
+                "--tls-port".to_string(),
+                tls_port.get().to_string(),
+                "--tls-cert-file".to_string(),
+                certs.path("server.crt"),
+                "--tls-key-file".to_string(),
+                certs.path("server.key"),
+                "--tls-ca-cert-file".to_string(),
+                certs.path("ca.crt"),
+                "--tls-auth-clients".to_string(),
+                if auth_clients { "yes" } else { "no" }.to_string(),
+            ];
+            extra.extend(more.iter().map(|s| s.to_string()));
+            extra
+        });
+        server.tls_port = Some(tls_port.get());
         server.wait_tls_ready();
         server
     }
@@ -144,7 +169,9 @@ impl RedisServer {
         )
     }
 
-    fn spawn(&mut self) {
+    /// Starts the process and waits until it answers on its port; false when it could not
+    /// listen there (it exited: another process holds the port).
+    fn spawn(&mut self) -> bool {
         let port = self.port.to_string();
         let child = Command::new("redis-server")
             .args([
@@ -165,25 +192,47 @@ impl RedisServer {
             .spawn()
             .expect("redis-server must be installed (make test installs it)");
         self.child = Some(child);
-        self.wait_ready();
+        self.wait_ready()
     }
 
     /// Starts the server again after [`RedisServer::kill`], same port and directory.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "still running");
-        self.spawn();
+        assert!(
+            self.spawn(),
+            "redis-server could not listen on port {} again (taken by another process)",
+            self.port
+        );
     }
 
-    fn wait_ready(&self) {
+    /// Waits until this process (not another test's server on the same port) answers on
+    /// the port; false when it exited first (it could not listen there).
+    fn wait_ready(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(10);
+        let pid = self.pid();
+        let password = self
+            .extra
+            .iter()
+            .position(|a| a == "--requirepass")
+            .and_then(|i| self.extra.get(i + 1).cloned());
         loop {
+            if let Some(Some(_)) = self.child.as_mut().map(|c| c.try_wait().unwrap()) {
+                self.child = None;
+                return false;
+            }
             if let Ok(mut c) = redis::Client::open(self.url()).and_then(|c| c.get_connection()) {
-                // a cluster node answers PING before its cluster is formed: that is enough
-                match redis::cmd("PING").query::<String>(&mut c) {
-                    Ok(_) => return,
-                    // with --requirepass it answers, just not to strangers
-                    Err(e) if e.to_string().contains("NOAUTH") => return,
-                    Err(_) => {}
+                if let Some(pw) = &password {
+                    let _ = redis::cmd("AUTH").arg(pw).exec(&mut c);
+                }
+                // a cluster node answers before its cluster is formed: that is enough
+                if let Ok(info) = redis::cmd("INFO").arg("server").query::<String>(&mut c) {
+                    let id = info
+                        .lines()
+                        .find_map(|l| l.strip_prefix("process_id:"))
+                        .and_then(|v| v.trim().parse::<u32>().ok());
+                    if id == Some(pid) {
+                        return true;
+                    }
                 }
             }
             assert!(

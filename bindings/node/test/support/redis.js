@@ -20,7 +20,10 @@ function freePort() {
   })
 }
 
-async function startRedis(extraArgs = []) {
+// Starts redis-server on a free port and resolves once its own log says it is ready; a
+// port found free may be taken before the server binds it (the kernel hands a released
+// port out again): the server then exits, and starts again on another port.
+async function spawnRedis(extraArgs) {
   const port = await freePort()
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'shardlimit-node-redis-'))
   const child = spawn(
@@ -28,20 +31,32 @@ async function startRedis(extraArgs = []) {
     ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir, ...extraArgs],
     { stdio: ['ignore', 'pipe', 'inherit'] }
   )
-  await new Promise((resolve, reject) => {
+  const ready = await new Promise((resolve, reject) => {
     let log = ''
     const onData = (chunk) => {
       log += chunk
       if (log.includes('Ready to accept connections')) {
         child.stdout.off('data', onData)
         child.stdout.resume()
-        resolve()
+        resolve(true)
       }
     }
     child.stdout.on('data', onData)
     child.once('error', reject)
-    child.once('exit', (code) => reject(new Error(`redis-server exited with ${code} before it was ready:\n${log}`)))
+    child.once('exit', (code) => {
+      if (/Address already in use/i.test(log)) resolve(false)
+      else reject(new Error(`redis-server exited with ${code} before it was ready:\n${log}`))
+    })
   })
+  if (!ready) fs.rmSync(dir, { recursive: true, force: true })
+  return ready ? { port, dir, child } : null
+}
+
+async function startRedis(extraArgs = []) {
+  let started = null
+  for (let i = 0; i < 10 && !started; i++) started = await spawnRedis(extraArgs)
+  if (!started) throw new Error('no free port for redis-server after 10 tries')
+  const { port, dir, child } = started
   const url = `redis://127.0.0.1:${port}`
   return {
     port,

@@ -19,6 +19,17 @@ fn value_reply(v: redis::Value) -> Reply {
     }
 }
 
+/// The window arguments of `reset.lua` and `migrate_dump.lua` for `key`: the window (µs;
+/// 0 for an algorithm without windows) and the key's window offset.
+fn window_args(c: &Compiled, key: &str) -> (u64, u64) {
+    let window = if c.algorithm.is_windowed() {
+        c.period_us
+    } else {
+        0
+    };
+    (window, c.shift_us(key))
+}
+
 impl RedisEngine {
     /// Connects to every shard and loads every script there, all within `timeout` (its
     /// own deadline, not a call's): the pipelined connection (or the redis crate's), and
@@ -98,11 +109,10 @@ impl RedisEngine {
             let call = |eval| CheckCall::new(scripts, eval, req, &self.prefix);
             // one deadline for the call, retry included
             let deadline = Instant::now() + self.timeout;
-            let mut reply = Box::pin(self.request_pipelined(shard, call(false), deadline)).await?;
-            if reply.is_noscript() {
-                // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
-                reply = Box::pin(self.request_pipelined(shard, call(true), deadline)).await?;
-            }
+            let reply = evalsha_then_eval(|eval| {
+                Box::pin(self.request_pipelined(shard, call(eval), deadline))
+            })
+            .await?;
             return self.script_reply(shard, reply, limit, cost);
         }
         let at = self
@@ -111,17 +121,8 @@ impl RedisEngine {
             .map(|_| state_key(&self.prefix, &req.policy.key_scope, req.key));
         let (first, again) = (req.cmd(&self.prefix, false), req.cmd(&self.prefix, true));
         let r: redis::Value = self
-            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
-                match first.query_async(&mut conn).await {
-                    Err(e)
-                        if e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                    {
-                        // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
-                        again.query_async(&mut conn).await
-                    }
-                    r => r,
-                }
+            .with_conn_at(shard, at.as_deref(), |conn| async move {
+                query_script(conn, &first, &again).await
             })
             .await?;
         // the same reply the pipe reads, and the rule of `untag`
@@ -142,11 +143,9 @@ impl RedisEngine {
         let packed = |eval| req.cmd(&self.prefix, eval).get_packed_command();
         // one deadline for the call, retry included
         let deadline = Instant::now() + self.timeout;
-        let mut reply = self.request_blocking(shard, &packed(false), deadline, req.tag)?;
-        if reply.is_noscript() {
-            // the server lost its scripts (restart, SCRIPT FLUSH): EVAL loads it again
-            reply = self.request_blocking(shard, &packed(true), deadline, req.tag)?;
-        }
+        let reply = evalsha_then_eval_blocking(|eval| {
+            self.request_blocking(shard, &packed(eval), deadline, req.tag)
+        })?;
         self.script_reply(shard, reply, req.eff.limit, req.cost)
     }
 
@@ -274,14 +273,8 @@ impl RedisEngine {
         shard: usize,
         now_us: Option<u64>,
     ) -> Result<()> {
-        let c = &policy.compiled;
         let rkey = state_key(&self.prefix, &policy.key_scope, key);
-        let window = if c.algorithm.is_windowed() {
-            c.period_us
-        } else {
-            0
-        };
-        let shift = c.shift_us(key);
+        let (window, shift) = window_args(&policy.compiled, key);
         let at = self.at(&rkey);
         let _: i64 = self
             .with_conn_at(shard, at.as_deref(), |mut conn| async move {
@@ -307,13 +300,7 @@ impl RedisEngine {
         key: &str,
         now_us: Option<u64>,
     ) -> Result<Vec<(String, i64, Vec<u8>)>> {
-        let c = &policy.compiled;
-        let window = if c.algorithm.is_windowed() {
-            c.period_us
-        } else {
-            0
-        };
-        let shift = c.shift_us(key);
+        let (window, shift) = window_args(&policy.compiled, key);
         let (skey, bkey) = (
             state_key(&self.prefix, &policy.key_scope, key),
             block_key(&self.prefix, key),

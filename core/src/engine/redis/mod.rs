@@ -33,6 +33,7 @@ mod circuit;
 mod commands;
 mod connect;
 pub mod keys;
+mod noscript;
 mod overrides;
 pub(crate) mod protocol;
 pub mod scripts;
@@ -48,6 +49,7 @@ use crate::transport::runtime::{fork_generation, mono_us, start_runtime, RtState
 use call::*;
 use circuit::*;
 use connect::*;
+use noscript::*;
 use protocol::*;
 pub(crate) use protocol::{CheckRequest, Checked, Mode, OverrideArg};
 pub(crate) use stream::StreamItem;

@@ -67,16 +67,8 @@ impl RedisEngine {
             .map(|_| state_key(&self.prefix, &req.policy.key_scope, req.key));
         let (first, again) = (build(false), build(true));
         let mut r: Vec<i64> = self
-            .with_conn_at(shard, at.as_deref(), |mut conn| async move {
-                match first.query_async(&mut conn).await {
-                    Err(e)
-                        if e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                    {
-                        again.query_async(&mut conn).await
-                    }
-                    r => r,
-                }
+            .with_conn_at(shard, at.as_deref(), |conn| async move {
+                query_script(conn, &first, &again).await
             })
             .await?;
         match r.last() {
