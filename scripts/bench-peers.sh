@@ -76,7 +76,7 @@ else
   ARTIFACTS="the release build of this tree (cargo build --release)"
   pkg=$SCRATCH/node-pkg
   rm -rf "$pkg" && mkdir -p "$pkg"
-  cp bindings/node/{index.js,index.mjs,index.d.ts,binding.js,middleware.js,package.json} "$pkg/"
+  cp bindings/node/{index.js,index.mjs,index.d.ts,binding.js,host.js,middleware.js,package.json} "$pkg/"
   cp "$target/release/libshardlimit_node.so" "$pkg/shardlimit.linux-x64-gnu.node"
   NODE_TGZ=$pkg
   rm -rf "$SCRATCH/wheel" && mkdir -p "$SCRATCH/wheel"

@@ -624,7 +624,10 @@ class Limiter {
     const handle = this[kNative]
     if (handle === CLOSED) return
     this[kNative] = CLOSED
-    if (this[kHost] !== undefined) this[kHost].close()
+    if (this[kHost] !== undefined) {
+      this[kHost].close()
+      this[kHost] = undefined
+    }
     handle.close()
   }
 }

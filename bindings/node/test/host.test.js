@@ -87,6 +87,13 @@ test('what the host transport does not carry goes the default way, with the same
     await assert.rejects(limiter.check('', 'fw'), /key/)
     await assert.rejects(limiter.check('k', 'nope'), /nope/)
     assert.equal((await limiter.peek('k', 'fw')).remaining, 2)
+    const inFlight = limiter.check('closing', 'fw')
+    limiter.close()
+    // a check in flight when the limiter closes is settled by its on_error (open), a later one rejects
+    const last = await inFlight
+    assert.equal(last.source, 'fallback')
+    assert.equal(last.allowed, true)
+    await assert.rejects(limiter.check('k', 'fw'), /closed/)
   } finally {
     limiter.close()
   }
