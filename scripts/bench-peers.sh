@@ -202,6 +202,7 @@ for round in $(seq "$ROUNDS"); do
   client node-64 "$round" shardlimit node "$NODE_BENCH" --lib shardlimit "${na[@]}"
   client node-64 "$round" rlf node "$NODE_BENCH" --lib rlf "${na[@]}"
   client node-64 "$round" "shardlimit spin_wait 100us" node "$NODE_BENCH" --lib shardlimit --spin-wait 100us "${na[@]}"
+  client node-64 "$round" "shardlimit host transport" node "$NODE_BENCH" --lib shardlimit --transport host "${na[@]}"
   pa=(--redis "$URL" --redis-pid "$RPID" --n "$PYN")
   client py-async "$round" shardlimit "$PY" "$PY_BENCH" --mode async --lib shardlimit "${pa[@]}"
   client py-async "$round" limits-coredis "$PY" "$PY_BENCH" --mode async --lib limits-coredis "${pa[@]}"
