@@ -76,7 +76,7 @@ else
   ARTIFACTS="the release build of this tree (cargo build --release)"
   pkg=$SCRATCH/node-pkg
   rm -rf "$pkg" && mkdir -p "$pkg"
-  cp bindings/node/{index.js,index.mjs,index.d.ts,binding.js,middleware.js,package.json} "$pkg/"
+  cp bindings/node/{index.js,index.mjs,index.d.ts,binding.js,host.js,middleware.js,package.json} "$pkg/"
   cp "$target/release/libshardlimit_node.so" "$pkg/shardlimit.linux-x64-gnu.node"
   NODE_TGZ=$pkg
   rm -rf "$SCRATCH/wheel" && mkdir -p "$SCRATCH/wheel"
@@ -208,6 +208,7 @@ for round in $(seq "$ROUNDS"); do
   client node-64 "$round" shardlimit node "$NODE_BENCH" --lib shardlimit "${na[@]}"
   client node-64 "$round" rlf node "$NODE_BENCH" --lib rlf "${na[@]}"
   client node-64 "$round" "shardlimit spin_wait 100us" node "$NODE_BENCH" --lib shardlimit --spin-wait 100us "${na[@]}"
+  client node-64 "$round" "shardlimit host transport" node "$NODE_BENCH" --lib shardlimit --transport host "${na[@]}"
   pa=(--redis "$URL" --redis-pid "$RPID" --n "$PYN")
   client py-async "$round" shardlimit "$PY" "$PY_BENCH" --mode async --lib shardlimit "${pa[@]}"
   client py-async "$round" limits-coredis "$PY" "$PY_BENCH" --mode async --lib limits-coredis "${pa[@]}"

@@ -144,6 +144,13 @@ export type ChargeOptions = {
 export interface LimiterOptions {
   /** Decide with this clock instead of Redis `TIME` / the monotonic clock (tests). */
   clock?: ManualClock
+  /**
+   * `'host'`: a check of a named policy moves its bytes on this event loop (one
+   * `net.Socket` per shard) instead of the limiter's I/O thread; every other operation,
+   * and checks of multi-limit, shadow, local-admission or override policies, keep the
+   * default transport. Standalone Redis shards over plain TCP only. Default `'default'`.
+   */
+  transport?: 'default' | 'host'
 }
 
 /** A named policy of the config, or an ad-hoc limit: exactly one of the two. */

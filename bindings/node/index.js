@@ -5,6 +5,7 @@
 
 const { native, platformTag } = require('./binding.js')
 const { NativeLimiter, NativeLimit, ManualClock, Decision, TrustedProxies } = native
+const { HostTransport } = require('./host.js')
 
 // ---------------------------------------------------------------------------------------
 // Errors: one subclass per core ErrorKind, with a stable `code`. The table is checked
@@ -135,6 +136,24 @@ function clockOf(options) {
 // The limiter.
 
 const kNative = Symbol('shardlimit.native')
+const kHost = Symbol('shardlimit.host')
+
+/**
+ * `options.transport`: 'default' (the limiter's I/O thread) or 'host' (a check's bytes move
+ * on this event loop: host.js). Only `check` of a named policy uses the host transport.
+ */
+function withTransport(limiter, options) {
+  const transport = options === undefined || options === null ? undefined : options.transport
+  if (transport === undefined || transport === 'default') return limiter
+  if (transport !== 'host') throw argError('options.transport', "'default' or 'host'", transport)
+  try {
+    limiter[kHost] = new HostTransport(new native.NativeHostChecks(limiter[kNative]))
+  } catch (e) {
+    limiter.close()
+    throw e
+  }
+  return limiter
+}
 
 class Limiter {
   /** Use `Limiter.fromConfig`, `Limiter.fromJson` or `Limiter.memory`. */
@@ -148,7 +167,7 @@ class Limiter {
   /** Loads a JSON config file (Redis shards and named policies). */
   static fromConfig(path, options) {
     checkString('path', path)
-    return new Limiter(NativeLimiter.fromConfig(path, clockOf(options)))
+    return withTransport(new Limiter(NativeLimiter.fromConfig(path, clockOf(options))), options)
   }
 
   /** Parses a JSON config (a string, or an object that is serialized first). */
@@ -158,7 +177,7 @@ class Limiter {
       text = JSON.stringify(config)
     }
     checkString('config', text)
-    return new Limiter(NativeLimiter.fromJson(text, clockOf(options)))
+    return withTransport(new Limiter(NativeLimiter.fromJson(text, clockOf(options))), options)
   }
 
   /** An in-memory limiter with no named policies (use fromJson without shards for policies). */
@@ -209,6 +228,11 @@ class Limiter {
       const policy = policyOf(opts, 'check')
       const plan = planOf(opts)
       if (plan !== null) return this[kNative].checkPlan(key, plan, policy, countOf(opts, 'cost'))
+      const host = this[kHost]
+      if (host !== undefined) {
+        const p = host.check(key, policy, countOf(opts, 'cost'))
+        if (p !== null) return p
+      }
       return this[kNative].check(key, policy, countOf(opts, 'cost'))
     } catch (e) {
       return Promise.reject(e)
@@ -600,6 +624,10 @@ class Limiter {
     const handle = this[kNative]
     if (handle === CLOSED) return
     this[kNative] = CLOSED
+    if (this[kHost] !== undefined) {
+      this[kHost].close()
+      this[kHost] = undefined
+    }
     handle.close()
   }
 }

@@ -56,6 +56,7 @@ pub use limiter::{
     ScaleHook, Spawner, BLOCK_CACHE_TTL, CLOSED_RETRY_AFTER, MAX_KEY_LEN,
 };
 pub use limiter::{resolve_override, OverrideInfo, OverridePage, OVERRIDE_CACHE_MAX};
+pub use limiter::{HostChecks, HostStep};
 pub use metrics::{MetricsSnapshot, PolicyMetrics};
 pub use policy::{window_offset_us, WindowOffset, WINDOW_OFFSET_SEED};
 pub use policy::{Algorithm, AutoBlock, Limit, LocalAdmission, OnError, Policy, MAX_LIMIT};

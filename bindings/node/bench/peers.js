@@ -3,6 +3,7 @@
 // pins this process to one CPU):
 //   node bench/peers.js --lib shardlimit|rlf --redis redis://127.0.0.1:PORT [--redis-pid PID]
 //        [--total 200000] [--concurrency 64] [--sequential 20000] [--spin-wait 100us]
+//        [--transport host]
 // The policy: a fixed window of 10^9 per hour over 1000 keys (every request admitted, one
 // script call per check in both libraries). Prints one JSON line: decisions/s at
 // `concurrency` requests in flight, p50/p99 of sequential requests, and the CPU per
@@ -28,6 +29,8 @@ const TOTAL = Number(arg('total', 200_000))
 const CONCURRENCY = Number(arg('concurrency', 64))
 const SEQUENTIAL = Number(arg('sequential', 20_000))
 const SPIN_WAIT = arg('spin-wait', null)
+// shardlimit's transport: the default (the I/O thread) or 'host' (this event loop)
+const TRANSPORT = arg('transport', 'default')
 const KEYS = 1000
 const LIMIT = 1_000_000_000
 if (!URL) throw new Error('--redis URL is required')
@@ -52,7 +55,7 @@ function shardlimit() {
     ...(SPIN_WAIT === null ? {} : { spin_wait: SPIN_WAIT }),
     shards: [{ name: 'bench', url: URL }],
     policies: { api: { algorithm: 'fixed_window', limit: LIMIT, window: '1h' } },
-  })
+  }, { transport: TRANSPORT })
   const opts = { policy: 'api' }
   return {
     version: `shardlimit ${require(path.join(pkg, 'package.json')).version}`,
@@ -109,6 +112,7 @@ async function main() {
   console.log(
     JSON.stringify({
       lib: LIB,
+      transport: LIB === 'shardlimit' ? TRANSPORT : null,
       version: lib.version,
       node: process.version,
       decisions_per_sec: TOTAL / secs,

@@ -33,6 +33,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 mod calls;
+mod host;
 mod reserve;
 mod settle;
 

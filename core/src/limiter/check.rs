@@ -14,7 +14,7 @@ use crate::transport::pipe::next_tag;
 use std::time::Duration;
 
 /// A Redis check after its preamble: decided already (a cached block), or the script to run.
-enum Plan {
+pub(super) enum Plan {
     Decided(Decision),
     Redis {
         eff: Compiled,
@@ -403,7 +403,13 @@ impl Limiter {
 
     /// What a Redis check does before its script: validate, and answer from the block
     /// cache when the key is known to be blocked. Otherwise the limit, cost and shard.
-    fn plan(&self, r: &RedisEngine, key: &str, policy: &Policy, cost: u64) -> Result<Plan> {
+    pub(super) fn plan(
+        &self,
+        r: &RedisEngine,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Plan> {
         let (eff, cost) = self.prepare(key, policy, cost)?;
         if let Some(ttl) = self.cached_block(key) {
             let p = &*policy.0;

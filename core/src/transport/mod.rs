@@ -8,3 +8,4 @@ pub(crate) mod cpus;
 pub(crate) mod pipe;
 pub(crate) mod resp;
 pub(crate) mod runtime;
+pub(crate) mod sansio;

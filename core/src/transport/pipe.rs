@@ -41,7 +41,7 @@ type Sender = oneshot::Sender<io::Result<Reply>>;
 type RawSender = oneshot::Sender<io::Result<Vec<u8>>>;
 
 /// The most checks one batch call carries: bounds how long one script call holds Redis.
-const MAX_BATCH: usize = 128;
+pub(crate) const MAX_BATCH: usize = 128;
 
 /// A number no other check call of this process carries at the same time (it wraps after
 /// 2^53 calls; Lua numbers hold it exactly). The check scripts echo it as the last value of
@@ -76,9 +76,9 @@ pub(crate) fn untag(reply: Reply, tag: u64) -> Result<Reply, Reply> {
 /// One check script call, in parts the writer can put into a single or a batch call.
 pub(crate) struct CheckCall {
     /// the check's algorithm's scripts
-    scripts: &'static CheckScripts,
+    pub(crate) scripts: &'static CheckScripts,
     /// the server lost the scripts (NOSCRIPT): send the source (EVAL), which loads it
-    eval: bool,
+    pub(crate) eval: bool,
     /// packed (`$<len>\r\n<arg>\r\n` each): the keys, the check's own arguments from
     /// `item_at`, its policy's from `shape_at`, its tag from `tag_at`
     packed: Vec<u8>,
@@ -86,7 +86,7 @@ pub(crate) struct CheckCall {
     shape_at: usize,
     tag_at: usize,
     /// the tag its reply must carry
-    tag: u64,
+    pub(crate) tag: u64,
 }
 
 impl CheckCall {
@@ -192,36 +192,43 @@ impl Waiter {
             Waiter::Batch(senders) => (parse_frame(frame)?, senders),
         };
         let (reply, senders) = reply;
-        match reply {
-            Reply::Array(items) if items.len() == senders.len() => {
-                // every element must be its caller's before any is handed out
-                let mut out = Vec::with_capacity(items.len());
-                for (r, (tag, _)) in items.into_iter().zip(senders.iter()) {
-                    out.push(untag(r, *tag).map_err(|_| not_theirs())?);
-                }
-                for (r, (_, s)) in out.into_iter().zip(senders) {
-                    let _ = s.send(Ok(r));
-                }
-            }
-            // the whole call failed (NOSCRIPT, OOM, ...): every check gets its error
-            Reply::Error(e) => {
-                for (_, s) in senders {
-                    let _ = s.send(Ok(Reply::Error(e.clone())));
-                }
-            }
-            other => {
-                let e = format!(
-                    "a batch of {} checks got the reply {:?}",
-                    senders.len(),
-                    crate::transport::resp::Shown(&other)
-                );
-                for (_, s) in senders {
-                    let _ = s.send(Ok(Reply::Error(e.clone())));
-                }
-            }
+        let replies = split_batch(reply, senders.iter().map(|(tag, _)| *tag))?;
+        for (r, (_, s)) in replies.into_iter().zip(senders) {
+            let _ = s.send(Ok(r));
         }
         Ok(())
     }
+}
+
+/// The reply of one batch call, split into the replies of its checks (whose tags are
+/// `tags`, in order): each element is untagged, and only if every one is its check's are
+/// they handed out (`Err`: the stream is in doubt). A reply that is not an array of one
+/// element per check (NOSCRIPT, OOM, anything else) becomes each check's error reply.
+pub(crate) fn split_batch(
+    reply: Reply,
+    tags: impl ExactSizeIterator<Item = u64>,
+) -> io::Result<Vec<Reply>> {
+    let not_theirs = || crate::transport::resp::protocol(NOT_THEIRS);
+    let n = tags.len();
+    Ok(match reply {
+        Reply::Array(items) if items.len() == n => {
+            // every element must be its caller's before any is handed out
+            let mut out = Vec::with_capacity(n);
+            for (r, tag) in items.into_iter().zip(tags) {
+                out.push(untag(r, tag).map_err(|_| not_theirs())?);
+            }
+            out
+        }
+        // the whole call failed (NOSCRIPT, OOM, ...): every check gets its error
+        Reply::Error(e) => vec![Reply::Error(e); n],
+        other => {
+            let e = format!(
+                "a batch of {n} checks got the reply {:?}",
+                crate::transport::resp::Shown(&other)
+            );
+            vec![Reply::Error(e); n]
+        }
+    })
 }
 
 struct Shared {
@@ -460,7 +467,11 @@ fn header(out: &mut Vec<u8>, items: usize) {
 /// single script for one check, of the batch script for several, with each distinct
 /// policy argument set sent once (core/lua/main_batch.lua); EVAL of the source when one of them
 /// saw NOSCRIPT.
-fn pack_calls(out: &mut Vec<u8>, calls: &[CheckCall], scratch: (&mut Vec<usize>, &mut Vec<usize>)) {
+pub(crate) fn pack_calls(
+    out: &mut Vec<u8>,
+    calls: &[CheckCall],
+    scratch: (&mut Vec<usize>, &mut Vec<usize>),
+) {
     let first = &calls[0];
     let eval = calls.iter().any(|c| c.eval);
     let (op, script): (&[u8], &str) = match (calls.len() > 1, eval) {

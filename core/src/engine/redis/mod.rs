@@ -32,6 +32,7 @@ mod call;
 mod circuit;
 mod commands;
 mod connect;
+mod host;
 pub mod keys;
 mod noscript;
 mod overrides;

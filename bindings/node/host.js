@@ -1,0 +1,145 @@
+'use strict'
+// The host transport (`{ transport: 'host' }`, issue 16): checks whose bytes move on this
+// process's own event loop, one `net.Socket` per shard, instead of crossing to the
+// limiter's I/O thread. The core's state machine (NativeHostChecks over
+// `shardlimit::HostChecks`) builds the script calls, packs a tick's checks into one batch
+// call, frames and checks every reply, keeps the deadlines and decides (on_error,
+// metrics, events, circuits); this file only moves bytes: it connects (and reconnects
+// with backoff), writes what `transmit` gives once per tick, hands every chunk read to
+// `onData`, and arms one timer for the next deadline.
+
+const net = require('node:net')
+
+const BACKOFF_MIN_MS = 20
+const BACKOFF_MAX_MS = 1000
+
+class HostTransport {
+  constructor(native) {
+    this.native = native
+    this.sockets = []
+    this.backoff = []
+    this.reconnectTimers = []
+    this.flushScheduled = false
+    this.timer = null
+    this.closed = false
+    this.flush = () => this.#flush()
+    this.onTimer = () => this.#onTimer()
+    for (let shard = 0; shard < native.shardCount; shard++) {
+      this.sockets.push(null)
+      this.backoff.push(0)
+      this.reconnectTimers.push(null)
+      this.#connect(shard)
+    }
+  }
+
+  /** A check's Promise, or null when the check needs the limiter's own path. */
+  check(key, policy, cost) {
+    const p = this.native.check(key, policy, cost)
+    if (p !== null && !this.flushScheduled) {
+      this.flushScheduled = true
+      // every check of this tick goes out in one write per shard
+      queueMicrotask(this.flush)
+    }
+    return p
+  }
+
+  #flush() {
+    this.flushScheduled = false
+    const native = this.native
+    for (let shard = 0; shard < this.sockets.length; shard++) {
+      const s = this.sockets[shard]
+      if (s === null) continue
+      const bytes = native.transmit(shard)
+      if (bytes !== null) s.write(bytes)
+    }
+    this.#arm()
+  }
+
+  /** One timer for the earliest deadline, while anything waits. */
+  #arm() {
+    if (this.timer !== null || this.closed) return
+    const ms = this.native.nextDeadlineMs()
+    if (ms === null) return
+    this.timer = setTimeout(this.onTimer, Math.ceil(ms) + 1)
+  }
+
+  #onTimer() {
+    this.timer = null
+    this.native.onTimer()
+    for (let shard = 0; shard < this.sockets.length; shard++) {
+      if (this.sockets[shard] !== null && this.native.isDown(shard)) this.#drop(shard)
+    }
+    this.#arm()
+  }
+
+  #connect(shard) {
+    if (this.closed) return
+    this.reconnectTimers[shard] = null
+    const { host, port } = this.native.address(shard)
+    this.native.connecting(shard)
+    const s = net.connect({ host, port, noDelay: true })
+    // the limiter does not keep the process alive by itself; a check in flight does (its
+    // deadline timer)
+    s.unref()
+    this.sockets[shard] = s
+    s.on('connect', () => {
+      if (this.sockets[shard] !== s) return
+      this.native.connected(shard)
+      this.#flush() // the log-in, and what waited for the connection
+    })
+    s.on('data', (chunk) => {
+      if (this.sockets[shard] !== s) return
+      if (this.native.onData(shard, chunk)) {
+        this.#drop(shard)
+      } else {
+        this.backoff[shard] = 0
+        // NOSCRIPT: a check goes out again as EVAL
+        if (!this.flushScheduled) {
+          this.flushScheduled = true
+          queueMicrotask(this.flush)
+        }
+      }
+    })
+    s.on('error', () => {}) // 'close' follows, with the reason in `hadError`
+    s.on('close', (hadError) => {
+      if (this.sockets[shard] !== s) return
+      this.sockets[shard] = null
+      this.native.onClosed(shard, hadError ? 'the connection to Redis failed' : 'the connection to Redis closed')
+      this.#reconnectLater(shard)
+    })
+  }
+
+  /** The machine gave the connection up (bytes it cannot trust, a late reply). */
+  #drop(shard) {
+    const s = this.sockets[shard]
+    this.sockets[shard] = null
+    if (s !== null) s.destroy()
+    this.#reconnectLater(shard)
+  }
+
+  #reconnectLater(shard) {
+    if (this.closed || this.reconnectTimers[shard] !== null) return
+    const b = Math.min(Math.max(this.backoff[shard] * 2, BACKOFF_MIN_MS), BACKOFF_MAX_MS)
+    this.backoff[shard] = b
+    // jittered down to half, as the core's own reconnects
+    const t = setTimeout(() => this.#connect(shard), b / 2 + Math.random() * (b / 2))
+    t.unref()
+    this.reconnectTimers[shard] = t
+  }
+
+  close() {
+    if (this.closed) return
+    this.closed = true
+    if (this.timer !== null) clearTimeout(this.timer)
+    for (let shard = 0; shard < this.sockets.length; shard++) {
+      const t = this.reconnectTimers[shard]
+      if (t !== null) clearTimeout(t)
+      const s = this.sockets[shard]
+      this.sockets[shard] = null
+      if (s !== null) s.destroy()
+      this.native.onClosed(shard, 'the limiter was closed')
+    }
+  }
+}
+
+module.exports = { HostTransport }

@@ -1,0 +1,278 @@
+'use strict'
+// The host transport (`{ transport: 'host' }`): a check's bytes move on this event loop
+// (host.js, one net.Socket per shard) and the core's state machine decides. Its decisions
+// equal the default transport's; a stopped Redis gives the on_error fallback within the
+// deadline; a killed one is reconnected to; a hostile reply fails the checks in flight
+// with a clear error and never hands one check another's decision.
+
+const test = require('node:test')
+const assert = require('node:assert/strict')
+const net = require('node:net')
+const { Limiter, ManualClock, ConnectionError } = require('..')
+const { startRedis, freePort } = require('./support/redis.js')
+
+const T0 = 1_800_000_000_000_000
+const POLICIES = {
+  fw: { algorithm: 'fixed_window', limit: 7, window: '1m' },
+  sl: { algorithm: 'sliding_log', limit: 5, window: '1m' },
+  tb: { algorithm: 'token_bucket', capacity: 6, refill_per_sec: 0.5 },
+  sw: { algorithm: 'sliding_window', limit: 4, window: '1m' },
+}
+
+let redis
+test.before(async () => {
+  redis = await startRedis()
+})
+test.after(() => redis.stop())
+
+const shape = (d) => ({
+  allowed: d.allowed,
+  remaining: d.remaining,
+  limit: d.limit,
+  resetAfter: d.resetAfter,
+  retryAfter: d.retryAfter,
+  source: d.source,
+  shard: d.shard,
+  policy: d.policy,
+})
+
+test('decisions equal the default transport', async () => {
+  const clock = new ManualClock(T0)
+  const config = (prefix) => ({ ...redis.config(POLICIES), key_prefix: prefix })
+  const byDefault = Limiter.fromJson(config('d:'), { clock })
+  const hosted = Limiter.fromJson(config('h:'), { clock, transport: 'host' })
+  try {
+    let compared = 0
+    for (let round = 0; round < 10; round++) {
+      // one burst: every key under every policy once, costs 1 to 3
+      const checks = []
+      for (const [pi, policy] of Object.keys(POLICIES).entries()) {
+        for (let k = 0; k < 8; k++) checks.push([`user-${k}`, policy, 1 + ((round + k + pi) % 3)])
+      }
+      const [want, got] = await Promise.all([
+        Promise.all(checks.map(([key, policy, cost]) => byDefault.check(key, { policy, cost }))),
+        Promise.all(checks.map(([key, policy, cost]) => hosted.check(key, { policy, cost }))),
+      ])
+      for (let i = 0; i < checks.length; i++) {
+        assert.equal(got[i].source, 'redis')
+        assert.deepEqual(shape(got[i]), shape(want[i]), `round ${round}, ${checks[i]}`)
+        compared++
+      }
+      clock.advanceUs(3_100_000)
+    }
+    assert.equal(compared, 10 * 32)
+    // counted like any check
+    const text = hosted.metrics()
+    const counted = [...text.matchAll(/^shardlimit_(?:allowed|denied)_total\{[^}]*\} (\d+)$/gm)].reduce((n, m) => n + Number(m[1]), 0)
+    assert.equal(counted, compared, text)
+  } finally {
+    byDefault.close()
+    hosted.close()
+  }
+})
+
+test('what the host transport does not carry goes the default way, with the same answers', async () => {
+  const limiter = Limiter.fromJson(
+    redis.config({
+      sh: { algorithm: 'fixed_window', limit: 1, window: '1m', shadow: true },
+      fw: { algorithm: 'fixed_window', limit: 2, window: '1m' },
+    }),
+    { transport: 'host' }
+  )
+  try {
+    await limiter.check('shadowed', 'sh')
+    const d = await limiter.check('shadowed', 'sh')
+    assert.equal(d.allowed, true)
+    assert.equal(d.shadowDenied, true)
+    await assert.rejects(limiter.check('', 'fw'), /key/)
+    await assert.rejects(limiter.check('k', 'nope'), /nope/)
+    assert.equal((await limiter.peek('k', 'fw')).remaining, 2)
+    const inFlight = limiter.check('closing', 'fw')
+    limiter.close()
+    // a check in flight when the limiter closes is settled by its on_error (open), a later one rejects
+    const last = await inFlight
+    assert.equal(last.source, 'fallback')
+    assert.equal(last.allowed, true)
+    await assert.rejects(limiter.check('k', 'fw'), /closed/)
+  } finally {
+    limiter.close()
+  }
+  assert.throws(() => Limiter.fromJson(redis.config({}), { transport: 'carrier pigeon' }), /options.transport/)
+  assert.throws(
+    () => Limiter.fromJson({ shards: [{ name: 't', url: 'rediss://127.0.0.1:1' }], policies: {} }, { transport: 'host' }),
+    /plain TCP only/
+  )
+})
+
+test('a stopped Redis gives the on_error fallback within the deadline; a killed one is reconnected to', async () => {
+  const own = await startRedis()
+  let restarted = null
+  const limiter = Limiter.fromJson(own.config(POLICIES, { timeout_ms: 300, on_error: 'open' }), { transport: 'host' })
+  try {
+    assert.equal((await limiter.check('k', 'fw')).source, 'redis')
+    process.kill(own.pid, 'SIGSTOP')
+    const t0 = Date.now()
+    let ds
+    try {
+      ds = await Promise.all([limiter.check('k', 'fw'), limiter.check('j', 'fw')])
+    } finally {
+      process.kill(own.pid, 'SIGCONT')
+    }
+    const took = Date.now() - t0
+    for (const d of ds) {
+      assert.equal(d.allowed, true)
+      assert.equal(d.source, 'fallback')
+    }
+    assert.ok(took >= 290 && took < 1000, `the deadline is 300 ms, took ${took} ms`)
+    // answering again: a new connection decides on Redis
+    const deadline = Date.now() + 5000
+    for (;;) {
+      const d = await limiter.check('k', 'fw')
+      if (d.source === 'redis') {
+        assert.equal(d.remaining, 5)
+        break
+      }
+      assert.ok(Date.now() < deadline, 'never reconnected after SIGCONT')
+      await new Promise((r) => setTimeout(r, 20))
+    }
+    // killed: the fallback; restarted on its port: reconnected
+    await own.stop()
+    assert.equal((await limiter.check('k', 'fw')).source, 'fallback')
+    restarted = await startRedis(['--port', String(own.port)])
+    assert.equal(restarted.port !== undefined, true)
+    const until = Date.now() + 5000
+    for (;;) {
+      const d = await limiter.check('fresh', 'fw')
+      if (d.source === 'redis') {
+        assert.equal(d.remaining, 6)
+        break
+      }
+      assert.ok(Date.now() < until, 'never reconnected after a restart')
+      await new Promise((r) => setTimeout(r, 20))
+    }
+  } finally {
+    limiter.close()
+    await own.stop()
+    if (restarted !== null) await restarted.stop()
+  }
+})
+
+/** A fake Redis: answers each script call with `answer(tags)` (RESP text). */
+async function fakeRedis(answer) {
+  const port = await freePort()
+  const sockets = new Set()
+  const server = net.createServer((sock) => {
+    sockets.add(sock)
+    sock.on('close', () => sockets.delete(sock))
+    sock.on('error', () => {})
+    let buf = Buffer.alloc(0)
+    sock.on('data', (chunk) => {
+      buf = Buffer.concat([buf, chunk])
+      for (;;) {
+        const cmd = parseCommand(buf)
+        if (cmd === null) return
+        buf = buf.subarray(cmd.used)
+        const args = cmd.args
+        // (the circuit's probe, made by the core on its own connection)
+        if (args[0].toUpperCase() === 'PING') {
+          sock.write('+PONG\r\n')
+          continue
+        }
+        // a single call: 21 arguments, the tag last; a batch: 7 per check at the end
+        const n = args.length === 21 ? 1 : Number(args[2]) / 4
+        const tags = args.length === 21 ? [args[20]] : Array.from({ length: n }, (_, i) => args[args.length - 7 * n + 7 * i + 6])
+        sock.write(answer(tags))
+      }
+    })
+  })
+  await new Promise((r) => server.listen(port, '127.0.0.1', r))
+  return {
+    url: `redis://127.0.0.1:${port}`,
+    close: () => {
+      for (const s of sockets) s.destroy()
+      return new Promise((r) => server.close(r))
+    },
+  }
+}
+
+function parseCommand(buf) {
+  let at = 0
+  const line = () => {
+    const end = buf.indexOf('\r\n', at)
+    if (end < 0) return null
+    const s = buf.toString('latin1', at, end)
+    at = end + 2
+    return s
+  }
+  const head = line()
+  if (head === null) return null
+  const n = Number(head.slice(1))
+  const args = []
+  for (let i = 0; i < n; i++) {
+    const h = line()
+    if (h === null) return null
+    const len = Number(h.slice(1))
+    if (buf.length < at + len + 2) return null
+    args.push(buf.toString('latin1', at, at + len))
+    at += len + 2
+  }
+  return { args, used: at }
+}
+
+const honest = (tag, remaining) => `*8\r\n:1\r\n:${remaining}\r\n:1000\r\n:-1\r\n:0\r\n:0\r\n:1\r\n:${tag}\r\n`
+
+test('a hostile reply fails the checks in flight with a clear error, and no check gets another one\'s decision', async () => {
+  let mode = 'honest'
+  const fake = await fakeRedis((tags) => {
+    if (mode === 'honest') return tags.length === 1 ? honest(tags[0], 6) : `*${tags.length}\r\n` + tags.map((t) => honest(t, 6)).join('')
+    if (mode === 'swap') {
+      // a batch's replies in the wrong order: each would be another check's decision
+      const rotated = tags.slice(1).concat(tags.slice(0, 1))
+      return `*${tags.length}\r\n` + rotated.map((t, i) => honest(t, i)).join('')
+    }
+    if (mode === 'deep') return '*1\r\n'.repeat(100_000)
+    return `*8\r\n:1\r\n:6\r\n:1000\r\n:-1\r\n:0\r\n:0\r\n:1\r\n:${Number(tags[0]) + 1}\r\n`
+  })
+  const limiter = Limiter.fromJson(
+    { timeout_ms: 1000, on_error: 'error', shards: [{ name: 'fake', url: fake.url }], policies: POLICIES },
+    { transport: 'host' }
+  )
+  try {
+    const d = await limiter.check('k', 'fw')
+    assert.equal(d.source, 'redis')
+    assert.equal(d.remaining, 6)
+    const batch = await Promise.all(['a', 'b', 'c'].map((k) => limiter.check(k, 'fw')))
+    assert.deepEqual(batch.map((d) => d.remaining), [6, 6, 6])
+    for (const [m, says] of [
+      ['swap', /another call's tag/],
+      ['other-tag', /another call's tag/],
+      ['deep', /nested deeper/],
+    ]) {
+      mode = m
+      const t0 = Date.now()
+      const n = m === 'swap' ? 3 : 1
+      const results = await Promise.allSettled(Array.from({ length: n }, (_, i) => limiter.check(`${m}-${i}`, 'fw')))
+      for (const r of results) {
+        assert.equal(r.status, 'rejected', `${m}: a decision came through: ${JSON.stringify(r.value)}`)
+        assert.ok(r.reason instanceof ConnectionError, `${m}: ${r.reason}`)
+        assert.match(r.reason.message, says)
+      }
+      assert.ok(Date.now() - t0 < 1000, `${m}: failed at once, not at the deadline`)
+      // the connection is made again; an honest server decides again
+      mode = 'honest'
+      const until = Date.now() + 5000
+      for (;;) {
+        const r = await limiter.check('k', 'fw').then((d) => d, (e) => e)
+        if (!(r instanceof Error)) {
+          assert.equal(r.remaining, 6)
+          break
+        }
+        assert.ok(Date.now() < until, `${m}: never reconnected: ${r}`)
+        await new Promise((res) => setTimeout(res, 20))
+      }
+    }
+  } finally {
+    limiter.close()
+    await fake.close()
+  }
+})

@@ -1,0 +1,270 @@
+//! Checks whose bytes the host moves on its own event loop (Node's `net.Socket` on
+//! libuv): no I/O thread, no thread hop per decision (issue 16). [`HostChecks`] owns one
+//! sans-I/O connection per shard (`transport/sansio.rs`) and turns each completion into a
+//! [`Decision`] through the code every Redis check goes through (the engine's reply
+//! checks, circuit and latency accounting, then `on_error`, metrics and events).
+//!
+//! Only the plain check of one policy goes this way; what needs more (multi-limit, shadow,
+//! local admission, overrides, a reshard handoff) is [`HostStep::Delegate`]d to
+//! [`Limiter::check`]. Standalone plain-TCP shards only: [`HostChecks::new`] refuses a
+//! Cluster, TLS, Sentinel or Unix-socket shard.
+
+use super::blocking::unleased;
+use super::check::Plan;
+use super::{Engine, Limiter};
+use crate::decision::Decision;
+use crate::engine::redis::{Checked, Mode, RedisEngine};
+use crate::error::{Error, Result};
+use crate::policy::{Compiled, Policy};
+use crate::transport::sansio::{Completion, SansIo};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What became of a check handed to [`HostChecks::check`].
+#[derive(Debug)]
+pub enum HostStep {
+    /// decided without Redis (the block cache, an open circuit's `on_error`)
+    Decided(Decision),
+    /// sent (or queued) on shard `shard`'s connection: its decision comes back with `id`
+    Pending { id: u64, shard: usize },
+    /// this check needs the limiter's own path: call [`Limiter::check`]
+    Delegate,
+}
+
+/// A check in flight.
+struct Pending {
+    policy: Policy,
+    eff: Compiled,
+    key: String,
+    cost: u64,
+    shard: u32,
+    start: Instant,
+}
+
+/// The checks of one limiter whose bytes the host moves: one connection state machine
+/// per shard, driven by the host's calls (see `transport/sansio.rs` for the order).
+pub struct HostChecks {
+    limiter: Limiter,
+    engine: Arc<RedisEngine>,
+    conns: Vec<SansIo>,
+    pending: HashMap<u64, Pending>,
+    next_id: u64,
+    done: Vec<Completion>,
+}
+
+impl std::fmt::Debug for HostChecks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostChecks")
+            .field("shards", &self.conns.len())
+            .field("pending", &self.pending.len())
+            .finish()
+    }
+}
+
+impl HostChecks {
+    /// The host transport of `limiter`, whose shards must all be standalone Redis servers
+    /// over plain TCP (a `config` error names the first that is not).
+    pub fn new(limiter: &Limiter) -> Result<HostChecks> {
+        let engine = match &limiter.view().engine {
+            Engine::Redis(r) => Arc::clone(r),
+            Engine::Memory(_) => {
+                return Err(Error::config(
+                    "shards",
+                    "the host transport needs Redis shards; this limiter decides in memory",
+                ))
+            }
+        };
+        let conns = (0..engine.shards.len())
+            .map(|i| Ok(SansIo::new(engine.host_target(i)?.handshake())))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(HostChecks {
+            limiter: limiter.clone(),
+            engine,
+            conns,
+            pending: HashMap::new(),
+            next_id: 1,
+            done: Vec::new(),
+        })
+    }
+
+    /// How many shards (connections) there are.
+    pub fn shard_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Where shard `shard` listens: host and port.
+    pub fn address(&self, shard: usize) -> Result<(String, u16)> {
+        self.shard_ok(shard)?;
+        let t = self.engine.host_target(shard)?;
+        let (h, p) = t.tcp().expect("host_target is TCP");
+        Ok((h.to_string(), p))
+    }
+
+    /// The config's `timeout`: how long a connect (and log-in) may take.
+    pub fn timeout(&self) -> std::time::Duration {
+        self.engine.timeout
+    }
+
+    fn shard_ok(&self, shard: usize) -> Result<()> {
+        if shard < self.conns.len() {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                "shard",
+                format!("is {shard}; there are {} shards", self.conns.len()),
+            ))
+        }
+    }
+
+    /// Checks `cost` units of `policy` for `key` (the contract of [`Limiter::check`]).
+    pub fn check(&mut self, key: &str, policy: &Policy, cost: u64) -> Result<HostStep> {
+        unleased(policy, "check")?;
+        let view = self.limiter.view();
+        let r = match &view.engine {
+            // a reload made another engine: the limiter's own path has it
+            Engine::Redis(r) if Arc::ptr_eq(r, &self.engine) => r,
+            _ => return Ok(HostStep::Delegate),
+        };
+        let p = &*policy.0;
+        if p.parts.is_some()
+            || p.shadow
+            || p.local_admission.is_some()
+            || p.overrides
+            || view.handoff.is_some()
+        {
+            return Ok(HostStep::Delegate);
+        }
+        let (eff, cost, shard) = match self.limiter.plan(r, key, policy, cost)? {
+            Plan::Decided(d) => return Ok(HostStep::Decided(d)),
+            Plan::Redis { eff, cost, shard } => (eff, cost, shard),
+        };
+        let finish = |l: &Limiter, raw| l.after_script(p, &eff, key, cost, false, shard, raw);
+        if let Err(e) = r.host_gate(shard as usize) {
+            return finish(&self.limiter, Err(e)).map(HostStep::Decided);
+        }
+        let req = self.limiter.request(p, &eff, key, cost, Mode::Check, None);
+        let call = r.host_call(&req);
+        let id = self.next_id;
+        self.next_id += 1;
+        let start = Instant::now();
+        if let Err(e) = self.conns[shard as usize].submit(id, call, r.host_deadline()) {
+            let raw = r
+                .host_finish(shard as usize, start, Err(e), eff.limit, cost)
+                .and_then(|c| decided(&r.shards[shard as usize].name, c));
+            return finish(&self.limiter, raw).map(HostStep::Decided);
+        }
+        self.pending.insert(
+            id,
+            Pending {
+                policy: policy.clone(),
+                eff,
+                key: key.to_string(),
+                cost,
+                shard,
+                start,
+            },
+        );
+        Ok(HostStep::Pending {
+            id,
+            shard: shard as usize,
+        })
+    }
+
+    /// The host starts to connect to shard `shard` (a connect and log-in that is not done
+    /// within the config's `timeout` fails).
+    pub fn connecting(&mut self, shard: usize) -> Result<()> {
+        self.shard_ok(shard)?;
+        self.conns[shard].connecting(Instant::now() + self.engine.timeout);
+        Ok(())
+    }
+
+    /// The host's socket to shard `shard` is open.
+    pub fn connected(&mut self, shard: usize) -> Result<()> {
+        self.shard_ok(shard)?;
+        self.conns[shard].connected();
+        Ok(())
+    }
+
+    /// True when shard `shard`'s connection is closed or must be: the host closes its
+    /// socket and connects again.
+    pub fn is_down(&self, shard: usize) -> bool {
+        self.conns.get(shard).is_none_or(SansIo::is_down)
+    }
+
+    /// The bytes to write to shard `shard` now, if any.
+    pub fn poll_transmit(&mut self, shard: usize) -> Option<Vec<u8>> {
+        self.conns.get_mut(shard)?.poll_transmit()
+    }
+
+    /// Bytes read from shard `shard`: the decisions they complete, by id.
+    pub fn handle_input(&mut self, shard: usize, bytes: &[u8]) -> Vec<(u64, Result<Decision>)> {
+        let mut done = std::mem::take(&mut self.done);
+        if let Some(c) = self.conns.get_mut(shard) {
+            c.handle_input(bytes, &mut done);
+        }
+        self.decide(done)
+    }
+
+    /// Shard `shard`'s socket closed or failed (`why`): every call on it fails (and
+    /// follows its policy's `on_error`).
+    pub fn handle_closed(&mut self, shard: usize, why: &str) -> Vec<(u64, Result<Decision>)> {
+        let mut done = std::mem::take(&mut self.done);
+        if let Some(c) = self.conns.get_mut(shard) {
+            c.handle_closed(why, &mut done);
+        }
+        self.decide(done)
+    }
+
+    /// Time is `now`: the calls (and connects) whose deadline passed fail.
+    pub fn handle_timeout(&mut self, now: Instant) -> Vec<(u64, Result<Decision>)> {
+        let mut done = std::mem::take(&mut self.done);
+        for c in &mut self.conns {
+            c.handle_timeout(now, &mut done);
+        }
+        self.decide(done)
+    }
+
+    /// When [`HostChecks::handle_timeout`] is due next, if anything waits.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.conns.iter().filter_map(SansIo::next_deadline).min()
+    }
+
+    /// How many checks wait for their decision.
+    pub fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn decide(&mut self, mut done: Vec<Completion>) -> Vec<(u64, Result<Decision>)> {
+        let mut out = Vec::with_capacity(done.len());
+        for c in done.drain(..) {
+            let Some(p) = self.pending.remove(&c.id) else {
+                continue;
+            };
+            let shard = p.shard as usize;
+            let raw = self
+                .engine
+                .host_finish(shard, p.start, c.reply, p.eff.limit, p.cost)
+                .and_then(|c| decided(&self.engine.shards[shard].name, c));
+            let policy = &*p.policy.0;
+            let d = self
+                .limiter
+                .after_script(policy, &p.eff, &p.key, p.cost, false, p.shard, raw);
+            out.push((c.id, d));
+        }
+        self.done = done;
+        out
+    }
+}
+
+/// A plain check's reply: a decision. (An override entry is an answer only to a check of
+/// a policy that takes overrides, which never comes this way.)
+fn decided(shard: &str, c: Checked) -> Result<crate::engine::memory::Raw> {
+    match c {
+        Checked::Decided(raw) => Ok(raw),
+        Checked::Override(_) => Err(Error::Script {
+            shard: shard.to_string(),
+            message: "a check of a policy without overrides got an override entry".into(),
+        }),
+    }
+}
