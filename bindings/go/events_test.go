@@ -151,13 +151,18 @@ func TestSubscribeDeliversEventsAndCloses(t *testing.T) {
 func TestWatchConfigReloadsOnChange(t *testing.T) {
 	s := startRedis(t)
 	path := filepath.Join(t.TempDir(), "shardlimit.json")
+	// a modification time of its own (seen whatever the file system's resolution), and
+	// the file replaced whole (written and dated aside, then renamed): seen once
 	write := func(text string, secs int64) {
-		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(text), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		// a modification time of its own: seen whatever the file system's resolution
 		at := time.Unix(secs, 0)
-		if err := os.Chtimes(path, at, at); err != nil {
+		if err := os.Chtimes(tmp, at, at); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
 			t.Fatal(err)
 		}
 	}

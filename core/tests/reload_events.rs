@@ -26,13 +26,17 @@ fn events(limiter: &Limiter) -> mpsc::Receiver<Vec<(&'static str, String)>> {
     rx
 }
 
-/// Writes `text` to `path` with a modification time of its own, so the watcher sees a
-/// change whatever the file system's time resolution.
+/// Replaces `path` with `text` at a modification time of its own, so the watcher sees a
+/// change whatever the file system's time resolution, and sees it once, whole: the file
+/// is written and dated aside, then renamed over `path`.
 fn write_at(path: &std::path::Path, text: &str, secs: u64) {
-    std::fs::write(path, text).unwrap();
-    let f = std::fs::File::options().write(true).open(path).unwrap();
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    let f = std::fs::File::options().write(true).open(&tmp).unwrap();
     f.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
         .unwrap();
+    drop(f);
+    std::fs::rename(&tmp, path).unwrap();
 }
 
 fn field<'a>(fields: &'a [(&'static str, String)], name: &str) -> &'a str {

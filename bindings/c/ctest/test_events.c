@@ -15,16 +15,20 @@ static int next_event(shardlimit_subscription *sub, shardlimit_event *ev) {
   return got;
 }
 
-/* Writes `text` to `path` with the modification time `secs`, so that a watcher sees a
- * change whatever the file system's time resolution. */
+/* Replaces `path` with `text` at the modification time `secs`, so that a watcher sees a
+ * change whatever the file system's time resolution, and sees it once, whole: the file is
+ * written and dated aside, then renamed over `path`. */
 static void write_at(const char *path, const char *text, time_t secs) {
-  FILE *f = fopen(path, "w");
+  char tmp[256];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
   CHECK(f != NULL);
   if (!f) return;
   fputs(text, f);
   fclose(f);
   struct timespec ts[2] = {{secs, 0}, {secs, 0}};
-  CHECK(utimensat(AT_FDCWD, path, ts, 0) == 0);
+  CHECK(utimensat(AT_FDCWD, tmp, ts, 0) == 0);
+  CHECK(rename(tmp, path) == 0);
 }
 
 static void *wait_closed(void *arg) {

@@ -82,15 +82,18 @@ shardlimit::Event next_event(const shardlimit::Subscription& s) {
   return *e;
 }
 
-// Writes `text` at `path` with the modification time `secs`: a change the watcher sees
-// whatever the file system's time resolution.
+// Replaces `path` with `text` at the modification time `secs`: a change the watcher sees
+// whatever the file system's time resolution, and once, whole (written and dated aside,
+// then renamed over `path`).
 void write_at(const std::string& path, const std::string& text, time_t secs) {
-  FILE* f = std::fopen(path.c_str(), "w");
+  std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
   ASSERT_NE(f, nullptr);
   std::fputs(text.c_str(), f);
   std::fclose(f);
   timespec ts[2] = {{secs, 0}, {secs, 0}};
-  ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), ts, 0), 0);
+  ASSERT_EQ(utimensat(AT_FDCWD, tmp.c_str(), ts, 0), 0);
+  ASSERT_EQ(std::rename(tmp.c_str(), path.c_str()), 0);
 }
 }  // namespace
 
