@@ -630,3 +630,53 @@ pub unsafe extern "C" fn shardlimit_policy_with_shadow(
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detail_is_cut_at_a_character_and_says_so() {
+        let mut buf = [1 as c_char; 8];
+        // 7 bytes fit before the NUL; the 4-byte character at 6..10 does not
+        let (n, cut) = fill(&mut buf, "abcdef\u{1F600}");
+        assert_eq!((n, cut), (6, true));
+        assert_eq!(buf[6], 0);
+        let (n, cut) = fill(&mut buf, "abc");
+        assert_eq!((n, cut), (3, false));
+        assert_eq!(buf[3], 0);
+    }
+
+    #[test]
+    fn a_full_queue_counts_what_it_drops_and_a_closed_one_takes_nothing() {
+        let q = Queue {
+            state: Mutex::new(QueueState {
+                events: VecDeque::new(),
+                closed: false,
+                dropped: 0,
+            }),
+            ready: Condvar::new(),
+            capacity: 2,
+        };
+        let e = Event::Circuit {
+            shard: "s0".to_string(),
+            state: shardlimit::CircuitState::Open,
+        };
+        for _ in 0..5 {
+            q.push(&e);
+        }
+        assert_eq!(q.state.lock().events.len(), 2);
+        assert_eq!(q.state.lock().dropped, 3);
+        q.close();
+        q.state.lock().events.clear();
+        q.push(&e);
+        assert!(q.state.lock().events.is_empty());
+        let c = event_to_c(&e).unwrap();
+        assert_eq!(
+            c.kind,
+            shardlimit_event_kind::SHARDLIMIT_EVENT_CIRCUIT as u32
+        );
+        assert!(c.circuit_open);
+        assert_eq!(c.detail_len, 2);
+    }
+}
