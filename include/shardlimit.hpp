@@ -387,8 +387,13 @@ class Subscription {
   std::optional<Event> next(std::chrono::microseconds timeout) const {
     return next_us(timeout.count() < 0 ? 0 : static_cast<uint64_t>(timeout.count()));
   }
-  /// The next event, waiting as long as it takes (until close()).
-  Event next() const { return *next_us(UINT64_MAX); }
+  /// The next event, waiting as long as it takes (until close()). Inside a completion
+  /// callback, where the library never waits, it throws INVALID_ARGUMENT instead.
+  Event next() const {
+    auto e = next_us(UINT64_MAX);
+    if (!e) throw Error(SHARDLIMIT_ERR_INVALID_ARGUMENT, "Subscription::next() cannot wait here");
+    return *e;
+  }
   /// Events dropped because the queue was full.
   uint64_t dropped() const noexcept { return shardlimit_subscription_dropped(s_.get()); }
   /// Ends the subscription now: a thread waiting in next() wakes with CLOSED. Safe from
