@@ -61,6 +61,16 @@
 // Size of `shardlimit_decision.quotas`: the most limits one policy may hold.
 #define SHARDLIMIT_MAX_LIMITS 16
 
+// Size of `shardlimit_event.key`: the longest key (1024 bytes) plus its NUL.
+#define SHARDLIMIT_KEY_CAP 1025
+
+// Size of `shardlimit_event.detail`; longer texts are cut at a character boundary and
+// `detail_truncated` is set.
+#define SHARDLIMIT_EVENT_DETAIL_CAP 512
+
+// The most events one subscription may hold (`shardlimit_subscribe()`'s `capacity`).
+#define SHARDLIMIT_MAX_EVENT_CAPACITY 65536
+
 // The result of every fallible function. The numbers are a stable public contract
 // shared with the core crate's `ErrorKind` codes (and so with the Python exception
 // classes and the Node `err.code` values), except the codes from 100 on, which only the
@@ -190,6 +200,46 @@ typedef uint32_t shardlimit_on_error;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
+// The kind of an event (`shardlimit_event.kind`).
+enum shardlimit_event_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // An event of a kind this version of the header does not know (`detail` holds its
+  // name).
+  SHARDLIMIT_EVENT_OTHER = 0,
+  // A check was denied by its limit (`decision` is its decision).
+  SHARDLIMIT_EVENT_DENIED = 1,
+  // A check met the block list (`auto_block` false), or a denial put the key on it
+  // (`auto_block` true); `retry_after_us` when the block expires.
+  SHARDLIMIT_EVENT_BLOCKED = 2,
+  // A shard failed and the policy's `on_error` decided (`allowed`); `error_code` and
+  // `detail` (its message) say what failed.
+  SHARDLIMIT_EVENT_FALLBACK = 3,
+  // A shard's circuit opened (`circuit_open`) or closed; `detail` is the shard's name.
+  SHARDLIMIT_EVENT_CIRCUIT = 4,
+  // Shadow mode: the limit would have denied this check; it was allowed (`decision`).
+  SHARDLIMIT_EVENT_SHADOW_DENIED = 5,
+  // An allowed check took the key's usage across its policy's `near_limit` fraction
+  // (`limit`, `remaining`).
+  SHARDLIMIT_EVENT_NEAR_LIMIT = 6,
+  // The configuration was reloaded (`shardlimit_reload()`, `_reload_from_file()` or a
+  // watcher): `engine_changed`, and in `detail` the names of the policies added,
+  // removed or changed, comma-separated.
+  SHARDLIMIT_EVENT_RELOADED = 7,
+  // A watcher saw its file change but the new configuration was refused (`error_code`,
+  // `detail` the reason); the old one stays in force.
+  SHARDLIMIT_EVENT_RELOAD_REJECTED = 8,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum shardlimit_event_kind shardlimit_event_kind;
+#else
+typedef uint32_t shardlimit_event_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
 // A manual clock for deterministic tests: limiters created with it read time from it
 // instead of Redis `TIME` or the monotonic clock. Thread-safe. Free with
 // `shardlimit_clock_free()` (limiters using it keep their own reference). An opaque
@@ -233,6 +283,16 @@ typedef struct shardlimit_pending shardlimit_pending;
 // owns and frees with `shardlimit_policy_free()` (a call using it on another thread then
 // finishes; later ones return CLOSED).
 typedef struct shardlimit_policy shardlimit_policy;
+
+// A subscription to a limiter's events, from `shardlimit_subscribe()`: a bounded queue
+// the caller drains with `shardlimit_subscription_next()`. An opaque handle owned by the
+// caller; free it with `shardlimit_subscription_free()`, which wakes any thread waiting
+// in `_next` (it returns CLOSED). Thread-safe.
+typedef struct shardlimit_subscription shardlimit_subscription;
+
+// Watches a configuration file for `shardlimit_watch_config()`. An opaque handle owned by
+// the caller; `shardlimit_watcher_free()` stops watching.
+typedef struct shardlimit_watcher shardlimit_watcher;
 
 // A borrowed string: `len` bytes of UTF-8 at `ptr`, followed by a NUL byte that `len`
 // does not count (so `ptr` can also be used as a C string). The function that returns it
@@ -362,6 +422,50 @@ typedef struct shardlimit_block_info {
   // `shardlimit_string_free(&info.reason)` (a no-op when `ptr` is NULL).
   struct shardlimit_string reason;
 } shardlimit_block_info;
+
+// One event, filled by `shardlimit_subscription_next()`: a plain struct the caller
+// allocates; nothing inside it needs freeing. Fields a kind does not use are zero.
+typedef struct shardlimit_event {
+  // A `shardlimit_event_kind` value.
+  uint32_t kind;
+  // Length in bytes of `policy`, without its NUL (0 for circuit and reload events).
+  size_t policy_len;
+  // The policy, NUL-terminated.
+  char policy[SHARDLIMIT_POLICY_NAME_CAP];
+  // Length in bytes of `key`, without its NUL (0 for circuit and reload events).
+  size_t key_len;
+  // The key, NUL-terminated.
+  char key[SHARDLIMIT_KEY_CAP];
+  // The limit (denied, shadow_denied, near_limit).
+  uint64_t limit;
+  // Units left (denied, shadow_denied, near_limit).
+  uint64_t remaining;
+  // True when `retry_after_us` is set (denied, blocked).
+  bool has_retry_after;
+  // Microseconds until the check could pass, or the block expires.
+  uint64_t retry_after_us;
+  // Blocked: the denial put the key on the block list itself.
+  bool auto_block;
+  // Fallback: whether `on_error` allowed the request.
+  bool allowed;
+  // Circuit: true when it opened, false when it closed.
+  bool circuit_open;
+  // Reloaded: the shard list (or prefix, deadline) changed and new connections were made.
+  bool engine_changed;
+  // Fallback, reload_rejected: the `shardlimit_result` code of the error.
+  uint32_t error_code;
+  // True when `decision` is set (denied, shadow_denied).
+  bool has_decision;
+  // The check's decision (when `has_decision`).
+  struct shardlimit_decision decision;
+  // Length in bytes of `detail`, without its NUL.
+  size_t detail_len;
+  // The kind's text, NUL-terminated: the error message (fallback, reload_rejected), the
+  // shard (circuit), the policies that changed (reloaded), the kind's name (other).
+  char detail[SHARDLIMIT_EVENT_DETAIL_CAP];
+  // True when `detail` was cut to fit.
+  bool detail_truncated;
+} shardlimit_event;
 
 // Called once when a started call completes (with its result, with
 // `SHARDLIMIT_ERR_CANCELLED`, or with an error when the runtime stopped): `user` is the
@@ -924,6 +1028,102 @@ shardlimit_result shardlimit_metrics(const struct shardlimit_limiter *limiter,
 // Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
 shardlimit_result shardlimit_metrics_prometheus(const struct shardlimit_limiter *limiter,
                                                 struct shardlimit_string *out,
+                                                struct shardlimit_error **err);
+
+// The stable name of a `shardlimit_event_kind` value, as the other languages spell it:
+// `"denied"`, `"blocked"`, `"fallback"`, `"circuit"`, `"shadow_denied"`, `"near_limit"`,
+// `"reloaded"`, `"reload_rejected"`, or `"unknown"`. Static, never freed. Thread-safe.
+struct shardlimit_str shardlimit_event_kind_name(uint32_t kind);
+
+// Subscribes to the limiter's events: denials, blocks, fallbacks, circuit changes,
+// shadow denials, near-limit crossings and reloads, from the moment it returns. Events
+// wait in a queue of `capacity` events (0: 1024; at most
+// `SHARDLIMIT_MAX_EVENT_CAPACITY`) until `shardlimit_subscription_next()` takes them; when
+// it is full, later events are dropped and counted (`shardlimit_subscription_dropped()`),
+// so a slow reader never slows a check or grows without bound. Every subscription gets
+// every event. The subscription closes when it is freed, or when the limiter is gone
+// (its handle freed and its last call returned): `_next` then gives the events still
+// queued, then CLOSED. A subscription does not keep the limiter alive.
+//
+// On success `*out` is a new subscription the caller owns (free with
+// `shardlimit_subscription_free()`). `err` may be NULL. Thread-safe.
+// Results: OK, INVALID_ARGUMENT (`capacity` too large, NULL `out`), CLOSED, INTERNAL.
+shardlimit_result shardlimit_subscribe(const struct shardlimit_limiter *limiter,
+                                       size_t capacity,
+                                       struct shardlimit_subscription **out,
+                                       struct shardlimit_error **err);
+
+// Takes the oldest queued event, waiting up to `timeout_us` microseconds for one
+// (`UINT64_MAX`: no limit; 0: do not wait). On OK, `*out_got` says whether an event came
+// and, when it did, `*out` holds it (left untouched otherwise). CLOSED once the
+// subscription is freed (also while this waits: it wakes) or the limiter is gone and
+// every queued event was taken. Inside a completion callback it never waits. `err` may
+// be NULL. Thread-safe: several threads may take events from one subscription.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_subscription_next(const struct shardlimit_subscription *subscription,
+                                               uint64_t timeout_us,
+                                               bool *out_got,
+                                               struct shardlimit_event *out,
+                                               struct shardlimit_error **err);
+
+// How many events this subscription dropped because its queue was full. 0 for NULL or
+// a handle that is not a live subscription. Thread-safe.
+uint64_t shardlimit_subscription_dropped(const struct shardlimit_subscription *subscription);
+
+// Ends a subscription and frees it: no more events are queued, queued ones are
+// discarded, and a thread waiting in `shardlimit_subscription_next()` wakes with CLOSED.
+// NULL, a second free, or a pointer that is not a subscription is a no-op.
+void shardlimit_subscription_free(struct shardlimit_subscription *subscription);
+
+// Watches the configuration file at the path given by `path_len` bytes at `path`,
+// checking its modification time every `every_ms` milliseconds (1 to 3600000), and
+// reloads the limiter when it changes; a bad new file is refused (a
+// `SHARDLIMIT_EVENT_RELOAD_REJECTED` event says why) and the old configuration stays.
+// Each reload is a `SHARDLIMIT_EVENT_RELOADED` event: wait for it on a subscription to
+// know the next check uses the new file. Watches until the watcher is freed, or the
+// limiter is gone.
+//
+// On success `*out` is a new watcher the caller owns (free with
+// `shardlimit_watcher_free()`). `err` may be NULL. Thread-safe.
+// Results: OK, INVALID_ARGUMENT (an empty path, `every_ms` out of range), CLOSED,
+// INTERNAL.
+shardlimit_result shardlimit_watch_config(const struct shardlimit_limiter *limiter,
+                                          const char *path,
+                                          size_t path_len,
+                                          uint64_t every_ms,
+                                          struct shardlimit_watcher **out,
+                                          struct shardlimit_error **err);
+
+// Stops watching and frees the watcher: returns once the watching thread has ended
+// (within one `every_ms`), so no reload starts after it. NULL, a second free, or a
+// pointer that is not a watcher is a no-op.
+void shardlimit_watcher_free(struct shardlimit_watcher *watcher);
+
+// The configuration in force (after the last reload), as JSON text: `engine`
+// (`"redis"` or `"memory"`), `shards` (their names: never their URLs, which may carry
+// passwords), `cluster` (the number of seed nodes, or null), `key_prefix`, `timeout_ms`,
+// `on_error`, `instances`, and `policies`: an array of `{name, max, on_error, shadow,
+// overrides, limits: [{algorithm, limit and window_ms | capacity and refill_per_sec |
+// capacity and leak_per_sec | max and lease_ttl_ms}]}` sorted by name. On success
+// `*out` is an owned string (free with `shardlimit_string_free()`). `err` may be NULL.
+// Thread-safe.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_config_json(const struct shardlimit_limiter *limiter,
+                                         struct shardlimit_string *out,
+                                         struct shardlimit_error **err);
+
+// A copy of `policy` in shadow mode (`shadow` true) or not (false): in shadow, a check
+// the limit would deny is allowed, consumes nothing and is reported
+// (`decision.shadow_denied`, a `SHARDLIMIT_EVENT_SHADOW_DENIED` event, the shadow
+// report). The equivalent of `"shadow": true` in the configuration, for ad-hoc policies.
+//
+// On success `*out` is a new policy the caller owns (free with
+// `shardlimit_policy_free()`); `policy` is unchanged. `err` may be NULL. Thread-safe.
+// Results: OK, INVALID_ARGUMENT (the policy cannot run in shadow: a concurrency,
+// multi-limit or overrides policy; the message says which), CLOSED, INTERNAL.
+shardlimit_result shardlimit_policy_with_shadow(const struct shardlimit_policy *policy,
+                                                bool shadow,
+                                                struct shardlimit_policy **out,
                                                 struct shardlimit_error **err);
 
 // Sets `key`'s override of `policy` (a config policy with `"overrides": true`) to `limit`

@@ -280,6 +280,15 @@ class Policy {
     return {s.ptr, s.len};
   }
   const shardlimit_policy* get() const noexcept { return p_.get(); }
+  /// A copy of this policy in shadow mode (or enforcing, with false): a check its limit
+  /// would deny is allowed (Decision::shadow_denied), consumes nothing and is reported.
+  /// Concurrency, multi-limit and overrides policies throw an Error (INVALID_ARGUMENT).
+  Policy with_shadow(bool shadow = true) const {
+    shardlimit_policy* p = nullptr;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_policy_with_shadow(p_.get(), shadow, &p, &err), err);
+    return Policy(p);
+  }
 
  private:
   friend class Limiter;
@@ -321,6 +330,101 @@ struct BlockInfo {
   std::string reason;
   /// Empty for a permanent block.
   std::optional<std::chrono::microseconds> remaining;
+};
+
+/// One event of a limiter (a copy of the plain C struct; nothing to free). Fields a kind
+/// does not use are empty or zero.
+class Event {
+ public:
+  explicit Event(const shardlimit_event& e) : e_(e) {}
+  shardlimit_event_kind kind() const noexcept { return static_cast<shardlimit_event_kind>(e_.kind); }
+  /// "denied", "blocked", "fallback", "circuit", "shadow_denied", "near_limit", "reloaded",
+  /// "reload_rejected", as every binding spells it.
+  std::string_view kind_name() const noexcept {
+    shardlimit_str s = shardlimit_event_kind_name(e_.kind);
+    return {s.ptr, s.len};
+  }
+  std::string_view policy() const noexcept { return {e_.policy, e_.policy_len}; }
+  std::string_view key() const noexcept { return {e_.key, e_.key_len}; }
+  uint64_t limit() const noexcept { return e_.limit; }
+  uint64_t remaining() const noexcept { return e_.remaining; }
+  /// Denied: when the check could pass; blocked: when the block expires.
+  std::optional<std::chrono::microseconds> retry_after() const noexcept {
+    if (!e_.has_retry_after) return std::nullopt;
+    return std::chrono::microseconds(e_.retry_after_us);
+  }
+  /// Blocked: the denial put the key on the block list itself.
+  bool auto_block() const noexcept { return e_.auto_block; }
+  /// Fallback: whether on_error allowed the request.
+  bool allowed() const noexcept { return e_.allowed; }
+  bool circuit_open() const noexcept { return e_.circuit_open; }
+  /// Reloaded: new connections were made.
+  bool engine_changed() const noexcept { return e_.engine_changed; }
+  /// Fallback, reload_rejected: the error's code.
+  shardlimit_result error_code() const noexcept { return static_cast<shardlimit_result>(e_.error_code); }
+  /// Denied, shadow_denied: the check's decision.
+  std::optional<Decision> decision() const {
+    if (!e_.has_decision) return std::nullopt;
+    return Decision(e_.decision);
+  }
+  /// The error message (fallback, reload_rejected), the shard (circuit), the policies
+  /// that changed, comma-separated (reloaded).
+  std::string_view detail() const noexcept { return {e_.detail, e_.detail_len}; }
+  const shardlimit_event& raw() const noexcept { return e_; }
+
+ private:
+  shardlimit_event e_;
+};
+
+/// A subscription to a limiter's events (Limiter::subscribe): a bounded queue in the
+/// library; when it is full, later events are dropped and counted. Move-only; thread-safe;
+/// frees its handle on destruction.
+class Subscription {
+ public:
+  /// The next event, waiting up to `timeout`; empty when none came in time. Throws an
+  /// Error with SHARDLIMIT_ERR_CLOSED once the subscription is closed or its limiter is
+  /// gone (after the events still queued).
+  std::optional<Event> next(std::chrono::microseconds timeout) const {
+    return next_us(timeout.count() < 0 ? 0 : static_cast<uint64_t>(timeout.count()));
+  }
+  /// The next event, waiting as long as it takes (until close()). Inside a completion
+  /// callback, where the library never waits, it throws INVALID_ARGUMENT instead.
+  Event next() const {
+    auto e = next_us(UINT64_MAX);
+    if (!e) throw Error(SHARDLIMIT_ERR_INVALID_ARGUMENT, "Subscription::next() cannot wait here");
+    return *e;
+  }
+  /// Events dropped because the queue was full.
+  uint64_t dropped() const noexcept { return shardlimit_subscription_dropped(s_.get()); }
+  /// Ends the subscription now: a thread waiting in next() wakes with CLOSED. Safe from
+  /// any thread while another waits (the object itself must outlive both).
+  void close() const noexcept { shardlimit_subscription_free(s_.get()); }
+  const shardlimit_subscription* get() const noexcept { return s_.get(); }
+
+ private:
+  friend class Limiter;
+  explicit Subscription(shardlimit_subscription* s) : s_(s) {}
+  std::optional<Event> next_us(uint64_t us) const {
+    shardlimit_event e;
+    bool got = false;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_subscription_next(s_.get(), us, &got, &e, &err), err);
+    if (!got) return std::nullopt;
+    return Event(e);
+  }
+  std::unique_ptr<shardlimit_subscription, detail::Deleter<&shardlimit_subscription_free>> s_;
+};
+
+/// Reloads a limiter when its config file changes (Limiter::watch_config), until it is
+/// destroyed (the destructor returns once no reload can start). Move-only.
+class ConfigWatcher {
+ public:
+  const shardlimit_watcher* get() const noexcept { return w_.get(); }
+
+ private:
+  friend class Limiter;
+  explicit ConfigWatcher(shardlimit_watcher* w) : w_(w) {}
+  std::unique_ptr<shardlimit_watcher, detail::Deleter<&shardlimit_watcher_free>> w_;
 };
 
 /// A rate limiter. Move-only; thread-safe; frees its handle on destruction.
@@ -647,6 +751,34 @@ class Limiter {
     return deleted;
   }
   /// Gives a lease back; false when it was no longer held.
+  /// The configuration in force (after the last reload) as JSON: engine, shard names
+  /// (never URLs), key_prefix, timeout_ms, on_error, instances and the policies (see
+  /// shardlimit_config_json).
+  std::string config() const {
+    return text([&](const shardlimit_limiter* h, shardlimit_string* s, shardlimit_error** err) {
+      return shardlimit_config_json(h, s, err);
+    });
+  }
+  /// Subscribes to the limiter's events (denials, blocks, fallbacks, circuit changes,
+  /// shadow denials, near-limit crossings, reloads) from now on; `capacity` events wait
+  /// in the library (0: 1024) before later ones are dropped.
+  Subscription subscribe(size_t capacity = 0) const {
+    shardlimit_subscription* s = nullptr;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_subscribe(h_.get(), capacity, &s, &err), err);
+    return Subscription(s);
+  }
+  /// Reloads whenever the config file at `path` changes (checked every `every`); each
+  /// reload is a SHARDLIMIT_EVENT_RELOADED event (wait for it on a subscription), a bad
+  /// file a SHARDLIMIT_EVENT_RELOAD_REJECTED one. Watches until the watcher is destroyed.
+  ConfigWatcher watch_config(std::string_view path,
+                             std::chrono::milliseconds every = std::chrono::milliseconds(1000)) const {
+    shardlimit_watcher* w = nullptr;
+    shardlimit_error* err = nullptr;
+    uint64_t ms = every.count() < 0 ? 0 : static_cast<uint64_t>(every.count());
+    detail::check(shardlimit_watch_config(h_.get(), path.data(), path.size(), ms, &w, &err), err);
+    return ConfigWatcher(w);
+  }
   bool release(const Lease& lease) const {
     bool released = false;
     shardlimit_error* err = nullptr;

@@ -60,6 +60,12 @@ type MiddlewareOptions struct {
 	// not count gets them back when next returns (Settle at 0: to the window that admitted
 	// them; CheckAll's layers are refunded). A handler that panics counts.
 	DeductWhen func(status int) bool
+	// Shadow runs the middleware's policy in shadow mode, whatever the config says
+	// (CheckShadow): a request its limit would deny passes, with nothing consumed and the
+	// would-be denial reported (DecisionFrom's ShadowDenied, an EventShadowDenied, the
+	// shadow report). For one rule (Policy, or one Rule), without DeductWhen; a layered
+	// middleware puts "shadow": true on its policies in the config instead.
+	Shadow bool
 }
 
 // statusRecorder remembers the status a handler answered (200 when it only wrote a body).
@@ -197,6 +203,9 @@ func MiddlewareFunc(o MiddlewareOptions) func(http.Handler) http.Handler {
 	if o.UnavailableRetryAfter < 0 {
 		panic("shardlimit: MiddlewareOptions.UnavailableRetryAfter is negative")
 	}
+	if o.Shadow && (len(rules) > 1 || o.DeductWhen != nil) {
+		panic("shardlimit: MiddlewareOptions.Shadow takes one rule and no DeductWhen (put \"shadow\": true on the policies of a layered middleware)")
+	}
 	onError := o.OnError
 	if onError == nil {
 		onError = func(w http.ResponseWriter, r *http.Request, err error) {
@@ -253,6 +262,8 @@ func MiddlewareFunc(o MiddlewareOptions) func(http.Handler) http.Handler {
 			switch {
 			case len(layers) == 1 && o.DeductWhen != nil:
 				d, reservation, err = o.Limiter.Reserve(r.Context(), layers[0].Key, layers[0].Policy, layers[0].Cost)
+			case o.Shadow:
+				d, err = o.Limiter.CheckShadow(r.Context(), layers[0].Key, layers[0].Policy, layers[0].Cost)
 			case len(layers) == 1:
 				d, err = o.Limiter.Check(r.Context(), layers[0].Key, layers[0].Policy, layers[0].Cost)
 			default:

@@ -323,8 +323,8 @@ export interface MetricsSnapshot {
 
 /** An event of the core (`limiter.subscribe`): `kind` plus its fields, as strings (as in the events stream). */
 export interface ShardlimitEvent {
-  /** `denied`, `blocked` (met the block list, or `auto`: put on it), `fallback` (a shard failed), `circuit`, `shadow_denied` (a would-be denial allowed in shadow mode), `near_limit` (usage crossed the policy's `near_limit` fraction). */
-  kind: 'denied' | 'blocked' | 'fallback' | 'circuit' | 'shadow_denied' | 'near_limit'
+  /** `denied`, `blocked` (met the block list, or `auto`: put on it), `fallback` (a shard failed), `circuit`, `shadow_denied` (a would-be denial allowed in shadow mode), `near_limit` (usage crossed the policy's `near_limit` fraction), `reloaded` (the config was reloaded: `policiesChanged` and the others, comma-separated), `reload_rejected` (a watched file's new config was refused: `path`, `error`). */
+  kind: 'denied' | 'blocked' | 'fallback' | 'circuit' | 'shadow_denied' | 'near_limit' | 'reloaded' | 'reload_rejected'
   /** The policy (denied, blocked, fallback). */
   policy?: string
   /** The key (denied, blocked, fallback). */

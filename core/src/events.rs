@@ -60,10 +60,19 @@ pub enum Event {
         limit: u64,
         remaining: u64,
     },
+    /// The config was reloaded (`Limiter::reload`, `reload_from_file`, or a
+    /// `watch_config` watcher seeing its file change): `report` says what changed.
+    Reloaded {
+        report: crate::limiter::ReloadReport,
+    },
+    /// A `watch_config` watcher saw its file change but the new config was rejected
+    /// (`error` says why); the old config stays in force.
+    ReloadRejected { path: String, error: Error },
 }
 
 impl Event {
-    /// `denied`, `blocked`, `fallback`, `circuit`, `shadow_denied` or `near_limit`.
+    /// `denied`, `blocked`, `fallback`, `circuit`, `shadow_denied`, `near_limit`,
+    /// `reloaded` or `reload_rejected`.
     pub fn kind(&self) -> &'static str {
         match self {
             Event::Denied { .. } => "denied",
@@ -72,6 +81,8 @@ impl Event {
             Event::Circuit { .. } => "circuit",
             Event::ShadowDenied { .. } => "shadow_denied",
             Event::NearLimit { .. } => "near_limit",
+            Event::Reloaded { .. } => "reloaded",
+            Event::ReloadRejected { .. } => "reload_rejected",
         }
     }
 
@@ -139,6 +150,17 @@ impl Event {
                 f.push(("key", key.clone()));
                 f.push(("limit", limit.to_string()));
                 f.push(("remaining", remaining.to_string()));
+            }
+            Event::Reloaded { report } => {
+                f.push(("engine_changed", report.engine_changed.to_string()));
+                f.push(("handoff", report.handoff.to_string()));
+                f.push(("policies_added", report.policies_added.join(",")));
+                f.push(("policies_removed", report.policies_removed.join(",")));
+                f.push(("policies_changed", report.policies_changed.join(",")));
+            }
+            Event::ReloadRejected { path, error } => {
+                f.push(("path", path.clone()));
+                f.push(("error", error.to_string()));
             }
         }
         f

@@ -4,7 +4,10 @@
 use super::*;
 
 /// The bytes of a path argument, as a path (not UTF-8 on Unix).
-unsafe fn path_arg(path: *const c_char, path_len: usize) -> Result<std::path::PathBuf, Error> {
+pub(crate) unsafe fn path_arg(
+    path: *const c_char,
+    path_len: usize,
+) -> Result<std::path::PathBuf, Error> {
     let bytes = bytes_arg("path", path, path_len)?;
     if bytes.is_empty() {
         return Err(invalid("path", "is empty"));

@@ -380,6 +380,8 @@ pub struct shardlimit_limit {
 /// it and frees it with `shardlimit_limiter_free()`.
 pub struct shardlimit_limiter {
     limiter: Limiter,
+    /// The subscriptions' fan-out (`events.rs`), made on the first `shardlimit_subscribe()`.
+    fanout: events::FanoutCell,
 }
 
 /// A validated policy (a named limit). Immutable and thread-safe. From
@@ -454,10 +456,12 @@ enum Tag {
     Error = 5,
     Headers = 6,
     Pending = 7,
+    Subscription = 8,
+    Watcher = 9,
 }
 
 impl Tag {
-    const ALL: [Tag; 7] = [
+    const ALL: [Tag; 9] = [
         Tag::Limiter,
         Tag::Policy,
         Tag::Lease,
@@ -465,6 +469,8 @@ impl Tag {
         Tag::Error,
         Tag::Headers,
         Tag::Pending,
+        Tag::Subscription,
+        Tag::Watcher,
     ];
     fn c_name(self) -> &'static str {
         match self {
@@ -475,6 +481,8 @@ impl Tag {
             Tag::Error => "shardlimit_error",
             Tag::Headers => "shardlimit_headers",
             Tag::Pending => "shardlimit_pending",
+            Tag::Subscription => "shardlimit_subscription",
+            Tag::Watcher => "shardlimit_watcher",
         }
     }
 }
@@ -507,8 +515,8 @@ impl Object for shardlimit_pending {
 }
 
 const HANDLE_BASE: usize = 1 << (usize::BITS - 1);
-const TAG_BITS: u32 = 3;
-/// The last id a token can carry: 2^60 on 64-bit platforms, more than a process can use.
+const TAG_BITS: u32 = 4;
+/// The last id a token can carry: 2^59 on 64-bit platforms, more than a process can use.
 const MAX_ID: usize = (usize::MAX - HANDLE_BASE) >> TAG_BITS;
 
 type Shared = Arc<dyn Any + Send + Sync>;
@@ -1164,7 +1172,10 @@ unsafe fn new_limiter(
     if let Some(c) = clock {
         limiter = limiter.with_clock(c)?;
     }
-    *out = register(shardlimit_limiter { limiter })?;
+    *out = register(shardlimit_limiter {
+        limiter,
+        fanout: Default::default(),
+    })?;
     Ok(())
 }
 
@@ -2038,9 +2049,11 @@ pub unsafe extern "C" fn shardlimit_decision_to_json(
 }
 
 mod admin;
+mod events;
 mod overrides;
 mod pending;
 pub use admin::*;
+pub use events::*;
 pub use overrides::*;
 pub use pending::*;
 

@@ -415,6 +415,16 @@ impl Limiter {
             let p = &*policy.0;
             let d = self.decision(p, &eff, blocked_outcome(ttl), Source::Block, None);
             self.count(&p.name, &d);
+            // a check that meets the block list is an event, also when the cache answers
+            // (to subscribers: the stream is told when Redis answers)
+            if self.inner.subscribers.active() {
+                self.inner.subscribers.emit(&Event::Blocked {
+                    policy: p.name.clone(),
+                    key: key.to_string(),
+                    auto: false,
+                    retry_after: d.retry_after,
+                });
+            }
             return Ok(Plan::Decided(d));
         }
         let shard = shard_index(key, r.shards.len() as u32);

@@ -136,6 +136,13 @@ impl Limiter {
             handoff,
         }));
         tracing::info!(?report, "shardlimit: config reloaded");
+        if self.inner.subscribers.active() {
+            self.inner
+                .subscribers
+                .emit(&crate::events::Event::Reloaded {
+                    report: report.clone(),
+                });
+        }
         Ok(report)
     }
 
@@ -171,7 +178,15 @@ impl Limiter {
                         let limiter = Limiter { inner };
                         match limiter.reload_from_file(&path) {
                             Ok(_) => {}
-                            Err(e) => tracing::error!(path = %path.display(), error = %e, "shardlimit: new config rejected, keeping the old one"),
+                            Err(e) => {
+                                tracing::error!(path = %path.display(), error = %e, "shardlimit: new config rejected, keeping the old one");
+                                if limiter.inner.subscribers.active() {
+                                    limiter.inner.subscribers.emit(&crate::events::Event::ReloadRejected {
+                                        path: path.display().to_string(),
+                                        error: e,
+                                    });
+                                }
+                            }
                         }
                     }
                 }

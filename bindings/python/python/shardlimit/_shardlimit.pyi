@@ -392,7 +392,8 @@ class Limiter:
         """Deletes ``key``'s override of ``policy``; True when it had one."""
     def subscribe(self, callback: Callable[[dict[str, str]], object]) -> None:
         """Calls ``callback(event)`` for every event (denied, blocked, fallback, circuit,
-        shadow_denied, near_limit) on a thread of its own; ``event["event"]`` is the kind."""
+        shadow_denied, near_limit, reloaded, reload_rejected) on a thread of its own;
+        ``event["event"]`` is the kind."""
     def reload(self, config: Union[str, dict[str, Any]]) -> dict[str, Any]:
         """Applies a new config (JSON text or a dict); returns what changed."""
     def reload_from_file(self, path: Union[str, os.PathLike[str]]) -> dict[str, Any]:
