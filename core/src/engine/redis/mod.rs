@@ -49,7 +49,7 @@ use call::*;
 use circuit::*;
 use connect::*;
 use protocol::*;
-pub(crate) use protocol::{CheckRequest, Checked, Mode, OverrideArg};
+pub(crate) use protocol::{CheckRequest, Checked, LayeredChecked, LayeredTail, Mode, OverrideArg};
 pub(crate) use stream::StreamItem;
 use stream::*;
 
