@@ -59,17 +59,21 @@ pub struct OverrideInfo {
 }
 
 impl OverrideInfo {
-    /// `{"key", "policy", "limit": {...}, "remaining_ms": n | null, "limits": [{...}]}`:
-    /// the limits in the canonical form `set_override` accepts back (`limit` is the
-    /// first; the CLI and the bindings print this).
+    /// `{"key", "policy", "limit": {...}, "remaining_ms": n | null}`, and for an override
+    /// of several limits `"limits": [{...}, ...]` (`limit` is then the first): the limits
+    /// in the canonical form `set_override` accepts back (the CLI and the bindings print
+    /// this).
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut v = json!({
             "key": self.key,
             "policy": self.policy,
             "limit": limit_to_json(&self.limit),
             "remaining_ms": self.remaining.map(|r| r.as_millis() as u64),
-            "limits": self.limits.iter().map(limit_to_json).collect::<Vec<_>>(),
-        })
+        });
+        if self.limits.len() > 1 {
+            v["limits"] = Value::Array(self.limits.iter().map(limit_to_json).collect());
+        }
+        v
     }
 
     fn new(key: &str, policy: &str, limits: Vec<Limit>, remaining: Option<Duration>) -> Self {
