@@ -209,6 +209,8 @@ export interface Override {
   limit: Record<string, unknown>
   /** Milliseconds left; null for an override until deleted. */
   remainingMs: number | null
+  /** Every limit, for an override of several (`limit` is then the first). */
+  limits?: Array<Record<string, unknown>>
 }
 
 /** One page of `listOverrides`; `cursor` continues it (null: the last page). */

@@ -825,6 +825,24 @@ fn override_set_get_list_delete_on_redis() {
     }
     let d = json(&sl(&["check", "--config", c, "--policy", "api", "acme"]));
     assert_eq!(d["limit"], 2);
+    // an override of several limits: every one is listed, the next check uses them all
+    let o = json(&sl(&[
+        "override",
+        "set",
+        "--config",
+        c,
+        "--policy",
+        "api",
+        "acme",
+        "3/hour; 5/day",
+    ]));
+    assert_eq!(o["limits"].as_array().map(Vec::len), Some(2), "{o}");
+    let d = json(&sl(&["check", "--config", c, "--policy", "api", "acme"]));
+    assert_eq!(
+        (d["limit"].as_u64(), d["remaining"].as_u64()),
+        (Some(3), Some(2)),
+        "{d}"
+    );
     // bad input: exit 2 and the error names what is wrong
     for (args, want) in [
         (
@@ -832,8 +850,8 @@ fn override_set_get_list_delete_on_redis() {
             "takes no per-key overrides",
         ),
         (
-            vec!["set", "--policy", "api", "k", "5/minute;10/hour"],
-            "several limits",
+            vec!["set", "--policy", "api", "k", "[]"],
+            "an array of 1 to 16",
         ),
         (
             vec!["set", "--policy", "api", "k", "gold"],

@@ -5,10 +5,29 @@
 -- ARGV[1]  now in µs, or "0" for the server clock (TIME)
 -- ARGV[2]  N; then 9 arguments per layer, starting at ARGV[3 + 9(i-1)]:
 --          code, limit, period, cost, lease id, block-after, within (ms), for (ms), reason
+-- Optional tail, for the one check of a multi-limit policy (all layers are one key's):
+-- ARGV[3+9N]  the override version the client decided with, as check.lua's `ov`: "-" (read
+--             none), "" (none) or the version it holds; KEYS[3N+1] the key's override entry
+-- KEYS[3N+2]  shadow mode: the policy's shadow hash on this shard (absent: count nothing);
+--             ARGV[4+9N..6+9N] the user key (field), the hash's TTL in ms, its most keys
+--             (further keys count in field ""), as main_check.lua in shadow mode
 -- Returns {now, deciding layer (0 = all allowed), blocked (0/1/2), then per layer
---          allowed, remaining, reset_after_us, retry_after_us, delay_us}
+--          allowed, remaining, reset_after_us, retry_after_us, delay_us}, or {'o', entry, 0}
+--          when the key's override is not the one the client sent (nothing decided)
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
+local tail = 3 + 9 * n
+local ov = ARGV[tail]
+if ov and ov ~= '-' then
+  -- (check.lua's comparison, for the same entry)
+  local o = redis.call('GET', KEYS[3 * n + 1])
+  if o then
+    local sp = string.find(o, ' ', 1, true)
+    if not sp or string.sub(o, 1, sp - 1) ~= ov then return {'o', o, 0} end
+  elseif ov ~= '' then
+    return {'o', '', 0}
+  end
+end
 local function arg(i, j) return ARGV[2 + 9 * (i - 1) + j] end
 local out = {now, 0, 0}
 for i = 1, n do
@@ -55,5 +74,15 @@ end
 for i = 1, n do
   local r = results[i]
   for j = 1, 5 do out[#out + 1] = r[j] end
+end
+local h = KEYS[3 * n + 2]
+if h and out[2] ~= 0 and out[3] == 0 then
+  -- a shadow check's would-be denial (its layers block nobody: their block-after is 0)
+  local field = ARGV[tail + 1]
+  if redis.call('HEXISTS', h, field) == 0 and redis.call('HLEN', h) >= tonumber(ARGV[tail + 3]) then
+    field = ''
+  end
+  redis.call('HINCRBY', h, field, 1)
+  redis.call('PEXPIRE', h, ARGV[tail + 2])
 end
 return out

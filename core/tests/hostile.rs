@@ -184,7 +184,7 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                         .map(|c| String::from_utf8_lossy(&c[6]).to_string())
                         .collect()
                 } else if script.contains("shadow") {
-                    // main_shadow.lua: the tag is ARGV[14], the shadow arguments follow
+                    // main_check.lua in shadow mode: the tag is ARGV[14], the shadow arguments follow
                     argv.get(13)
                         .map(|t| String::from_utf8_lossy(t).to_string())
                         .into_iter()
@@ -655,7 +655,7 @@ fn a_reply_carrying_another_calls_tag_is_never_taken() {
     assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
 }
 
-/// A shadow check (`main_shadow.lua`, its own script call) is read by the same checks as
+/// A shadow check (`main_check.lua` built in shadow mode, its own script call) is read by the same checks as
 /// any check: its own decision from an honest reply, a script error for a reply our script
 /// cannot give, and never a reply that carries another call's tag.
 #[test]

@@ -89,7 +89,13 @@ fn store_and_api(l: &Limiter) {
     let bad: &[(&str, &str, &str, &str)] = &[
         ("plain", "5/minute", "policy", "takes no per-key overrides"),
         ("nope", "5/minute", "", "nope"),
-        ("api", "5/minute; 100/day", "limit", "several limits"),
+        ("api", "[]", "limit", "an array of 1 to 16"),
+        (
+            "api",
+            "{\"rate\": \"5/minute; 100/day\"}",
+            "limit.rate",
+            "holds 2 limits",
+        ),
         ("api", "pro", "limit", "nor a plan of the config"),
         ("api", "", "limit", "empty"),
         ("api", "{\"limit\": 5", "limit", "not valid JSON"),
@@ -436,7 +442,7 @@ fn overrides_and_local_admission_are_refused_together() {
 }
 
 /// A plan name as the override: the limit that plan gives the policy, on both engines; a
-/// plan giving it several limits is refused with an error naming the plan.
+/// plan giving it several limits replaces the key's limit with those limits.
 #[test]
 fn a_plan_name_overrides_with_that_plans_limit() {
     const PLANNED: &str = r#"{
@@ -466,10 +472,18 @@ fn a_plan_name_overrides_with_that_plans_limit() {
         assert_eq!(l.check_blocking("tenant:1", &p, 1).unwrap().limit, 5);
         // the others keep the policy's own limit
         assert_eq!(l.check_blocking("tenant:2", &p, 1).unwrap().limit, 2);
-        let e = l
+        let info = l
             .set_override_blocking("tenant:1", "api", "max", None)
-            .unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
-        assert!(e.to_string().contains("\"max\""), "{e}");
+            .unwrap();
+        assert_eq!(info.limits.len(), 2);
+        // 10/hour and 100/day: limit 0 keeps its own state (new scope), so 10 more
+        let allowed = (0..11)
+            .filter(|_| l.check_blocking("tenant:1", &p, 1).unwrap().allowed)
+            .count();
+        assert_eq!(allowed, 10);
+        let d = l.check_blocking("tenant:1", &p, 1).unwrap();
+        assert_eq!((d.limit, d.limit_index, d.quotas.len()), (10, Some(0), 2));
+        let got = l.get_override_blocking("tenant:1", "api").unwrap().unwrap();
+        assert_eq!(got.limits, info.limits);
     }
 }

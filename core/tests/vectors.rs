@@ -208,7 +208,7 @@ impl Replay<'_> {
     /// script call per algorithm.
     fn burst(&self, l: &Limiter, calls: &[Call], at: &str) -> Vec<CallResult> {
         let futs: Vec<BoxFut<CallResult>> = calls.iter().map(|c| c.future(l)).collect();
-        // a check in shadow mode is a script call of its own (main_shadow.lua)
+        // a check in shadow mode is a script call of its own (main_check.lua built in shadow mode)
         let shadowed = |c: &Call| c.op == "check" && (c.shadow || c.policy.shadow());
         let mut algorithms: Vec<_> = calls
             .iter()
@@ -849,7 +849,7 @@ fn warm_up_scripts(server: &support::RedisServer) {
         let p = l.policy(name).unwrap();
         l.peek_blocking("warm", &p).unwrap();
         if name != "cc" {
-            // and its shadow script (main_shadow.lua)
+            // and its shadow script (main_check.lua built in shadow mode)
             l.check_shadow_blocking("warm", &p, 1).unwrap();
         }
         let peeks: Vec<BoxFut<shardlimit::Result<Decision>>> = (0..2)

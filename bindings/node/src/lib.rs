@@ -158,15 +158,20 @@ fn settled<V: ToNapiValue>(env: &Env, result: Result<V>) -> Result<Unknown<'stat
 }
 
 /// Turns a core future into a Promise (see the module docs).
-/// An override as JS sees it: `{ key, policy, limit: {...}, remainingMs: number | null }`.
+/// An override as JS sees it: `{ key, policy, limit: {...}, remainingMs: number | null }`,
+/// and `limits: [{...}, ...]` when it holds several (`limit` is then the first).
 fn override_js(info: &shardlimit::OverrideInfo) -> serde_json::Value {
     let v = info.to_json();
-    serde_json::json!({
+    let mut js = serde_json::json!({
         "key": v["key"],
         "policy": v["policy"],
         "limit": v["limit"],
         "remainingMs": v["remaining_ms"],
-    })
+    });
+    if let Some(all) = v.get("limits") {
+        js["limits"] = all.clone();
+    }
+    js
 }
 
 fn promise<T, V, F, C>(

@@ -67,3 +67,26 @@ test('two limiters on one Redis: the next check uses the other one\'s override',
   assert.equal(await a.deleteOverride('acme', 'api'), false)
   assert.equal((await b.check('acme', 'api')).limit, 3)
 })
+
+test('an override of several limits (rate string, plan name) reaches the core unchanged', async (t) => {
+  const redis = await startRedis()
+  t.after(() => redis.stop())
+  const multi = { ...policies, multi: { rate: '2/second; 100/day', overrides: true } }
+  const config = { ...redis.config(multi), plans: { pro: { api: '4/second; 5/day' } } }
+  const a = Limiter.fromJson(config, { clock: new ManualClock(1_700_000_000_000_000) })
+  const b = Limiter.fromJson(config, { clock: new ManualClock(1_700_000_000_000_000) })
+  const info = await a.setOverride('t', 'multi', '3/second; 10/day')
+  assert.deepEqual(info.limits.map((l) => l.limit), [3, 10])
+  const allowed = []
+  for (let i = 0; i < 4; i++) allowed.push((await b.check('t', 'multi')).allowed)
+  assert.deepEqual(allowed, [true, true, true, false])
+  const d = await b.check('t', 'multi')
+  assert.equal(d.limit, 3)
+  assert.deepEqual(d.quotas.map((q) => q.limit), [3, 10])
+  await a.setOverride('u', 'api', 'pro')
+  const pro = []
+  for (let i = 0; i < 5; i++) pro.push((await b.check('u', 'api')).allowed)
+  assert.deepEqual(pro, [true, true, true, true, false])
+  const got = await b.getOverride('u', 'api')
+  assert.deepEqual(got.limits.map((l) => l.limit), [4, 5])
+})

@@ -88,11 +88,33 @@ def test_errors_name_what_is_wrong() -> None:
         limiter.set_override("k", "plain", "5/minute")
     with pytest.raises(InvalidArgumentError, match="nor a plan of the config"):
         limiter.set_override("k", "api", "gold")
-    with pytest.raises(InvalidArgumentError, match="several limits"):
-        limiter.set_override("k", "api", "5/minute; 100/day")
+    with pytest.raises(InvalidArgumentError, match="an array of 1 to 16"):
+        limiter.set_override("k", "api", "[]")
     with pytest.raises(InvalidArgumentError, match="`ttl`"):
         limiter.set_override("k", "api", "5/minute", ttl=-1)
     with pytest.raises(InvalidArgumentError, match="`limit`"):
         limiter.set_override("k", "api", 5)  # type: ignore[arg-type]
     with pytest.raises(UnknownPolicyError):
         limiter.get_override("k", "nope")
+
+
+def test_an_override_of_several_limits_reaches_the_core_unchanged(redis: RedisServer) -> None:
+    """A rate string of several limits and a plan name whose policy holds several: the
+    key's whole limit set, on the next check of another limiter (another process)."""
+    policies = {
+        **POLICIES,
+        "multi": {"rate": "2/second; 100/day", "overrides": True},
+    }
+    cfg = json.loads(config([redis], policies))
+    cfg["plans"] = {"pro": {"api": "4/second; 5/day"}}
+    a = Limiter.from_json(json.dumps(cfg), clock=ManualClock(1_700_000_000_000_000))
+    b = Limiter.from_json(json.dumps(cfg), clock=ManualClock(1_700_000_000_000_000))
+    info = a.set_override("t", "multi", "3/second; 10/day")
+    assert [lim["limit"] for lim in info["limits"]] == [3, 10]
+    assert [b.check("t", "multi").allowed for _ in range(4)] == [True, True, True, False]
+    d = b.check("t", "multi")
+    assert (d.limit, [q[0] for q in d.quotas]) == (3, [3, 10])
+    a.set_override("u", "api", "pro")
+    assert [b.check("u", "api").allowed for _ in range(5)] == [True] * 4 + [False]
+    got = b.get_override("u", "api")
+    assert got is not None and [lim["limit"] for lim in got["limits"]] == [4, 5]

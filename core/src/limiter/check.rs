@@ -1,11 +1,12 @@
 //! One check of one (key, policy): validation, the engine call, the decision.
 
 use super::blocking::unleased;
+use super::layered::Layered;
 use super::{Engine, Lease, Limiter, MAX_KEY_LEN};
 use crate::decision::{Decision, Source};
 use crate::engine::algo::Outcome;
 use crate::engine::memory::{blocked_outcome, BlockVerdict, MemoryEngine, Raw};
-use crate::engine::redis::{CheckRequest, Checked, Mode, RedisEngine};
+use crate::engine::redis::{CheckRequest, Checked, LayeredTail, Mode, OverrideArg, RedisEngine};
 use crate::error::{Error, Result};
 use crate::events::Event;
 use crate::policy::{Algorithm, Compiled, Policy, PolicyInner};
@@ -99,20 +100,26 @@ impl Limiter {
     }
 
     /// Forgets `key`'s state under `policy`: its full budget is back.
-    /// On a multi-limit policy: every limit's state.
+    /// On a multi-limit policy: every limit's state; on a policy taking overrides, that
+    /// of the key's override too (whose limits may keep state of their own).
     pub async fn reset(&self, key: &str, policy: &Policy) -> Result<()> {
-        match policy.parts() {
-            Some(parts) => {
-                for part in parts {
-                    self.reset_one(key, part).await?;
-                }
-                Ok(())
-            }
-            None => self.reset_one(key, policy).await,
+        let own = policy.parts().map_or(std::slice::from_ref(policy), |p| p);
+        for part in own {
+            self.reset_state(key, part).await?;
         }
+        if policy.0.overrides {
+            if let Some(o) = self.override_in_force(key, policy).await? {
+                for part in o.parts().map_or(std::slice::from_ref(&o), |p| p) {
+                    if own.iter().all(|p| p.0.scope != part.0.scope) {
+                        self.reset_state(key, part).await?;
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
-    async fn reset_one(&self, key: &str, policy: &Policy) -> Result<()> {
+    async fn reset_state(&self, key: &str, policy: &Policy) -> Result<()> {
         validate_key(key)?;
         self.inner
             .local
@@ -221,17 +228,22 @@ impl Limiter {
         peek: bool,
         lease: Option<&str>,
     ) -> Result<Decision> {
-        if let Some(parts) = policy.parts() {
-            return self.multi_memory(m, key, policy, parts, cost, peek, lease);
-        }
-        if policy.0.shadow && !peek && lease.is_none() {
-            return self.shadow_memory(m, key, policy, cost);
-        }
+        // the policy's shadow mode (or the call's) holds for the key's override too
+        let shadow = policy.0.shadow && !peek && lease.is_none();
         let ov = self.memory_override(&policy.0, key, self.now());
         let (policy, scope) = match &ov {
-            Some((a, _)) => (&a.policy, &a.memory_scope),
+            Some((a, _)) => {
+                a.policy.follow_scale(policy);
+                (&a.policy, &a.memory_scope)
+            }
             None => (policy, &policy.0.scope),
         };
+        if let Some(parts) = policy.parts() {
+            return self.multi_memory(m, key, policy, parts, cost, peek, lease, shadow);
+        }
+        if shadow {
+            return self.shadow_memory(m, key, policy, scope, cost);
+        }
         let (eff, cost) = self.prepare(key, policy, cost)?;
         let p = &*policy.0;
         let raw = m.check(
@@ -271,15 +283,47 @@ impl Limiter {
             Engine::Memory(m) => return self.check_memory(m, key, policy, cost, peek, lease),
             Engine::Redis(r) => r,
         };
-        if let Some(parts) = policy.parts() {
-            return self
-                .multi_redis(key, policy, parts, cost, peek, lease)
-                .await;
-        }
         let base = policy;
+        // the policy's shadow mode (or the call's) holds for the key's override too
+        let shadow = base.0.shadow && !peek && lease.is_none();
+        if let (Some(parts), false) = (base.parts(), base.0.overrides) {
+            let tail = shadow.then(|| LayeredTail {
+                ov: OverrideArg::Off,
+                policy: &base.0.name,
+                key,
+                shadow,
+            });
+            return self
+                .multi_redis(key, base, parts, cost, peek, lease, tail.as_ref())
+                .await?
+                .decided();
+        }
         let (mut ov, mut active) = self.override_arg(&base.0, key);
         for tries in 0.. {
             let policy = active.as_ref().map_or(base, |a| &a.policy);
+            policy.follow_scale(base);
+            if let Some(parts) = policy.parts() {
+                // several limits in force (the policy's, or the key's override): one
+                // layered script call, which compares the override version first
+                let tail = LayeredTail {
+                    ov,
+                    policy: &base.0.name,
+                    key,
+                    shadow,
+                };
+                match self
+                    .multi_redis(key, policy, parts, cost, peek, lease, Some(&tail))
+                    .await?
+                {
+                    Layered::Decided(d) => return Ok(d),
+                    Layered::Override(shard, v) => {
+                        let name = &r.shards[shard as usize].name;
+                        Limiter::override_churn(tries + 1, name, key)?;
+                        (ov, active) = self.learn_override(base, key, name, &v)?;
+                        continue;
+                    }
+                }
+            }
             let (eff, cost, shard) = match self.plan(r, key, policy, cost)? {
                 Plan::Decided(d) => return Ok(d),
                 Plan::Redis { eff, cost, shard } => (eff, cost, shard),
@@ -288,16 +332,18 @@ impl Limiter {
             if let (Some(h), 0) = (&view.handoff, tries) {
                 self.carry_over(h, r, p, key, shard as usize).await;
             }
-            if p.shadow && !peek && lease.is_none() {
-                return self.shadow_redis(r, p, &eff, key, cost, shard).await;
-            }
-            if let (Some(la), false, None) = (p.local_admission, peek, lease) {
+            if let (Some(la), false, None, false) = (p.local_admission, peek, lease, shadow) {
                 return self.local_admission(r, p, &eff, la, key, shard, cost).await;
             }
             let mode = if peek { Mode::Peek } else { Mode::Check };
             let mut req = self.request(p, &eff, key, cost, mode, lease);
             req.ov = ov;
-            let raw = match r.check(shard as usize, &req).await {
+            let checked = if shadow {
+                r.check_shadow(shard as usize, &req).await
+            } else {
+                r.check(shard as usize, &req).await
+            };
+            let raw = match checked {
                 Ok(Checked::Override(v)) => {
                     let name = &r.shards[shard as usize].name;
                     match Limiter::override_churn(tries + 1, name, key)
@@ -313,6 +359,9 @@ impl Limiter {
                 Ok(Checked::Decided(raw)) => Ok(raw),
                 Err(e) => Err(e),
             };
+            if shadow {
+                return self.after_shadow(p, &eff, key, cost, shard, raw);
+            }
             return self.after_script(p, &eff, key, cost, peek, shard, raw);
         }
         unreachable!("the loop returns")
@@ -321,7 +370,8 @@ impl Limiter {
     /// [`Limiter::run`] (without a lease) on the calling thread: the script is sent and
     /// its reply read over a blocking connection, with no hand-off to the I/O runtime.
     /// `None` when the check needs the runtime: Cluster, Sentinel or TLS shards, a reshard
-    /// handoff in progress, or local admission.
+    /// handoff in progress, local admission, shadow mode, or several limits in force (a
+    /// multi-limit policy, or an override of several limits, even one found on the way).
     pub(super) fn run_blocking(
         &self,
         key: &str,
@@ -343,14 +393,19 @@ impl Limiter {
         }
         // more blocking callers than CPUs: the I/O thread batches their commands better
         let _slot = crate::transport::blocking::OWN_IO.take()?;
-        Some((|| {
+        (|| {
             let base = policy;
             let (mut ov, mut active) = self.override_arg(p, key);
             for tries in 0.. {
                 let policy = active.as_ref().map_or(base, |a| &a.policy);
-                let (eff, cost, shard) = match self.plan(r, key, policy, cost)? {
-                    Plan::Decided(d) => return Ok(d),
-                    Plan::Redis { eff, cost, shard } => (eff, cost, shard),
+                policy.follow_scale(base);
+                if policy.is_multi() {
+                    return None; // nothing decided yet: the async path checks
+                }
+                let (eff, cost, shard) = match self.plan(r, key, policy, cost) {
+                    Err(e) => return Some(Err(e)),
+                    Ok(Plan::Decided(d)) => return Some(Ok(d)),
+                    Ok(Plan::Redis { eff, cost, shard }) => (eff, cost, shard),
                 };
                 let p = &*policy.0;
                 let mode = if peek { Mode::Peek } else { Mode::Check };
@@ -372,10 +427,10 @@ impl Limiter {
                     Ok(Checked::Decided(raw)) => Ok(raw),
                     Err(e) => Err(e),
                 };
-                return self.after_script(p, &eff, key, cost, peek, shard, raw);
+                return Some(self.after_script(p, &eff, key, cost, peek, shard, raw));
             }
             unreachable!("the loop returns")
-        })())
+        })()
     }
 
     /// The script call of a check, with the injected clock and a fresh tag.

@@ -4,7 +4,7 @@ use super::{validate_key, Engine, Limiter};
 use crate::decision::{Decision, Quota, Source};
 use crate::engine::algo::Outcome;
 use crate::engine::memory::{blocked_outcome, BlockVerdict, LayerReq, LayeredRaw};
-use crate::engine::redis::RedisEngine;
+use crate::engine::redis::{LayeredChecked, LayeredTail, RedisEngine};
 use crate::error::{Error, Result};
 use crate::policy::{Algorithm, Compiled, Policy};
 use crate::routing::shard_index;
@@ -89,25 +89,37 @@ impl Limiter {
         if layers.iter().any(|l| l.policy.is_multi()) {
             // every limit of a multi-limit policy is a layer of its own
             let (expanded, origin) = super::multi::expand(layers)?;
-            return self.layered(&expanded, &origin, layers, false).await;
+            return self
+                .layered(&expanded, &origin, layers, false, None)
+                .await?
+                .decided();
         }
         let origin: Vec<(usize, Option<usize>)> = (0..layers.len()).map(|i| (i, None)).collect();
-        self.layered(layers, &origin, layers, false).await
+        self.layered(layers, &origin, layers, false, None)
+            .await?
+            .decided()
     }
 
     /// A layered check of `layers` (validated), where layer `i` is limit `origin[i].1` (of
     /// a multi-limit policy, else `None`) of `originals[origin[i].0]`, what the caller
-    /// asked for; `single`: the caller asked for one check of a multi-limit policy.
+    /// asked for; `single`: the caller asked for one check of a multi-limit policy, whose
+    /// `tail` (override version, shadow mode) goes in the same script call.
     pub(super) async fn layered(
         &self,
         layers: &[Layer],
         origin: &[(usize, Option<usize>)],
         originals: &[Layer],
         single: bool,
-    ) -> Result<Decision> {
+        tail: Option<&LayeredTail<'_>>,
+    ) -> Result<Layered> {
         tokio::task::consume_budget().await; // see Limiter::run
         let (effs, leases) = self.layer_limits(layers);
-        let reqs = layer_reqs(layers, &effs, &leases);
+        let mut reqs = layer_reqs(layers, &effs, &leases);
+        let shadow = tail.is_some_and(|t| t.shadow);
+        if shadow {
+            // a shadow denial must not enforce anything
+            reqs.iter_mut().for_each(|r| r.auto_block = None);
+        }
         let view = self.view();
         let (raw, source, shards) = match &view.engine {
             Engine::Memory(m) => (
@@ -127,7 +139,7 @@ impl Limiter {
                         );
                         describe(&mut d, i, origin, &effs, single);
                         self.count(&l.policy.0.name, &d);
-                        return Ok(d);
+                        return Ok(Layered::Decided(d));
                     }
                 }
                 let n = r.shards.len() as u32;
@@ -141,13 +153,19 @@ impl Limiter {
                             .await;
                     }
                 }
-                let (raw, src) = self.layered_redis(r, layers, &reqs, &shard_of).await?;
+                let (raw, src) = match self
+                    .layered_redis(r, layers, &reqs, &shard_of, tail)
+                    .await?
+                {
+                    LayeredOut::Raw(raw, src) => (raw, src),
+                    LayeredOut::Override(v) => return Ok(Layered::Override(shard_of[0] as u32, v)),
+                };
                 (raw, src, shard_of.iter().map(|s| Some(*s as u32)).collect())
             }
         };
-        Ok(self.conclude(
-            layers, origin, originals, single, &effs, raw, source, &shards,
-        ))
+        Ok(Layered::Decided(self.conclude(
+            layers, origin, originals, single, &effs, raw, source, &shards, shadow,
+        )))
     }
 
     /// The limit in force of each layer, and a lease id for each concurrency layer.
@@ -181,6 +199,7 @@ impl Limiter {
         raw: LayeredRaw,
         source: Source,
         shards: &[Option<u32>],
+        shadow: bool,
     ) -> Decision {
         // describe the deciding layer, or the tightest one
         let idx = raw.deciding.unwrap_or_else(|| {
@@ -207,6 +226,10 @@ impl Limiter {
         }
         let mut d = self.decision(&layers[idx].policy.0, &effs[idx], o, source, shards[idx]);
         describe(&mut d, idx, origin, effs, single);
+        if shadow && !d.allowed && !blocked && source != Source::Fallback {
+            // one check of a multi-limit policy in shadow mode: reported as for one limit
+            self.shadow_denial(&layers[idx].policy.0, &layers[idx].key, &mut d);
+        }
         if d.allowed && d.limit_index.is_some() {
             // a leaky bucket among the limits shapes the request even when another limit
             // is the tightest: wait for the longest delay of them all
@@ -259,7 +282,8 @@ impl Limiter {
         layers: &[Layer],
         reqs: &[LayerReq<'_>],
         shard_of: &[usize],
-    ) -> Result<(LayeredRaw, Source)> {
+        tail: Option<&LayeredTail<'_>>,
+    ) -> Result<LayeredOut> {
         // one script call per shard; in a Redis Cluster, per hash slot (a script's keys
         // must share a slot), so no CROSSSLOT error is possible
         let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
@@ -284,7 +308,7 @@ impl Limiter {
                 .iter()
                 .map(|i| (reqs[*i].clone(), layers[*i].policy.0.key_scope.as_str()))
                 .collect();
-            async move { r.check_layers(*shard, &group, now).await }
+            async move { r.check_layers_with(*shard, &group, now, tail).await }
         });
         let results = futures_util::future::join_all(calls).await;
         let mut out = LayeredRaw {
@@ -299,7 +323,9 @@ impl Limiter {
         for (g, res) in results.into_iter().enumerate() {
             let idx = &groups[g].1;
             match res {
-                Ok(raw) => {
+                // (a tail is given for one key's layers only: one group, nothing decided)
+                Ok(LayeredChecked::Override(v)) => return Ok(LayeredOut::Override(v)),
+                Ok(LayeredChecked::Decided(raw)) => {
                     for (j, i) in idx.iter().enumerate() {
                         out.outcomes[*i] = raw.outcomes[j];
                     }
@@ -372,7 +398,33 @@ impl Limiter {
         if let Some(e) = first_error {
             return Err(e);
         }
-        Ok((out, source))
+        Ok(LayeredOut::Raw(out, source))
+    }
+}
+
+/// What [`Limiter::layered_redis`] found: the engines' answer, or the key's override entry
+/// when it is not the one the call was made with (nothing decided).
+pub(super) enum LayeredOut {
+    Raw(LayeredRaw, Source),
+    Override(Vec<u8>),
+}
+
+/// What [`Limiter::layered`] found: a decision, or (shard, the key's override entry).
+pub(super) enum Layered {
+    Decided(Decision),
+    Override(u32, Vec<u8>),
+}
+
+impl Layered {
+    /// The decision of a call that read no override entry.
+    pub(super) fn decided(self) -> Result<Decision> {
+        match self {
+            Layered::Decided(d) => Ok(d),
+            Layered::Override(shard, _) => Err(Error::Script {
+                shard: shard.to_string(),
+                message: "an override entry in the reply of a layered check that read none".into(),
+            }),
+        }
     }
 }
 

@@ -3,10 +3,11 @@
 //! call (`main_layered.lua`), or under the in-memory engine's shard locks; peeks read each
 //! limit. And plans: the policy in force under a plan.
 
-use super::layered::layer_reqs;
+use super::layered::{layer_reqs, Layered};
 use super::{validate_key, Layer, Limiter};
 use crate::decision::{Decision, Quota};
 use crate::engine::memory::MemoryEngine;
+use crate::engine::redis::LayeredTail;
 use crate::error::{Error, Result};
 use crate::policy::{Policy, MAX_LIMITS};
 
@@ -21,7 +22,7 @@ impl Limiter {
     }
 
     /// A multi-limit check or peek on the in-memory engine (synchronous, like every
-    /// in-memory decision).
+    /// in-memory decision); `shadow`: a would-be denial is allowed, counted and reported.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn multi_memory(
         &self,
@@ -32,6 +33,7 @@ impl Limiter {
         cost: u64,
         peek: bool,
         lease: Option<&str>,
+        shadow: bool,
     ) -> Result<Decision> {
         validate(key, cost, lease)?;
         if peek {
@@ -43,10 +45,14 @@ impl Limiter {
         }
         let (layers, origin, originals) = as_layers(key, policy, parts, cost);
         let (effs, leases) = self.layer_limits(&layers);
-        let reqs = layer_reqs(&layers, &effs, &leases);
+        let mut reqs = layer_reqs(&layers, &effs, &leases);
+        if shadow {
+            // a shadow denial must not enforce anything
+            reqs.iter_mut().for_each(|r| r.auto_block = None);
+        }
         let raw = m.check_layers(&reqs, self.now());
         let shards = vec![None; layers.len()];
-        Ok(self.conclude(
+        let d = self.conclude(
             &layers,
             &origin,
             &originals,
@@ -55,11 +61,18 @@ impl Limiter {
             raw,
             crate::decision::Source::Memory,
             &shards,
-        ))
+            shadow,
+        );
+        if d.shadow_denied {
+            self.count_shadow_memory(&policy.0.name, key);
+        }
+        Ok(d)
     }
 
-    /// A multi-limit check (one script call on the key's shard) or peek (each limit read,
+    /// A multi-limit check (one script call on the key's shard, with `tail`: the override
+    /// version compared and shadow counting in the same call) or peek (each limit read,
     /// concurrently) on Redis.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn multi_redis(
         &self,
         key: &str,
@@ -68,7 +81,8 @@ impl Limiter {
         cost: u64,
         peek: bool,
         lease: Option<&str>,
-    ) -> Result<Decision> {
+        tail: Option<&LayeredTail<'_>>,
+    ) -> Result<Layered> {
         validate(key, cost, lease)?;
         if peek {
             let peeks = parts
@@ -78,10 +92,10 @@ impl Limiter {
                 .await
                 .into_iter()
                 .collect::<Result<Vec<_>>>()?;
-            return Ok(combine_peeks(ds));
+            return Ok(Layered::Decided(combine_peeks(ds)));
         }
         let (layers, origin, originals) = as_layers(key, policy, parts, cost);
-        self.layered(&layers, &origin, &originals, true).await
+        self.layered(&layers, &origin, &originals, true, tail).await
     }
 }
 

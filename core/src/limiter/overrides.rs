@@ -49,22 +49,41 @@ const MAX_OVERRIDE_TRIES: usize = 8;
 pub struct OverrideInfo {
     pub key: String,
     pub policy: String,
-    /// The limit in force for the key instead of the policy's.
+    /// The limit in force for the key instead of the policy's (the first, when the
+    /// override holds several: see `limits`).
     pub limit: Limit,
     /// Time left; `None` until deleted.
     pub remaining: Option<Duration>,
+    /// Every limit of the override, checked together (one for most overrides).
+    pub limits: Vec<Limit>,
 }
 
 impl OverrideInfo {
-    /// `{"key", "policy", "limit": {...}, "remaining_ms": n | null}`: the limit in the
-    /// canonical form `set_override` accepts back (the CLI and the bindings print this).
+    /// `{"key", "policy", "limit": {...}, "remaining_ms": n | null}`, and for an override
+    /// of several limits `"limits": [{...}, ...]` (`limit` is then the first): the limits
+    /// in the canonical form `set_override` accepts back (the CLI and the bindings print
+    /// this).
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut v = json!({
             "key": self.key,
             "policy": self.policy,
             "limit": limit_to_json(&self.limit),
             "remaining_ms": self.remaining.map(|r| r.as_millis() as u64),
-        })
+        });
+        if self.limits.len() > 1 {
+            v["limits"] = Value::Array(self.limits.iter().map(limit_to_json).collect());
+        }
+        v
+    }
+
+    fn new(key: &str, policy: &str, limits: Vec<Limit>, remaining: Option<Duration>) -> Self {
+        OverrideInfo {
+            key: key.to_string(),
+            policy: policy.to_string(),
+            limit: limits[0].clone(),
+            remaining,
+            limits,
+        }
     }
 }
 
@@ -96,12 +115,10 @@ pub(super) struct Active {
 }
 
 impl Active {
-    fn new(version: u64, base: &Policy, policy: Policy) -> Active {
-        let memory_scope = if policy.algorithm() == base.algorithm() {
-            base.0.name.clone()
-        } else {
-            Arc::from(policy.0.key_scope.as_str())
-        };
+    fn new(version: u64, _base: &Policy, policy: Policy) -> Active {
+        // (`Policy::overridden` chose it: the policy's name, or for a limit of another
+        // algorithm `name:code:`, so that it keeps separate state as on Redis)
+        let memory_scope = policy.0.scope.clone();
         Active {
             version,
             policy,
@@ -121,12 +138,13 @@ pub(super) struct OverrideState {
 }
 
 /// The value a user gives, resolved against the config: the one place where rate strings
-/// of several limits and plan names are turned into a limit (today: an `invalid_argument`
-/// error naming what is not supported yet). Accepted: a rate string of one limit
-/// (`"100/minute"`, in the policy's algorithm) and a limit object in JSON as in a config
-/// policy (`{"algorithm": "token_bucket", "capacity": 100, "refill_per_sec": 10}`, the
-/// algorithm defaulting to the policy's, or `{"rate": "100/minute"}`).
-pub fn resolve_override(config: &Config, policy: &Policy, value: &str) -> Result<Limit> {
+/// and plan names are turned into limits. Accepted: a rate string of one limit or several
+/// (`"100/minute"`, `"10/second; 1000/day"`, in the policy's algorithm), a limit object in
+/// JSON as in a config policy (`{"algorithm": "token_bucket", "capacity": 100,
+/// "refill_per_sec": 10}`, the algorithm defaulting to the policy's, or `{"rate":
+/// "100/minute"}`), a JSON array of such objects (several limits), or a plan name (the
+/// limits that plan gives the policy). The result replaces the key's whole limit set.
+pub fn resolve_override(config: &Config, policy: &Policy, value: &str) -> Result<Vec<Limit>> {
     let text = value.trim();
     if text.is_empty() {
         return Err(Error::invalid(
@@ -134,7 +152,7 @@ pub fn resolve_override(config: &Config, policy: &Policy, value: &str) -> Result
             "is empty; expected a rate string (\"100/minute\"), a limit object in JSON or a plan name",
         ));
     }
-    if text.starts_with('{') {
+    if text.starts_with('{') || text.starts_with('[') {
         // strict like a config file: a repeated field is an error, never last-wins
         let v = crate::config::parse_strict_json(text).map_err(|e| match e {
             Error::Config { message, .. } => {
@@ -142,10 +160,10 @@ pub fn resolve_override(config: &Config, policy: &Policy, value: &str) -> Result
             }
             other => other,
         })?;
-        return limit_from_json("limit", &v, policy.algorithm());
+        return limits_from_json("limit", &v, policy.algorithm());
     }
     if text.contains('/') || text.to_ascii_lowercase().contains(" per ") {
-        return single_rate("limit", text, policy.algorithm());
+        return rate_limits("limit", text, policy.algorithm());
     }
     // a plan name: the limit that plan gives this policy
     if !config.plans.contains_key(text) {
@@ -159,16 +177,40 @@ pub fn resolve_override(config: &Config, policy: &Policy, value: &str) -> Result
     let in_plan = config
         .plan_policy(text, policy.name())
         .map_err(|e| Error::invalid("limit", e.to_string()))?;
-    if in_plan.is_multi() {
+    Ok(in_plan.limits())
+}
+
+/// One limit object, or a JSON array of 1 to 16 of them (several limits checked together).
+pub(crate) fn limits_from_json(field: &str, v: &Value, default: Algorithm) -> Result<Vec<Limit>> {
+    let Some(items) = v.as_array() else {
+        return Ok(vec![limit_from_json(field, v, default)?]);
+    };
+    if items.is_empty() || items.len() > crate::policy::MAX_LIMITS {
         return Err(Error::invalid(
-            "limit",
+            field,
             format!(
-                "plan {text:?} gives policy {} several limits; an override of several limits is not supported yet",
-                policy.name()
+                "an array of 1 to {} limit objects, got {}",
+                crate::policy::MAX_LIMITS,
+                items.len()
             ),
         ));
     }
-    Ok(in_plan.limit().clone())
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| limit_from_json(&format!("{field}[{i}]"), item, default))
+        .collect()
+}
+
+/// The limits of a rate string (`"100/hour; 1000/day"`), in `algorithm`.
+fn rate_limits(field: &str, text: &str, algorithm: Algorithm) -> Result<Vec<Limit>> {
+    if algorithm == Algorithm::Concurrency {
+        return Err(Error::invalid(
+            field,
+            "a concurrency policy's override is a limit object {\"max\": N, \"lease_ttl\": \"30s\"}, not a rate",
+        ));
+    }
+    crate::rate::parse_rate_as(text, algorithm).map_err(|e| Error::invalid(field, e.to_string()))
 }
 
 fn single_rate(field: &str, text: &str, algorithm: Algorithm) -> Result<Limit> {
@@ -183,11 +225,10 @@ fn single_rate(field: &str, text: &str, algorithm: Algorithm) -> Result<Limit> {
     let mut limits = crate::rate::parse_rate_as(text, algorithm)
         .map_err(|e| Error::invalid(field, e.to_string()))?;
     if limits.len() != 1 {
-        // (issue 18: multi-limit policies are being added; they resolve here)
         return Err(Error::invalid(
             field,
             format!(
-                "{text:?} holds {} limits; an override of several limits is not supported yet",
+                "{text:?} holds {} limits; a limit object holds one (give several as a rate string or a JSON array of limit objects)",
                 limits.len()
             ),
         ));
@@ -340,49 +381,13 @@ pub(crate) fn limit_to_json(l: &Limit) -> Value {
     }
 }
 
-/// The policy an override of `base` with `limit` makes: the same name, failure mode and
-/// automatic blocking, the new limit (validated), its own state (key scope).
-pub(crate) fn overridden(base: &Policy, limit: Limit) -> Result<Policy> {
-    let b = &*base.0;
-    let field = format!("overrides.{}", b.name);
-    let compiled = limit
-        .compile(&field)
-        .map_err(|e| Error::invalid("limit", e.to_string()))?;
-    let (was, now) = (b.compiled.algorithm, compiled.algorithm);
-    if (was == Algorithm::Concurrency) != (now == Algorithm::Concurrency) {
-        return Err(Error::invalid(
-            "limit",
-            format!(
-                "policy {} is {was}: its override must {}be a concurrency limit, got {now}",
-                b.name,
-                if was == Algorithm::Concurrency {
-                    ""
-                } else {
-                    "not "
-                }
-            ),
-        ));
+/// The canonical JSON of an override's limits, as stored: one limit object, or an array
+/// of them (read back by [`limits_from_json`]).
+fn limits_to_json(limits: &[Limit]) -> Value {
+    match limits {
+        [one] => limit_to_json(one),
+        all => Value::Array(all.iter().map(limit_to_json).collect()),
     }
-    let mut compiled = compiled;
-    if now.is_windowed() {
-        // the policy's window placement holds for its overrides too
-        compiled.window_offset = b.compiled.window_offset;
-    }
-    Ok(Policy(Arc::new(PolicyInner {
-        name: b.name.clone(),
-        key_scope: format!("{}:{}:", b.name, compiled.state_code()),
-        limit,
-        compiled,
-        on_error: b.on_error,
-        auto_block: b.auto_block,
-        local_admission: None,
-        scale: AtomicU64::new(b.scale.load(Ordering::Relaxed)),
-        overrides: true,
-        scope: b.scope.clone(),
-        parts: None,
-        shadow: false,
-        near_limit: b.near_limit,
-    })))
 }
 
 /// A fresh version: unique among the writers of one entry with overwhelming probability
@@ -417,11 +422,14 @@ fn decode(base: &Policy, bytes: &[u8]) -> std::result::Result<(u64, Policy), Str
         .filter(|v| *v != 0 && !version.starts_with('0') && !version.starts_with('+'))
         .ok_or_else(|| format!("version {version:?} is not a positive integer"))?;
     let j: Value = serde_json::from_str(json).map_err(|e| format!("limit not JSON: {e}"))?;
-    if j.get("algorithm").is_none() {
+    let stored = j
+        .as_array()
+        .map_or(std::slice::from_ref(&j), |a| a.as_slice());
+    if stored.iter().any(|l| l.get("algorithm").is_none()) {
         return Err("limit without an algorithm".into());
     }
-    let limit = limit_from_json("limit", &j, base.algorithm()).map_err(|e| e.to_string())?;
-    let policy = overridden(base, limit).map_err(|e| e.to_string())?;
+    let limits = limits_from_json("limit", &j, base.algorithm()).map_err(|e| e.to_string())?;
+    let policy = base.overridden(limits).map_err(|e| e.to_string())?;
     Ok((v, policy))
 }
 
@@ -486,8 +494,8 @@ impl Limiter {
         check_ttl(ttl)?;
         let base = self.override_policy(policy)?;
         let view = self.view();
-        let limit = resolve_override(&view.config, &base, limit)?;
-        let policy = overridden(&base, limit.clone())?;
+        let limits = resolve_override(&view.config, &base, limit)?;
+        let policy = base.overridden(limits.clone())?;
         let version = new_version();
         let active = Arc::new(Active::new(version, &base, policy));
         let pk = PolicyKey::new(&base.0.name, key);
@@ -511,35 +519,26 @@ impl Limiter {
             }
             Engine::Redis(r) => {
                 let shard = shard_index(key, r.shards.len() as u32) as usize;
-                let value = format!("{version} {}", limit_to_json(&limit));
+                let value = format!("{version} {}", limits_to_json(&limits));
                 r.set_override(shard, &base.0.name, key, value, ttl).await?;
                 self.cache_override(pk, Some(active));
             }
         }
-        Ok(OverrideInfo {
-            key: key.to_string(),
-            policy: base.0.name.to_string(),
-            limit,
-            remaining: ttl,
-        })
+        Ok(OverrideInfo::new(key, &base.0.name, limits, ttl))
     }
 
     /// `key`'s override of `policy`, if it has one.
     pub async fn get_override(&self, key: &str, policy: &str) -> Result<Option<OverrideInfo>> {
         validate_key(key)?;
         let base = self.override_policy(policy)?;
-        let info = |limit: Limit, remaining| OverrideInfo {
-            key: key.to_string(),
-            policy: base.0.name.to_string(),
-            limit,
-            remaining,
-        };
+        let info =
+            |limits: Vec<Limit>, remaining| OverrideInfo::new(key, &base.0.name, limits, remaining);
         match &self.view().engine {
             Engine::Memory(_) => {
                 let now = self.now();
                 Ok(self.memory_override(&base.0, key, now).map(|(a, until)| {
                     info(
-                        a.policy.limit().clone(),
+                        a.policy.limits(),
                         (until != NEVER).then(|| Duration::from_micros(until - now)),
                     )
                 }))
@@ -552,7 +551,7 @@ impl Limiter {
                 let (_, p) = decode(&base, &bytes).map_err(|why| {
                     self.malformed(r.shards[shard].name.clone(), &base, key, &why)
                 })?;
-                Ok(Some(info(p.limit().clone(), remaining(ttl))))
+                Ok(Some(info(p.limits(), remaining(ttl))))
             }
         }
     }
@@ -612,7 +611,7 @@ impl Limiter {
                     })?),
                 };
                 let now = self.now();
-                let mut all: Vec<(String, Limit, u64)> = {
+                let mut all: Vec<(String, Vec<Limit>, u64)> = {
                     let m = self.inner.overrides.store.lock();
                     m.iter()
                         .filter(|(k, _, until)| {
@@ -620,9 +619,7 @@ impl Limiter {
                                 && k.policy_name() == name
                                 && after.is_none_or(|a| k.key_name() > a)
                         })
-                        .map(|(k, a, until)| {
-                            (k.key_name().to_string(), a.policy.limit().clone(), until)
-                        })
+                        .map(|(k, a, until)| (k.key_name().to_string(), a.policy.limits(), until))
                         .collect()
                 };
                 all.sort_by(|a, b| a.0.cmp(&b.0));
@@ -631,11 +628,9 @@ impl Limiter {
                 let cursor = more.then(|| format!("k:{}", all[all.len() - 1].0));
                 let overrides = all
                     .into_iter()
-                    .map(|(key, limit, until)| OverrideInfo {
-                        key,
-                        policy: name.clone(),
-                        limit,
-                        remaining: (until != NEVER).then(|| Duration::from_micros(until - now)),
+                    .map(|(key, limits, until)| {
+                        let left = (until != NEVER).then(|| Duration::from_micros(until - now));
+                        OverrideInfo::new(&key, &name, limits, left)
                     })
                     .collect();
                 Ok(OverridePage { overrides, cursor })
@@ -655,12 +650,7 @@ impl Limiter {
                         let (_, p) = decode(&base, &bytes).map_err(|why| {
                             self.malformed(r.shards[shard].name.clone(), &base, &key, &why)
                         })?;
-                        overrides.push(OverrideInfo {
-                            key,
-                            policy: name.clone(),
-                            limit: p.limit().clone(),
-                            remaining: remaining(ttl),
-                        });
+                        overrides.push(OverrideInfo::new(&key, &name, p.limits(), remaining(ttl)));
                     }
                     scan = next;
                     if scan == 0 {
@@ -679,6 +669,30 @@ impl Limiter {
                         });
                     }
                 }
+            }
+        }
+    }
+
+    /// The policy `key`'s override of `base` makes, if it has one (read from Redis).
+    pub(super) async fn override_in_force(
+        &self,
+        key: &str,
+        base: &Policy,
+    ) -> Result<Option<Policy>> {
+        match &self.view().engine {
+            Engine::Memory(_) => {
+                let now = self.now();
+                let ov = self.memory_override(&base.0, key, now);
+                Ok(ov.map(|(a, _)| a.policy.clone()))
+            }
+            Engine::Redis(r) => {
+                let shard = shard_index(key, r.shards.len() as u32) as usize;
+                let Some((bytes, _)) = r.get_override(shard, &base.0.name, key).await? else {
+                    return Ok(None);
+                };
+                let (_, p) = decode(base, &bytes)
+                    .map_err(|why| self.malformed(r.shards[shard].name.clone(), base, key, &why))?;
+                Ok(Some(p))
             }
         }
     }

@@ -3,7 +3,7 @@
 //! (`engine/settle.rs`, `core/lua/settle.lua`).
 
 use super::check::validate_key;
-use super::layered::{describe, layer_reqs};
+use super::layered::{describe, layer_reqs, LayeredOut};
 use super::{Engine, Layer, Limiter};
 use crate::decision::{Decision, Source};
 use crate::engine::algo::Outcome;
@@ -99,6 +99,7 @@ impl Limiter {
                     Some((a, _)) => (&a.policy, &a.memory_scope),
                     None => (base, &base.0.scope),
                 };
+                several_under_override(base, policy)?;
                 let p = &*policy.0;
                 let eff = p.effective(self.global_scale());
                 // as a check: a cost above the limit is denied with no retry_after
@@ -126,6 +127,7 @@ impl Limiter {
                 let mut tries = 0;
                 loop {
                     let policy = active.as_ref().map_or(base, |a| &a.policy);
+                    several_under_override(base, policy)?;
                     let p = &*policy.0;
                     let eff = p.effective(self.global_scale());
                     let cost = estimate.min(eff.limit + 1);
@@ -277,6 +279,7 @@ impl Limiter {
                     Some((a, _)) => (&a.policy, &a.memory_scope),
                     None => (base, &base.0.scope),
                 };
+                several_under_override(base, policy)?;
                 let eff = policy.0.effective(self.global_scale());
                 let op = mk(&eff)?;
                 let o = m.settle(scope, &eff, key, now, op);
@@ -292,6 +295,7 @@ impl Limiter {
                 let mut tries = 0;
                 loop {
                     let policy = active.as_ref().map_or(base, |a| &a.policy);
+                    several_under_override(base, policy)?;
                     let p = &*policy.0;
                     let eff = p.effective(self.global_scale());
                     let op = mk(&eff)?;
@@ -417,13 +421,24 @@ impl Limiter {
                     }
                 }
                 let shard_of = vec![shard as usize; n];
-                let (raw, src) = self.layered_redis(r, &layers, &reqs, &shard_of).await?;
+                // (no tail: a policy with overrides never gets here, see `settle_checked`)
+                let (raw, src) = match self
+                    .layered_redis(r, &layers, &reqs, &shard_of, None)
+                    .await?
+                {
+                    LayeredOut::Raw(raw, src) => (raw, src),
+                    LayeredOut::Override(_) => {
+                        return Err(Error::Internal(
+                            "a layered call without overrides answered with an override".into(),
+                        ))
+                    }
+                };
                 (raw, src, vec![Some(shard); n])
             }
         };
         let at = raw.now;
         let d = self.conclude(
-            &layers, &origin, &originals, true, &effs, raw, source, &shards,
+            &layers, &origin, &originals, true, &effs, raw, source, &shards, false,
         );
         // (every limit admitted `estimate` units at `at`: each settles into its window of
         // `at`; a sliding-log limit gives back to its entry of `at`, when it recorded it
@@ -441,9 +456,35 @@ impl Limiter {
     }
 }
 
-/// The key, and the policy: every policy but a concurrency one (it has leases).
+/// Charge, refund, reserve and settle under overrides act on a limit in force of one limit:
+/// a multi-limit policy that takes overrides, or a key whose override holds several limits,
+/// is refused (the multi-limit settle script does not read overrides).
+fn several_under_override(base: &Policy, in_force: &Policy) -> Result<()> {
+    if in_force.is_multi() {
+        return Err(Error::invalid(
+            "policy",
+            format!(
+                "{}: this key's override holds several limits; charge, refund, reserve and settle under an override of several limits are not supported yet",
+                base.name()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The key, and the policy: every policy but a concurrency one (it has leases), and not a
+/// multi-limit policy that takes overrides (see `several_under_override`).
 fn settle_checked(key: &str, policy: &Policy) -> Result<()> {
     validate_key(key)?;
+    if policy.is_multi() && policy.overrides() {
+        return Err(Error::invalid(
+            "policy",
+            format!(
+                "{} holds several limits and takes overrides: charge, refund, reserve and settle on such a policy are not supported yet",
+                policy.name()
+            ),
+        ));
+    }
     if policy.algorithm() == Algorithm::Concurrency {
         return Err(Error::invalid(
             "policy",

@@ -12,7 +12,7 @@
 use super::{Engine, Limiter};
 use crate::decision::{Decision, Source};
 use crate::engine::memory::{MemoryEngine, Raw};
-use crate::engine::redis::{Mode, RedisEngine, SHADOW_MAX_KEYS, SHADOW_TTL};
+use crate::engine::redis::{SHADOW_MAX_KEYS, SHADOW_TTL};
 use crate::error::{Error, Result};
 use crate::events::Event;
 use crate::policy::{Compiled, Policy, PolicyInner};
@@ -172,19 +172,21 @@ impl Limiter {
         self.block_on(async move { me.shadow_report(&policy, top).await })
     }
 
-    /// A shadow check on the in-memory engine (from `check_memory`).
+    /// A shadow check on the in-memory engine (from `check_memory`) of `policy`, the
+    /// policy or the key's override of it, whose state is kept under `scope`.
     pub(super) fn shadow_memory(
         &self,
         m: &MemoryEngine,
         key: &str,
         policy: &Policy,
+        scope: &Arc<str>,
         cost: u64,
     ) -> Result<Decision> {
         let (eff, cost) = self.prepare(key, policy, cost)?;
         let p = &*policy.0;
         let now = self.now();
         // no automatic blocking: a shadow denial must not enforce anything
-        let raw = m.check(&p.name, &eff, key, now, cost, false, "", None);
+        let raw = m.check(scope, &eff, key, now, cost, false, "", None);
         let d = self.finish_shadow(p, &eff, key, raw, Source::Memory, None);
         if d.shadow_denied {
             self.inner.shadow.add(&p.name, key, now);
@@ -194,19 +196,18 @@ impl Limiter {
         Ok(d)
     }
 
-    /// A shadow check on Redis, after the preamble of `run` (validation, block cache,
-    /// handoff): `main_shadow.lua`, one round trip, counting the denial there.
-    pub(super) async fn shadow_redis(
+    /// A shadow check on Redis after its script (`main_check.lua`'s shadow build, one
+    /// round trip, which counted the denial), as `after_script` for a check.
+    pub(super) fn after_shadow(
         &self,
-        r: &Arc<RedisEngine>,
         p: &PolicyInner,
         eff: &Compiled,
         key: &str,
         cost: u64,
         shard: u32,
+        raw: Result<Raw>,
     ) -> Result<Decision> {
-        let req = self.request(p, eff, key, cost, Mode::Check, None);
-        let d = match r.check_shadow(shard as usize, &req).await {
+        let d = match raw {
             Ok(raw) => self.finish_shadow(p, eff, key, raw, Source::Redis, Some(shard)),
             // on_error decides, unshadowed: a fallback measured nothing to shadow
             Err(e) if e.is_backend() => self.fallback(p, eff, key, cost, false, e)?,
@@ -232,6 +233,13 @@ impl Limiter {
             return self.finish(p, eff, key, raw, source, shard);
         }
         let mut d = self.decision(p, eff, raw.outcome, source, shard);
+        self.shadow_denial(p, key, &mut d);
+        d
+    }
+
+    /// Makes the would-be denial `d` of a shadow check allowed, shadow-denied and without
+    /// `retry_after`, and reports it (metric, event). The shadow counts are the caller's.
+    pub(super) fn shadow_denial(&self, p: &PolicyInner, key: &str, d: &mut Decision) {
         d.allowed = true;
         d.retry_after = None;
         d.shadow_denied = true;
@@ -246,7 +254,11 @@ impl Limiter {
             };
             self.publish(key, &e);
         }
-        d
+    }
+
+    /// Count one shadow denial of (policy, key) in process (the in-memory engine's counts).
+    pub(super) fn count_shadow_memory(&self, policy: &std::sync::Arc<str>, key: &str) {
+        self.inner.shadow.add(policy, key, self.now());
     }
 
     /// Whether an event would reach anyone: a subscriber, or the Redis event stream.

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 mod multi;
 pub(crate) use multi::MAX_LIMITS;
+mod overridden;
 
 /// The largest limit, capacity or cost shardlimit accepts. Redis scripts compute in IEEE
 /// doubles, so every quantity they handle must stay an exact integer (< 2^53).
@@ -583,20 +584,6 @@ impl Policy {
     pub fn with_overrides(&self) -> Result<Policy> {
         if self.0.local_admission.is_some() {
             return Err(overrides_and_local(self.name()));
-        }
-        // (not yet combined: an override replaces one limit, and a shadow check runs a
-        // script of its own that does not read the override entry)
-        if self.is_multi() {
-            return Err(Error::config(
-                format!("policies.{}.overrides", self.name()),
-                "per-key overrides apply to a policy of one limit for now, not to a multi-limit policy",
-            ));
-        }
-        if self.0.shadow {
-            return Err(Error::config(
-                format!("policies.{}.overrides", self.name()),
-                "per-key overrides and shadow mode cannot be combined yet",
-            ));
         }
         let p = self.derive(self.0.on_error, self.0.auto_block, None);
         let mut inner = Arc::try_unwrap(p.0).expect("a policy just made is not shared");

@@ -9,25 +9,15 @@ impl Policy {
     /// The same policy in shadow mode (or enforcing again, with `false`): a check that the
     /// limit would deny is allowed, consumes nothing, and is reported
     /// ([`crate::Decision::shadow_denied`], an event, a metric, the shadow counts).
-    /// Block-list denials and `on_error` fallbacks are not shadowed. Not for concurrency
+    /// Block-list denials and `on_error` fallbacks are not shadowed. On a multi-limit policy
+    /// a would-be denial by any limit is shadowed and consumes nothing in any; with
+    /// per-key overrides the key's override decides. Not for concurrency
     /// policies (an `invalid_argument` error): a shadow lease would hold nothing.
     pub fn with_shadow(&self, shadow: bool) -> Result<Policy> {
         if shadow && self.algorithm() == Algorithm::Concurrency {
             return Err(Error::invalid(
                 format!("policies.{}.shadow", self.name()),
                 "shadow mode does not apply to concurrency policies",
-            ));
-        }
-        if shadow && self.0.overrides {
-            return Err(Error::invalid(
-                format!("policies.{}.shadow", self.name()),
-                "shadow mode and per-key overrides cannot be combined yet",
-            ));
-        }
-        if shadow && self.is_multi() {
-            return Err(Error::invalid(
-                format!("policies.{}.shadow", self.name()),
-                "shadow mode does not apply to multi-limit policies yet; give the limit to roll out a policy of its own",
             ));
         }
         let mut p = self.derive(self.0.on_error, self.0.auto_block, self.0.local_admission);

@@ -4,6 +4,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Optional, TypedDict, Union, final
 
+from typing_extensions import NotRequired
+
 #: The version of the core and of every binding (the workspace's).
 __version__: str
 #: Every core error kind as (code, name), in code order.
@@ -20,6 +22,8 @@ class Override(TypedDict):
     limit: dict[str, Any]
     #: Milliseconds left; None for an override until deleted.
     remaining_ms: Optional[int]
+    #: Every limit, for an override of several (``limit`` is then the first).
+    limits: NotRequired[list[dict[str, Any]]]
 
 class OverridePage(TypedDict):
     """One page of ``Limiter.list_overrides``; ``cursor`` is None on the last page."""

@@ -4,7 +4,7 @@
 use super::*;
 
 /// A reply the redis crate parsed, as [`Reply`] (Cluster, Sentinel and TLS shards).
-fn value_reply(v: redis::Value) -> Reply {
+pub(super) fn value_reply(v: redis::Value) -> Reply {
     match v {
         redis::Value::Nil => Reply::Nil,
         redis::Value::Int(n) => Reply::Int(n),
@@ -149,13 +149,17 @@ impl RedisEngine {
         self.script_reply(shard, reply, req.eff.limit, req.cost)
     }
 
-    /// A layered check of layers that all live on shard `shard`, atomic in one script call.
-    pub async fn check_layers(
+    /// A layered check of layers that all live on shard `shard`, atomic in one script call;
+    /// for one key's layers (a multi-limit policy's limits) with `tail`: the key's override
+    /// version compared first, and in shadow mode a would-be denial counted in the
+    /// policy's shadow hash, in the same script call.
+    pub async fn check_layers_with(
         self: &Arc<Self>,
         shard: usize,
         layers: &[(LayerReq<'_>, &str)],
         now_us: Option<u64>,
-    ) -> Result<LayeredRaw> {
+        tail: Option<&LayeredTail<'_>>,
+    ) -> Result<LayeredChecked> {
         let mut inv = ScriptId::Layered.script().prepare_invoke();
         inv.arg(now_us.unwrap_or(0)).arg(layers.len());
         for (l, key_scope) in layers {
@@ -177,13 +181,61 @@ impl RedisEngine {
                     String::new()
                 });
         }
+        if let Some(t) = tail {
+            // core/lua/main_layered.lua's tail; the override key shares the slot of the
+            // key's state (its hash tag is the key's)
+            match t.ov {
+                OverrideArg::Off => {
+                    inv.key(block_key(&self.prefix, t.key)).arg("-");
+                }
+                OverrideArg::None => {
+                    inv.key(override_key(&self.prefix, t.policy, t.key)).arg("");
+                }
+                OverrideArg::Cached(v) => {
+                    inv.key(override_key(&self.prefix, t.policy, t.key)).arg(v);
+                }
+            }
+            inv.arg(t.key)
+                .arg(super::SHADOW_TTL.as_millis() as u64)
+                .arg(super::SHADOW_MAX_KEYS);
+            if t.shadow && !self.is_cluster() {
+                inv.key(super::keys::shadow_key(&self.prefix, t.policy));
+            }
+        }
         let at = self.layers_at(layers);
-        let r: Vec<i64> = self
+        let v: redis::Value = self
             .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 inv.invoke_async(&mut conn).await
             })
             .await?;
         let sc = &self.shards[shard];
+        let script_error = |message: String| Error::Script {
+            shard: sc.name.clone(),
+            message,
+        };
+        let r: Vec<i64> = match value_reply(v) {
+            Reply::Array(items)
+                if tail.is_some()
+                    && items.len() == 3
+                    && matches!(&items[0], Reply::Str(s) if s == b"o") =>
+            {
+                let mut items = items.into_iter().skip(1);
+                return match (items.next(), items.next()) {
+                    (Some(Reply::Str(v)), Some(Reply::Int(0))) => Ok(LayeredChecked::Override(v)),
+                    other => Err(script_error(format!(
+                        "unexpected override entry in a layered reply: {other:?}"
+                    ))),
+                };
+            }
+            Reply::Array(items) => items
+                .iter()
+                .map(|i| match i {
+                    Reply::Int(n) => Ok(*n),
+                    other => Err(script_error(format!("unexpected layered reply {other:?}"))),
+                })
+                .collect::<Result<Vec<i64>>>()?,
+            other => return Err(script_error(format!("unexpected layered reply {other:?}"))),
+        };
         if r.len() != 3 + 5 * layers.len() {
             return Err(implausible(
                 sc,
@@ -205,12 +257,12 @@ impl RedisEngine {
                 &format!("no layer {} of {}", r[1], layers.len()),
             ));
         }
-        Ok(LayeredRaw {
+        Ok(LayeredChecked::Decided(LayeredRaw {
             now: r[0] as u64,
             deciding: (r[1] as usize).checked_sub(1),
             blocked: block_verdict(sc, &r, r[2])?,
             outcomes,
-        })
+        }))
     }
 
     /// Gives back what a layered check admitted on `shard` at `now`.

@@ -52,7 +52,7 @@ use circuit::*;
 use connect::*;
 use noscript::*;
 use protocol::*;
-pub(crate) use protocol::{CheckRequest, Checked, Mode, OverrideArg};
+pub(crate) use protocol::{CheckRequest, Checked, LayeredChecked, LayeredTail, Mode, OverrideArg};
 pub(crate) use stream::StreamItem;
 use stream::*;
 

@@ -145,6 +145,23 @@ pub(crate) enum OverrideArg {
     Cached(u64),
 }
 
+/// The tail of a layered call of one key's layers (`core/lua/main_layered.lua`): the
+/// override version compared first, and shadow counting.
+pub(crate) struct LayeredTail<'a> {
+    pub ov: OverrideArg,
+    /// the policy whose override entry and shadow hash these are
+    pub policy: &'a str,
+    /// the user key
+    pub key: &'a str,
+    pub shadow: bool,
+}
+
+/// What a layered script answered (as [`Checked`] for one check).
+pub(crate) enum LayeredChecked {
+    Decided(LayeredRaw),
+    Override(Vec<u8>),
+}
+
 /// What a check script answered: a decision, or the key's override entry when it is not
 /// the one the call was made with (`""`: none); then nothing was decided.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -27,12 +27,17 @@ macro_rules! all_algorithms {
 
 /// Check scripts give nothing back: no REFUND table, so the algorithm files skip defining
 /// their refund functions (see prelude.lua).
-/// Each algorithm has two: one check per call (`main_check.lua`) and a batch of checks per
-/// call (`main_batch.lua`).
+/// Each algorithm has three: one check per call (`main_check.lua`), the same in shadow mode
+/// (`main_check.lua` again, with `SHADOW` set: one source for both) and a batch of checks
+/// per call (`main_batch.lua`).
 macro_rules! check_script {
     ($name:ident, $main:literal, $file:literal) => {
+        check_script!($name, $main, $file, "local SHADOW\n");
+    };
+    ($name:ident, $main:literal, $file:literal, $flag:literal) => {
         const $name: &str = concat!(
             "local REFUND\n",
+            $flag,
             lua!("prelude.lua"),
             lua!($file),
             lua!("check.lua"),
@@ -59,24 +64,33 @@ check_script!(LEAKY_BUCKET_BATCH_SRC, "main_batch.lua", "leaky_bucket.lua");
 check_script!(CONCURRENCY_BATCH_SRC, "main_batch.lua", "concurrency.lua");
 check_script!(
     FIXED_WINDOW_SHADOW_SRC,
-    "main_shadow.lua",
-    "fixed_window.lua"
+    "main_check.lua",
+    "fixed_window.lua",
+    "local SHADOW = true\n"
 );
 check_script!(
     SLIDING_WINDOW_SHADOW_SRC,
-    "main_shadow.lua",
-    "sliding_window.lua"
+    "main_check.lua",
+    "sliding_window.lua",
+    "local SHADOW = true\n"
 );
-check_script!(SLIDING_LOG_SHADOW_SRC, "main_shadow.lua", "sliding_log.lua");
+check_script!(
+    SLIDING_LOG_SHADOW_SRC,
+    "main_check.lua",
+    "sliding_log.lua",
+    "local SHADOW = true\n"
+);
 check_script!(
     TOKEN_BUCKET_SHADOW_SRC,
-    "main_shadow.lua",
-    "token_bucket.lua"
+    "main_check.lua",
+    "token_bucket.lua",
+    "local SHADOW = true\n"
 );
 check_script!(
     LEAKY_BUCKET_SHADOW_SRC,
-    "main_shadow.lua",
-    "leaky_bucket.lua"
+    "main_check.lua",
+    "leaky_bucket.lua",
+    "local SHADOW = true\n"
 );
 const LAYERED_SRC: &str = concat!(
     "local REFUND = {}\n",
@@ -135,7 +149,8 @@ pub(crate) enum ScriptId {
     Check(Algorithm),
     /// A batch of checks of one algorithm (`main_batch.lua`), as the pipe sends a burst.
     Batch(Algorithm),
-    /// One check in shadow mode (`main_shadow.lua`), counting would-be denials.
+    /// One check in shadow mode (`main_check.lua` with `SHADOW` set), counting would-be
+    /// denials.
     Shadow(Algorithm),
     Layered,
     Refund,

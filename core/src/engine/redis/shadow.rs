@@ -1,6 +1,9 @@
-//! Shadow mode on Redis: a check by `main_shadow.lua`, which counts would-be denials in one
-//! hash per policy per shard in the same script call, and the read of those counts.
+//! Shadow mode on Redis: a check by the shadow build of `main_check.lua`, which counts
+//! would-be denials in one hash per policy per shard in the same script call, and the read
+//! of those counts. (A multi-limit policy's shadow check is `main_layered.lua`'s, given
+//! the same hash: `RedisEngine::check_layers_with`.)
 
+use super::commands::value_reply;
 use super::*;
 use crate::engine::redis::keys::shadow_key;
 
@@ -29,13 +32,15 @@ impl CheckSink for ShadowSink<'_> {
 }
 
 impl RedisEngine {
-    /// Runs one check in shadow mode (`main_shadow.lua`). In a Redis Cluster the count is
-    /// not kept (the hash would live in another slot than the key).
+    /// Runs one check in shadow mode (`main_check.lua`'s shadow build). In a Redis Cluster
+    /// the count is not kept (the hash would live in another slot than the key). Like a
+    /// check, it compares the key's override version first (`req.ov`): a different one is
+    /// answered with the entry, nothing decided or counted.
     pub async fn check_shadow(
         self: &Arc<Self>,
         shard: usize,
         req: &CheckRequest<'_>,
-    ) -> Result<Raw> {
+    ) -> Result<Checked> {
         let (limit, cost, tag) = (req.eff.limit, req.cost, req.tag);
         let hash = (!self.is_cluster()).then(|| shadow_key(&self.prefix, &req.policy.name));
         let build = |eval: bool| {
@@ -66,18 +71,16 @@ impl RedisEngine {
             .as_ref()
             .map(|_| state_key(&self.prefix, &req.policy.key_scope, req.key));
         let (first, again) = (build(false), build(true));
-        let mut r: Vec<i64> = self
+        let r: redis::Value = self
             .with_conn_at(shard, at.as_deref(), |conn| async move {
                 query_script(conn, &first, &again).await
             })
             .await?;
-        match r.last() {
-            Some(&t) if t >= 0 && t as u64 == tag => {
-                r.pop();
-            }
-            _ => return Err(self.not_theirs(shard)),
+        // the same reply a check reads, and the rule of `untag`
+        match untag(value_reply(r), tag) {
+            Ok(reply) => self.script_reply(shard, reply, limit, cost),
+            Err(_) => Err(self.not_theirs(shard)),
         }
-        self.check_reply(shard, &r, limit, cost)
     }
 
     /// The shadow counts of `policy` on `shard`: (key, count) pairs and the count of keys
