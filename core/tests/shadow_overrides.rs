@@ -269,3 +269,38 @@ fn sixty_four_concurrent_callers_keep_a_multi_limit_override_exact() {
     let d = l.check_blocking("hot", &api, 1).unwrap();
     assert!(!d.allowed && d.limit_index == Some(1), "{d:?}");
 }
+
+/// Charge, refund and reserve act on one limit in force: under an override of several limits,
+/// or on a multi-limit policy that takes overrides, they are refused with an error saying so,
+/// never run against one limit's state (both engines).
+#[test]
+fn settle_ops_refuse_several_limits_under_overrides() {
+    let server = RedisServer::start();
+    const POLICIES: &str = r#"{"one": {"algorithm": "fixed_window", "limit": 5, "window": "1h", "overrides": true},
+        "api": {"rate": "2/second; 100/day", "overrides": true}}"#;
+    for l in both(&server, POLICIES) {
+        let one = l.policy("one").unwrap();
+        l.set_override_blocking("t", "one", "3/second; 4/day", None)
+            .unwrap();
+        let e = l.charge_blocking("t", &one, 1).unwrap_err();
+        assert!(
+            e.to_string().contains("override holds several limits"),
+            "{e}"
+        );
+        let e = l.refund_blocking("t", &one, 1).unwrap_err();
+        assert!(
+            e.to_string().contains("override holds several limits"),
+            "{e}"
+        );
+        let e = l.reserve_blocking("t", &one, 1).unwrap_err();
+        assert!(
+            e.to_string().contains("override holds several limits"),
+            "{e}"
+        );
+        // a key without an override is charged as before
+        assert_eq!(l.charge_blocking("u", &one, 2).unwrap().remaining, 3);
+        let api = l.policy("api").unwrap();
+        let e = l.charge_blocking("t", &api, 1).unwrap_err();
+        assert!(e.to_string().contains("takes overrides"), "{e}");
+    }
+}
