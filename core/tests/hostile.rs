@@ -305,8 +305,13 @@ fn eventually(what: &str, within: Duration, f: impl Fn() -> bool) {
 /// Waits (bounded) until the shard's circuit, opened by the failures a test provoked,
 /// lets calls through again (its probe finds the server answering).
 fn recovered(l: &Limiter, p: &Policy) {
+    // both paths: a blocking check uses its own pooled connection, so its success says
+    // nothing of the async path's connection, which may still be being replaced
     eventually("the circuit closes again", Duration::from_secs(5), || {
+        let (l2, p2) = (l.clone(), p.clone());
         l.check_blocking(&key(999), p, 1).is_ok()
+            && l.block_on(async move { l2.check(&key(998), &p2, 1).await })
+                .is_ok()
     });
 }
 
