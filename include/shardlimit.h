@@ -509,7 +509,8 @@ struct shardlimit_str shardlimit_version(void);
 struct shardlimit_str shardlimit_result_name(uint32_t code);
 
 // True for the codes that mean "the backend (Redis) failed" rather than "the caller
-// made a mistake": CONNECTION, TIMEOUT and SCRIPT. These are the failures a service may
+// made a mistake": CONNECTION, TIMEOUT, SCRIPT and UNAVAILABLE (`spec/errors.json`,
+// `"backend": true`). These are the failures a service may
 // choose to fail open on. Thread-safe.
 bool shardlimit_result_is_backend(uint32_t code);
 
@@ -1119,8 +1120,8 @@ shardlimit_result shardlimit_config_json(const struct shardlimit_limiter *limite
 //
 // On success `*out` is a new policy the caller owns (free with
 // `shardlimit_policy_free()`); `policy` is unchanged. `err` may be NULL. Thread-safe.
-// Results: OK, INVALID_ARGUMENT (the policy cannot run in shadow: a concurrency,
-// multi-limit or overrides policy; the message says which), CLOSED, INTERNAL.
+// Results: OK, INVALID_ARGUMENT (a concurrency policy cannot run in shadow), CLOSED,
+// INTERNAL.
 shardlimit_result shardlimit_policy_with_shadow(const struct shardlimit_policy *policy,
                                                 bool shadow,
                                                 struct shardlimit_policy **out,

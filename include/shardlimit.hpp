@@ -282,7 +282,7 @@ class Policy {
   const shardlimit_policy* get() const noexcept { return p_.get(); }
   /// A copy of this policy in shadow mode (or enforcing, with false): a check its limit
   /// would deny is allowed (Decision::shadow_denied), consumes nothing and is reported.
-  /// Concurrency, multi-limit and overrides policies throw an Error (INVALID_ARGUMENT).
+  /// A concurrency policy throws an Error (INVALID_ARGUMENT).
   Policy with_shadow(bool shadow = true) const {
     shardlimit_policy* p = nullptr;
     shardlimit_error* err = nullptr;

@@ -311,8 +311,7 @@ func (l *Limiter) Config() (Config, error) {
 // WithShadow is a copy of the policy in shadow mode (true) or enforcing (false): in
 // shadow, a check the limit would deny is allowed (Decision.ShadowDenied), consumes
 // nothing and is reported (EventShadowDenied, ShadowReport). The policy itself is
-// unchanged. Concurrency, multi-limit and overrides policies cannot run in shadow
-// (ErrInvalidArgument).
+// unchanged. A concurrency policy cannot run in shadow (ErrInvalidArgument).
 func (p *Policy) WithShadow(shadow bool) (*Policy, error) {
 	ph, err := p.handle()
 	if err != nil {

@@ -58,7 +58,8 @@ func (c Code) Parent() Code { return Code(C.shardlimit_result_parent(C.uint32_t(
 // String is the code's stable snake_case name ("config", "timeout", ...).
 func (c Code) String() string { return goStr(C.shardlimit_result_name(C.uint32_t(c))) }
 
-// IsBackend reports whether the code means "Redis failed" (connection, timeout, script)
+// IsBackend reports whether the code means "Redis failed" (connection, timeout, script,
+// unavailable)
 // rather than a caller mistake: the failures a service may choose to fail open on.
 func (c Code) IsBackend() bool { return bool(C.shardlimit_result_is_backend(C.uint32_t(c))) }
 

@@ -1,5 +1,5 @@
 //! Differential test of the two engines: the in-memory engine (the algorithms of
-//! `core/src/algo.rs`) and the Lua scripts on a real `redis-server`, each with an injected
+//! `core/src/engine/algo.rs`) and the Lua scripts on a real `redis-server`, each with an injected
 //! `ManualClock`, are driven through the same random sequences of checks, peeks, leases
 //! (acquire, release), resets, layered checks and bursts, on all six algorithms with random
 //! limits and periods and costs from 1 to past the limit. Every decision must be equal in

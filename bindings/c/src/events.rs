@@ -614,8 +614,8 @@ pub unsafe extern "C" fn shardlimit_config_json(
 ///
 /// On success `*out` is a new policy the caller owns (free with
 /// `shardlimit_policy_free()`); `policy` is unchanged. `err` may be NULL. Thread-safe.
-/// Results: OK, INVALID_ARGUMENT (the policy cannot run in shadow: a concurrency,
-/// multi-limit or overrides policy; the message says which), CLOSED, INTERNAL.
+/// Results: OK, INVALID_ARGUMENT (a concurrency policy cannot run in shadow), CLOSED,
+/// INTERNAL.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_policy_with_shadow(
     policy: *const shardlimit_policy,

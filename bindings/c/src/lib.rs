@@ -994,7 +994,8 @@ pub extern "C" fn shardlimit_result_name(code: u32) -> shardlimit_str {
 }
 
 /// True for the codes that mean "the backend (Redis) failed" rather than "the caller
-/// made a mistake": CONNECTION, TIMEOUT and SCRIPT. These are the failures a service may
+/// made a mistake": CONNECTION, TIMEOUT, SCRIPT and UNAVAILABLE (`spec/errors.json`,
+/// `"backend": true`). These are the failures a service may
 /// choose to fail open on. Thread-safe.
 #[no_mangle]
 pub extern "C" fn shardlimit_result_is_backend(code: u32) -> bool {

@@ -289,12 +289,9 @@ impl Policy {
         let p = shardlimit::Policy::new(name, limit.limit.clone()).map_err(core_err)?;
         Ok(match on_error {
             None => Policy(p),
-            Some(s) => Policy(p.with_on_error(OnError::from_name(s).ok_or_else(|| {
-                core_err(CoreError::Config {
-                    field: format!("policies.{name}.on_error"),
-                    message: format!("expected \"open\", \"closed\" or \"local\", got {s:?}"),
-                })
-            })?)),
+            Some(s) => Policy(p.with_on_error(
+                OnError::parse(&format!("policies.{name}.on_error"), s).map_err(core_err)?,
+            )),
         })
     }
     #[getter]

@@ -12,12 +12,13 @@ use serde_json::Value;
 use std::time::Duration;
 
 pub(super) fn on_error(field: &str, v: &Value) -> Result<OnError> {
-    v.as_str().and_then(OnError::from_name).ok_or_else(|| {
-        Error::config(
+    match v.as_str() {
+        Some(s) => OnError::parse(field, s),
+        None => Err(Error::config(
             field,
-            format!("expected \"open\", \"closed\" or \"local\", got {v}"),
-        )
-    })
+            format!("expected \"open\", \"closed\", \"local\" or \"error\", got {v}"),
+        )),
+    }
 }
 
 pub(super) fn count(field: String, v: Option<&Value>) -> Result<u64> {
@@ -159,4 +160,24 @@ fn window_offset(field: &str, v: &Value) -> Result<WindowOffset> {
     v.as_str()
         .and_then(WindowOffset::from_name)
         .ok_or_else(|| Error::config(field, format!("expected \"none\" or \"per_key\", got {v}")))
+}
+
+#[cfg(test)]
+mod on_error_tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_on_error_names_every_accepted_value() {
+        for v in [serde_json::json!("fail"), serde_json::json!(3)] {
+            let e = on_error("policies.p.on_error", &v).unwrap_err().to_string();
+            assert!(e.contains("policies.p.on_error"), "{e}");
+            for name in ["\"open\"", "\"closed\"", "\"local\"", "\"error\""] {
+                assert!(e.contains(name), "{e} lacks {name}");
+            }
+        }
+        assert_eq!(
+            on_error("f", &serde_json::json!("error")).unwrap(),
+            OnError::Error
+        );
+    }
 }

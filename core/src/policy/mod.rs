@@ -385,6 +385,15 @@ impl OnError {
             _ => None,
         }
     }
+    /// [`OnError::from_name`], or a config error for `field` that lists every name.
+    pub fn parse(field: &str, s: &str) -> crate::error::Result<OnError> {
+        OnError::from_name(s).ok_or_else(|| {
+            crate::error::Error::config(
+                field,
+                format!("expected \"open\", \"closed\", \"local\" or \"error\", got {s:?}"),
+            )
+        })
+    }
 }
 
 /// Automatic blocking: after `after` denials within `within`, the key is put on the block
