@@ -862,3 +862,42 @@ fn a_multi_limit_reservation_settles_in_a_sliding_log_limit_too() {
     }
     assert_eq!(seen[0], seen[1], "redis and memory differ");
 }
+
+/// The README's settle snippet ("Costs known after the request"), read from the README
+/// and run as written here: the test fails when either changes without the other.
+#[test]
+fn readme_settle_snippet_runs() -> shardlimit::Result<()> {
+    const SNIPPET: &str = r####"let limiter = shardlimit::Limiter::from_json(r#"{"policies": {"tokens": "5000000/minute"}}"#)?;
+let p = limiter.policy("tokens")?; // an exact 5M tokens per minute (a token bucket would do too)
+let (d, reservation) = limiter.reserve("tenant:7", &p, 2_000).await?; // the estimate
+assert!(d.allowed);
+if let Some(r) = reservation {
+    let used = 1_340; // known once the model answered
+    let after = limiter.settle(&r, used).await?; // 660 units go back
+    println!("{} tokens left", after.remaining);
+}
+limiter.charge("tenant:7", &p, 500).await?; // a background job's usage, after the fact
+"####;
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    assert!(
+        readme.contains(&format!("```rust\n{SNIPPET}```")),
+        "the README's settle snippet differs from this test's copy"
+    );
+    let run = async {
+        let limiter =
+            shardlimit::Limiter::from_json(r#"{"policies": {"tokens": "5000000/minute"}}"#)?;
+        let p = limiter.policy("tokens")?; // an exact 5M tokens per minute (a token bucket would do too)
+        let (d, reservation) = limiter.reserve("tenant:7", &p, 2_000).await?; // the estimate
+        assert!(d.allowed);
+        if let Some(r) = reservation {
+            let used = 1_340; // known once the model answered
+            let after = limiter.settle(&r, used).await?; // 660 units go back
+            println!("{} tokens left", after.remaining);
+        }
+        limiter.charge("tenant:7", &p, 500).await?; // a background job's usage, after the fact
+        Ok::<_, shardlimit::Error>(())
+    };
+    // a memory limiter's futures never wait: its block_on polls them to the end at once
+    shardlimit::Limiter::memory().block_on(run)
+}
