@@ -476,3 +476,58 @@ fn hostile_shadow_hashes_are_refused() {
         .unwrap();
     assert!(l.shadow_report_blocking("p", None).is_err());
 }
+
+/// The README's near-limit snippet, read from the README and run as written here (on an
+/// injected clock too, where the one event it must print is counted).
+#[test]
+fn readme_near_limit_snippet_runs() -> shardlimit::Result<()> {
+    const SNIPPET: &str = r####"let limiter = shardlimit::Limiter::from_json(r#"{"policies": {"free": "10/day"}}"#)?;
+limiter.subscribe(std::sync::Arc::new(|e: &shardlimit::Event| {
+    if let shardlimit::Event::NearLimit { key, limit, remaining, .. } = e {
+        println!("{key} has {remaining} of {limit} left today"); // 8 of 10 used: 2 left
+    }
+}));
+for _ in 0..8 {
+    limiter.check_by_name_blocking("tenant:7", "free", 1)?;
+}
+"####;
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    assert!(
+        readme.contains(&format!("```rust\n{SNIPPET}```")),
+        "the README's near-limit snippet differs from this test's copy"
+    );
+    let limiter = shardlimit::Limiter::from_json(r#"{"policies": {"free": "10/day"}}"#)?;
+    limiter.subscribe(std::sync::Arc::new(|e: &shardlimit::Event| {
+        if let shardlimit::Event::NearLimit {
+            key,
+            limit,
+            remaining,
+            ..
+        } = e
+        {
+            println!("{key} has {remaining} of {limit} left today"); // 8 of 10 used: 2 left
+        }
+    }));
+    for _ in 0..8 {
+        limiter.check_by_name_blocking("tenant:7", "free", 1)?;
+    }
+    // what it prints, counted on an injected clock (no day can end mid-test)
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let clocked = shardlimit::Limiter::from_json(r#"{"policies": {"free": "10/day"}}"#)?
+        .with_clock(shardlimit::ManualClock::new(1_700_006_400_000_000))?;
+    let s = seen.clone();
+    clocked.subscribe(std::sync::Arc::new(move |e: &shardlimit::Event| {
+        if let shardlimit::Event::NearLimit {
+            remaining, limit, ..
+        } = e
+        {
+            s.lock().unwrap().push((*remaining, *limit));
+        }
+    }));
+    for _ in 0..10 {
+        clocked.check_by_name_blocking("tenant:7", "free", 1)?;
+    }
+    assert_eq!(*seen.lock().unwrap(), vec![(2, 10)]);
+    Ok(())
+}
