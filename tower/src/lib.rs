@@ -347,8 +347,21 @@ impl<S: fmt::Debug, K> fmt::Debug for RateLimit<S, K> {
 }
 
 /// Sets the headers of `d` on `headers`, replacing any the service set itself.
+/// `X-RateLimit-Reset` is a Unix timestamp (seconds, rounded up), as GitHub, Stripe,
+/// express-rate-limit and the other bindings' middlewares send it; the IETF `RateLimit`
+/// field keeps delta seconds.
 pub fn set_headers(headers: &mut http::HeaderMap, d: &Decision) {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.as_millis() as u64);
     for (name, value) in d.headers() {
+        let value = if name == "X-RateLimit-Reset" {
+            (now_ms + d.reset_after.as_millis() as u64)
+                .div_ceil(1000)
+                .to_string()
+        } else {
+            value
+        };
         // the core renders ASCII names, digits and quoted policy names; from_bytes
         // lowercases the name as HTTP/2 requires
         if let (Ok(n), Ok(v)) = (
@@ -364,6 +377,18 @@ pub fn set_headers(headers: &mut http::HeaderMap, d: &Decision) {
 /// JSON body of [`Decision::body`].
 pub fn too_many_requests(d: &Decision) -> Response<String> {
     let mut r = json_response(StatusCode::TOO_MANY_REQUESTS, d.body().to_string());
+    set_headers(r.headers_mut(), d);
+    r
+}
+
+/// The response to a denial by the `on_error` fallback (`closed`, or `local` past its
+/// share): `503` with the decision's headers and a JSON body whose `error` is
+/// `rate_limit_unavailable`. The limit could not be checked, so the client is not told it
+/// was rate limited (a 429 would blame it).
+pub fn unavailable(d: &Decision) -> Response<String> {
+    let mut body = d.body();
+    body["error"] = "rate_limit_unavailable".into();
+    let mut r = json_response(StatusCode::SERVICE_UNAVAILABLE, body.to_string());
     set_headers(r.headers_mut(), d);
     r
 }
@@ -416,6 +441,9 @@ where
                 Ok(d) => d,
                 Err(e) => return Ok(on_error(&Error::Limiter(e)).map(ResBody::from)),
             };
+            if !d.allowed && d.source == shardlimit::Source::Fallback {
+                return Ok(unavailable(&d).map(ResBody::from));
+            }
             if !d.allowed {
                 return Ok(too_many_requests(&d).map(ResBody::from));
             }

@@ -67,7 +67,17 @@ async fn allows_then_answers_429_with_headers_and_json_body() {
         assert_eq!(r.body(), "ok");
         assert_eq!(header(&r, "x-ratelimit-limit"), Some("3"));
         assert_eq!(header(&r, "x-ratelimit-remaining"), Some(remaining));
-        assert_eq!(header(&r, "x-ratelimit-reset"), Some("60"));
+        // a Unix timestamp: the wall clock's now plus the 60 s left (the window is the
+        // injected clock's), rounded up
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let reset: u64 = header(&r, "x-ratelimit-reset").unwrap().parse().unwrap();
+        assert!(
+            (wall + 60..=wall + 62).contains(&reset),
+            "{reset} vs {wall}"
+        );
         assert_eq!(header(&r, "ratelimit-policy"), Some("\"login\";q=3;w=60"));
         assert_eq!(
             header(&r, "ratelimit"),
@@ -469,4 +479,38 @@ async fn shadow_denied_requests_go_through_without_limited_headers() {
     assert_eq!(report.keys, vec![("user:1".to_string(), 2)]);
     let report = limiter.shadow_report("api", None).await.unwrap();
     assert_eq!(report.keys, vec![("user:1".to_string(), 1)]);
+}
+
+/// A denial by the `on_error` fallback (the limit could not be checked) is a 503 that names
+/// the outage, never a 429 that blames the client.
+#[tokio::test]
+async fn a_denying_fallback_answers_503_not_429() {
+    // a Redis that refuses connections (a port nothing listens on), on_error closed
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = dead.local_addr().unwrap().port();
+    drop(dead);
+    let limiter = Limiter::from_json(&format!(
+        r#"{{"timeout_ms": 200, "on_error": "closed",
+            "shards": [{{"name": "s0", "url": "redis://127.0.0.1:{port}"}}],
+            "policies": {{"api": {{"algorithm": "fixed_window", "limit": 10, "window": "1m"}}}}}}"#
+    ))
+    .unwrap();
+    let api = limiter.policy("api").unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = RateLimitLayer::new(limiter, move |_r: &Request<String>| {
+        Ok(Check::new("user:1", &api))
+    });
+    let svc = layer.layer(counting(calls.clone()));
+    let r = svc.oneshot(req("/")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    let b = body_json(&r);
+    assert_eq!(b["error"], "rate_limit_unavailable", "{b}");
+    assert!(
+        b["message"]
+            .as_str()
+            .unwrap()
+            .contains("could not be checked"),
+        "{b}"
+    );
 }
