@@ -192,9 +192,17 @@ func MiddlewareFunc(o MiddlewareOptions) func(http.Handler) http.Handler {
 	if len(rules) == 0 {
 		rules = []Rule{{Policy: o.Policy, Key: o.Key, Cost: o.Cost}}
 	}
+	if o.Limiter == nil {
+		panic("shardlimit: MiddlewareOptions.Limiter is nil")
+	}
 	for i := range rules {
 		if rules[i].Key == nil {
 			rules[i].Key = ipKey
+		}
+		// a policy the config lacks is a mistake made here: say so now, not with an
+		// error on every request
+		if _, err := o.Limiter.Policy(rules[i].Policy); err != nil {
+			panic(fmt.Sprintf("shardlimit: MiddlewareOptions: the policy of rule %d: %v", i, err))
 		}
 	}
 	if o.Headers < HeadersBoth || o.Headers > HeadersNone {

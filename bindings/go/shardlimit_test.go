@@ -414,15 +414,32 @@ func TestMiddleware(t *testing.T) {
 		t.Fatalf("429 body %s: %v", lastBody, err)
 	}
 
-	// errors go to OnError (here: an unknown policy is a caller mistake)
+	// an unknown policy is a mistake made when the middleware is built: it panics then,
+	// naming the policy, rather than failing every request
+	func() {
+		defer func() {
+			r := recover()
+			if r == nil || !strings.Contains(fmt.Sprint(r), "nope") {
+				t.Fatalf("building with an unknown policy: recovered %v", r)
+			}
+		}()
+		Middleware(MiddlewareOptions{Limiter: l, Policy: "nope"}, http.NotFoundHandler())
+	}()
+
+	// errors of a request go to OnError (here: the limiter was closed after the build)
+	other, err := NewFromJSON(`{"policies": {"api": {"algorithm": "fixed_window", "limit": 2, "window": "1m"}}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var got error
-	bad := Middleware(MiddlewareOptions{Limiter: l, Policy: "nope", OnError: func(w http.ResponseWriter, _ *http.Request, err error) {
+	bad := Middleware(MiddlewareOptions{Limiter: other, Policy: "api", OnError: func(w http.ResponseWriter, _ *http.Request, err error) {
 		got = err
 		w.WriteHeader(http.StatusTeapot)
 	}}, http.NotFoundHandler())
+	other.Close()
 	rec := httptest.NewRecorder()
 	bad.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
-	if rec.Code != http.StatusTeapot || !errors.Is(got, ErrUnknownPolicy) {
+	if rec.Code != http.StatusTeapot || !errors.Is(got, ErrClosed) {
 		t.Fatalf("OnError: %d %v", rec.Code, got)
 	}
 }
