@@ -319,6 +319,18 @@ func MiddlewareFunc(o MiddlewareOptions) func(http.Handler) http.Handler {
 				onLimited(w, r, d)
 				return
 			}
+			if d.Delay > 0 {
+				// a shaper (leaky bucket) admitted the request for later: hold it until
+				// then; a client that goes away meanwhile is not served (its queued
+				// unit leaks away)
+				t := time.NewTimer(d.Delay)
+				select {
+				case <-t.C:
+				case <-r.Context().Done():
+					t.Stop()
+					return
+				}
+			}
 			r = r.WithContext(context.WithValue(r.Context(), decisionKey{}, d))
 			if o.DeductWhen == nil || (reservation == nil && len(layers) == 1) {
 				next.ServeHTTP(w, r)
