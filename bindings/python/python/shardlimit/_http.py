@@ -4,6 +4,7 @@ core decides, renders the headers and the 429 body."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterable, Mapping
@@ -131,18 +132,18 @@ class Checker:
         one check reserves them (one layered check, when several); :meth:`give_back` returns
         them. A denial holds nothing."""
         if isinstance(target, list):
-            d = self.limiter.check_all(target)
+            d = hold(self.limiter.check_all(target))
             return d, (list(target) if d.allowed else None)
         d, r = self.limiter.reserve(*target)
-        return d, r
+        return hold(d), r
 
     async def areserve(self, target: Target) -> tuple[Decision, Counted]:
         """:meth:`reserve` on asyncio."""
         if isinstance(target, list):
-            d = await self.limiter.acheck_all(target)
+            d = await ahold(await self.limiter.acheck_all(target))
             return d, (list(target) if d.allowed else None)
         d, r = await self.limiter.areserve(*target)
-        return d, r
+        return await ahold(d), r
 
     def give_back(self, counted: Counted) -> None:
         """Returns what :meth:`reserve` took: the reservation is settled at 0 (its units go
@@ -167,13 +168,28 @@ class Checker:
 
     def check(self, target: Target) -> Decision:
         if isinstance(target, list):
-            return self.limiter.check_all(target)
-        return self.limiter.check(*target)
+            return hold(self.limiter.check_all(target))
+        return hold(self.limiter.check(*target))
 
     async def acheck(self, target: Target) -> Decision:
         if isinstance(target, list):
-            return await self.limiter.acheck_all(target)
-        return await self.limiter.acheck(*target)
+            return await ahold(await self.limiter.acheck_all(target))
+        return await ahold(await self.limiter.acheck(*target))
+
+
+def hold(decision: Decision) -> Decision:
+    """A shaper (leaky bucket) admitted the request for later (``decision.delay`` seconds):
+    the request waits until then, as Node's and tower's middlewares hold it."""
+    if decision.allowed and decision.delay > 0:
+        time.sleep(decision.delay)
+    return decision
+
+
+async def ahold(decision: Decision) -> Decision:
+    """:func:`hold` on asyncio (the event loop keeps serving other requests meanwhile)."""
+    if decision.allowed and decision.delay > 0:
+        await asyncio.sleep(decision.delay)
+    return decision
 
 
 def layers(target: Optional[Target]) -> list[Layer]:
