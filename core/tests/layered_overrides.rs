@@ -187,3 +187,91 @@ fn sixty_four_concurrent_layered_callers_stay_exact() {
         assert_eq!(used, 25);
     }
 }
+
+/// A Redis Cluster (three primaries): layered checks over keys of many slots, each layer of
+/// a policy with overrides under the override another limiter set (multi-limit included),
+/// its version compared in its slot's call, no CROSSSLOT.
+#[test]
+fn cluster_mode_layered_checks_follow_overrides() {
+    use std::process::Command;
+    use std::time::{Duration, Instant};
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_cluster_node()).collect();
+    let addrs: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let out = Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(&addrs)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .expect("redis-cli");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !nodes.iter().all(|n| {
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query(&mut n.conn())
+            .unwrap_or_default();
+        info.contains("cluster_state:ok")
+    }) {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for the cluster"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let urls: Vec<String> = addrs.iter().map(|a| format!("\"redis://{a}\"")).collect();
+    let make = || {
+        let l = Limiter::from_json(&format!(
+            r#"{{"timeout_ms": 2000, "cluster": {{"nodes": [{}]}}, "policies": {POLICIES}}}"#,
+            urls.join(",")
+        ))
+        .unwrap();
+        l.with_clock(ManualClock::new(T0)).unwrap()
+    };
+    let (a, b) = (make(), make());
+    // the in-memory engine runs the same steps: the same decisions
+    let m = memory(ManualClock::new(T0));
+    let (free, user, ip) = (
+        a.policy("free").unwrap(),
+        a.policy("user").unwrap(),
+        a.policy("ip").unwrap(),
+    );
+    let seen = |d: shardlimit::Decision| (d.allowed, d.limit, d.remaining, d.layer, d.limit_index);
+    for i in 0..9 {
+        let (tenant, person) = (format!("tenant:{i}"), format!("person:{i}"));
+        let layers = [
+            Layer::new(&tenant, &free, 1),
+            Layer::new(&person, &user, 1),
+            Layer::new(format!("ip:{i}"), &ip, 1),
+        ];
+        let d = a.check_all_blocking(&layers).unwrap();
+        assert_eq!(d.limit, 2);
+        assert_eq!(seen(d), seen(m.check_all_blocking(&layers).unwrap()));
+        for l in [&b, &m] {
+            l.set_override_blocking(&tenant, "free", "20/hour; 4/day", None)
+                .unwrap();
+            l.set_override_blocking(&person, "user", "9/hour", None)
+                .unwrap();
+        }
+        let ds: Vec<_> = (0..6)
+            .map(|_| seen(a.check_all_blocking(&layers).unwrap()))
+            .collect();
+        let want: Vec<_> = (0..6)
+            .map(|_| seen(m.check_all_blocking(&layers).unwrap()))
+            .collect();
+        assert_eq!(ds, want, "{tenant}");
+        // the override's daily limit (4) ends it, whatever the policy's counter held
+        assert!(ds[..4].iter().all(|d| d.0) && !ds[5].0, "{ds:?}");
+        assert_eq!((ds[5].1, ds[5].3, ds[5].4), (4, Some(0), Some(1)), "{ds:?}");
+        let p = a.peek_blocking(&person, &user).unwrap();
+        let q = m.peek_blocking(&person, &user).unwrap();
+        assert_eq!((p.limit, p.remaining), (q.limit, q.remaining), "{person}");
+        assert_eq!(p.limit, 9);
+    }
+}
