@@ -332,9 +332,11 @@ impl Limiter {
             }
         }
         let now = self.now_override();
-        // each group's override checks: those of its layers' keys (in `checks` order)
+        // each group's override checks: those of its layers' keys (in `checks` order);
+        // nothing at all (no allocation) for layers without overrides
         let group_checks: Vec<Vec<usize>> = groups
             .iter()
+            .take(if checks.is_empty() { 0 } else { groups.len() })
             .map(|(_, idx)| {
                 (0..checks.len())
                     .filter(|c| idx.contains(&checks[*c].at))
@@ -367,7 +369,7 @@ impl Limiter {
                 .iter()
                 .map(|i| (reqs[*i].clone(), layers[*i].policy.0.key_scope.as_str()))
                 .collect();
-            let tail = tail.or(group_tails[g].as_ref());
+            let tail = tail.or(group_tails.get(g).and_then(|t| t.as_ref()));
             async move { r.check_layers_with(*shard, &group, now, tail).await }
         });
         let results = futures_util::future::join_all(calls).await;
@@ -390,7 +392,7 @@ impl Limiter {
                     let check = if tail.is_some() {
                         None // the tail's (one key's layers: one group)
                     } else {
-                        match j.checked_sub(1).and_then(|j| group_checks[g].get(j)) {
+                        match group_checks.get(g).and_then(|cs| cs.get(j.checked_sub(1)?)) {
                             Some(c) => Some(*c),
                             None => {
                                 return Err(Error::Script {
