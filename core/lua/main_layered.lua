@@ -11,9 +11,13 @@
 -- KEYS[3N+2]  shadow mode: the policy's shadow hash on this shard (absent: count nothing);
 --             ARGV[4+9N..6+9N] the user key (field), the hash's TTL in ms, its most keys
 --             (further keys count in field ""), as main_check.lua in shadow mode
+-- ARGV[7+9N]  M, optional (absent: 0), for a layered check of layers whose policies take
+--             overrides: M more override entries to compare, KEYS[#KEYS-M+j] the j-th, with
+--             ARGV[7+9N+j] the version the client decided with ("" for none)
 -- Returns {now, deciding layer (0 = all allowed), blocked (0/1/2), then per layer
---          allowed, remaining, reset_after_us, retry_after_us, delay_us}, or {'o', entry, 0}
---          when the key's override is not the one the client sent (nothing decided)
+--          allowed, remaining, reset_after_us, retry_after_us, delay_us}, or {'o', entry, j}
+--          when override entry j (0: the tail's, else the j-th of the M) is not the one the
+--          client sent (nothing decided)
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
 local tail = 3 + 9 * n
@@ -26,6 +30,17 @@ if ov and ov ~= '-' then
     if not sp or string.sub(o, 1, sp - 1) ~= ov then return {'o', o, 0} end
   elseif ov ~= '' then
     return {'o', '', 0}
+  end
+end
+local m = tonumber(ARGV[tail + 4]) or 0
+for j = 1, m do
+  local want = ARGV[tail + 4 + j]
+  local o = redis.call('GET', KEYS[#KEYS - m + j])
+  if o then
+    local sp = string.find(o, ' ', 1, true)
+    if not sp or string.sub(o, 1, sp - 1) ~= want then return {'o', o, j} end
+  elseif want ~= '' then
+    return {'o', '', j}
   end
 end
 local function arg(i, j) return ARGV[2 + 9 * (i - 1) + j] end
@@ -75,7 +90,8 @@ for i = 1, n do
   local r = results[i]
   for j = 1, 5 do out[#out + 1] = r[j] end
 end
-local h = KEYS[3 * n + 2]
+local h = nil
+if #KEYS - m >= 3 * n + 2 then h = KEYS[3 * n + 2] end
 if h and out[2] ~= 0 and out[3] == 0 then
   -- a shadow check's would-be denial (its layers block nobody: their block-after is 0)
   local field = ARGV[tail + 1]

@@ -903,3 +903,46 @@ fn a_server_that_always_finds_a_new_override_cannot_hold_a_check_forever() {
     }
     assert!(start.elapsed() < Duration::from_secs(5));
 }
+
+/// A layered check of a policy with overrides reads override entries in its script call:
+/// an entry index the call did not send is a script error, and a server that always finds
+/// a new override ends the layered check with an error after the bounded tries.
+#[test]
+fn layered_override_replies_are_checked_and_bounded() {
+    let fake = Fake::start(Mode::Honest);
+    let l = fake.limiter("error", 500);
+    let (o, p) = (l.policy("o").unwrap(), l.policy("p").unwrap());
+    let layers = [Layer::new(key(3), &o, 1), Layer::new(key(4), &p, 1)];
+    let rt = rt();
+    // one entry sent (the override layer's): index 2 is none, nor 0 (the tail's, not sent)
+    for (reply, says) in [
+        (
+            "*3\r\n$1\r\no\r\n$0\r\n\r\n:2\r\n",
+            "unexpected override entry",
+        ),
+        ("*3\r\n$1\r\no\r\n$0\r\n\r\n:0\r\n", "no override entry 0"),
+    ] {
+        fake.set(Mode::Fixed(reply));
+        for e in [
+            l.check_all_blocking(&layers).unwrap_err(),
+            rt.block_on(l.check_all(&layers)).unwrap_err(),
+        ] {
+            assert_eq!(e.kind(), ErrorKind::Script, "{e}");
+            assert!(e.to_string().contains(says), "{e}");
+        }
+    }
+    let entry = "7 {\"algorithm\":\"fixed_window\",\"limit\":5,\"window\":\"1s\"}";
+    let reply: &'static str = Box::leak(
+        format!("*3\r\n$1\r\no\r\n${}\r\n{entry}\r\n:1\r\n", entry.len()).into_boxed_str(),
+    );
+    fake.set(Mode::Fixed(reply));
+    let start = Instant::now();
+    for e in [
+        l.check_all_blocking(&layers).unwrap_err(),
+        rt.block_on(l.check_all(&layers)).unwrap_err(),
+    ] {
+        assert_eq!(e.kind(), ErrorKind::Script, "{e}");
+        assert!(e.to_string().contains("changed"), "{e}");
+    }
+    assert!(start.elapsed() < Duration::from_secs(5));
+}

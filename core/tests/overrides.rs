@@ -144,11 +144,12 @@ fn store_and_api(l: &Limiter) {
         .set_override_blocking("", "api", "5/minute", None)
         .is_err());
     assert_eq!(l.get_override_blocking("t9", "api").unwrap(), None);
-    // a layered check refuses a policy that takes overrides, clearly
-    let e = l
-        .check_all_blocking(&[Layer::new("t1", &p, 1)])
-        .unwrap_err();
-    assert!(e.to_string().contains("layers[0].policy"), "{e}");
+    // a layered check of a policy that takes overrides decides under the key's override
+    l.set_override_blocking("t1", "api", "100/minute", None)
+        .unwrap();
+    let d = l.check_all_blocking(&[Layer::new("t1", &p, 1)]).unwrap();
+    assert_eq!((d.limit, d.layer), (100, Some(0)), "{d:?}");
+    assert!(l.delete_override_blocking("t1", "api").unwrap());
 }
 
 #[test]

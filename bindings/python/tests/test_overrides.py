@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Optional
 
 import pytest
+from flask import Flask
 from redis_support import RedisServer, config
 
-from shardlimit import InvalidArgumentError, Limiter, ManualClock, UnknownPolicyError
+from shardlimit import InvalidArgumentError, Limiter, ManualClock, UnknownPolicyError, wsgi
+from shardlimit._http import Request, Target
 
 POLICIES = {
     "api": {"algorithm": "fixed_window", "limit": 3, "window": "1h", "overrides": True},
@@ -118,3 +121,42 @@ def test_an_override_of_several_limits_reaches_the_core_unchanged(redis: RedisSe
     assert [b.check("u", "api").allowed for _ in range(5)] == [True] * 4 + [False]
     got = b.get_override("u", "api")
     assert got is not None and [lim["limit"] for lim in got["limits"]] == [4, 5]
+
+
+def test_a_layered_middleware_rule_limits_a_tenant_as_its_override(redis: RedisServer) -> None:
+    """A WSGI rule of two layers (tenant, IP) on a policy with overrides: a tenant moved from
+    free to pro by another limiter (another process) is limited as pro by the layered rule,
+    and a denial consumes nothing in the IP layer."""
+    policies = {
+        "free": {"algorithm": "fixed_window", "limit": 2, "window": "1h", "overrides": True},
+        "ip": {"algorithm": "fixed_window", "limit": 100, "window": "1h"},
+    }
+    a = Limiter.from_json(config([redis, redis], policies), clock=ManualClock(1_800_000_000_000_000))
+    b = Limiter.from_json(config([redis, redis], policies))
+
+    def rule(request: Request) -> Optional[Target]:
+        return [(request.headers.get("x-tenant", "anon"), "free"), (f"ip:{request.client_ip}", "ip")]
+
+    app = Flask("layered-overrides")
+
+    @app.get("/")
+    def hello() -> str:
+        return "hi"
+
+    app.wsgi_app = wsgi.RateLimitMiddleware(app.wsgi_app, a, rule)  # type: ignore[method-assign]
+    client = app.test_client()
+
+    def get(tenant: str) -> int:
+        return client.get("/", headers={"X-Tenant": tenant}).status_code
+
+    assert [get("acme") for _ in range(3)] == [200, 200, 429]
+    # another process moves acme to pro: 5 an hour, 2 of them used
+    b.set_override("acme", "free", "5/hour")
+    assert [get("acme") for _ in range(4)] == [200, 200, 200, 429]
+    # an override of several limits: each of its limits decides
+    b.set_override("globex", "free", "10/hour; 3/day")
+    assert [get("globex") for _ in range(4)] == [200, 200, 200, 429]
+    d = a.check_all([("globex", "free"), ("ip:x", "ip")])
+    assert not d and d.layer == 0 and d.limit == 3 and d.limit_index == 1
+    # 5 + 3 admitted in the IP layer (the client's address), no denied request counted
+    assert a.peek("ip:127.0.0.1", "ip").remaining == 100 - 2 - 3 - 3

@@ -292,6 +292,7 @@ impl Limiter {
                 policy: &base.0.name,
                 key,
                 shadow,
+                more: &[],
             });
             return self
                 .multi_redis(key, base, parts, cost, peek, lease, tail.as_ref())
@@ -310,6 +311,7 @@ impl Limiter {
                     policy: &base.0.name,
                     key,
                     shadow,
+                    more: &[],
                 };
                 match self
                     .multi_redis(key, policy, parts, cost, peek, lease, Some(&tail))
@@ -321,6 +323,12 @@ impl Limiter {
                         Limiter::override_churn(tries + 1, name, key)?;
                         (ov, active) = self.learn_override(base, key, name, &v)?;
                         continue;
+                    }
+                    Layered::Overridden { shard, .. } => {
+                        return Err(Error::Script {
+                            shard: r.shards[shard as usize].name.clone(),
+                            message: "a check of one key answered with another's override".into(),
+                        })
                     }
                 }
             }

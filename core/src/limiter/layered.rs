@@ -4,7 +4,7 @@ use super::{validate_key, Engine, Limiter};
 use crate::decision::{Decision, Quota, Source};
 use crate::engine::algo::Outcome;
 use crate::engine::memory::{blocked_outcome, BlockVerdict, LayerReq, LayeredRaw};
-use crate::engine::redis::{LayeredChecked, LayeredTail, RedisEngine};
+use crate::engine::redis::{LayeredChecked, LayeredTail, OverrideArg, RedisEngine};
 use crate::error::{Error, Result};
 use crate::policy::{Algorithm, Compiled, Policy};
 use crate::routing::shard_index;
@@ -54,16 +54,6 @@ impl Limiter {
                     "must be at least 1",
                 ));
             }
-            if l.policy.overrides() {
-                return Err(Error::invalid(
-                    format!("layers[{i}].policy"),
-                    format!(
-                        "policy {} takes per-key overrides, which layered checks do not apply \
-                         yet: check that layer on its own",
-                        l.policy.name()
-                    ),
-                ));
-            }
             if layers[..i]
                 .iter()
                 .any(|o| o.key == l.key && o.policy.name() == l.policy.name())
@@ -86,16 +76,20 @@ impl Limiter {
 
     /// [`Limiter::check_all`] of validated layers none of which is in shadow.
     pub(super) async fn check_all_enforced(&self, layers: &[Layer]) -> Result<Decision> {
+        if layers.iter().any(|l| l.policy.0.overrides) {
+            // each such layer decided under its key's override (`layered_overrides.rs`)
+            return self.check_all_overridden(layers).await;
+        }
         if layers.iter().any(|l| l.policy.is_multi()) {
             // every limit of a multi-limit policy is a layer of its own
             let (expanded, origin) = super::multi::expand(layers)?;
             return self
-                .layered(&expanded, &origin, layers, false, None)
+                .layered(&expanded, &origin, layers, false, None, &[])
                 .await?
                 .decided();
         }
         let origin: Vec<(usize, Option<usize>)> = (0..layers.len()).map(|i| (i, None)).collect();
-        self.layered(layers, &origin, layers, false, None)
+        self.layered(layers, &origin, layers, false, None, &[])
             .await?
             .decided()
     }
@@ -103,7 +97,9 @@ impl Limiter {
     /// A layered check of `layers` (validated), where layer `i` is limit `origin[i].1` (of
     /// a multi-limit policy, else `None`) of `originals[origin[i].0]`, what the caller
     /// asked for; `single`: the caller asked for one check of a multi-limit policy, whose
-    /// `tail` (override version, shadow mode) goes in the same script call.
+    /// `tail` (override version, shadow mode) goes in the same script call; `checks`: the
+    /// override versions a layered check of policies with overrides decided with, each
+    /// compared in the script call of its layer's shard (on Redis).
     pub(super) async fn layered(
         &self,
         layers: &[Layer],
@@ -111,6 +107,7 @@ impl Limiter {
         originals: &[Layer],
         single: bool,
         tail: Option<&LayeredTail<'_>>,
+        checks: &[OverrideCheck<'_>],
     ) -> Result<Layered> {
         tokio::task::consume_budget().await; // see Limiter::run
         let (effs, leases) = self.layer_limits(layers);
@@ -154,11 +151,20 @@ impl Limiter {
                     }
                 }
                 let (raw, src) = match self
-                    .layered_redis(r, layers, &reqs, &shard_of, tail)
+                    .layered_groups(r, layers, &reqs, &shard_of, tail, checks)
                     .await?
                 {
-                    LayeredOut::Raw(raw, src) => (raw, src),
-                    LayeredOut::Override(v) => return Ok(Layered::Override(shard_of[0] as u32, v)),
+                    GroupsOut::Raw(raw, src) => (raw, src),
+                    GroupsOut::Override(None, shard, v) => {
+                        return Ok(Layered::Override(shard as u32, v))
+                    }
+                    GroupsOut::Override(Some(check), shard, entry) => {
+                        return Ok(Layered::Overridden {
+                            check,
+                            shard: shard as u32,
+                            entry,
+                        })
+                    }
                 };
                 (raw, src, shard_of.iter().map(|s| Some(*s as u32)).collect())
             }
@@ -284,6 +290,29 @@ impl Limiter {
         shard_of: &[usize],
         tail: Option<&LayeredTail<'_>>,
     ) -> Result<LayeredOut> {
+        match self
+            .layered_groups(r, layers, reqs, shard_of, tail, &[])
+            .await?
+        {
+            GroupsOut::Raw(raw, src) => Ok(LayeredOut::Raw(raw, src)),
+            GroupsOut::Override(None, _, v) => Ok(LayeredOut::Override(v)),
+            GroupsOut::Override(Some(_), shard, _) => Err(Error::Script {
+                shard: r.shards[shard].name.clone(),
+                message: "a layered call that compared no override answered with one".into(),
+            }),
+        }
+    }
+
+    /// [`Limiter::layered_redis`], with `checks` compared each in its group's call.
+    async fn layered_groups(
+        &self,
+        r: &Arc<RedisEngine>,
+        layers: &[Layer],
+        reqs: &[LayerReq<'_>],
+        shard_of: &[usize],
+        tail: Option<&LayeredTail<'_>>,
+        checks: &[OverrideCheck<'_>],
+    ) -> Result<GroupsOut> {
         // one script call per shard; in a Redis Cluster, per hash slot (a script's keys
         // must share a slot), so no CROSSSLOT error is possible
         let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
@@ -303,11 +332,44 @@ impl Limiter {
             }
         }
         let now = self.now_override();
-        let calls = groups.iter().map(|(shard, idx)| {
+        // each group's override checks: those of its layers' keys (in `checks` order);
+        // nothing at all (no allocation) for layers without overrides
+        let group_checks: Vec<Vec<usize>> = groups
+            .iter()
+            .take(if checks.is_empty() { 0 } else { groups.len() })
+            .map(|(_, idx)| {
+                (0..checks.len())
+                    .filter(|c| idx.contains(&checks[*c].at))
+                    .collect()
+            })
+            .collect();
+        let group_more: Vec<Vec<(OverrideArg, &str, &str)>> = group_checks
+            .iter()
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| (checks[*c].ov, checks[*c].policy, checks[*c].key))
+                    .collect()
+            })
+            .collect();
+        let group_tails: Vec<Option<LayeredTail<'_>>> = groups
+            .iter()
+            .zip(&group_more)
+            .map(|((_, idx), more)| {
+                (!more.is_empty()).then(|| LayeredTail {
+                    ov: OverrideArg::Off,
+                    policy: "",
+                    key: &layers[idx[0]].key,
+                    shadow: false,
+                    more,
+                })
+            })
+            .collect();
+        let calls = groups.iter().enumerate().map(|(g, (shard, idx))| {
             let group: Vec<(LayerReq<'_>, &str)> = idx
                 .iter()
                 .map(|i| (reqs[*i].clone(), layers[*i].policy.0.key_scope.as_str()))
                 .collect();
+            let tail = tail.or(group_tails.get(g).and_then(|t| t.as_ref()));
             async move { r.check_layers_with(*shard, &group, now, tail).await }
         });
         let results = futures_util::future::join_all(calls).await;
@@ -320,11 +382,28 @@ impl Limiter {
         let mut source = Source::Redis;
         let mut committed: Vec<(usize, u64)> = Vec::new(); // (group, now)
         let mut first_error = None;
+        let mut overridden = None;
         for (g, res) in results.into_iter().enumerate() {
             let idx = &groups[g].1;
             match res {
-                // (a tail is given for one key's layers only: one group, nothing decided)
-                Ok(LayeredChecked::Override(v)) => return Ok(LayeredOut::Override(v)),
+                // nothing decided in this group: the whole check is made again under the
+                // override found (what other groups admitted is given back below)
+                Ok(LayeredChecked::Override(v, j)) => {
+                    let check = if tail.is_some() {
+                        None // the tail's (one key's layers: one group)
+                    } else {
+                        match group_checks.get(g).and_then(|cs| cs.get(j.checked_sub(1)?)) {
+                            Some(c) => Some(*c),
+                            None => {
+                                return Err(Error::Script {
+                                    shard: r.shards[groups[g].0].name.clone(),
+                                    message: format!("no override entry {j} in a layered call"),
+                                })
+                            }
+                        }
+                    };
+                    overridden.get_or_insert((check, groups[g].0, v));
+                }
                 Ok(LayeredChecked::Decided(raw)) => {
                     for (j, i) in idx.iter().enumerate() {
                         out.outcomes[*i] = raw.outcomes[j];
@@ -378,7 +457,7 @@ impl Limiter {
                 Err(e) => return Err(e),
             }
         }
-        if out.deciding.is_some() || first_error.is_some() {
+        if out.deciding.is_some() || first_error.is_some() || overridden.is_some() {
             // give back what the allowing shards admitted
             let refunds = committed.iter().map(|(g, now)| {
                 let group: Vec<(LayerReq<'_>, &str)> = groups[*g]
@@ -395,24 +474,51 @@ impl Limiter {
             });
             futures_util::future::join_all(refunds).await;
         }
+        if let Some((check, shard, v)) = overridden {
+            return Ok(GroupsOut::Override(check, shard, v));
+        }
         if let Some(e) = first_error {
             return Err(e);
         }
-        Ok(LayeredOut::Raw(out, source))
+        Ok(GroupsOut::Raw(out, source))
     }
+}
+
+/// What [`Limiter::layered_groups`] found: the engines' answer, or (which of the checks,
+/// `None` for the tail's; shard; the override entry found), nothing decided.
+enum GroupsOut {
+    Raw(LayeredRaw, Source),
+    Override(Option<usize>, usize, Vec<u8>),
+}
+
+/// One override version a layered check decided a caller's layer with: compared in the
+/// script call of the shard (or slot) of expanded layer `at`, whose key is `key`.
+pub(super) struct OverrideCheck<'a> {
+    pub at: usize,
+    pub ov: OverrideArg,
+    /// the base policy's name (whose override entry it is)
+    pub policy: &'a str,
+    pub key: &'a str,
 }
 
 /// What [`Limiter::layered_redis`] found: the engines' answer, or the key's override entry
 /// when it is not the one the call was made with (nothing decided).
 pub(super) enum LayeredOut {
     Raw(LayeredRaw, Source),
+    #[allow(dead_code)] // (its one caller, settle.rs, sends no override to compare)
     Override(Vec<u8>),
 }
 
-/// What [`Limiter::layered`] found: a decision, or (shard, the key's override entry).
+/// What [`Limiter::layered`] found: a decision, or (shard, the key's override entry), or
+/// for check `check` of its `checks` the override entry found on `shard`.
 pub(super) enum Layered {
     Decided(Decision),
     Override(u32, Vec<u8>),
+    Overridden {
+        check: usize,
+        shard: u32,
+        entry: Vec<u8>,
+    },
 }
 
 impl Layered {
@@ -420,7 +526,7 @@ impl Layered {
     pub(super) fn decided(self) -> Result<Decision> {
         match self {
             Layered::Decided(d) => Ok(d),
-            Layered::Override(shard, _) => Err(Error::Script {
+            Layered::Override(shard, _) | Layered::Overridden { shard, .. } => Err(Error::Script {
                 shard: shard.to_string(),
                 message: "an override entry in the reply of a layered check that read none".into(),
             }),

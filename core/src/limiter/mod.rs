@@ -23,6 +23,7 @@ mod fallback;
 mod handoff;
 mod host;
 mod layered;
+mod layered_overrides;
 mod local_admission;
 mod metrics;
 mod multi;

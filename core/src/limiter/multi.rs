@@ -95,7 +95,8 @@ impl Limiter {
             return Ok(Layered::Decided(combine_peeks(ds)));
         }
         let (layers, origin, originals) = as_layers(key, policy, parts, cost);
-        self.layered(&layers, &origin, &originals, true, tail).await
+        self.layered(&layers, &origin, &originals, true, tail, &[])
+            .await
     }
 }
 

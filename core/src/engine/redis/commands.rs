@@ -201,6 +201,17 @@ impl RedisEngine {
             if t.shadow && !self.is_cluster() {
                 inv.key(super::keys::shadow_key(&self.prefix, t.policy));
             }
+            if !t.more.is_empty() {
+                // the last M keys (each shares the slot of its user key's state)
+                inv.arg(t.more.len());
+                for (ov, policy, key) in t.more {
+                    match ov {
+                        OverrideArg::Cached(v) => inv.arg(*v),
+                        _ => inv.arg(""),
+                    };
+                    inv.key(override_key(&self.prefix, policy, key));
+                }
+            }
         }
         let at = self.layers_at(layers);
         let v: redis::Value = self
@@ -220,8 +231,11 @@ impl RedisEngine {
                     && matches!(&items[0], Reply::Str(s) if s == b"o") =>
             {
                 let mut items = items.into_iter().skip(1);
+                let more = tail.map_or(0, |t| t.more.len()) as i64;
                 return match (items.next(), items.next()) {
-                    (Some(Reply::Str(v)), Some(Reply::Int(0))) => Ok(LayeredChecked::Override(v)),
+                    (Some(Reply::Str(v)), Some(Reply::Int(j))) if (0..=more).contains(&j) => {
+                        Ok(LayeredChecked::Override(v, j as usize))
+                    }
                     other => Err(script_error(format!(
                         "unexpected override entry in a layered reply: {other:?}"
                     ))),

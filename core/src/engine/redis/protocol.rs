@@ -154,12 +154,17 @@ pub(crate) struct LayeredTail<'a> {
     /// the user key
     pub key: &'a str,
     pub shadow: bool,
+    /// a layered check of layers whose policies take overrides: each such (policy, user
+    /// key)'s override version (never `Off`) compared in the same call; empty otherwise
+    pub more: &'a [(OverrideArg, &'a str, &'a str)],
 }
 
-/// What a layered script answered (as [`Checked`] for one check).
+/// What a layered script answered (as [`Checked`] for one check): the decision, or an
+/// override entry that is not the one sent, with its index (0: the tail's `ov`, `j`: the
+/// `j`-th of `more`).
 pub(crate) enum LayeredChecked {
     Decided(LayeredRaw),
-    Override(Vec<u8>),
+    Override(Vec<u8>, usize),
 }
 
 /// What a check script answered: a decision, or the key's override entry when it is not
