@@ -40,7 +40,8 @@ impl Limiter {
     /// after the charge (`remaining` 0 while in debt). A backend failure is an error (no
     /// `on_error` decision: nothing was charged). On a multi-limit policy every limit is
     /// charged (each may go into debt) and the decision describes the tightest; on a
-    /// policy with overrides, the key's limit in force is charged.
+    /// policy with overrides, the key's limits in force are charged (its override's, one
+    /// or several, else the policy's).
     pub async fn charge(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision> {
         settle_checked(key, policy)?;
         positive(cost)?;
@@ -75,9 +76,10 @@ impl Limiter {
 
     /// A check of an estimated cost that can be settled later: the decision of a check of
     /// `estimate` units and, when it was allowed (by Redis or the in-memory engine, not
-    /// by `on_error`), the [`Reservation`] to settle with the actual cost. On a multi-limit
-    /// policy it is the policy's all-or-nothing check, and the reservation settles in
-    /// every limit.
+    /// by `on_error`), the [`Reservation`] to settle with the actual cost. With several
+    /// limits in force (a multi-limit policy, or a key's override of several limits) it is
+    /// their all-or-nothing check, and the reservation settles in every limit in force
+    /// when it is settled.
     pub async fn reserve(
         &self,
         key: &str,
