@@ -843,6 +843,17 @@ fn override_set_get_list_delete_on_redis() {
         (Some(3), Some(2)),
         "{d}"
     );
+    // charge and refund act on all of them (the decision describes the tightest)
+    for (op, left) in [("charge", 0), ("refund", 2)] {
+        let d = json(&sl(&[
+            op, "--config", c, "--policy", "api", "--cost", "2", "acme",
+        ]));
+        assert_eq!(
+            (d["limit"].as_u64(), d["remaining"].as_u64()),
+            (Some(3), Some(left)),
+            "{op}: {d}"
+        );
+    }
     // bad input: exit 2 and the error names what is wrong
     for (args, want) in [
         (

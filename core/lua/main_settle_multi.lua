@@ -7,14 +7,29 @@
 -- ARGV[3]  N;  ARGV[4] settle: when the reservation was recorded (µs)
 -- then per limit, from ARGV[5 + 6(i-1)]: code, limit, period, the algorithm's 7th argument
 --          (see main_settle.lua), units (charged, given back, or reserved), actual (settle)
+-- Optional tail, for a policy with overrides (as main_layered.lua's): ARGV[5+6N] the
+-- override version the client acted with, as check.lua's `ov`: "-" (read none), "" (none)
+-- or the version it holds; KEYS[N+1] the key's override entry
 -- Returns {now, then per limit allowed (1), remaining, reset_after_us, -1, 0}: each limit
--- after the call (a peek of one unit).
+-- after the call (a peek of one unit); or {'o', entry, 0} when the key's override is not
+-- the one the client sent (nothing done)
 local op = ARGV[1]
 local now = clock(ARGV[2])
 local n = tonumber(ARGV[3])
 local at = tonumber(ARGV[4])
 if op ~= 'charge' and op ~= 'refund' and op ~= 'settle' then
   return redis.error_reply('shardlimit: unknown settle op')
+end
+local ov = ARGV[5 + 6 * n]
+if ov and ov ~= '-' then
+  -- (check.lua's comparison, for the same entry)
+  local o = redis.call('GET', KEYS[n + 1])
+  if o then
+    local sp = string.find(o, ' ', 1, true)
+    if not sp or string.sub(o, 1, sp - 1) ~= ov then return {'o', o, 0} end
+  elseif ov ~= '' then
+    return {'o', '', 0}
+  end
 end
 local out = {now}
 for i = 1, n do

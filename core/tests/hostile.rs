@@ -945,4 +945,29 @@ fn layered_override_replies_are_checked_and_bounded() {
         assert!(e.to_string().contains("changed"), "{e}");
     }
     assert!(start.elapsed() < Duration::from_secs(5));
+
+/// The multi-limit settle script's override answer (several limits in force under
+/// overrides) is as untrusted as the rest of its reply: an entry that is not a bulk string
+/// and a 0 is a script error naming the shard, never a retry or a decision.
+#[test]
+fn implausible_override_answers_of_the_multi_limit_settle_script_are_script_errors() {
+    let fake = Fake::start(Mode::Honest);
+    let l = Limiter::from_json(&format!(
+        r#"{{"timeout_ms": 500, "on_error": "error",
+            "shards": [{{"name": "fake", "url": "redis://127.0.0.1:{}"}}],
+            "policies": {{"m": {{"rate": "10/second; 100/day", "overrides": true}}}}}}"#,
+        fake.port
+    ))
+    .unwrap();
+    let m = l.policy("m").unwrap();
+    for reply in [
+        "*3\r\n+o\r\n$3\r\nabc\r\n:0\r\n",
+        "*3\r\n$1\r\no\r\n:5\r\n:0\r\n",
+        "*3\r\n$1\r\no\r\n$3\r\nabc\r\n:1\r\n",
+    ] {
+        fake.set(Mode::Fixed(reply));
+        let e = l.charge_blocking(&key(1), &m, 1).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Script, "{reply:?}: {e}");
+        assert!(e.to_string().contains("fake"), "names the shard: {e}");
+    }
 }

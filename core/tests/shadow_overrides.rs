@@ -270,11 +270,12 @@ fn sixty_four_concurrent_callers_keep_a_multi_limit_override_exact() {
     assert!(!d.allowed && d.limit_index == Some(1), "{d:?}");
 }
 
-/// Charge, refund and reserve act on one limit in force: under an override of several limits,
-/// or on a multi-limit policy that takes overrides, they are refused with an error saying so,
-/// never run against one limit's state (both engines).
+/// Charge, refund, reserve and settle act on every limit in force: under an override of
+/// several limits (its own state, `name#o<i>`), and on a multi-limit policy that takes
+/// overrides (its limits, or the key's override), never on one limit's state alone (both
+/// engines, injected time).
 #[test]
-fn settle_ops_refuse_several_limits_under_overrides() {
+fn settle_ops_act_on_several_limits_under_overrides() {
     let server = RedisServer::start();
     const POLICIES: &str = r#"{"one": {"algorithm": "fixed_window", "limit": 5, "window": "1h", "overrides": true},
         "api": {"rate": "2/second; 100/day", "overrides": true}}"#;
@@ -282,25 +283,71 @@ fn settle_ops_refuse_several_limits_under_overrides() {
         let one = l.policy("one").unwrap();
         l.set_override_blocking("t", "one", "3/second; 4/day", None)
             .unwrap();
-        let e = l.charge_blocking("t", &one, 1).unwrap_err();
-        assert!(
-            e.to_string().contains("override holds several limits"),
-            "{e}"
+        // each op in both limits; the decision describes the tightest
+        let d = l.charge_blocking("t", &one, 2).unwrap();
+        assert_eq!((d.limit, d.remaining, d.limit_index), (3, 1, Some(0)));
+        assert_eq!(d.quotas.len(), 2, "{d:?}");
+        let d = l.refund_blocking("t", &one, 1).unwrap();
+        assert_eq!((d.limit, d.remaining), (3, 2), "{d:?}");
+        // the 4/day limit holds 1 used: a reservation of 4 does not fit it
+        let (d, r) = l.reserve_blocking("t", &one, 4).unwrap();
+        assert!(!d.allowed && r.is_none(), "{d:?}");
+        assert_eq!(d.limit_index, Some(0), "3/second denies first: {d:?}");
+        let (d, r) = l.reserve_blocking("t", &one, 2).unwrap();
+        let r = r.unwrap();
+        assert!(d.allowed, "{d:?}");
+        assert_eq!((d.limit, d.remaining, r.units), (3, 0, 2));
+        // settled at 0: both limits get the 2 back (1 used in each)
+        let d = l.settle_blocking(&r, 0).unwrap();
+        assert_eq!((d.limit, d.remaining), (3, 2), "{d:?}");
+        let d = l.check_blocking("t", &one, 1).unwrap();
+        assert_eq!((d.limit, d.remaining, d.allowed), (3, 1, true), "{d:?}");
+        // the 4/day limit was charged too: 2 used of it
+        let d = l.charge_blocking("t", &one, 1).unwrap();
+        assert_eq!(
+            (d.limit, d.remaining, d.limit_index),
+            (3, 0, Some(0)),
+            "{d:?}"
         );
-        let e = l.refund_blocking("t", &one, 1).unwrap_err();
-        assert!(
-            e.to_string().contains("override holds several limits"),
-            "{e}"
-        );
-        let e = l.reserve_blocking("t", &one, 1).unwrap_err();
-        assert!(
-            e.to_string().contains("override holds several limits"),
-            "{e}"
-        );
+        assert_eq!(d.quotas[1].limit, 4);
+        // the policy's own state of the key was never touched
+        assert!(l.delete_override_blocking("t", "one").unwrap());
+        assert_eq!(l.charge_blocking("t", &one, 1).unwrap().remaining, 4);
         // a key without an override is charged as before
         assert_eq!(l.charge_blocking("u", &one, 2).unwrap().remaining, 3);
+
+        // a multi-limit policy that takes overrides: its limits, without an override
         let api = l.policy("api").unwrap();
-        let e = l.charge_blocking("t", &api, 1).unwrap_err();
-        assert!(e.to_string().contains("takes overrides"), "{e}");
+        let d = l.charge_blocking("t", &api, 1).unwrap();
+        assert_eq!((d.limit, d.remaining, d.limit_index), (2, 1, Some(0)));
+        let (d, r) = l.reserve_blocking("t", &api, 1).unwrap();
+        assert!(d.allowed && d.remaining == 0, "{d:?}");
+        assert!(!l.check_blocking("t", &api, 1).unwrap().allowed);
+        let d = l.settle_blocking(&r.unwrap(), 0).unwrap();
+        assert_eq!((d.limit, d.remaining), (2, 1), "{d:?}");
+        // the key's override of several limits
+        l.set_override_blocking("v", "api", "10/second; 20/day", None)
+            .unwrap();
+        let d = l.charge_blocking("v", &api, 5).unwrap();
+        assert_eq!((d.limit, d.remaining, d.limit_index), (10, 5, Some(0)));
+        let (d, r) = l.reserve_blocking("v", &api, 5).unwrap();
+        assert!(d.allowed && d.remaining == 0, "{d:?}");
+        let d = l.settle_blocking(&r.unwrap(), 8).unwrap();
+        // 5 + 8 used: 10/second in debt (remaining 0), 20/day has 7 left
+        assert_eq!((d.limit, d.remaining, d.limit_index), (10, 0, Some(0)));
+        assert_eq!(d.quotas[1].limit, 20);
+        // 10 back in both: 3 used of each
+        let d = l.refund_blocking("v", &api, 10).unwrap();
+        assert_eq!(
+            (d.limit, d.remaining, d.limit_index),
+            (10, 7, Some(0)),
+            "{d:?}"
+        );
+        let d = l.check_blocking("v", &api, 8).unwrap();
+        assert!(!d.allowed && d.limit_index == Some(0), "{d:?}");
+        // the key's override of one limit: that limit alone
+        l.set_override_blocking("w", "api", "7/hour", None).unwrap();
+        let d = l.charge_blocking("w", &api, 2).unwrap();
+        assert_eq!((d.limit, d.remaining, d.limit_index), (7, 5, None));
     }
 }

@@ -7,7 +7,7 @@ use super::layered::{describe, layer_reqs, LayeredOut};
 use super::{Engine, Layer, Limiter};
 use crate::decision::{Decision, Source};
 use crate::engine::algo::Outcome;
-use crate::engine::redis::{SettleCall, Settled};
+use crate::engine::redis::{LayeredTail, MultiSettled, SettleCall, Settled};
 use crate::engine::settle::SettleOp;
 use crate::error::{Error, Result};
 use crate::policy::{Algorithm, Compiled, Policy};
@@ -40,7 +40,8 @@ impl Limiter {
     /// after the charge (`remaining` 0 while in debt). A backend failure is an error (no
     /// `on_error` decision: nothing was charged). On a multi-limit policy every limit is
     /// charged (each may go into debt) and the decision describes the tightest; on a
-    /// policy with overrides, the key's limit in force is charged.
+    /// policy with overrides, the key's limits in force are charged (its override's, one
+    /// or several, else the policy's).
     pub async fn charge(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision> {
         settle_checked(key, policy)?;
         positive(cost)?;
@@ -75,9 +76,10 @@ impl Limiter {
 
     /// A check of an estimated cost that can be settled later: the decision of a check of
     /// `estimate` units and, when it was allowed (by Redis or the in-memory engine, not
-    /// by `on_error`), the [`Reservation`] to settle with the actual cost. On a multi-limit
-    /// policy it is the policy's all-or-nothing check, and the reservation settles in
-    /// every limit.
+    /// by `on_error`), the [`Reservation`] to settle with the actual cost. With several
+    /// limits in force (a multi-limit policy, or a key's override of several limits) it is
+    /// their all-or-nothing check, and the reservation settles in every limit in force
+    /// when it is settled.
     pub async fn reserve(
         &self,
         key: &str,
@@ -86,8 +88,11 @@ impl Limiter {
     ) -> Result<(Decision, Option<Reservation>)> {
         settle_checked(key, policy)?;
         positive(estimate)?;
-        if let Some(parts) = policy.parts() {
-            return self.reserve_multi(key, policy, parts, estimate).await;
+        if let (Some(parts), false) = (policy.parts(), policy.overrides()) {
+            return self
+                .reserve_multi(key, policy, policy, parts, estimate, None)
+                .await?
+                .done();
         }
         let base = policy;
         let view = self.view();
@@ -99,7 +104,14 @@ impl Limiter {
                     Some((a, _)) => (&a.policy, &a.memory_scope),
                     None => (base, &base.0.scope),
                 };
-                several_under_override(base, policy)?;
+                if let Some(parts) = policy.parts() {
+                    // several limits in force: their all-or-nothing check
+                    policy.follow_scale(base);
+                    return self
+                        .reserve_multi(key, base, policy, parts, estimate, None)
+                        .await?
+                        .done();
+                }
                 let p = &*policy.0;
                 let eff = p.effective(self.global_scale());
                 // as a check: a cost above the limit is denied with no retry_after
@@ -127,7 +139,30 @@ impl Limiter {
                 let mut tries = 0;
                 loop {
                     let policy = active.as_ref().map_or(base, |a| &a.policy);
-                    several_under_override(base, policy)?;
+                    if let Some(parts) = policy.parts() {
+                        // several limits in force (the policy's, or the key's override):
+                        // their all-or-nothing check, the override version compared first
+                        policy.follow_scale(base);
+                        let tail = LayeredTail {
+                            ov,
+                            policy: &base.0.name,
+                            key,
+                            shadow: false,
+                        };
+                        match self
+                            .reserve_multi(key, base, policy, parts, estimate, Some(&tail))
+                            .await?
+                        {
+                            Multi::Done(out) => return Ok(out),
+                            Multi::Override(v) => {
+                                tries += 1;
+                                let name = &r.shards[shard as usize].name;
+                                Limiter::override_churn(tries, name, key)?;
+                                (ov, active) = self.learn_override(base, key, name, &v)?;
+                                continue;
+                            }
+                        }
+                    }
                     let p = &*policy.0;
                     let eff = p.effective(self.global_scale());
                     let cost = estimate.min(eff.limit + 1);
@@ -267,8 +302,8 @@ impl Limiter {
         base: &Policy,
         mk: &(dyn Fn(&Compiled) -> Result<SettleOp> + Sync),
     ) -> Result<(Decision, SettleOp)> {
-        if let Some(parts) = base.parts() {
-            return self.settle_multi(key, parts, mk).await;
+        if let (Some(parts), false) = (base.parts(), base.overrides()) {
+            return self.settle_multi(key, base, parts, mk, None).await?.done();
         }
         let view = self.view();
         match &view.engine {
@@ -279,7 +314,11 @@ impl Limiter {
                     Some((a, _)) => (&a.policy, &a.memory_scope),
                     None => (base, &base.0.scope),
                 };
-                several_under_override(base, policy)?;
+                if let Some(parts) = policy.parts() {
+                    // several limits in force: the op in each of them
+                    policy.follow_scale(base);
+                    return self.settle_multi(key, base, parts, mk, None).await?.done();
+                }
                 let eff = policy.0.effective(self.global_scale());
                 let op = mk(&eff)?;
                 let o = m.settle(scope, &eff, key, now, op);
@@ -295,7 +334,27 @@ impl Limiter {
                 let mut tries = 0;
                 loop {
                     let policy = active.as_ref().map_or(base, |a| &a.policy);
-                    several_under_override(base, policy)?;
+                    if let Some(parts) = policy.parts() {
+                        // several limits in force (the policy's, or the key's override):
+                        // one multi-limit script call, the override version compared first
+                        policy.follow_scale(base);
+                        let tail = LayeredTail {
+                            ov,
+                            policy: &base.0.name,
+                            key,
+                            shadow: false,
+                        };
+                        match self.settle_multi(key, base, parts, mk, Some(&tail)).await? {
+                            Multi::Done(out) => return Ok(out),
+                            Multi::Override(v) => {
+                                tries += 1;
+                                let name = &r.shards[shard as usize].name;
+                                Limiter::override_churn(tries, name, key)?;
+                                (ov, active) = self.learn_override(base, key, name, &v)?;
+                                continue;
+                            }
+                        }
+                    }
                     let p = &*policy.0;
                     let eff = p.effective(self.global_scale());
                     let op = mk(&eff)?;
@@ -328,15 +387,19 @@ impl Limiter {
         }
     }
 
-    /// A charge, refund or settle of a multi-limit policy: the op in every limit (each
-    /// capped at twice its own limit), in one script call on the key's shard; the
-    /// decision describes the limit with the fewest units left (the one in debt).
+    /// A charge, refund or settle of several limits in force (`parts`: a multi-limit
+    /// policy's, or the limits of `base`'s override for `key`): the op in every limit
+    /// (each capped at twice its own limit), in one script call on the key's shard (with
+    /// `tail`, the override version compared first); the decision describes the limit
+    /// with the fewest units left (the one in debt).
     async fn settle_multi(
         &self,
         key: &str,
+        base: &Policy,
         parts: &[Policy],
         mk: &(dyn Fn(&Compiled) -> Result<SettleOp> + Sync),
-    ) -> Result<(Decision, SettleOp)> {
+        tail: Option<&LayeredTail<'_>>,
+    ) -> Result<Multi<(Decision, SettleOp)>> {
         let global = self.global_scale();
         let effs: Vec<Compiled> = parts.iter().map(|p| p.0.effective(global)).collect();
         let widest = effs
@@ -369,11 +432,15 @@ impl Limiter {
                     .enumerate()
                     .map(|(i, p)| (p.0.key_scope.as_str(), effs[i], ops[i]))
                     .collect();
-                match r.settle_multi(shard as usize, key, &limits, now).await {
-                    Ok(o) => (o, Source::Redis, Some(shard)),
+                match r
+                    .settle_multi(shard as usize, key, &limits, now, tail)
+                    .await
+                {
+                    Ok(MultiSettled::Done(o)) => (o, Source::Redis, Some(shard)),
+                    Ok(MultiSettled::Override(v)) => return Ok(Multi::Override(v)),
                     Err(e) => {
                         if e.is_backend() {
-                            self.with_counters(&parts[0].0.name, |c| {
+                            self.with_counters(base.name(), |c| {
                                 c.redis_errors.fetch_add(1, Ordering::Relaxed);
                             });
                         }
@@ -388,18 +455,22 @@ impl Limiter {
         let mut d = self.decision(&parts[idx].0, &effs[idx], outcomes[idx], source, shard);
         let origin: Vec<(usize, Option<usize>)> = (0..parts.len()).map(|i| (0, Some(i))).collect();
         describe(&mut d, idx, &origin, &effs, true);
-        Ok((d, op))
+        Ok(Multi::Done((d, op)))
     }
 
-    /// [`Limiter::reserve`] of a multi-limit policy: its all-or-nothing check (one script
-    /// call on the key's shard), and the time it was decided at for the reservation.
+    /// [`Limiter::reserve`] of several limits in force (`parts` of `policy`: `base` itself,
+    /// a multi-limit policy, or its override for `key`): their all-or-nothing check (one
+    /// script call on the key's shard, with `tail` the override version compared first),
+    /// and the time it was decided at for the reservation.
     async fn reserve_multi(
         &self,
         key: &str,
+        base: &Policy,
         policy: &Policy,
         parts: &[Policy],
         estimate: u64,
-    ) -> Result<(Decision, Option<Reservation>)> {
+        tail: Option<&LayeredTail<'_>>,
+    ) -> Result<Multi<(Decision, Option<Reservation>)>> {
         let layers: Vec<Layer> = parts.iter().map(|p| Layer::new(key, p, estimate)).collect();
         let origin: Vec<(usize, Option<usize>)> = (0..parts.len()).map(|i| (0, Some(i))).collect();
         let originals = [Layer::new(key, policy, estimate)];
@@ -421,12 +492,12 @@ impl Limiter {
                     }
                 }
                 let shard_of = vec![shard as usize; n];
-                // (no tail: a policy with overrides never gets here, see `settle_checked`)
                 let (raw, src) = match self
-                    .layered_redis(r, &layers, &reqs, &shard_of, None)
+                    .layered_redis(r, &layers, &reqs, &shard_of, tail)
                     .await?
                 {
                     LayeredOut::Raw(raw, src) => (raw, src),
+                    LayeredOut::Override(v) if tail.is_some() => return Ok(Multi::Override(v)),
                     LayeredOut::Override(_) => {
                         return Err(Error::Internal(
                             "a layered call without overrides answered with an override".into(),
@@ -447,44 +518,37 @@ impl Limiter {
             (d.allowed && matches!(d.source, Source::Redis | Source::Memory)).then(|| {
                 Reservation {
                     key: key.to_string(),
-                    policy: policy.name().to_string(),
+                    policy: base.name().to_string(),
                     units: estimate,
                     at_us: at,
                 }
             });
-        Ok((d, reservation))
+        Ok(Multi::Done((d, reservation)))
     }
 }
 
-/// Charge, refund, reserve and settle under overrides act on a limit in force of one limit:
-/// a multi-limit policy that takes overrides, or a key whose override holds several limits,
-/// is refused (the multi-limit settle script does not read overrides).
-fn several_under_override(base: &Policy, in_force: &Policy) -> Result<()> {
-    if in_force.is_multi() {
-        return Err(Error::invalid(
-            "policy",
-            format!(
-                "{}: this key's override holds several limits; charge, refund, reserve and settle under an override of several limits are not supported yet",
-                base.name()
-            ),
-        ));
-    }
-    Ok(())
+/// What an op on several limits in force found: its result, or the key's override entry
+/// when it is not the one the call was made with (nothing done: learn it and retry).
+enum Multi<T> {
+    Done(T),
+    Override(Vec<u8>),
 }
 
-/// The key, and the policy: every policy but a concurrency one (it has leases), and not a
-/// multi-limit policy that takes overrides (see `several_under_override`).
+impl<T> Multi<T> {
+    /// The result of a call that read no override entry.
+    fn done(self) -> Result<T> {
+        match self {
+            Multi::Done(t) => Ok(t),
+            Multi::Override(_) => Err(Error::Internal(
+                "an override entry in the reply of a settle call that read none".into(),
+            )),
+        }
+    }
+}
+
+/// The key, and the policy: every policy but a concurrency one (it has leases).
 fn settle_checked(key: &str, policy: &Policy) -> Result<()> {
     validate_key(key)?;
-    if policy.is_multi() && policy.overrides() {
-        return Err(Error::invalid(
-            "policy",
-            format!(
-                "{} holds several limits and takes overrides: charge, refund, reserve and settle on such a policy are not supported yet",
-                policy.name()
-            ),
-        ));
-    }
     if policy.algorithm() == Algorithm::Concurrency {
         return Err(Error::invalid(
             "policy",

@@ -41,7 +41,7 @@ pub mod scripts;
 mod shadow;
 pub use shadow::{SHADOW_MAX_KEYS, SHADOW_TTL};
 mod settle;
-pub(crate) use settle::{SettleCall, Settled};
+pub(crate) use settle::{MultiSettled, SettleCall, Settled};
 
 use scripts::ScriptId;
 mod stream;

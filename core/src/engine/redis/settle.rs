@@ -140,17 +140,20 @@ impl RedisEngine {
     }
 
     /// Runs `op` in every limit (state key scope, limit in force, the op for it) of a
-    /// multi-limit policy for `key` on `shard`, in one script call: each limit after it.
+    /// multi-limit policy for `key` on `shard`, in one script call: each limit after it;
+    /// with `tail` (a policy with overrides, `main_layered.lua`'s protocol): the key's
+    /// override version compared first, its entry answered when it is not the one sent.
     pub async fn settle_multi(
         self: &Arc<Self>,
         shard: usize,
         key: &str,
         limits: &[(&str, Compiled, SettleOp)],
         now_us: Option<u64>,
-    ) -> Result<Vec<Outcome>> {
+        tail: Option<&LayeredTail<'_>>,
+    ) -> Result<MultiSettled> {
         let (op, at) = match limits.first().map(|l| l.2.args()) {
             Some((op, _, _, at)) => (op, at),
-            None => return Ok(Vec::new()),
+            None => return Ok(MultiSettled::Done(Vec::new())),
         };
         let mut inv = ScriptId::SettleMulti.script().prepare_invoke();
         inv.arg(op)
@@ -170,14 +173,52 @@ impl RedisEngine {
             };
             inv.arg(units).arg(actual);
         }
+        if let Some(t) = tail {
+            // the override key shares the slot of the key's state (its hash tag is the key's)
+            match t.ov {
+                OverrideArg::Off => inv.key(block_key(&self.prefix, t.key)).arg("-"),
+                OverrideArg::None => inv.key(override_key(&self.prefix, t.policy, t.key)).arg(""),
+                OverrideArg::Cached(v) => {
+                    inv.key(override_key(&self.prefix, t.policy, t.key)).arg(v)
+                }
+            };
+        }
         let skey = state_key(&self.prefix, limits[0].0, key);
         let at = self.at(&skey);
-        let r: Vec<i64> = self
+        let reply: redis::Value = self
             .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 inv.invoke_async(&mut conn).await
             })
             .await?;
         let sc = &self.shards[shard];
+        let script_error = |message: String| Error::Script {
+            shard: sc.name.clone(),
+            message,
+        };
+        let items = match reply {
+            redis::Value::Array(items) => items,
+            other => return Err(script_error(format!("unexpected settle reply {other:?}"))),
+        };
+        if tail.is_some()
+            && items.len() == 3
+            && matches!(&items[0], redis::Value::BulkString(s) if s == b"o")
+        {
+            return match (&items[1], &items[2]) {
+                (redis::Value::BulkString(v), redis::Value::Int(0)) => {
+                    Ok(MultiSettled::Override(v.clone()))
+                }
+                other => Err(script_error(format!(
+                    "unexpected override entry in a settle reply: {other:?}"
+                ))),
+            };
+        }
+        let r = items
+            .iter()
+            .map(|i| match i {
+                redis::Value::Int(n) => Ok(*n),
+                other => Err(script_error(format!("unexpected settle reply {other:?}"))),
+            })
+            .collect::<Result<Vec<i64>>>()?;
         if r.len() != 1 + 5 * limits.len() {
             return Err(implausible(
                 sc,
@@ -198,6 +239,15 @@ impl RedisEngine {
                 "a charge, refund or settle that denied",
             ));
         }
-        Ok(outcomes)
+        Ok(MultiSettled::Done(outcomes))
     }
+}
+
+/// What the multi-limit settle script answered: each limit after the op, or the key's
+/// override entry when it is not the one the call was made with (`""`: none); then
+/// nothing was done.
+#[derive(Debug)]
+pub(crate) enum MultiSettled {
+    Done(Vec<Outcome>),
+    Override(Vec<u8>),
 }
