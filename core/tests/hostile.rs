@@ -945,6 +945,7 @@ fn layered_override_replies_are_checked_and_bounded() {
         assert!(e.to_string().contains("changed"), "{e}");
     }
     assert!(start.elapsed() < Duration::from_secs(5));
+}
 
 /// The multi-limit settle script's override answer (several limits in force under
 /// overrides) is as untrusted as the rest of its reply: an entry that is not a bulk string
