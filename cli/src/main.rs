@@ -210,8 +210,9 @@ struct Target {
 
 #[derive(Subcommand)]
 enum OverrideCommand {
-    /// Set KEY's override: LIMIT is a rate string ("100/minute", in the policy's
-    /// algorithm) or a limit object in JSON as in a config policy.
+    /// Set KEY's override: LIMIT is a rate string ("100/minute", or several limits as
+    /// "10/second; 1000/day", in the policy's algorithm), a limit object or an array of
+    /// them in JSON as in a config policy, or the name of a plan of the config ("pro").
     Set {
         #[command(flatten)]
         target: Target,
