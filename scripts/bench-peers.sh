@@ -145,7 +145,8 @@ REDIS_RATE=$(cd "$GO_DIR" && go list -m -f '{{.Version}}' github.com/go-redis/re
 # governor.rs), before Redis starts: one thread pinned to CPU 0, two threads on both CPUs;
 # short measurement times. bench/report.py reads criterion's estimates.
 echo "== in-memory engine against governor (criterion, ${CRIT_SECS}s per case)"
-CRIT=$target/criterion/memory_vs_governor
+export CRITERION_HOME=$target/criterion # (where criterion writes, whatever the cwd)
+CRIT=$CRITERION_HOME/memory_vs_governor
 rm -rf "$CRIT"
 cargo bench --quiet -p shardlimit --bench governor --no-run
 crit=(--warm-up-time 1 --measurement-time "$CRIT_SECS")
