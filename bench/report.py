@@ -64,12 +64,62 @@ def span(xs: list[float]) -> str:
     return f" ({min(xs):,.0f}–{max(xs):,.0f})"
 
 
+MEMORY_LIBS = [("shardlimit_token_bucket", "shardlimit `Limiter::memory()`, token bucket"),
+               ("shardlimit_fixed_window", "shardlimit `Limiter::memory()`, fixed window")]
+GOVERNOR_RUNS = ["governor_keyed", "governor_keyed_again"]
+THREADS = [("1_thread", "one thread (pinned to CPU 0)"), ("2_threads", "two threads")]
+
+
+def criterion_ns(d: Path, lib: str, threads: str) -> Optional[tuple[float, float, float]]:
+    """criterion's median ns per check and its 95% confidence interval, or None."""
+    f = d / lib / threads / "new" / "estimates.json"
+    if not f.exists():
+        return None
+    e = json.loads(f.read_text())["median"]
+    ci = e["confidence_interval"]
+    return e["point_estimate"], ci["lower_bound"], ci["upper_bound"]
+
+
+def memory_vs_governor(d: Path, w: Any, target: Any) -> None:
+    """The in-memory engine against governor's keyed limiter (core/benches/governor.rs)."""
+    w("## Rust in-memory engine against governor's keyed limiter (criterion, 1000 keys, never denied)")
+    w("")
+    w("`cargo bench -p shardlimit --bench governor`: shardlimit's `check_blocking` on "
+      "`Limiter::memory()` and governor's `RateLimiter::keyed(..).check_key` on the same "
+      "1000 keys, alternating in one bench (governor runs twice, between and after "
+      "shardlimit's; its figure is the mean of the two medians). Two threads: wall time "
+      "per check with both threads checking. ns per check: criterion's median "
+      "(95% confidence interval).")
+    w("")
+    w("| threads | library | ns per check | governor ÷ this (≥ 1: shardlimit as fast or faster) |")
+    w("| --- | --- | ---: | ---: |")
+    for threads, title in THREADS:
+        gov = [x for x in (criterion_ns(d, g, threads) for g in GOVERNOR_RUNS) if x]
+        g_ns = statistics.mean(x[0] for x in gov) if gov else None
+        if gov:
+            runs = " / ".join(f"{x[0]:.1f} ({x[1]:.1f}–{x[2]:.1f})" for x in gov)
+            w(f"| {title} | governor `RateLimiter::keyed` (default keyed store) | {g_ns:.1f}: {runs} | |")
+        worst: Optional[float] = None
+        for lib, label in MEMORY_LIBS:
+            x = criterion_ns(d, lib, threads)
+            if not x:
+                continue
+            r = g_ns / x[0] if g_ns else None
+            worst = r if worst is None or (r is not None and r < worst) else worst
+            w(f"| {title} | {label} | {x[0]:.1f} ({x[1]:.1f}–{x[2]:.1f}) | {fmt(r, 2)}{'×' if r else ''} |")
+        target(f"In-memory engine, {title}: governor's ns per check ÷ shardlimit's (the slower algorithm)",
+               worst, "≥ 1", worst is not None and worst >= 1)
+    w("")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("results")
     ap.add_argument("out")
     ap.add_argument("--meta", action="append", default=[])
     ap.add_argument("--lock")
+    ap.add_argument("--criterion", help="criterion's memory_vs_governor directory "
+                    "(cargo bench -p shardlimit --bench governor)")
     a = ap.parse_args()
     meta = dict(m.split("=", 1) for m in a.meta)
     rows = [json.loads(line) for line in Path(a.results).read_text().splitlines() if line.strip()]
@@ -226,15 +276,15 @@ def main() -> None:
                 target("Flask added CPU per request, µs", sl_added, "≤ 50", sl_added is not None and sl_added <= 50)
         w("")
 
+    if a.criterion:
+        memory_vs_governor(Path(a.criterion), w, target)
+
     w("## Targets (issue 16)")
     w("")
     w("| target | measured | wanted | met |")
     w("| --- | ---: | ---: | :---: |")
     for name, want, value, _, ok in targets:
         w(f"| {name} | {fmt(value, 2)} | {want} | {'yes' if ok else 'no' if value is not None else '–'} |")
-    w("")
-    w("Not measured by this script: the in-memory engine against governor "
-      "(`cargo bench -p shardlimit --bench memory`).")
     w("")
     Path(a.out).write_text("\n".join(out))
 

@@ -30,9 +30,9 @@ while [ $# -gt 0 ]; do
   shift
 done
 if [ "$QUICK" = 1 ]; then
-  ROUNDS=1 TOTAL=30000 SEQ=3000 PYN=5000 HTTP_SECS=3 RUST_N=50000
+  ROUNDS=1 TOTAL=30000 SEQ=3000 PYN=5000 HTTP_SECS=3 RUST_N=50000 CRIT_SECS=1
 else
-  ROUNDS=3 TOTAL=50000 SEQ=5000 PYN=10000 HTTP_SECS=5 RUST_N=100000
+  ROUNDS=3 TOTAL=50000 SEQ=5000 PYN=10000 HTTP_SECS=5 RUST_N=100000 CRIT_SECS=3
 fi
 [ "$(nproc)" -ge 2 ] || { echo "needs two CPUs (Redis on one, the client on the other)" >&2; exit 1; }
 
@@ -140,6 +140,18 @@ GO_LIB_SHA=$(sha256sum "$(PKG_CONFIG_PATH=$PC_DIR pkg-config --variable=libdir s
 # tidy may raise the minimum go-redis that redis_rate needs: record what was built
 GO_REDIS=$(cd "$GO_DIR" && go list -m -f '{{.Version}}' github.com/redis/go-redis/v9)
 REDIS_RATE=$(cd "$GO_DIR" && go list -m -f '{{.Version}}' github.com/go-redis/redis_rate/v10)
+
+# ---- Rust in-memory engine against governor's keyed limiter (criterion, core/benches/
+# governor.rs), before Redis starts: one thread pinned to CPU 0, two threads on both CPUs;
+# short measurement times. bench/report.py reads criterion's estimates.
+echo "== in-memory engine against governor (criterion, ${CRIT_SECS}s per case)"
+export CRITERION_HOME=$target/criterion # (where criterion writes, whatever the cwd)
+CRIT=$CRITERION_HOME/memory_vs_governor
+rm -rf "$CRIT"
+cargo bench --quiet -p shardlimit --bench governor --no-run
+crit=(--warm-up-time 1 --measurement-time "$CRIT_SECS")
+taskset -c 0 cargo bench --quiet -p shardlimit --bench governor -- "${crit[@]}" 1_thread | grep -E '^memory_vs_governor|time:'
+cargo bench --quiet -p shardlimit --bench governor -- "${crit[@]}" 2_threads | grep -E '^memory_vs_governor|time:'
 
 # ---- Redis, pinned to CPU 1
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -323,5 +335,5 @@ python3 bench/report.py "$RESULTS" "$OUT" \
   --meta "redis=$REDIS_VERSION" --meta "node=$(node --version)" --meta "python=$("$PY" -c 'import sys; print(sys.version.split()[0])')" \
   --meta "go=$(go env GOVERSION)" --meta "go_redis=$GO_REDIS" --meta "redis_rate=$REDIS_RATE" \
   --meta "total=$TOTAL" --meta "sequential=$SEQ" --meta "py_n=$PYN" --meta "http_secs=$HTTP_SECS" --meta "rust_n=$RUST_N" \
-  --lock "$LOCK"
+  --lock "$LOCK" --criterion "$CRIT"
 echo "== wrote $OUT"

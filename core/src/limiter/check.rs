@@ -230,7 +230,10 @@ impl Limiter {
     ) -> Result<Decision> {
         // the policy's shadow mode (or the call's) holds for the key's override too
         let shadow = policy.0.shadow && !peek && lease.is_none();
-        let ov = self.memory_override(&policy.0, key, self.now());
+        // one clock read per check (a read costs about as much as the decision itself):
+        // the override lookup and the check see the same instant
+        let now = self.now();
+        let ov = self.memory_override(&policy.0, key, now);
         let (policy, scope) = match &ov {
             Some((a, _)) => {
                 a.policy.follow_scale(policy);
@@ -250,7 +253,7 @@ impl Limiter {
             scope,
             &eff,
             key,
-            self.now(),
+            now,
             cost,
             peek,
             lease.unwrap_or(""), // the algorithms' "no lease"
