@@ -148,6 +148,7 @@ impl Limiter {
                             policy: &base.0.name,
                             key,
                             shadow: false,
+                            more: &[],
                         };
                         match self
                             .reserve_multi(key, base, policy, parts, estimate, Some(&tail))
@@ -343,6 +344,7 @@ impl Limiter {
                             policy: &base.0.name,
                             key,
                             shadow: false,
+                            more: &[],
                         };
                         match self.settle_multi(key, base, parts, mk, Some(&tail)).await? {
                             Multi::Done(out) => return Ok(out),
