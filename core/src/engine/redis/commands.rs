@@ -182,19 +182,8 @@ impl RedisEngine {
                 });
         }
         if let Some(t) = tail {
-            // core/lua/main_layered.lua's tail; the override key shares the slot of the
-            // key's state (its hash tag is the key's)
-            match t.ov {
-                OverrideArg::Off => {
-                    inv.key(block_key(&self.prefix, t.key)).arg("-");
-                }
-                OverrideArg::None => {
-                    inv.key(override_key(&self.prefix, t.policy, t.key)).arg("");
-                }
-                OverrideArg::Cached(v) => {
-                    inv.key(override_key(&self.prefix, t.policy, t.key)).arg(v);
-                }
-            }
+            // core/lua/main_layered.lua's tail
+            t.push_override(&self.prefix, &mut inv);
             inv.arg(t.key)
                 .arg(super::SHADOW_TTL.as_millis() as u64)
                 .arg(super::SHADOW_MAX_KEYS);

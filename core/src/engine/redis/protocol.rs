@@ -145,6 +145,18 @@ pub(crate) enum OverrideArg {
     Cached(u64),
 }
 
+/// As a script argument (the scripts' one rule): `"-"` the policy takes no overrides,
+/// `""` none is cached, else the cached version.
+impl redis::ToRedisArgs for OverrideArg {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        match self {
+            OverrideArg::Off => "-".write_redis_args(out),
+            OverrideArg::None => "".write_redis_args(out),
+            OverrideArg::Cached(v) => v.write_redis_args(out),
+        }
+    }
+}
+
 /// The tail of a layered call of one key's layers (`core/lua/main_layered.lua`): the
 /// override version compared first, and shadow counting.
 pub(crate) struct LayeredTail<'a> {
@@ -157,6 +169,20 @@ pub(crate) struct LayeredTail<'a> {
     /// a layered check of layers whose policies take overrides: each such (policy, user
     /// key)'s override version (never `Off`) compared in the same call; empty otherwise
     pub more: &'a [(OverrideArg, &'a str, &'a str)],
+}
+
+impl LayeredTail<'_> {
+    /// The tail's override entry key and version argument, as the layered and the
+    /// multi-limit settle scripts read them: with `Off` the key is never read (the key's
+    /// block key, of the same slot, stands in). The entry shares the slot of the key's
+    /// state (its hash tag is the key's).
+    pub fn push_override(&self, prefix: &str, inv: &mut redis::ScriptInvocation<'_>) {
+        match self.ov {
+            OverrideArg::Off => inv.key(block_key(prefix, self.key)),
+            _ => inv.key(override_key(prefix, self.policy, self.key)),
+        };
+        inv.arg(self.ov);
+    }
 }
 
 /// What a layered script answered (as [`Checked`] for one check): the decision, or an

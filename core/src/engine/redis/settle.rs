@@ -78,11 +78,7 @@ impl RedisEngine {
             Some(x) => inv.arg(x),
             None => inv.arg(""),
         };
-        match ov {
-            OverrideArg::Off => inv.arg("-"),
-            OverrideArg::None => inv.arg(""),
-            OverrideArg::Cached(v) => inv.arg(v),
-        };
+        inv.arg(ov);
         let reply: redis::Value = self
             .with_conn_at(shard, at.as_deref(), |mut conn| async move {
                 inv.invoke_async(&mut conn).await
@@ -174,14 +170,7 @@ impl RedisEngine {
             inv.arg(units).arg(actual);
         }
         if let Some(t) = tail {
-            // the override key shares the slot of the key's state (its hash tag is the key's)
-            match t.ov {
-                OverrideArg::Off => inv.key(block_key(&self.prefix, t.key)).arg("-"),
-                OverrideArg::None => inv.key(override_key(&self.prefix, t.policy, t.key)).arg(""),
-                OverrideArg::Cached(v) => {
-                    inv.key(override_key(&self.prefix, t.policy, t.key)).arg(v)
-                }
-            };
+            t.push_override(&self.prefix, &mut inv);
         }
         let skey = state_key(&self.prefix, limits[0].0, key);
         let at = self.at(&skey);
