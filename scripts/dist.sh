@@ -84,6 +84,15 @@ echo "== dist/go: the Go module for GOPROXY=file://"
 echo "== dist/crates: cargo package (verified: each crate builds from its .crate)"
 # one invocation: the crates depend on each other, and cargo packages them in order
 # --allow-dirty: a local `make dist` may have uncommitted changes (the .crate records it)
+# cargo verifies shardlimit-tower and shardlimit-cli against the shardlimit it packaged, through a
+# temporary registry in $target/package, and unpacks that registry's crates into
+# $CARGO_HOME/registry/src/<hash of the registry's path>/. It never unpacks a crate again that it
+# finds unpacked there, so a clone at the path of an earlier one (a CI checkout) was verified
+# against the earlier clone's sources. Our own crates are never fetched from anywhere: remove
+# their unpacked copies so this run's are the ones verified.
+for c in shardlimit shardlimit-tower shardlimit-cli; do
+  rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/"$c-$version"
+done
 cargo package --quiet --locked --allow-dirty -p shardlimit -p shardlimit-tower -p shardlimit-cli
 cp "$target/package/shardlimit-$version.crate" "$target/package/shardlimit-tower-$version.crate" \
   "$target/package/shardlimit-cli-$version.crate" "$DIST/crates/"
