@@ -703,7 +703,7 @@ void shardlimit_policy_free(struct shardlimit_policy *policy);
 // Blocks the calling thread for at most the configured deadline (`timeout_ms`).
 // Thread-safe. On success `*out` (caller-allocated) is filled; nothing is allocated.
 // `err` may be NULL.
-// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
 shardlimit_result shardlimit_check(const struct shardlimit_limiter *limiter,
                                    const char *key,
                                    size_t key_len,
@@ -717,7 +717,8 @@ shardlimit_result shardlimit_check(const struct shardlimit_limiter *limiter,
 //
 // Blocks the calling thread for at most the configured deadline. Thread-safe. On success
 // `*out` (caller-allocated) is filled; nothing is allocated. `err` may be NULL.
-// Results: OK, UNKNOWN_POLICY, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+// Results: OK, UNKNOWN_POLICY, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE,
+// INTERNAL.
 shardlimit_result shardlimit_check_named(const struct shardlimit_limiter *limiter,
                                          const char *key,
                                          size_t key_len,
@@ -731,7 +732,8 @@ shardlimit_result shardlimit_check_named(const struct shardlimit_limiter *limite
 // whether a check of one unit would pass now, `out->remaining` how many units are free.
 //
 // Blocks for at most the configured deadline. Thread-safe. On success `*out` is filled.
-// `err` may be NULL. Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+// `err` may be NULL. Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT,
+// UNAVAILABLE, INTERNAL.
 shardlimit_result shardlimit_peek(const struct shardlimit_limiter *limiter,
                                   const char *key,
                                   size_t key_len,
@@ -745,7 +747,7 @@ shardlimit_result shardlimit_peek(const struct shardlimit_limiter *limiter,
 // when `out->allowed` (give it back with `shardlimit_release()`, then free it with
 // `shardlimit_lease_free()`), or to NULL when denied. Blocks for at most the configured
 // deadline. Thread-safe. `err` may be NULL.
-// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
 shardlimit_result shardlimit_acquire(const struct shardlimit_limiter *limiter,
                                      const char *key,
                                      size_t key_len,
@@ -760,7 +762,7 @@ shardlimit_result shardlimit_acquire(const struct shardlimit_limiter *limiter,
 // lease object stays owned by the caller (free it with `shardlimit_lease_free()`).
 // `out_released` may be NULL. Blocks for at most the configured deadline. Thread-safe.
 // `err` may be NULL.
-// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
 shardlimit_result shardlimit_release(const struct shardlimit_limiter *limiter,
                                      const struct shardlimit_lease *lease,
                                      bool *out_released,
@@ -783,7 +785,7 @@ shardlimit_result shardlimit_connect(const struct shardlimit_limiter *limiter,
 
 // Forgets `key`'s state under `policy`: its full budget is back.
 // Blocks for at most the configured deadline. Thread-safe. `err` may be NULL.
-// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
 shardlimit_result shardlimit_reset(const struct shardlimit_limiter *limiter,
                                    const char *key,
                                    size_t key_len,
@@ -1410,7 +1412,7 @@ void shardlimit_pending_free(struct shardlimit_pending *pending);
 // Blocks the calling thread for at most the configured deadline (`timeout_ms`).
 // Thread-safe. On success `*out` (caller-allocated) is filled; nothing is allocated.
 // `err` may be NULL.
-// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
 shardlimit_result shardlimit_check_shadow(const struct shardlimit_limiter *limiter,
                                           const char *key,
                                           size_t key_len,
@@ -1441,7 +1443,7 @@ shardlimit_result shardlimit_check_shadow_start(const struct shardlimit_limiter 
 //
 // Blocks for at most the configured deadline. Thread-safe. `err` may be NULL.
 // Results: OK, INVALID_ARGUMENT (a policy name that cannot exist; a Redis Cluster),
-// CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+// CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
 shardlimit_result shardlimit_shadow_report(const struct shardlimit_limiter *limiter,
                                            const char *policy,
                                            size_t policy_len,

@@ -33,7 +33,8 @@ class Error : public std::runtime_error {
     shardlimit_str s = shardlimit_result_name(code_);
     return {s.ptr, s.len};
   }
-  /// True when Redis failed (connection, timeout, script) rather than the caller.
+  /// True when Redis failed (connection, timeout, script, unavailable) rather than the
+  /// caller.
   bool is_backend() const noexcept { return shardlimit_result_is_backend(code_); }
   /// True when the error is of `kind` or of a special case of it (the hierarchy of
   /// spec/errors.json: an UNKNOWN_POLICY error is an INVALID_ARGUMENT).

@@ -1480,7 +1480,7 @@ pub unsafe extern "C" fn shardlimit_policy_free(policy: *mut shardlimit_policy) 
 /// Blocks the calling thread for at most the configured deadline (`timeout_ms`).
 /// Thread-safe. On success `*out` (caller-allocated) is filled; nothing is allocated.
 /// `err` may be NULL.
-/// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+/// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_check(
     limiter: *const shardlimit_limiter,
@@ -1508,7 +1508,8 @@ pub unsafe extern "C" fn shardlimit_check(
 ///
 /// Blocks the calling thread for at most the configured deadline. Thread-safe. On success
 /// `*out` (caller-allocated) is filled; nothing is allocated. `err` may be NULL.
-/// Results: OK, UNKNOWN_POLICY, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+/// Results: OK, UNKNOWN_POLICY, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE,
+/// INTERNAL.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_check_named(
     limiter: *const shardlimit_limiter,
@@ -1535,7 +1536,8 @@ pub unsafe extern "C" fn shardlimit_check_named(
 /// whether a check of one unit would pass now, `out->remaining` how many units are free.
 ///
 /// Blocks for at most the configured deadline. Thread-safe. On success `*out` is filled.
-/// `err` may be NULL. Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+/// `err` may be NULL. Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT,
+/// UNAVAILABLE, INTERNAL.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_peek(
     limiter: *const shardlimit_limiter,
@@ -1562,7 +1564,7 @@ pub unsafe extern "C" fn shardlimit_peek(
 /// when `out->allowed` (give it back with `shardlimit_release()`, then free it with
 /// `shardlimit_lease_free()`), or to NULL when denied. Blocks for at most the configured
 /// deadline. Thread-safe. `err` may be NULL.
-/// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+/// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_acquire(
     limiter: *const shardlimit_limiter,
@@ -1597,7 +1599,7 @@ pub unsafe extern "C" fn shardlimit_acquire(
 /// lease object stays owned by the caller (free it with `shardlimit_lease_free()`).
 /// `out_released` may be NULL. Blocks for at most the configured deadline. Thread-safe.
 /// `err` may be NULL.
-/// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+/// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_release(
     limiter: *const shardlimit_limiter,
@@ -1649,7 +1651,7 @@ pub unsafe extern "C" fn shardlimit_connect(
 
 /// Forgets `key`'s state under `policy`: its full budget is back.
 /// Blocks for at most the configured deadline. Thread-safe. `err` may be NULL.
-/// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+/// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_reset(
     limiter: *const shardlimit_limiter,

@@ -14,7 +14,7 @@ use super::*;
 /// Blocks the calling thread for at most the configured deadline (`timeout_ms`).
 /// Thread-safe. On success `*out` (caller-allocated) is filled; nothing is allocated.
 /// `err` may be NULL.
-/// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+/// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_check_shadow(
     limiter: *const shardlimit_limiter,
@@ -74,7 +74,7 @@ pub unsafe extern "C" fn shardlimit_check_shadow_start(
 ///
 /// Blocks for at most the configured deadline. Thread-safe. `err` may be NULL.
 /// Results: OK, INVALID_ARGUMENT (a policy name that cannot exist; a Redis Cluster),
-/// CONNECTION, TIMEOUT, SCRIPT, INTERNAL.
+/// CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_shadow_report(
     limiter: *const shardlimit_limiter,
