@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::events::Event;
 use crate::policy::{Algorithm, Compiled, Policy, PolicyInner};
 use crate::routing::shard_index;
-use crate::transport::pipe::next_tag;
+use crate::transport::batch::next_tag;
 use std::time::Duration;
 
 /// A Redis check after its preamble: decided already (a cached block), or the script to run.

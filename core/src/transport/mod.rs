@@ -3,6 +3,7 @@
 //! on the caller's thread ([`blocking`]), the I/O runtime that drives them ([`runtime`]),
 //! and how many CPUs the process may use, which decides whether waiting spins ([`cpus`]).
 
+pub(crate) mod batch;
 pub(crate) mod blocking;
 pub(crate) mod cpus;
 pub(crate) mod pipe;

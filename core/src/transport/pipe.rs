@@ -17,12 +17,8 @@
 //! wrong caller). Closing aborts both tasks, so the socket is closed at once and nothing
 //! more is read or buffered for callers that are gone.
 
-use crate::engine::redis::protocol::{
-    CheckPart, CheckSink, CHECK_ITEM_ARGS as ITEM_ARGS, CHECK_KEYS as KEYS,
-    CHECK_SHAPE_ARGS as SHAPE_ARGS, CHECK_TAG_ARGS as TAG_ARGS,
-};
 use crate::engine::redis::scripts::CheckScripts;
-use crate::engine::redis::CheckRequest;
+use crate::transport::batch::{pack_calls, split_batch, untag, CheckCall, MAX_BATCH, NOT_THEIRS};
 use crate::transport::blocking::{expect_ok, Target};
 use crate::transport::resp::{parse_frame, Framer, Reply, MAX_CHECK_REPLY, MAX_REPLY};
 use parking_lot::Mutex;
@@ -39,95 +35,6 @@ type Sender = oneshot::Sender<io::Result<Reply>>;
 /// A caller of any other command waits for the bytes of its reply (parsed by the redis
 /// crate, see [`PipeConn`]).
 type RawSender = oneshot::Sender<io::Result<Vec<u8>>>;
-
-/// The most checks one batch call carries: bounds how long one script call holds Redis.
-pub(crate) const MAX_BATCH: usize = 128;
-
-/// A number no other check call of this process carries at the same time (it wraps after
-/// 2^53 calls; Lua numbers hold it exactly). The check scripts echo it as the last value of
-/// their reply, so a reply is taken only by the call it answers: whatever goes wrong with
-/// a reply stream, no caller gets a decision made for another.
-pub(crate) fn next_tag() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed) & ((1 << 53) - 1)
-}
-
-/// Why a reply with another call's tag is refused (and its connection closed).
-pub(crate) const NOT_THEIRS: &str = "a reply carrying another call's tag";
-
-/// What becomes of a check's reply, given the tag of its call: the tag is taken off a
-/// reply that carries it (`Ok`); a reply that carries another call's tag is `Err` (the
-/// stream it came on is in doubt). Replies without a tag at the end (error replies,
-/// malformed ones) pass as they are, for the caller's checks of the reply to reject.
-pub(crate) fn untag(reply: Reply, tag: u64) -> Result<Reply, Reply> {
-    match reply {
-        Reply::Array(mut items) => match items.last() {
-            Some(Reply::Int(t)) if *t as u64 == tag && *t >= 0 => {
-                items.pop();
-                Ok(Reply::Array(items))
-            }
-            Some(Reply::Int(_)) => Err(Reply::Array(items)),
-            _ => Ok(Reply::Array(items)),
-        },
-        other => Ok(other),
-    }
-}
-
-/// One check script call, in parts the writer can put into a single or a batch call.
-pub(crate) struct CheckCall {
-    /// the check's algorithm's scripts
-    pub(crate) scripts: &'static CheckScripts,
-    /// the server lost the scripts (NOSCRIPT): send the source (EVAL), which loads it
-    pub(crate) eval: bool,
-    /// packed (`$<len>\r\n<arg>\r\n` each): the keys, the check's own arguments from
-    /// `item_at`, its policy's from `shape_at`, its tag from `tag_at`
-    packed: Vec<u8>,
-    item_at: usize,
-    shape_at: usize,
-    tag_at: usize,
-    /// the tag its reply must carry
-    pub(crate) tag: u64,
-}
-
-impl CheckCall {
-    /// The call of `req` ([`CheckRequest::write`] lays its arguments out).
-    pub fn new(
-        scripts: &'static CheckScripts,
-        eval: bool,
-        req: &CheckRequest<'_>,
-        prefix: &str,
-    ) -> CheckCall {
-        let mut call = CheckCall {
-            scripts,
-            eval,
-            packed: Vec::with_capacity(192),
-            item_at: 0,
-            shape_at: 0,
-            tag_at: 0,
-            tag: req.tag,
-        };
-        req.write(prefix, &mut call);
-        call
-    }
-
-    fn shape(&self) -> &[u8] {
-        &self.packed[self.shape_at..self.tag_at]
-    }
-}
-
-impl CheckSink for CheckCall {
-    fn arg(&mut self, a: &[u8]) {
-        bulk(&mut self.packed, a);
-    }
-    fn mark(&mut self, part: CheckPart) {
-        let at = self.packed.len();
-        match part {
-            CheckPart::Item => self.item_at = at,
-            CheckPart::Shape => self.shape_at = at,
-            CheckPart::Tag => self.tag_at = at,
-        }
-    }
-}
 
 enum Request {
     Check {
@@ -198,37 +105,6 @@ impl Waiter {
         }
         Ok(())
     }
-}
-
-/// The reply of one batch call, split into the replies of its checks (whose tags are
-/// `tags`, in order): each element is untagged, and only if every one is its check's are
-/// they handed out (`Err`: the stream is in doubt). A reply that is not an array of one
-/// element per check (NOSCRIPT, OOM, anything else) becomes each check's error reply.
-pub(crate) fn split_batch(
-    reply: Reply,
-    tags: impl ExactSizeIterator<Item = u64>,
-) -> io::Result<Vec<Reply>> {
-    let not_theirs = || crate::transport::resp::protocol(NOT_THEIRS);
-    let n = tags.len();
-    Ok(match reply {
-        Reply::Array(items) if items.len() == n => {
-            // every element must be its caller's before any is handed out
-            let mut out = Vec::with_capacity(n);
-            for (r, tag) in items.into_iter().zip(tags) {
-                out.push(untag(r, tag).map_err(|_| not_theirs())?);
-            }
-            out
-        }
-        // the whole call failed (NOSCRIPT, OOM, ...): every check gets its error
-        Reply::Error(e) => vec![Reply::Error(e); n],
-        other => {
-            let e = format!(
-                "a batch of {n} checks got the reply {:?}",
-                crate::transport::resp::Shown(&other)
-            );
-            vec![Reply::Error(e); n]
-        }
-    })
 }
 
 struct Shared {
@@ -446,81 +322,6 @@ impl redis::aio::ConnectionLike for PipeConn {
 
     fn get_db(&self) -> i64 {
         self.db
-    }
-}
-
-fn bulk(out: &mut Vec<u8>, b: &[u8]) {
-    out.push(b'$');
-    out.extend_from_slice(itoa::Buffer::new().format(b.len()).as_bytes());
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(b);
-    out.extend_from_slice(b"\r\n");
-}
-
-fn header(out: &mut Vec<u8>, items: usize) {
-    out.push(b'*');
-    out.extend_from_slice(itoa::Buffer::new().format(items).as_bytes());
-    out.extend_from_slice(b"\r\n");
-}
-
-/// Appends the script call of `calls` (all of one algorithm) to `out`: EVALSHA of the
-/// single script for one check, of the batch script for several, with each distinct
-/// policy argument set sent once (core/lua/main_batch.lua); EVAL of the source when one of them
-/// saw NOSCRIPT.
-pub(crate) fn pack_calls(
-    out: &mut Vec<u8>,
-    calls: &[CheckCall],
-    scratch: (&mut Vec<usize>, &mut Vec<usize>),
-) {
-    let first = &calls[0];
-    let eval = calls.iter().any(|c| c.eval);
-    let (op, script): (&[u8], &str) = match (calls.len() > 1, eval) {
-        (false, false) => (b"EVALSHA", first.scripts.single_sha),
-        (false, true) => (b"EVAL", first.scripts.single_src),
-        (true, false) => (b"EVALSHA", first.scripts.batch_sha),
-        (true, true) => (b"EVAL", first.scripts.batch_src),
-    };
-    if calls.len() == 1 {
-        header(out, 3 + KEYS + ITEM_ARGS + SHAPE_ARGS + TAG_ARGS);
-        bulk(out, op);
-        bulk(out, script.as_bytes());
-        bulk(out, itoa::Buffer::new().format(KEYS).as_bytes());
-        out.extend_from_slice(&first.packed);
-        return;
-    }
-    // the first call of each distinct policy argument set, and each call's set (1..=S)
-    let (firsts, shapes) = scratch;
-    firsts.clear();
-    shapes.clear();
-    for (i, c) in calls.iter().enumerate() {
-        let k = match firsts.iter().position(|&j| calls[j].shape() == c.shape()) {
-            Some(k) => k,
-            None => {
-                firsts.push(i);
-                firsts.len() - 1
-            }
-        };
-        shapes.push(k + 1);
-    }
-    let n = calls.len();
-    header(
-        out,
-        3 + KEYS * n + 1 + SHAPE_ARGS * firsts.len() + (ITEM_ARGS + 1 + TAG_ARGS) * n,
-    );
-    bulk(out, op);
-    bulk(out, script.as_bytes());
-    bulk(out, itoa::Buffer::new().format(KEYS * n).as_bytes());
-    for c in calls {
-        out.extend_from_slice(&c.packed[..c.item_at]);
-    }
-    bulk(out, itoa::Buffer::new().format(firsts.len()).as_bytes());
-    for &j in firsts.iter() {
-        out.extend_from_slice(calls[j].shape());
-    }
-    for (c, shape) in calls.iter().zip(shapes.iter()) {
-        out.extend_from_slice(&c.packed[c.item_at..c.shape_at]);
-        bulk(out, itoa::Buffer::new().format(*shape).as_bytes());
-        out.extend_from_slice(&c.packed[c.tag_at..]);
     }
 }
 

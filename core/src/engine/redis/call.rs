@@ -222,7 +222,7 @@ impl RedisEngine {
     /// writes the command and reads the reply itself, which is what a synchronous caller (a
     /// Python thread, a C or Go call) waits for anyway. A connection that failed in any way
     /// is dropped, never reused; one that got an error reply is fine, one that got a reply
-    /// carrying another call's `tag` is not (see `pipe::untag`). `deadline` is the call's
+    /// carrying another call's `tag` is not (see `batch::untag`). `deadline` is the call's
     /// (a NOSCRIPT retry shares it with the try before).
     pub fn request_blocking(
         self: &Arc<Self>,
@@ -271,7 +271,7 @@ impl RedisEngine {
                     let reply = untag(reply, tag).map_err(|_| {
                         self.io_error(
                             shard,
-                            crate::transport::resp::protocol(crate::transport::pipe::NOT_THEIRS),
+                            crate::transport::resp::protocol(crate::transport::batch::NOT_THEIRS),
                         )
                     })?;
                     if fresh {
@@ -350,7 +350,7 @@ impl RedisEngine {
     pub(super) fn not_theirs(&self, shard: usize) -> Error {
         Error::Connection {
             shard: self.shards[shard].name.clone(),
-            message: crate::transport::pipe::NOT_THEIRS.into(),
+            message: crate::transport::batch::NOT_THEIRS.into(),
         }
     }
 }

@@ -130,7 +130,7 @@ pub(crate) struct CheckRequest<'a> {
     pub cost: u64,
     pub mode: Mode,
     pub lease: Option<&'a str>,
-    /// echoed as the last value of the reply (see `transport::pipe::untag`)
+    /// echoed as the last value of the reply (see `transport::batch::untag`)
     pub tag: u64,
     /// the override the check was decided with (`limiter/overrides.rs`)
     pub ov: OverrideArg,

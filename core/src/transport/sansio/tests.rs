@@ -1,0 +1,312 @@
+//! The machine driven with bytes alone: no socket, no thread, no clock but the one
+//! passed in.
+use super::*;
+use crate::engine::redis::scripts::check_scripts;
+use crate::engine::redis::{CheckRequest, Mode, OverrideArg};
+use crate::policy::{Limit, Policy};
+use std::time::Duration;
+
+fn policy() -> Policy {
+    Policy::new("p", Limit::fixed_window(10, Duration::from_secs(60))).unwrap()
+}
+
+fn call(p: &Policy, key: &str, tag: u64) -> CheckCall {
+    let req = CheckRequest {
+        policy: &p.0,
+        eff: &p.0.compiled,
+        key,
+        now_us: Some(1),
+        cost: 1,
+        mode: Mode::Check,
+        lease: None,
+        tag,
+        ov: OverrideArg::Off,
+    };
+    CheckCall::new(check_scripts(p.0.compiled.algorithm), false, &req, "sl")
+}
+
+fn ready(handshake: Vec<(&'static str, Vec<u8>)>) -> SansIo {
+    let mut c = SansIo::new(handshake);
+    c.connecting(Instant::now() + Duration::from_secs(60));
+    c.connected();
+    c
+}
+
+/// A check's reply as the scripts give it: its values, then its tag.
+fn reply(values: &[i64], tag: u64) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", values.len() + 1).into_bytes();
+    for v in values.iter().copied().chain([tag as i64]) {
+        out.extend_from_slice(format!(":{v}\r\n").as_bytes());
+    }
+    out
+}
+
+fn later() -> Instant {
+    Instant::now() + Duration::from_secs(60)
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn nothing_is_accepted_while_nobody_connects() {
+    let p = policy();
+    let mut c = SansIo::new(Vec::new());
+    let e = c.submit(1, call(&p, "k", 1), later()).unwrap_err();
+    assert!(e.to_string().contains("not connected"), "{e}");
+    assert!(c.is_down());
+    assert_eq!(c.poll_transmit(), None);
+}
+
+#[test]
+fn logs_in_before_any_check_is_written_then_answers_by_tag() {
+    let p = policy();
+    let select = b"*2\r\n$6\r\nSELECT\r\n$1\r\n3\r\n".to_vec();
+    let mut c = SansIo::new(vec![("SELECT", select.clone())]);
+    c.connecting(later());
+    c.submit(7, call(&p, "k", 70), later()).unwrap();
+    assert_eq!(c.poll_transmit(), None, "nothing before the socket is open");
+    c.connected();
+    // a check on the wrong database would decide on another's state: it waits
+    assert_eq!(c.poll_transmit().unwrap(), select);
+    assert_eq!(c.poll_transmit(), None);
+    let mut done = Vec::new();
+    c.handle_input(b"+OK\r\n", &mut done);
+    assert!(done.is_empty());
+    let wire = c.poll_transmit().unwrap();
+    let single = check_scripts(p.0.compiled.algorithm).single_sha;
+    assert!(wire.starts_with(b"*21\r\n$7\r\nEVALSHA\r\n"), "{wire:?}");
+    assert!(contains(&wire, single.as_bytes()));
+    // the reply, a byte at a time
+    for b in reply(&[1, 9, 5, -1, 0, 0, 1], 70) {
+        c.handle_input(&[b], &mut done);
+    }
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].id, 7);
+    let want: Vec<Reply> = [1, 9, 5, -1, 0, 0, 1].map(Reply::Int).to_vec();
+    assert_eq!(done[0].reply.as_ref().unwrap(), &Reply::Array(want));
+    assert!(!c.is_down());
+    assert_eq!(c.next_deadline(), None, "nothing waits");
+}
+
+#[test]
+fn a_failed_login_fails_the_waiting_checks_and_closes() {
+    let p = policy();
+    let mut c = SansIo::new(vec![("AUTH", b"*2\r\n$4\r\nAUTH\r\n$1\r\nx\r\n".to_vec())]);
+    c.connecting(later());
+    c.submit(1, call(&p, "k", 1), later()).unwrap();
+    c.connected();
+    c.poll_transmit().unwrap();
+    let mut done = Vec::new();
+    c.handle_input(b"-WRONGPASS invalid username-password pair\r\n", &mut done);
+    assert!(c.is_down());
+    let e = done[0].reply.as_ref().unwrap_err();
+    assert!(e.to_string().contains("AUTH failed: WRONGPASS"), "{e}");
+}
+
+#[test]
+fn a_burst_is_one_batch_call_and_each_check_gets_its_own_element() {
+    let p = policy();
+    let mut c = ready(Vec::new());
+    for i in 1..=3 {
+        c.submit(i, call(&p, &format!("k{i}"), 100 + i), later())
+            .unwrap();
+    }
+    let wire = c.poll_transmit().unwrap();
+    let batch = check_scripts(p.0.compiled.algorithm).batch_sha;
+    assert!(contains(&wire, batch.as_bytes()), "one batch call");
+    assert_eq!(
+        wire.iter().filter(|&&b| b == b'*').count(),
+        1,
+        "one command"
+    );
+    // the three replies in one array, cut in two anywhere
+    let mut full = b"*3\r\n".to_vec();
+    for i in 1..=3u64 {
+        full.extend(reply(&[1, 10 - i as i64, 5, -1, 0, 0, 1], 100 + i));
+    }
+    for cut in [1, 5, full.len() / 2, full.len() - 1] {
+        let mut c2 = ready(Vec::new());
+        for i in 1..=3 {
+            c2.submit(i, call(&p, &format!("k{i}"), 100 + i), later())
+                .unwrap();
+        }
+        c2.poll_transmit().unwrap();
+        let mut done = Vec::new();
+        c2.handle_input(&full[..cut], &mut done);
+        assert!(done.is_empty(), "cut {cut}");
+        c2.handle_input(&full[cut..], &mut done);
+        let got: Vec<(u64, i64)> = done
+            .iter()
+            .map(|d| match d.reply.as_ref().unwrap() {
+                Reply::Array(v) => (
+                    d.id,
+                    match v[1] {
+                        Reply::Int(n) => n,
+                        _ => panic!(),
+                    },
+                ),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(got, vec![(1, 9), (2, 8), (3, 7)], "cut {cut}");
+    }
+}
+
+#[test]
+fn a_reply_with_another_calls_tag_fails_every_call_and_closes() {
+    let p = policy();
+    let mut c = ready(Vec::new());
+    c.submit(1, call(&p, "a", 11), later()).unwrap();
+    c.submit(2, call(&p, "b", 12), later()).unwrap();
+    c.poll_transmit().unwrap();
+    c.submit(3, call(&p, "c", 13), later()).unwrap(); // queued, not sent
+                                                      // the batch's elements swapped: neither may take the other's decision
+    let mut swapped = b"*2\r\n".to_vec();
+    swapped.extend(reply(&[1, 1, 5, -1, 0, 0, 1], 12));
+    swapped.extend(reply(&[1, 2, 5, -1, 0, 0, 1], 11));
+    let mut done = Vec::new();
+    c.handle_input(&swapped, &mut done);
+    assert!(c.is_down());
+    let mut ids: Vec<u64> = done.iter().map(|d| d.id).collect();
+    ids.sort();
+    assert_eq!(ids, vec![1, 2, 3]);
+    for d in &done {
+        let e = d.reply.as_ref().unwrap_err();
+        assert!(e.to_string().contains("another call's tag"), "{e}");
+    }
+    // and nothing more is read from that socket
+    c.handle_input(&reply(&[1], 13), &mut done);
+    assert_eq!(done.len(), 3);
+}
+
+#[test]
+fn bytes_nobody_asked_for_and_hostile_framing_close_the_connection() {
+    let p = policy();
+    let deep = b"*1\r\n".repeat(100_000);
+    let bulk = b"$1099511627776\r\n".to_vec();
+    for (what, bytes, says) in [
+        (
+            "unasked",
+            b"-ERR max number of clients reached\r\n".to_vec(),
+            "nobody asked",
+        ),
+        ("deep", deep, "nested deeper"),
+        ("huge bulk", bulk, "over the bound"),
+        ("bad type", b"%1\r\n".to_vec(), "unknown type"),
+    ] {
+        let mut c = ready(Vec::new());
+        if what != "unasked" {
+            c.submit(1, call(&p, "k", 5), later()).unwrap();
+            c.poll_transmit().unwrap();
+        }
+        let mut done = Vec::new();
+        c.handle_input(&bytes, &mut done);
+        assert!(c.is_down(), "{what}");
+        if what != "unasked" {
+            let e = done[0].reply.as_ref().unwrap_err();
+            assert!(e.to_string().contains(says), "{what}: {e}");
+        }
+    }
+}
+
+#[test]
+fn noscript_sends_the_source_and_the_check_completes() {
+    let p = policy();
+    let mut c = ready(Vec::new());
+    c.submit(1, call(&p, "a", 21), later()).unwrap();
+    c.submit(2, call(&p, "b", 22), later()).unwrap();
+    c.poll_transmit().unwrap();
+    let mut done = Vec::new();
+    c.handle_input(b"-NOSCRIPT No matching script.\r\n", &mut done);
+    assert!(done.is_empty(), "retried, not failed");
+    let wire = c.poll_transmit().unwrap();
+    assert!(wire.starts_with(b"*"), "{wire:?}");
+    assert!(contains(&wire, b"$4\r\nEVAL\r\n"), "EVAL of the source");
+    let src = check_scripts(p.0.compiled.algorithm).batch_src;
+    assert!(contains(&wire, src.as_bytes()));
+    let mut full = b"*2\r\n".to_vec();
+    full.extend(reply(&[1, 9, 5, -1, 0, 0, 1], 21));
+    full.extend(reply(&[1, 8, 5, -1, 0, 0, 1], 22));
+    c.handle_input(&full, &mut done);
+    assert_eq!(done.len(), 2);
+    assert!(done.iter().all(|d| d.reply.is_ok()));
+    // a second NOSCRIPT is the check's answer (a script error), not a loop
+    c.submit(3, call(&p, "c", 23), later()).unwrap();
+    c.poll_transmit().unwrap();
+    c.handle_input(b"-NOSCRIPT No matching script.\r\n", &mut done);
+    c.poll_transmit().unwrap();
+    c.handle_input(b"-NOSCRIPT No matching script.\r\n", &mut done);
+    assert!(done[2].reply.as_ref().unwrap().is_noscript());
+}
+
+#[test]
+fn a_late_reply_closes_the_connection_and_an_unsent_check_fails_alone() {
+    let p = policy();
+    let t0 = Instant::now();
+    let mut c = ready(Vec::new());
+    c.submit(1, call(&p, "a", 31), t0 + Duration::from_millis(50))
+        .unwrap();
+    c.poll_transmit().unwrap();
+    c.submit(2, call(&p, "b", 32), t0 + Duration::from_millis(80))
+        .unwrap();
+    assert_eq!(c.next_deadline(), Some(t0 + Duration::from_millis(50)));
+    let mut done = Vec::new();
+    c.handle_timeout(t0 + Duration::from_millis(49), &mut done);
+    assert!(done.is_empty() && !c.is_down());
+    c.handle_timeout(t0 + Duration::from_millis(50), &mut done);
+    assert!(c.is_down());
+    assert_eq!(done.len(), 2);
+    for d in &done {
+        let e = d.reply.as_ref().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+    }
+    // a check that was never written fails alone: the stream is not in doubt
+    let mut c = ready(Vec::new());
+    c.submit(3, call(&p, "c", 33), t0).unwrap();
+    c.submit(4, call(&p, "d", 34), t0 + Duration::from_secs(5))
+        .unwrap();
+    let mut done = Vec::new();
+    c.handle_timeout(t0 + Duration::from_millis(1), &mut done);
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].id, 3);
+    assert!(!c.is_down());
+    // a connect that does not finish by its deadline
+    let mut c = SansIo::new(Vec::new());
+    c.connecting(t0 + Duration::from_millis(10));
+    c.submit(5, call(&p, "e", 35), t0 + Duration::from_secs(5))
+        .unwrap();
+    c.handle_timeout(t0 + Duration::from_millis(10), &mut done);
+    assert!(c.is_down());
+    assert!(done[1]
+        .reply
+        .as_ref()
+        .unwrap_err()
+        .to_string()
+        .contains("connect timed out"));
+}
+
+#[test]
+fn a_closed_socket_fails_every_call_and_a_new_one_starts_clean() {
+    let p = policy();
+    let mut c = ready(Vec::new());
+    c.submit(1, call(&p, "a", 41), later()).unwrap();
+    c.poll_transmit().unwrap();
+    let mut done = Vec::new();
+    // half a reply, then the socket closes
+    let r = reply(&[1, 9, 5, -1, 0, 0, 1], 41);
+    c.handle_input(&r[..7], &mut done);
+    c.handle_closed("the connection to Redis broke", &mut done);
+    assert!(c.is_down());
+    assert!(done[0].reply.is_err());
+    // the next connection does not see the old half reply
+    c.connecting(later());
+    c.connected();
+    c.submit(2, call(&p, "b", 42), later()).unwrap();
+    c.poll_transmit().unwrap();
+    c.handle_input(&reply(&[1, 8, 5, -1, 0, 0, 1], 42), &mut done);
+    assert_eq!(done.len(), 2);
+    assert_eq!(done[1].id, 2);
+    assert!(done[1].reply.is_ok());
+}
