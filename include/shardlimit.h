@@ -1568,6 +1568,89 @@ shardlimit_result shardlimit_pending_reserved(const struct shardlimit_pending *p
                                               struct shardlimit_reservation *out_reservation,
                                               struct shardlimit_error **err);
 
+// `shardlimit_set_override()` that returns at once (see `shardlimit_check_start()`): the
+// key, policy name and limit are copied (nothing is retained). Read the override as JSON
+// with `shardlimit_pending_string()`.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL (the call's own result, UNKNOWN_POLICY
+// or a bad limit included, comes through the pending).
+shardlimit_result shardlimit_set_override_start(const struct shardlimit_limiter *limiter,
+                                                const char *key,
+                                                size_t key_len,
+                                                const char *policy,
+                                                size_t policy_len,
+                                                const char *limit,
+                                                size_t limit_len,
+                                                uint64_t ttl_ms,
+                                                shardlimit_callback callback,
+                                                void *user,
+                                                struct shardlimit_pending **out_pending,
+                                                struct shardlimit_error **err);
+
+// `shardlimit_get_override()` that returns at once (see `shardlimit_check_start()`).
+// Read it with `shardlimit_pending_string()`: found false when the key has no override.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_get_override_start(const struct shardlimit_limiter *limiter,
+                                                const char *key,
+                                                size_t key_len,
+                                                const char *policy,
+                                                size_t policy_len,
+                                                shardlimit_callback callback,
+                                                void *user,
+                                                struct shardlimit_pending **out_pending,
+                                                struct shardlimit_error **err);
+
+// `shardlimit_delete_override()` that returns at once (see `shardlimit_check_start()`);
+// read whether the key had an override with `shardlimit_pending_bool()`.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_delete_override_start(const struct shardlimit_limiter *limiter,
+                                                   const char *key,
+                                                   size_t key_len,
+                                                   const char *policy,
+                                                   size_t policy_len,
+                                                   shardlimit_callback callback,
+                                                   void *user,
+                                                   struct shardlimit_pending **out_pending,
+                                                   struct shardlimit_error **err);
+
+// `shardlimit_list_overrides()` that returns at once (see `shardlimit_check_start()`);
+// the cursor is copied. Read the page as JSON with `shardlimit_pending_string()`.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_list_overrides_start(const struct shardlimit_limiter *limiter,
+                                                  const char *policy,
+                                                  size_t policy_len,
+                                                  const char *cursor,
+                                                  size_t cursor_len,
+                                                  size_t limit,
+                                                  shardlimit_callback callback,
+                                                  void *user,
+                                                  struct shardlimit_pending **out_pending,
+                                                  struct shardlimit_error **err);
+
+// `shardlimit_shadow_report()` that returns at once (see `shardlimit_check_start()`);
+// read the report as JSON with `shardlimit_pending_string()`.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_shadow_report_start(const struct shardlimit_limiter *limiter,
+                                                 const char *policy,
+                                                 size_t policy_len,
+                                                 size_t top,
+                                                 shardlimit_callback callback,
+                                                 void *user,
+                                                 struct shardlimit_pending **out_pending,
+                                                 struct shardlimit_error **err);
+
+// The JSON answer of a completed `shardlimit_set_override_start()`,
+// `_get_override_start()`, `_list_overrides_start()` or `_shadow_report_start()`: on
+// success `*out_found` (may be NULL) says whether there is one (false only for a key
+// without an override) and `*out` is a new owned string the caller frees with
+// `shardlimit_string_free()` (an empty struct, NULL `ptr`, when not found). May be read
+// more than once (each read is a new string). The call's own error otherwise;
+// INVALID_ARGUMENT when it has not completed or is another kind of call. Thread-safe.
+// `err` may be NULL.
+shardlimit_result shardlimit_pending_string(const struct shardlimit_pending *pending,
+                                            bool *out_found,
+                                            struct shardlimit_string *out,
+                                            struct shardlimit_error **err);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

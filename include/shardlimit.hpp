@@ -228,6 +228,25 @@ Pending<T> start(Start start, Read read) {
 }
 
 inline Decision pending_decision(shardlimit_pending* p);
+/// The JSON answer of a started override call or shadow report, if there is one.
+inline std::optional<std::string> pending_optional_text(shardlimit_pending* p) {
+  bool found = false;
+  shardlimit_string s{nullptr, 0};
+  shardlimit_error* err = nullptr;
+  check(shardlimit_pending_string(p, &found, &s, &err), err);
+  std::string text = take(s);
+  if (!found) return std::nullopt;
+  return text;
+}
+inline std::string pending_text(shardlimit_pending* p) {
+  return pending_optional_text(p).value_or(std::string());
+}
+inline bool pending_bool(shardlimit_pending* p) {
+  bool b = false;
+  shardlimit_error* err = nullptr;
+  check(shardlimit_pending_bool(p, &b, &err), err);
+  return b;
+}
 }  // namespace detail
 
 /// A manual clock for deterministic tests: limiters made with it read time from it.
@@ -750,6 +769,59 @@ class Limiter {
                                              policy.size(), &deleted, &err),
                   err);
     return deleted;
+  }
+  /// set_override() without blocking (like check_async): the override's JSON comes
+  /// through the Pending's future; the arguments are copied.
+  Pending<std::string> set_override_async(
+      std::string_view key, std::string_view policy, std::string_view limit,
+      std::chrono::milliseconds ttl = std::chrono::milliseconds(0)) const {
+    return detail::start<std::string>(
+        [&](shardlimit_callback cb, void* user, shardlimit_pending** out, shardlimit_error** err) {
+          return shardlimit_set_override_start(h_.get(), key.data(), key.size(), policy.data(),
+                                               policy.size(), limit.data(), limit.size(),
+                                               static_cast<uint64_t>(ttl.count()), cb, user, out,
+                                               err);
+        },
+        &detail::pending_text);
+  }
+  /// get_override() without blocking (like check_async).
+  Pending<std::optional<std::string>> get_override_async(std::string_view key,
+                                                         std::string_view policy) const {
+    return detail::start<std::optional<std::string>>(
+        [&](shardlimit_callback cb, void* user, shardlimit_pending** out, shardlimit_error** err) {
+          return shardlimit_get_override_start(h_.get(), key.data(), key.size(), policy.data(),
+                                               policy.size(), cb, user, out, err);
+        },
+        &detail::pending_optional_text);
+  }
+  /// list_overrides() without blocking (like check_async).
+  Pending<std::string> list_overrides_async(std::string_view policy, std::string_view cursor = {},
+                                            size_t limit = 1000) const {
+    return detail::start<std::string>(
+        [&](shardlimit_callback cb, void* user, shardlimit_pending** out, shardlimit_error** err) {
+          return shardlimit_list_overrides_start(h_.get(), policy.data(), policy.size(),
+                                                 cursor.data(), cursor.size(), limit, cb, user,
+                                                 out, err);
+        },
+        &detail::pending_text);
+  }
+  /// delete_override() without blocking (like check_async).
+  Pending<bool> delete_override_async(std::string_view key, std::string_view policy) const {
+    return detail::start<bool>(
+        [&](shardlimit_callback cb, void* user, shardlimit_pending** out, shardlimit_error** err) {
+          return shardlimit_delete_override_start(h_.get(), key.data(), key.size(), policy.data(),
+                                                  policy.size(), cb, user, out, err);
+        },
+        &detail::pending_bool);
+  }
+  /// shadow_report() without blocking (like check_async).
+  Pending<std::string> shadow_report_async(std::string_view policy, size_t top = 0) const {
+    return detail::start<std::string>(
+        [&](shardlimit_callback cb, void* user, shardlimit_pending** out, shardlimit_error** err) {
+          return shardlimit_shadow_report_start(h_.get(), policy.data(), policy.size(), top, cb,
+                                                user, out, err);
+        },
+        &detail::pending_text);
   }
   /// Gives a lease back; false when it was no longer held.
   /// The configuration in force (after the last reload) as JSON: engine, shard names

@@ -2,6 +2,7 @@ package shardlimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"net/http"
@@ -66,6 +67,10 @@ type MiddlewareOptions struct {
 	// shadow report). For one rule (Policy, or one Rule), without DeductWhen; a layered
 	// middleware puts "shadow": true on its policies in the config instead.
 	Shadow bool
+	// ConnectTimeout is the budget NewMiddleware gives Limiter.Connect (every shard's
+	// connections and scripts) before it returns; 0: 5 s. Middleware and MiddlewareFunc
+	// do not connect.
+	ConnectTimeout time.Duration
 }
 
 // statusRecorder remembers the status a handler answered (200 when it only wrote a body).
@@ -129,6 +134,8 @@ func retryAfter(wait time.Duration, asDate bool, now time.Time) string {
 }
 
 // Rule is one layer of a layered middleware: Cost units of Policy for the request's Key.
+// A Policy that is a concurrency limit holds a lease of Cost units for the request,
+// given back when the handler returns (a panic or a client gone away included).
 type Rule struct {
 	Policy string
 	// Key returns the request's key for this rule; "" skips the rule for this request
@@ -181,8 +188,71 @@ func Middleware(o MiddlewareOptions, next http.Handler) http.Handler {
 }
 
 // MiddlewareFunc is Middleware as a function of the handler, for routers' middleware
-// chains (r.With(shardlimit.MiddlewareFunc(o)).Get(...)).
+// chains (r.With(shardlimit.MiddlewareFunc(o)).Get(...)). Options that cannot work (an
+// unknown policy, say) panic here, when the middleware is built; NewMiddleware returns
+// them as an error instead, and connects first.
 func MiddlewareFunc(o MiddlewareOptions) func(http.Handler) http.Handler {
+	mw, err := buildMiddleware(o)
+	if err != nil {
+		panic(err.Error())
+	}
+	return mw
+}
+
+// DefaultConnectTimeout is NewMiddleware's budget for connecting when
+// MiddlewareOptions.ConnectTimeout is 0.
+const DefaultConnectTimeout = 5 * time.Second
+
+// NewMiddleware is MiddlewareFunc for a service's start-up, where it cannot fail open by
+// accident: it checks the options (an error, not a panic) and then connects to every
+// shard and loads the scripts (Limiter.Connect, within ConnectTimeout, or ctx), so the
+// first requests never spend their per-call deadline on a TCP connect and fall back to
+// on_error. A shard that does not answer is an error naming it: do not serve then (or
+// serve knowing that on_error decides until it answers).
+//
+//	limit, err := shardlimit.NewMiddleware(ctx, shardlimit.MiddlewareOptions{Limiter: l, Policy: "api"})
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	http.ListenAndServe(":8080", limit(mux))
+func NewMiddleware(ctx context.Context, o MiddlewareOptions) (func(http.Handler) http.Handler, error) {
+	mw, err := buildMiddleware(o)
+	if err != nil {
+		return nil, err
+	}
+	timeout := o.ConnectTimeout
+	switch {
+	case timeout == 0:
+		timeout = DefaultConnectTimeout
+	case timeout < 0:
+		return nil, &Error{Code: CodeInvalidArgument, Message: "invalid argument `ConnectTimeout`: must not be negative"}
+	}
+	if err := o.Limiter.Connect(ctx, timeout); err != nil {
+		return nil, fmt.Errorf("shardlimit: NewMiddleware: connecting before serving: %w", err)
+	}
+	return mw, nil
+}
+
+// concurrencyPolicies is the set of the config's policies that are concurrency limits:
+// the middleware takes a lease of those for the request instead of checking them.
+func concurrencyPolicies(l *Limiter) (map[string]bool, error) {
+	c, err := l.Config()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, p := range c.Policies {
+		for _, li := range p.Limits {
+			if li.Algorithm == "concurrency" {
+				out[p.Name] = true
+			}
+		}
+	}
+	return out, nil
+}
+
+// buildMiddleware is the middleware of o, or what is wrong with o.
+func buildMiddleware(o MiddlewareOptions) (func(http.Handler) http.Handler, error) {
 	prefix := o.IPv6Prefix
 	if prefix == 0 {
 		prefix = DefaultIPv6Prefix
@@ -193,26 +263,37 @@ func MiddlewareFunc(o MiddlewareOptions) func(http.Handler) http.Handler {
 		rules = []Rule{{Policy: o.Policy, Key: o.Key, Cost: o.Cost}}
 	}
 	if o.Limiter == nil {
-		panic("shardlimit: MiddlewareOptions.Limiter is nil")
+		return nil, errors.New("shardlimit: MiddlewareOptions.Limiter is nil")
 	}
+	concurrency, err := concurrencyPolicies(o.Limiter)
+	if err != nil {
+		return nil, fmt.Errorf("shardlimit: MiddlewareOptions: reading the limiter's config: %w", err)
+	}
+	leased := make([]bool, len(rules))
 	for i := range rules {
 		if rules[i].Key == nil {
 			rules[i].Key = ipKey
 		}
 		// a policy the config lacks is a mistake made here: say so now, not with an
 		// error on every request
-		if _, err := o.Limiter.Policy(rules[i].Policy); err != nil {
-			panic(fmt.Sprintf("shardlimit: MiddlewareOptions: the policy of rule %d: %v", i, err))
+		p, err := o.Limiter.Policy(rules[i].Policy)
+		if err != nil {
+			return nil, fmt.Errorf("shardlimit: MiddlewareOptions: the policy of rule %d: %w", i, err)
+		}
+		_ = p.Close()
+		leased[i] = concurrency[rules[i].Policy]
+		if leased[i] && o.Shadow {
+			return nil, fmt.Errorf("shardlimit: MiddlewareOptions.Shadow: the policy %q of rule %d is a concurrency limit, which cannot run in shadow", rules[i].Policy, i)
 		}
 	}
 	if o.Headers < HeadersBoth || o.Headers > HeadersNone {
-		panic(fmt.Sprintf("shardlimit: MiddlewareOptions.Headers %d is not a HeaderSet", o.Headers))
+		return nil, fmt.Errorf("shardlimit: MiddlewareOptions.Headers %d is not a HeaderSet", o.Headers)
 	}
 	if o.UnavailableRetryAfter < 0 {
-		panic("shardlimit: MiddlewareOptions.UnavailableRetryAfter is negative")
+		return nil, errors.New("shardlimit: MiddlewareOptions.UnavailableRetryAfter is negative")
 	}
 	if o.Shadow && (len(rules) > 1 || o.DeductWhen != nil) {
-		panic("shardlimit: MiddlewareOptions.Shadow takes one rule and no DeductWhen (put \"shadow\": true on the policies of a layered middleware)")
+		return nil, errors.New("shardlimit: MiddlewareOptions.Shadow takes one rule and no DeductWhen (put \"shadow\": true on the policies of a layered middleware)")
 	}
 	onError := o.OnError
 	if onError == nil {
@@ -249,7 +330,8 @@ func MiddlewareFunc(o MiddlewareOptions) func(http.Handler) http.Handler {
 				return
 			}
 			layers := make([]Layer, 0, len(rules))
-			for _, rule := range rules {
+			var leaseLayers []Layer // the rules on concurrency policies
+			for i, rule := range rules {
 				key := rule.Key(r)
 				if key == "" {
 					continue // this rule does not apply to this request
@@ -258,16 +340,34 @@ func MiddlewareFunc(o MiddlewareOptions) func(http.Handler) http.Handler {
 				if rule.Cost != nil {
 					cost = rule.Cost(r)
 				}
+				if leased[i] {
+					leaseLayers = append(leaseLayers, Layer{Key: key, Policy: rule.Policy, Cost: cost})
+					continue
+				}
 				layers = append(layers, Layer{Key: key, Policy: rule.Policy, Cost: cost})
 			}
-			if len(layers) == 0 {
+			if len(layers) == 0 && len(leaseLayers) == 0 {
 				next.ServeHTTP(w, r)
 				return
 			}
 			var d Decision
 			var err error
 			var reservation *Reservation
+			if len(leaseLayers) > 0 {
+				// the leases first: a denial of one then consumes nothing from the rate
+				// layers; they are given back when the handler returns, panics included
+				// (a client gone away ends the handler through its context)
+				var leases []*Lease
+				defer func() { releaseAll(r, leases) }()
+				d, leases, err = acquireAll(r.Context(), o.Limiter, leaseLayers)
+				if err != nil {
+					onError(w, r, err)
+					return
+				}
+			}
 			switch {
+			case len(layers) == 0 || !d.Allowed && len(leaseLayers) > 0:
+				// only leases, or a lease was denied: d is the leases' decision
 			case len(layers) == 1 && o.DeductWhen != nil:
 				d, reservation, err = o.Limiter.Reserve(r.Context(), layers[0].Key, layers[0].Policy, layers[0].Cost)
 			case o.Shadow:
@@ -359,5 +459,45 @@ func MiddlewareFunc(o MiddlewareOptions) func(http.Handler) http.Handler {
 				log.Printf("shardlimit: %s %s: giving the request's units back: %v", r.Method, r.URL.Path, err)
 			}
 		})
+	}, nil
+}
+
+// acquireAll takes a lease of each layer, in order. When one is denied, the leases taken
+// are given back and its decision returned (with no leases); otherwise the decision of
+// the last layer and every lease taken (a lease may be nil: a fallback allowed it).
+func acquireAll(ctx context.Context, l *Limiter, layers []Layer) (Decision, []*Lease, error) {
+	leases := make([]*Lease, 0, len(layers))
+	var d Decision
+	for _, layer := range layers {
+		var lease *Lease
+		var err error
+		d, lease, err = l.Acquire(ctx, layer.Key, layer.Policy, layer.Cost)
+		if err != nil || !d.Allowed {
+			_ = giveBack(ctx, leases)
+			return d, nil, err
+		}
+		if lease != nil {
+			leases = append(leases, lease)
+		}
 	}
+	return d, leases, nil
+}
+
+// releaseAll gives the request's leases back, also when the client has gone away (the
+// release must not end with the request's context).
+func releaseAll(r *http.Request, leases []*Lease) {
+	if err := giveBack(r.Context(), leases); err != nil {
+		log.Printf("shardlimit: %s %s: releasing the request's lease: %v", r.Method, r.URL.Path, err)
+	}
+}
+
+func giveBack(ctx context.Context, leases []*Lease) error {
+	ctx = context.WithoutCancel(ctx)
+	var first error
+	for _, le := range leases {
+		if _, err := le.Release(ctx); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }

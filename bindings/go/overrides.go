@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+	"unsafe"
 )
 
 // Override is a key's live override of a policy: the limit its checks are decided by
@@ -61,8 +62,9 @@ func decodeOverride(text string) (*Override, error) {
 	return &out, nil
 }
 
-// The override calls are admin operations, not the check path: each blocks its OS
-// thread for at most the configured deadline (ctx is looked at before the call).
+// The override calls start on the core's I/O runtime like Check (the C ABI's _start
+// calls): the goroutine parks until the answer comes or ctx is done (ctx.Err() then), and
+// no OS thread is held while Redis answers.
 
 // SetOverride sets key's override of policy (a config policy with "overrides": true) to
 // limit: a rate string ("100/minute", in the policy's algorithm) or a limit object in
@@ -80,12 +82,17 @@ func (l *Limiter) SetOverride(ctx context.Context, key, policy, limit string, tt
 	kp, kn := cStr(key)
 	pp, pn := cStr(policy)
 	lp, ln := cStr(limit)
-	var out C.shardlimit_string
-	var e *C.shardlimit_error
-	if rc := C.shardlimit_set_override(h.p, kp, kn, pp, pn, lp, ln, C.uint64_t(ms), &out, &e); rc != C.SHARDLIMIT_OK {
-		return nil, takeError(rc, e)
+	p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+		return C.shardlimit_set_override_start(h.p, kp, kn, pp, pn, lp, ln, C.uint64_t(ms), cb, u, out, e)
+	})
+	if err != nil {
+		return nil, err
 	}
-	return decodeOverride(takeString(&out))
+	text, _, err := stringOf(p)
+	if err != nil {
+		return nil, err
+	}
+	return decodeOverride(text)
 }
 
 // GetOverride is key's override of policy, or nil when it has none.
@@ -96,16 +103,17 @@ func (l *Limiter) GetOverride(ctx context.Context, key, policy string) (*Overrid
 	}
 	kp, kn := cStr(key)
 	pp, pn := cStr(policy)
-	var found C.bool
-	var out C.shardlimit_string
-	var e *C.shardlimit_error
-	if rc := C.shardlimit_get_override(h.p, kp, kn, pp, pn, &found, &out, &e); rc != C.SHARDLIMIT_OK {
-		return nil, takeError(rc, e)
+	p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+		return C.shardlimit_get_override_start(h.p, kp, kn, pp, pn, cb, u, out, e)
+	})
+	if err != nil {
+		return nil, err
 	}
-	if !bool(found) {
-		return nil, nil
+	text, found, err := stringOf(p)
+	if err != nil || !found {
+		return nil, err
 	}
-	return decodeOverride(takeString(&out))
+	return decodeOverride(text)
 }
 
 // DeleteOverride deletes key's override of policy and reports whether it had one; its
@@ -117,12 +125,13 @@ func (l *Limiter) DeleteOverride(ctx context.Context, key, policy string) (bool,
 	}
 	kp, kn := cStr(key)
 	pp, pn := cStr(policy)
-	var deleted C.bool
-	var e *C.shardlimit_error
-	if rc := C.shardlimit_delete_override(h.p, kp, kn, pp, pn, &deleted, &e); rc != C.SHARDLIMIT_OK {
-		return false, takeError(rc, e)
+	p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+		return C.shardlimit_delete_override_start(h.p, kp, kn, pp, pn, cb, u, out, e)
+	})
+	if err != nil {
+		return false, err
 	}
-	return bool(deleted), nil
+	return boolOf(p)
 }
 
 // ListOverrides is one page of policy's overrides on every shard, about limit of them
@@ -137,16 +146,21 @@ func (l *Limiter) ListOverrides(ctx context.Context, policy, cursor string, limi
 	}
 	pp, pn := cStr(policy)
 	cp, cn := cStr(cursor)
-	var out C.shardlimit_string
-	var e *C.shardlimit_error
-	if rc := C.shardlimit_list_overrides(h.p, pp, pn, cp, cn, C.size_t(limit), &out, &e); rc != C.SHARDLIMIT_OK {
-		return nil, takeError(rc, e)
+	p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+		return C.shardlimit_list_overrides_start(h.p, pp, pn, cp, cn, C.size_t(limit), cb, u, out, e)
+	})
+	if err != nil {
+		return nil, err
+	}
+	text, _, err := stringOf(p)
+	if err != nil {
+		return nil, err
 	}
 	var page struct {
 		Overrides []overrideJSON `json:"overrides"`
 		Cursor    *string        `json:"cursor"`
 	}
-	if err := json.Unmarshal([]byte(takeString(&out)), &page); err != nil {
+	if err := json.Unmarshal([]byte(text), &page); err != nil {
 		return nil, &Error{Code: CodeInternal, Message: fmt.Sprintf("a page the core wrote is not JSON: %v", err)}
 	}
 	res := &OverridePage{Overrides: make([]Override, 0, len(page.Overrides))}

@@ -200,3 +200,19 @@ func resultOf(p *C.shardlimit_pending) error {
 	}
 	return nil
 }
+
+// stringOf reads a completed call's JSON answer (found is false for no override) and
+// frees the pending.
+func stringOf(p *C.shardlimit_pending) (text string, found bool, err error) {
+	defer C.shardlimit_pending_free(p)
+	var f C.bool
+	var s C.shardlimit_string
+	var e *C.shardlimit_error
+	if rc := C.shardlimit_pending_string(p, &f, &s, &e); rc != C.SHARDLIMIT_OK {
+		return "", false, takeError(rc, e)
+	}
+	if !bool(f) {
+		return "", false, nil
+	}
+	return takeString(&s), true, nil
+}

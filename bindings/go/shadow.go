@@ -9,6 +9,7 @@ import "C"
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"unsafe"
 )
 
@@ -52,8 +53,8 @@ type ShadowReport struct {
 
 // ShadowReport reads the shadow-mode denials of the named policy by key, summed over
 // every shard (on the in-memory engine: this process's counts); top > 0 keeps that many
-// keys. It blocks for at most the configured deadline (the C ABI has no started variant
-// of this call: it is for reports, not for the request path).
+// keys. Like Check it waits without holding an OS thread and returns ctx.Err() as soon
+// as ctx is done.
 func (l *Limiter) ShadowReport(ctx context.Context, policy string, top int) (ShadowReport, error) {
 	h, err := l.open(ctx)
 	if err != nil {
@@ -63,15 +64,19 @@ func (l *Limiter) ShadowReport(ctx context.Context, policy string, top int) (Sha
 		top = 0
 	}
 	pp, pn := cStr(policy)
-	var s C.shardlimit_string
-	var e *C.shardlimit_error
-	if rc := C.shardlimit_shadow_report(h.p, pp, pn, C.size_t(top), &s, &e); rc != C.SHARDLIMIT_OK {
-		return ShadowReport{}, takeError(rc, e)
-	}
-	defer C.shardlimit_string_free(&s)
-	var r ShadowReport
-	if err := json.Unmarshal(C.GoBytes(unsafe.Pointer(s.ptr), C.int(s.len)), &r); err != nil {
+	p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+		return C.shardlimit_shadow_report_start(h.p, pp, pn, C.size_t(top), cb, u, out, e)
+	})
+	if err != nil {
 		return ShadowReport{}, err
+	}
+	text, _, err := stringOf(p)
+	if err != nil {
+		return ShadowReport{}, err
+	}
+	var r ShadowReport
+	if err := json.Unmarshal([]byte(text), &r); err != nil {
+		return ShadowReport{}, &Error{Code: CodeInternal, Message: fmt.Sprintf("a shadow report the core wrote is not JSON: %v", err)}
 	}
 	return r, nil
 }

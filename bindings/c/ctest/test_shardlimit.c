@@ -1070,6 +1070,131 @@ static void test_shadow(void) {
   shardlimit_limiter_free(l);
 }
 
+/* The started forms of the override calls and the shadow report: the same answers as
+ * the blocking forms, read with shardlimit_pending_string(); against a stopped Redis they
+ * stay in flight until cancelled (the callback runs once, inside cancel). */
+static void on_text(void *user, shardlimit_pending *p) {
+  struct seen *s = user;
+  shardlimit_string t = {NULL, 0};
+  atomic_store(&s->code, (int)shardlimit_pending_string(p, NULL, &t, NULL));
+  shardlimit_string_free(&t);
+  atomic_fetch_add(&s->calls, 1);
+}
+
+static void test_started_text_calls(void) {
+  char cfg[768];
+  snprintf(cfg, sizeof cfg,
+           "{\"shards\":[{\"name\":\"only\",\"url\":\"redis://127.0.0.1:%d\"}],"
+           "\"key_prefix\":\"ctext:\",\"timeout_ms\":10000,\"policies\":{"
+           "\"ov\":{\"algorithm\":\"fixed_window\",\"limit\":3,\"window\":\"1h\","
+           "\"overrides\":true},"
+           "\"sh\":{\"algorithm\":\"fixed_window\",\"limit\":1,\"window\":\"1h\",\"shadow\":true}}}",
+           redis_port);
+  shardlimit_error *err = NULL;
+  shardlimit_limiter *l = NULL;
+  CHECK_RC(shardlimit_limiter_new_json(cfg, strlen(cfg), NULL, &l, &err), SHARDLIMIT_OK, err);
+  shardlimit_pending *p = NULL;
+  shardlimit_string json = {NULL, 0};
+  bool found = false, b = false;
+  const uint64_t wait_us = 10 * 1000 * 1000;
+  /* set */
+  CHECK_RC(shardlimit_set_override_start(l, S("acme"), S("ov"), S("100/hour"), 3600000, NULL,
+                                         NULL, &p, &err),
+           SHARDLIMIT_OK, err);
+  CHECK(shardlimit_pending_wait(p, wait_us));
+  CHECK_RC(shardlimit_pending_string(p, &found, &json, &err), SHARDLIMIT_OK, err);
+  CHECK(found && json.ptr != NULL && strstr(json.ptr, "\"limit\":100") != NULL);
+  shardlimit_string_free(&json);
+  /* another kind of reader is refused, naming the right one */
+  CHECK_RC(shardlimit_pending_bool(p, &b, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  shardlimit_pending_free(p);
+  shardlimit_decision d;
+  CHECK_RC(shardlimit_check_named(l, S("acme"), S("ov"), 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK(d.limit == 100);
+  /* get: found, then a key without one */
+  CHECK_RC(shardlimit_get_override_start(l, S("acme"), S("ov"), NULL, NULL, &p, &err),
+           SHARDLIMIT_OK, err);
+  CHECK(shardlimit_pending_wait(p, wait_us));
+  CHECK_RC(shardlimit_pending_string(p, &found, &json, &err), SHARDLIMIT_OK, err);
+  CHECK(found && json.ptr != NULL && strstr(json.ptr, "\"key\":\"acme\"") != NULL);
+  shardlimit_string_free(&json);
+  shardlimit_pending_free(p);
+  CHECK_RC(shardlimit_get_override_start(l, S("nobody"), S("ov"), NULL, NULL, &p, &err),
+           SHARDLIMIT_OK, err);
+  CHECK(shardlimit_pending_wait(p, wait_us));
+  found = true;
+  CHECK_RC(shardlimit_pending_string(p, &found, &json, &err), SHARDLIMIT_OK, err);
+  CHECK(!found && json.ptr == NULL);
+  shardlimit_pending_free(p);
+  /* list */
+  CHECK_RC(shardlimit_list_overrides_start(l, S("ov"), NULL, 0, 10, NULL, NULL, &p, &err),
+           SHARDLIMIT_OK, err);
+  CHECK(shardlimit_pending_wait(p, wait_us));
+  CHECK_RC(shardlimit_pending_string(p, NULL, &json, &err), SHARDLIMIT_OK, err);
+  CHECK(json.ptr != NULL && strstr(json.ptr, "\"acme\"") && strstr(json.ptr, "\"cursor\":null"));
+  shardlimit_string_free(&json);
+  shardlimit_pending_free(p);
+  /* delete: true, then false */
+  for (int i = 0; i < 2; i++) {
+    CHECK_RC(shardlimit_delete_override_start(l, S("acme"), S("ov"), NULL, NULL, &p, &err),
+             SHARDLIMIT_OK, err);
+    CHECK(shardlimit_pending_wait(p, wait_us));
+    CHECK_RC(shardlimit_pending_bool(p, &b, &err), SHARDLIMIT_OK, err);
+    CHECK(b == (i == 0));
+    shardlimit_pending_free(p);
+  }
+  /* the shadow report */
+  for (int i = 0; i < 3; i++)
+    CHECK_RC(shardlimit_check_named(l, S("u1"), S("sh"), 1, &d, &err), SHARDLIMIT_OK, err);
+  CHECK_RC(shardlimit_shadow_report_start(l, S("sh"), 0, NULL, NULL, &p, &err), SHARDLIMIT_OK,
+           err);
+  CHECK(shardlimit_pending_wait(p, wait_us));
+  CHECK_RC(shardlimit_pending_string(p, &found, &json, &err), SHARDLIMIT_OK, err);
+  CHECK(found && json.ptr && strstr(json.ptr, "\"total\":2") && strstr(json.ptr, "\"u1\""));
+  shardlimit_string_free(&json);
+  shardlimit_pending_free(p);
+  /* arguments are checked by the start: no pending is made */
+  p = NULL;
+  CHECK_RC(shardlimit_set_override_start(l, S("acme"), S("ov"), S("10/minute"), 0, NULL, NULL,
+                                         NULL, &err),
+           SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  CHECK(p == NULL);
+  CHECK_RC(shardlimit_pending_string(NULL, NULL, &json, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT,
+           err);
+  /* the call's own error comes through the pending */
+  CHECK_RC(shardlimit_shadow_report_start(l, S("a:b"), 0, NULL, NULL, &p, &err), SHARDLIMIT_OK,
+           err);
+  CHECK(shardlimit_pending_wait(p, wait_us));
+  CHECK_RC(shardlimit_pending_string(p, NULL, &json, &err), SHARDLIMIT_ERR_INVALID_ARGUMENT, err);
+  shardlimit_pending_free(p);
+  CHECK_RC(shardlimit_get_override_start(l, S("acme"), S("nope"), NULL, NULL, &p, &err),
+           SHARDLIMIT_OK, err);
+  CHECK(shardlimit_pending_wait(p, wait_us));
+  CHECK_RC(shardlimit_pending_string(p, NULL, &json, &err), SHARDLIMIT_ERR_UNKNOWN_POLICY, err);
+  shardlimit_pending_free(p);
+  /* Redis stopped: each stays in flight until cancelled */
+  CHECK(kill(redis_pid, SIGSTOP) == 0);
+  struct seen s;
+  atomic_init(&s.calls, 0);
+  atomic_init(&s.code, -1);
+  CHECK_RC(shardlimit_set_override_start(l, S("acme"), S("ov"), S("10/minute"), 0, on_text, &s,
+                                         &p, &err),
+           SHARDLIMIT_OK, err);
+  CHECK(!shardlimit_pending_wait(p, 20 * 1000));
+  CHECK(atomic_load(&s.calls) == 0);
+  CHECK(shardlimit_pending_cancel(p));
+  CHECK(atomic_load(&s.calls) == 1 && atomic_load(&s.code) == SHARDLIMIT_ERR_CANCELLED);
+  shardlimit_pending_free(p);
+  atomic_store(&s.calls, 0);
+  CHECK_RC(shardlimit_shadow_report_start(l, S("sh"), 0, on_text, &s, &p, &err), SHARDLIMIT_OK,
+           err);
+  CHECK(!shardlimit_pending_wait(p, 20 * 1000));
+  shardlimit_pending_free(p); /* freeing a call in flight cancels it */
+  CHECK(atomic_load(&s.calls) == 1 && atomic_load(&s.code) == SHARDLIMIT_ERR_CANCELLED);
+  CHECK(kill(redis_pid, SIGCONT) == 0);
+  shardlimit_limiter_free(l);
+}
+
 /* ---------------------------------------------------------------- shared contracts */
 
 /* A whole file of the repository (the test runs from its root, or $SHARDLIMIT_ROOT), or
@@ -2195,6 +2320,7 @@ int main(void) {
   test_close_while_checking();
   test_started_calls();
   test_shadow();
+  test_started_text_calls();
   test_events();
   test_watch_config();
   test_operations_spec();

@@ -5,7 +5,7 @@
 use super::*;
 
 /// A limit argument: at most 64 KiB of UTF-8.
-unsafe fn limit_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
+pub(crate) unsafe fn limit_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
     if len > 64 << 10 {
         return Err(invalid(
             "limit",

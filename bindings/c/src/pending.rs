@@ -64,6 +64,8 @@ enum Outcome {
     Unit,
     Blocked(Option<BlockInfo>),
     Reserved(Decision, settle::shardlimit_reservation),
+    /// A JSON text (an override, a page of them, a shadow report), or none (no override).
+    Text(Option<String>),
 }
 
 impl Outcome {
@@ -75,6 +77,7 @@ impl Outcome {
             Outcome::Unit => "status (shardlimit_pending_result)",
             Outcome::Blocked(_) => "block-list entry (shardlimit_pending_block_info)",
             Outcome::Reserved(..) => "reservation (shardlimit_pending_reserved)",
+            Outcome::Text(_) => "text (shardlimit_pending_string)",
         }
     }
 }
@@ -760,6 +763,8 @@ pub unsafe extern "C" fn shardlimit_pending_free(pending: *mut shardlimit_pendin
 mod shadow;
 pub use shadow::*;
 mod settle;
+mod text;
+pub use text::*;
 
 #[cfg(test)]
 mod tests;

@@ -397,6 +397,50 @@ TEST_F(Redis, AsyncCheckCompletesAndCancelsOnAStoppedRedis) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
 }
 
+// The override calls and the shadow report as futures: the same answers as the blocking
+// forms; on a stopped Redis they stay in flight until cancelled.
+TEST_F(Redis, AsyncOverridesAndShadowReport) {
+  auto limiter = shardlimit::Limiter::from_json(
+      R"({"shards":[{"name":"s0","url":"redis://127.0.0.1:)" + std::to_string(port_) +
+      R"("}],"key_prefix":"cppasync:","timeout_ms":10000,"policies":{)"
+      R"("api":{"algorithm":"fixed_window","limit":3,"window":"1h","overrides":true},)"
+      R"("sh":{"algorithm":"fixed_window","limit":1,"window":"1h","shadow":true}}})");
+  std::string set = limiter.set_override_async("acme", "api", "100/hour", std::chrono::hours(1)).get();
+  EXPECT_NE(set.find(R"("limit":100)"), std::string::npos) << set;
+  EXPECT_EQ(limiter.check("acme", "api").limit(), 100u);
+  auto got = limiter.get_override_async("acme", "api").get();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_NE(got->find(R"("key":"acme")"), std::string::npos) << *got;
+  EXPECT_FALSE(limiter.get_override_async("nobody", "api").get().has_value());
+  std::string page = limiter.list_overrides_async("api").get();
+  EXPECT_NE(page.find(R"("cursor":null)"), std::string::npos) << page;
+  EXPECT_TRUE(limiter.delete_override_async("acme", "api").get());
+  EXPECT_FALSE(limiter.delete_override_async("acme", "api").get());
+  for (int i = 0; i < 3; i++) limiter.check("u1", "sh");
+  std::string report = limiter.shadow_report_async("sh").get();
+  EXPECT_NE(report.find(R"("total":2)"), std::string::npos) << report;
+  try {
+    limiter.get_override_async("acme", "nope").get();
+    FAIL() << "an unknown policy gave an answer";
+  } catch (const shardlimit::Error& e) {
+    EXPECT_EQ(e.code(), SHARDLIMIT_ERR_UNKNOWN_POLICY);
+  }
+  ASSERT_EQ(kill(pid_, SIGSTOP), 0);
+  struct Resume {
+    ~Resume() { kill(pid, SIGCONT); }
+    pid_t pid;
+  } resume{pid_};
+  auto pending = limiter.set_override_async("acme", "api", "5/minute");
+  EXPECT_EQ(pending.future().wait_for(std::chrono::milliseconds(20)), std::future_status::timeout);
+  EXPECT_TRUE(pending.cancel());
+  try {
+    pending.get();
+    FAIL() << "a cancelled call gave an answer";
+  } catch (const shardlimit::Error& e) {
+    EXPECT_EQ(e.code(), SHARDLIMIT_ERR_CANCELLED);
+  }
+}
+
 TEST(ClientIp, TrustsOnlyConfiguredProxies) {
   EXPECT_EQ(shardlimit::client_ip("10.1.2.3:443", "203.0.113.9, 198.51.100.7", {"10.0.0.0/8"}),
             "198.51.100.7");

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"log"
@@ -26,7 +27,13 @@ func main() {
 	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "hello")
 	})
-	http.Handle("/", shardlimit.Middleware(shardlimit.MiddlewareOptions{Limiter: limiter, Policy: *policy}, hello))
+	// connects to every shard before serving: the first requests are decided by Redis, and
+	// a shard that does not answer stops the start-up with its name
+	limit, err := shardlimit.NewMiddleware(context.Background(), shardlimit.MiddlewareOptions{Limiter: limiter, Policy: *policy})
+	if err != nil {
+		log.Fatal(err)
+	}
+	http.Handle("/", limit(hello))
 	log.Printf("listening on %s (shardlimit %s)", *addr, shardlimit.Version())
 	log.Fatal(http.ListenAndServe(*addr, nil))
 }
