@@ -292,10 +292,18 @@ fn peer_addr<B>(req: &Request<B>) -> Option<IpAddr> {
     req.extensions().get::<SocketAddr>().map(|a| a.ip())
 }
 
+impl IpKey {
+    /// The key this checks for `req`: `ip:<address>` (IPv6 clients by their network), for
+    /// a layer of your own in a [`Check::All`] (per IP and per account).
+    pub fn key<B>(&self, req: &Request<B>) -> Result<String, Error> {
+        let ip = shardlimit::ip_key(self.client_ip(req)?, self.trusted.ipv6_prefix());
+        Ok(format!("ip:{ip}"))
+    }
+}
+
 impl<B> KeyFn<B> for IpKey {
     fn check_for(&self, req: &Request<B>) -> Result<Check, Error> {
-        let ip = shardlimit::ip_key(self.client_ip(req)?, self.trusted.ipv6_prefix());
-        Ok(Check::new(format!("ip:{ip}"), &self.policy).cost(self.cost))
+        Ok(Check::new(self.key(req)?, &self.policy).cost(self.cost))
     }
 }
 
@@ -563,7 +571,7 @@ where
             let rendered = options.render(&d, std::time::SystemTime::now());
             let delay = d.delay;
             let mut req = req;
-            req.extensions_mut().insert(d);
+            response::hand_over(&mut req, d);
             if !delay.is_zero() {
                 // a shaper (leaky bucket) admitted the request for later: hold it until then
                 tokio::time::sleep(delay).await;

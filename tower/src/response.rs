@@ -172,6 +172,22 @@ impl Options {
     }
 }
 
+/// Hands `d` to the service as a request extension, unless an outer layer on the same
+/// request put a tighter decision there: the handler sees the decision whose headers the
+/// response carries.
+pub(crate) fn hand_over<B>(req: &mut http::Request<B>, d: Decision) {
+    let shown = |d: &Decision| Shown {
+        allowed: d.allowed,
+        remaining: d.remaining,
+    };
+    if let Some(prev) = req.extensions().get::<Decision>() {
+        if !shown(&d).tighter_than(shown(prev)) {
+            return;
+        }
+    }
+    req.extensions_mut().insert(d);
+}
+
 /// Sets `r`'s headers on `res` unless it already carries a set: its own (a handler that
 /// answered its own 429, with its own `Retry-After`), or an inner layer's for a decision at
 /// least as tight. One set of rate-limit headers per response.
