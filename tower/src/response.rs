@@ -94,6 +94,20 @@ fn unix_now(now: SystemTime) -> Duration {
     now.duration_since(UNIX_EPOCH).unwrap_or_default()
 }
 
+/// The lower-case name (as HTTP/2 requires) of a header the core renders: the known ones
+/// without an allocation.
+fn header_name(name: &str) -> Option<HeaderName> {
+    Some(match name {
+        "X-RateLimit-Limit" => HeaderName::from_static("x-ratelimit-limit"),
+        "X-RateLimit-Remaining" => HeaderName::from_static("x-ratelimit-remaining"),
+        "X-RateLimit-Reset" => HeaderName::from_static("x-ratelimit-reset"),
+        "RateLimit" => HeaderName::from_static("ratelimit"),
+        "RateLimit-Policy" => HeaderName::from_static("ratelimit-policy"),
+        "Retry-After" => http::header::RETRY_AFTER,
+        other => return HeaderName::from_bytes(other.as_bytes()).ok(),
+    })
+}
+
 fn is_rate_header(name: &HeaderName) -> bool {
     let n = name.as_str(); // lower case
     n.starts_with("x-ratelimit-")
@@ -153,12 +167,9 @@ impl Options {
                 n if n.starts_with("X-RateLimit-") && !self.headers.legacy() => continue,
                 _ => value,
             };
-            // the core renders ASCII names, digits and quoted policy names; from_bytes
-            // lowercases the name as HTTP/2 requires
-            if let (Ok(n), Ok(v)) = (
-                HeaderName::from_bytes(name.as_bytes()),
-                HeaderValue::from_str(&value),
-            ) {
+            // the core renders ASCII names, digits and quoted policy names; the value's
+            // String becomes the header's bytes without a copy
+            if let (Some(n), Ok(v)) = (header_name(name), HeaderValue::try_from(value)) {
                 headers.push((n, v));
             }
         }
