@@ -43,6 +43,38 @@
 //! The check is made before the request reaches your service. For a leaky-bucket policy
 //! (a shaper) the request is held for the decision's `delay` before it is passed on; for a
 //! concurrency policy the lease is released when your service has produced its response.
+//!
+//! ## Per route, headers and handlers
+//!
+//! In axum, put a layer on one route (`post(handler).layer(layer)`, or
+//! `Router::route_layer` for the routes above it) for route-level limits; a router-wide
+//! `.layer(...)` limits every request. The admitted request carries its [`Decision`] as a
+//! request extension: `Extension(d): Extension<Decision>` in an axum handler, or
+//! `req.extensions().get::<Decision>()`.
+//!
+//! ```
+//! use http::{Request, Response, StatusCode};
+//! use shardlimit::{Decision, Limit, Limiter, Policy};
+//! use shardlimit_tower::{Check, Error, HeaderSet, RateLimitLayer, RetryAfter};
+//! use std::time::Duration;
+//!
+//! let login = Policy::new("login", Limit::fixed_window(5, Duration::from_secs(60))).unwrap();
+//! let layer = RateLimitLayer::new(Limiter::memory(), move |_req: &Request<String>| -> Result<Check, Error> {
+//!     Ok(Check::new("user:42", &login))
+//! })
+//! .headers(HeaderSet::Standard)       // only the IETF RateLimit / RateLimit-Policy fields
+//! .retry_after(RetryAfter::HttpDate)  // Retry-After: Wed, 01 Jan 2025 12:00:40 GMT
+//! .on_limited(|d: &Decision| {
+//!     let mut r = Response::new(format!(r#"{{"code":"slow_down","policy":"{}"}}"#, d.policy));
+//!     *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+//!     r
+//! });
+//! # let _ = layer;
+//! ```
+//!
+//! Every checked response carries one set of rate-limit headers: a response that already
+//! has its own (`X-RateLimit-*`, `RateLimit`, `RateLimit-Policy` or `Retry-After`) gets none
+//! added, and of two layers on one request the tighter decision's set is the one sent.
 
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{Request, Response, StatusCode};
@@ -53,6 +85,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
+
+mod response;
+pub use response::{HeaderSet, RetryAfter};
 
 /// What the layer checks for one request.
 #[derive(Debug, Clone)]
@@ -256,10 +292,18 @@ fn peer_addr<B>(req: &Request<B>) -> Option<IpAddr> {
     req.extensions().get::<SocketAddr>().map(|a| a.ip())
 }
 
+impl IpKey {
+    /// The key this checks for `req`: `ip:<address>` (IPv6 clients by their network), for
+    /// a layer of your own in a [`Check::All`] (per IP and per account).
+    pub fn key<B>(&self, req: &Request<B>) -> Result<String, Error> {
+        let ip = shardlimit::ip_key(self.client_ip(req)?, self.trusted.ipv6_prefix());
+        Ok(format!("ip:{ip}"))
+    }
+}
+
 impl<B> KeyFn<B> for IpKey {
     fn check_for(&self, req: &Request<B>) -> Result<Check, Error> {
-        let ip = shardlimit::ip_key(self.client_ip(req)?, self.trusted.ipv6_prefix());
-        Ok(Check::new(format!("ip:{ip}"), &self.policy).cost(self.cost))
+        Ok(Check::new(self.key(req)?, &self.policy).cost(self.cost))
     }
 }
 
@@ -270,6 +314,7 @@ pub struct RateLimitLayer<K> {
     limiter: Limiter,
     key: Arc<K>,
     on_error: ErrorHandler,
+    options: Arc<response::Options>,
 }
 
 impl<K> Clone for RateLimitLayer<K> {
@@ -278,6 +323,7 @@ impl<K> Clone for RateLimitLayer<K> {
             limiter: self.limiter.clone(),
             key: self.key.clone(),
             on_error: self.on_error.clone(),
+            options: self.options.clone(),
         }
     }
 }
@@ -286,6 +332,8 @@ impl<K> fmt::Debug for RateLimitLayer<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("limiter", &self.limiter)
+            .field("headers", &self.options.headers)
+            .field("retry_after", &self.options.retry_after)
             .finish_non_exhaustive()
     }
 }
@@ -297,7 +345,68 @@ impl<K> RateLimitLayer<K> {
             limiter,
             key: Arc::new(key),
             on_error: Arc::new(Error::to_response),
+            options: Arc::default(),
         }
+    }
+
+    /// Which rate-limit headers checked responses carry (default [`HeaderSet::Both`]).
+    pub fn headers(mut self, set: HeaderSet) -> Self {
+        Arc::make_mut(&mut self.options).headers = set;
+        self
+    }
+
+    /// How `Retry-After` is written: delta seconds (the default) or an HTTP date.
+    pub fn retry_after(mut self, format: RetryAfter) -> Self {
+        Arc::make_mut(&mut self.options).retry_after = format;
+        self
+    }
+
+    /// Replaces the `429` answered when the limit denies (default: [`too_many_requests`]'s
+    /// status and JSON body), for a body of your own:
+    ///
+    /// ```
+    /// # use shardlimit::Limiter;
+    /// # use shardlimit_tower::{Check, RateLimitLayer};
+    /// # let layer = RateLimitLayer::new(Limiter::memory(), |_: &http::Request<String>| -> Result<Check, shardlimit_tower::Error> { Ok(Check::Skip) });
+    /// let layer = layer.on_limited(|d: &shardlimit::Decision| {
+    ///     let body = serde_json::json!({ "code": "slow_down", "retry_in": d.retry_after.map(|r| r.as_secs()) });
+    ///     let mut r = http::Response::new(body.to_string());
+    ///     *r.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+    ///     r
+    /// });
+    /// ```
+    ///
+    /// The layer adds the rate-limit headers to the handler's response unless it has its
+    /// own (any `X-RateLimit-*`, `RateLimit`, `RateLimit-Policy` or `Retry-After`): one set
+    /// per response.
+    pub fn on_limited(
+        mut self,
+        handler: impl Fn(&Decision) -> Response<String> + Send + Sync + 'static,
+    ) -> Self {
+        Arc::make_mut(&mut self.options).on_limited = Some(Arc::new(handler));
+        self
+    }
+
+    /// Replaces the `503` answered when the `on_error` fallback denied because the limit
+    /// could not be checked (`closed`, `local` past its share, an open circuit; the
+    /// decision's `source` is `Fallback`). Default: [`unavailable`]'s status and body. The
+    /// headers are added as for [`RateLimitLayer::on_limited`]. (A check that failed with an
+    /// error, `on_error: error`, goes to [`RateLimitLayer::on_error`] instead.)
+    pub fn on_unavailable(
+        mut self,
+        handler: impl Fn(&Decision) -> Response<String> + Send + Sync + 'static,
+    ) -> Self {
+        Arc::make_mut(&mut self.options).on_unavailable = Some(Arc::new(handler));
+        self
+    }
+
+    /// The `Retry-After` of a denial by the `on_error` fallback, rounded up to whole
+    /// seconds (default: the decision's, one second for `closed`). The decision the 503
+    /// handler and body see carries it as its `retry_after`.
+    pub fn unavailable_retry_after(mut self, wait: Duration) -> Self {
+        let secs = wait.as_micros().div_ceil(1_000_000) as u64;
+        Arc::make_mut(&mut self.options).unavailable_retry_after = Some(secs);
+        self
     }
 
     /// Replaces the response given when a request cannot be checked (default:
@@ -386,11 +495,16 @@ pub fn too_many_requests(d: &Decision) -> Response<String> {
 /// `rate_limit_unavailable`. The limit could not be checked, so the client is not told it
 /// was rate limited (a 429 would blame it).
 pub fn unavailable(d: &Decision) -> Response<String> {
-    let mut body = d.body();
-    body["error"] = "rate_limit_unavailable".into();
-    let mut r = json_response(StatusCode::SERVICE_UNAVAILABLE, body.to_string());
+    let mut r = unavailable_body(d);
     set_headers(r.headers_mut(), d);
     r
+}
+
+/// [`unavailable`] without its headers.
+fn unavailable_body(d: &Decision) -> Response<String> {
+    let mut body = d.body();
+    body["error"] = "rate_limit_unavailable".into();
+    json_response(StatusCode::SERVICE_UNAVAILABLE, body.to_string())
 }
 
 impl<S, K, B, ResBody> tower_service::Service<Request<B>> for RateLimit<S, K>
@@ -417,6 +531,7 @@ where
         let check = self.layer.key.check_for(&req);
         let limiter = self.layer.limiter.clone();
         let on_error = self.layer.on_error.clone();
+        let options = self.layer.options.clone();
         Box::pin(async move {
             let check = match check {
                 Ok(Check::Skip) => return inner.call(req).await,
@@ -441,15 +556,25 @@ where
                 Ok(d) => d,
                 Err(e) => return Ok(on_error(&Error::Limiter(e)).map(ResBody::from)),
             };
-            if !d.allowed && d.source == shardlimit::Source::Fallback {
-                return Ok(unavailable(&d).map(ResBody::from));
-            }
             if !d.allowed {
-                return Ok(too_many_requests(&d).map(ResBody::from));
+                let d = if response::is_outage(&d) {
+                    options.outage(d)
+                } else {
+                    d
+                };
+                let mut res = options.denial(&d);
+                response::apply(&mut res, options.render(&d, std::time::SystemTime::now()));
+                return Ok(res.map(ResBody::from));
             }
-            if !d.delay.is_zero() {
+            // rendered at the decision (X-RateLimit-Reset counts from it); the decision
+            // itself goes to the service, for its handler
+            let rendered = options.render(&d, std::time::SystemTime::now());
+            let delay = d.delay;
+            let mut req = req;
+            response::hand_over(&mut req, d);
+            if !delay.is_zero() {
                 // a shaper (leaky bucket) admitted the request for later: hold it until then
-                tokio::time::sleep(d.delay).await;
+                tokio::time::sleep(delay).await;
             }
             let res = inner.call(req).await;
             if let Some((lease, policy)) = lease {
@@ -457,7 +582,7 @@ where
                 let _ = limiter.release_with(&policy, &lease).await;
             }
             let mut res = res?;
-            set_headers(res.headers_mut(), &d);
+            response::apply(&mut res, rendered);
             Ok(res)
         })
     }
