@@ -971,7 +971,7 @@ fn check_all_refuses_a_concurrency_layer_and_exits_2() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         err.contains(
-            "layers[1]: policy \"uploads\" is a concurrency policy: acquire() it and release the lease"
+            "`layers[1]`: policy \"uploads\" is a concurrency policy: acquire() it and release the lease"
         ),
         "{err}"
     );
