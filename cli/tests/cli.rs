@@ -946,3 +946,33 @@ fn charge_and_refund_on_multi_limit_and_exact_rate_policies() {
         "{d}"
     );
 }
+
+#[test]
+fn check_all_refuses_a_concurrency_layer_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.json");
+    std::fs::write(
+        &cfg,
+        r#"{"policies":{"ip":{"algorithm":"fixed_window","limit":5,"window":"1m"},
+            "uploads":{"algorithm":"concurrency","max":2,"lease_ttl":"30s"}}}"#,
+    )
+    .unwrap();
+    let c = cfg.to_str().unwrap();
+    let o = sl(&[
+        "check-all",
+        "--config",
+        c,
+        "--layer",
+        "k=ip",
+        "--layer",
+        "k=uploads",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(
+            "`layers[1]`: policy \"uploads\" is a concurrency policy: acquire() it and release the lease"
+        ),
+        "{err}"
+    );
+}

@@ -436,16 +436,16 @@ fn a_lease_of_max_limit_units_is_one_member() {
 }
 
 /// A layered check across two shards whose second shard denies: the weighted log entry
-/// and the lease the first shard admitted are refunded exactly (the refund script), and a
-/// layered check on one shard (one script) consumes nothing when a layer denies.
+/// the first shard admitted is refunded exactly (the refund script), and a layered check on
+/// one shard (one script) consumes nothing when a layer denies. (A concurrency policy is
+/// never a layer: `layered_concurrency.rs`.)
 #[test]
-fn layered_checks_refund_weighted_entries_and_leases() {
+fn layered_checks_refund_weighted_entries() {
     let _one_at_a_time = measuring();
     let (a, b) = (RedisServer::start(), RedisServer::start());
     let two = Limiter::from_json(&support::config(&[&a, &b], "{}")).unwrap();
     let one = redis_limiter(&a);
     let sl = Policy::new("sl", Limit::sliding_log(10_000, HOUR)).unwrap();
-    let cc = Policy::new("cc", Limit::concurrency(1_000_000, HOUR)).unwrap();
     let fw = Policy::new("fw", Limit::fixed_window(1, HOUR)).unwrap();
     for (l, name) in [(&two, "two shards"), (&one, "one shard")] {
         // keys on distinct shards: the first on the limiter's shard 0, the other elsewhere
@@ -460,7 +460,6 @@ fn layered_checks_refund_weighted_entries_and_leases() {
         assert!(l.check_blocking(&k1, &fw, 1).unwrap().allowed);
         let layers = [
             shardlimit::Layer::new(k0.clone(), &sl, 4000),
-            shardlimit::Layer::new(k0.clone(), &cc, 600_000),
             shardlimit::Layer::new(k1.clone(), &fw, 1),
         ];
         for _ in 0..3 {
@@ -468,11 +467,6 @@ fn layered_checks_refund_weighted_entries_and_leases() {
             assert!(!d.allowed && &*d.policy == "fw", "{name}: {d:?}");
         }
         assert_eq!(l.peek_blocking(&k0, &sl).unwrap().remaining, 9000, "{name}");
-        assert_eq!(
-            l.peek_blocking(&k0, &cc).unwrap().remaining,
-            1_000_000,
-            "{name}"
-        );
         // the entry before the refunded ones still counts, and is the one to expire
         let d = l.check_blocking(&k0, &sl, 9001).unwrap();
         assert!(!d.allowed && d.remaining == 9000, "{name}: {d:?}");

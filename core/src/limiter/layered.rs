@@ -34,7 +34,9 @@ impl Limiter {
     /// several shards are asked concurrently (one round trip each) and what was admitted
     /// is refunded when another shard's layer denies. The decision describes the layer
     /// that denied (with the longest `retry_after` of all denying layers), or, when all
-    /// allow, the layer with the fewest units remaining; `layer` is its index.
+    /// allow, the layer with the fewest units remaining; `layer` is its index. A layer of
+    /// a concurrency policy is an `invalid_argument` error (its units would be taken under
+    /// no lease the caller could release): acquire it with [`Limiter::acquire`].
     pub async fn check_all(&self, layers: &[Layer]) -> Result<Decision> {
         if layers.is_empty() {
             return Err(Error::invalid("layers", "must not be empty"));
@@ -52,6 +54,17 @@ impl Limiter {
                 return Err(Error::invalid(
                     format!("layers[{i}].cost"),
                     "must be at least 1",
+                ));
+            }
+            if l.policy.algorithm() == Algorithm::Concurrency {
+                // a layer takes units under no lease the caller could release: they would
+                // stay taken until the lease's TTL
+                return Err(Error::invalid(
+                    format!("layers[{i}]"),
+                    format!(
+                        "policy \"{}\" is a concurrency policy: acquire() it and release the lease",
+                        l.policy.name()
+                    ),
                 ));
             }
             if layers[..i]
@@ -110,8 +123,8 @@ impl Limiter {
         checks: &[OverrideCheck<'_>],
     ) -> Result<Layered> {
         tokio::task::consume_budget().await; // see Limiter::run
-        let (effs, leases) = self.layer_limits(layers);
-        let mut reqs = layer_reqs(layers, &effs, &leases);
+        let effs = self.layer_limits(layers);
+        let mut reqs = layer_reqs(layers, &effs);
         let shadow = tail.is_some_and(|t| t.shadow);
         if shadow {
             // a shadow denial must not enforce anything
@@ -174,21 +187,14 @@ impl Limiter {
         )))
     }
 
-    /// The limit in force of each layer, and a lease id for each concurrency layer.
-    pub(super) fn layer_limits(&self, layers: &[Layer]) -> (Vec<Compiled>, Vec<String>) {
+    /// The limit in force of each layer. No layer is a concurrency limit (`check_all`
+    /// rejects one, a multi-limit policy holds none), so no layer takes a lease.
+    pub(super) fn layer_limits(&self, layers: &[Layer]) -> Vec<Compiled> {
         let global = self.global_scale();
-        let mut effs = Vec::with_capacity(layers.len());
-        let mut leases = Vec::with_capacity(layers.len());
-        for l in layers {
-            let eff = l.policy.0.effective(global);
-            effs.push(eff);
-            leases.push(if eff.algorithm == Algorithm::Concurrency {
-                self.lease_id()
-            } else {
-                String::new()
-            });
-        }
-        (effs, leases)
+        layers
+            .iter()
+            .map(|l| l.policy.0.effective(global))
+            .collect()
     }
 
     /// The decision of a layered check from the engines' answer: it describes the layer
@@ -535,11 +541,7 @@ impl Layered {
 }
 
 /// What the engines take for each layer.
-pub(super) fn layer_reqs<'a>(
-    layers: &'a [Layer],
-    effs: &[Compiled],
-    leases: &'a [String],
-) -> Vec<LayerReq<'a>> {
+pub(super) fn layer_reqs<'a>(layers: &'a [Layer], effs: &[Compiled]) -> Vec<LayerReq<'a>> {
     layers
         .iter()
         .enumerate()
@@ -548,7 +550,7 @@ pub(super) fn layer_reqs<'a>(
             compiled: effs[i],
             key: &l.key,
             cost: l.cost.min(effs[i].limit + 1),
-            lease: &leases[i],
+            lease: "", // no layer is a concurrency limit
             auto_block: l.policy.0.auto_block,
         })
         .collect()

@@ -44,8 +44,8 @@ impl Limiter {
             return Ok(combine_peeks(ds));
         }
         let (layers, origin, originals) = as_layers(key, policy, parts, cost);
-        let (effs, leases) = self.layer_limits(&layers);
-        let mut reqs = layer_reqs(&layers, &effs, &leases);
+        let effs = self.layer_limits(&layers);
+        let mut reqs = layer_reqs(&layers, &effs);
         if shadow {
             // a shadow denial must not enforce anything
             reqs.iter_mut().for_each(|r| r.auto_block = None);

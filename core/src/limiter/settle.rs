@@ -476,8 +476,8 @@ impl Limiter {
         let layers: Vec<Layer> = parts.iter().map(|p| Layer::new(key, p, estimate)).collect();
         let origin: Vec<(usize, Option<usize>)> = (0..parts.len()).map(|i| (0, Some(i))).collect();
         let originals = [Layer::new(key, policy, estimate)];
-        let (effs, leases) = self.layer_limits(&layers);
-        let reqs = layer_reqs(&layers, &effs, &leases);
+        let effs = self.layer_limits(&layers);
+        let reqs = layer_reqs(&layers, &effs);
         let view = self.view();
         let n = layers.len();
         let (raw, source, shards) = match &view.engine {

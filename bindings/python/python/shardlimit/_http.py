@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any, Callable, Optional, Union
 from ._errors import BackendError, InvalidArgumentError
 from ._shardlimit import (
     Decision,
+    Lease,
     Limit,
     Limiter,
     Policy,
@@ -35,6 +37,8 @@ Rule = Callable[["Request"], Optional[Target]]
 #: What a request whose units may be given back holds: its reservation, the layers of its
 #: layered check, or None (denied, or nothing to give back).
 Counted = Union[Reservation, list[Layer], None]
+
+log = logging.getLogger("shardlimit")
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,8 @@ class Checker:
         self.limiter = limiter
         self.rule = rule
         self.trusted = TrustedProxies(list(trusted_proxies))
+        #: policy name (or rate string) -> whether it is a concurrency policy
+        self._concurrency: dict[str, bool] = {}
 
     def client_ip(self, peer: Optional[str], forwarded_for: Optional[str]) -> Optional[str]:
         if peer is None:
@@ -175,6 +181,163 @@ class Checker:
         if isinstance(target, list):
             return await ahold(await self.limiter.acheck_all(target))
         return await ahold(await self.limiter.acheck(*target))
+
+    # Concurrency policies: a layered check cannot take their units (no lease would give
+    # them back), so a request acquires a lease of each and releases it when its response
+    # ends; the other layers are checked (or reserved) together as before.
+
+    def is_concurrency(self, policy: PolicyLike) -> bool:
+        """Whether a layer's policy is a concurrency policy (a rate string never is)."""
+        if isinstance(policy, str):
+            known = self._concurrency.get(policy)
+            if known is not None:
+                return known
+            # a rate string never is; a name is looked up once (a pyo3 call per request
+            # would cost every check)
+            known = not any(c in policy for c in "/ ;,|") and \
+                self.limiter.policy(policy).algorithm == "concurrency"
+            if len(self._concurrency) >= 4096:
+                self._concurrency.clear()  # bounded: a rule may build rate strings
+            self._concurrency[policy] = known
+            return known
+        return policy.algorithm == "concurrency"
+
+    def split(self, target: Target) -> tuple[Optional[Target], list[Layer]]:
+        """The layers checked together (None: none) and the concurrency layers."""
+        if not isinstance(target, list):
+            return (None, [target]) if self.is_concurrency(target[1]) else (target, [])
+        flags = [self.is_concurrency(layer[1]) for layer in target]
+        if not any(flags):
+            return target, []
+        rest = [layer for layer, c in zip(target, flags) if not c]
+        leased = [layer for layer, c in zip(target, flags) if c]
+        return (rest if len(rest) > 1 else rest[0] if rest else None), leased
+
+    def enter(self, target: Target, reserve: bool = False) -> tuple[Decision, Counted, list[Lease]]:
+        """Admits a request: a lease of each concurrency layer, then a check (``reserve``:
+        a reservation, see :meth:`reserve`) of the others. A denial holds nothing: leases
+        already acquired are released. Returns the decision, what may be given back, and
+        the leases to :meth:`leave` with when the response ends."""
+        rest, leased = self.split(target)
+        if not leased:
+            if reserve:
+                d, counted = self.reserve(target)
+                return d, counted, []
+            return self.check(target), None, []
+        d, leases = self._acquire(leased)
+        if not d.allowed or rest is None:
+            return d, None, leases
+        try:
+            if reserve:
+                rd, counted = self.reserve(rest)
+            else:
+                rd, counted = self.check(rest), None
+        except BaseException:
+            self.leave(leases)
+            raise
+        if not rd.allowed:
+            self.leave(leases)
+            return rd, None, []
+        return rd, counted, leases
+
+    async def aenter(
+        self, target: Target, reserve: bool = False
+    ) -> tuple[Decision, Counted, list[Lease]]:
+        """:meth:`enter` on asyncio."""
+        rest, leased = self.split(target)
+        if not leased:
+            if reserve:
+                d, counted = await self.areserve(target)
+                return d, counted, []
+            return await self.acheck(target), None, []
+        d, leases = await self._aacquire(leased)
+        if not d.allowed or rest is None:
+            return d, None, leases
+        try:
+            if reserve:
+                rd, counted = await self.areserve(rest)
+            else:
+                rd, counted = await self.acheck(rest), None
+        except BaseException:
+            await self.aleave(leases)
+            raise
+        if not rd.allowed:
+            await self.aleave(leases)
+            return rd, None, []
+        return rd, counted, leases
+
+    def _acquire(self, leased: list[Layer]) -> tuple[Decision, list[Lease]]:
+        """A lease of each layer; on a denial (or an error) the ones taken are released.
+        The decision is the denial, else the tightest grant."""
+        leases: list[Lease] = []
+        best: Optional[Decision] = None
+        try:
+            for layer in leased:
+                d, lease = self.limiter.acquire(*layer)
+                if not d.allowed:
+                    self.leave(leases)
+                    return d, []
+                if lease is not None:
+                    leases.append(lease)
+                if best is None or d.remaining < best.remaining:
+                    best = d
+        except BaseException:
+            self.leave(leases)
+            raise
+        assert best is not None
+        return best, leases
+
+    async def _aacquire(self, leased: list[Layer]) -> tuple[Decision, list[Lease]]:
+        """:meth:`_acquire` on asyncio."""
+        leases: list[Lease] = []
+        best: Optional[Decision] = None
+        try:
+            for layer in leased:
+                d, lease = await self.limiter.aacquire(*layer)
+                if not d.allowed:
+                    await self.aleave(leases)
+                    return d, []
+                if lease is not None:
+                    leases.append(lease)
+                if best is None or d.remaining < best.remaining:
+                    best = d
+        except BaseException:
+            await self.aleave(leases)
+            raise
+        assert best is not None
+        return best, leases
+
+    def leave(self, leases: list[Lease]) -> None:
+        """Releases a request's leases (its response ended, or it was denied). A failure
+        is logged: the lease then expires after its ``lease_ttl``."""
+        for lease in leases:
+            try:
+                self.limiter.release(lease)
+            except Exception:
+                log.warning("shardlimit: releasing a lease failed; it expires after its "
+                            "lease_ttl", exc_info=True)
+
+    async def aleave(self, leases: list[Lease]) -> None:
+        """:meth:`leave` on asyncio. The release runs in a task of its own, so that a
+        cancelled request (client disconnect, a cancel scope) still releases."""
+        if not leases:
+            return
+        task = asyncio.ensure_future(self._arelease(leases))
+        _RELEASING.add(task)
+        task.add_done_callback(_RELEASING.discard)
+        await asyncio.shield(task)
+
+    async def _arelease(self, leases: list[Lease]) -> None:
+        for lease in leases:
+            try:
+                await self.limiter.arelease(lease)
+            except Exception:
+                log.warning("shardlimit: releasing a lease failed; it expires after its "
+                            "lease_ttl", exc_info=True)
+
+
+#: Releases under way (a task must be referenced until it ends).
+_RELEASING: set[asyncio.Future[None]] = set()
 
 
 def hold(decision: Decision) -> Decision:

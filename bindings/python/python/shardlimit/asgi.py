@@ -203,12 +203,10 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         target = checks if len(checks) > 1 else checks[0]
-        counted = None
         try:
-            if self.deduct_when is None:
-                decision = await self.checker.acheck(target)
-            else:
-                decision, counted = await self.checker.areserve(target)
+            decision, counted, leases = await self.checker.aenter(
+                target, reserve=self.deduct_when is not None
+            )
         except Error as e:
             await self._error(e, scope, receive, send)
             return
@@ -242,7 +240,12 @@ class RateLimitMiddleware:
             )
             await send({"type": "http.response.body", "body": body})
             return
-        await self.app(scope, receive, send_with_headers)
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            # the response is sent (or the app raised, or the request was cancelled on a
+            # client disconnect): a concurrency policy's lease goes back
+            await self.checker.aleave(leases)
         if counted is not None and self.deduct_when is not None and sent_status:
             if not self.deduct_when(sent_status[0]):
                 try:

@@ -87,6 +87,7 @@ class FlaskLimits(RouteLimits):
         """Installs the checks on ``app`` and connects to every shard."""
         app.before_request(self._before)
         app.after_request(self._after)
+        app.teardown_request(self._teardown)
         failed = warm_up(self.limiter, self.warm_up)
         if failed:
             log.warning("shardlimit: warm-up incomplete, the first checks may fall back: %s", failed)
@@ -108,10 +109,11 @@ class FlaskLimits(RouteLimits):
         if not checks:
             return None
         target = checks if len(checks) > 1 else checks[0]
-        if self.deduct_when is None:
-            decision = self.checker.check(target)
-        else:
-            decision, g.shardlimit_counted = self.checker.reserve(target)
+        decision, counted, leases = self.checker.enter(target, reserve=self.deduct_when is not None)
+        if counted is not None:
+            g.shardlimit_counted = counted
+        if leases:
+            g.shardlimit_leases = leases  # released in teardown, also when the view raised
         g.shardlimit = decision
         if decision:
             return None
@@ -133,3 +135,8 @@ class FlaskLimits(RouteLimits):
             for k, v in rate_headers(decision, self.options):
                 response.headers[k] = v
         return response
+
+    def _teardown(self, error: Optional[BaseException]) -> None:
+        leases = g.pop("shardlimit_leases", None)
+        if leases:
+            self.checker.leave(leases)

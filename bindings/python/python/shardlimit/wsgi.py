@@ -12,7 +12,7 @@ Redis, so threaded servers check in parallel.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ._http import (
@@ -107,7 +107,7 @@ class RateLimitMiddleware:
         target = self.checker.rule(request)
         if target is None:
             return self.app(environ, start_response)
-        decision = self.checker.check(target)
+        decision, _, leases = self.checker.enter(target)
         environ["shardlimit.decision"] = decision
         extra = rate_headers(decision, self.options)
 
@@ -129,4 +129,33 @@ class RateLimitMiddleware:
             status, hdrs, body = denial(decision, self.options)
             start_response(STATUS_LINES[status], hdrs)
             return [body]
-        return self.app(environ, start_with_headers)
+        if not leases:
+            return self.app(environ, start_with_headers)
+        try:
+            response = self.app(environ, start_with_headers)
+        except BaseException:
+            self.checker.leave(leases)
+            raise
+        return _Released(response, lambda: self.checker.leave(leases))
+
+
+class _Released:
+    """The app's response iterable; closing it (the server does when the response ends,
+    sent or not: PEP 3333) closes the app's and releases the request's leases, once."""
+
+    def __init__(self, body: Iterable[bytes], release: Callable[[], None]) -> None:
+        self._body = body
+        self._release: Optional[Callable[[], None]] = release
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._body)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            release, self._release = self._release, None
+            if release is not None:
+                release()
