@@ -114,10 +114,18 @@ impl Hot {
         let _ = self.counters.set((id, c.clone()));
     }
     /// `name` (the policy's), as this thread's stripe's copy: equal, not the same `Arc`.
+    /// The first stripe to ask takes the policy's own `Arc`, so a policy decided on one
+    /// thread only (a binding's ad-hoc policy, made per call) allocates no copy.
     #[inline]
     pub fn name(&self, name: &Arc<str>) -> Arc<str> {
         self.names[stripe()]
-            .get_or_init(|| Arc::from(&**name))
+            .get_or_init(|| {
+                if self.names.iter().all(|n| n.get().is_none()) {
+                    name.clone()
+                } else {
+                    Arc::from(&**name)
+                }
+            })
             .clone()
     }
 }

@@ -90,3 +90,21 @@ fn a_warm_memory_check_allocates_nothing() {
         "the allocator counts this thread's allocations"
     );
 }
+
+/// A binding's ad-hoc check makes its policy per call: the check itself (counters found by
+/// name, the decision's name) allocates nothing beyond the policy, once the key is warm.
+#[test]
+fn a_check_of_a_policy_made_for_the_call_allocates_nothing_more() {
+    let limiter = Limiter::memory();
+    let limit = Limit::fixed_window(1_000_000, Duration::from_secs(3600));
+    let fresh = || Policy::try_from(limit.clone()).unwrap();
+    assert!(limiter.check_blocking("k", &fresh(), 1).unwrap().allowed);
+    for _ in 0..100 {
+        let p = fresh();
+        let before = allocs();
+        let d = limiter.check_blocking("k", &p, 1).unwrap();
+        assert!(d.allowed);
+        assert_eq!(allocs() - before, 0, "the check allocated");
+        assert_eq!(&*d.policy, limit.id());
+    }
+}
