@@ -2,13 +2,15 @@
 //! renderable in the Prometheus text format.
 
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
 
-/// Counters of one policy. Updated with relaxed atomics on the hot path.
+/// Counters of one policy. Updated with relaxed atomics on the hot path; the two every
+/// check counts are [`Striped`].
 #[derive(Debug, Default)]
 pub(crate) struct PolicyCounters {
-    pub allowed: AtomicU64,
-    pub denied: AtomicU64,
+    pub allowed: Striped,
+    pub denied: Striped,
     pub fallback: AtomicU64,
     pub blocked: AtomicU64,
     pub local_admitted: AtomicU64,
@@ -34,6 +36,97 @@ impl PolicyCounters {
             charged_units: self.charged_units.load(Relaxed),
             refunded_units: self.refunded_units.load(Relaxed),
         }
+    }
+}
+
+/// Stripes of a [`Striped`] counter: a power of two.
+const STRIPES: usize = 4;
+
+/// A counter every check adds to, split over [`STRIPES`] cache lines: each thread adds to
+/// the stripe of its own slot, so threads checking at once do not pull one line from core
+/// to core on every check (issue 16: one shared counter cost the two-thread bench more
+/// than the decision). A read sums the stripes.
+#[derive(Debug, Default)]
+pub(crate) struct Striped([Padded; STRIPES]);
+
+/// One stripe, alone on its cache lines (128 bytes: adjacent-line prefetch pairs lines).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded(AtomicU64);
+
+impl Striped {
+    #[inline]
+    pub fn fetch_add(&self, v: u64, order: Ordering) -> u64 {
+        self.0[stripe()].0.fetch_add(v, order)
+    }
+    pub fn load(&self, order: Ordering) -> u64 {
+        self.0
+            .iter()
+            .fold(0u64, |sum, s| sum.wrapping_add(s.0.load(order)))
+    }
+}
+
+/// This thread's stripe: threads take slots in turn, the first time they count.
+#[inline]
+fn stripe() -> usize {
+    use std::cell::Cell;
+    use std::sync::atomic::AtomicUsize;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    SLOT.try_with(|s| {
+        let mut v = s.get();
+        if v == usize::MAX {
+            v = NEXT.fetch_add(1, Relaxed) % STRIPES;
+            s.set(v);
+        }
+        v
+    })
+    .unwrap_or(0) // (a thread being torn down)
+}
+
+/// The counters of one limiter, kept by a policy: the first limiter to count the policy
+/// resolves its series by name once (`limiter/metrics.rs`), and every later check of that
+/// limiter finds them here with one load. A limiter's series of a name never changes (a
+/// reload carries it over), so the slot never goes stale; other limiters look up by name.
+///
+/// It also keeps a copy of the policy's name per stripe, made by the first thread of that
+/// stripe to decide: every decision carries the name (an `Arc<str>`), and threads cloning
+/// one `Arc` at once would share its reference count's cache line as they would a counter.
+#[derive(Debug, Default)]
+pub(crate) struct Hot {
+    counters: OnceLock<(u64, Arc<PolicyCounters>)>,
+    names: [OnceLock<Arc<str>>; STRIPES],
+}
+
+impl Hot {
+    /// The counters held for limiter `id`.
+    #[inline]
+    pub fn get(&self, id: u64) -> Option<&PolicyCounters> {
+        match self.counters.get() {
+            Some((of, c)) if *of == id => Some(c),
+            _ => None,
+        }
+    }
+    /// Keeps `c` as limiter `id`'s counters, unless the slot is taken.
+    pub fn offer(&self, id: u64, c: &Arc<PolicyCounters>) {
+        let _ = self.counters.set((id, c.clone()));
+    }
+    /// `name` (the policy's), as this thread's stripe's copy: equal, not the same `Arc`.
+    /// The first stripe to ask takes the policy's own `Arc`, so a policy decided on one
+    /// thread only (a binding's ad-hoc policy, made per call) allocates no copy.
+    #[inline]
+    pub fn name(&self, name: &Arc<str>) -> Arc<str> {
+        self.names[stripe()]
+            .get_or_init(|| {
+                if self.names.iter().all(|n| n.get().is_none()) {
+                    name.clone()
+                } else {
+                    Arc::from(&**name)
+                }
+            })
+            .clone()
     }
 }
 

@@ -100,3 +100,43 @@ fn an_ad_hoc_policy_named_like_a_config_policy_counts_in_its_series() {
     l.check_by_name_blocking("k", "api", 1).unwrap();
     assert_eq!(allowed(&l, "api"), 2.0);
 }
+
+/// Issue 16: a policy keeps the counters of the first limiter that counts it, and the two
+/// counters every check adds to are striped per thread. Counts stay exact from many
+/// threads at once, a second limiter (and one made after the first is gone) still counts
+/// apart, and denials count too.
+#[test]
+fn counts_from_many_threads_are_exact_and_limiters_still_count_apart() {
+    let p = Policy::new(
+        "hot",
+        Limit::fixed_window(30_000, Duration::from_secs(3600)),
+    )
+    .unwrap();
+    let (a, b) = (Limiter::memory(), Limiter::memory());
+    std::thread::scope(|s| {
+        for t in 0..6 {
+            let (a, b, p) = (&a, &b, &p);
+            s.spawn(move || {
+                for i in 0..10_000 {
+                    // a's checks fill the window and are denied past it; b's are not
+                    a.check_blocking("k", p, 1).unwrap();
+                    if t % 2 == 0 {
+                        b.check_blocking(&format!("k{i}"), p, 1).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let series = |l: &Limiter| {
+        let m = l.metrics();
+        let s = m.policies.iter().find(|s| s.policy == "hot").unwrap();
+        (s.allowed, s.denied)
+    };
+    assert_eq!(series(&a), (30_000, 30_000));
+    assert_eq!(series(&b), (30_000, 0));
+    drop(a);
+    let c = Limiter::memory();
+    c.check_blocking("k", &p, 1).unwrap();
+    assert_eq!(series(&c), (1, 0), "a new limiter counts in its own series");
+    assert_eq!(series(&b), (30_000, 0));
+}

@@ -99,8 +99,9 @@ pub(crate) enum State {
     Log(VecDeque<LogEntry>),
     /// Token and leaky bucket: the theoretical arrival (drain) time.
     Tat(u64),
-    /// Concurrency: the leases held.
-    Leases(Leases),
+    /// Concurrency: the leases held (boxed: the other states are a few words, and every
+    /// entry of the in-memory engine's table is as large as the largest state).
+    Leases(Box<Leases>),
     /// Token and leaky bucket with an exact interval `P/Q` µs: the theoretical arrival time
     /// `t + f/Q` µs, `f < Q` (`engine/exact.rs`).
     TatExact { t: u64, f: u64 },
@@ -383,10 +384,10 @@ fn concurrency(
     lease_id: &str,
 ) -> Outcome {
     let (max, ttl) = (c.limit, c.period_us);
-    let mut empty = Leases::default();
+    let mut empty: Option<Box<Leases>> = None;
     let leases = match state {
         Some(State::Leases(h)) => h,
-        _ => &mut empty,
+        _ => empty.insert(Box::default()),
     };
     // like the script, every call (a peek too) reclaims up to CC_EXPIRE expired leases
     leases.expire(now);
@@ -415,8 +416,8 @@ fn concurrency(
     }
     leases.hold(lease_member(lease_id, cost), cost, now + ttl);
     let (n, reset) = (leases.held, reset_after(leases));
-    if !matches!(state, Some(State::Leases(_))) {
-        *state = Some(State::Leases(empty));
+    if let Some(new) = empty {
+        *state = Some(State::Leases(new));
     }
     Outcome::allow(max - n, reset, 0)
 }

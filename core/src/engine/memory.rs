@@ -86,6 +86,17 @@ struct Entry {
     offset: WindowOffset,
 }
 
+impl Entry {
+    /// The entry of (scope, key)? The full hash first (the table compares 7 of its bits),
+    /// the scope by pointer first (every check of one policy passes the same one).
+    #[inline]
+    fn is(&self, hash: u64, scope: &Arc<str>, key: &str) -> bool {
+        self.hash == hash
+            && *self.key == *key
+            && (Arc::ptr_eq(&self.scope, scope) || *self.scope == **scope)
+    }
+}
+
 struct Shard {
     table: HashTable<Entry>,
     next_sweep: usize,
@@ -102,8 +113,7 @@ impl Shard {
         now: u64,
         f: impl FnOnce(&mut Option<State>) -> R,
     ) -> R {
-        let eq = |e: &Entry| *e.scope == **scope && *e.key == *key;
-        if let Some(entry) = self.table.find_mut(hash, eq) {
+        if let Some(entry) = self.table.find_mut(hash, |e| e.is(hash, scope, key)) {
             if entry.algorithm != c.algorithm || entry.offset != c.window_offset {
                 // the policy changed algorithm (or window placement, like another state key
                 // in Redis): old state means nothing now
@@ -143,8 +153,21 @@ impl Shard {
     }
 }
 
+/// A shard and its lock, alone on their cache lines: threads working on different shards
+/// do not pull each other's lines back and forth, and a check touches one line for both.
+#[repr(align(128))]
+struct Padded(Mutex<Shard>);
+
+impl std::ops::Deref for Padded {
+    type Target = Mutex<Shard>;
+    #[inline]
+    fn deref(&self) -> &Mutex<Shard> {
+        &self.0
+    }
+}
+
 pub(crate) struct MemoryEngine {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Padded]>,
     hasher: foldhash::fast::FixedState,
     /// key → reason, expiring when the block ends
     blocks: Mutex<ExpiringMap<String, String>>,
@@ -166,10 +189,10 @@ impl Default for MemoryEngine {
         MemoryEngine {
             shards: (0..SHARDS)
                 .map(|_| {
-                    Mutex::new(Shard {
+                    Padded(Mutex::new(Shard {
                         table: HashTable::new(),
                         next_sweep: MIN_SWEEP,
-                    })
+                    }))
                 })
                 .collect(),
             hasher: foldhash::fast::FixedState::with_seed(0x5eed_1e55),
@@ -181,10 +204,15 @@ impl Default for MemoryEngine {
 }
 
 impl MemoryEngine {
+    /// The hash of (scope, key) and its shard. The shard comes from bits the shard's table
+    /// does not use: the table places entries by the low bits and tells them apart by the
+    /// top 7 (issue 16: with the shard taken from the top 6, every entry of a shard had one
+    /// of two top-7 tags, so a lookup compared about half the entries of each group it
+    /// probed, each a cache miss).
     #[inline]
     fn locate(&self, scope: &str, key: &str) -> (u64, usize) {
         let hash = self.hasher.hash_one((scope, key));
-        (hash, (hash >> 58) as usize % SHARDS)
+        (hash, (hash >> 40) as usize % SHARDS)
     }
 
     /// Remaining block time of `key`: `Some(None)` permanent, `Some(Some(µs))`, or `None`.
@@ -239,6 +267,7 @@ impl MemoryEngine {
 
     /// Runs one check (or a peek) of `c` for (scope, key) at `now` (µs).
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub fn check(
         &self,
         scope: &Arc<str>,
@@ -377,10 +406,7 @@ impl MemoryEngine {
     ) -> bool {
         let (hash, shard) = self.locate(scope, key);
         let mut shard = self.shards[shard].lock();
-        match shard
-            .table
-            .find_mut(hash, |e| *e.scope == **scope && *e.key == *key)
-        {
+        match shard.table.find_mut(hash, |e| e.is(hash, scope, key)) {
             Some(e) => algo::release(&mut e.state, lease_id, units, now),
             None => false,
         }
@@ -410,10 +436,7 @@ impl MemoryEngine {
     pub fn reset(&self, scope: &Arc<str>, key: &str) -> bool {
         let (hash, shard) = self.locate(scope, key);
         let mut shard = self.shards[shard].lock();
-        match shard
-            .table
-            .find_entry(hash, |e| *e.scope == **scope && *e.key == *key)
-        {
+        match shard.table.find_entry(hash, |e| e.is(hash, scope, key)) {
             Ok(entry) => {
                 entry.remove();
                 true
@@ -543,6 +566,30 @@ mod tests {
             (false, BlockVerdict::Clear),
             "denied by its window, no longer blocked"
         );
+    }
+
+    /// Issue 16: the shard index and the table's 7-bit tags (the hash's top bits) come
+    /// from different bits, so the entries of one shard carry every tag and a lookup
+    /// compares about one entry. (With the index from the top 6 bits, a shard's entries
+    /// had two tags.) And an entry stays small: the leases of a concurrency limit are
+    /// boxed, not stored inline in every state.
+    #[test]
+    fn a_shards_entries_carry_every_tag_and_stay_small() {
+        let m = MemoryEngine::default();
+        let mut tags = vec![std::collections::HashSet::new(); SHARDS];
+        for i in 0..20_000 {
+            let (hash, shard) = m.locate("p", &format!("user:{i}"));
+            tags[shard].insert(hash >> 57);
+        }
+        for (shard, t) in tags.iter().enumerate() {
+            assert!(t.len() >= 120, "shard {shard}: {} of 128 tags", t.len());
+        }
+        assert!(
+            std::mem::size_of::<Entry>() <= 96,
+            "{}",
+            std::mem::size_of::<Entry>()
+        );
+        assert_eq!(std::mem::align_of::<Padded>(), 128);
     }
 
     #[test]

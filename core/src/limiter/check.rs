@@ -2,6 +2,7 @@
 
 use super::blocking::unleased;
 use super::layered::Layered;
+use super::shadow::crosses_near;
 use super::{Engine, Lease, Limiter, MAX_KEY_LEN};
 use crate::decision::{Decision, Source};
 use crate::engine::algo::Outcome;
@@ -12,6 +13,7 @@ use crate::events::Event;
 use crate::policy::{Algorithm, Compiled, Policy, PolicyInner};
 use crate::routing::shard_index;
 use crate::transport::batch::next_tag;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// A Redis check after its preamble: decided already (a cached block), or the script to run.
@@ -137,6 +139,8 @@ impl Limiter {
         }
     }
 
+    // (always: a caller returns it, and built in place it is not copied)
+    #[inline(always)]
     pub(super) fn decision(
         &self,
         p: &PolicyInner,
@@ -156,7 +160,7 @@ impl Limiter {
                 o.retry_us.map(Duration::from_micros)
             },
             delay: Duration::from_micros(o.delay_us),
-            policy: p.name.clone(),
+            policy: p.hot.name(&p.name),
             source,
             shard,
             window: Duration::from_micros(eff.window_us()),
@@ -259,9 +263,25 @@ impl Limiter {
             lease.unwrap_or(""), // the algorithms' "no lease"
             p.auto_block.as_ref(),
         );
+        if raw.outcome.allowed && !raw.blocked.is_blocked() {
+            // the common case, with nothing to tell anyone: counted from the outcome, and
+            // the decision built once, where it is returned (issue 16: building it in
+            // `finish` and moving it out cost two copies of it per check)
+            if !peek {
+                self.with_policy_counters(p, |c| {
+                    c.allowed.fetch_add(1, Ordering::Relaxed);
+                });
+                if crosses_near(p, eff.limit, raw.outcome.remaining, cost) {
+                    let d = self.decision(p, &eff, raw.outcome, Source::Memory, None);
+                    self.near_crossed(p, key, &d);
+                    return Ok(d);
+                }
+            }
+            return Ok(self.decision(p, &eff, raw.outcome, Source::Memory, None));
+        }
         let d = self.finish(p, &eff, key, raw, Source::Memory, None);
         if !peek {
-            self.count(&p.name, &d);
+            self.count_policy(p, &d);
             self.near(p, key, cost, &d);
         }
         Ok(d)
@@ -516,7 +536,7 @@ impl Limiter {
             Err(e) => return Err(e),
         };
         if !peek {
-            self.count(&p.name, &d);
+            self.count_policy(p, &d);
             self.near(p, key, cost, &d);
         }
         Ok(d)

@@ -7,6 +7,7 @@ use super::{Engine, Limiter};
 use crate::config::Config;
 use crate::decision::{Decision, Source};
 use crate::metrics::{LatencySnapshot, MetricsSnapshot, PolicyCounters};
+use crate::policy::PolicyInner;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -78,9 +79,39 @@ impl Limiter {
         }
     }
 
+    /// Runs `f` on the counters of policy `p`: from the policy's slot when this limiter
+    /// resolved them before (one load), else by name, then kept in the slot.
+    #[inline]
+    pub(super) fn with_policy_counters(&self, p: &PolicyInner, f: impl FnOnce(&PolicyCounters)) {
+        if let Some(c) = p.hot.get(self.inner.id) {
+            return f(c);
+        }
+        if let Some(c) = self.resolve_counters(&p.name) {
+            p.hot.offer(self.inner.id, &c);
+            f(&c)
+        }
+    }
+
+    /// The series of `name`, made when new (`None` past [`MAX_ADHOC_SERIES`]).
+    #[cold]
+    fn resolve_counters(&self, name: &str) -> Option<Arc<PolicyCounters>> {
+        if let Some(c) = self.inner.view.load().series.get(name) {
+            return Some(c.clone());
+        }
+        if let Some(c) = self.inner.adhoc.load().get(name) {
+            return Some(c.clone());
+        }
+        self.add_adhoc_series(name)
+    }
+
     #[cold]
     fn add_adhoc_series(&self, name: &str) -> Option<Arc<PolicyCounters>> {
         let _adding = self.inner.adhoc_add.lock();
+        // a reload stores its view under this lock: the view is current here, and a name
+        // it has is never given a second series
+        if let Some(c) = self.inner.view.load().series.get(name) {
+            return Some(c.clone());
+        }
         let current = self.inner.adhoc.load_full();
         if let Some(c) = current.get(name) {
             return Some(c.clone());
@@ -98,24 +129,33 @@ impl Limiter {
     /// Counts decision `d` of policy `name`.
     #[inline]
     pub(super) fn count(&self, name: &str, d: &Decision) {
-        self.with_counters(name, |c| {
-            if d.allowed {
-                c.allowed.fetch_add(1, Ordering::Relaxed);
-            } else {
-                c.denied.fetch_add(1, Ordering::Relaxed);
-            }
-            match d.source {
-                Source::Block => {
-                    c.blocked.fetch_add(1, Ordering::Relaxed);
-                }
-                Source::Fallback => {
-                    c.fallback.fetch_add(1, Ordering::Relaxed);
-                }
-                Source::Local => {
-                    c.local_admitted.fetch_add(1, Ordering::Relaxed);
-                }
-                _ => {}
-            }
-        });
+        self.with_counters(name, |c| tally(c, d));
+    }
+
+    /// Counts decision `d` of policy `p` (its counters resolved once, not by name).
+    #[inline]
+    pub(super) fn count_policy(&self, p: &PolicyInner, d: &Decision) {
+        self.with_policy_counters(p, |c| tally(c, d));
+    }
+}
+
+#[inline]
+fn tally(c: &PolicyCounters, d: &Decision) {
+    if d.allowed {
+        c.allowed.fetch_add(1, Ordering::Relaxed);
+    } else {
+        c.denied.fetch_add(1, Ordering::Relaxed);
+    }
+    match d.source {
+        Source::Block => {
+            c.blocked.fetch_add(1, Ordering::Relaxed);
+        }
+        Source::Fallback => {
+            c.fallback.fetch_add(1, Ordering::Relaxed);
+        }
+        Source::Local => {
+            c.local_admitted.fetch_add(1, Ordering::Relaxed);
+        }
+        _ => {}
     }
 }

@@ -109,6 +109,9 @@ struct Inner {
     shadow: shadow::ShadowCounts,
     /// per-key overrides: remembered from Redis, or the in-memory engine's
     overrides: overrides::OverrideState,
+    /// This limiter's number, unique in the process: which limiter's counters a policy
+    /// holds (`crate::metrics::Hot`).
+    id: u64,
 }
 
 impl std::fmt::Debug for Inner {
@@ -161,6 +164,10 @@ impl Limiter {
                 local: Mutex::new(ExpiringMap::default()),
                 shadow: shadow::ShadowCounts::default(),
                 overrides: overrides::OverrideState::default(),
+                id: {
+                    static NEXT: AtomicU64 = AtomicU64::new(1);
+                    NEXT.fetch_add(1, Ordering::Relaxed)
+                },
             }),
         })
     }

@@ -112,8 +112,10 @@ impl Limiter {
         // the counters stay: of policies kept, by name; of policies removed, as ad-hoc
         // series (a caller may still hold one); an ad-hoc series whose name the config now
         // has becomes the policy's
+        // (held until the view is stored: a series added meanwhile would be one the view
+        // does not have, and policies keep the series they resolve, limiter/metrics.rs)
+        let adding = self.inner.adhoc_add.lock();
         let series = {
-            let _adding = self.inner.adhoc_add.lock();
             let adhoc = self.inner.adhoc.load_full();
             let series = config_series(&config, Some(&old.series), &adhoc);
             let mut next: Series = adhoc
@@ -135,6 +137,7 @@ impl Limiter {
             engine,
             handoff,
         }));
+        drop(adding);
         tracing::info!(?report, "shardlimit: config reloaded");
         if self.inner.subscribers.active() {
             self.inner

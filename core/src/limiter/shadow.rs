@@ -274,20 +274,16 @@ impl Limiter {
     /// blocks or local admission).
     #[inline]
     pub(super) fn near(&self, p: &PolicyInner, key: &str, cost: u64, d: &Decision) {
-        let Some(f) = p.near_limit else { return };
         if !d.allowed || d.shadow_denied || !matches!(d.source, Source::Redis | Source::Memory) {
             return;
         }
-        let threshold = (f * d.limit as f64).ceil() as u64;
-        let used = d.limit.saturating_sub(d.remaining);
-        if used < threshold || used.saturating_sub(cost) >= threshold {
-            return;
+        if crosses_near(p, d.limit, d.remaining, cost) {
+            self.near_crossed(p, key, d);
         }
-        self.near_crossed(p, key, d);
     }
 
     #[cold]
-    fn near_crossed(&self, p: &PolicyInner, key: &str, d: &Decision) {
+    pub(super) fn near_crossed(&self, p: &PolicyInner, key: &str, d: &Decision) {
         self.with_counters(&p.name, |c| {
             c.near_limit.fetch_add(1, Ordering::Relaxed);
         });
@@ -342,4 +338,14 @@ impl Limiter {
         }
         Ok(denied.or(best).expect("at least one layer"))
     }
+}
+
+/// Whether an allowed check of `cost` units that left `remaining` of `limit` crossed the
+/// policy's near-limit fraction: from below `ceil(f × limit)` units used to at or above it.
+#[inline]
+pub(super) fn crosses_near(p: &PolicyInner, limit: u64, remaining: u64, cost: u64) -> bool {
+    let Some(f) = p.near_limit else { return false };
+    let threshold = (f * limit as f64).ceil() as u64;
+    let used = limit.saturating_sub(remaining);
+    used >= threshold && used.saturating_sub(cost) < threshold
 }

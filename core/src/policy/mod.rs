@@ -445,6 +445,10 @@ pub(crate) struct PolicyInner {
     pub near_limit: Option<f64>,
     /// Takes live per-key overrides (`"overrides": true`, `limiter/overrides.rs`).
     pub overrides: bool,
+    /// What every check of this policy reads: the counters of the limiter that counted it
+    /// first, resolved once (a check does not look its series up by name), and the name
+    /// copied per thread stripe (`crate::metrics::Hot`).
+    pub hot: crate::metrics::Hot,
 }
 
 impl PolicyInner {
@@ -489,6 +493,7 @@ impl Policy {
             shadow: p.shadow,
             near_limit: p.near_limit,
             overrides: p.overrides,
+            hot: Default::default(),
         }))
     }
 
@@ -585,6 +590,7 @@ impl Policy {
             shadow: false,
             near_limit: Some(DEFAULT_NEAR_LIMIT),
             overrides: false,
+            hot: Default::default(),
         })))
     }
 

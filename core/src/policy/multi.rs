@@ -82,6 +82,7 @@ impl Policy {
             near_limit: first.near_limit,
             overrides: false,
             parts: Some(parts.into()),
+            hot: Default::default(),
         })))
     }
 
@@ -133,6 +134,7 @@ impl Policy {
             shadow: p.shadow,
             near_limit: p.near_limit,
             overrides: false,
+            hot: Default::default(),
         }))
     }
 
