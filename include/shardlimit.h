@@ -71,6 +71,17 @@
 // The most events one subscription may hold (`shardlimit_subscribe()`'s `capacity`).
 #define SHARDLIMIT_MAX_EVENT_CAPACITY 65536
 
+// Size of `shardlimit_log_line.subject`; longer subjects are cut at a character
+// boundary and `truncated` is set.
+#define SHARDLIMIT_LOG_SUBJECT_CAP 256
+
+// Size of `shardlimit_log_line.message`; longer lines are cut at a character boundary
+// and `truncated` is set.
+#define SHARDLIMIT_LOG_MESSAGE_CAP 1024
+
+// The most lines one log subscription may hold (`shardlimit_subscribe_logs()`).
+#define SHARDLIMIT_MAX_LOG_CAPACITY 4096
+
 // The result of every fallible function. The numbers are a stable public contract
 // shared with the core crate's `ErrorKind` codes (and so with the Python exception
 // classes and the Node `err.code` values), except the codes from 100 on, which only the
@@ -240,6 +251,25 @@ typedef uint32_t shardlimit_event_kind;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
+// How serious a line is (`shardlimit_log_record.level`, `shardlimit_log_line.level`).
+enum shardlimit_log_level
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // Something failed and the library carried on (a fallback, a circuit opened).
+  SHARDLIMIT_LOG_WARN = 1,
+  // Something failed and was refused (a watched config rejected).
+  SHARDLIMIT_LOG_ERROR = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum shardlimit_log_level shardlimit_log_level;
+#else
+typedef uint32_t shardlimit_log_level;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
 // A manual clock for deterministic tests: limiters created with it read time from it
 // instead of Redis `TIME` or the monotonic clock. Thread-safe. Free with
 // `shardlimit_clock_free()` (limiters using it keep their own reference). An opaque
@@ -270,6 +300,12 @@ typedef struct shardlimit_lease shardlimit_lease;
 // never dereference it. Create with a `shardlimit_limiter_new_*` function; the caller owns
 // it and frees it with `shardlimit_limiter_free()`.
 typedef struct shardlimit_limiter shardlimit_limiter;
+
+// A subscription to a limiter's warning lines, from `shardlimit_subscribe_logs()`: a
+// bounded queue the caller drains with `shardlimit_log_subscription_next()`. An opaque
+// handle owned by the caller; free it with `shardlimit_log_subscription_free()`, which
+// wakes a thread waiting in `_next` (it returns CLOSED). Thread-safe.
+typedef struct shardlimit_log_subscription shardlimit_log_subscription;
 
 // A call in flight or completed, from a `shardlimit_*_start` function. An opaque handle
 // owned by the caller: read its result with the `shardlimit_pending_*` accessor of its
@@ -466,6 +502,62 @@ typedef struct shardlimit_event {
   // True when `detail` was cut to fit.
   bool detail_truncated;
 } shardlimit_event;
+
+// One warning line, as a callback receives it. Every string is UTF-8 and NUL-terminated,
+// and borrowed for the duration of the call only (copy what you keep).
+typedef struct shardlimit_log_record {
+  // A `shardlimit_log_level` value.
+  uint32_t level;
+  // Always `"shardlimit"`.
+  struct shardlimit_str target;
+  // Why: `"fallback"`, `"circuit_opened"`, `"handoff_failed"`, `"config_rejected"` or
+  // `"refund_failed"` (more may come).
+  struct shardlimit_str reason;
+  // The policy (fallback, handoff_failed), the shard (circuit_opened, refund_failed) or
+  // the config file (config_rejected); `"(other)"` past the library's bound of 1024.
+  struct shardlimit_str subject;
+  // The `shardlimit_result` code of the error behind the line.
+  uint32_t error_code;
+  // The error's message.
+  struct shardlimit_str error;
+  // True for a fallback: `allowed` says whether `on_error` allowed the check.
+  bool has_allowed;
+  bool allowed;
+  // How many lines of this (reason, subject) were not written since the last one.
+  uint64_t suppressed;
+  // The whole line.
+  struct shardlimit_str message;
+} shardlimit_log_record;
+
+// A log callback: `user_data` as registered, and the line (valid during the call only).
+// Called on the thread that logged (a caller's thread or the limiter's I/O thread), at
+// most one line per (reason, subject) per `log_interval`; it must be thread-safe, return
+// quickly and not call back into the limiter.
+typedef void (*shardlimit_log_callback)(void *user_data, const struct shardlimit_log_record *record);
+
+// One warning line, filled by `shardlimit_log_subscription_next()`: a plain struct the
+// caller allocates; nothing inside it needs freeing. Strings are NUL-terminated UTF-8.
+typedef struct shardlimit_log_line {
+  // A `shardlimit_log_level` value.
+  uint32_t level;
+  // The `shardlimit_result` code of the error behind the line.
+  uint32_t error_code;
+  // True for a fallback: `allowed` says whether `on_error` allowed the check.
+  bool has_allowed;
+  bool allowed;
+  // How many lines of this (reason, subject) were not written since the last one.
+  uint64_t suppressed;
+  // As `shardlimit_log_record.reason`.
+  char reason[32];
+  size_t subject_len;
+  // As `shardlimit_log_record.subject`.
+  char subject[SHARDLIMIT_LOG_SUBJECT_CAP];
+  size_t message_len;
+  // The whole line (it holds the error's message).
+  char message[SHARDLIMIT_LOG_MESSAGE_CAP];
+  // True when `subject` or `message` was cut to fit.
+  bool truncated;
+} shardlimit_log_line;
 
 // Called once when a started call completes (with its result, with
 // `SHARDLIMIT_ERR_CANCELLED`, or with an error when the runtime stopped): `user` is the
@@ -1128,6 +1220,59 @@ shardlimit_result shardlimit_policy_with_shadow(const struct shardlimit_policy *
                                                 bool shadow,
                                                 struct shardlimit_policy **out,
                                                 struct shardlimit_error **err);
+
+// Registers `callback` to receive the limiter's warning lines: every fallback to
+// `on_error`, a circuit opened, a failed reshard handoff or layered refund, a rejected
+// watched config, at most one line per (reason, subject) per the config's
+// `log_interval` (10 s by default), each carrying how many were suppressed since the
+// last. Replaces the callback registered before; NULL removes it (lines then go nowhere
+// but log subscriptions). `callback` is called on the thread that logged (a caller's
+// thread or the limiter's I/O thread) with `user_data`: both must be usable from any
+// thread until the callback is replaced or the limiter is freed (`shardlimit_limiter_free()`
+// and its last call returned). The callback must not call into the limiter. `err` may
+// be NULL. Thread-safe.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_set_log_callback(const struct shardlimit_limiter *limiter,
+                                              shardlimit_log_callback callback,
+                                              void *user_data,
+                                              struct shardlimit_error **err);
+
+// Subscribes to the limiter's warning lines (the ones `shardlimit_set_log_callback()`
+// gets), from the moment it returns, for hosts that take them on a thread of their own.
+// Lines wait in a queue of `capacity` lines (0: 256; at most
+// `SHARDLIMIT_MAX_LOG_CAPACITY`); when it is full, later ones are dropped and counted
+// (`shardlimit_log_subscription_dropped()`). The subscription closes when freed or when
+// the limiter is gone; it does not keep the limiter alive.
+//
+// On success `*out` is a new log subscription the caller owns (free with
+// `shardlimit_log_subscription_free()`). `err` may be NULL. Thread-safe.
+// Results: OK, INVALID_ARGUMENT (`capacity` too large, NULL `out`), CLOSED, INTERNAL.
+shardlimit_result shardlimit_subscribe_logs(const struct shardlimit_limiter *limiter,
+                                            size_t capacity,
+                                            struct shardlimit_log_subscription **out,
+                                            struct shardlimit_error **err);
+
+// Takes the oldest queued line, waiting up to `timeout_us` microseconds for one
+// (`UINT64_MAX`: no limit; 0: do not wait). On OK, `*out_got` says whether a line came
+// and, when it did, `*out` holds it (left untouched otherwise). CLOSED once the
+// subscription is freed (also while this waits: it wakes) or the limiter is gone and
+// every queued line was taken. Inside a completion callback it never waits. `err` may be
+// NULL. Thread-safe.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_log_subscription_next(const struct shardlimit_log_subscription *subscription,
+                                                   uint64_t timeout_us,
+                                                   bool *out_got,
+                                                   struct shardlimit_log_line *out,
+                                                   struct shardlimit_error **err);
+
+// How many lines this log subscription dropped because its queue was full. 0 for NULL
+// or a handle that is not a live log subscription. Thread-safe.
+uint64_t shardlimit_log_subscription_dropped(const struct shardlimit_log_subscription *subscription);
+
+// Ends a log subscription and frees it; a thread waiting in
+// `shardlimit_log_subscription_next()` wakes with CLOSED. NULL, a second free, or a
+// pointer that is not a log subscription is a no-op.
+void shardlimit_log_subscription_free(struct shardlimit_log_subscription *subscription);
 
 // Sets `key`'s override of `policy` (a config policy with `"overrides": true`) to `limit`
 // (`limit_len` bytes of UTF-8): a rate string (`"100/minute"`, in the policy's

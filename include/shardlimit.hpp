@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <future>
 #include <memory>
 #include <optional>
@@ -448,6 +449,59 @@ class ConfigWatcher {
 };
 
 /// A rate limiter. Move-only; thread-safe; frees its handle on destruction.
+/// One warning line of the core (`Limiter::on_log`): a fallback to on_error, a circuit
+/// opened, a failed handoff or refund, a rejected watched config.
+struct LogRecord {
+  bool error = false;     ///< true for a rejected config, else a warning
+  std::string reason;     ///< "fallback", "circuit_opened", "handoff_failed", ...
+  std::string subject;    ///< the policy, shard or config file
+  shardlimit_result error_code = SHARDLIMIT_OK;
+  std::string error_message;
+  std::optional<bool> allowed;  ///< a fallback: whether on_error allowed the check
+  uint64_t suppressed = 0;      ///< lines of this reason and subject not written since the last
+  std::string message;          ///< the whole line
+};
+
+namespace detail {
+using LogFn = std::function<void(const LogRecord&)>;
+inline void log_trampoline(void* user, const shardlimit_log_record* r) {
+  try {
+    LogRecord rec;
+    rec.error = r->level == SHARDLIMIT_LOG_ERROR;
+    rec.reason.assign(r->reason.ptr, r->reason.len);
+    rec.subject.assign(r->subject.ptr, r->subject.len);
+    rec.error_code = static_cast<shardlimit_result>(r->error_code);
+    rec.error_message.assign(r->error.ptr, r->error.len);
+    if (r->has_allowed) rec.allowed = r->allowed;
+    rec.suppressed = r->suppressed;
+    rec.message.assign(r->message.ptr, r->message.len);
+    (*static_cast<LogFn*>(user))(rec);
+  } catch (...) {
+    // nothing may unwind into the library
+  }
+}
+/// The std::function of Limiter::on_log, unregistered before it is destroyed.
+struct LogHook {
+  shardlimit_limiter* h = nullptr;
+  std::unique_ptr<LogFn> f;
+  LogHook() = default;
+  LogHook(LogHook&& o) noexcept : h(o.h), f(std::move(o.f)) {}
+  LogHook& operator=(LogHook&& o) noexcept {
+    if (this != &o) {
+      reset();
+      h = o.h;
+      f = std::move(o.f);
+    }
+    return *this;
+  }
+  ~LogHook() { reset(); }
+  void reset() noexcept {
+    if (f && h) shardlimit_set_log_callback(h, nullptr, nullptr, nullptr);
+    f.reset();
+  }
+};
+}  // namespace detail
+
 class Limiter {
  public:
   /// From a JSON config (the format of shard-config.json); `clock` for tests.
@@ -832,6 +886,22 @@ class Limiter {
       return shardlimit_config_json(h, s, err);
     });
   }
+  /// Calls `f` for each of the core's warning lines (every fallback to on_error, a circuit
+  /// opened, a rejected config; at most one per reason and policy or shard per the
+  /// config's log_interval, with the count suppressed since the last), on the thread that
+  /// logged (a caller's or the I/O thread): keep it short and thread-safe, and do not call
+  /// the limiter from it. An empty `f` removes it; without one the lines go nowhere.
+  /// Exceptions from `f` are swallowed. Not to be called from two threads at once.
+  void on_log(detail::LogFn f) const {
+    auto next = f ? std::make_unique<detail::LogFn>(std::move(f)) : nullptr;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_set_log_callback(h_.get(), next ? &detail::log_trampoline : nullptr,
+                                              next.get(), &err),
+                  err);
+    // the one replaced is not running any more (shardlimit_set_log_callback)
+    log_.f = std::move(next);
+    log_.h = h_.get();
+  }
   /// Subscribes to the limiter's events (denials, blocks, fallbacks, circuit changes,
   /// shadow denials, near-limit crossings, reloads) from now on; `capacity` events wait
   /// in the library (0: 1024) before later ones are dropped.
@@ -881,6 +951,8 @@ class Limiter {
   }
   explicit Limiter(shardlimit_limiter* h) : h_(h) {}
   detail::LimiterPtr h_;
+  // after h_: destroyed first, while the handle is still live
+  mutable detail::LogHook log_;
 };
 
 inline Decision detail::pending_decision(shardlimit_pending* p) {

@@ -101,7 +101,10 @@ func orNil(err error) error {
 // Option configures a limiter's construction.
 type Option func(*options)
 
-type options struct{ clock *Clock }
+type options struct {
+	clock *Clock
+	log   logOption // logging.go
+}
 
 // WithClock makes the limiter decide on clock (tests) instead of Redis TIME or the
 // monotonic clock.
@@ -127,9 +130,9 @@ func NewMemory(opts ...Option) (*Limiter, error) {
 		return nil, err
 	}
 	defer runtime.KeepAlive(keep)
-	return newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
+	return logTo(opts)(newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
 		return C.shardlimit_limiter_new_memory(clock, out, e)
-	})
+	}))
 }
 
 // Algorithm is the algorithm of an ad-hoc Limit.

@@ -283,10 +283,10 @@ func NewFromJSON(config string, opts ...Option) (*Limiter, error) {
 		return nil, err
 	}
 	defer runtime.KeepAlive(keep)
-	return newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
+	return logTo(opts)(newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
 		p, n := cStr(config)
 		return C.shardlimit_limiter_new_json(p, n, clock, out, e)
-	})
+	}))
 }
 
 // NewFromFile creates a limiter from a JSON config file.
@@ -296,10 +296,10 @@ func NewFromFile(path string, opts ...Option) (*Limiter, error) {
 		return nil, err
 	}
 	defer runtime.KeepAlive(keep)
-	return newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
+	return logTo(opts)(newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
 		p, n := cStr(path)
 		return C.shardlimit_limiter_new_file(p, n, clock, out, e)
-	})
+	}))
 }
 
 // NewFromEnv creates a limiter from $SHARDLIMIT_CONFIG (a path or inline JSON); the
@@ -310,9 +310,9 @@ func NewFromEnv(opts ...Option) (*Limiter, error) {
 		return nil, err
 	}
 	defer runtime.KeepAlive(keep)
-	return newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
+	return logTo(opts)(newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
 		return C.shardlimit_limiter_new_env(clock, out, e)
-	})
+	}))
 }
 
 // Check checks cost units (>= 1) of the named policy for key. A denied check is not an

@@ -244,6 +244,7 @@ func TestEveryOperationOfTheCore(t *testing.T) {
 		"from_config_file": NewFromFile,
 		"from_env":         NewFromEnv,
 		"with_clock":       WithClock,
+		"set_log_sink":     WithLogger,
 	}
 	// operations Go does not offer yet (the C ABI lacks them); each must still be absent
 	missing := map[string]bool{}

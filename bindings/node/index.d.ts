@@ -140,8 +140,42 @@ export type ChargeOptions = {
   cost?: number
 }
 
+/** One warning line of the core (`logger` option, `setLogSink`). */
+export interface LogRecord {
+  /** `'warn'`, or `'error'` for a rejected config. */
+  level: 'warn' | 'error'
+  /** Always `'shardlimit'`. */
+  target: string
+  /** Why: `'fallback'`, `'circuit_opened'`, `'handoff_failed'`, `'config_rejected'` or `'refund_failed'`. */
+  reason: string
+  /** The policy, shard or config file; `'(other)'` past the library's bound of 1024. */
+  subject: string
+  /** The error kind behind the line (`'connection'`, `'timeout'`, ...). */
+  errorKind: string
+  /** The error's message. */
+  error: string
+  /** A fallback: whether `on_error` allowed the check; null otherwise. */
+  allowed: boolean | null
+  /** How many lines of this reason and subject were not written since the last one. */
+  suppressed: number
+  /** The whole line. */
+  message: string
+}
+
+/** Where warning lines go: a function, an object with `warn` (and `error`), or null to drop them. */
+export type Logger =
+  | ((line: string, record: LogRecord) => void)
+  | { warn(line: string, record: LogRecord): void; error?(line: string, record: LogRecord): void }
+  | null
+
 /** Options of the factories. */
 export interface LimiterOptions {
+  /**
+   * The core's warning lines (every fallback to `on_error`, a circuit opened, a rejected
+   * config; at most one per reason and policy or shard per `log_interval`): `console.warn`
+   * by default; null drops them.
+   */
+  logger?: Logger
   /** Decide with this clock instead of Redis `TIME` / the monotonic clock (tests). */
   clock?: ManualClock
   /**
@@ -484,6 +518,8 @@ export declare class Limiter {
   metricsSnapshot(): MetricsSnapshot
   /** Calls `listener` on the event loop for each event (denials, blocks, fallbacks, circuit changes). Never keeps the process alive. */
   subscribe(listener: (event: ShardlimitEvent) => void): void
+  /** Where the core's warning lines go from now on (as the `logger` option); runs on the event loop. */
+  setLogSink(logger: Logger | undefined): void
   /** Reloads whenever the file changes (checked every `intervalMs`, default 1000); a bad file is ignored. */
   watchConfig(path: string, options?: { intervalMs?: number }): ConfigWatcher
   /** Lets go of the connections and the I/O thread once calls in flight finish; later calls throw InvalidArgumentError. */

@@ -155,6 +155,16 @@ function withTransport(limiter, options) {
   return limiter
 }
 
+// The core's warning lines (a fallback to on_error, a circuit opened, a rejected config; at
+// most one per reason and policy or shard per log_interval): `options.logger` is a
+// function (line, record), an object with warn/error methods (console, pino, winston:
+// called as logger.warn(line, record)), or null to drop them; console.warn by default.
+function withLogger(limiter, options) {
+  const logger = options && 'logger' in options ? options.logger : (line) => console.warn(line)
+  limiter.setLogSink(logger)
+  return limiter
+}
+
 class Limiter {
   /** Use `Limiter.fromConfig`, `Limiter.fromJson` or `Limiter.memory`. */
   constructor(handle) {
@@ -167,7 +177,7 @@ class Limiter {
   /** Loads a JSON config file (Redis shards and named policies). */
   static fromConfig(path, options) {
     checkString('path', path)
-    return withTransport(new Limiter(NativeLimiter.fromConfig(path, clockOf(options))), options)
+    return withTransport(withLogger(new Limiter(NativeLimiter.fromConfig(path, clockOf(options))), options), options)
   }
 
   /** Parses a JSON config (a string, or an object that is serialized first). */
@@ -177,12 +187,12 @@ class Limiter {
       text = JSON.stringify(config)
     }
     checkString('config', text)
-    return withTransport(new Limiter(NativeLimiter.fromJson(text, clockOf(options))), options)
+    return withTransport(withLogger(new Limiter(NativeLimiter.fromJson(text, clockOf(options))), options), options)
   }
 
   /** An in-memory limiter with no named policies (use fromJson without shards for policies). */
   static memory(options) {
-    return new Limiter(NativeLimiter.memory(clockOf(options)))
+    return withLogger(new Limiter(NativeLimiter.memory(clockOf(options))), options)
   }
 
   /** True when Redis shards decide, false for the in-memory engine. */
@@ -572,7 +582,7 @@ class Limiter {
 
   /** `$SHARDLIMIT_CONFIG` (a path or inline JSON); the in-memory engine when unset. */
   static fromEnv(options) {
-    return new Limiter(NativeLimiter.fromEnv(clockOf(options)))
+    return withLogger(new Limiter(NativeLimiter.fromEnv(clockOf(options))), options)
   }
 
   /** Keys held by the in-memory engine (its memory is bounded); null on Redis. */
@@ -589,6 +599,27 @@ class Limiter {
   /** The configuration in force (`ConfigInfo`; shard URLs are left out: they may hold passwords). */
   get config() {
     return this[kNative].configInfo()
+  }
+
+  /**
+   * Where the core's warning lines go: a function `(line, record)`, an object with
+   * `warn`/`error` methods (called `logger.warn(line, record)`), or null to drop them.
+   * Runs on the event loop.
+   */
+  setLogSink(logger) {
+    if (logger === null || logger === undefined) {
+      this[kNative].setLogSink(null)
+      return
+    }
+    let write
+    if (typeof logger === 'function') {
+      write = (r) => logger(r.message, r)
+    } else if (typeof logger === 'object' && typeof logger.warn === 'function') {
+      write = (r) => (r.level === 'error' && typeof logger.error === 'function' ? logger.error(r.message, r) : logger.warn(r.message, r))
+    } else {
+      throw argError('logger', 'a function (line, record) => void, an object with warn(), or null', logger)
+    }
+    this[kNative].setLogSink(write)
   }
 
   /**

@@ -362,10 +362,16 @@ fn override_command(c: OverrideCommand) -> shardlimit::Result<ExitCode> {
 }
 
 fn limiter(t: &Target) -> shardlimit::Result<Limiter> {
-    match &t.config {
+    let l = match &t.config {
         Some(path) => Limiter::from_config_file(path),
         None => Limiter::from_env(),
-    }
+    }?;
+    // the core's rate-limited warnings (fallbacks, circuits opened) on stderr: stdout
+    // stays the command's JSON or text
+    l.set_log_sink(Some(std::sync::Arc::new(|r: &shardlimit::LogRecord| {
+        eprintln!("{}: {}", r.level.name(), r.message)
+    })));
+    Ok(l)
 }
 
 fn policy(l: &Limiter, p: &PolicyArg) -> shardlimit::Result<Policy> {

@@ -976,3 +976,50 @@ fn check_all_refuses_a_concurrency_layer_and_exits_2() {
         "{err}"
     );
 }
+
+#[test]
+fn fallbacks_are_one_warning_line_on_stderr() {
+    // nothing listens on the port: every check falls back to on_error
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.json");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"log_interval":"1h","shards":[{{"name":"only","url":"redis://127.0.0.1:{port}"}}],
+            "policies":{{"api":{{"rate":"10/minute","on_error":"open"}}}}}}"#
+        ),
+    )
+    .unwrap();
+    let c = cfg.to_str().unwrap();
+    let o = sl(&[
+        "bench",
+        "--config",
+        c,
+        "--policy",
+        "api",
+        "--requests",
+        "1000",
+        "--json",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("fell back")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].starts_with("warn: shardlimit: policy `api` fell back to on_error and allowed"),
+        "{err}"
+    );
+    assert_eq!(
+        err.lines()
+            .filter(|l| l.contains("circuit of shard `only` opened"))
+            .count(),
+        1,
+        "{err}"
+    );
+    // stdout is still the command's output alone
+    assert!(!stdout(&o).contains("fell back"));
+}

@@ -174,6 +174,8 @@ pub type Subscriber = Arc<dyn Fn(&Event) + Send + Sync>;
 pub(crate) struct Subscribers {
     any: AtomicBool,
     list: RwLock<Vec<Subscriber>>,
+    /// The rate-limited lines and the log sink (shared with the engine like the events).
+    pub(crate) log: crate::log::Logs,
 }
 
 impl std::fmt::Debug for Subscribers {

@@ -30,6 +30,7 @@ mod error;
 pub mod events;
 mod ip;
 mod limiter;
+pub mod log;
 pub mod metrics;
 mod policy;
 mod rate;
@@ -57,6 +58,7 @@ pub use limiter::{
 };
 pub use limiter::{resolve_override, OverrideInfo, OverridePage, OVERRIDE_CACHE_MAX};
 pub use limiter::{HostChecks, HostStep};
+pub use log::{LogLevel, LogReason, LogRecord, LogSink, DEFAULT_LOG_INTERVAL, LOG_KEYS_MAX};
 pub use metrics::{MetricsSnapshot, PolicyMetrics};
 pub use policy::{window_offset_us, WindowOffset, WINDOW_OFFSET_SEED};
 pub use policy::{Algorithm, AutoBlock, Limit, LocalAdmission, OnError, Policy, MAX_LIMIT};

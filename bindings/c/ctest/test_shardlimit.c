@@ -1269,6 +1269,7 @@ static const struct op c_ops[] = {
     ALIAS("from_env", shardlimit_limiter_new_env),
     ALIAS("with_clock", shardlimit_clock_new),
     ALIAS("policy", shardlimit_limiter_policy),
+    ALIAS("set_log_sink", shardlimit_set_log_callback),
     OP(is_redis), OP(memory_keys), OP(route), OP(reload), OP(reload_from_file), OP(set_scale),
     OP(scale), OP(observe_health), OP(metrics), OP(check), OP(peek), OP(acquire), OP(release),
     OP(reset), OP(check_all), OP(block), OP(unblock), OP(blocked), OP(connect),
@@ -2286,6 +2287,7 @@ static void test_window_offset_vectors(void) {
 }
 
 #include "test_events.c"
+#include "test_logging.c"
 
 int main(void) {
   start_redis();
@@ -2322,6 +2324,7 @@ int main(void) {
   test_shadow();
   test_started_text_calls();
   test_events();
+  test_logging();
   test_watch_config();
   test_operations_spec();
   test_errors_spec();

@@ -382,6 +382,8 @@ pub struct shardlimit_limiter {
     limiter: Limiter,
     /// The subscriptions' fan-out (`events.rs`), made on the first `shardlimit_subscribe()`.
     fanout: events::FanoutCell,
+    /// The log callback and log subscriptions (`logging.rs`), made on first use.
+    logs: logging::LogFanoutCell,
 }
 
 /// A validated policy (a named limit). Immutable and thread-safe. From
@@ -458,10 +460,11 @@ enum Tag {
     Pending = 7,
     Subscription = 8,
     Watcher = 9,
+    LogSubscription = 10,
 }
 
 impl Tag {
-    const ALL: [Tag; 9] = [
+    const ALL: [Tag; 10] = [
         Tag::Limiter,
         Tag::Policy,
         Tag::Lease,
@@ -471,6 +474,7 @@ impl Tag {
         Tag::Pending,
         Tag::Subscription,
         Tag::Watcher,
+        Tag::LogSubscription,
     ];
     fn c_name(self) -> &'static str {
         match self {
@@ -483,6 +487,7 @@ impl Tag {
             Tag::Pending => "shardlimit_pending",
             Tag::Subscription => "shardlimit_subscription",
             Tag::Watcher => "shardlimit_watcher",
+            Tag::LogSubscription => "shardlimit_log_subscription",
         }
     }
 }
@@ -1176,6 +1181,7 @@ unsafe fn new_limiter(
     *out = register(shardlimit_limiter {
         limiter,
         fanout: Default::default(),
+        logs: Default::default(),
     })?;
     Ok(())
 }
@@ -2053,10 +2059,12 @@ pub unsafe extern "C" fn shardlimit_decision_to_json(
 
 mod admin;
 mod events;
+mod logging;
 mod overrides;
 mod pending;
 pub use admin::*;
 pub use events::*;
+pub use logging::*;
 pub use overrides::*;
 pub use pending::*;
 

@@ -34,6 +34,7 @@ use std::time::Duration;
 
 mod calls;
 mod host;
+mod logging;
 mod reserve;
 mod settle;
 

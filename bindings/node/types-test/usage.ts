@@ -21,6 +21,7 @@ import shardlimit, {
   fastifyPlugin,
   type MetricsSnapshot,
   type ShardlimitEvent,
+  type LogRecord,
   type Override,
   type OverridePage,
   type DecisionJson,
@@ -139,6 +140,8 @@ export async function usage(): Promise<void> {
   void [index, windows, planned, limitCount, json.limitIndex, json.quotas]
   const m: MetricsSnapshot = limiter.metricsSnapshot()
   limiter.subscribe((e: ShardlimitEvent) => void e.kind)
+  limiter.setLogSink((line: string, r: LogRecord) => void (line.length + r.suppressed))
+  Limiter.fromJson('{}', { logger: null }).setLogSink({ warn: (line: string) => void line })
   const shadowed: boolean = (await limiter.check('k', { policy: 'api', shadow: true })).shadowDenied
   const shadowReport = await limiter.shadowReport('api', { top: 10 })
   const topKey: string | undefined = shadowReport.keys[0]?.key

@@ -8,6 +8,7 @@
 mod calls;
 mod completion;
 mod convert;
+mod logging;
 mod overrides;
 mod settle;
 mod shadow;
@@ -483,6 +484,7 @@ fn with_clock(
     if let Some(c) = clock {
         l = l.with_clock(c.0.clone()).map_err(core_err)?;
     }
+    logging::to_logging(&l);
     Ok(Limiter {
         cell: std::sync::RwLock::new(Some(l)),
         completers: Default::default(),
@@ -1157,6 +1159,19 @@ impl Limiter {
         Ok(self.inner()?.memory_keys())
     }
 
+    /// Where the limiter's warning lines go (every fallback to `on_error`, a circuit
+    /// opened, a failed handoff or refund, a rejected watched config; at most one per
+    /// reason and policy or shard per the config's `log_interval`, each with how many
+    /// were suppressed since the last). By default they are logged to
+    /// `logging.getLogger("shardlimit")` at WARNING (ERROR for a rejected config), with
+    /// the record's fields in `extra={"shardlimit": {...}}`. `callback(record)` receives
+    /// them instead, as a dict (`level`, `target`, `reason`, `subject`, `error_kind`,
+    /// `error`, `allowed`, `suppressed`, `message`); None drops them. Called on a thread
+    /// of shardlimit's own (never the I/O thread), at most 1024 lines queued.
+    fn set_log_sink(&self, callback: Option<Py<PyAny>>) -> PyResult<()> {
+        logging::set_sink(&self.inner()?, callback);
+        Ok(())
+    }
     /// Calls `callback(event)` for every event (denials, blocks, fallbacks, circuit
     /// changes); `event` is a dict of strings with at least `"event"` (the kind) and the
     /// kind's fields (`policy`, `key`, `limit`, `retry_after_ms`, `error`, `allowed`,

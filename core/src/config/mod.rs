@@ -92,6 +92,11 @@ pub struct Config {
     /// `plans`: by plan name, the replacement of each policy the plan changes (same name,
     /// other limits). [`Config::plan_policy`] resolves a (plan, policy) pair.
     pub plans: BTreeMap<String, BTreeMap<String, Policy>>,
+    /// `log_interval`: at most one warning line per (reason, subject) per interval (a
+    /// fallback per policy, a circuit opened per shard, ...), carrying how many were
+    /// suppressed since the last; [`crate::DEFAULT_LOG_INTERVAL`] (10 s) unless set, from
+    /// 1 ms to 1 day.
+    pub log_interval: Duration,
 }
 
 impl std::fmt::Debug for Config {
@@ -113,6 +118,7 @@ impl std::fmt::Debug for Config {
             .field("spin_wait", &self.spin_wait)
             .field("default_algorithm", &self.default_algorithm)
             .field("plans", &self.plans)
+            .field("log_interval", &self.log_interval)
             .finish_non_exhaustive()
     }
 }
@@ -135,6 +141,7 @@ impl Default for Config {
             spin_wait: default_spin_wait(),
             default_algorithm: Algorithm::FixedWindow,
             plans: BTreeMap::new(),
+            log_interval: crate::log::DEFAULT_LOG_INTERVAL,
         }
     }
 }
@@ -205,6 +212,7 @@ impl Config {
                 "description",
                 "default_algorithm",
                 "plans",
+                "log_interval",
             ],
         )?;
         let mut cfg = Config::default();
@@ -257,6 +265,16 @@ impl Config {
                 ));
             }
             cfg.spin_wait = Duration::from_micros(us);
+        }
+        if let Some(v) = obj.get("log_interval") {
+            let us = duration_from_json("log_interval", v)?;
+            if !(1_000..=86_400_000_000).contains(&us) {
+                return Err(Error::config(
+                    "log_interval",
+                    format!("must be between 1 ms and 1 day, got {us} µs"),
+                ));
+            }
+            cfg.log_interval = Duration::from_micros(us);
         }
         if let Some(v) = obj.get("events") {
             let o = v.as_object().ok_or_else(|| {

@@ -5,6 +5,7 @@ use crate::decision::{Decision, Source};
 use crate::engine::algo::Outcome;
 use crate::error::{Error, Result};
 use crate::events::Event;
+use crate::log::LogReason;
 use crate::policy::{Compiled, OnError, PolicyInner};
 use std::sync::atomic::Ordering;
 
@@ -68,6 +69,16 @@ impl Limiter {
             d.limit = eff.share(self.view().config.instances).limit;
         }
         tracing::debug!(policy = %p.name, key, error = %e, allowed = d.allowed, "shardlimit: fallback decision");
+        if primary {
+            // rate-limited: one line per policy per `log_interval` (crate::log)
+            self.inner.subscribers.log.note(
+                self.now(),
+                LogReason::Fallback,
+                &p.name,
+                &e,
+                Some(d.allowed),
+            );
+        }
         if primary && self.inner.subscribers.active() {
             self.inner.subscribers.emit(&Event::Fallback {
                 policy: p.name.clone(),

@@ -65,7 +65,14 @@ impl Limiter {
                 done.insert(id);
             }
             Err(e) => {
-                tracing::warn!(policy = %p.name, key, error = %e, "shardlimit: reshard handoff failed for this key")
+                tracing::debug!(policy = %p.name, key, error = %e, "shardlimit: reshard handoff failed for this key");
+                self.inner.subscribers.log.note(
+                    self.now(),
+                    crate::log::LogReason::HandoffFailed,
+                    &p.name,
+                    &e,
+                    None,
+                );
             }
         }
     }

@@ -474,7 +474,13 @@ impl Limiter {
                 let shard = groups[*g].0;
                 async move {
                     if let Err(e) = r.refund(shard, &group, *now).await {
-                        tracing::warn!(error = %e, "shardlimit: refund of a layered check failed; the units stay consumed");
+                        self.inner.subscribers.log.note(
+                            self.now(),
+                            crate::log::LogReason::RefundFailed,
+                            &r.shards[shard].name,
+                            &e,
+                            None,
+                        );
                     }
                 }
             });

@@ -140,6 +140,7 @@ impl Limiter {
     /// Does not connect: connections are made on first use.
     pub fn new(config: Config) -> Result<Limiter> {
         let subscribers = Arc::new(Subscribers::default());
+        subscribers.log.set_interval(config.log_interval);
         let engine = Limiter::build_engine(&config, subscribers.clone())?;
         let salt = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
         Ok(Limiter {
@@ -283,6 +284,14 @@ impl Limiter {
     /// shadow denials and near-limit crossings.
     pub fn subscribe(&self, subscriber: Subscriber) {
         self.inner.subscribers.add(subscriber);
+    }
+
+    /// Sends the limiter's warning lines (fallbacks, circuits opened, failed handoffs,
+    /// rejected configs, failed refunds; at most one per (reason, subject) per
+    /// `log_interval`, see [`crate::log`]) to `sink` as well as to `tracing`; `None`
+    /// removes it. The bindings install one that forwards to their host's logger.
+    pub fn set_log_sink(&self, sink: Option<crate::log::LogSink>) {
+        self.inner.subscribers.log.set_sink(sink);
     }
 
     #[inline]

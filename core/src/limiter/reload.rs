@@ -131,6 +131,7 @@ impl Limiter {
             self.inner.adhoc.store(Arc::new(next));
             series
         };
+        self.inner.subscribers.log.set_interval(config.log_interval);
         self.inner.view.store(Arc::new(View {
             series,
             config: Arc::new(config),
@@ -182,12 +183,20 @@ impl Limiter {
                         match limiter.reload_from_file(&path) {
                             Ok(_) => {}
                             Err(e) => {
-                                tracing::error!(path = %path.display(), error = %e, "shardlimit: new config rejected, keeping the old one");
+                                limiter.inner.subscribers.log.note(
+                                    limiter.now(),
+                                    crate::log::LogReason::ConfigRejected,
+                                    &path.display().to_string(),
+                                    &e,
+                                    None,
+                                );
                                 if limiter.inner.subscribers.active() {
-                                    limiter.inner.subscribers.emit(&crate::events::Event::ReloadRejected {
-                                        path: path.display().to_string(),
-                                        error: e,
-                                    });
+                                    limiter.inner.subscribers.emit(
+                                        &crate::events::Event::ReloadRejected {
+                                            path: path.display().to_string(),
+                                            error: e,
+                                        },
+                                    );
                                 }
                             }
                         }

@@ -394,6 +394,14 @@ class Limiter:
         the next (None: the last page)."""
     def delete_override(self, key: str, policy: str) -> bool:
         """Deletes ``key``'s override of ``policy``; True when it had one."""
+    def set_log_sink(self, callback: Optional[Callable[[dict[str, Any]], object]]) -> None:
+        """Where the warning lines go (every fallback to ``on_error``, a circuit opened, a
+        rejected config; at most one per reason and policy or shard per ``log_interval``,
+        each with ``suppressed``, how many were not written since the last). By default
+        ``logging.getLogger("shardlimit")`` at WARNING, fields in
+        ``extra={"shardlimit": {...}}``; a callable gets the record as a dict (``level``,
+        ``target``, ``reason``, ``subject``, ``error_kind``, ``error``, ``allowed``,
+        ``suppressed``, ``message``) on a thread of its own; None drops them."""
     def subscribe(self, callback: Callable[[dict[str, str]], object]) -> None:
         """Calls ``callback(event)`` for every event (denied, blocked, fallback, circuit,
         shadow_denied, near_limit, reloaded, reload_rejected) on a thread of its own;

@@ -274,7 +274,15 @@ impl RedisEngine {
                 c.backoff_us.store(BACKOFF_MIN_US, Ordering::Relaxed);
             }
             let name = self.breaker_name(shard, b);
-            tracing::warn!(shard = %name, error = %e, "shardlimit: circuit opened after {n} consecutive failures");
+            tracing::debug!(shard = %name, error = %e, "shardlimit: circuit opened after {n} consecutive failures");
+            // rate-limited per shard (crate::log), on the engine's clock
+            self.subscribers.log.note(
+                mono_us(),
+                crate::log::LogReason::CircuitOpened,
+                &name,
+                e,
+                None,
+            );
             self.emit(Event::Circuit {
                 shard: name,
                 state: CircuitState::Open,

@@ -1,0 +1,417 @@
+//! The core's rate-limited warning lines (fallbacks, circuits opened, failed handoffs and
+//! refunds, rejected configs; `Limiter::set_log_sink`) for C hosts, two ways:
+//!
+//! - a callback (`shardlimit_set_log_callback`), called on the thread that logged, for C
+//!   and C++ (`Limiter::on_log`);
+//! - a log subscription (`shardlimit_subscribe_logs`), a bounded queue drained with
+//!   `shardlimit_log_subscription_next`, for hosts that must not be called from a thread
+//!   they did not make (Go drains it from a goroutine, as it drains events).
+//!
+//! One core sink per limiter handle feeds both, installed on first use.
+
+use super::*;
+use parking_lot::{Condvar, Mutex};
+use shardlimit::{LogLevel, LogRecord};
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::sync::{OnceLock, Weak};
+use std::time::Instant;
+
+/// How serious a line is (`shardlimit_log_record.level`, `shardlimit_log_line.level`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum shardlimit_log_level {
+    /// Something failed and the library carried on (a fallback, a circuit opened).
+    SHARDLIMIT_LOG_WARN = 1,
+    /// Something failed and was refused (a watched config rejected).
+    SHARDLIMIT_LOG_ERROR = 2,
+}
+
+/// One warning line, as a callback receives it. Every string is UTF-8 and NUL-terminated,
+/// and borrowed for the duration of the call only (copy what you keep).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct shardlimit_log_record {
+    /// A `shardlimit_log_level` value.
+    pub level: u32,
+    /// Always `"shardlimit"`.
+    pub target: shardlimit_str,
+    /// Why: `"fallback"`, `"circuit_opened"`, `"handoff_failed"`, `"config_rejected"` or
+    /// `"refund_failed"` (more may come).
+    pub reason: shardlimit_str,
+    /// The policy (fallback, handoff_failed), the shard (circuit_opened, refund_failed) or
+    /// the config file (config_rejected); `"(other)"` past the library's bound of 1024.
+    pub subject: shardlimit_str,
+    /// The `shardlimit_result` code of the error behind the line.
+    pub error_code: u32,
+    /// The error's message.
+    pub error: shardlimit_str,
+    /// True for a fallback: `allowed` says whether `on_error` allowed the check.
+    pub has_allowed: bool,
+    pub allowed: bool,
+    /// How many lines of this (reason, subject) were not written since the last one.
+    pub suppressed: u64,
+    /// The whole line.
+    pub message: shardlimit_str,
+}
+
+/// A log callback: `user_data` as registered, and the line (valid during the call only).
+/// Called on the thread that logged (a caller's thread or the limiter's I/O thread), at
+/// most one line per (reason, subject) per `log_interval`; it must be thread-safe, return
+/// quickly and not call back into the limiter.
+pub type shardlimit_log_callback =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, record: *const shardlimit_log_record)>;
+
+/// Size of `shardlimit_log_line.subject`; longer subjects are cut at a character
+/// boundary and `truncated` is set.
+pub const SHARDLIMIT_LOG_SUBJECT_CAP: usize = 256;
+/// Size of `shardlimit_log_line.message`; longer lines are cut at a character boundary
+/// and `truncated` is set.
+pub const SHARDLIMIT_LOG_MESSAGE_CAP: usize = 1024;
+
+/// One warning line, filled by `shardlimit_log_subscription_next()`: a plain struct the
+/// caller allocates; nothing inside it needs freeing. Strings are NUL-terminated UTF-8.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct shardlimit_log_line {
+    /// A `shardlimit_log_level` value.
+    pub level: u32,
+    /// The `shardlimit_result` code of the error behind the line.
+    pub error_code: u32,
+    /// True for a fallback: `allowed` says whether `on_error` allowed the check.
+    pub has_allowed: bool,
+    pub allowed: bool,
+    /// How many lines of this (reason, subject) were not written since the last one.
+    pub suppressed: u64,
+    /// As `shardlimit_log_record.reason`.
+    pub reason: [c_char; 32],
+    pub subject_len: usize,
+    /// As `shardlimit_log_record.subject`.
+    pub subject: [c_char; SHARDLIMIT_LOG_SUBJECT_CAP],
+    pub message_len: usize,
+    /// The whole line (it holds the error's message).
+    pub message: [c_char; SHARDLIMIT_LOG_MESSAGE_CAP],
+    /// True when `subject` or `message` was cut to fit.
+    pub truncated: bool,
+}
+
+/// The most lines one log subscription may hold (`shardlimit_subscribe_logs()`).
+pub const SHARDLIMIT_MAX_LOG_CAPACITY: usize = 4096;
+
+/// A subscription to a limiter's warning lines, from `shardlimit_subscribe_logs()`: a
+/// bounded queue the caller drains with `shardlimit_log_subscription_next()`. An opaque
+/// handle owned by the caller; free it with `shardlimit_log_subscription_free()`, which
+/// wakes a thread waiting in `_next` (it returns CLOSED). Thread-safe.
+pub struct shardlimit_log_subscription {
+    queue: Arc<LogQueue>,
+}
+
+impl Object for shardlimit_log_subscription {
+    const TAG: Tag = Tag::LogSubscription;
+}
+
+struct LogQueueState {
+    lines: VecDeque<LogRecord>,
+    closed: bool,
+    dropped: u64,
+}
+
+struct LogQueue {
+    state: Mutex<LogQueueState>,
+    ready: Condvar,
+    capacity: usize,
+}
+
+impl LogQueue {
+    fn push(&self, r: &LogRecord) {
+        let mut s = self.state.lock();
+        if s.closed {
+            return;
+        }
+        if s.lines.len() >= self.capacity {
+            s.dropped += 1;
+            return;
+        }
+        s.lines.push_back(r.clone());
+        drop(s);
+        self.ready.notify_one();
+    }
+    fn close(&self) {
+        self.state.lock().closed = true;
+        self.ready.notify_all();
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Callback {
+    f: unsafe extern "C" fn(*mut c_void, *const shardlimit_log_record),
+    user_data: *mut c_void,
+}
+// SAFETY: the caller promises (header) that the callback and its user_data may be used
+// from any thread
+unsafe impl Send for Callback {}
+unsafe impl Sync for Callback {}
+
+/// The sinks of one limiter handle.
+#[derive(Default)]
+pub(crate) struct LogFanout {
+    callback: Mutex<Option<Callback>>,
+    queues: Mutex<Vec<Weak<LogQueue>>>,
+}
+
+/// Held only by the core sink: when the core limiter is gone, every log subscription
+/// closes.
+struct LogFeed(Arc<LogFanout>);
+
+impl Drop for LogFeed {
+    fn drop(&mut self) {
+        for q in self.0.queues.lock().drain(..).filter_map(|w| w.upgrade()) {
+            q.close();
+        }
+    }
+}
+
+pub(crate) type LogFanoutCell = OnceLock<Arc<LogFanout>>;
+
+fn log_fanout(l: &shardlimit_limiter) -> Arc<LogFanout> {
+    l.logs
+        .get_or_init(|| {
+            let f = Arc::new(LogFanout::default());
+            let feed = LogFeed(f.clone());
+            l.limiter
+                .set_log_sink(Some(Arc::new(move |r: &LogRecord| feed.emit(r))));
+            f
+        })
+        .clone()
+}
+
+fn level(l: LogLevel) -> u32 {
+    match l {
+        LogLevel::Warn => shardlimit_log_level::SHARDLIMIT_LOG_WARN as u32,
+        LogLevel::Error => shardlimit_log_level::SHARDLIMIT_LOG_ERROR as u32,
+    }
+}
+
+fn borrowed(s: &CString) -> shardlimit_str {
+    shardlimit_str {
+        ptr: s.as_ptr(),
+        len: s.as_bytes().len(),
+    }
+}
+
+impl LogFeed {
+    fn emit(&self, r: &LogRecord) {
+        for q in self.0.queues.lock().iter().filter_map(Weak::upgrade) {
+            q.push(r);
+        }
+        // held during the call: once shardlimit_set_log_callback() returns, the callback it
+        // replaced is not running and never runs again
+        let cb = self.0.callback.lock();
+        if let Some(cb) = *cb {
+            // NUL-terminated copies, as every string the library hands out
+            let [target, reason, subject, error, message] =
+                [r.target, r.reason.name(), &r.subject, &r.error, &r.message]
+                    .map(|s| to_cstring(s.to_string()));
+            let rec = shardlimit_log_record {
+                level: level(r.level),
+                target: borrowed(&target),
+                reason: borrowed(&reason),
+                subject: borrowed(&subject),
+                error_code: shardlimit_result::from_kind(r.error_kind) as u32,
+                error: borrowed(&error),
+                has_allowed: r.allowed.is_some(),
+                allowed: r.allowed.unwrap_or(false),
+                suppressed: r.suppressed,
+                message: borrowed(&message),
+            };
+            // SAFETY: the caller registered `f` for this; `rec` outlives the call
+            unsafe { (cb.f)(cb.user_data, &rec) };
+        }
+    }
+}
+
+fn fill(dst: &mut [c_char], src: &str) -> (usize, bool) {
+    let mut n = src.len().min(dst.len() - 1);
+    while !src.is_char_boundary(n) {
+        n -= 1;
+    }
+    for (d, b) in dst.iter_mut().zip(&src.as_bytes()[..n]) {
+        *d = *b as c_char;
+    }
+    dst[n] = 0;
+    (n, n < src.len())
+}
+
+fn line_to_c(r: &LogRecord) -> shardlimit_log_line {
+    // SAFETY: every field is an integer, a bool or an array of them: all-zero is valid
+    let mut out: shardlimit_log_line = unsafe { std::mem::zeroed() };
+    out.level = level(r.level);
+    out.error_code = shardlimit_result::from_kind(r.error_kind) as u32;
+    out.has_allowed = r.allowed.is_some();
+    out.allowed = r.allowed.unwrap_or(false);
+    out.suppressed = r.suppressed;
+    fill(&mut out.reason, r.reason.name());
+    let (n, a) = fill(&mut out.subject, &r.subject);
+    out.subject_len = n;
+    let (m, b) = fill(&mut out.message, &r.message);
+    out.message_len = m;
+    out.truncated = a || b;
+    out
+}
+
+/// Registers `callback` to receive the limiter's warning lines: every fallback to
+/// `on_error`, a circuit opened, a failed reshard handoff or layered refund, a rejected
+/// watched config, at most one line per (reason, subject) per the config's
+/// `log_interval` (10 s by default), each carrying how many were suppressed since the
+/// last. Replaces the callback registered before; NULL removes it (lines then go nowhere
+/// but log subscriptions). `callback` is called on the thread that logged (a caller's
+/// thread or the limiter's I/O thread) with `user_data`: both must be usable from any
+/// thread until the callback is replaced or the limiter is freed (`shardlimit_limiter_free()`
+/// and its last call returned). The callback must not call into the limiter. `err` may
+/// be NULL. Thread-safe.
+/// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_set_log_callback(
+    limiter: *const shardlimit_limiter,
+    callback: shardlimit_log_callback,
+    user_data: *mut c_void,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let l = live("limiter", limiter)?;
+        let f = log_fanout(&l);
+        *f.callback.lock() = callback.map(|f| Callback { f, user_data });
+        Ok(())
+    })
+}
+
+/// Subscribes to the limiter's warning lines (the ones `shardlimit_set_log_callback()`
+/// gets), from the moment it returns, for hosts that take them on a thread of their own.
+/// Lines wait in a queue of `capacity` lines (0: 256; at most
+/// `SHARDLIMIT_MAX_LOG_CAPACITY`); when it is full, later ones are dropped and counted
+/// (`shardlimit_log_subscription_dropped()`). The subscription closes when freed or when
+/// the limiter is gone; it does not keep the limiter alive.
+///
+/// On success `*out` is a new log subscription the caller owns (free with
+/// `shardlimit_log_subscription_free()`). `err` may be NULL. Thread-safe.
+/// Results: OK, INVALID_ARGUMENT (`capacity` too large, NULL `out`), CLOSED, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_subscribe_logs(
+    limiter: *const shardlimit_limiter,
+    capacity: usize,
+    out: *mut *mut shardlimit_log_subscription,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let l = live("limiter", limiter)?;
+        if capacity > SHARDLIMIT_MAX_LOG_CAPACITY {
+            return Err(invalid(
+                "capacity",
+                format!("is {capacity}; at most {SHARDLIMIT_MAX_LOG_CAPACITY} lines"),
+            ));
+        }
+        let out = out_arg("out", out)?;
+        let queue = Arc::new(LogQueue {
+            state: Mutex::new(LogQueueState {
+                lines: VecDeque::new(),
+                closed: false,
+                dropped: 0,
+            }),
+            ready: Condvar::new(),
+            capacity: if capacity == 0 { 256 } else { capacity },
+        });
+        let f = log_fanout(&l);
+        {
+            let mut qs = f.queues.lock();
+            qs.retain(|w| w.strong_count() > 0);
+            qs.push(Arc::downgrade(&queue));
+        }
+        *out = register(shardlimit_log_subscription { queue })?;
+        Ok(())
+    })
+}
+
+/// Takes the oldest queued line, waiting up to `timeout_us` microseconds for one
+/// (`UINT64_MAX`: no limit; 0: do not wait). On OK, `*out_got` says whether a line came
+/// and, when it did, `*out` holds it (left untouched otherwise). CLOSED once the
+/// subscription is freed (also while this waits: it wakes) or the limiter is gone and
+/// every queued line was taken. Inside a completion callback it never waits. `err` may be
+/// NULL. Thread-safe.
+/// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_log_subscription_next(
+    subscription: *const shardlimit_log_subscription,
+    timeout_us: u64,
+    out_got: *mut bool,
+    out: *mut shardlimit_log_line,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let sub = live("subscription", subscription)?;
+        let out_got = out_arg("out_got", out_got)?;
+        let out = out_arg("out", out)?;
+        let closed = || Error {
+            code: SHARDLIMIT_ERR_CLOSED,
+            message: "`subscription`: closed (freed, or its limiter is gone)".to_string(),
+        };
+        let q = &sub.queue;
+        let mut s = q.state.lock();
+        let wait = !pending::in_callback() && timeout_us > 0;
+        let deadline = Instant::now().checked_add(Duration::from_micros(timeout_us));
+        loop {
+            if let Some(r) = s.lines.pop_front() {
+                drop(s);
+                out.write(line_to_c(&r));
+                *out_got = true;
+                return Ok(());
+            }
+            if s.closed {
+                return Err(closed());
+            }
+            if !wait {
+                break;
+            }
+            match deadline {
+                Some(d) => {
+                    if q.ready.wait_until(&mut s, d).timed_out() && s.lines.is_empty() {
+                        if s.closed {
+                            return Err(closed());
+                        }
+                        break;
+                    }
+                }
+                None => q.ready.wait(&mut s),
+            }
+        }
+        *out_got = false;
+        Ok(())
+    })
+}
+
+/// How many lines this log subscription dropped because its queue was full. 0 for NULL
+/// or a handle that is not a live log subscription. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_log_subscription_dropped(
+    subscription: *const shardlimit_log_subscription,
+) -> u64 {
+    quiet(0, || {
+        live("subscription", subscription).map_or(0, |s| s.queue.state.lock().dropped)
+    })
+}
+
+/// Ends a log subscription and frees it; a thread waiting in
+/// `shardlimit_log_subscription_next()` wakes with CLOSED. NULL, a second free, or a
+/// pointer that is not a log subscription is a no-op.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_log_subscription_free(
+    subscription: *mut shardlimit_log_subscription,
+) {
+    quiet((), || {
+        if let Some(obj) = unregister(subscription) {
+            if let Ok(s) = obj.downcast::<shardlimit_log_subscription>() {
+                s.queue.close();
+                s.queue.state.lock().lines = VecDeque::new();
+            }
+        }
+    })
+}
