@@ -245,7 +245,7 @@ fn runs(text: &str, kinds: &[Kind]) -> Vec<Run> {
             .filter_map(|(word, _, _)| kind_of(word, kinds))
             .filter(|k| kinds.iter().any(|x| x.backend && &x.name == k))
             .collect();
-        let rest = text[words[through].2..].trim_start_matches(['`', '"', '\'', ')']);
+        let rest = text[words[through].2..].trim_start_matches(['`', '"', '\'', ')', ',', ' ']);
         out.push(Run {
             line: text[..start].matches('\n').count() + 1,
             text: text[start..end]
@@ -297,14 +297,18 @@ fn the_scanner_sees_lists_across_comment_lines_and_parentheses() {
     let text = "// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT (an entry in\n\
                 // Redis that shardlimit did not write), UNAVAILABLE, INTERNAL.\n\
                 True when Redis failed (connection, timeout, script) rather than\n\
-                `ErrorKind::Connection`, `Timeout`, `Unavailable`...\n";
+                `ErrorKind::Connection`, `Timeout`, `Unavailable`...\n\
+                (`'connection'`, `'timeout'`, ...)\n";
     let runs = runs(text, &kinds);
     let lists: Vec<(usize, usize, bool)> = runs
         .iter()
         .filter(|r| r.backend.len() >= 2)
         .map(|r| (r.line, r.backend.len(), r.open_ended))
         .collect();
-    assert_eq!(lists, vec![(1, 4, false), (3, 3, false), (4, 3, true)]);
+    assert_eq!(
+        lists,
+        vec![(1, 4, false), (3, 3, false), (4, 3, true), (5, 2, true)]
+    );
 }
 
 /// The names in the first column of the table whose header line is `header`.
