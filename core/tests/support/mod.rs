@@ -255,6 +255,14 @@ impl RedisServer {
             .unwrap()
     }
 
+    /// A connection, or the error of making one: for polling a server that may be closing
+    /// its clients (a primary Sentinel demotes drops them), where a refused or reset
+    /// connection means "not yet" rather than a failed test.
+    #[allow(dead_code)] // not every test binary that includes support polls a server
+    pub fn try_conn(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(self.url())?.get_connection()
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }
