@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # `make bench`: shardlimit against the latest released peers of each language, in one run,
 # written to docs/benchmarks.md.
-#   bash scripts/bench-peers.sh [--quick] [--out FILE]
+#   bash scripts/bench-peers.sh [--quick] [--out FILE] [--only SHAPES]
 # --quick: one short round (checks that the script works; its numbers mean little).
+# --only: a comma list of the shapes to run, of criterion, node-64, py-async, py-sync, go-64,
+#   rust, http-express, http-fastapi, http-flask (for working on one; the report then has
+#   only their rows, so write it elsewhere with --out).
 #
 # - The peers are the versions of bench/peers.lock, installed into a scratch directory
 #   ($BENCH_SCRATCH, default $CARGO_TARGET_DIR/bench-peers), never into the repository's
@@ -21,11 +24,13 @@ root=$PWD
 
 QUICK=0
 OUT=docs/benchmarks.md
+ONLY=
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
     --out) OUT=$2; shift ;;
-    *) echo "usage: $0 [--quick] [--out FILE]" >&2; exit 2 ;;
+    --only) ONLY=$2; shift ;;
+    *) echo "usage: $0 [--quick] [--out FILE] [--only SHAPES]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -34,6 +39,7 @@ if [ "$QUICK" = 1 ]; then
 else
   ROUNDS=3 TOTAL=50000 SEQ=5000 PYN=10000 HTTP_SECS=5 RUST_N=100000 CRIT_SECS=3
 fi
+want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
 [ "$(nproc)" -ge 2 ] || { echo "needs two CPUs (Redis on one, the client on the other)" >&2; exit 1; }
 
 ensure_redis
@@ -144,14 +150,16 @@ REDIS_RATE=$(cd "$GO_DIR" && go list -m -f '{{.Version}}' github.com/go-redis/re
 # ---- Rust in-memory engine against governor's keyed limiter (criterion, core/benches/
 # governor.rs), before Redis starts: one thread pinned to CPU 0, two threads on both CPUs;
 # short measurement times. bench/report.py reads criterion's estimates.
-echo "== in-memory engine against governor (criterion, ${CRIT_SECS}s per case)"
 export CRITERION_HOME=$target/criterion # (where criterion writes, whatever the cwd)
 CRIT=$CRITERION_HOME/memory_vs_governor
 rm -rf "$CRIT"
-cargo bench --quiet -p shardlimit --bench governor --no-run
-crit=(--warm-up-time 1 --measurement-time "$CRIT_SECS")
-taskset -c 0 cargo bench --quiet -p shardlimit --bench governor -- "${crit[@]}" 1_thread | grep -E '^memory_vs_governor|time:'
-cargo bench --quiet -p shardlimit --bench governor -- "${crit[@]}" 2_threads | grep -E '^memory_vs_governor|time:'
+if want criterion; then
+  echo "== in-memory engine against governor (criterion, ${CRIT_SECS}s per case)"
+  cargo bench --quiet -p shardlimit --bench governor --no-run
+  crit=(--warm-up-time 1 --measurement-time "$CRIT_SECS")
+  taskset -c 0 cargo bench --quiet -p shardlimit --bench governor -- "${crit[@]}" 1_thread | grep -E '^memory_vs_governor|time:'
+  cargo bench --quiet -p shardlimit --bench governor -- "${crit[@]}" 2_threads | grep -E '^memory_vs_governor|time:'
+fi
 
 # ---- Redis, pinned to CPU 1
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -186,6 +194,7 @@ fresh() { redis-cli -p "$PORT" FLUSHALL >/dev/null; redis-cli -p "$PORT" CONFIG 
 client() {
   local shape=$1 round=$2 label=$3
   shift 3
+  want "$shape" || return 0
   fresh
   local line
   line=$(taskset -c 0 "$@") || { echo "$shape/$label failed" >&2; exit 1; }
@@ -234,6 +243,7 @@ for round in $(seq "$ROUNDS"); do
 
   # Rust: `shardlimit bench` (100k keys, token bucket, never denied) against redis-benchmark
   # running a minimal hash token bucket script (bench/token_bucket_min.lua) on the same Redis
+  want rust || continue
   cat >"$RUN/cfg.json" <<JSON
 {"shards":[{"name":"bench","url":"$URL"}],"timeout_ms":1000,
  "policies":{"api":{"algorithm":"token_bucket","capacity":1000000000,"refill_per_sec":1000000}}}
@@ -279,6 +289,7 @@ tree_cpu() {
 http() { # http FRAMEWORK MODE ROUND CMD...
   local fw=$1 mode=$2 round=$3
   shift 3
+  want "http-$fw" || return 0
   fresh
   taskset -c 0 "$@" >"$RUN/server.log" 2>&1 &
   SERVER_PID=$!
