@@ -80,7 +80,8 @@ pub struct Config {
     /// for the reply before sleeping in `read`; also how long the I/O thread keeps
     /// spinning after the last async check when calls have been coming back that fast
     /// (it spins while async checks are in flight; `spin_wait`, default 100 µs, 0 when the
-    /// process may use one CPU only, at most
+    /// process may use one CPU only — there a blocking caller still spins, yielding, unless
+    /// the config sets `spin_wait` ([`Config::spin_wait_configured`]) — at most
     /// 10 ms; 0 never spins). Spinning saves the wake-up of a sleeping thread, which costs
     /// tens of microseconds on virtual machines, for CPU: under sustained async load the
     /// I/O thread keeps a core busy (giving way to other ready threads every 10 µs). At
@@ -97,6 +98,10 @@ pub struct Config {
     /// suppressed since the last; [`crate::DEFAULT_LOG_INTERVAL`] (10 s) unless set, from
     /// 1 ms to 1 day.
     pub log_interval: Duration,
+    /// True when the config set `spin_wait` itself. On one usable CPU an unset `spin_wait`
+    /// keeps the I/O thread from spinning but lets a blocking caller spin while it gives
+    /// way to every other ready thread ([`crate::transport::cpus::blocking_spin`]).
+    pub spin_wait_configured: bool,
 }
 
 impl std::fmt::Debug for Config {
@@ -142,6 +147,7 @@ impl Default for Config {
             default_algorithm: Algorithm::FixedWindow,
             plans: BTreeMap::new(),
             log_interval: crate::log::DEFAULT_LOG_INTERVAL,
+            spin_wait_configured: false,
         }
     }
 }
@@ -265,6 +271,7 @@ impl Config {
                 ));
             }
             cfg.spin_wait = Duration::from_micros(us);
+            cfg.spin_wait_configured = true;
         }
         if let Some(v) = obj.get("log_interval") {
             let us = duration_from_json("log_interval", v)?;

@@ -189,7 +189,7 @@ impl Limiter {
             }
             (None, None) => return Ok(Engine::Memory(Arc::new(MemoryEngine::default()))),
         };
-        e.set_spin_wait(config.spin_wait);
+        e.set_spin_wait(config.spin_wait, config.spin_wait_configured);
         Ok(Engine::Redis(Arc::new(e)))
     }
 

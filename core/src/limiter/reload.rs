@@ -57,7 +57,7 @@ impl Limiter {
                 Engine::Memory(m) => Engine::Memory(m.clone()),
                 Engine::Redis(r) => {
                     // the connections stay; the spinning follows the new config
-                    r.set_spin_wait(config.spin_wait);
+                    r.set_spin_wait(config.spin_wait, config.spin_wait_configured);
                     Engine::Redis(r.clone())
                 }
             }

@@ -22,6 +22,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
+pub(crate) use crate::transport::cpus::Spin;
+#[cfg(unix)]
+use crate::transport::cpus::YIELD_RAN_OTHERS;
 use crate::transport::resp::{parse_frame, protocol, Framer, Reply, MAX_REPLY};
 
 /// The outcome of a handshake command (`what`: AUTH, SELECT), which answers +OK.
@@ -256,6 +259,16 @@ pub(crate) fn forget_places_in_child() {
 /// timeout is set again.
 const READ_TIMEOUT_SLACK: Duration = Duration::from_millis(1);
 
+/// Gives way to any other thread ready to run on this CPU (`sched_yield`); true when one
+/// ran meanwhile (the call took over [`YIELD_RAN_OTHERS`]): the CPU is wanted, so a
+/// yielding spinner stops.
+#[cfg(unix)]
+fn ran_others(before: Instant) -> bool {
+    // SAFETY: sched_yield takes no arguments and cannot fail on Linux.
+    unsafe { libc::sched_yield() };
+    before.elapsed() > YIELD_RAN_OTHERS
+}
+
 fn timed_out() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "no reply within the deadline")
 }
@@ -307,7 +320,7 @@ impl BlockingConn {
             read_timeout: timeout,
         };
         for (what, packed) in target.handshake() {
-            expect_ok(what, conn.request(&packed, deadline, Duration::ZERO)?)?;
+            expect_ok(what, conn.request(&packed, deadline, Spin::OFF)?)?;
         }
         Ok(conn)
     }
@@ -326,23 +339,18 @@ impl BlockingConn {
         true
     }
 
-    /// Sends one packed command and reads its reply: spinning on the socket for up to
-    /// `spin` (when a spinning slot is free), then sleeping in `read`, never past
-    /// `deadline`. Any `Err` leaves the connection unusable: drop it.
-    pub fn request(
-        &mut self,
-        packed: &[u8],
-        deadline: Instant,
-        spin: Duration,
-    ) -> io::Result<Reply> {
+    /// Sends one packed command and reads its reply: spinning on the socket as `spin` says
+    /// (when a spinning slot is free), then sleeping in `read`, never past `deadline`. Any
+    /// `Err` leaves the connection unusable: drop it.
+    pub fn request(&mut self, packed: &[u8], deadline: Instant, spin: Spin) -> io::Result<Reply> {
         self.stream.write_all(packed)?;
         let mut slot = None;
         #[cfg(unix)]
-        let spin_until = if spin.is_zero() {
+        let spin_until = if spin.wait.is_zero() {
             None
         } else {
             slot = SPINNING.take();
-            slot.as_ref().map(|_| Instant::now() + spin)
+            slot.as_ref().map(|_| Instant::now() + spin.wait)
         };
         #[cfg(not(unix))]
         let _ = spin;
@@ -374,9 +382,10 @@ impl BlockingConn {
                     }
                     Ok(None) => {
                         self.buf.truncate(len);
-                        if Instant::now() >= until {
+                        let now = Instant::now();
+                        if now >= until || (spin.yielding && ran_others(now)) {
                             slot = None; // done spinning: sleep in read from now on
-                        } else {
+                        } else if !spin.yielding {
                             std::hint::spin_loop();
                         }
                         continue;

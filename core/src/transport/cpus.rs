@@ -9,6 +9,7 @@
 
 use std::path::Path;
 use std::sync::LazyLock;
+use std::time::Duration;
 
 /// Where cgroup file systems are mounted.
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
@@ -116,6 +117,49 @@ fn ratio(quota: f64, period: f64) -> Option<f64> {
     (quota > 0.0 && period > 0.0 && quota.is_finite() && period.is_finite()).then(|| quota / period)
 }
 
+/// How a blocking caller waits for its reply on the socket before sleeping in `read`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Spin {
+    /// How long, at most (0: sleep in `read` at once).
+    pub wait: Duration,
+    /// Give way to every other ready thread between two looks at the socket, and stop
+    /// spinning at the first look that another thread ran in between
+    /// ([`YIELD_RAN_OTHERS`]): a spinner on one CPU then only takes time that would have
+    /// gone idle.
+    pub yielding: bool,
+}
+
+impl Spin {
+    pub(crate) const OFF: Spin = Spin {
+        wait: Duration::ZERO,
+        yielding: false,
+    };
+}
+
+/// A `sched_yield` that took longer than this let another thread run.
+pub(crate) const YIELD_RAN_OTHERS: Duration = Duration::from_micros(20);
+
+/// How blocking callers spin, from the config's `spin_wait` (`configured`: the config set
+/// it) and the CPUs the process may use: as the config says when it says, or when there
+/// is a CPU to spare; on one usable CPU, by default, for up to
+/// [`crate::config::DEFAULT_SPIN_WAIT`] while yielding (the I/O thread does not spin there:
+/// its spinning would take the CPU its own callers need). A lone caller then gets its
+/// reply without the wake-up of a sleeping thread (about as long as the round trip on a
+/// virtual machine), and a caller among busy threads sleeps after one yield.
+pub(crate) fn blocking_spin(spin_wait: Duration, configured: bool, usable: usize) -> Spin {
+    if configured || usable > 1 {
+        Spin {
+            wait: spin_wait,
+            yielding: false,
+        }
+    } else {
+        Spin {
+            wait: crate::config::DEFAULT_SPIN_WAIT,
+            yielding: true,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,6 +241,22 @@ mod tests {
             assert_eq!(Config::default().spin_wait, Duration::ZERO);
             let own = Config::from_json(r#"{"spin_wait":"50us","policies":{}}"#).unwrap();
             assert_eq!(own.spin_wait, Duration::from_micros(50));
+            // blocking callers still spin by default, yielding; a config's own value holds
+            let d = Config::default();
+            assert_eq!(
+                blocking_spin(d.spin_wait, d.spin_wait_configured, usable()),
+                Spin {
+                    wait: DEFAULT_SPIN_WAIT,
+                    yielding: true
+                }
+            );
+            assert_eq!(
+                blocking_spin(own.spin_wait, own.spin_wait_configured, usable()),
+                Spin {
+                    wait: Duration::from_micros(50),
+                    yielding: false
+                }
+            );
             return;
         }
         // this test's own name, wherever the module sits in the crate
@@ -218,6 +278,28 @@ mod tests {
         if usable() > 1 {
             assert_eq!(default_spin_wait(), DEFAULT_SPIN_WAIT);
         }
+    }
+
+    /// The blocking callers' spin: the config's when it sets one (0 included), the
+    /// config's default with a CPU to spare, and yielding for the default time on one CPU.
+    #[test]
+    fn blocking_callers_spin_yielding_only_on_one_cpu_and_by_default() {
+        use crate::config::DEFAULT_SPIN_WAIT;
+        let us = Duration::from_micros;
+        let plain = |wait| Spin {
+            wait,
+            yielding: false,
+        };
+        assert_eq!(blocking_spin(us(100), false, 2), plain(us(100)));
+        assert_eq!(blocking_spin(us(0), true, 2), plain(us(0)));
+        assert_eq!(blocking_spin(us(0), true, 1), plain(us(0)));
+        assert_eq!(blocking_spin(us(300), true, 1), plain(us(300)));
+        let yielding = Spin {
+            wait: DEFAULT_SPIN_WAIT,
+            yielding: true,
+        };
+        assert_eq!(blocking_spin(us(0), false, 1), yielding);
+        assert_eq!(Spin::OFF, plain(us(0)));
     }
 
     #[test]

@@ -262,7 +262,7 @@ impl RedisEngine {
             }),
         };
         let r = conn.and_then(
-            |mut c| match c.request(packed, deadline, self.spin_wait()) {
+            |mut c| match c.request(packed, deadline, self.blocking_spin()) {
                 // the connection is dropped, never reused
                 Err(e) => Err(self.io_error(shard, e)),
                 Ok(Reply::Error(e)) if refused_reply(&e) => Err(self.refused(shard, &e)),

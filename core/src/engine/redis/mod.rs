@@ -169,6 +169,8 @@ pub(crate) struct RedisEngine {
     stream_maxlen: Option<u64>,
     pub latency: Latency,
     pub events_dropped: AtomicU64,
+    /// The config set `spin_wait` itself (see [`RedisEngine::blocking_spin`]).
+    spin_configured: AtomicBool,
 }
 
 impl std::fmt::Debug for RedisEngine {
@@ -186,10 +188,21 @@ impl RedisEngine {
         Duration::from_micros(self.spin_wait_us.load(Ordering::Relaxed))
     }
 
-    /// Sets `spin_wait` (at build time, and on a reload that keeps this engine).
-    pub fn set_spin_wait(&self, d: Duration) {
+    /// Sets `spin_wait` (at build time, and on a reload that keeps this engine);
+    /// `configured`: the config set it (see [`crate::transport::cpus::blocking_spin`]).
+    pub fn set_spin_wait(&self, d: Duration, configured: bool) {
         self.spin_wait_us
             .store(d.as_micros() as u64, Ordering::Relaxed);
+        self.spin_configured.store(configured, Ordering::Relaxed);
+    }
+
+    /// How blocking callers spin on their socket.
+    pub(crate) fn blocking_spin(&self) -> crate::transport::cpus::Spin {
+        crate::transport::cpus::blocking_spin(
+            self.spin_wait(),
+            self.spin_configured.load(Ordering::Relaxed),
+            crate::transport::cpus::usable(),
+        )
     }
 
     pub fn new(
@@ -332,6 +345,7 @@ impl RedisEngine {
             stream_maxlen,
             latency: Latency::default(),
             events_dropped: AtomicU64::new(0),
+            spin_configured: AtomicBool::new(false),
         })
     }
 
