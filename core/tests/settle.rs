@@ -863,7 +863,7 @@ fn a_multi_limit_reservation_settles_in_a_sliding_log_limit_too() {
     assert_eq!(seen[0], seen[1], "redis and memory differ");
 }
 
-/// The README's settle snippet ("Costs known after the request"), read from the README
+/// The guide's settle snippet ("Charge, refund, reserve and settle"), read from docs/guide.md
 /// and run as written here: the test fails when either changes without the other.
 #[test]
 fn readme_settle_snippet_runs() -> shardlimit::Result<()> {
@@ -878,11 +878,11 @@ if let Some(r) = reservation {
 }
 limiter.charge("tenant:7", &p, 500).await?; // a background job's usage, after the fact
 "####;
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/guide.md"))
+        .expect("docs/guide.md");
     assert!(
         readme.contains(&format!("```rust\n{SNIPPET}```")),
-        "the README's settle snippet differs from this test's copy"
+        "the guide's settle snippet differs from this test's copy"
     );
     let run = async {
         let limiter =

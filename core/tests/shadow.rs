@@ -477,7 +477,7 @@ fn hostile_shadow_hashes_are_refused() {
     assert!(l.shadow_report_blocking("p", None).is_err());
 }
 
-/// The README's near-limit snippet, read from the README and run as written here (on an
+/// The guide's near-limit snippet, read from docs/guide.md and run as written here (on an
 /// injected clock too, where the one event it must print is counted).
 #[test]
 fn readme_near_limit_snippet_runs() -> shardlimit::Result<()> {
@@ -491,11 +491,11 @@ for _ in 0..8 {
     limiter.check_by_name_blocking("tenant:7", "free", 1)?;
 }
 "####;
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/guide.md"))
+        .expect("docs/guide.md");
     assert!(
         readme.contains(&format!("```rust\n{SNIPPET}```")),
-        "the README's near-limit snippet differs from this test's copy"
+        "the guide's near-limit snippet differs from this test's copy"
     );
     let limiter = shardlimit::Limiter::from_json(r#"{"policies": {"free": "10/day"}}"#)?;
     limiter.subscribe(std::sync::Arc::new(|e: &shardlimit::Event| {
