@@ -82,3 +82,19 @@ func TestMiddlewareFollowsAReloadToAndFromConcurrency(t *testing.T) {
 		t.Fatalf("ConfigGeneration after two reloads: %d %v", g, err)
 	}
 }
+
+// What the middleware adds per request to follow reloads: one ConfigGeneration call
+// (the set itself is read again only after a reload).
+func BenchmarkMiddlewareConcurrencySet(b *testing.B) {
+	l, err := NewFromJSON(`{"policies":{"api":{"algorithm":"fixed_window","limit":1,"window":"1h"}}}`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	c := &concurrencyCache{l: l}
+	for i := 0; i < b.N; i++ {
+		if _, err := c.get(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
