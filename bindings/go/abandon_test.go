@@ -40,7 +40,7 @@ func TestAcquireAbandonedMidCallReleasesItsLease(t *testing.T) {
 	select {
 	case <-released:
 	case <-time.After(10 * time.Second):
-		t.Fatal("the abandoned Acquire's lease was never given back")
+		t.Fatalf("the abandoned Acquire's lease was never given back (%s held in Redis)", held(t, r, "one", "u1"))
 	}
 	if n := held(t, r, "one", "u1"); n != ":0" {
 		t.Fatalf("%s leases held in Redis after the abandoned Acquire, want 0", n)
