@@ -503,6 +503,16 @@ typedef struct shardlimit_event {
   bool detail_truncated;
 } shardlimit_event;
 
+// Called by a subscription with the `user` pointer given to its `_set_notify` function:
+// once when its queue goes from empty to holding an entry, and once when it closes (the
+// limiter is gone, or it is freed: then inside `_free`). Not once per entry: drain with
+// `_next` and a timeout of 0 until it says none came, then wait for the next call.
+// It runs on the thread that queued the entry (a caller's thread or the I/O thread) with
+// the subscription's lock held, so it must return quickly and must not call any function
+// of that subscription; signalling the host's scheduler (a pipe, an eventfd, a condition
+// variable) is what it is for. Once `_free` has returned it is never called again.
+typedef void (*shardlimit_notify_callback)(void *user);
+
 // One warning line, as a callback receives it. Every string is UTF-8 and NUL-terminated,
 // and borrowed for the duration of the call only (copy what you keep).
 typedef struct shardlimit_log_record {
@@ -1170,6 +1180,19 @@ uint64_t shardlimit_subscription_dropped(const struct shardlimit_subscription *s
 // NULL, a second free, or a pointer that is not a subscription is a no-op.
 void shardlimit_subscription_free(struct shardlimit_subscription *subscription);
 
+// Registers `callback` (see `shardlimit_notify_callback`) to be called with `user` when
+// the subscription goes from empty to holding an event and when it closes, so that a
+// host drains it from its own event loop (`shardlimit_subscription_next()` with a timeout
+// of 0, until no event comes) instead of a thread waiting in `_next`. When events are
+// queued already, or the subscription is closed, it is called once before this returns.
+// Once per subscription. `callback` and `user` must be usable from any thread until the
+// subscription is freed. `err` may be NULL. Thread-safe.
+// Results: OK, INVALID_ARGUMENT (NULL `callback`, one set already), CLOSED, INTERNAL.
+shardlimit_result shardlimit_subscription_set_notify(const struct shardlimit_subscription *subscription,
+                                                     shardlimit_notify_callback callback,
+                                                     void *user,
+                                                     struct shardlimit_error **err);
+
 // Watches the configuration file at the path given by `path_len` bytes at `path`,
 // checking its modification time every `every_ms` milliseconds (1 to 3600000), and
 // reloads the limiter when it changes; a bad new file is refused (a
@@ -1225,11 +1248,13 @@ shardlimit_result shardlimit_policy_with_shadow(const struct shardlimit_policy *
 // `on_error`, a circuit opened, a failed reshard handoff or layered refund, a rejected
 // watched config, at most one line per (reason, subject) per the config's
 // `log_interval` (10 s by default), each carrying how many were suppressed since the
-// last. Replaces the callback registered before; NULL removes it (lines then go nowhere
-// but log subscriptions). `callback` is called on the thread that logged (a caller's
-// thread or the limiter's I/O thread) with `user_data`: both must be usable from any
-// thread until the callback is replaced or the limiter is freed (`shardlimit_limiter_free()`
-// and its last call returned). The callback must not call into the limiter. `err` may
+// last. Replaces the callback registered before, and the default (each line written to
+// stderr, as `warn: shardlimit: ...`, from the moment the limiter is made unless the
+// environment has `SHARDLIMIT_LOG=off`); NULL removes it (lines then go nowhere but log
+// subscriptions: this is how to silence the default). `callback` is called on the
+// thread that logged (a caller's thread or the limiter's I/O thread) with `user_data`:
+// both must be usable from any thread until the callback is replaced or the limiter is
+// freed (`shardlimit_limiter_free()` and its last call returned). The callback must not call into the limiter. `err` may
 // be NULL. Thread-safe.
 // Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
 shardlimit_result shardlimit_set_log_callback(const struct shardlimit_limiter *limiter,
@@ -1273,6 +1298,30 @@ uint64_t shardlimit_log_subscription_dropped(const struct shardlimit_log_subscri
 // `shardlimit_log_subscription_next()` wakes with CLOSED. NULL, a second free, or a
 // pointer that is not a log subscription is a no-op.
 void shardlimit_log_subscription_free(struct shardlimit_log_subscription *subscription);
+
+// Registers `callback` (see `shardlimit_notify_callback`) to be called with `user` when
+// the log subscription goes from empty to holding a line and when it closes, so that a
+// host drains it from its own event loop (`shardlimit_log_subscription_next()` with a
+// timeout of 0, until no line comes) instead of a thread waiting in `_next`. When lines
+// are queued already, or the subscription is closed, it is called once before this
+// returns. Once per subscription. `callback` and `user` must be usable from any thread
+// until the subscription is freed. `err` may be NULL. Thread-safe.
+// Results: OK, INVALID_ARGUMENT (NULL `callback`, one set already), CLOSED, INTERNAL.
+shardlimit_result shardlimit_log_subscription_set_notify(const struct shardlimit_log_subscription *subscription,
+                                                         shardlimit_notify_callback callback,
+                                                         void *user,
+                                                         struct shardlimit_error **err);
+
+// How many reloads this limiter has applied: 0 when it was made, one more for each
+// `shardlimit_reload()`, `_reload_from_file()` or watched-file reload, counted once the
+// new configuration is in force. One atomic load: a middleware that derives something
+// from the configuration (which policies are concurrency limits) reads it per request
+// and derives again when it changed; read it before reading the configuration. On
+// success `*out` is the count. `err` may be NULL. Thread-safe.
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_config_generation(const struct shardlimit_limiter *limiter,
+                                               uint64_t *out,
+                                               struct shardlimit_error **err);
 
 // Sets `key`'s override of `policy` (a config policy with `"overrides": true`) to `limit`
 // (`limit_len` bytes of UTF-8): a rate string (`"100/minute"`, in the policy's

@@ -878,6 +878,14 @@ class Limiter {
         &detail::pending_text);
   }
   /// Gives a lease back; false when it was no longer held.
+  /// How many reloads the limiter has applied (0 when it was made): read it per request
+  /// and re-derive what you derived from config() when it changed.
+  uint64_t config_generation() const {
+    uint64_t g = 0;
+    shardlimit_error* err = nullptr;
+    detail::check(shardlimit_config_generation(h_.get(), &g, &err), err);
+    return g;
+  }
   /// The configuration in force (after the last reload) as JSON: engine, shard names
   /// (never URLs), key_prefix, timeout_ms, on_error, instances and the policies (see
   /// shardlimit_config_json).
@@ -890,7 +898,9 @@ class Limiter {
   /// opened, a rejected config; at most one per reason and policy or shard per the
   /// config's log_interval, with the count suppressed since the last), on the thread that
   /// logged (a caller's or the I/O thread): keep it short and thread-safe, and do not call
-  /// the limiter from it. An empty `f` removes it; without one the lines go nowhere.
+  /// the limiter from it. Until it is called, the lines go to stderr (the C library's
+  /// default, as the CLI writes them; SHARDLIMIT_LOG=off in the environment when the
+  /// limiter is made turns that off); `f` replaces that, and an empty `f` silences both.
   /// Exceptions from `f` are swallowed. Not to be called from two threads at once.
   void on_log(detail::LogFn f) const {
     auto next = f ? std::make_unique<detail::LogFn>(std::move(f)) : nullptr;

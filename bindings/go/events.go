@@ -98,11 +98,15 @@ func eventFromC(e *C.shardlimit_event) Event {
 // circuit changes, shadow denials, near-limit crossings, reloads) on the returned
 // channel, which is closed when ctx is done or the limiter is closed. Events wait in the
 // library (up to 1024) while the channel is not read; beyond that they are dropped, so
-// a slow reader never slows a check. One goroutine per subscription reads them (it holds
-// an OS thread while it waits in the library); it ends when the channel closes.
+// a slow reader never slows a check. One goroutine per subscription reads them; it holds
+// no OS thread while it waits (the library wakes it through the completion queue of
+// started calls), and ends when the channel closes.
 func (l *Limiter) Subscribe(ctx context.Context) (<-chan Event, error) {
 	h, err := l.open(ctx)
 	if err != nil {
+		return nil, err
+	}
+	if err := startDispatch(); err != nil {
 		return nil, err
 	}
 	var sub *C.shardlimit_subscription
@@ -110,31 +114,38 @@ func (l *Limiter) Subscribe(ctx context.Context) (<-chan Event, error) {
 	if rc := C.shardlimit_subscribe(h.p, 0, &sub, &e); rc != C.SHARDLIMIT_OK {
 		return nil, takeError(rc, e)
 	}
-	ch := make(chan Event)
-	done := make(chan struct{})
-	// Freed once: when ctx is done (which wakes the reader with CLOSED), or after the
-	// reader saw the limiter go.
-	go func() {
-		select {
-		case <-ctx.Done():
-		case <-done:
-		}
+	user, id, wake := newWaker()
+	if rc := C.shardlimit_subscription_set_notify(sub, goNotify, user, &e); rc != C.SHARDLIMIT_OK {
 		C.shardlimit_subscription_free(sub)
-	}()
+		wakers.Delete(id)
+		return nil, takeError(rc, e)
+	}
+	ch := make(chan Event)
 	go func() {
-		defer close(done)
 		defer close(ch)
+		defer wakers.Delete(id)
+		defer C.shardlimit_subscription_free(sub)
 		var ev C.shardlimit_event
 		for {
-			var got C.bool
-			if rc := C.shardlimit_subscription_next(sub, C.UINT64_MAX, &got, &ev, nil); rc != C.SHARDLIMIT_OK {
-				return // CLOSED: freed (ctx done) or the limiter is gone
-			}
-			if !got {
-				continue
+			// drain what is queued without waiting, then park until notified: the
+			// subscription notifies when it goes from empty to holding an event, and
+			// when it closes (the limiter is gone)
+			for {
+				var got C.bool
+				if rc := C.shardlimit_subscription_next(sub, 0, &got, &ev, nil); rc != C.SHARDLIMIT_OK {
+					return // CLOSED: the limiter is gone
+				}
+				if !got {
+					break
+				}
+				select {
+				case ch <- eventFromC(&ev):
+				case <-ctx.Done():
+					return
+				}
 			}
 			select {
-			case ch <- eventFromC(&ev):
+			case <-wake:
 			case <-ctx.Done():
 				return
 			}

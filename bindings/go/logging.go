@@ -15,9 +15,10 @@ import (
 // reshard handoff or refund, a rejected watched config), at most one per reason and
 // policy (or shard) per the config's log_interval (10s by default), go to log/slog: to
 // slog.Default() as it is when the line is written, or to the logger of WithLogger.
-// They are read from a log subscription of the C ABI by one goroutine per limiter (it
-// holds an OS thread while it waits in the library, as Subscribe's does), never by a
-// callback into Go from a library thread. It ends when the limiter is closed.
+// They are read from a log subscription of the C ABI by one goroutine per limiter, never
+// by a callback into Go from a library thread; it holds no OS thread while it waits (the
+// subscription wakes it through the completion queue of started calls) and ends when
+// the limiter is closed. The C ABI's own default (lines to stderr) is turned off.
 
 type logOption struct {
 	set    bool
@@ -41,29 +42,53 @@ func logTo(opts []Option) func(*Limiter, error) (*Limiter, error) {
 		f(&o)
 	}
 	return func(l *Limiter, err error) (*Limiter, error) {
-		if err != nil || (o.log.set && o.log.logger == nil) {
+		if err != nil {
 			return l, err
 		}
-		var sub *C.shardlimit_log_subscription
+		h := l.h.Load().p
 		var e *C.shardlimit_error
-		if rc := C.shardlimit_subscribe_logs(l.h.Load().p, 0, &sub, &e); rc != C.SHARDLIMIT_OK {
+		// the lines go to slog (or nowhere), not to the C ABI's default, stderr
+		if rc := C.shardlimit_set_log_callback(h, nil, nil, &e); rc != C.SHARDLIMIT_OK {
 			l.Close()
 			return nil, takeError(rc, e)
 		}
-		go forwardLogs(sub, o.log.logger)
+		if o.log.set && o.log.logger == nil {
+			return l, nil
+		}
+		if err := startDispatch(); err != nil {
+			l.Close()
+			return nil, err
+		}
+		var sub *C.shardlimit_log_subscription
+		if rc := C.shardlimit_subscribe_logs(h, 0, &sub, &e); rc != C.SHARDLIMIT_OK {
+			l.Close()
+			return nil, takeError(rc, e)
+		}
+		user, id, wake := newWaker()
+		if rc := C.shardlimit_log_subscription_set_notify(sub, goNotify, user, &e); rc != C.SHARDLIMIT_OK {
+			C.shardlimit_log_subscription_free(sub)
+			wakers.Delete(id)
+			l.Close()
+			return nil, takeError(rc, e)
+		}
+		go forwardLogs(sub, id, wake, o.log.logger)
 		return l, nil
 	}
 }
 
-func forwardLogs(sub *C.shardlimit_log_subscription, logger *slog.Logger) {
+// forwardLogs drains the log subscription whenever it notifies (it went from empty to
+// holding a line, or closed), until it closes with the limiter.
+func forwardLogs(sub *C.shardlimit_log_subscription, id uintptr, wake chan struct{}, logger *slog.Logger) {
+	defer wakers.Delete(id)
 	defer C.shardlimit_log_subscription_free(sub)
 	var line C.shardlimit_log_line
 	for {
 		var got C.bool
-		if rc := C.shardlimit_log_subscription_next(sub, C.UINT64_MAX, &got, &line, nil); rc != C.SHARDLIMIT_OK {
+		if rc := C.shardlimit_log_subscription_next(sub, 0, &got, &line, nil); rc != C.SHARDLIMIT_OK {
 			return // CLOSED: the limiter is gone
 		}
 		if !got {
+			<-wake
 			continue
 		}
 		lg := logger

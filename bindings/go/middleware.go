@@ -2,6 +2,7 @@ package shardlimit
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
@@ -265,11 +266,13 @@ func buildMiddleware(o MiddlewareOptions) (func(http.Handler) http.Handler, erro
 	if o.Limiter == nil {
 		return nil, errors.New("shardlimit: MiddlewareOptions.Limiter is nil")
 	}
-	concurrency, err := concurrencyPolicies(o.Limiter)
+	// which rules take a lease is decided per request, from the config in force: a
+	// reload may make a policy a concurrency limit (or stop it being one)
+	policies := &concurrencyCache{l: o.Limiter}
+	concurrency, err := policies.get()
 	if err != nil {
 		return nil, fmt.Errorf("shardlimit: MiddlewareOptions: reading the limiter's config: %w", err)
 	}
-	leased := make([]bool, len(rules))
 	for i := range rules {
 		if rules[i].Key == nil {
 			rules[i].Key = ipKey
@@ -281,8 +284,7 @@ func buildMiddleware(o MiddlewareOptions) (func(http.Handler) http.Handler, erro
 			return nil, fmt.Errorf("shardlimit: MiddlewareOptions: the policy of rule %d: %w", i, err)
 		}
 		_ = p.Close()
-		leased[i] = concurrency[rules[i].Policy]
-		if leased[i] && o.Shadow {
+		if concurrency[rules[i].Policy] && o.Shadow {
 			return nil, fmt.Errorf("shardlimit: MiddlewareOptions.Shadow: the policy %q of rule %d is a concurrency limit, which cannot run in shadow", rules[i].Policy, i)
 		}
 	}
@@ -317,10 +319,15 @@ func buildMiddleware(o MiddlewareOptions) (func(http.Handler) http.Handler, erro
 	}
 	onUnavailable := o.OnUnavailable
 	if onUnavailable == nil {
-		onUnavailable = func(w http.ResponseWriter, _ *http.Request, d Decision) {
+		onUnavailable = func(w http.ResponseWriter, r *http.Request, d Decision) {
+			body, err := unavailableBody(d)
+			if err != nil {
+				onError(w, r, err)
+				return
+			}
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = w.Write([]byte(`{"error":"rate_limiter_unavailable","message":"the rate limiter cannot decide right now; retry later"}`))
+			_, _ = w.Write(body)
 		}
 	}
 	return func(next http.Handler) http.Handler {
@@ -329,9 +336,14 @@ func buildMiddleware(o MiddlewareOptions) (func(http.Handler) http.Handler, erro
 				next.ServeHTTP(w, r)
 				return
 			}
+			concurrency, err := policies.get()
+			if err != nil {
+				onError(w, r, err)
+				return
+			}
 			layers := make([]Layer, 0, len(rules))
 			var leaseLayers []Layer // the rules on concurrency policies
-			for i, rule := range rules {
+			for _, rule := range rules {
 				key := rule.Key(r)
 				if key == "" {
 					continue // this rule does not apply to this request
@@ -340,7 +352,7 @@ func buildMiddleware(o MiddlewareOptions) (func(http.Handler) http.Handler, erro
 				if rule.Cost != nil {
 					cost = rule.Cost(r)
 				}
-				if leased[i] {
+				if concurrency[rule.Policy] {
 					leaseLayers = append(leaseLayers, Layer{Key: key, Policy: rule.Policy, Cost: cost})
 					continue
 				}
@@ -351,7 +363,6 @@ func buildMiddleware(o MiddlewareOptions) (func(http.Handler) http.Handler, erro
 				return
 			}
 			var d Decision
-			var err error
 			var reservation *Reservation
 			if len(leaseLayers) > 0 {
 				// the leases first: a denial of one then consumes nothing from the rate
@@ -460,6 +471,21 @@ func buildMiddleware(o MiddlewareOptions) (func(http.Handler) http.Handler, erro
 			}
 		})
 	}, nil
+}
+
+// unavailableBody is the JSON body of a 503 (a denying fallback): the core's body with
+// "error": "rate_limit_unavailable", as every middleware answers (tower, Python, Node).
+func unavailableBody(d Decision) ([]byte, error) {
+	raw, err := d.Body()
+	if err != nil {
+		return nil, err
+	}
+	var body map[string]any
+	if err := json.Unmarshal(raw, &body); err != nil {
+		return nil, err
+	}
+	body["error"] = "rate_limit_unavailable"
+	return json.Marshal(body)
 }
 
 // acquireAll takes a lease of each layer, in order. When one is denied, the leases taken

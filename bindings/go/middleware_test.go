@@ -2,6 +2,7 @@ package shardlimit
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -140,6 +141,12 @@ func TestMiddlewareDenyingFallbackIs503(t *testing.T) {
 	}
 	if rec.Header().Get("X-RateLimit-Limit") != "" || rec.Header().Get("X-RateLimit-Remaining") != "" {
 		t.Fatalf("rate-limit headers on a 503: %v", rec.Header())
+	}
+	// the body every binding's middleware sends (tower, Python, Node): the core's, with
+	// "error": "rate_limit_unavailable"
+	var body map[string]any
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || body["error"] != "rate_limit_unavailable" || body["policy"] != "api" {
+		t.Fatalf("503 body %s (%v)", rec.Body.Bytes(), err)
 	}
 	custom := Middleware(MiddlewareOptions{Limiter: l, Policy: "api", OnUnavailable: func(w http.ResponseWriter, _ *http.Request, d Decision) {
 		w.WriteHeader(http.StatusBadGateway)

@@ -73,6 +73,11 @@ static int sl_q_open(void) {
 
 static shardlimit_callback sl_go_callback(void) { return sl_q_complete; }
 
+// A subscription's notify callback: the same queue, with a waker's id as the tag.
+static void sl_q_notify(void *user) { sl_q_complete(user, NULL); }
+
+static shardlimit_notify_callback sl_go_notify(void) { return sl_q_notify; }
+
 // A cgo.Handle as the callback's user pointer: an integer the library never dereferences.
 static void *sl_user(uintptr_t handle) { return (void *)handle; }
 */
@@ -83,10 +88,35 @@ import (
 	"os"
 	"runtime/cgo"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
 var goCallback = C.sl_go_callback()
+
+// goNotify is the notify callback of subscriptions (events, warning lines): it queues
+// the subscription's waker id as a completion queues its handle.
+var goNotify = C.sl_go_notify()
+
+// Wakers are the tags of subscriptions' notifications: ids with the top bit set (a
+// cgo.Handle is a small counter, never that large), looked up here. A notification that
+// comes after its subscription is gone finds no waker and is dropped.
+const wakerBit = ^uintptr(0)>>1 + 1
+
+var (
+	wakerSeq atomic.Uintptr
+	wakers   sync.Map // id -> chan struct{} (room for one: notifications coalesce)
+)
+
+// newWaker registers a waker: the notify callback's user pointer (its id as a pointer
+// the library never dereferences), its id, and the channel a notification wakes. Remove it with wakers.Delete(id) once its subscription
+// is freed.
+func newWaker() (unsafe.Pointer, uintptr, chan struct{}) {
+	id := wakerBit | wakerSeq.Add(1)
+	c := make(chan struct{}, 1)
+	wakers.Store(id, c)
+	return C.sl_user(C.uintptr_t(id)), id, c
+}
 
 var (
 	dispatchOnce sync.Once
@@ -121,6 +151,15 @@ func dispatch(wake *os.File) {
 		for {
 			n := int(C.sl_q_drain(&tags[0], C.size_t(len(tags))))
 			for _, t := range tags[:n] {
+				if uintptr(t)&wakerBit != 0 {
+					if c, ok := wakers.Load(uintptr(t)); ok {
+						select {
+						case c.(chan struct{}) <- struct{}{}:
+						default: // a wake-up is pending already
+						}
+					}
+					continue
+				}
 				h := cgo.Handle(uintptr(t))
 				h.Value().(chan struct{}) <- struct{}{}
 				h.Delete()
@@ -166,6 +205,38 @@ func (l *Limiter) await(ctx context.Context, start starter) (*C.shardlimit_pendi
 		}
 		<-done // completed first: the callback has run or is about to
 		return p, nil
+	}
+}
+
+// awaitOrAbandon is await for a call whose result must not be dropped unread (an
+// Acquire: Redis may have granted a lease by the time ctx ends). When ctx ends first the
+// call is not cancelled: ctx.Err() is returned at once and, when the call completes
+// (within the config's deadline), abandoned(p) runs on a goroutine of its own (parked
+// until then: no OS thread), which reads p, gives back what it holds and frees it.
+func (l *Limiter) awaitOrAbandon(ctx context.Context, start starter, abandoned func(*C.shardlimit_pending)) (*C.shardlimit_pending, error) {
+	if err := startDispatch(); err != nil {
+		return nil, err
+	}
+	done := make(chan struct{}, 1)
+	h := cgo.NewHandle(done)
+	var p *C.shardlimit_pending
+	var e *C.shardlimit_error
+	if rc := start(goCallback, C.sl_user(C.uintptr_t(h)), &p, &e); rc != C.SHARDLIMIT_OK {
+		h.Delete()
+		return nil, takeError(rc, e)
+	}
+	if l.afterStart != nil {
+		l.afterStart()
+	}
+	select {
+	case <-done:
+		return p, nil
+	case <-ctx.Done():
+		go func() {
+			<-done
+			abandoned(p)
+		}()
+		return nil, ctx.Err()
 	}
 }
 

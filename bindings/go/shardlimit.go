@@ -259,6 +259,9 @@ type Limiter struct {
 	// afterStart, set by tests only, runs once a call has started and before its
 	// goroutine parks: the call is then in flight.
 	afterStart func()
+	// afterAbandoned, set by tests only, runs once the lease of an Acquire whose caller
+	// had gone is given back (or there was none).
+	afterAbandoned func()
 }
 
 // handle boxes the C pointer (atomic.Pointer cannot hold a pointer to an incomplete type).
@@ -419,9 +422,11 @@ func (l *Limiter) Acquire(ctx context.Context, key, policy string, units uint64)
 	var cl *C.shardlimit_lease
 	err := l.withPolicy(ctx, policy, func(h *handle, pol *C.shardlimit_policy) error {
 		kp, kn := cStr(key)
-		p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+		// a caller gone before Redis answered (ctx done) gets ctx.Err(); the lease Redis
+		// may still grant is released when the call completes, not left held until its TTL
+		p, err := l.awaitOrAbandon(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
 			return C.shardlimit_acquire_start(h.p, kp, kn, pol, C.uint64_t(units), cb, u, out, e)
-		})
+		}, l.releaseAbandoned)
 		if err != nil {
 			return err
 		}
@@ -448,6 +453,31 @@ func (l *Limiter) Acquire(ctx context.Context, key, policy string, units uint64)
 		}
 	})
 	return dec, lease, nil
+}
+
+// releaseAbandoned takes the outcome of an Acquire whose caller has gone (its ctx ended
+// first) and releases the lease it holds, if any.
+func (l *Limiter) releaseAbandoned(p *C.shardlimit_pending) {
+	var d C.shardlimit_decision
+	var cl *C.shardlimit_lease
+	var e *C.shardlimit_error
+	rc := C.shardlimit_pending_acquired(p, &d, &cl, &e)
+	C.shardlimit_pending_free(p)
+	if rc != C.SHARDLIMIT_OK {
+		_ = takeError(rc, e) // denied, failed or cancelled: nothing is held
+	} else if cl != nil {
+		lease := &Lease{l: l}
+		lease.p.Store(&leaseHandle{cl})
+		if _, err := lease.Release(context.Background()); err != nil {
+			// not given back (the limiter closed, Redis failed): it expires after its TTL
+			if lh := lease.p.Swap(nil); lh != nil {
+				C.shardlimit_lease_free(lh.p)
+			}
+		}
+	}
+	if l.afterAbandoned != nil {
+		l.afterAbandoned()
+	}
 }
 
 // Release gives the lease's units back. It reports whether the lease was still held:

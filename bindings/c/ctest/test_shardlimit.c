@@ -1278,6 +1278,7 @@ static const struct op c_ops[] = {
     OP(plan_policy),
     OP(set_override), OP(get_override), OP(list_overrides), OP(delete_override),
     ALIAS("config", shardlimit_config_json), OP(subscribe), OP(watch_config),
+    OP(config_generation),
 };
 #undef OP
 #undef ALIAS
@@ -2325,6 +2326,9 @@ int main(void) {
   test_started_text_calls();
   test_events();
   test_logging();
+  test_default_log_to_stderr();
+  test_subscription_notify();
+  test_config_generation();
   test_watch_config();
   test_operations_spec();
   test_errors_spec();

@@ -139,6 +139,8 @@ struct Queue {
     state: Mutex<QueueState>,
     ready: Condvar,
     capacity: usize,
+    /// `shardlimit_subscription_set_notify()`'s callback.
+    notify: notify::Notify,
 }
 
 impl Queue {
@@ -152,12 +154,18 @@ impl Queue {
             return;
         }
         s.events.push_back(e.clone());
+        if s.events.len() == 1 {
+            self.notify.fire();
+        }
         drop(s);
         self.ready.notify_one();
     }
     fn close(&self) {
         let mut s = self.state.lock();
-        s.closed = true;
+        if !s.closed {
+            s.closed = true;
+            self.notify.fire();
+        }
         drop(s);
         self.ready.notify_all();
     }
@@ -383,6 +391,7 @@ pub unsafe extern "C" fn shardlimit_subscribe(
             }),
             ready: Condvar::new(),
             capacity: if capacity == 0 { 1024 } else { capacity },
+            notify: Default::default(),
         });
         let f = fanout(&l);
         {
@@ -476,6 +485,35 @@ pub unsafe extern "C" fn shardlimit_subscription_free(subscription: *mut shardli
                 s.queue.state.lock().events = VecDeque::new();
             }
         }
+    })
+}
+
+/// Registers `callback` (see `shardlimit_notify_callback`) to be called with `user` when
+/// the subscription goes from empty to holding an event and when it closes, so that a
+/// host drains it from its own event loop (`shardlimit_subscription_next()` with a timeout
+/// of 0, until no event comes) instead of a thread waiting in `_next`. When events are
+/// queued already, or the subscription is closed, it is called once before this returns.
+/// Once per subscription. `callback` and `user` must be usable from any thread until the
+/// subscription is freed. `err` may be NULL. Thread-safe.
+/// Results: OK, INVALID_ARGUMENT (NULL `callback`, one set already), CLOSED, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_subscription_set_notify(
+    subscription: *const shardlimit_subscription,
+    callback: notify::shardlimit_notify_callback,
+    user: *mut std::ffi::c_void,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let sub = live("subscription", subscription)?;
+        let f = notify::notify_arg(callback)?;
+        let s = sub.queue.state.lock();
+        if !sub.queue.notify.set(f, user) {
+            return Err(notify::notify_set_twice());
+        }
+        if !s.events.is_empty() || s.closed {
+            sub.queue.notify.fire();
+        }
+        Ok(())
     })
 }
 
@@ -657,6 +695,7 @@ mod tests {
             }),
             ready: Condvar::new(),
             capacity: 2,
+            notify: Default::default(),
         };
         let e = Event::Circuit {
             shard: "s0".to_string(),

@@ -1178,11 +1178,13 @@ unsafe fn new_limiter(
     if let Some(c) = clock {
         limiter = limiter.with_clock(c)?;
     }
-    *out = register(shardlimit_limiter {
+    let l = shardlimit_limiter {
         limiter,
         fanout: Default::default(),
         logs: Default::default(),
-    })?;
+    };
+    logging::default_to_stderr(&l);
+    *out = register(l)?;
     Ok(())
 }
 
@@ -2060,11 +2062,13 @@ pub unsafe extern "C" fn shardlimit_decision_to_json(
 mod admin;
 mod events;
 mod logging;
+mod notify;
 mod overrides;
 mod pending;
 pub use admin::*;
 pub use events::*;
 pub use logging::*;
+pub use notify::*;
 pub use overrides::*;
 pub use pending::*;
 

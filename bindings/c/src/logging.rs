@@ -7,7 +7,10 @@
 //!   `shardlimit_log_subscription_next`, for hosts that must not be called from a thread
 //!   they did not make (Go drains it from a goroutine, as it drains events).
 //!
-//! One core sink per limiter handle feeds both, installed on first use.
+//! One core sink per limiter handle feeds both. With no callback set, a limiter writes
+//! its lines to stderr, as the CLI does (`SHARDLIMIT_LOG=off` in the environment, or a
+//! NULL callback, silences that), so a C or C++ service hears about its fallbacks without
+//! writing any code.
 
 use super::*;
 use parking_lot::{Condvar, Mutex};
@@ -120,6 +123,8 @@ struct LogQueue {
     state: Mutex<LogQueueState>,
     ready: Condvar,
     capacity: usize,
+    /// `shardlimit_log_subscription_set_notify()`'s callback.
+    notify: notify::Notify,
 }
 
 impl LogQueue {
@@ -133,11 +138,19 @@ impl LogQueue {
             return;
         }
         s.lines.push_back(r.clone());
+        if s.lines.len() == 1 {
+            self.notify.fire();
+        }
         drop(s);
         self.ready.notify_one();
     }
     fn close(&self) {
-        self.state.lock().closed = true;
+        let mut s = self.state.lock();
+        if !s.closed {
+            s.closed = true;
+            self.notify.fire();
+        }
+        drop(s);
         self.ready.notify_all();
     }
 }
@@ -157,6 +170,20 @@ unsafe impl Sync for Callback {}
 pub(crate) struct LogFanout {
     callback: Mutex<Option<Callback>>,
     queues: Mutex<Vec<Weak<LogQueue>>>,
+    /// Lines go to stderr while no callback was ever set (`default_to_stderr`).
+    stderr: std::sync::atomic::AtomicBool,
+}
+
+/// The default of a new limiter: its warning lines to stderr, as the CLI writes them
+/// (`warn: shardlimit: ...`), until `shardlimit_set_log_callback()` replaces that (NULL:
+/// nowhere); none when the environment has `SHARDLIMIT_LOG=off`.
+pub(crate) fn default_to_stderr(l: &shardlimit_limiter) {
+    let off = std::env::var_os("SHARDLIMIT_LOG").is_some_and(|v| v.eq_ignore_ascii_case("off"));
+    if !off {
+        log_fanout(l)
+            .stderr
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Held only by the core sink: when the core limiter is gone, every log subscription
@@ -207,6 +234,16 @@ impl LogFeed {
         // held during the call: once shardlimit_set_log_callback() returns, the callback it
         // replaced is not running and never runs again
         let cb = self.0.callback.lock();
+        if cb.is_none() && self.0.stderr.load(std::sync::atomic::Ordering::Relaxed) {
+            use std::io::Write;
+            // never a panic on the I/O thread: a closed stderr loses the line
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "{}: {}",
+                r.level.name(),
+                r.message
+            );
+        }
         if let Some(cb) = *cb {
             // NUL-terminated copies, as every string the library hands out
             let [target, reason, subject, error, message] =
@@ -263,11 +300,13 @@ fn line_to_c(r: &LogRecord) -> shardlimit_log_line {
 /// `on_error`, a circuit opened, a failed reshard handoff or layered refund, a rejected
 /// watched config, at most one line per (reason, subject) per the config's
 /// `log_interval` (10 s by default), each carrying how many were suppressed since the
-/// last. Replaces the callback registered before; NULL removes it (lines then go nowhere
-/// but log subscriptions). `callback` is called on the thread that logged (a caller's
-/// thread or the limiter's I/O thread) with `user_data`: both must be usable from any
-/// thread until the callback is replaced or the limiter is freed (`shardlimit_limiter_free()`
-/// and its last call returned). The callback must not call into the limiter. `err` may
+/// last. Replaces the callback registered before, and the default (each line written to
+/// stderr, as `warn: shardlimit: ...`, from the moment the limiter is made unless the
+/// environment has `SHARDLIMIT_LOG=off`); NULL removes it (lines then go nowhere but log
+/// subscriptions: this is how to silence the default). `callback` is called on the
+/// thread that logged (a caller's thread or the limiter's I/O thread) with `user_data`:
+/// both must be usable from any thread until the callback is replaced or the limiter is
+/// freed (`shardlimit_limiter_free()` and its last call returned). The callback must not call into the limiter. `err` may
 /// be NULL. Thread-safe.
 /// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
 #[no_mangle]
@@ -280,7 +319,10 @@ pub unsafe extern "C" fn shardlimit_set_log_callback(
     guard(err, || {
         let l = live("limiter", limiter)?;
         let f = log_fanout(&l);
-        *f.callback.lock() = callback.map(|f| Callback { f, user_data });
+        let mut cb = f.callback.lock();
+        *cb = callback.map(|f| Callback { f, user_data });
+        f.stderr.store(false, std::sync::atomic::Ordering::Relaxed);
+        drop(cb);
         Ok(())
     })
 }
@@ -319,6 +361,7 @@ pub unsafe extern "C" fn shardlimit_subscribe_logs(
             }),
             ready: Condvar::new(),
             capacity: if capacity == 0 { 256 } else { capacity },
+            notify: Default::default(),
         });
         let f = log_fanout(&l);
         {
@@ -413,5 +456,34 @@ pub unsafe extern "C" fn shardlimit_log_subscription_free(
                 s.queue.state.lock().lines = VecDeque::new();
             }
         }
+    })
+}
+
+/// Registers `callback` (see `shardlimit_notify_callback`) to be called with `user` when
+/// the log subscription goes from empty to holding a line and when it closes, so that a
+/// host drains it from its own event loop (`shardlimit_log_subscription_next()` with a
+/// timeout of 0, until no line comes) instead of a thread waiting in `_next`. When lines
+/// are queued already, or the subscription is closed, it is called once before this
+/// returns. Once per subscription. `callback` and `user` must be usable from any thread
+/// until the subscription is freed. `err` may be NULL. Thread-safe.
+/// Results: OK, INVALID_ARGUMENT (NULL `callback`, one set already), CLOSED, INTERNAL.
+#[no_mangle]
+pub unsafe extern "C" fn shardlimit_log_subscription_set_notify(
+    subscription: *const shardlimit_log_subscription,
+    callback: notify::shardlimit_notify_callback,
+    user: *mut c_void,
+    err: *mut *mut shardlimit_error,
+) -> shardlimit_result {
+    guard(err, || {
+        let sub = live("subscription", subscription)?;
+        let f = notify::notify_arg(callback)?;
+        let s = sub.queue.state.lock();
+        if !sub.queue.notify.set(f, user) {
+            return Err(notify::notify_set_twice());
+        }
+        if !s.lines.is_empty() || s.closed {
+            sub.queue.notify.fire();
+        }
+        Ok(())
     })
 }

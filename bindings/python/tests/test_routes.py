@@ -230,7 +230,7 @@ def test_outage_answers_503_and_reaches_exception_handlers(limiter: Limiter,
     strict, raising = run(app, ("GET", "/v1/strict", {}), ("GET", "/v1/raising", {}))
     assert strict.status_code == 503, "a fallback that denies is not the client's fault"
     assert strict.headers["retry-after"] == "7"
-    assert strict.json()["error"] == "unavailable"
+    assert strict.json()["error"] == "rate_limit_unavailable"
     assert raising.status_code == 502 and raising.json() == {"handled": "TimeoutError"}
     (custom,) = run(main_app(limiter, on_unavailable=on_unavailable), ("GET", "/v1/strict", {}))
     assert (custom.status_code, custom.headers["retry-after"]) == (503, "30")

@@ -112,6 +112,8 @@ struct Inner {
     /// This limiter's number, unique in the process: which limiter's counters a policy
     /// holds (`crate::metrics::Hot`).
     id: u64,
+    /// How many reloads were applied (`Limiter::config_generation`).
+    generation: AtomicU64,
 }
 
 impl std::fmt::Debug for Inner {
@@ -169,6 +171,7 @@ impl Limiter {
                     static NEXT: AtomicU64 = AtomicU64::new(1);
                     NEXT.fetch_add(1, Ordering::Relaxed)
                 },
+                generation: AtomicU64::new(0),
             }),
         })
     }
@@ -228,6 +231,16 @@ impl Limiter {
     /// The config in force (a reload swaps it).
     pub fn config(&self) -> Arc<Config> {
         self.view().config.clone()
+    }
+
+    /// How many reloads this limiter has applied (0 when it was made; `reload`,
+    /// `reload_from_file` and a config watcher each add one, after the new config is in
+    /// force). Cheap (one atomic load): a host that derives something from the config
+    /// (which policies are concurrency limits, say) reads it per request and derives again
+    /// when it changed. Read it before `config()`: a reload in between then shows as a
+    /// change the next time.
+    pub fn config_generation(&self) -> u64 {
+        self.inner.generation.load(Ordering::Acquire)
     }
 
     /// True when decisions are made by Redis shards, false for the in-memory engine.

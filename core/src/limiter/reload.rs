@@ -138,6 +138,7 @@ impl Limiter {
             engine,
             handoff,
         }));
+        self.inner.generation.fetch_add(1, Ordering::Release);
         drop(adding);
         tracing::info!(?report, "shardlimit: config reloaded");
         if self.inner.subscribers.active() {

@@ -72,4 +72,33 @@ TEST(Logging, AThousandFallbacksAreOneLineThenTheNextCarriesTheCount) {
   EXPECT_EQ(moved_lines, 1);
 }
 
+// With no on_log, the lines go to stderr (the C library's default); on_log(nullptr)
+// silences them.
+TEST(Logging, WithoutACallbackTheLinesGoToStderr) {
+  std::string cfg = "{\"timeout_ms\":300,\"shards\":[{\"name\":\"dead\",\"url\":\"redis://127.0.0.1:" +
+                    std::to_string(free_port()) +
+                    "\"}],\"policies\":{\"api\":{\"rate\":\"10/minute\",\"on_error\":\"open\"}}}";
+  testing::internal::CaptureStderr();
+  {
+    auto l = shardlimit::Limiter::from_json(cfg);
+    // blocking checks log on this thread: written by the time they return
+    for (int i = 0; i < 3; i++) ASSERT_TRUE(l.check("k", "api").allowed());
+  }
+  std::string out = testing::internal::GetCapturedStderr();
+  EXPECT_NE(out.find("warn: shardlimit: policy `api` fell back to on_error and allowed"),
+            std::string::npos)
+      << out;
+  // rate-limited: one fallback line for three fallbacks
+  EXPECT_EQ(out.find("fell back"), out.rfind("fell back")) << out;
+
+  testing::internal::CaptureStderr();
+  {
+    auto l = shardlimit::Limiter::from_json(cfg);
+    l.on_log(nullptr);
+    ASSERT_TRUE(l.check("k", "api").allowed());
+  }
+  out = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(out.find("shardlimit:"), std::string::npos) << out;
+}
+
 }  // namespace

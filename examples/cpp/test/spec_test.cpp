@@ -103,6 +103,7 @@ const std::map<std::string, void (*)(const L*)> kOps = {
     OP("reserve", l->reserve("k", l->policy("p"))),
     OP("settle", l->settle(l->policy("p"), *l->reserve("k", l->policy("p")).second, 1)),
     OP("config", l->config()),
+    OP("config_generation", l->config_generation()),
     OP("subscribe", l->subscribe()),
     OP("set_log_sink", (l->on_log(nullptr), 0)),
     OP("watch_config", l->watch_config("x")),

@@ -443,7 +443,7 @@ def denial(decision: Decision, options: Options) -> tuple[int, list[tuple[str, s
     if is_outage(decision):
         status = 503
         payload: dict[str, Any] = {
-            "error": "unavailable",
+            "error": "rate_limit_unavailable",
             "policy": decision.policy,
             "retry_after": options.outage_retry_after,
             "message": "The rate limiter could not be reached; the request is refused: "
