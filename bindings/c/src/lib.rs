@@ -2062,6 +2062,7 @@ mod events;
 mod logging;
 mod overrides;
 mod pending;
+mod queue;
 pub use admin::*;
 pub use events::*;
 pub use logging::*;
