@@ -2,6 +2,10 @@
 //! when dropped.
 #![allow(dead_code)]
 
+mod cluster;
+#[allow(unused_imports)] // only the Cluster tests use it
+pub use cluster::Cluster;
+
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
