@@ -271,6 +271,23 @@ impl RedisServer {
         self.child.as_ref().unwrap().id()
     }
 
+    /// CPU time the server's main thread has used (µs), from `INFO cpu`: the server's own
+    /// account of the work commands cost it, which time spent waiting for a CPU (the test
+    /// machine is shared) does not inflate, unlike SLOWLOG's wall-clock durations.
+    pub fn main_thread_cpu_us(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("cpu")
+            .query(&mut self.conn())
+            .unwrap();
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap()
+        };
+        ((field("used_cpu_sys_main_thread:") + field("used_cpu_user_main_thread:")) * 1e6) as u64
+    }
+
     /// Stops the server (SIGKILL) and waits for it.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
