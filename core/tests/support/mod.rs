@@ -5,6 +5,9 @@
 mod cluster;
 #[allow(unused_imports)] // only the Cluster tests use it
 pub use cluster::Cluster;
+mod racing;
+#[allow(unused_imports)] // only the override tests use it
+pub use racing::assert_decided_by_one_limit;
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
