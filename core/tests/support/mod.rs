@@ -274,6 +274,19 @@ impl RedisServer {
         self.child.as_ref().unwrap().id()
     }
 
+    /// The EVALSHA and EVAL calls the server has run so far (`INFO commandstats`).
+    pub fn script_calls(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.conn())
+            .unwrap();
+        ["cmdstat_evalsha:calls=", "cmdstat_eval:calls="]
+            .iter()
+            .filter_map(|p| info.lines().find_map(|l| l.strip_prefix(p)))
+            .map(|rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    }
+
     /// CPU time the server's main thread has used (µs), from `INFO cpu`: the server's own
     /// account of the work commands cost it, which time spent waiting for a CPU (the test
     /// machine is shared) does not inflate, unlike SLOWLOG's wall-clock durations.
