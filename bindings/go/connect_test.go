@@ -1,12 +1,10 @@
 package shardlimit
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,16 +14,11 @@ import (
 // info reads one field of INFO from redis-server on port (a raw RESP exchange).
 func info(t *testing.T, port int, section, field string) string {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+	c, r, err := rawRedis(port, 2*time.Second, fmt.Sprintf("INFO %s\r\n", section))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := fmt.Fprintf(c, "INFO %s\r\n", section); err != nil {
-		t.Fatal(err)
-	}
-	r := bufio.NewReader(c)
 	head, err := r.ReadString('\n')
 	if err != nil || !strings.HasPrefix(head, "$") {
 		t.Fatalf("INFO: %q %v", head, err)

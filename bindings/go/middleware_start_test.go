@@ -1,11 +1,9 @@
 package shardlimit
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -17,21 +15,17 @@ import (
 // first line ("+OK", ":0", "$3"...).
 func redisCmd(t *testing.T, port int, args ...string) string {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
 	var b strings.Builder
 	fmt.Fprintf(&b, "*%d\r\n", len(args))
 	for _, a := range args {
 		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
 	}
-	if _, err := c.Write([]byte(b.String())); err != nil {
+	c, r, err := rawRedis(port, 2*time.Second, b.String())
+	if err != nil {
 		t.Fatal(err)
 	}
-	line, err := bufio.NewReader(c).ReadString('\n')
+	defer c.Close()
+	line, err := r.ReadString('\n')
 	if err != nil {
 		t.Fatal(err)
 	}

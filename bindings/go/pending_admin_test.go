@@ -4,47 +4,35 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
-	"sync"
 	"testing"
 	"time"
 )
 
-// stalledAdminLimiter is stalledLimiter with a policy that takes overrides and one in
-// shadow: connected, its scripts loaded, then its redis-server stopped (SIGSTOP), with a
-// deadline of 10 s that only ctx can beat.
+// stalledAdminLimiter is a stalled limiter (stalledLimiterWith) with a policy that takes
+// overrides and one in shadow, every admin call answered once before Redis stops.
 func stalledAdminLimiter(t *testing.T) *Limiter {
 	t.Helper()
-	r := startRedis(t)
-	l, err := NewFromJSON(fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":10000,
-		"policies":{"ov":{"algorithm":"fixed_window","limit":5,"window":"1h","overrides":true,"on_error":"error"},
-		"sh":{"algorithm":"fixed_window","limit":1,"window":"1h","shadow":true,"on_error":"error"}}}`, r.Port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = l.Close() })
-	ctx := context.Background()
-	if err := l.Connect(ctx, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	// every call answers while Redis does
-	if _, err := l.SetOverride(ctx, "warm", "ov", "9/hour", time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if o, err := l.GetOverride(ctx, "warm", "ov"); err != nil || o == nil {
-		t.Fatalf("get: %+v %v", o, err)
-	}
-	if _, err := l.ListOverrides(ctx, "ov", "", 10); err != nil {
-		t.Fatal(err)
-	}
-	if had, err := l.DeleteOverride(ctx, "warm", "ov"); err != nil || !had {
-		t.Fatalf("delete: %v %v", had, err)
-	}
-	if _, err := l.ShadowReport(ctx, "sh", 0); err != nil {
-		t.Fatal(err)
-	}
-	r.stop(t)
-	return l
+	policies := `{"ov":{"algorithm":"fixed_window","limit":5,"window":"1h","overrides":true,"on_error":"error"},
+		"sh":{"algorithm":"fixed_window","limit":1,"window":"1h","shadow":true,"on_error":"error"}}`
+	return stalledLimiterWith(t, policies, func(ctx context.Context, l *Limiter) error {
+		if err := l.Connect(ctx, 5*time.Second); err != nil {
+			return err
+		}
+		if _, err := l.SetOverride(ctx, "warm", "ov", "9/hour", time.Minute); err != nil {
+			return err
+		}
+		if o, err := l.GetOverride(ctx, "warm", "ov"); err != nil || o == nil {
+			return fmt.Errorf("get: %+v %v", o, err)
+		}
+		if _, err := l.ListOverrides(ctx, "ov", "", 10); err != nil {
+			return err
+		}
+		if had, err := l.DeleteOverride(ctx, "warm", "ov"); err != nil || !had {
+			return fmt.Errorf("delete: %v %v", had, err)
+		}
+		_, err := l.ShadowReport(ctx, "sh", 0)
+		return err
+	})
 }
 
 // adminCalls are the Limiter's calls besides checks that wait for Redis.
@@ -88,24 +76,7 @@ func TestAdminCallsDeadlineAgainstStoppedRedis(t *testing.T) {
 // Cancelling mid-call (once the call is in flight) returns context.Canceled.
 func TestAdminCallsCancelMidCall(t *testing.T) {
 	l := stalledAdminLimiter(t)
-	for name, call := range adminCalls(l) {
-		started := make(chan struct{}, 1)
-		l.afterStart = func() { started <- struct{}{} }
-		ctx, cancel := context.WithCancel(context.Background())
-		res := make(chan error, 1)
-		go func() { res <- call(ctx) }()
-		<-started // in flight: the goroutine is about to park
-		cancel()
-		select {
-		case err := <-res:
-			if !errors.Is(err, context.Canceled) {
-				t.Errorf("%s: err %v, want context.Canceled", name, err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("%s: cancel was ignored", name)
-		}
-		l.afterStart = nil
-	}
+	cancelEachMidCall(t, l, adminCalls(l))
 }
 
 // 200 goroutines calling the override API against a stopped Redis hold no OS thread
@@ -115,43 +86,24 @@ func TestAdminCallsNoThreadPerCall(t *testing.T) {
 	l := stalledAdminLimiter(t)
 	const n = 200
 	before := osThreads(t)
-	var started sync.WaitGroup
-	started.Add(n)
-	l.afterStart = started.Done
-	defer func() { l.afterStart = nil }()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errs := make(chan error, n)
-	for i := 0; i < n; i++ {
-		go func() {
-			key := fmt.Sprintf("user:%d", i)
-			var err error
-			switch i % 4 {
-			case 0:
-				_, err = l.SetOverride(ctx, key, "ov", "10/minute", 0)
-			case 1:
-				_, err = l.GetOverride(ctx, key, "ov")
-			case 2:
-				_, err = l.DeleteOverride(ctx, key, "ov")
-			default:
-				_, err = l.ListOverrides(ctx, "ov", "", 10)
-			}
-			errs <- err
-		}()
-	}
-	started.Wait()
-	during := osThreads(t)
-	cancel()
-	for i := 0; i < n; i++ {
-		if err := <-errs; !errors.Is(err, context.Canceled) {
-			t.Fatalf("call %d: %v, want context.Canceled", i, err)
+	finish := inFlight(t, l, n, func(ctx context.Context, i int) error {
+		key := fmt.Sprintf("user:%d", i)
+		var err error
+		switch i % 4 {
+		case 0:
+			_, err = l.SetOverride(ctx, key, "ov", "10/minute", 0)
+		case 1:
+			_, err = l.GetOverride(ctx, key, "ov")
+		case 2:
+			_, err = l.DeleteOverride(ctx, key, "ov")
+		default:
+			_, err = l.ListOverrides(ctx, "ov", "", 10)
 		}
-	}
-	procs := runtime.GOMAXPROCS(0)
-	t.Logf("OS threads: %d before, %d with %d override calls in flight (GOMAXPROCS %d)", before, during, n, procs)
-	if during > procs+64 {
-		t.Fatalf("%d OS threads with %d calls in flight (%d before, GOMAXPROCS %d)", during, n, before, procs)
-	}
+		return err
+	})
+	during := osThreads(t)
+	finish()
+	fewThreads(t, before, during, n)
 }
 
 // The started override calls give the same answers as before, on the in-memory engine

@@ -26,23 +26,60 @@ func (s *redisServer) stop(t *testing.T) {
 	t.Cleanup(func() { _ = s.cmd.Process.Signal(syscall.SIGCONT) })
 }
 
-// stalledLimiter is a limiter connected to a redis-server that is then stopped, with a
-// deadline (10 s) far beyond the test's own bounds: only ctx can end its calls.
-func stalledLimiter(t *testing.T) *Limiter {
+// stalledLimiterWith is a limiter of `policies` (a JSON object) connected to a
+// redis-server that is then stopped, with a deadline (10 s) far beyond the test's own
+// bounds: only ctx can end its calls. warm runs first, while Redis answers (connections
+// made, scripts loaded), and fails the test with what it returns.
+func stalledLimiterWith(t *testing.T, policies string, warm func(ctx context.Context, l *Limiter) error) *Limiter {
 	t.Helper()
 	r := startRedis(t)
 	l, err := NewFromJSON(fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":10000,
-		"policies":{"api":{"algorithm":"fixed_window","limit":1000000,"window":"1h","on_error":"error"}}}`, r.Port))
+		"policies":%s}`, r.Port, policies))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = l.Close() })
-	// connected and its scripts loaded while Redis answers
-	if d, err := l.Check(context.Background(), "warm", "api", 1); err != nil || !d.Allowed {
-		t.Fatalf("warm-up: %+v %v", d, err)
+	if err := warm(context.Background(), l); err != nil {
+		t.Fatalf("warm-up: %v", err)
 	}
 	r.stop(t)
 	return l
+}
+
+// stalledLimiter is stalledLimiterWith one policy, "api", warmed by a check.
+func stalledLimiter(t *testing.T) *Limiter {
+	t.Helper()
+	return stalledLimiterWith(t, `{"api":{"algorithm":"fixed_window","limit":1000000,"window":"1h","on_error":"error"}}`,
+		func(ctx context.Context, l *Limiter) error {
+			if d, err := l.Check(ctx, "warm", "api", 1); err != nil || !d.Allowed {
+				return fmt.Errorf("check: %+v %v", d, err)
+			}
+			return nil
+		})
+}
+
+// cancelEachMidCall runs each call on l, cancels its ctx once it is in flight (the
+// goroutine is about to park) and requires context.Canceled within 5 s.
+func cancelEachMidCall(t *testing.T, l *Limiter, calls map[string]func(ctx context.Context) error) {
+	t.Helper()
+	for name, call := range calls {
+		started := make(chan struct{}, 1)
+		l.afterStart = func() { started <- struct{}{} }
+		ctx, cancel := context.WithCancel(context.Background())
+		res := make(chan error, 1)
+		go func() { res <- call(ctx) }()
+		<-started
+		cancel()
+		select {
+		case err := <-res:
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("%s: err %v, want context.Canceled", name, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: cancel was ignored", name)
+		}
+		l.afterStart = nil
+	}
 }
 
 // A 5 ms deadline against a stopped Redis returns context.DeadlineExceeded at about 5 ms,
@@ -68,7 +105,7 @@ func TestDeadlineAgainstStoppedRedis(t *testing.T) {
 // kind of call that waits for Redis.
 func TestCancelMidCall(t *testing.T) {
 	l := stalledLimiter(t)
-	calls := map[string]func(ctx context.Context) error{
+	cancelEachMidCall(t, l, map[string]func(ctx context.Context) error{
 		"Check":    func(ctx context.Context) error { _, err := l.Check(ctx, "k", "api", 1); return err },
 		"Peek":     func(ctx context.Context) error { _, err := l.Peek(ctx, "k", "api"); return err },
 		"Reset":    func(ctx context.Context) error { return l.Reset(ctx, "k", "api") },
@@ -76,25 +113,7 @@ func TestCancelMidCall(t *testing.T) {
 		"Block":    func(ctx context.Context) error { return l.Block(ctx, "k", time.Minute, "test") },
 		"Unblock":  func(ctx context.Context) error { _, err := l.Unblock(ctx, "k"); return err },
 		"Blocked":  func(ctx context.Context) error { _, err := l.Blocked(ctx, "k"); return err },
-	}
-	for name, call := range calls {
-		started := make(chan struct{}, 1)
-		l.afterStart = func() { started <- struct{}{} }
-		ctx, cancel := context.WithCancel(context.Background())
-		res := make(chan error, 1)
-		go func() { res <- call(ctx) }()
-		<-started // in flight: the goroutine is about to park
-		cancel()
-		select {
-		case err := <-res:
-			if !errors.Is(err, context.Canceled) {
-				t.Errorf("%s: err %v, want context.Canceled", name, err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("%s: cancel was ignored", name)
-		}
-		l.afterStart = nil
-	}
+	})
 }
 
 func osThreads(t *testing.T) int {
@@ -115,19 +134,17 @@ func osThreads(t *testing.T) int {
 	return 0
 }
 
-// inFlight starts n checks on a stalled limiter and returns once all are in flight, with
-// the function that cancels them and checks that each returned context.Canceled.
-func inFlight(t *testing.T, l *Limiter, n int) func() {
+// inFlight starts n calls (call(ctx, i) for i in 0..n) on a stalled limiter and returns
+// once all are in flight, with the function that cancels them and checks that each
+// returned context.Canceled.
+func inFlight(t *testing.T, l *Limiter, n int, call func(ctx context.Context, i int) error) func() {
 	var started sync.WaitGroup
 	started.Add(n)
 	l.afterStart = started.Done
 	ctx, cancel := context.WithCancel(context.Background())
 	errs := make(chan error, n)
 	for i := 0; i < n; i++ {
-		go func() {
-			_, err := l.Check(ctx, fmt.Sprintf("user:%d", i), "api", 1)
-			errs <- err
-		}()
+		go func() { errs <- call(ctx, i) }()
 	}
 	started.Wait()
 	return func() {
@@ -141,20 +158,35 @@ func inFlight(t *testing.T, l *Limiter, n int) func() {
 	}
 }
 
-// 1000 goroutines waiting on a stopped Redis hold no OS thread each: the process keeps
-// GOMAXPROCS plus a small constant (the library's own threads, and the few that Go adds
-// when a start call is descheduled on a loaded machine). One thread per call was 1006.
+// checks is inFlight's call for a stalledLimiter: a check of its own key each.
+func checks(l *Limiter) func(ctx context.Context, i int) error {
+	return func(ctx context.Context, i int) error {
+		_, err := l.Check(ctx, fmt.Sprintf("user:%d", i), "api", 1)
+		return err
+	}
+}
+
+// fewThreads fails unless the OS threads counted with n calls in flight (`during`) stay
+// within GOMAXPROCS plus a small constant: the library's own threads, and the few that Go
+// adds when a start call is descheduled on a loaded machine (a thread per call: n more).
+func fewThreads(t *testing.T, before, during, n int) {
+	t.Helper()
+	procs := runtime.GOMAXPROCS(0)
+	t.Logf("OS threads: %d before, %d with %d calls in flight (GOMAXPROCS %d)", before, during, n, procs)
+	if during > procs+64 {
+		t.Fatalf("%d OS threads with %d calls in flight (%d before, GOMAXPROCS %d)", during, n, before, procs)
+	}
+}
+
+// 1000 goroutines waiting on a stopped Redis hold no OS thread each (fewThreads). One
+// thread per call was 1006.
 func TestNoThreadPerCallInFlight(t *testing.T) {
 	l := stalledLimiter(t)
 	before := osThreads(t)
-	finish := inFlight(t, l, 1000)
+	finish := inFlight(t, l, 1000, checks(l))
 	during := osThreads(t)
 	finish()
-	procs := runtime.GOMAXPROCS(0)
-	t.Logf("OS threads: %d before, %d with 1000 calls in flight (GOMAXPROCS %d)", before, during, procs)
-	if during > procs+64 {
-		t.Fatalf("%d OS threads with 1000 calls in flight (%d before, GOMAXPROCS %d)", during, before, procs)
-	}
+	fewThreads(t, before, during, 1000)
 }
 
 // With debug.SetMaxThreads(100), 400 calls in flight on a stopped Redis do not kill the
@@ -164,7 +196,7 @@ func TestMaxThreadsSurvivesCallsInFlight(t *testing.T) {
 	if os.Getenv("SHARDLIMIT_MAX_THREADS_CHILD") == "1" {
 		l := stalledLimiter(t)
 		debug.SetMaxThreads(100)
-		inFlight(t, l, 400)()
+		inFlight(t, l, 400, checks(l))()
 		return
 	}
 	cmd := exec.Command(os.Args[0], "-test.run", "^TestMaxThreadsSurvivesCallsInFlight$", "-test.count=1")

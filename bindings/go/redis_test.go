@@ -26,32 +26,39 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-func ping(port int) bool {
+// rawRedis sends request (a whole command in RESP, CRLF included) to redis-server on
+// port, connecting within 1 s, and returns the connection (the caller closes it), with
+// everything on it due within d, and a reader of the reply.
+func rawRedis(port int, d time.Duration, request string) (net.Conn, *bufio.Reader, error) {
 	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+	if err != nil {
+		return nil, nil, err
+	}
+	_ = c.SetDeadline(time.Now().Add(d))
+	if _, err := c.Write([]byte(request)); err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	return c, bufio.NewReader(c), nil
+}
+
+func ping(port int) bool {
+	c, r, err := rawRedis(port, time.Second, "PING\r\n")
 	if err != nil {
 		return false
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return false
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
+	line, err := r.ReadString('\n')
 	return err == nil && strings.HasPrefix(line, "+PONG")
 }
 
 // serverPID is the process_id of the server answering on port (0 when none answers).
 func serverPID(port int) int {
-	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+	c, r, err := rawRedis(port, time.Second, "INFO server\r\n")
 	if err != nil {
 		return 0
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
-		return 0
-	}
-	r := bufio.NewReader(c)
 	for {
 		line, err := r.ReadString('\n')
 		if err != nil {

@@ -2,10 +2,13 @@
 //! the allocations of the calling thread (so the test harness's other threads do not
 //! count) while checks of keys that already have state run.
 
-use shardlimit::{Limit, Limiter, Policy, WindowOffset};
+use shardlimit::{Limit, Limiter, Policy};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::time::Duration;
+
+#[path = "../benches/fixtures/memory_policies.rs"]
+mod fixtures;
 
 struct Counting;
 
@@ -37,27 +40,8 @@ fn allocs() -> u64 {
 #[test]
 fn a_warm_memory_check_allocates_nothing() {
     let limiter = Limiter::memory();
-    let policies = [
-        Policy::new("tb", Limit::token_bucket(1_000_000, 100_000.0)).unwrap(),
-        Policy::new(
-            "fw",
-            Limit::fixed_window(1_000_000_000, Duration::from_secs(3600)),
-        )
-        .unwrap(),
-        Policy::new(
-            "sw",
-            Limit::sliding_window(1_000_000_000, Duration::from_secs(3600)),
-        )
-        .unwrap(),
-        Policy::new(
-            "fo",
-            Limit::fixed_window(1_000_000_000, Duration::from_secs(3600)),
-        )
-        .unwrap()
-        .with_window_offset(WindowOffset::PerKey)
-        .unwrap(),
-        Policy::new("tq", Limit::token_bucket(1_000_000, 300_000.0)).unwrap(),
-    ];
+    // the benchmark's policies (`benches/memory.rs`): what is measured is what is checked
+    let policies = fixtures::memory_policies().map(|(_, p)| p);
     let keys: Vec<String> = (0..100).map(|i| format!("user:{i:05}")).collect();
     // warm: each (policy, key) gets its state, each policy its counters
     for p in &policies {
@@ -75,7 +59,11 @@ fn a_warm_memory_check_allocates_nothing() {
         }
     }
     let made = allocs() - before;
-    assert_eq!(allowed, 20 * 5 * 100, "every check allowed");
+    assert_eq!(
+        allowed,
+        20 * 5 * 100,
+        "every check allowed (5 policies, 100 keys)"
+    );
     assert_eq!(made, 0, "{made} allocations in 10,000 warm checks");
     // the counting is real: a check of a new key allocates its entry
     let before = allocs();

@@ -4,19 +4,10 @@
 mod support;
 
 use shardlimit::{Layer, Lease, Limiter, Policy, Source};
-use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::RedisServer;
-
-fn cluster_ok(s: &RedisServer) -> bool {
-    let info: String = redis::cmd("CLUSTER")
-        .arg("INFO")
-        .query(&mut s.conn())
-        .unwrap_or_default();
-    info.contains("cluster_state:ok")
-}
+use support::{Cluster, RedisServer};
 
 fn wait(what: &str, f: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -26,46 +17,21 @@ fn wait(what: &str, f: impl Fn() -> bool) {
     }
 }
 
-fn create_cluster() -> Vec<RedisServer> {
-    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_cluster_node()).collect();
-    let addrs: Vec<String> = nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect();
-    let out = Command::new("redis-cli")
-        .args(["--cluster", "create"])
-        .args(&addrs)
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
-        .output()
-        .expect("redis-cli");
-    assert!(
-        out.status.success(),
-        "cluster create failed: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    wait("cluster_state:ok", || nodes.iter().all(cluster_ok));
-    nodes
-}
-
-fn limiter(nodes: &[RedisServer], timeout_ms: u64) -> Limiter {
-    let urls: Vec<String> = nodes
-        .iter()
-        .map(|n| format!("\"redis://127.0.0.1:{}\"", n.port))
-        .collect();
-    Limiter::from_json(&format!(
-        r#"{{"timeout_ms": {timeout_ms}, "cluster": {{"nodes": [{}]}}, "policies": {{
-            "api":   {{"algorithm":"token_bucket","capacity":40,"refill_per_sec":0.001,"on_error":"error"}},
-            "login": {{"algorithm":"fixed_window","limit":3,"window":"1h","on_error":"closed"}},
-            "ip":    {{"algorithm":"sliding_window","limit":100,"window":"1h","on_error":"closed"}}
-        }}}}"#,
-        urls.join(",")
+fn limiter(nodes: &Cluster, timeout_ms: u64) -> Limiter {
+    Limiter::from_json(&nodes.config(
+        timeout_ms,
+        r#"{
+            "api":   {"algorithm":"token_bucket","capacity":40,"refill_per_sec":0.001,"on_error":"error"},
+            "login": {"algorithm":"fixed_window","limit":3,"window":"1h","on_error":"closed"},
+            "ip":    {"algorithm":"sliding_window","limit":100,"window":"1h","on_error":"closed"}
+        }"#,
     ))
     .unwrap()
 }
 
 #[test]
 fn cluster_mode_end_to_end() {
-    let mut nodes = create_cluster();
+    let mut nodes = Cluster::start();
     let l = limiter(&nodes, 1000);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
@@ -213,7 +179,7 @@ fn cluster_mode_end_to_end() {
         t.elapsed()
     );
     nodes[victim].restart();
-    wait("the cluster to heal", || nodes.iter().all(cluster_ok));
+    nodes.wait_ok("the cluster to heal");
     wait("the client to recover", || {
         l.check_by_name_blocking(&format!("{victim_key}-x"), "login", 1)
             .map(|d| d.source == Source::Redis)
@@ -253,7 +219,7 @@ fn set_full_coverage(nodes: &[RedisServer], yes: bool) {
 /// backend error (the failure mode applies), not a script error.
 #[test]
 fn a_dead_primary_takes_only_its_own_slots_down() {
-    let mut nodes = create_cluster();
+    let mut nodes = Cluster::start();
     // the healthy primaries go on serving their slots while one is down
     set_full_coverage(&nodes, false);
     let l = limiter(&nodes, 300);
@@ -302,7 +268,7 @@ fn a_dead_primary_takes_only_its_own_slots_down() {
     // with full coverage required, the healthy primaries refuse every slot
     set_full_coverage(&nodes[..1], true);
     set_full_coverage(&nodes[2..], true);
-    wait("cluster_state:fail", || !cluster_ok(&nodes[0]));
+    wait("cluster_state:fail", || !nodes[0].cluster_ok());
     let e = l.check_by_name_blocking(&live_key, "api", 1).unwrap_err();
     assert!(
         e.is_backend() && e.kind() != shardlimit::ErrorKind::Script,
@@ -317,7 +283,7 @@ fn a_dead_primary_takes_only_its_own_slots_down() {
 /// its key like the checks).
 #[test]
 fn cluster_mode_costs_up_to_the_limit_and_lease_release() {
-    let nodes = create_cluster();
+    let nodes = Cluster::start();
     let l = limiter(&nodes, 1000);
     let h = Duration::from_secs(3600);
     let log = shardlimit::Policy::new("log", shardlimit::Limit::sliding_log(10_000, h))
@@ -351,7 +317,7 @@ fn release_with(limiter: &Limiter, policy: &Policy, lease: &Lease) -> shardlimit
 /// would live in another slot), so `shadow_report` says so.
 #[test]
 fn cluster_mode_shadow_checks_decide_without_counts() {
-    let nodes = create_cluster();
+    let nodes = Cluster::start();
     let l = limiter(&nodes, 1000);
     let login = l.policy("login").unwrap();
     for key in ["user:1", "{tenant}:a", "ip:9"] {
@@ -374,17 +340,13 @@ fn cluster_mode_shadow_checks_decide_without_counts() {
 
 #[test]
 fn cluster_mode_overrides_are_exact_on_the_next_check() {
-    let nodes = create_cluster();
-    let urls: Vec<String> = nodes
-        .iter()
-        .map(|n| format!("\"redis://127.0.0.1:{}\"", n.port))
-        .collect();
+    let nodes = Cluster::start();
     let make = || {
-        Limiter::from_json(&format!(
-            r#"{{"timeout_ms": 1000, "cluster": {{"nodes": [{}]}}, "policies": {{
-                "api": {{"algorithm":"fixed_window","limit":3,"window":"1h","on_error":"error","overrides":true}}
-            }}}}"#,
-            urls.join(",")
+        Limiter::from_json(&nodes.config(
+            1000,
+            r#"{
+                "api": {"algorithm":"fixed_window","limit":3,"window":"1h","on_error":"error","overrides":true}
+            }"#,
         ))
         .unwrap()
     };

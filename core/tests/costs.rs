@@ -176,7 +176,7 @@ fn every_cost_up_to_the_limit_on_every_algorithm_engines_agree() {
                 let mut got_leases = Vec::new();
                 for (limiter, clock) in &pair {
                     clock.set_us(t);
-                    let before = redis_cpu_us(&server);
+                    let before = server.main_thread_cpu_us();
                     if op == 0 {
                         got.push(fields(&limiter.peek_blocking(key, &p).unwrap()));
                     } else if op == 1
@@ -194,7 +194,7 @@ fn every_cost_up_to_the_limit_on_every_algorithm_engines_agree() {
                         got_leases.push(lease);
                         got.push(fields(&d));
                     }
-                    let cpu = redis_cpu_us(&server).saturating_sub(before);
+                    let cpu = server.main_thread_cpu_us().saturating_sub(before);
                     if got.len() == 1 && cpu > worst.0 {
                         worst = (cpu, format!("{} limit {limit} step {step}", p.name()));
                     }
@@ -216,29 +216,12 @@ fn every_cost_up_to_the_limit_on_every_algorithm_engines_agree() {
     assert!(worst.0 < CALL_BUDGET_US, "{worst:?}");
 }
 
-/// CPU time Redis's main thread has used (µs), from `INFO cpu`: the server's own account of
-/// the work commands cost it, which time spent waiting for a CPU (the test machine is
-/// shared) does not inflate, unlike SLOWLOG's wall-clock durations.
-fn redis_cpu_us(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query(&mut server.conn())
-        .unwrap();
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap()
-    };
-    ((field("used_cpu_sys_main_thread:") + field("used_cpu_user_main_thread:")) * 1e6) as u64
-}
-
 /// Runs `f` (one call to Redis) and returns its result with the main-thread CPU time it
 /// cost Redis, less the `INFO cpu` that reads the clock (measured on an idle server).
 fn cpu_of<T>(server: &RedisServer, f: impl FnOnce() -> T) -> (T, u64) {
-    let before = redis_cpu_us(server);
+    let before = server.main_thread_cpu_us();
     let r = f();
-    (r, redis_cpu_us(server).saturating_sub(before))
+    (r, server.main_thread_cpu_us().saturating_sub(before))
 }
 
 /// The tests of this file run one at a time: those that measure Redis's CPU per call saw

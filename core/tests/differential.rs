@@ -428,15 +428,7 @@ impl Engines {
 
     /// EVALSHA and EVAL calls the server has run so far.
     fn script_calls(&self) -> u64 {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query(&mut self.server.conn())
-            .unwrap();
-        ["cmdstat_evalsha:calls=", "cmdstat_eval:calls="]
-            .iter()
-            .filter_map(|p| info.lines().find_map(|l| l.strip_prefix(p)))
-            .map(|rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
-            .sum()
+        self.server.script_calls()
     }
 }
 

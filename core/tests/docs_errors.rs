@@ -156,9 +156,58 @@ struct Run {
     open_ended: bool,
 }
 
+/// `text` without its parentheticals, and the inside of each (without the parentheticals
+/// nested in it): (byte offset in `text`, piece). What a piece leaves out, the
+/// parentheses included, is spaces, one per byte, but newlines stay, so that offsets and
+/// lines are those of `text`. A `(` never closed runs to the end; a `)` never opened stays.
+fn without_parentheticals(text: &str) -> Vec<(usize, String)> {
+    let mut done = Vec::new();
+    // the text outside, then each parenthetical open at this point
+    let mut open = vec![(0, String::new())];
+    for (i, c) in text.char_indices() {
+        let closes = c == ')' && open.len() > 1;
+        let top = open.len() - 1;
+        for (depth, (_, piece)) in open.iter_mut().enumerate() {
+            if depth == top && c != '(' && !closes || c == '\n' {
+                piece.push(c);
+            } else {
+                piece.extend(std::iter::repeat_n(' ', c.len_utf8()));
+            }
+        }
+        if c == '(' {
+            open.push((i + 1, String::new()));
+        } else if closes {
+            done.extend(open.pop());
+        }
+    }
+    done.extend(open);
+    done
+}
+
 /// Every run of kind names in `text`, joined across comment line breaks and
-/// parentheticals.
+/// parentheticals (a list goes on after one, and a list inside one is a run of its own),
+/// in the order they start.
 fn runs(text: &str, kinds: &[Kind]) -> Vec<Run> {
+    let newlines: Vec<usize> = text.match_indices('\n').map(|(i, _)| i).collect();
+    let mut out: Vec<(usize, Run)> = without_parentheticals(text)
+        .into_iter()
+        .flat_map(|(offset, piece)| {
+            runs_in(&piece, kinds)
+                .into_iter()
+                .map(move |(start, run)| (offset + start, run))
+        })
+        .map(|(start, mut run)| {
+            run.line = newlines.partition_point(|&n| n < start) + 1;
+            (start, run)
+        })
+        .collect();
+    out.sort_by_key(|(start, _)| *start);
+    out.into_iter().map(|(_, run)| run).collect()
+}
+
+/// The runs of kind names in a piece without parentheses, each with its byte offset there
+/// (`runs` sets their lines).
+fn runs_in(text: &str, kinds: &[Kind]) -> Vec<(usize, Run)> {
     // (word, start, end) of every identifier-like word
     let bytes = text.as_bytes();
     let mut words = Vec::new();
@@ -178,20 +227,14 @@ fn runs(text: &str, kinds: &[Kind]) -> Vec<Run> {
             i += 1;
         }
     }
-    // a gap that keeps a run going: separators, quotes, comment markers at line starts, and
-    // one parenthetical
-    let joins = |gap: &str| -> bool {
-        let mut depth = 0;
-        for c in gap.chars() {
-            match c {
-                '(' => depth += 1,
-                ')' if depth > 0 => depth -= 1,
-                _ if depth > 0 => {}
-                ',' | '/' | ' ' | '\t' | '\n' | '`' | '"' | '\'' | '|' | '#' | '*' => {}
-                _ => return false,
-            }
-        }
-        depth == 0
+    // a gap that keeps a run going: separators, quotes, comment markers at line starts
+    let joins = |gap: &str| {
+        gap.chars().all(|c| {
+            matches!(
+                c,
+                ',' | '/' | ' ' | '\t' | '\n' | '`' | '"' | '\'' | '|' | '#' | '*'
+            )
+        })
     };
     let mut out = Vec::new();
     let mut w = 0;
@@ -200,44 +243,17 @@ fn runs(text: &str, kinds: &[Kind]) -> Vec<Run> {
             w += 1;
             continue;
         }
-        let first = w;
-        let mut last = w;
-        let mut through = w;
-        let mut j = w + 1;
-        while j < words.len() {
-            let gap = &text[words[j - 1].2..words[j].1];
-            // a parenthetical's words are skipped: find where it closes
-            if !joins(gap) && !gap.contains('(') {
+        let (first, mut last, mut through) = (w, w, w);
+        for j in w + 1..words.len() {
+            if !joins(&text[words[j - 1].2..words[j].1]) {
                 break;
             }
-            if gap.contains('(') && !joins(gap) {
-                // words inside "( ... )": skip to the word after the closing paren
-                let mut k = j;
-                let mut depth = gap.matches('(').count() - gap.matches(')').count();
-                while k < words.len() && depth > 0 {
-                    let g = &text[words[k].2..words.get(k + 1).map_or(text.len(), |n| n.1)];
-                    depth += g.matches('(').count();
-                    depth -= g.matches(')').count().min(depth);
-                    k += 1;
-                }
-                if k >= words.len() {
-                    break;
-                }
-                let after = &text[words[k - 1].2..words[k].1];
-                let tail = after.rsplit(')').next().unwrap_or("");
-                if !joins(tail) {
-                    break;
-                }
-                j = k;
-            }
-            let word = words[j].0;
-            if kind_of(word, kinds).is_some() {
+            if kind_of(words[j].0, kinds).is_some() {
                 last = j;
-            } else if !filler(word) {
+            } else if !filler(words[j].0) {
                 break;
             }
             through = j;
-            j += 1;
         }
         let (start, end) = (words[first].1, words[last].2);
         let backend = words[first..=last]
@@ -246,15 +262,16 @@ fn runs(text: &str, kinds: &[Kind]) -> Vec<Run> {
             .filter(|k| kinds.iter().any(|x| x.backend && &x.name == k))
             .collect();
         let rest = text[words[through].2..].trim_start_matches(['`', '"', '\'', ')', ',', ' ']);
-        out.push(Run {
-            line: text[..start].matches('\n').count() + 1,
+        let run = Run {
+            line: 0,
             text: text[start..end]
                 .split_whitespace()
                 .collect::<Vec<_>>()
                 .join(" "),
             backend,
             open_ended: rest.starts_with("...") || rest.starts_with('…'),
-        });
+        };
+        out.push((start, run));
         w = last + 1;
     }
     out
@@ -309,6 +326,21 @@ fn the_scanner_sees_lists_across_comment_lines_and_parentheses() {
         lists,
         vec![(1, 4, false), (3, 3, false), (4, 3, true), (5, 2, true)]
     );
+}
+
+#[test]
+fn a_parenthetical_nested_unclosed_or_never_opened() {
+    let kinds = kinds();
+    // a list goes on past a parenthetical with one nested in it; a `)` never opened ends a
+    // list; a `(` never closed holds a list of its own
+    let text = "CONNECTION (a (nested) note), TIMEOUT, SCRIPT, UNAVAILABLE.\n\
+                TIMEOUT) SCRIPT\n\
+                see (CONNECTION, TIMEOUT\n";
+    let lists: Vec<(usize, usize)> = runs(text, &kinds)
+        .iter()
+        .map(|r| (r.line, r.backend.len()))
+        .collect();
+    assert_eq!(lists, vec![(1, 4), (2, 1), (2, 1), (3, 2)]);
 }
 
 /// The names in the first column of the table whose header line is `header`.

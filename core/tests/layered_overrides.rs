@@ -9,7 +9,7 @@ mod support;
 use shardlimit::routing::shard_index;
 use shardlimit::{Config, Layer, Limiter, ManualClock};
 use std::sync::Arc;
-use support::RedisServer;
+use support::{Cluster, RedisServer};
 
 const T0: u64 = 1_700_000_000_000_000;
 
@@ -193,45 +193,9 @@ fn sixty_four_concurrent_layered_callers_stay_exact() {
 /// its version compared in its slot's call, no CROSSSLOT.
 #[test]
 fn cluster_mode_layered_checks_follow_overrides() {
-    use std::process::Command;
-    use std::time::{Duration, Instant};
-    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_cluster_node()).collect();
-    let addrs: Vec<String> = nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect();
-    let out = Command::new("redis-cli")
-        .args(["--cluster", "create"])
-        .args(&addrs)
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
-        .output()
-        .expect("redis-cli");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !nodes.iter().all(|n| {
-        let info: String = redis::cmd("CLUSTER")
-            .arg("INFO")
-            .query(&mut n.conn())
-            .unwrap_or_default();
-        info.contains("cluster_state:ok")
-    }) {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for the cluster"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let urls: Vec<String> = addrs.iter().map(|a| format!("\"redis://{a}\"")).collect();
+    let nodes = Cluster::start();
     let make = || {
-        let l = Limiter::from_json(&format!(
-            r#"{{"timeout_ms": 2000, "cluster": {{"nodes": [{}]}}, "policies": {POLICIES}}}"#,
-            urls.join(",")
-        ))
-        .unwrap();
+        let l = Limiter::from_json(&nodes.config(2000, POLICIES)).unwrap();
         l.with_clock(ManualClock::new(T0)).unwrap()
     };
     let (a, b) = (make(), make());

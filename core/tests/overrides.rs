@@ -286,22 +286,7 @@ fn sixty_four_checks_racing_an_override_change_stay_exact() {
         // every check was decided by the old limit or the new one, never a mix: each
         // admitted unit took the counter one higher, and the limit it was decided with
         // allowed that count
-        let mut counts = Vec::new();
-        for d in &ds {
-            assert!(d.limit == *from || d.limit == *to, "{d:?}");
-            assert_eq!(d.source, Source::Redis);
-            if d.allowed {
-                let count = d.limit - d.remaining;
-                assert!(count <= d.limit, "{d:?}");
-                counts.push(count);
-            } else {
-                assert_eq!(d.remaining, 0, "{d:?}");
-            }
-        }
-        counts.sort_unstable();
-        let n = counts.len() as u64;
-        assert_eq!(counts, (1..=n).collect::<Vec<_>>(), "each count once");
-        assert!(n >= *from.min(to) && n <= *from.max(to), "{n} admitted");
+        support::assert_decided_by_one_limit(&ds, *from, *to, Source::Redis);
         // after set_override returned, no check uses the old limit, in either limiter
         for l in [&a, &b] {
             let p = l.policy("api").unwrap();

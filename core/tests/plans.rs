@@ -302,17 +302,7 @@ fn one_script_call_per_check_on_redis() {
         .unwrap();
     let p = l.policy("api").unwrap();
     l.check_blocking("warm", &p, 1).unwrap(); // loads the script
-    let calls = || -> u64 {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query(&mut server.conn())
-            .unwrap();
-        ["cmdstat_evalsha:calls=", "cmdstat_eval:calls="]
-            .iter()
-            .filter_map(|p| info.lines().find_map(|l| l.strip_prefix(p)))
-            .map(|rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
-            .sum()
-    };
+    let calls = || server.script_calls();
     let before = calls();
     for _ in 0..7 {
         l.check_blocking("u", &p, 1).unwrap();

@@ -227,18 +227,6 @@ fn a_burst_of_spawned_calls_leaves_in_one_write() {
     assert!(reads <= 8, "{reads} reads for a burst of 64 checks");
 }
 
-fn evalsha_calls(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.conn())
-        .unwrap();
-    ["cmdstat_evalsha:calls=", "cmdstat_eval:calls="]
-        .iter()
-        .filter_map(|p| info.lines().find_map(|l| l.strip_prefix(p)))
-        .map(|rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
-        .sum()
-}
-
 /// A burst's checks go out as one batch script call per algorithm, and every check still
 /// gets its own exact answer: a check whose key holds the wrong type gets its own error,
 /// and the checks batched with it are unaffected. After SCRIPT FLUSH the batch is sent
@@ -285,11 +273,11 @@ fn a_burst_of_checks_runs_as_batch_calls_with_answers_of_their_own() {
                 let _ = tx.send((i, key, l.check(key, &p, 1).await));
             });
         }
-        let before = evalsha_calls(&server);
+        let before = server.script_calls();
         hold_tx.send(()).unwrap();
         let mut out: Vec<_> = (0..n).map(|_| rx.recv().unwrap()).collect();
         out.sort_by_key(|(i, _, _)| *i);
-        (out, evalsha_calls(&server) - before)
+        (out, server.script_calls() - before)
     };
     let burst = || {
         let mut checks = Vec::new();

@@ -61,8 +61,9 @@ fn wait(what: &str, f: impl Fn() -> bool) {
     }
 }
 
-#[test]
-fn sentinel_shard_follows_failover() {
+/// What a failover needs: a primary, its replica (in sync) and a Sentinel watching the
+/// primary that has seen the replica.
+fn primary_replica_sentinel() -> (RedisServer, RedisServer, Sentinel) {
     let primary = RedisServer::start();
     let replica = RedisServer::start_with(
         free_port(),
@@ -73,7 +74,6 @@ fn sentinel_shard_follows_failover() {
         ],
     );
     let s = sentinel(primary.port);
-    let sport = s.1;
     wait("the replica to sync", || {
         let info: String = redis::cmd("INFO")
             .arg("replication")
@@ -82,10 +82,17 @@ fn sentinel_shard_follows_failover() {
         info.contains("master_link_status:up")
     });
     wait("the sentinel to see the replica", || {
-        sentinel_cmd::<Vec<redis::Value>>(sport, &["SENTINEL", "REPLICAS", "mymaster"])
+        sentinel_cmd::<Vec<redis::Value>>(s.1, &["SENTINEL", "REPLICAS", "mymaster"])
             .map(|r| !r.is_empty())
             .unwrap_or(false)
     });
+    (primary, replica, s)
+}
+
+#[test]
+fn sentinel_shard_follows_failover() {
+    let (primary, replica, s) = primary_replica_sentinel();
+    let sport = s.1;
 
     let l = Limiter::from_json(&format!(
         r#"{{"timeout_ms": 500, "shards": [{{"name": "ha", "sentinel": {{"nodes": ["127.0.0.1:{sport}"], "master": "mymaster"}}}}],
@@ -233,29 +240,8 @@ fn sentinel_shard_logs_in_to_the_sentinel_and_the_primary() {
 /// (`+switch-master`): checks made from 300 ms after the report on land on the new primary.
 #[test]
 fn sentinel_shard_follows_the_switch_as_sentinel_reports_it() {
-    let primary = RedisServer::start();
-    let replica = RedisServer::start_with(
-        free_port(),
-        vec![
-            "--replicaof".into(),
-            "127.0.0.1".into(),
-            primary.port.to_string(),
-        ],
-    );
-    let s = sentinel(primary.port);
+    let (primary, replica, s) = primary_replica_sentinel();
     let sport = s.1;
-    wait("the replica to sync", || {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query(&mut replica.conn())
-            .unwrap_or_default();
-        info.contains("master_link_status:up")
-    });
-    wait("the sentinel to see the replica", || {
-        sentinel_cmd::<Vec<redis::Value>>(sport, &["SENTINEL", "REPLICAS", "mymaster"])
-            .map(|r| !r.is_empty())
-            .unwrap_or(false)
-    });
     let l = Limiter::from_json(&format!(
         r#"{{"timeout_ms": 300, "shards": [{{"name": "ha", "sentinel": {{"nodes": ["127.0.0.1:{sport}"], "master": "mymaster"}}}}],
             "policies": {{"api": {{"algorithm": "fixed_window", "limit": 1000000, "window": "1h", "on_error": "open"}}}}}}"#

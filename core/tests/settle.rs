@@ -40,6 +40,27 @@ fn policies() -> Vec<Policy> {
     .collect()
 }
 
+/// 64 threads at once on one key of `p`, each reserving 10 units, settling at 0..=16
+/// (refunds and excess charges), then charging 3 and refunding 1: the units they used in
+/// all.
+fn sixty_four_settlers(l: &Limiter, p: &Policy) -> u64 {
+    let tasks: Vec<_> = (0..64u64)
+        .map(|i| {
+            let (l, p) = (l.clone(), p.clone());
+            std::thread::spawn(move || -> u64 {
+                let (d, r) = l.reserve_blocking("hot", &p, 10).unwrap();
+                assert!(d.allowed);
+                let actual = i % 17;
+                l.settle_with_blocking(&p, &r.unwrap(), actual).unwrap();
+                l.charge_blocking("hot", &p, 3).unwrap();
+                l.refund_blocking("hot", &p, 1).unwrap();
+                actual + 3 - 1
+            })
+        })
+        .collect();
+    tasks.into_iter().map(|t| t.join().unwrap()).sum()
+}
+
 fn us(d: Option<Duration>) -> Option<u64> {
     d.map(|d| d.as_micros() as u64)
 }
@@ -336,40 +357,11 @@ fn sixty_four_concurrent_settles_and_charges_keep_the_books_exact() {
     for (engine, l, _clock) in engines(&server) {
         for (name, lim) in &all {
             let p = Policy::new(name, lim.clone()).unwrap();
-            let tasks: Vec<_> = (0..64u64)
-                .map(|i| {
-                    let (l, p) = (l.clone(), p.clone());
-                    std::thread::spawn(move || -> u64 {
-                        let (d, r) = l.reserve_blocking("hot", &p, 10).unwrap();
-                        assert!(d.allowed);
-                        let actual = i % 17; // 0..=16: refunds and excess charges
-                        l.settle_with_blocking(&p, &r.unwrap(), actual).unwrap();
-                        l.charge_blocking("hot", &p, 3).unwrap();
-                        l.refund_blocking("hot", &p, 1).unwrap();
-                        actual + 3 - 1
-                    })
-                })
-                .collect();
-            let used: u64 = tasks.into_iter().map(|t| t.join().unwrap()).sum();
+            let used = sixty_four_settlers(&l, &p);
             let d = l.peek_blocking("hot", &p).unwrap();
             assert_eq!(d.remaining, limit - used, "{engine}, {name}: {d:?}");
         }
     }
-}
-
-/// CPU time Redis's main thread has used (µs), from `INFO cpu` (as `costs.rs` measures).
-fn redis_cpu_us(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query(&mut server.conn())
-        .unwrap();
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap()
-    };
-    ((field("used_cpu_sys_main_thread:") + field("used_cpu_user_main_thread:")) * 1e6) as u64
 }
 
 /// The most a sliding-log settle rewrites: 256 later entries renumbered (beyond, the units
@@ -388,10 +380,10 @@ fn a_sliding_log_settle_rewrites_at_most_256_later_entries_within_a_few_ms() {
             for _ in 0..later {
                 assert!(l.check_blocking("k", &p, 1).unwrap().allowed);
             }
-            let before = (engine == "redis").then(|| redis_cpu_us(&server));
+            let before = (engine == "redis").then(|| server.main_thread_cpu_us());
             let d = l.settle_with_blocking(&p, &r.unwrap(), 0).unwrap();
             if let Some(before) = before {
-                let cpu = redis_cpu_us(&server) - before;
+                let cpu = server.main_thread_cpu_us() - before;
                 eprintln!("settle with {later} later entries: {cpu} µs of Redis CPU");
                 assert!(cpu < 5_000, "{cpu} µs");
                 out.push(cpu);
@@ -769,21 +761,7 @@ fn sixty_four_concurrent_settles_keep_multi_limit_and_exact_books() {
             l.charge_blocking("hot", &p, 1_000_000.min(limit / 2))
                 .unwrap();
             let before = limit - 1_000_000.min(limit / 2);
-            let tasks: Vec<_> = (0..64u64)
-                .map(|i| {
-                    let (l, p) = (l.clone(), p.clone());
-                    std::thread::spawn(move || -> u64 {
-                        let (d, r) = l.reserve_blocking("hot", &p, 10).unwrap();
-                        assert!(d.allowed);
-                        let actual = i % 17; // 0..=16: refunds and excess charges
-                        l.settle_with_blocking(&p, &r.unwrap(), actual).unwrap();
-                        l.charge_blocking("hot", &p, 3).unwrap();
-                        l.refund_blocking("hot", &p, 1).unwrap();
-                        actual + 3 - 1
-                    })
-                })
-                .collect();
-            let used: u64 = tasks.into_iter().map(|t| t.join().unwrap()).sum();
+            let used = sixty_four_settlers(&l, &p);
             let d = l.peek_blocking("hot", &p).unwrap();
             let at = format!("{engine}, {at}");
             assert_eq!(d.limit_index, index, "{at}: {d:?}");

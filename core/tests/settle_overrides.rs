@@ -201,22 +201,7 @@ fn sixty_four_checks_racing_an_override_change_in_memory_stay_exact() {
             .unwrap();
             checks.into_iter().map(|c| c.join().unwrap()).collect()
         });
-        let mut counts = Vec::new();
-        for d in &ds {
-            assert!(d.limit == *from || d.limit == *to, "{d:?}");
-            assert_eq!(d.source, Source::Memory);
-            if d.allowed {
-                let count = d.limit - d.remaining;
-                assert!(count <= d.limit, "{d:?}");
-                counts.push(count);
-            } else {
-                assert_eq!(d.remaining, 0, "{d:?}");
-            }
-        }
-        counts.sort_unstable();
-        let n = counts.len() as u64;
-        assert_eq!(counts, (1..=n).collect::<Vec<_>>(), "each count once");
-        assert!(n >= *from.min(to) && n <= *from.max(to), "{n} admitted");
+        support::assert_decided_by_one_limit(&ds, *from, *to, Source::Memory);
         assert_eq!(l.check_blocking(&key, &p, 1).unwrap().limit, *to);
     }
 }

@@ -202,7 +202,7 @@ fn shadow_counts_in_redis_are_read_across_limiters_and_shards() {
     {
         let (w, _) = redis(&[&a, &b], policies);
         w.connect_blocking(Duration::from_secs(5)).unwrap(); // loads every script
-        let calls_before = script_calls(&a) + script_calls(&b);
+        let calls_before = a.script_calls() + b.script_calls();
         for (i, k) in keys.iter().enumerate() {
             // key i: 1 allowed, then i % 3 shadow denials
             for _ in 0..=(i % 3) {
@@ -211,7 +211,7 @@ fn shadow_counts_in_redis_are_read_across_limiters_and_shards() {
         }
         let checks: u64 = (0..keys.len()).map(|i| 1 + (i % 3) as u64).sum();
         // one script call per check (no second command counts the denial)
-        assert_eq!(script_calls(&a) + script_calls(&b) - calls_before, checks);
+        assert_eq!(a.script_calls() + b.script_calls() - calls_before, checks);
     }
     let (r, _) = redis(&[&a, &b], policies);
     let report = r.shadow_report_blocking("p", None).unwrap();
@@ -243,18 +243,6 @@ fn shadow_counts_in_redis_are_read_across_limiters_and_shards() {
     let none = r.shadow_report_blocking("other", None).unwrap();
     assert_eq!((none.total, none.keys.len()), (0, 0));
     assert!(r.shadow_report_blocking("bad:name", None).is_err());
-}
-
-fn script_calls(s: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut s.conn())
-        .unwrap();
-    ["cmdstat_evalsha:calls=", "cmdstat_eval:calls="]
-        .iter()
-        .filter_map(|p| info.lines().find_map(|l| l.strip_prefix(p)))
-        .map(|rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
-        .sum()
 }
 
 /// At most 1000 keys per policy per shard (per policy in memory); the denials of further

@@ -193,15 +193,7 @@ impl Replay<'_> {
     }
 
     fn script_calls(&self) -> u64 {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query(&mut self.server.unwrap().conn())
-            .unwrap();
-        ["cmdstat_evalsha:calls=", "cmdstat_eval:calls="]
-            .iter()
-            .filter_map(|p| info.lines().find_map(|l| l.strip_prefix(p)))
-            .map(|rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
-            .sum()
+        self.server.unwrap().script_calls()
     }
 
     /// `calls` issued together on the I/O runtime; checks that they went as one batch

@@ -13,12 +13,11 @@
 //! each subscription is a bounded queue: when it is full, later events are dropped and
 //! counted (`shardlimit_subscription_dropped`), as the Rust side does for its stream.
 
+use super::queue::{capacity_arg, fill, BoundedQueue, Fanout};
 use super::*;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use shardlimit::Event;
-use std::collections::VecDeque;
-use std::sync::{OnceLock, Weak};
-use std::time::Instant;
+use std::sync::OnceLock;
 
 /// The kind of an event (`shardlimit_event.kind`).
 #[repr(u32)]
@@ -112,7 +111,7 @@ pub struct shardlimit_event {
 /// caller; free it with `shardlimit_subscription_free()`, which wakes any thread waiting
 /// in `_next` (it returns CLOSED). Thread-safe.
 pub struct shardlimit_subscription {
-    queue: Arc<Queue>,
+    queue: Arc<BoundedQueue<Event>>,
 }
 
 /// Watches a configuration file for `shardlimit_watch_config()`. An opaque handle owned by
@@ -128,79 +127,20 @@ impl Object for shardlimit_watcher {
     const TAG: Tag = Tag::Watcher;
 }
 
-struct QueueState {
-    events: VecDeque<Event>,
-    /// Freed by the caller, or the limiter is gone: no more events will come.
-    closed: bool,
-    dropped: u64,
-}
-
-struct Queue {
-    state: Mutex<QueueState>,
-    ready: Condvar,
-    capacity: usize,
-    /// `shardlimit_subscription_set_notify()`'s callback.
-    notify: notify::Notify,
-}
-
-impl Queue {
-    fn push(&self, e: &Event) {
-        let mut s = self.state.lock();
-        if s.closed {
-            return;
-        }
-        if s.events.len() >= self.capacity {
-            s.dropped += 1;
-            return;
-        }
-        s.events.push_back(e.clone());
-        if s.events.len() == 1 {
-            self.notify.fire();
-        }
-        drop(s);
-        self.ready.notify_one();
-    }
-    fn close(&self) {
-        let mut s = self.state.lock();
-        if !s.closed {
-            s.closed = true;
-            self.notify.fire();
-        }
-        drop(s);
-        self.ready.notify_all();
-    }
-}
-
-/// The subscriptions of one limiter, fed by one core subscriber.
-#[derive(Default)]
-pub(crate) struct Fanout {
-    queues: Mutex<Vec<Weak<Queue>>>,
-}
-
-impl Fanout {
-    fn emit(&self, e: &Event) {
-        for q in self.queues.lock().iter().filter_map(Weak::upgrade) {
-            q.push(e);
-        }
-    }
-}
-
 /// Held only by the core subscriber: when the core limiter is gone (its last handle freed
 /// and its last call returned), this drops and every subscription is closed.
-struct Feed(Arc<Fanout>);
+struct Feed(Arc<Fanout<Event>>);
 
 impl Drop for Feed {
     fn drop(&mut self) {
-        for q in self.0.queues.lock().drain(..).filter_map(|w| w.upgrade()) {
-            q.close();
-        }
+        self.0.close_all();
     }
 }
 
 /// The fan-out of a limiter handle, made (and subscribed to the core) on first use.
-pub(crate) type FanoutCell = OnceLock<Arc<Fanout>>;
+pub(crate) type FanoutCell = OnceLock<Arc<Fanout<Event>>>;
 
-fn fanout(l: &shardlimit_limiter) -> Arc<Fanout> {
+fn fanout(l: &shardlimit_limiter) -> Arc<Fanout<Event>> {
     l.fanout
         .get_or_init(|| {
             let f = Arc::new(Fanout::default());
@@ -210,18 +150,6 @@ fn fanout(l: &shardlimit_limiter) -> Arc<Fanout> {
             f
         })
         .clone()
-}
-
-fn fill(dst: &mut [c_char], src: &str) -> (usize, bool) {
-    let mut n = src.len().min(dst.len() - 1);
-    while !src.is_char_boundary(n) {
-        n -= 1;
-    }
-    for (d, b) in dst.iter_mut().zip(&src.as_bytes()[..n]) {
-        *d = *b as c_char;
-    }
-    dst[n] = 0;
-    (n, n < src.len())
 }
 
 fn us(t: Duration) -> u64 {
@@ -376,29 +304,9 @@ pub unsafe extern "C" fn shardlimit_subscribe(
 ) -> shardlimit_result {
     guard(err, || {
         let l = live("limiter", limiter)?;
-        if capacity > SHARDLIMIT_MAX_EVENT_CAPACITY {
-            return Err(invalid(
-                "capacity",
-                format!("is {capacity}; at most {SHARDLIMIT_MAX_EVENT_CAPACITY} events"),
-            ));
-        }
+        let capacity = capacity_arg(capacity, 1024, SHARDLIMIT_MAX_EVENT_CAPACITY, "events")?;
         let out = out_arg("out", out)?;
-        let queue = Arc::new(Queue {
-            state: Mutex::new(QueueState {
-                events: VecDeque::new(),
-                closed: false,
-                dropped: 0,
-            }),
-            ready: Condvar::new(),
-            capacity: if capacity == 0 { 1024 } else { capacity },
-            notify: Default::default(),
-        });
-        let f = fanout(&l);
-        {
-            let mut qs = f.queues.lock();
-            qs.retain(|w| w.strong_count() > 0);
-            qs.push(Arc::downgrade(&queue));
-        }
+        let queue = fanout(&l).subscribe(capacity);
         *out = register(shardlimit_subscription { queue })?;
         Ok(())
     })
@@ -423,42 +331,7 @@ pub unsafe extern "C" fn shardlimit_subscription_next(
         let sub = live("subscription", subscription)?;
         let out_got = out_arg("out_got", out_got)?;
         let out = out_arg("out", out)?;
-        let closed = || Error {
-            code: SHARDLIMIT_ERR_CLOSED,
-            message: "`subscription`: closed (freed, or its limiter is gone)".to_string(),
-        };
-        let q = &sub.queue;
-        let mut s = q.state.lock();
-        let wait = !pending::in_callback() && timeout_us > 0;
-        let deadline = Instant::now().checked_add(Duration::from_micros(timeout_us));
-        loop {
-            if let Some(e) = s.events.pop_front() {
-                drop(s);
-                let c = event_to_c(&e)?;
-                out.write(c);
-                *out_got = true;
-                return Ok(());
-            }
-            if s.closed {
-                return Err(closed());
-            }
-            if !wait {
-                break;
-            }
-            match deadline {
-                Some(d) => {
-                    if q.ready.wait_until(&mut s, d).timed_out() && s.events.is_empty() {
-                        if s.closed {
-                            return Err(closed());
-                        }
-                        break;
-                    }
-                }
-                None => q.ready.wait(&mut s),
-            }
-        }
-        *out_got = false;
-        Ok(())
+        sub.queue.next_into(timeout_us, out_got, out, event_to_c)
     })
 }
 
@@ -469,7 +342,7 @@ pub unsafe extern "C" fn shardlimit_subscription_dropped(
     subscription: *const shardlimit_subscription,
 ) -> u64 {
     quiet(0, || {
-        live("subscription", subscription).map_or(0, |s| s.queue.state.lock().dropped)
+        live("subscription", subscription).map_or(0, |s| s.queue.dropped())
     })
 }
 
@@ -481,8 +354,7 @@ pub unsafe extern "C" fn shardlimit_subscription_free(subscription: *mut shardli
     quiet((), || {
         if let Some(obj) = unregister(subscription) {
             if let Ok(s) = obj.downcast::<shardlimit_subscription>() {
-                s.queue.close();
-                s.queue.state.lock().events = VecDeque::new();
+                s.queue.close_and_discard();
             }
         }
     })
@@ -504,16 +376,9 @@ pub unsafe extern "C" fn shardlimit_subscription_set_notify(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let sub = live("subscription", subscription)?;
-        let f = notify::notify_arg(callback)?;
-        let s = sub.queue.state.lock();
-        if !sub.queue.notify.set(f, user) {
-            return Err(notify::notify_set_twice());
-        }
-        if !s.events.is_empty() || s.closed {
-            sub.queue.notify.fire();
-        }
-        Ok(())
+        live("subscription", subscription)?
+            .queue
+            .set_notify(callback, user)
     })
 }
 
@@ -674,42 +539,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn detail_is_cut_at_a_character_and_says_so() {
-        let mut buf = [1 as c_char; 8];
-        // 7 bytes fit before the NUL; the 4-byte character at 6..10 does not
-        let (n, cut) = fill(&mut buf, "abcdef\u{1F600}");
-        assert_eq!((n, cut), (6, true));
-        assert_eq!(buf[6], 0);
-        let (n, cut) = fill(&mut buf, "abc");
-        assert_eq!((n, cut), (3, false));
-        assert_eq!(buf[3], 0);
-    }
-
-    #[test]
-    fn a_full_queue_counts_what_it_drops_and_a_closed_one_takes_nothing() {
-        let q = Queue {
-            state: Mutex::new(QueueState {
-                events: VecDeque::new(),
-                closed: false,
-                dropped: 0,
-            }),
-            ready: Condvar::new(),
-            capacity: 2,
-            notify: Default::default(),
-        };
+    fn a_circuit_event_reaches_c_with_its_shard() {
         let e = Event::Circuit {
             shard: "s0".to_string(),
             state: shardlimit::CircuitState::Open,
         };
-        for _ in 0..5 {
-            q.push(&e);
-        }
-        assert_eq!(q.state.lock().events.len(), 2);
-        assert_eq!(q.state.lock().dropped, 3);
-        q.close();
-        q.state.lock().events.clear();
-        q.push(&e);
-        assert!(q.state.lock().events.is_empty());
         let c = event_to_c(&e).unwrap();
         assert_eq!(
             c.kind,

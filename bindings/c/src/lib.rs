@@ -911,9 +911,7 @@ unsafe fn decide_blocking(
     call: fn(&Limiter, &str, &Policy, u64) -> shardlimit::Result<Decision>,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = blocking_limiter_arg(limiter)?;
-        let key = key_arg(key, key_len)?;
-        let p = policy_arg(policy)?;
+        let (l, key, p) = keyed_args(Form::Blocking, limiter, key, key_len, policy)?;
         let out = out_arg("out", out)?;
         let d = decision_to_c(&call(&l, key, &p, cost)?)?;
         out.write(d);
@@ -1530,9 +1528,8 @@ pub unsafe extern "C" fn shardlimit_check_named(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = blocking_limiter_arg(limiter)?;
-        let key = key_arg(key, key_len)?;
-        let policy = policy_name_arg(policy, policy_len)?;
+        let (l, key, policy) =
+            named_args(Form::Blocking, limiter, key, key_len, policy, policy_len)?;
         let out = out_arg("out", out)?;
         let d = decision_to_c(&l.check_by_name_blocking(key, policy, cost)?)?;
         out.write(d);
@@ -1556,9 +1553,7 @@ pub unsafe extern "C" fn shardlimit_peek(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = blocking_limiter_arg(limiter)?;
-        let key = key_arg(key, key_len)?;
-        let p = policy_arg(policy)?;
+        let (l, key, p) = keyed_args(Form::Blocking, limiter, key, key_len, policy)?;
         let out = out_arg("out", out)?;
         let d = decision_to_c(&l.peek_blocking(key, &p)?)?;
         out.write(d);
@@ -1585,9 +1580,7 @@ pub unsafe extern "C" fn shardlimit_acquire(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = blocking_limiter_arg(limiter)?;
-        let key = key_arg(key, key_len)?;
-        let p = policy_arg(policy)?;
+        let (l, key, p) = keyed_args(Form::Blocking, limiter, key, key_len, policy)?;
         let out = out_arg("out", out)?;
         let out_lease = out_arg("out_lease", out_lease)?;
         let (d, lease) = l.acquire_blocking(key, &p, units)?;
@@ -1669,9 +1662,7 @@ pub unsafe extern "C" fn shardlimit_reset(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = blocking_limiter_arg(limiter)?;
-        let key = key_arg(key, key_len)?;
-        let p = policy_arg(policy)?;
+        let (l, key, p) = keyed_args(Form::Blocking, limiter, key, key_len, policy)?;
         Ok(l.reset_blocking(key, &p)?)
     })
 }
@@ -2060,12 +2051,15 @@ pub unsafe extern "C" fn shardlimit_decision_to_json(
 }
 
 mod admin;
+mod args;
 mod events;
 mod logging;
 mod notify;
 mod overrides;
 mod pending;
+mod queue;
 pub use admin::*;
+use args::{keyed_args, named_args, Form};
 pub use events::*;
 pub use logging::*;
 pub use notify::*;

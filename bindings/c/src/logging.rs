@@ -12,13 +12,12 @@
 //! NULL callback, silences that), so a C or C++ service hears about its fallbacks without
 //! writing any code.
 
+use super::queue::{capacity_arg, fill, BoundedQueue, Fanout};
 use super::*;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use shardlimit::{LogLevel, LogRecord};
-use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::sync::{OnceLock, Weak};
-use std::time::Instant;
+use std::sync::OnceLock;
 
 /// How serious a line is (`shardlimit_log_record.level`, `shardlimit_log_line.level`).
 #[repr(u32)]
@@ -106,53 +105,11 @@ pub const SHARDLIMIT_MAX_LOG_CAPACITY: usize = 4096;
 /// handle owned by the caller; free it with `shardlimit_log_subscription_free()`, which
 /// wakes a thread waiting in `_next` (it returns CLOSED). Thread-safe.
 pub struct shardlimit_log_subscription {
-    queue: Arc<LogQueue>,
+    queue: Arc<BoundedQueue<LogRecord>>,
 }
 
 impl Object for shardlimit_log_subscription {
     const TAG: Tag = Tag::LogSubscription;
-}
-
-struct LogQueueState {
-    lines: VecDeque<LogRecord>,
-    closed: bool,
-    dropped: u64,
-}
-
-struct LogQueue {
-    state: Mutex<LogQueueState>,
-    ready: Condvar,
-    capacity: usize,
-    /// `shardlimit_log_subscription_set_notify()`'s callback.
-    notify: notify::Notify,
-}
-
-impl LogQueue {
-    fn push(&self, r: &LogRecord) {
-        let mut s = self.state.lock();
-        if s.closed {
-            return;
-        }
-        if s.lines.len() >= self.capacity {
-            s.dropped += 1;
-            return;
-        }
-        s.lines.push_back(r.clone());
-        if s.lines.len() == 1 {
-            self.notify.fire();
-        }
-        drop(s);
-        self.ready.notify_one();
-    }
-    fn close(&self) {
-        let mut s = self.state.lock();
-        if !s.closed {
-            s.closed = true;
-            self.notify.fire();
-        }
-        drop(s);
-        self.ready.notify_all();
-    }
 }
 
 #[derive(Clone, Copy)]
@@ -169,7 +126,7 @@ unsafe impl Sync for Callback {}
 #[derive(Default)]
 pub(crate) struct LogFanout {
     callback: Mutex<Option<Callback>>,
-    queues: Mutex<Vec<Weak<LogQueue>>>,
+    queues: Fanout<LogRecord>,
     /// Lines go to stderr while no callback was ever set (`default_to_stderr`).
     stderr: std::sync::atomic::AtomicBool,
 }
@@ -192,9 +149,7 @@ struct LogFeed(Arc<LogFanout>);
 
 impl Drop for LogFeed {
     fn drop(&mut self) {
-        for q in self.0.queues.lock().drain(..).filter_map(|w| w.upgrade()) {
-            q.close();
-        }
+        self.0.queues.close_all();
     }
 }
 
@@ -228,9 +183,7 @@ fn borrowed(s: &CString) -> shardlimit_str {
 
 impl LogFeed {
     fn emit(&self, r: &LogRecord) {
-        for q in self.0.queues.lock().iter().filter_map(Weak::upgrade) {
-            q.push(r);
-        }
+        self.0.queues.emit(r);
         // held during the call: once shardlimit_set_log_callback() returns, the callback it
         // replaced is not running and never runs again
         let cb = self.0.callback.lock();
@@ -265,18 +218,6 @@ impl LogFeed {
             unsafe { (cb.f)(cb.user_data, &rec) };
         }
     }
-}
-
-fn fill(dst: &mut [c_char], src: &str) -> (usize, bool) {
-    let mut n = src.len().min(dst.len() - 1);
-    while !src.is_char_boundary(n) {
-        n -= 1;
-    }
-    for (d, b) in dst.iter_mut().zip(&src.as_bytes()[..n]) {
-        *d = *b as c_char;
-    }
-    dst[n] = 0;
-    (n, n < src.len())
 }
 
 fn line_to_c(r: &LogRecord) -> shardlimit_log_line {
@@ -346,29 +287,9 @@ pub unsafe extern "C" fn shardlimit_subscribe_logs(
 ) -> shardlimit_result {
     guard(err, || {
         let l = live("limiter", limiter)?;
-        if capacity > SHARDLIMIT_MAX_LOG_CAPACITY {
-            return Err(invalid(
-                "capacity",
-                format!("is {capacity}; at most {SHARDLIMIT_MAX_LOG_CAPACITY} lines"),
-            ));
-        }
+        let capacity = capacity_arg(capacity, 256, SHARDLIMIT_MAX_LOG_CAPACITY, "lines")?;
         let out = out_arg("out", out)?;
-        let queue = Arc::new(LogQueue {
-            state: Mutex::new(LogQueueState {
-                lines: VecDeque::new(),
-                closed: false,
-                dropped: 0,
-            }),
-            ready: Condvar::new(),
-            capacity: if capacity == 0 { 256 } else { capacity },
-            notify: Default::default(),
-        });
-        let f = log_fanout(&l);
-        {
-            let mut qs = f.queues.lock();
-            qs.retain(|w| w.strong_count() > 0);
-            qs.push(Arc::downgrade(&queue));
-        }
+        let queue = log_fanout(&l).queues.subscribe(capacity);
         *out = register(shardlimit_log_subscription { queue })?;
         Ok(())
     })
@@ -393,41 +314,8 @@ pub unsafe extern "C" fn shardlimit_log_subscription_next(
         let sub = live("subscription", subscription)?;
         let out_got = out_arg("out_got", out_got)?;
         let out = out_arg("out", out)?;
-        let closed = || Error {
-            code: SHARDLIMIT_ERR_CLOSED,
-            message: "`subscription`: closed (freed, or its limiter is gone)".to_string(),
-        };
-        let q = &sub.queue;
-        let mut s = q.state.lock();
-        let wait = !pending::in_callback() && timeout_us > 0;
-        let deadline = Instant::now().checked_add(Duration::from_micros(timeout_us));
-        loop {
-            if let Some(r) = s.lines.pop_front() {
-                drop(s);
-                out.write(line_to_c(&r));
-                *out_got = true;
-                return Ok(());
-            }
-            if s.closed {
-                return Err(closed());
-            }
-            if !wait {
-                break;
-            }
-            match deadline {
-                Some(d) => {
-                    if q.ready.wait_until(&mut s, d).timed_out() && s.lines.is_empty() {
-                        if s.closed {
-                            return Err(closed());
-                        }
-                        break;
-                    }
-                }
-                None => q.ready.wait(&mut s),
-            }
-        }
-        *out_got = false;
-        Ok(())
+        sub.queue
+            .next_into(timeout_us, out_got, out, |r| Ok(line_to_c(r)))
     })
 }
 
@@ -438,7 +326,7 @@ pub unsafe extern "C" fn shardlimit_log_subscription_dropped(
     subscription: *const shardlimit_log_subscription,
 ) -> u64 {
     quiet(0, || {
-        live("subscription", subscription).map_or(0, |s| s.queue.state.lock().dropped)
+        live("subscription", subscription).map_or(0, |s| s.queue.dropped())
     })
 }
 
@@ -452,8 +340,7 @@ pub unsafe extern "C" fn shardlimit_log_subscription_free(
     quiet((), || {
         if let Some(obj) = unregister(subscription) {
             if let Ok(s) = obj.downcast::<shardlimit_log_subscription>() {
-                s.queue.close();
-                s.queue.state.lock().lines = VecDeque::new();
+                s.queue.close_and_discard();
             }
         }
     })
@@ -475,15 +362,8 @@ pub unsafe extern "C" fn shardlimit_log_subscription_set_notify(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let sub = live("subscription", subscription)?;
-        let f = notify::notify_arg(callback)?;
-        let s = sub.queue.state.lock();
-        if !sub.queue.notify.set(f, user) {
-            return Err(notify::notify_set_twice());
-        }
-        if !s.lines.is_empty() || s.closed {
-            sub.queue.notify.fire();
-        }
-        Ok(())
+        live("subscription", subscription)?
+            .queue
+            .set_notify(callback, user)
     })
 }

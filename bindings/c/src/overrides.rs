@@ -15,6 +15,21 @@ pub(crate) unsafe fn limit_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a
     str_arg("limit", ptr, len)
 }
 
+/// A cursor of `list_overrides` (at most 4 KiB): none for the first page (NULL, or empty).
+pub(crate) unsafe fn cursor_arg<'a>(
+    ptr: *const c_char,
+    len: usize,
+) -> Result<Option<&'a str>, Error> {
+    if len > 4096 {
+        return Err(invalid(
+            "cursor",
+            "is longer than any cursor list_overrides returns",
+        ));
+    }
+    let cursor = str_arg("cursor", ptr, len)?;
+    Ok((!cursor.is_empty()).then_some(cursor))
+}
+
 fn json_string(v: serde_json::Value) -> shardlimit_string {
     owned_string(v.to_string())
 }
@@ -45,9 +60,8 @@ pub unsafe extern "C" fn shardlimit_set_override(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = blocking_limiter_arg(limiter)?;
-        let key = key_arg(key, key_len)?;
-        let policy = policy_name_arg(policy, policy_len)?;
+        let (l, key, policy) =
+            named_args(Form::Blocking, limiter, key, key_len, policy, policy_len)?;
         let limit = limit_arg(limit, limit_len)?;
         if !out_json.is_null() && !out_json.is_aligned() {
             return Err(invalid("out_json", "is not aligned for its type"));
@@ -79,9 +93,8 @@ pub unsafe extern "C" fn shardlimit_get_override(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = blocking_limiter_arg(limiter)?;
-        let key = key_arg(key, key_len)?;
-        let policy = policy_name_arg(policy, policy_len)?;
+        let (l, key, policy) =
+            named_args(Form::Blocking, limiter, key, key_len, policy, policy_len)?;
         let out_found = out_arg("out_found", out_found)?;
         let out_json = out_arg("out_json", out_json)?;
         let info = l.get_override_blocking(key, policy)?;
@@ -113,9 +126,8 @@ pub unsafe extern "C" fn shardlimit_delete_override(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = blocking_limiter_arg(limiter)?;
-        let key = key_arg(key, key_len)?;
-        let policy = policy_name_arg(policy, policy_len)?;
+        let (l, key, policy) =
+            named_args(Form::Blocking, limiter, key, key_len, policy, policy_len)?;
         if !out_deleted.is_null() && !out_deleted.is_aligned() {
             return Err(invalid("out_deleted", "is not aligned for its type"));
         }
@@ -149,15 +161,8 @@ pub unsafe extern "C" fn shardlimit_list_overrides(
     guard(err, || {
         let l = blocking_limiter_arg(limiter)?;
         let policy = policy_name_arg(policy, policy_len)?;
-        if cursor_len > 4096 {
-            return Err(invalid(
-                "cursor",
-                "is longer than any cursor list_overrides returns",
-            ));
-        }
-        let cursor = str_arg("cursor", cursor, cursor_len)?;
+        let cursor = cursor_arg(cursor, cursor_len)?;
         let out_json = out_arg("out_json", out_json)?;
-        let cursor = (!cursor.is_empty()).then_some(cursor);
         let page = l.list_overrides_blocking(policy, cursor, limit)?;
         out_json.write(json_string(page.to_json()));
         Ok(())

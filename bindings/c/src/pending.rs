@@ -207,13 +207,14 @@ where
 }
 
 /// The limiter of a `_start` function (allowed inside a callback).
-fn start_limiter(p: *const shardlimit_limiter) -> Result<Limiter, Error> {
+pub(crate) fn start_limiter(p: *const shardlimit_limiter) -> Result<Limiter, Error> {
     limiter_arg(p)
 }
 
 /// The body of every `_start` call of the shape (limiter, key, policy, cost) -> decision
 /// (`shardlimit_check_start`, `_check_shadow_start`, `_charge_start`, `_refund_start`):
-/// the arguments checked and copied, `call`'s future run on the limiter's I/O runtime.
+/// the arguments checked as the blocking form checks them (`keyed_args`) and copied,
+/// `call`'s future run on the limiter's I/O runtime.
 #[allow(clippy::too_many_arguments)]
 unsafe fn start_decision<F, Fut>(
     limiter: *const shardlimit_limiter,
@@ -234,10 +235,8 @@ where
     Fut: Future<Output = shardlimit::Result<Decision>> + Send + 'static,
 {
     guard(err, || {
-        let l = start_limiter(limiter)?;
-        let key = owned_key(key_arg(key, key_len)?);
-        let p = policy_arg(policy)?;
-        let fut = call(l.clone(), key, p, cost);
+        let (l, key, p) = keyed_args(Form::Start, limiter, key, key_len, policy)?;
+        let fut = call(l.clone(), owned_key(key), p, cost);
         start(l, callback, user, out_pending, async move {
             Ok(Outcome::Decision(fut.await?))
         })
@@ -300,10 +299,8 @@ pub unsafe extern "C" fn shardlimit_check_named_start(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = start_limiter(limiter)?;
-        let key = owned_key(key_arg(key, key_len)?);
-        let p = l.policy(policy_name_arg(policy, policy_len)?)?;
-        let me = l.clone();
+        let (l, key, name) = named_args(Form::Start, limiter, key, key_len, policy, policy_len)?;
+        let (me, key, p) = (l.clone(), owned_key(key), l.policy(name)?);
         start(l, callback, user, out_pending, async move {
             Ok(Outcome::Decision(me.check(&key, &p, cost).await?))
         })
@@ -325,10 +322,8 @@ pub unsafe extern "C" fn shardlimit_peek_start(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = start_limiter(limiter)?;
-        let key = owned_key(key_arg(key, key_len)?);
-        let p = policy_arg(policy)?;
-        let me = l.clone();
+        let (l, key, p) = keyed_args(Form::Start, limiter, key, key_len, policy)?;
+        let (me, key) = (l.clone(), owned_key(key));
         start(l, callback, user, out_pending, async move {
             Ok(Outcome::Decision(me.peek(&key, &p).await?))
         })
@@ -377,10 +372,8 @@ pub unsafe extern "C" fn shardlimit_acquire_start(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = start_limiter(limiter)?;
-        let key = owned_key(key_arg(key, key_len)?);
-        let p = policy_arg(policy)?;
-        let me = l.clone();
+        let (l, key, p) = keyed_args(Form::Start, limiter, key, key_len, policy)?;
+        let (me, key) = (l.clone(), owned_key(key));
         start(l, callback, user, out_pending, async move {
             let (d, lease) = me.acquire(&key, &p, units).await?;
             Ok(Outcome::Acquired(
@@ -453,10 +446,8 @@ pub unsafe extern "C" fn shardlimit_reset_start(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = start_limiter(limiter)?;
-        let key = owned_key(key_arg(key, key_len)?);
-        let p = policy_arg(policy)?;
-        let me = l.clone();
+        let (l, key, p) = keyed_args(Form::Start, limiter, key, key_len, policy)?;
+        let (me, key) = (l.clone(), owned_key(key));
         start(l, callback, user, out_pending, async move {
             me.reset(&key, &p).await?;
             Ok(Outcome::Unit)

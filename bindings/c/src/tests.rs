@@ -359,53 +359,10 @@ fn bad_configs_name_the_field() {
     assert!(lim.is_null());
 }
 
-fn memory_limiter(config: &str) -> *mut shardlimit_limiter {
-    let mut lim = null_mut();
-    let mut e = null_mut();
-    let rc = unsafe {
-        shardlimit_limiter_new_json(
-            config.as_ptr().cast(),
-            config.len(),
-            null(),
-            &mut lim,
-            &mut e,
-        )
-    };
-    assert_eq!(rc, SHARDLIMIT_OK);
-    lim
-}
-
-fn check_raw(
-    lim: *const shardlimit_limiter,
-    policy: &str,
-) -> Result<shardlimit_decision, (shardlimit_result, String)> {
-    let mut d = std::mem::MaybeUninit::<shardlimit_decision>::uninit();
-    let mut e = null_mut();
-    let key = "k";
-    let rc = unsafe {
-        shardlimit_check_named(
-            lim,
-            key.as_ptr().cast(),
-            key.len(),
-            policy.as_ptr().cast(),
-            policy.len(),
-            1,
-            d.as_mut_ptr(),
-            &mut e,
-        )
-    };
-    if rc == SHARDLIMIT_OK {
-        assert!(e.is_null());
-        Ok(unsafe { d.assume_init() })
-    } else {
-        Err(take_err(e))
-    }
-}
-
 #[test]
 fn freed_and_foreign_handles_are_detected() {
     unsafe {
-        let lim = memory_limiter("{}");
+        let lim = limiter("{}");
         shardlimit_limiter_free(lim);
         shardlimit_limiter_free(lim); // a double free is a no-op
         shardlimit_limiter_free(null_mut());
@@ -496,16 +453,16 @@ fn freed_and_foreign_handles_are_detected() {
 #[test]
 fn a_freed_handle_is_never_given_to_a_new_object() {
     unsafe {
-        let first = memory_limiter(CONFIG);
+        let first = limiter(CONFIG);
         shardlimit_limiter_free(first);
         // an allocator hands the freed block to the next object of the same size; a handle
         // table keyed by address then answered for the new limiter through the old handle
-        let later: Vec<_> = (0..64).map(|_| memory_limiter(CONFIG)).collect();
+        let later: Vec<_> = (0..64).map(|_| limiter(CONFIG)).collect();
         assert!(later.iter().all(|l| *l != first));
-        let (code, _) = check_raw(first, "api").unwrap_err();
+        let (code, _) = check_named(first, "k", "api").unwrap_err();
         assert_eq!(code, SHARDLIMIT_ERR_CLOSED);
         for l in later {
-            assert_eq!(check_raw(l, "api").unwrap().limit, 3);
+            assert_eq!(check_named(l, "k", "api").unwrap().limit, 3);
             shardlimit_limiter_free(l);
         }
     }
@@ -523,7 +480,7 @@ fn closing_a_limiter_while_threads_check() {
     const THREADS: usize = 4;
     use std::sync::atomic::{AtomicUsize, Ordering};
     for _round in 0..50 {
-        let old = memory_limiter(OLD) as usize;
+        let old = limiter(OLD) as usize;
         let checked = Arc::new(AtomicUsize::new(0));
         let threads: Vec<_> = (0..THREADS)
             .map(|_| {
@@ -533,7 +490,7 @@ fn closing_a_limiter_while_threads_check() {
                     let (mut decided, mut closed) = (0, 0);
                     // until CLOSED, then 100 calls more: each must be CLOSED again
                     while closed < 100 {
-                        match check_raw(lim, "api") {
+                        match check_named(lim, "k", "api") {
                             Ok(d) => {
                                 assert_eq!(closed, 0, "a decision after CLOSED");
                                 assert_eq!(d.limit, 1_000_000, "another limiter's decision");
@@ -555,10 +512,10 @@ fn closing_a_limiter_while_threads_check() {
             std::thread::yield_now();
         }
         unsafe { shardlimit_limiter_free(old as *mut shardlimit_limiter) };
-        let new = memory_limiter(NEW);
+        let new = limiter(NEW);
         let decided: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
         assert!(decided >= THREADS * 20);
-        assert_eq!(check_raw(new, "api").unwrap().limit, 7);
+        assert_eq!(check_named(new, "k", "api").unwrap().limit, 7);
         unsafe { shardlimit_limiter_free(new) };
     }
 }
@@ -1031,7 +988,7 @@ impl Drop for TlsRedis {
 }
 
 fn check_named(
-    lim: *mut shardlimit_limiter,
+    lim: *const shardlimit_limiter,
     key: &str,
     policy: &str,
 ) -> Result<shardlimit_decision, (shardlimit_result, String)> {
@@ -1461,7 +1418,7 @@ fn overrides_through_the_abi() {
     let cfg = r#"{"policies":{
         "api":{"algorithm":"fixed_window","limit":3,"window":"10s","overrides":true},
         "plain":{"algorithm":"fixed_window","limit":3,"window":"10s"}}}"#;
-    let lim = memory_limiter(cfg);
+    let lim = limiter(cfg);
     let check_key = |lim: *const shardlimit_limiter, policy: &str, key: &str| {
         let mut d = std::mem::MaybeUninit::<shardlimit_decision>::uninit();
         let rc = unsafe {

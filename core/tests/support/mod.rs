@@ -2,6 +2,13 @@
 //! when dropped.
 #![allow(dead_code)]
 
+mod cluster;
+#[allow(unused_imports)] // only the Cluster tests use it
+pub use cluster::Cluster;
+mod racing;
+#[allow(unused_imports)] // only the override tests use it
+pub use racing::assert_decided_by_one_limit;
+
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -265,6 +272,36 @@ impl RedisServer {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
+    }
+
+    /// The EVALSHA and EVAL calls the server has run so far (`INFO commandstats`).
+    pub fn script_calls(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.conn())
+            .unwrap();
+        ["cmdstat_evalsha:calls=", "cmdstat_eval:calls="]
+            .iter()
+            .filter_map(|p| info.lines().find_map(|l| l.strip_prefix(p)))
+            .map(|rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    }
+
+    /// CPU time the server's main thread has used (µs), from `INFO cpu`: the server's own
+    /// account of the work commands cost it, which time spent waiting for a CPU (the test
+    /// machine is shared) does not inflate, unlike SLOWLOG's wall-clock durations.
+    pub fn main_thread_cpu_us(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("cpu")
+            .query(&mut self.conn())
+            .unwrap();
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap()
+        };
+        ((field("used_cpu_sys_main_thread:") + field("used_cpu_user_main_thread:")) * 1e6) as u64
     }
 
     /// Stops the server (SIGKILL) and waits for it.

@@ -130,9 +130,7 @@ pub unsafe extern "C" fn shardlimit_reserve(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = blocking_limiter_arg(limiter)?;
-        let key = key_arg(key, key_len)?;
-        let p = policy_arg(policy)?;
+        let (l, key, p) = keyed_args(Form::Blocking, limiter, key, key_len, policy)?;
         let out = out_arg("out", out)?;
         let out_reservation = out_arg("out_reservation", out_reservation)?;
         let (d, r) = l.reserve_blocking(key, &p, estimate)?;
@@ -161,9 +159,7 @@ pub unsafe extern "C" fn shardlimit_settle(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = blocking_limiter_arg(limiter)?;
-        let key = key_arg(key, key_len)?;
-        let p = policy_arg(policy)?;
+        let (l, key, p) = keyed_args(Form::Blocking, limiter, key, key_len, policy)?;
         let r = reservation_arg(reservation, key, &p)?;
         let out = out_arg("out", out)?;
         let d = decision_to_c(&l.settle_with_blocking(&p, &r, actual)?)?;
@@ -245,10 +241,8 @@ pub unsafe extern "C" fn shardlimit_reserve_start(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = start_limiter(limiter)?;
-        let key = owned_key(key_arg(key, key_len)?);
-        let p = policy_arg(policy)?;
-        let me = l.clone();
+        let (l, key, p) = keyed_args(Form::Start, limiter, key, key_len, policy)?;
+        let (me, key) = (l.clone(), owned_key(key));
         start(l, callback, user, out_pending, async move {
             let (d, r) = me.reserve(&key, &p, estimate).await?;
             Ok(Outcome::Reserved(d, reservation_to_c(r.as_ref())))
@@ -274,9 +268,7 @@ pub unsafe extern "C" fn shardlimit_settle_start(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = start_limiter(limiter)?;
-        let key = key_arg(key, key_len)?;
-        let p = policy_arg(policy)?;
+        let (l, key, p) = keyed_args(Form::Start, limiter, key, key_len, policy)?;
         let r = reservation_arg(reservation, key, &p)?;
         let me = l.clone();
         start(l, callback, user, out_pending, async move {

@@ -5,7 +5,7 @@
 //! Their answer is read with `shardlimit_pending_string()` (or `_bool` for the delete).
 
 use super::*;
-use crate::overrides::limit_arg;
+use crate::overrides::{cursor_arg, limit_arg};
 
 /// `shardlimit_set_override()` that returns at once (see `shardlimit_check_start()`): the
 /// key, policy name and limit are copied (nothing is retained). Read the override as JSON
@@ -29,12 +29,10 @@ pub unsafe extern "C" fn shardlimit_set_override_start(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = start_limiter(limiter)?;
-        let key = owned_key(key_arg(key, key_len)?);
-        let policy = policy_name_arg(policy, policy_len)?.to_string();
+        let (l, key, policy) = named_args(Form::Start, limiter, key, key_len, policy, policy_len)?;
         let limit = limit_arg(limit, limit_len)?.to_string();
         let ttl = (ttl_ms > 0).then(|| Duration::from_millis(ttl_ms));
-        let me = l.clone();
+        let (me, key, policy) = (l.clone(), owned_key(key), policy.to_string());
         start(l, callback, user, out_pending, async move {
             let info = me.set_override(&key, &policy, &limit, ttl).await?;
             Ok(Outcome::Text(Some(info.to_json().to_string())))
@@ -59,10 +57,8 @@ pub unsafe extern "C" fn shardlimit_get_override_start(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = start_limiter(limiter)?;
-        let key = owned_key(key_arg(key, key_len)?);
-        let policy = policy_name_arg(policy, policy_len)?.to_string();
-        let me = l.clone();
+        let (l, key, policy) = named_args(Form::Start, limiter, key, key_len, policy, policy_len)?;
+        let (me, key, policy) = (l.clone(), owned_key(key), policy.to_string());
         start(l, callback, user, out_pending, async move {
             let info = me.get_override(&key, &policy).await?;
             Ok(Outcome::Text(info.map(|i| i.to_json().to_string())))
@@ -87,10 +83,8 @@ pub unsafe extern "C" fn shardlimit_delete_override_start(
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
     guard(err, || {
-        let l = start_limiter(limiter)?;
-        let key = owned_key(key_arg(key, key_len)?);
-        let policy = policy_name_arg(policy, policy_len)?.to_string();
-        let me = l.clone();
+        let (l, key, policy) = named_args(Form::Start, limiter, key, key_len, policy, policy_len)?;
+        let (me, key, policy) = (l.clone(), owned_key(key), policy.to_string());
         start(l, callback, user, out_pending, async move {
             Ok(Outcome::Bool(me.delete_override(&key, &policy).await?))
         })
@@ -117,17 +111,10 @@ pub unsafe extern "C" fn shardlimit_list_overrides_start(
     guard(err, || {
         let l = start_limiter(limiter)?;
         let policy = policy_name_arg(policy, policy_len)?.to_string();
-        if cursor_len > 4096 {
-            return Err(invalid(
-                "cursor",
-                "is longer than any cursor list_overrides returns",
-            ));
-        }
-        let cursor = str_arg("cursor", cursor, cursor_len)?.to_string();
+        let cursor = cursor_arg(cursor, cursor_len)?.map(str::to_string);
         let me = l.clone();
         start(l, callback, user, out_pending, async move {
-            let cursor = (!cursor.is_empty()).then_some(cursor.as_str());
-            let page = me.list_overrides(&policy, cursor, limit).await?;
+            let page = me.list_overrides(&policy, cursor.as_deref(), limit).await?;
             Ok(Outcome::Text(Some(page.to_json().to_string())))
         })
     })
