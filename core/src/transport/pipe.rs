@@ -226,6 +226,13 @@ impl Pipe {
         Ok(Pipe { tx, shared })
     }
 
+    /// Closes the connection (its reply stream is in doubt: `why`), failing every caller
+    /// waiting on it; the next call connects again.
+    pub fn close(&self, why: &str) {
+        self.shared
+            .fail(&crate::transport::resp::protocol(why.to_string()));
+    }
+
     /// True once an I/O error broke the connection: make a new one.
     pub fn is_broken(&self) -> bool {
         self.shared.broken.load(Ordering::Acquire)
