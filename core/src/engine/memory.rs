@@ -48,7 +48,6 @@ pub(crate) struct LayerReq<'a> {
     pub compiled: Compiled,
     pub key: &'a str,
     pub cost: u64,
-    pub lease: &'a str,
     pub auto_block: Option<AutoBlock>,
 }
 
@@ -276,7 +275,7 @@ impl MemoryEngine {
         now: u64,
         cost: u64,
         peek: bool,
-        lease: &str,
+        lease: Option<&str>,
         auto_block: Option<&AutoBlock>,
     ) -> Raw {
         if let Some(ttl) = self.block_ttl(key, now) {
@@ -359,7 +358,7 @@ impl MemoryEngine {
                         now + l.compiled.shift_us(l.key),
                         l.cost,
                         true,
-                        l.lease,
+                        None, // no layer is a concurrency limit
                     )
                 },
             );
@@ -378,7 +377,7 @@ impl MemoryEngine {
                     now,
                     |s| {
                         let at = now + l.compiled.shift_us(l.key);
-                        algo::decide(&l.compiled, s, at, l.cost, false, l.lease)
+                        algo::decide(&l.compiled, s, at, l.cost, false, None)
                     },
                 );
             }
@@ -516,7 +515,7 @@ mod tests {
             within: Duration::from_secs(10),
             duration: Duration::from_secs(60),
         };
-        let check = |key: &str, now: u64| m.check(&scope, &c, key, now, 1, false, "", Some(&a));
+        let check = |key: &str, now: u64| m.check(&scope, &c, key, now, 1, false, None, Some(&a));
         let keys: Vec<String> = (0..KEYS).map(|i| format!("user:{i}")).collect();
         let mut now = 1_000_000;
         for k in &keys {

@@ -260,7 +260,7 @@ impl Limiter {
             now,
             cost,
             peek,
-            lease.unwrap_or(""), // the algorithms' "no lease"
+            lease,
             p.auto_block.as_ref(),
         );
         if raw.outcome.allowed && !raw.blocked.is_blocked() {

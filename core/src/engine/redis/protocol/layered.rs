@@ -132,13 +132,9 @@ impl ScriptCall for RefundRequest<'_> {
     }
 }
 
-/// A layer's 7th algorithm argument (see `CheckRequest::write`): its lease id, or the
-/// per-key window shift or exact interval denominator of its limit, or "".
-fn layer_extra(l: &LayerReq<'_>) -> String {
-    if !l.lease.is_empty() {
-        return l.lease.to_string();
-    }
-    l.compiled
-        .extra_arg(l.key)
-        .map_or_else(String::new, |x| x.to_string())
+/// A layer's 7th algorithm argument (see `CheckRequest::write`): the per-key window shift
+/// or exact interval denominator of its limit, or "" (no layer is a concurrency limit, so
+/// none takes a lease).
+fn layer_extra(l: &LayerReq<'_>) -> Extra {
+    extra_arg(&l.compiled, l.key)
 }
