@@ -283,8 +283,9 @@ impl Pipe {
     }
 }
 
-/// A handle on a shard's pipelined connection that the redis crate's commands and scripts
-/// run on (`query_async`, `invoke_async`): what the engine sends besides checks. Each
+/// A handle on a shard's pipelined connection that the redis crate's commands
+/// run on (`query_async`): the plain commands the engine sends (block list, overrides,
+/// shadow counts; script calls go through `RedisEngine::call` and `Pipe::command`). Each
 /// command has the deadline of the call it belongs to.
 #[derive(Clone)]
 pub(crate) struct PipeConn {
