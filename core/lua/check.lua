@@ -28,13 +28,8 @@ local server_now
 local function check(state, entry, denials, now, cost, lease, need, code, limit, period, mode,
                      after, within, dur, reason, okey, ov)
   if ov ~= '-' then
-    local o = redis.call('GET', okey)
-    if o then
-      local sp = string.find(o, ' ', 1, true)
-      if not sp or string.sub(o, 1, sp - 1) ~= ov then return {'o', o, 0} end
-    elseif ov ~= '' then
-      return {'o', '', 0}
-    end
+    local changed = override_changed(okey, ov, 0) -- (override.lua)
+    if changed then return changed end
   end
   now = tonumber(now)
   if now == 0 then

@@ -59,35 +59,5 @@ ALGO.lb = function(key, now, capacity, interval, cost, peek, q)
   return {1, math.floor((queue - (new_drain - now)) / interval), new_drain - now, -1, drain - now}
 end
 
-if REFUND then -- only the layered and refund scripts give units back
-  REFUND.lb = function(key, now, interval, cost, q)
-    if q ~= '' then
-      -- exact interval/q (see ALGO.lb): move the drain time back by cost × interval ticks
-      q = tonumber(q)
-      local v = redis.call('GET', key)
-      local t, f
-      if v then t, f = string.match(v, '^(%d+):(%d+)$') end
-      t, f = tonumber(t), tonumber(f)
-      if not t or f >= q or t < now then return end
-      local back = (t - now) * q + f - cost * interval
-      if back <= 0 then
-        redis.call('DEL', key)
-      else
-        local x = math.floor(back / q) -- exactly, as div() in ALGO.lb
-        local r = back - x * q
-        if r < 0 then x, r = x - 1, r + q elseif r >= q then x, r = x + 1, r - q end
-        local us = x
-        if r > 0 then us = us + 1 end
-        redis.call('SET', key, int(now + x) .. ':' .. int(r), 'PX', math.ceil(us / 1000))
-      end
-      return
-    end
-    local drain = tonumber(redis.call('GET', key) or '0')
-    local back = drain - cost * interval
-    if back <= now then
-      redis.call('DEL', key)
-    else
-      redis.call('SET', key, int(back), 'PX', math.ceil((back - now) / 1000))
-    end
-  end
-end
+-- Its refund is the buckets' one (bucket_refund.lua).
+if REFUND then REFUND.lb = bucket_refund end -- only the layered and refund scripts give units back

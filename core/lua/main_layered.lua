@@ -23,25 +23,13 @@ local n = tonumber(ARGV[2])
 local tail = 3 + 9 * n
 local ov = ARGV[tail]
 if ov and ov ~= '-' then
-  -- (check.lua's comparison, for the same entry)
-  local o = redis.call('GET', KEYS[3 * n + 1])
-  if o then
-    local sp = string.find(o, ' ', 1, true)
-    if not sp or string.sub(o, 1, sp - 1) ~= ov then return {'o', o, 0} end
-  elseif ov ~= '' then
-    return {'o', '', 0}
-  end
+  local changed = override_changed(KEYS[3 * n + 1], ov, 0) -- (override.lua)
+  if changed then return changed end
 end
 local m = tonumber(ARGV[tail + 4]) or 0
 for j = 1, m do
-  local want = ARGV[tail + 4 + j]
-  local o = redis.call('GET', KEYS[#KEYS - m + j])
-  if o then
-    local sp = string.find(o, ' ', 1, true)
-    if not sp or string.sub(o, 1, sp - 1) ~= want then return {'o', o, j} end
-  elseif want ~= '' then
-    return {'o', '', j}
-  end
+  local changed = override_changed(KEYS[#KEYS - m + j], ARGV[tail + 4 + j], j)
+  if changed then return changed end
 end
 local function arg(i, j) return ARGV[2 + 9 * (i - 1) + j] end
 local out = {now, 0, 0}

@@ -25,13 +25,8 @@ local ov = ARGV[14]
 if ov ~= '-' then
   -- the key's limit in force is the override the client sent (its state key and limit are
   -- the call's), else nothing is done and the client calls again with the entry
-  local o = redis.call('GET', KEYS[4])
-  if o then
-    local sp = string.find(o, ' ', 1, true)
-    if not sp or string.sub(o, 1, sp - 1) ~= ov then return {'o', o, 0} end
-  elseif ov ~= '' then
-    return {'o', '', 0}
-  end
+  local changed = override_changed(KEYS[4], ov, 0) -- (override.lua)
+  if changed then return changed end
 end
 if op == 'reserve' then
   local r = check(KEYS[1], KEYS[2], KEYS[3], int(now), ARGV[6], x, ARGV[6], code, ARGV[4],

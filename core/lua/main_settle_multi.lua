@@ -22,14 +22,8 @@ if op ~= 'charge' and op ~= 'refund' and op ~= 'settle' then
 end
 local ov = ARGV[5 + 6 * n]
 if ov and ov ~= '-' then
-  -- (check.lua's comparison, for the same entry)
-  local o = redis.call('GET', KEYS[n + 1])
-  if o then
-    local sp = string.find(o, ' ', 1, true)
-    if not sp or string.sub(o, 1, sp - 1) ~= ov then return {'o', o, 0} end
-  elseif ov ~= '' then
-    return {'o', '', 0}
-  end
+  local changed = override_changed(KEYS[n + 1], ov, 0) -- (override.lua)
+  if changed then return changed end
 end
 local out = {now}
 for i = 1, n do

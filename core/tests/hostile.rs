@@ -692,6 +692,20 @@ fn shadow_check_replies_are_checked_like_any_check() {
     fake.set(Mode::Fixed(
         "*8\r\n:1\r\n:5\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:1\r\n:123456789\r\n",
     ));
+    // the async shadow check goes over the pipelined connection: a reply with another
+    // call's tag is refused and that connection closed (its stream is in doubt), as a
+    // check's is; it used to be refused while the connection stayed in use
+    let closed = fake.closed.load(Ordering::Acquire);
+    let e = rt.block_on(l.check_shadow(&key(1), &p, 1)).unwrap_err();
+    assert!(e.to_string().contains("another call's tag"), "{e}");
+    let start = Instant::now();
+    while fake.closed.load(Ordering::Acquire) == closed {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the connection that carried another call's tag stayed open"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let e = l.check_shadow_blocking(&key(1), &p, 1).unwrap_err();
     assert!(e.is_backend(), "{e}");
     fake.set(Mode::Honest);

@@ -136,7 +136,7 @@ pub(crate) fn decide(
     now: u64,
     cost: u64,
     peek: bool,
-    lease_id: &str,
+    lease_id: Option<&str>,
 ) -> Outcome {
     match c.algorithm {
         Algorithm::FixedWindow => fixed_window(c, state, now, cost, peek),
@@ -381,7 +381,7 @@ fn concurrency(
     now: u64,
     cost: u64,
     peek: bool,
-    lease_id: &str,
+    lease_id: Option<&str>,
 ) -> Outcome {
     let (max, ttl) = (c.limit, c.period_us);
     let mut empty: Option<Box<Leases>> = None;
@@ -411,9 +411,11 @@ fn concurrency(
         }
         return Outcome::deny(max.saturating_sub(n), reset_after(leases), Some(at - now));
     }
-    if peek {
+    // (no lease: nothing can be taken, since nothing could give it back; callers refuse
+    // such a check before it gets here, `unleased` and `check_all`, so it answers as a peek)
+    let Some(lease_id) = lease_id.filter(|_| !peek) else {
         return Outcome::allow(max - n, reset_after(leases), 0);
-    }
+    };
     leases.hold(lease_member(lease_id, cost), cost, now + ttl);
     let (n, reset) = (leases.held, reset_after(leases));
     if let Some(new) = empty {

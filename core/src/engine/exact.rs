@@ -71,9 +71,9 @@ mod tests {
         let mut state = None;
         let mut n = 0;
         let mut take = |now: u64| {
-            let free = decide(c, &mut state, now, 1, true, "").remaining;
+            let free = decide(c, &mut state, now, 1, true, None).remaining;
             if free > 0 {
-                assert!(decide(c, &mut state, now, free, false, "").allowed);
+                assert!(decide(c, &mut state, now, free, false, None).allowed);
                 n += free;
             }
         };
@@ -100,7 +100,7 @@ mod tests {
         let c = compiled(Limit::token_bucket(100, 300_000.0));
         let (mut state, mut n) = (None, 0);
         for now in t0..=t0 + 10_000_000 {
-            n += u64::from(decide(&c, &mut state, now, 1, false, "").allowed);
+            n += u64::from(decide(&c, &mut state, now, 1, false, None).allowed);
         }
         assert_eq!(n, 100 + 3_000_000);
         // and the leaky bucket the same
@@ -140,23 +140,23 @@ mod tests {
         let c = compiled(Limit::token_bucket(2, 300_000.0));
         let t0 = 1_000_000;
         let mut s = None;
-        let o = decide(&c, &mut s, t0, 2, false, "");
+        let o = decide(&c, &mut s, t0, 2, false, None);
         assert!(o.allowed);
         assert_eq!(
             (o.remaining, o.reset_us),
             (0, 7),
             "20/3 µs to full, rounded up"
         );
-        let o = decide(&c, &mut s, t0, 1, false, "");
+        let o = decide(&c, &mut s, t0, 1, false, None);
         assert_eq!(
             (o.allowed, o.retry_us),
             (false, Some(4)),
             "10/3 µs, rounded up"
         );
-        assert!(!decide(&c, &mut s, t0 + 3, 1, true, "").allowed);
-        assert!(decide(&c, &mut s, t0 + 4, 1, false, "").allowed);
+        assert!(!decide(&c, &mut s, t0 + 3, 1, true, None).allowed);
+        assert!(decide(&c, &mut s, t0 + 4, 1, false, None).allowed);
         // a clock far behind the state: nothing available, no overflow
-        let o = decide(&c, &mut s, 5, 1, false, "");
+        let o = decide(&c, &mut s, 5, 1, false, None);
         assert!(!o.allowed && o.remaining == 0);
     }
 
@@ -188,9 +188,9 @@ mod tests {
         // two refill per µs
         assert_eq!(admitted(&c, t0, t0 + 1_000_000, 3), 10 + 2_000_000);
         let mut s = None;
-        let o = decide(&c, &mut s, t0, 10, false, "");
+        let o = decide(&c, &mut s, t0, 10, false, None);
         assert!(o.allowed && o.reset_us == 5);
-        let o = decide(&c, &mut s, t0, 3, false, "");
+        let o = decide(&c, &mut s, t0, 3, false, None);
         assert_eq!(o.retry_us, Some(2), "3/2 µs, rounded up");
     }
 }

@@ -91,7 +91,7 @@ pub(crate) fn apply(c: &Compiled, state: &mut Option<State>, now: u64, op: Settl
             }
         }
     }
-    let p = algo::decide(c, state, now, 1, true, "");
+    let p = algo::decide(c, state, now, 1, true, None);
     Outcome {
         allowed: true,
         remaining: p.remaining,

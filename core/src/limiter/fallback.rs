@@ -58,7 +58,7 @@ impl Limiter {
                         self.now(),
                         cost.min(share.limit + 1),
                         peek,
-                        "",
+                        None,
                         None,
                     )
                     .outcome

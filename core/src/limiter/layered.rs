@@ -556,7 +556,6 @@ pub(super) fn layer_reqs<'a>(layers: &'a [Layer], effs: &[Compiled]) -> Vec<Laye
             compiled: effs[i],
             key: &l.key,
             cost: l.cost.min(effs[i].limit + 1),
-            lease: "", // no layer is a concurrency limit
             auto_block: l.policy.0.auto_block,
         })
         .collect()

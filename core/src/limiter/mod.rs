@@ -19,6 +19,7 @@ use std::time::Duration;
 mod block_list;
 mod blocking;
 mod check;
+mod check_redis;
 mod fallback;
 mod handoff;
 mod host;

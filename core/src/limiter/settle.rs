@@ -123,7 +123,7 @@ impl Limiter {
                     now,
                     cost,
                     false,
-                    "",
+                    None,
                     p.auto_block.as_ref(),
                 );
                 let d = self.finish(p, &eff, key, raw, Source::Memory, None);

@@ -186,7 +186,7 @@ impl Limiter {
         let p = &*policy.0;
         let now = self.now();
         // no automatic blocking: a shadow denial must not enforce anything
-        let raw = m.check(scope, &eff, key, now, cost, false, "", None);
+        let raw = m.check(scope, &eff, key, now, cost, false, None, None);
         let d = self.finish_shadow(p, &eff, key, raw, Source::Memory, None);
         if d.shadow_denied {
             self.inner.shadow.add(&p.name, key, now);

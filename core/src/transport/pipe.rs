@@ -226,6 +226,13 @@ impl Pipe {
         Ok(Pipe { tx, shared })
     }
 
+    /// Closes the connection (its reply stream is in doubt: `why`), failing every caller
+    /// waiting on it; the next call connects again.
+    pub fn close(&self, why: &str) {
+        self.shared
+            .fail(&crate::transport::resp::protocol(why.to_string()));
+    }
+
     /// True once an I/O error broke the connection: make a new one.
     pub fn is_broken(&self) -> bool {
         self.shared.broken.load(Ordering::Acquire)
@@ -276,8 +283,9 @@ impl Pipe {
     }
 }
 
-/// A handle on a shard's pipelined connection that the redis crate's commands and scripts
-/// run on (`query_async`, `invoke_async`): what the engine sends besides checks. Each
+/// A handle on a shard's pipelined connection that the redis crate's commands
+/// run on (`query_async`): the plain commands the engine sends (block list, overrides,
+/// shadow counts; script calls go through `RedisEngine::call` and `Pipe::command`). Each
 /// command has the deadline of the call it belongs to.
 #[derive(Clone)]
 pub(crate) struct PipeConn {

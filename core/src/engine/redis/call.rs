@@ -1,5 +1,7 @@
-//! The call path to a shard: circuit gate, deadline, error mapping, latency and circuit
-//! accounting, over the pipe, a blocking connection, or the redis crate.
+//! The call path to a shard: [`RedisEngine::call`] (and its blocking twin) for every script
+//! call: circuit gate, deadline, the NOSCRIPT retry, error mapping, latency and circuit
+//! accounting, once, over the transports under it (the pipe, a blocking connection, or the
+//! redis crate's connection); [`RedisEngine::with_conn`] for plain commands.
 
 use super::*;
 
@@ -112,7 +114,8 @@ impl RedisEngine {
     }
 
     /// Runs `f` with shard `shard`'s connection: fails fast while its circuit is open,
-    /// records latency and feeds the circuit breaker.
+    /// records latency and feeds the circuit breaker. (Commands; scripts go through
+    /// [`RedisEngine::call`].)
     pub async fn with_conn<T, F, Fut>(self: &Arc<Self>, shard: usize, f: F) -> Result<T>
     where
         F: FnOnce(Conn) -> Fut,
@@ -141,17 +144,227 @@ impl RedisEngine {
         // the compiler's layout query depth in downstream crates)
         let deadline = start + self.timeout;
         let r = Box::pin(self.raw(&st, shard, deadline, f)).await;
-        self.account(&st, shard, &b, start, &r);
+        self.finish(&st, shard, &b, start, r)
+    }
+
+    /// Runs one script call on shard `shard` before `deadline`: the one call path of
+    /// every script (checks, shadow checks, layered checks, refunds, settles, releases,
+    /// resets, dump and restore). It fails fast while the circuit is open, sends the call
+    /// as EVALSHA over the shard's transport (the pipelined connection, where a check may
+    /// go in a batch call with its burst's others, or the redis crate's connection for
+    /// TLS, Sentinel and Cluster shards) and, when the server lost the script (restart,
+    /// SCRIPT FLUSH), once more as EVAL within the same deadline; it maps errors, takes
+    /// the reply's tag off (a reply with another call's tag is refused), records latency,
+    /// feeds the circuit, and reads the reply as the call's [`ScriptCall::read`] says.
+    pub(super) async fn call<C: ScriptCall>(
+        self: &Arc<Self>,
+        shard: usize,
+        call: &C,
+        deadline: Instant,
+    ) -> Result<C::Reply> {
+        let wire = call.wire(&self.prefix);
+        // boxed: keeps the futures of callers shallow (see `with_conn_at`)
+        let reply = Box::pin(self.call_wire(shard, &wire, deadline)).await?;
+        call.read(&self.shards[shard], reply)
+    }
+
+    /// [`RedisEngine::call`] on the calling thread, over a blocking connection (see
+    /// [`RedisEngine::send_blocking`]): the same gate, retry, mapping and accounting.
+    /// Only for shards that are [`RedisEngine::blocking_capable`].
+    pub(super) fn call_blocking<C: ScriptCall>(
+        self: &Arc<Self>,
+        shard: usize,
+        call: &C,
+        deadline: Instant,
+    ) -> Result<C::Reply> {
+        let wire = call.wire(&self.prefix);
+        let (st, b, start) = self.begin(shard, &wire)?;
+        let mut r = self.send_blocking(&st, shard, &wire, false, deadline);
+        if lost_scripts(&r) {
+            r = self.send_blocking(&st, shard, &wire, true, deadline);
+        }
+        let reply = self.finish(&st, shard, &b, start, served(self, shard, r))?;
+        call.read(&self.shards[shard], reply)
+    }
+
+    async fn call_wire(
+        self: &Arc<Self>,
+        shard: usize,
+        wire: &Wire<'_>,
+        deadline: Instant,
+    ) -> Result<Reply> {
+        let (st, b, start) = self.begin(shard, wire)?;
+        let mut r = self.send(&st, shard, wire, false, deadline).await;
+        if lost_scripts(&r) {
+            r = self.send(&st, shard, wire, true, deadline).await;
+        }
+        self.finish(&st, shard, &b, start, served(self, shard, r))
+    }
+
+    /// The start of a script call: the runtime state, the circuit it goes through (in a
+    /// Cluster, that of its key's primary) and its verdict, the start time.
+    fn begin(
+        self: &Arc<Self>,
+        shard: usize,
+        wire: &Wire<'_>,
+    ) -> Result<(Arc<RtState>, Breaker, Instant)> {
+        let st = self.state()?;
+        let b = match &self.cluster_nodes {
+            Some(_) => self.breaker(wire.slot_key(&self.prefix).as_deref()),
+            None => Breaker::Shard,
+        };
+        self.gate(shard, &b)?;
+        Ok((st, b, Instant::now()))
+    }
+
+    /// The end of every call to a shard: latency and the circuit accounted for; after a
+    /// backend failure the connection is forgotten (Sentinel) and a Cluster's topology
+    /// read again; an answer proves a new connection good.
+    fn finish<T>(
+        self: &Arc<Self>,
+        st: &RtState,
+        shard: usize,
+        b: &Breaker,
+        start: Instant,
+        r: Result<T>,
+    ) -> Result<T> {
+        self.account(st, shard, b, start, &r);
         match &r {
             Err(e) if e.is_backend() => {
-                self.forget_connection(&st, shard);
-                self.refresh_topology_soon(&st);
+                self.forget_connection(st, shard);
+                self.refresh_topology_soon(st);
             }
             Err(_) => {}
-            // (the redis crate's connection reconnects by itself: any answer proves it)
             Ok(_) => self.connect_ok(shard),
         }
         r
+    }
+
+    /// One attempt of `wire` on shard `shard`'s async transport (`eval`: as EVAL).
+    async fn send(
+        &self,
+        st: &RtState,
+        shard: usize,
+        wire: &Wire<'_>,
+        eval: bool,
+        deadline: Instant,
+    ) -> Result<Reply> {
+        let Some(target) = &self.targets[shard] else {
+            // TLS, Sentinel, Cluster: the redis crate's connection
+            let work = async {
+                let mut conn = self.connection(st, shard, deadline).await?;
+                let cmd = wire.cmd(&self.prefix, eval);
+                match redis::aio::ConnectionLike::req_packed_command(&mut conn, &cmd).await {
+                    Ok(v) => Ok(value_reply(v)),
+                    // an error reply stays a reply (NOSCRIPT, a script's error)
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        Ok(Reply::Error(format!("NOSCRIPT {e}")))
+                    }
+                    Err(e) => Err(map_redis_error(&self.shards[shard], self.timeout, e)),
+                }
+            };
+            let reply = match tokio::time::timeout_at(deadline.into(), work).await {
+                Ok(r) => r?,
+                Err(_) => return Err(self.timeout_error(shard)),
+            };
+            return match wire.tag() {
+                Some(tag) => untag(reply, tag).map_err(|_| self.not_theirs(shard)),
+                None => Ok(reply),
+            };
+        };
+        let io = |e| self.io_error(shard, e);
+        match wire {
+            Wire::Check(req) => {
+                // the hot path: the pipe sends a burst's checks together and takes a reply
+                // only if it carries the call's tag
+                st.keep_timers(self.timeout);
+                let _in_flight = st.spin(self.spin_wait());
+                let pipe = self.pipe(st, shard, target, deadline).await?;
+                let call = CheckCall::new(
+                    scripts::check_scripts(req.eff.algorithm),
+                    eval,
+                    req,
+                    &self.prefix,
+                );
+                // the request keeps the deadline itself: one that outlives it closes the
+                // connection (its reply stream is in doubt)
+                pipe.request(call, deadline).await.map_err(io)
+            }
+            Wire::Script { .. } => {
+                let pipe = self.pipe(st, shard, target, deadline).await?;
+                let packed = wire.cmd(&self.prefix, eval).get_packed_command();
+                let frame = pipe.command(packed, deadline).await.map_err(io)?;
+                let reply = parse_frame(&frame).map_err(io)?;
+                match wire.tag() {
+                    Some(tag) => untag(reply, tag).map_err(|_| {
+                        // the stream is in doubt: no later reply on it is trusted
+                        pipe.close(NOT_THEIRS);
+                        self.not_theirs(shard)
+                    }),
+                    None => Ok(reply),
+                }
+            }
+        }
+    }
+
+    /// One attempt of `wire` on the calling thread over a blocking connection to shard
+    /// `shard` (taken from the process's idle pool, or made): no hand-off to the I/O
+    /// runtime and back, the caller writes the command and reads the reply itself, which
+    /// is what a synchronous caller (a Python thread, a C or Go call) waits for anyway. A
+    /// connection that failed in any way is dropped, never reused; one that got an error
+    /// reply is fine, one that got a reply carrying another call's tag is not (see
+    /// `batch::untag`).
+    fn send_blocking(
+        &self,
+        st: &RtState,
+        shard: usize,
+        wire: &Wire<'_>,
+        eval: bool,
+        deadline: Instant,
+    ) -> Result<Reply> {
+        let Some(target) = &self.targets[shard] else {
+            return Err(Error::Internal(format!(
+                "shard {} has no blocking connections (Cluster, Sentinel or TLS)",
+                self.shards[shard].name
+            )));
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(self.timeout_error(shard));
+        }
+        let pooled = loop {
+            let c = st.blocking[shard].lock().pop();
+            match c {
+                // dropped: it got bytes or an EOF while idle (see BlockingConn::quiet)
+                Some(c) if !c.quiet() => continue,
+                c => break c,
+            }
+        };
+        let mut c = match pooled {
+            Some(c) => c,
+            None => {
+                self.may_connect(shard)?;
+                BlockingConn::connect(target, left).map_err(|e| self.io_error(shard, e))?
+            }
+        };
+        let packed = wire.cmd(&self.prefix, eval).get_packed_command();
+        // on an error the connection is dropped, never reused
+        let reply = c
+            .request(&packed, deadline, self.blocking_spin())
+            .map_err(|e| self.io_error(shard, e))?;
+        // a reply with another call's tag: the connection is not reused
+        let reply = match wire.tag() {
+            Some(tag) => untag(reply, tag).map_err(|_| self.not_theirs(shard))?,
+            None => reply,
+        };
+        let mut idle = st.blocking[shard].lock();
+        if idle.len() < BLOCKING_IDLE_MAX {
+            idle.push(c);
+        }
+        Ok(reply)
     }
 
     /// Records a call to shard `shard` that started at `start`: its latency, and for its
@@ -215,80 +428,6 @@ impl RedisEngine {
         self.targets.iter().all(Option::is_some)
     }
 
-    /// Sends one command on the calling thread over a blocking connection to shard
-    /// `shard` (taken from the process's idle pool, or made) and returns its reply, under
-    /// the same circuit, deadline, latency and failure accounting as
-    /// [`RedisEngine::with_conn`]. No hand-off to the I/O runtime and back: the caller
-    /// writes the command and reads the reply itself, which is what a synchronous caller (a
-    /// Python thread, a C or Go call) waits for anyway. A connection that failed in any way
-    /// is dropped, never reused; one that got an error reply is fine, one that got a reply
-    /// carrying another call's `tag` is not (see `batch::untag`). `deadline` is the call's
-    /// (a NOSCRIPT retry shares it with the try before).
-    pub fn request_blocking(
-        self: &Arc<Self>,
-        shard: usize,
-        packed: &[u8],
-        deadline: Instant,
-        tag: u64,
-    ) -> Result<Reply> {
-        let Some(target) = &self.targets[shard] else {
-            return Err(Error::Internal(format!(
-                "shard {} has no blocking connections (Cluster, Sentinel or TLS)",
-                self.shards[shard].name
-            )));
-        };
-        let st = self.state()?;
-        self.gate(shard, &Breaker::Shard)?;
-        let start = Instant::now();
-        let left = deadline.saturating_duration_since(start);
-        if left.is_zero() {
-            let r = Err(self.timeout_error(shard));
-            self.account(&st, shard, &Breaker::Shard, start, &r);
-            return r;
-        }
-        let pooled = loop {
-            let c = st.blocking[shard].lock().pop();
-            match c {
-                // dropped: it got bytes or an EOF while idle (see BlockingConn::quiet)
-                Some(c) if !c.quiet() => continue,
-                c => break c,
-            }
-        };
-        let fresh = pooled.is_none();
-        let conn = match pooled {
-            Some(c) => Ok(c),
-            None => self.may_connect(shard).and_then(|()| {
-                BlockingConn::connect(target, left).map_err(|e| self.io_error(shard, e))
-            }),
-        };
-        let r = conn.and_then(
-            |mut c| match c.request(packed, deadline, self.blocking_spin()) {
-                // the connection is dropped, never reused
-                Err(e) => Err(self.io_error(shard, e)),
-                Ok(Reply::Error(e)) if refused_reply(&e) => Err(self.refused(shard, &e)),
-                Ok(reply) => {
-                    // a reply with another call's tag: the connection is not reused
-                    let reply = untag(reply, tag).map_err(|_| {
-                        self.io_error(
-                            shard,
-                            crate::transport::resp::protocol(crate::transport::batch::NOT_THEIRS),
-                        )
-                    })?;
-                    if fresh {
-                        self.connect_ok(shard);
-                    }
-                    let mut idle = st.blocking[shard].lock();
-                    if idle.len() < BLOCKING_IDLE_MAX {
-                        idle.push(c);
-                    }
-                    Ok(reply)
-                }
-            },
-        );
-        self.account(&st, shard, &Breaker::Shard, start, &r);
-        r
-    }
-
     pub(super) fn io_error(&self, shard: usize, e: std::io::Error) -> Error {
         if e.kind() == std::io::ErrorKind::TimedOut {
             self.timeout_error(shard)
@@ -300,57 +439,46 @@ impl RedisEngine {
         }
     }
 
-    /// Sends one check script call over shard `shard`'s pipelined connection and
-    /// returns its reply, under the same circuit, deadline, latency and failure accounting
-    /// as [`RedisEngine::with_conn`]. `deadline` is the call's (a NOSCRIPT retry shares it
-    /// with the try before).
-    pub async fn request_pipelined(
-        self: &Arc<Self>,
-        shard: usize,
-        call: CheckCall,
-        deadline: Instant,
-    ) -> Result<Reply> {
-        let Some(target) = &self.targets[shard] else {
-            return Err(Error::Internal(format!(
-                "shard {} has no pipelined connection (Cluster, Sentinel or TLS)",
-                self.shards[shard].name
-            )));
-        };
-        let st = self.state()?;
-        self.gate(shard, &Breaker::Shard)?;
-        st.keep_timers(self.timeout);
-        let _in_flight = st.spin(self.spin_wait());
-        let start = Instant::now();
-        let work = async {
-            let pipe = self.pipe(&st, shard, target, deadline).await?;
-            // the request keeps the deadline itself: one that outlives it closes the
-            // connection (its reply stream is in doubt)
-            pipe.request(call, deadline)
-                .await
-                .map_err(|e| self.io_error(shard, e))
-        };
-        // (no timeout around `work`: both of its steps keep the deadline themselves)
-        let r = match work.await {
-            // (a server that refuses a client closes its connection: the pipe breaks)
-            Ok(Reply::Error(e)) if refused_reply(&e) => Err(self.refused(shard, &e)),
-            Ok(reply) => {
-                let slot = &st.pipes[shard];
-                if slot.fresh.load(Ordering::Relaxed) && slot.fresh.swap(false, Ordering::AcqRel) {
-                    self.connect_ok(shard);
-                }
-                Ok(reply)
-            }
-            Err(e) => Err(e),
-        };
-        self.account(&st, shard, &Breaker::Shard, start, &r);
-        r
-    }
-
     /// The error of a reply that carries another call's tag.
     pub(super) fn not_theirs(&self, shard: usize) -> Error {
         Error::Connection {
             shard: self.shards[shard].name.clone(),
             message: crate::transport::batch::NOT_THEIRS.into(),
         }
+    }
+}
+
+/// A call's reply, unless the server refused to serve the command ([`refused_reply`]):
+/// then a connection failure.
+fn served(e: &RedisEngine, shard: usize, r: Result<Reply>) -> Result<Reply> {
+    match r {
+        Ok(Reply::Error(m)) if refused_reply(&m) => Err(e.refused(shard, &m)),
+        r => r,
+    }
+}
+
+/// A call's result that says the server no longer holds the script (restart, SCRIPT
+/// FLUSH): the call goes once more as EVAL, which loads it again.
+fn lost_scripts(r: &Result<Reply>) -> bool {
+    matches!(r, Ok(r) if r.is_noscript())
+}
+
+/// A reply the redis crate parsed, as [`Reply`] (Cluster, Sentinel and TLS shards).
+fn value_reply(v: redis::Value) -> Reply {
+    match v {
+        redis::Value::Nil => Reply::Nil,
+        redis::Value::Int(n) => Reply::Int(n),
+        redis::Value::BulkString(b) => Reply::Str(b),
+        redis::Value::SimpleString(s) => Reply::Str(s.into_bytes()),
+        redis::Value::Okay => Reply::Str(b"OK".to_vec()),
+        redis::Value::Array(items) | redis::Value::Set(items) => {
+            Reply::Array(items.into_iter().map(value_reply).collect())
+        }
+        // as the server wrote it: `CODE details` (NOSCRIPT, a script's ERR, ...)
+        redis::Value::ServerError(e) => Reply::Error(match e.details() {
+            Some(d) => format!("{} {d}", e.code()),
+            None => e.code().to_string(),
+        }),
+        other => Reply::Error(format!("unexpected reply {other:?}")),
     }
 }

@@ -230,12 +230,6 @@ impl RedisEngine {
         self.cluster_nodes.as_ref().map(|_| redis_key.to_string())
     }
 
-    /// [`RedisEngine::at`] of a layered call (its keys share one slot).
-    pub(super) fn layers_at(&self, layers: &[(LayerReq<'_>, &str)]) -> Option<String> {
-        let (l, key_scope) = layers.first().filter(|_| self.cluster_nodes.is_some())?;
-        Some(state_key(&self.prefix, key_scope, l.key))
-    }
-
     pub(super) fn circuit<'a>(&'a self, shard: usize, b: &'a Breaker) -> &'a Circuit {
         match b {
             Breaker::Shard => &self.circuits[shard],

@@ -322,7 +322,6 @@ impl RedisEngine {
             .map_err(|e| connect_panic(&self.shards[shard], e))?
             .map_err(|e| self.io_error(shard, e))?;
         let pipe = Arc::new(pipe);
-        slot.fresh.store(true, Ordering::Release);
         slot.pipe.store(Some(Arc::clone(&pipe)));
         Ok(pipe)
     }

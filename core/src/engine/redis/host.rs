@@ -69,6 +69,6 @@ impl RedisEngine {
             Err(e) => Err(self.io_error(shard, e)),
         };
         self.account(&st, shard, &Breaker::Shard, start, &r);
-        self.script_reply(shard, r?, limit, cost)
+        check_script_reply(&self.shards[shard], r?, limit, cost)
     }
 }

@@ -13,10 +13,10 @@ use crate::error::{Error, Result};
 use crate::events::{CircuitState, Event, Subscribers};
 use crate::metrics::Latency;
 use crate::policy::{AutoBlock, Compiled, PolicyInner};
-use crate::transport::batch::{untag, CheckCall};
+use crate::transport::batch::{untag, CheckCall, NOT_THEIRS};
 use crate::transport::blocking::{BlockingConn, Target};
 use crate::transport::pipe::{Pipe, PipeConn};
-use crate::transport::resp::Reply;
+use crate::transport::resp::{parse_frame, Reply};
 use arc_swap::ArcSwapOption;
 use futures_util::FutureExt;
 use parking_lot::Mutex;
@@ -35,14 +35,13 @@ mod commands;
 mod connect;
 mod host;
 pub mod keys;
-mod noscript;
 mod overrides;
 pub(crate) mod protocol;
 pub mod scripts;
 mod shadow;
 pub use shadow::{SHADOW_MAX_KEYS, SHADOW_TTL};
 mod settle;
-pub(crate) use settle::{MultiSettled, SettleCall, Settled};
+pub(crate) use protocol::{MultiSettled, SettleCall, Settled};
 
 use scripts::ScriptId;
 mod stream;
@@ -51,7 +50,6 @@ use crate::transport::runtime::{fork_generation, mono_us, start_runtime, RtState
 use call::*;
 use circuit::*;
 use connect::*;
-use noscript::*;
 use protocol::*;
 pub(crate) use protocol::{CheckRequest, Checked, LayeredChecked, LayeredTail, Mode, OverrideArg};
 pub(crate) use stream::StreamItem;
@@ -139,9 +137,6 @@ pub(crate) struct Slot {
 pub(crate) struct PipeSlot {
     pub(crate) pipe: ArcSwapOption<Pipe>,
     pub(crate) connecting: tokio::sync::Mutex<()>,
-    /// the pipe stored is new: no reply has shown yet that the server took it (a server
-    /// at `maxclients` accepts the connection and answers its first command with an error)
-    pub(crate) fresh: AtomicBool,
 }
 
 pub(crate) struct RedisEngine {

@@ -2,7 +2,15 @@
 //! and checked (every value from Redis is untrusted).
 
 use super::*;
+use crate::engine::redis::keys::shadow_key;
 use crate::policy::Algorithm;
+
+mod admin;
+mod layered;
+mod settle;
+pub(crate) use admin::{DumpRequest, Dumped, ReleaseRequest, ResetRequest, RestoreRequest};
+pub(crate) use layered::{LayeredRequest, RefundRequest};
+pub(crate) use settle::{MultiSettled, SettleCall, SettleMultiRequest, SettleRequest, Settled};
 
 /// How a check script runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +81,32 @@ pub(super) fn block_verdict(shard: &ShardConfig, r: &[i64], v: i64) -> Result<Bl
             r,
             "a block verdict other than 0, 1 or 2",
         )),
+    }
+}
+
+/// The block reason automatic blocking writes (`""` when the policy blocks nothing).
+pub(super) fn auto_block_reason(after: u64, policy: &str) -> String {
+    if after > 0 {
+        format!("auto: policy {policy}")
+    } else {
+        String::new()
+    }
+}
+
+/// An algorithm's 7th argument besides a lease id (see [`CheckRequest::write`]): the
+/// per-key window shift or the exact interval's denominator, `""` for none.
+pub(super) struct Extra(Option<u64>);
+
+pub(super) fn extra_arg(eff: &Compiled, key: &str) -> Extra {
+    Extra(eff.extra_arg(key))
+}
+
+impl redis::ToRedisArgs for Extra {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        match self.0 {
+            Some(x) => x.write_redis_args(out),
+            None => "".write_redis_args(out),
+        }
     }
 }
 
@@ -157,6 +191,17 @@ impl redis::ToRedisArgs for OverrideArg {
     }
 }
 
+impl OverrideArg {
+    /// As one of a layered call's further versions (`LayeredTail::more`): the cached
+    /// version, or `""` for none.
+    pub fn as_more(self) -> OverrideArg {
+        match self {
+            OverrideArg::Cached(v) => OverrideArg::Cached(v),
+            _ => OverrideArg::None,
+        }
+    }
+}
+
 /// The tail of a layered call of one key's layers (`core/lua/main_layered.lua`): the
 /// override version compared first, and shadow counting.
 pub(crate) struct LayeredTail<'a> {
@@ -176,12 +221,12 @@ impl LayeredTail<'_> {
     /// multi-limit settle scripts read them: with `Off` the key is never read (the key's
     /// block key, of the same slot, stands in). The entry shares the slot of the key's
     /// state (its hash tag is the key's).
-    pub fn push_override(&self, prefix: &str, inv: &mut redis::ScriptInvocation<'_>) {
+    pub fn push_override(&self, prefix: &str, a: &mut ScriptArgs) {
         match self.ov {
-            OverrideArg::Off => inv.key(block_key(prefix, self.key)),
-            _ => inv.key(override_key(prefix, self.policy, self.key)),
+            OverrideArg::Off => a.key(block_key(prefix, self.key)),
+            _ => a.key(override_key(prefix, self.policy, self.key)),
         };
-        inv.arg(self.ov);
+        a.arg(self.ov);
     }
 }
 
@@ -245,11 +290,7 @@ impl CheckRequest<'_> {
         out.int(after);
         out.int(within);
         out.int(dur);
-        if after > 0 {
-            out.arg(format!("auto: policy {}", p.name).as_bytes());
-        } else {
-            out.arg(b"");
-        }
+        out.arg(auto_block_reason(after, &p.name).as_bytes());
         out.mark(CheckPart::Tag);
         out.int(self.tag);
     }
@@ -257,88 +298,285 @@ impl CheckRequest<'_> {
     /// The call as a command: `EVALSHA <sha1> 3 ...`, or with `eval` the whole source
     /// (`EVAL <script> 3 ...`, after a NOSCRIPT reply).
     pub fn cmd(&self, prefix: &str, eval: bool) -> redis::Cmd {
-        let id = ScriptId::Check(self.eff.algorithm);
-        let mut cmd = if eval {
-            let mut c = redis::cmd("EVAL");
-            c.arg(id.source());
-            c
-        } else {
-            let mut c = redis::cmd("EVALSHA");
-            c.arg(id.script().get_hash());
-            c
-        };
+        let mut cmd = script_cmd(ScriptId::Check(self.eff.algorithm), eval);
         cmd.arg(CHECK_KEYS);
         self.write(prefix, &mut cmd);
         cmd
     }
 }
 
-impl RedisEngine {
-    /// The [`Raw`] outcome of a check of `cost` units against `limit` in reply `r`.
-    pub(super) fn check_reply(
-        &self,
-        shard: usize,
-        r: &[i64],
-        limit: u64,
-        cost: u64,
-    ) -> Result<Raw> {
-        let sc = &self.shards[shard];
-        if r.len() != 7 {
-            return Err(implausible(sc, r, "not 7 values"));
-        }
-        let o = outcome(r, sc, limit)?;
-        let granted = r[6];
-        if granted < 0 || granted as u64 > cost || (granted > 0 && !o.allowed) {
-            return Err(implausible(
-                sc,
-                r,
-                &format!("{granted} units admitted of {cost}"),
-            ));
-        }
-        Ok(Raw {
-            outcome: o,
-            blocked: block_verdict(sc, r, r[5])?,
-            granted: granted as u64,
+/// The [`Raw`] outcome of a check of `cost` units against `limit` in reply `r`.
+pub(super) fn check_reply(sc: &ShardConfig, r: &[i64], limit: u64, cost: u64) -> Result<Raw> {
+    if r.len() != 7 {
+        return Err(implausible(sc, r, "not 7 values"));
+    }
+    let o = outcome(r, sc, limit)?;
+    let granted = r[6];
+    if granted < 0 || granted as u64 > cost || (granted > 0 && !o.allowed) {
+        return Err(implausible(
+            sc,
+            r,
+            &format!("{granted} units admitted of {cost}"),
+        ));
+    }
+    Ok(Raw {
+        outcome: o,
+        blocked: block_verdict(sc, r, r[5])?,
+        granted: granted as u64,
+    })
+}
+
+/// The error of a script reply of an unexpected shape (`what`: which script's), showing
+/// a bounded part of it.
+pub(super) fn unexpected(sc: &ShardConfig, what: &str, reply: &Reply) -> Error {
+    Error::Script {
+        shard: sc.name.clone(),
+        message: match reply {
+            Reply::Error(e) => e.chars().take(500).collect(),
+            other => format!(
+                "unexpected {what} reply {:?}",
+                crate::transport::resp::Shown(other)
+            ),
+        },
+    }
+}
+
+/// A script reply that is an override entry (`{'o', entry, j}`, `core/lua/check.lua`):
+/// the entry (`""` or nil: none) and `j` (0: the call's own key; `1..=more`: the `j`-th of
+/// a layered call's other keys). `Ok(None)`: not an entry. Only a reply of 3 values whose
+/// first is the string `o` is one (a decision is all integers).
+pub(super) fn override_entry(
+    sc: &ShardConfig,
+    what: &str,
+    reply: &Reply,
+    more: usize,
+) -> Result<Option<(Vec<u8>, usize)>> {
+    let Reply::Array(items) = reply else {
+        return Ok(None);
+    };
+    if items.len() != 3 || !matches!(&items[0], Reply::Str(s) if s == b"o") {
+        return Ok(None);
+    }
+    let bad = || Error::Script {
+        shard: sc.name.clone(),
+        message: format!(
+            "unexpected override entry in a {what} reply: {:?}",
+            crate::transport::resp::Shown(reply)
+        ),
+    };
+    let entry = match &items[1] {
+        Reply::Str(v) => v.clone(),
+        Reply::Nil => Vec::new(),
+        _ => return Err(bad()),
+    };
+    match &items[2] {
+        Reply::Int(j) if (0..=more as i64).contains(j) => Ok(Some((entry, *j as usize))),
+        _ => Err(bad()),
+    }
+}
+
+/// The integers of a decision reply (`what`: which script's).
+pub(super) fn ints(sc: &ShardConfig, what: &str, reply: &Reply) -> Result<Vec<i64>> {
+    let Reply::Array(items) = reply else {
+        return Err(unexpected(sc, what, reply));
+    };
+    items
+        .iter()
+        .map(|i| match i {
+            Reply::Int(n) => Ok(*n),
+            _ => Err(unexpected(sc, what, reply)),
         })
+        .collect()
+}
+
+/// A check script's reply (its tag taken off): a decision, or the key's override entry.
+pub(super) fn check_script_reply(
+    sc: &ShardConfig,
+    reply: Reply,
+    limit: u64,
+    cost: u64,
+) -> Result<Checked> {
+    // {'o', entry, 0} after its tag came off (core/lua/check.lua): without the tag the 0
+    // would have been compared as one, so this shape is always the call's own
+    if let Some((v, _)) = override_entry(sc, "script", &reply, 0)? {
+        return Ok(Checked::Override(v));
+    }
+    let r = ints(sc, "script", &reply)?;
+    check_reply(sc, &r, limit, cost).map(Checked::Decided)
+}
+
+/// The keys and arguments of one script call, in the order its script reads them; packed
+/// into `EVALSHA`/`EVAL` by the redis crate's command encoder ([`ScriptArgs::cmd`]).
+pub(crate) struct ScriptArgs {
+    keys: redis::Cmd,
+    args: redis::Cmd,
+    /// a check's arguments written through [`CheckSink`]: the keys come first, then the
+    /// arguments from [`CheckPart::Item`] on
+    in_args: bool,
+}
+
+impl Default for ScriptArgs {
+    fn default() -> Self {
+        ScriptArgs {
+            keys: redis::Cmd::new(),
+            args: redis::Cmd::new(),
+            in_args: false,
+        }
+    }
+}
+
+impl ScriptArgs {
+    pub fn key(&mut self, k: impl redis::ToRedisArgs) -> &mut Self {
+        self.keys.arg(k);
+        self
     }
 
-    /// The [`Raw`] outcome of a check script's reply.
-    pub(super) fn script_reply(
-        &self,
-        shard: usize,
-        reply: Reply,
-        limit: u64,
-        cost: u64,
-    ) -> Result<Checked> {
-        let script_error = |message: String| Error::Script {
-            shard: self.shards[shard].name.clone(),
-            message,
-        };
-        let r = match reply {
-            // {'o', entry, 0} after its tag came off (core/lua/check.lua): without the tag
-            // the 0 would have been compared as one, so this shape is always the call's own
-            Reply::Array(items)
-                if items.len() == 3 && matches!(&items[0], Reply::Str(s) if s == b"o") =>
-            {
-                let mut items = items.into_iter().skip(1);
-                return match (items.next(), items.next()) {
-                    (Some(Reply::Str(v)), Some(Reply::Int(0))) => Ok(Checked::Override(v)),
-                    other => Err(script_error(format!(
-                        "unexpected override entry in a script reply: {other:?}"
-                    ))),
-                };
+    pub fn arg(&mut self, a: impl redis::ToRedisArgs) -> &mut Self {
+        self.args.arg(a);
+        self
+    }
+
+    /// The first key (in a Cluster it picks the call's circuit: every key of a call shares
+    /// its slot).
+    pub fn first_key(&self) -> Option<String> {
+        match self.keys.args_iter().next()? {
+            redis::Arg::Simple(k) => Some(String::from_utf8_lossy(k).into_owned()),
+            _ => None,
+        }
+    }
+
+    /// The call as a command: `EVALSHA <sha1> <numkeys> <keys> <args>`, or with `eval` the
+    /// whole source (`EVAL <script> ...`, after a NOSCRIPT reply, which loads it again).
+    pub fn cmd(&self, id: ScriptId, eval: bool) -> redis::Cmd {
+        let mut cmd = script_cmd(id, eval);
+        cmd.arg(self.keys.args_iter().len());
+        for a in self.keys.args_iter().chain(self.args.args_iter()) {
+            if let redis::Arg::Simple(b) = a {
+                cmd.arg(b);
             }
-            Reply::Array(items) => items
-                .iter()
-                .map(|i| match i {
-                    Reply::Int(n) => Ok(*n),
-                    other => Err(script_error(format!("unexpected script reply {other:?}"))),
-                })
-                .collect::<Result<Vec<i64>>>()?,
-            Reply::Error(e) => return Err(script_error(e)),
-            other => return Err(script_error(format!("unexpected script reply {other:?}"))),
-        };
-        self.check_reply(shard, &r, limit, cost)
-            .map(Checked::Decided)
+        }
+        cmd
+    }
+}
+
+impl CheckSink for ScriptArgs {
+    fn arg(&mut self, a: &[u8]) {
+        if self.in_args {
+            self.args.arg(a);
+        } else {
+            self.keys.arg(a);
+        }
+    }
+    fn mark(&mut self, part: CheckPart) {
+        if part == CheckPart::Item {
+            self.in_args = true;
+        }
+    }
+}
+
+/// `EVALSHA <sha1>` of script `id`, or `EVAL <source>`.
+pub(super) fn script_cmd(id: ScriptId, eval: bool) -> redis::Cmd {
+    if eval {
+        let mut c = redis::cmd("EVAL");
+        c.arg(id.source());
+        c
+    } else {
+        let mut c = redis::cmd("EVALSHA");
+        c.arg(id.script().get_hash());
+        c
+    }
+}
+
+/// What one script call puts on the wire.
+pub(crate) enum Wire<'a> {
+    /// A check: the pipelined connection may send it in one batch call with its burst's
+    /// other checks of the algorithm ([`crate::transport::batch::pack_calls`]).
+    Check(&'a CheckRequest<'a>),
+    /// Any other script call; `tag`: the tag its reply echoes (a shadow check's).
+    Script {
+        id: ScriptId,
+        args: ScriptArgs,
+        tag: Option<u64>,
+    },
+}
+
+impl Wire<'_> {
+    /// The tag the reply must carry (checks), taken off before the reply is read.
+    pub fn tag(&self) -> Option<u64> {
+        match self {
+            Wire::Check(req) => Some(req.tag),
+            Wire::Script { tag, .. } => *tag,
+        }
+    }
+
+    /// The call as one command (EVALSHA, or EVAL with `eval`).
+    pub fn cmd(&self, prefix: &str, eval: bool) -> redis::Cmd {
+        match self {
+            Wire::Check(req) => req.cmd(prefix, eval),
+            Wire::Script { id, args, .. } => args.cmd(*id, eval),
+        }
+    }
+
+    /// In a Cluster, the Redis key whose slot's primary serves the call (see
+    /// [`RedisEngine::breaker`]).
+    pub fn slot_key(&self, prefix: &str) -> Option<String> {
+        match self {
+            Wire::Check(req) => Some(state_key(prefix, &req.policy.key_scope, req.key)),
+            Wire::Script { args, .. } => args.first_key(),
+        }
+    }
+}
+
+/// One script call, typed: what goes on the wire ([`Wire`]) and how its reply is read.
+/// Every script the engine runs is called through one of these (`RedisEngine::call`),
+/// so this module is the one description of every script's arguments and reply.
+pub(crate) trait ScriptCall: Sync {
+    type Reply;
+    /// The call's script, keys and arguments (`prefix`: the config's key prefix).
+    fn wire(&self, prefix: &str) -> Wire<'_>;
+    /// Reads the reply (its tag taken off), checking every value: the bytes are untrusted.
+    fn read(&self, sc: &ShardConfig, reply: Reply) -> Result<Self::Reply>;
+}
+
+impl ScriptCall for CheckRequest<'_> {
+    type Reply = Checked;
+    fn wire(&self, _: &str) -> Wire<'_> {
+        Wire::Check(self)
+    }
+    fn read(&self, sc: &ShardConfig, reply: Reply) -> Result<Checked> {
+        check_script_reply(sc, reply, self.eff.limit, self.cost)
+    }
+}
+
+/// One check in shadow mode (`main_check.lua`'s shadow build): the check's keys, the
+/// policy's shadow hash (none in a Redis Cluster, where it would live in another slot than
+/// the key), the check's arguments, then the user key and the hash's TTL and bound.
+pub(crate) struct ShadowRequest<'a> {
+    pub req: &'a CheckRequest<'a>,
+    pub cluster: bool,
+}
+
+impl ScriptCall for ShadowRequest<'_> {
+    type Reply = Checked;
+
+    fn wire(&self, prefix: &str) -> Wire<'_> {
+        let req = self.req;
+        let mut a = ScriptArgs::default();
+        req.write(prefix, &mut a);
+        if !self.cluster {
+            a.key(shadow_key(prefix, &req.policy.name));
+        }
+        a.arg(req.key)
+            .arg(SHADOW_TTL.as_millis() as u64)
+            .arg(SHADOW_MAX_KEYS);
+        Wire::Script {
+            id: ScriptId::Shadow(req.eff.algorithm),
+            args: a,
+            tag: Some(req.tag),
+        }
+    }
+
+    fn read(&self, sc: &ShardConfig, reply: Reply) -> Result<Checked> {
+        check_script_reply(sc, reply, self.req.eff.limit, self.req.cost)
     }
 }

@@ -15,6 +15,7 @@ macro_rules! lua {
 macro_rules! all_algorithms {
     () => {
         concat!(
+            lua!("bucket_refund.lua"),
             lua!("fixed_window.lua"),
             lua!("sliding_window.lua"),
             lua!("sliding_log.lua"),
@@ -39,6 +40,7 @@ macro_rules! check_script {
             "local REFUND\n",
             $flag,
             lua!("prelude.lua"),
+            lua!("override.lua"),
             lua!($file),
             lua!("check.lua"),
             lua!($main)
@@ -95,6 +97,7 @@ check_script!(
 const LAYERED_SRC: &str = concat!(
     "local REFUND = {}\n",
     lua!("prelude.lua"),
+    lua!("override.lua"),
     all_algorithms!(),
     lua!("main_layered.lua")
 );
@@ -111,6 +114,7 @@ macro_rules! settle_script {
         const $name: &str = concat!(
             "local REFUND\n",
             lua!("prelude.lua"),
+            lua!("override.lua"),
             lua!($file),
             lua!("check.lua"),
             lua!("settle.lua"),
@@ -128,6 +132,7 @@ settle_script!(LEAKY_BUCKET_SETTLE_SRC, "leaky_bucket.lua");
 const SETTLE_MULTI_SRC: &str = concat!(
     "local REFUND\n",
     lua!("prelude.lua"),
+    lua!("override.lua"),
     all_algorithms!(),
     lua!("settle.lua"),
     lua!("main_settle_multi.lua")

@@ -3,7 +3,6 @@
 //! of those counts. (A multi-limit policy's shadow check is `main_layered.lua`'s, given
 //! the same hash: `RedisEngine::check_layers_with`.)
 
-use super::commands::value_reply;
 use super::*;
 use crate::engine::redis::keys::shadow_key;
 
@@ -12,24 +11,6 @@ use crate::engine::redis::keys::shadow_key;
 pub const SHADOW_MAX_KEYS: u64 = 1000;
 /// How long a shadow hash lives after its last count.
 pub const SHADOW_TTL: Duration = Duration::from_secs(7 * 86_400);
-
-/// Writes a check call's arguments into a command, inserting the shadow hash after the
-/// check's own keys.
-struct ShadowSink<'a> {
-    cmd: redis::Cmd,
-    hash: Option<&'a str>,
-}
-
-impl CheckSink for ShadowSink<'_> {
-    fn arg(&mut self, a: &[u8]) {
-        self.cmd.arg(a);
-    }
-    fn mark(&mut self, part: CheckPart) {
-        if let (CheckPart::Item, Some(h)) = (part, self.hash) {
-            self.cmd.arg(h);
-        }
-    }
-}
 
 impl RedisEngine {
     /// Runs one check in shadow mode (`main_check.lua`'s shadow build). In a Redis Cluster
@@ -41,46 +22,11 @@ impl RedisEngine {
         shard: usize,
         req: &CheckRequest<'_>,
     ) -> Result<Checked> {
-        let (limit, cost, tag) = (req.eff.limit, req.cost, req.tag);
-        let hash = (!self.is_cluster()).then(|| shadow_key(&self.prefix, &req.policy.name));
-        let build = |eval: bool| {
-            let id = ScriptId::Shadow(req.eff.algorithm);
-            let mut cmd = if eval {
-                let mut c = redis::cmd("EVAL");
-                c.arg(id.source());
-                c
-            } else {
-                let mut c = redis::cmd("EVALSHA");
-                c.arg(id.script().get_hash());
-                c
-            };
-            cmd.arg(CHECK_KEYS + usize::from(hash.is_some()));
-            let mut sink = ShadowSink {
-                cmd,
-                hash: hash.as_deref(),
-            };
-            req.write(&self.prefix, &mut sink);
-            let mut cmd = sink.cmd;
-            cmd.arg(req.key)
-                .arg(SHADOW_TTL.as_millis() as u64)
-                .arg(SHADOW_MAX_KEYS);
-            cmd
+        let req = ShadowRequest {
+            req,
+            cluster: self.is_cluster(),
         };
-        let at = self
-            .cluster_nodes
-            .as_ref()
-            .map(|_| state_key(&self.prefix, &req.policy.key_scope, req.key));
-        let (first, again) = (build(false), build(true));
-        let r: redis::Value = self
-            .with_conn_at(shard, at.as_deref(), |conn| async move {
-                query_script(conn, &first, &again).await
-            })
-            .await?;
-        // the same reply a check reads, and the rule of `untag`
-        match untag(value_reply(r), tag) {
-            Ok(reply) => self.script_reply(shard, reply, limit, cost),
-            Err(_) => Err(self.not_theirs(shard)),
-        }
+        self.call(shard, &req, Instant::now() + self.timeout).await
     }
 
     /// The shadow counts of `policy` on `shard`: (key, count) pairs and the count of keys
