@@ -160,7 +160,6 @@ pub struct Completers {
 }
 
 static GET_RUNNING_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-static RUN: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 impl Completers {
     /// Runs `fut` on the limiter's runtime and returns an asyncio future of its result,
@@ -208,6 +207,8 @@ impl Completers {
     /// A coroutine that, when first awaited, runs `fut` as [`Completers::spawn`] does. The
     /// asyncio future is made only then, on the loop that awaits it, so that
     /// `asyncio.run(limiter.acheck(...))` works: the call itself needs no running loop.
+    /// The coroutine is a [`Call`]: one object per call, where a Python coroutine wrapping
+    /// a started call cost a closure, a coroutine and its frame more (issue 16).
     pub fn coroutine<'py, T, F, C>(
         self: &Arc<Self>,
         py: Python<'py>,
@@ -222,21 +223,15 @@ impl Completers {
     {
         let me = self.clone();
         let limiter = limiter.clone();
-        let once = Mutex::new(Some((fut, convert)));
-        let start = pyo3::types::PyCFunction::new_closure(
+        let start: Start =
+            Box::new(move |py| me.spawn(py, &limiter, fut, convert).map(Bound::unbind));
+        Ok(Bound::new(
             py,
-            None,
-            None,
-            move |args, _kwargs| -> PyResult<Py<PyAny>> {
-                let py = args.py();
-                let taken = once.lock().unwrap_or_else(|e| e.into_inner()).take();
-                let (fut, convert) = taken.ok_or_else(|| {
-                    pyo3::exceptions::PyRuntimeError::new_err("this call was awaited already")
-                })?;
-                me.spawn(py, &limiter, fut, convert).map(Bound::unbind)
+            Call {
+                state: Mutex::new(CallState::New(start)),
             },
-        )?;
-        RUN.import(py, "shardlimit._aio", "_run")?.call1((start,))
+        )?
+        .into_any())
     }
 
     fn for_loop(&self, py: Python<'_>, ev: &Bound<'_, PyAny>) -> PyResult<Arc<Shared>> {
@@ -288,5 +283,135 @@ impl Completers {
             shared: shared.clone(),
         });
         Ok(shared)
+    }
+}
+
+/// Starts a call on the running loop: its asyncio future.
+type Start = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
+
+enum CallState {
+    /// not awaited yet
+    New(Start),
+    /// started: the iterator of its asyncio future (`send`/`throw` go to it)
+    Started(Py<PyAny>),
+    /// awaited through `__await__` (the iterator is the interpreter's), or closed
+    Gone,
+}
+
+/// The coroutine of an async call (`limiter.acheck(...)`): awaiting it starts the call on
+/// the running loop and waits for its asyncio future. It has `__await__` (what `await`
+/// uses) and `send`/`throw`/`close` (what a Task and `asyncio.run` use), so
+/// `asyncio.iscoroutine` holds for it. Awaited once.
+#[pyclass(frozen, module = "shardlimit._shardlimit", name = "Call")]
+pub struct Call {
+    state: Mutex<CallState>,
+}
+
+impl Call {
+    fn take_start(&self, py: Python<'_>) -> PyResult<Start> {
+        let mut st = self
+            .state
+            .lock_py_attached(py)
+            .unwrap_or_else(|e| e.into_inner());
+        match std::mem::replace(&mut *st, CallState::Gone) {
+            CallState::New(start) => Ok(start),
+            other => {
+                *st = other;
+                Err(pyo3::exceptions::PyRuntimeError::new_err(
+                    "this call was awaited already",
+                ))
+            }
+        }
+    }
+
+    /// The future's iterator, starting the call on the first `send`.
+    fn iter<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        {
+            let st = self
+                .state
+                .lock_py_attached(py)
+                .unwrap_or_else(|e| e.into_inner());
+            if let CallState::Started(it) = &*st {
+                return Ok(it.bind(py).clone());
+            }
+        }
+        let start = self.take_start(py)?;
+        let it = start(py)?.bind(py).call_method0(intern!(py, "__await__"))?;
+        *self
+            .state
+            .lock_py_attached(py)
+            .unwrap_or_else(|e| e.into_inner()) = CallState::Started(it.clone().unbind());
+        Ok(it)
+    }
+}
+
+#[pymethods]
+impl Call {
+    fn __await__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let start = self.take_start(py)?;
+        start(py)?.bind(py).call_method0(intern!(py, "__await__"))
+    }
+
+    fn send<'py>(&self, py: Python<'py>, value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        self.iter(py)?.call_method1(intern!(py, "send"), (value,))
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.iter(py)?
+            .call_method1(intern!(py, "send"), (py.None(),))
+    }
+
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (typ, val = None, tb = None))]
+    fn throw<'py>(
+        &self,
+        py: Python<'py>,
+        typ: &Bound<'py, PyAny>,
+        val: Option<&Bound<'py, PyAny>>,
+        tb: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let started = {
+            let mut st = self
+                .state
+                .lock_py_attached(py)
+                .unwrap_or_else(|e| e.into_inner());
+            match &*st {
+                CallState::Started(it) => Some(it.bind(py).clone()),
+                _ => {
+                    // never started: nothing to cancel, the exception goes back to the caller
+                    *st = CallState::Gone;
+                    None
+                }
+            }
+        };
+        match started {
+            Some(it) => it.call_method1(intern!(py, "throw"), (typ, val, tb)),
+            None => {
+                let exc = match val {
+                    Some(v) if !v.is_none() => v.clone(),
+                    _ if typ.is_instance_of::<pyo3::types::PyType>() => typ.call0()?,
+                    _ => typ.clone(),
+                };
+                Err(PyErr::from_value(exc))
+            }
+        }
+    }
+
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let st = std::mem::replace(
+            &mut *self
+                .state
+                .lock_py_attached(py)
+                .unwrap_or_else(|e| e.into_inner()),
+            CallState::Gone,
+        );
+        if let CallState::Started(it) = st {
+            // a started call's future is cancelled (the core's call finishes unobserved)
+            it.bind(py).call_method0(intern!(py, "close"))?;
+        }
+        Ok(())
     }
 }

@@ -8,7 +8,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any, Callable, Optional, Union
@@ -58,6 +58,35 @@ class Request:
     raw: Any
 
 
+class LazyHeaders(Mapping[str, str]):
+    """A request's headers (``make(source)``: names in lower case), made on first use:
+    most rules read none, or one, and a dict per request costs every request."""
+
+    __slots__ = ("_make", "_source", "_dict")
+
+    def __init__(self, make: Callable[[Any], dict[str, str]], source: Any) -> None:
+        self._make = make
+        self._source = source
+        self._dict: Optional[dict[str, str]] = None
+
+    def _all(self) -> dict[str, str]:
+        if self._dict is None:
+            self._dict = self._make(self._source)
+        return self._dict
+
+    def __getitem__(self, name: str) -> str:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+
 def by_client_ip(policy: PolicyLike, prefix: str = "ip:", ipv6_prefix: int = 64) -> Rule:
     """A rule limiting every request by client address under ``policy``: IPv6 clients by
     their network of ``ipv6_prefix`` bits (the core's ``ip_key``), so that one client cannot
@@ -67,14 +96,23 @@ def by_client_ip(policy: PolicyLike, prefix: str = "ip:", ipv6_prefix: int = 64)
     def rule(request: Request) -> Optional[Target]:
         if request.client_ip is None:
             return None
-        try:
-            key = ip_key(request.client_ip, ipv6_prefix)
-        except InvalidArgumentError:
-            # not an IP address (a Unix socket path, a test client's name): as it is
-            key = request.client_ip
-        return (prefix + key, policy)
+        return (prefix + _ip_key(request.client_ip, ipv6_prefix), policy)
 
+    # what the middlewares' fast path needs to apply this rule without building a Request
+    rule._shardlimit_by_ip = (prefix, policy, ipv6_prefix)  # type: ignore[attr-defined]
     return rule
+
+
+def _ip_key(client_ip: str, ipv6_prefix: int) -> str:
+    try:
+        return ip_key(client_ip, ipv6_prefix)
+    except InvalidArgumentError:
+        # not an IP address (a Unix socket path, a test client's name): as it is
+        return client_ip
+
+
+#: How many client addresses a middleware remembers the key of.
+IP_CACHE = 4096
 
 
 def _no_rule(request: Request) -> Optional[Target]:
@@ -114,9 +152,19 @@ class Checker:
             raise TypeError("pass either rule= or policy=, not both")
         self.limiter = limiter
         self.rule = rule
-        self.trusted = TrustedProxies(list(trusted_proxies))
-        #: policy name (or rate string) -> whether it is a concurrency policy
+        proxies = list(trusted_proxies)
+        self.trusted = TrustedProxies(proxies)
+        #: whether X-Forwarded-For is read at all (only a trusted proxy's is believed)
+        self.reads_forwarded_for = bool(proxies)
+        #: the built-in rule of ``policy=`` (by_client_ip): (prefix, policy, ipv6_prefix),
+        #: applied by :meth:`ip_target` without a Request
+        self.by_ip: Optional[tuple[str, PolicyLike, int]] = getattr(rule, "_shardlimit_by_ip", None)
+        #: (peer, X-Forwarded-For) -> the key of the built-in rule (None: no address)
+        self._ip_keys: dict[tuple[Optional[str], Optional[str]], Optional[str]] = {}
+        #: policy name (or rate string) -> whether it is a concurrency policy, for the
+        #: config of generation ``_generation`` (a reload may change a policy's algorithm)
         self._concurrency: dict[str, bool] = {}
+        self._generation = -1
 
     def client_ip(self, peer: Optional[str], forwarded_for: Optional[str]) -> Optional[str]:
         if peer is None:
@@ -130,8 +178,25 @@ class Checker:
     def request(
         self, method: str, path: str, headers: Mapping[str, str], peer: Optional[str], raw: Any
     ) -> Request:
-        ip = self.client_ip(peer, headers.get("x-forwarded-for"))
-        return Request(method, path, headers, peer, ip, raw)
+        # (X-Forwarded-For only matters when a proxy is trusted: then it is read)
+        forwarded_for = headers.get("x-forwarded-for") if self.reads_forwarded_for else None
+        return Request(method, path, headers, peer, self.client_ip(peer, forwarded_for), raw)
+
+    def ip_target(self, peer: Optional[str], forwarded_for: Optional[str]) -> Optional[Layer]:
+        """The built-in rule's check (:attr:`by_ip`) for a request from ``peer``: what the
+        rule returns for the Request, without building one; keys remembered per address."""
+        assert self.by_ip is not None
+        prefix, policy, ipv6_prefix = self.by_ip
+        cache_key = (peer, forwarded_for if self.reads_forwarded_for else None)
+        try:
+            key = self._ip_keys[cache_key]
+        except KeyError:
+            ip = self.client_ip(peer, cache_key[1])
+            key = None if ip is None else prefix + _ip_key(ip, ipv6_prefix)
+            if len(self._ip_keys) >= IP_CACHE:
+                self._ip_keys.clear()  # bounded: addresses are the clients' to choose
+            self._ip_keys[cache_key] = key
+        return None if key is None else (key, policy)
 
     def reserve(self, target: Target) -> tuple[Decision, Counted]:
         """A check whose units can be given back once the response is known (``deduct_when``):
@@ -189,6 +254,11 @@ class Checker:
     def is_concurrency(self, policy: PolicyLike) -> bool:
         """Whether a layer's policy is a concurrency policy (a rate string never is)."""
         if isinstance(policy, str):
+            generation = self.limiter._config_generation
+            if generation != self._generation:
+                # another config is in force: what was learnt of its policies may be wrong
+                self._concurrency.clear()
+                self._generation = generation
             known = self._concurrency.get(policy)
             if known is not None:
                 return known
@@ -249,7 +319,13 @@ class Checker:
             if reserve:
                 d, counted = await self.areserve(target)
                 return d, counted, []
-            return await self.acheck(target), None, []
+            if isinstance(target, list):
+                d = await self.limiter.acheck_all(target)
+            else:
+                d = await self.limiter.acheck(*target)
+            if d.allowed and d.delay > 0:
+                await asyncio.sleep(d.delay)  # (ahold, inline: one coroutine less)
+            return d, None, []
         d, leases = await self._aacquire(leased)
         if not d.allowed or rest is None:
             return d, None, leases
@@ -383,6 +459,16 @@ class Options:
     retry_after: str = "seconds"
     outage_retry_after: int = 1
 
+    @property
+    def x_ratelimit(self) -> bool:
+        """Whether the ``X-RateLimit-*`` headers are sent."""
+        return self.headers in ("both", "x-ratelimit")
+
+    @property
+    def ietf(self) -> bool:
+        """Whether the IETF ``RateLimit`` and ``RateLimit-Policy`` fields are sent."""
+        return self.headers in ("both", "ietf")
+
     def __post_init__(self) -> None:
         if self.headers not in HEADER_SETS:
             raise InvalidArgumentError(f"headers must be one of {HEADER_SETS}, got {self.headers!r}")
@@ -405,29 +491,44 @@ def is_outage(decision: Decision) -> bool:
 def rate_headers(decision: Decision, options: Options, now: Optional[float] = None) -> list[tuple[str, str]]:
     """The decision's headers as ``options`` ask, ``X-RateLimit-Reset`` as a Unix time."""
     now = time.time() if now is None else now
-    out: list[tuple[str, str]] = []
-    for name, value in decision.headers().items():
-        low = name.lower()
-        if low == "retry-after":
-            if is_outage(decision):
+    out = decision._wire_headers(options.x_ratelimit, options.ietf, now, False)
+    if decision.allowed:
+        return out  # (no Retry-After on an allowance)
+    outage = is_outage(decision)
+    for i, (name, value) in enumerate(out):
+        if name == "Retry-After":
+            if outage:
                 value = str(options.outage_retry_after)
             if options.retry_after == "http-date":
                 value = formatdate(now + int(value), usegmt=True)
-            out.append((name, value))
-            continue
-        ietf = low in _IETF
-        if options.headers == "none" or (ietf and options.headers == "x-ratelimit") \
-                or (not ietf and options.headers == "ietf"):
-            continue
-        if low == "x-ratelimit-reset":
-            value = str(int(now) + int(value))
-        out.append((name, value))
-    if is_outage(decision) and not any(k.lower() == "retry-after" for k, _ in out):
-        value = str(options.outage_retry_after)
-        if options.retry_after == "http-date":
-            value = formatdate(now + options.outage_retry_after, usegmt=True)
-        out.append(("Retry-After", value))
+            out[i] = (name, value)
+            break
+    else:
+        if outage:
+            value = str(options.outage_retry_after)
+            if options.retry_after == "http-date":
+                value = formatdate(now + options.outage_retry_after, usegmt=True)
+            out.append(("Retry-After", value))
     return out
+
+
+def raw_rate_headers(decision: Decision, options: Options) -> list[tuple[bytes, bytes]]:
+    """:func:`rate_headers` as ASGI sends them: lower-case names, bytes."""
+    if decision.allowed:
+        return decision._wire_headers(options.x_ratelimit, options.ietf, time.time(), True)
+    return [(k.lower().encode(), v.encode()) for k, v in rate_headers(decision, options)]
+
+
+_RAW_IETF = (b"ratelimit", b"ratelimit-policy", b"retry-after")
+
+
+def has_raw_rate_headers(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """:func:`has_rate_headers` of ASGI's (name, value) byte pairs."""
+    for name, _ in headers:
+        low = name.lower()
+        if low.startswith(b"x-ratelimit-") or low in _RAW_IETF:
+            return True
+    return False
 
 
 def has_rate_headers(names: Iterable[str]) -> bool:

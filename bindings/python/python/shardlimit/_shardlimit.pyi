@@ -2,7 +2,7 @@
 import os
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Optional, TypedDict, Union, final
+from typing import Any, Literal, Optional, TypedDict, Union, final, overload
 
 from typing_extensions import NotRequired
 
@@ -108,6 +108,18 @@ class Decision:
         """The decision as the CLI prints it (durations in milliseconds)."""
     def to_json(self) -> str:
         """The decision as the CLI prints it, as JSON text."""
+    @overload
+    def _wire_headers(
+        self, x_ratelimit: bool, ietf: bool, now: float, raw: Literal[True]
+    ) -> list[tuple[bytes, bytes]]:
+        """The headers as the middlewares send them (``shardlimit._http``): the sets asked,
+        ``X-RateLimit-Reset`` as the Unix time ``now`` + reset; ``raw``: lower-case byte
+        pairs (ASGI), else str pairs."""
+    @overload
+    def _wire_headers(
+        self, x_ratelimit: bool, ietf: bool, now: float, raw: Literal[False]
+    ) -> list[tuple[str, str]]:
+        """See the other overload."""
     def __bool__(self) -> bool: ...
     def __eq__(self, other: object) -> bool: ...
 
@@ -315,6 +327,10 @@ class Limiter:
     @property
     def policies(self) -> list[str]:
         """The names of the configured policies."""
+    @property
+    def _config_generation(self) -> int:
+        """Changes whenever the config in force does (a reload, a watched file): what the
+        middlewares' caches of policy facts are keyed by."""
     def connect(self, timeout: float = 5.0) -> None:
         """Connects to every shard and loads the scripts within ``timeout`` seconds of its
         own, so that the first checks do not spend their deadline connecting; raises the

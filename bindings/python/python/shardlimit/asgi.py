@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 
 from ._errors import Error
 from ._http import (
+    LazyHeaders,
     Checker,
     Options,
     PolicyLike,
@@ -34,9 +35,9 @@ from ._http import (
     awarm_up,
     by_client_ip,
     denial,
-    has_rate_headers,
+    has_raw_rate_headers,
     layers,
-    rate_headers,
+    raw_rate_headers,
 )
 from ._routes import RouteLimits, client_ip_key
 from ._shardlimit import Decision, Limiter
@@ -74,6 +75,13 @@ def _headers(scope: Scope) -> dict[str, str]:
         v = value.decode("latin-1")
         out[k] = f"{out[k]}, {v}" if k in out else v
     return out
+
+
+def _forwarded_for(scope: Scope) -> Optional[str]:
+    """The X-Forwarded-For headers, joined with ", " (None: there is none)."""
+    found = [v.decode("latin-1") for k, v in scope.get("headers") or ()
+             if k.lower() == b"x-forwarded-for"]
+    return ", ".join(found) if found else None
 
 
 def find_endpoint(app: Any, scope: Scope) -> Optional[Callable[..., object]]:
@@ -175,60 +183,80 @@ class RateLimitMiddleware:
 
         await self.app(scope, receive_after_warm_up, send)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await self._lifespan(scope, receive, send)
-            return
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        endpoint = None
-        if self.routes is not None:
-            endpoint = self._endpoint(scope)
-            if self.routes.is_exempt(endpoint):
-                await self.app(scope, receive, send)
-                return
+    def _request(self, scope: Scope) -> Request:
         client = scope.get("client")
-        request = self.checker.request(
+        return self.checker.request(
             scope.get("method", "GET"),
             scope.get("path", "/"),
-            _headers(scope),
+            LazyHeaders(_headers, scope),
             client[0] if client else None,
             scope,
         )
-        checks = layers(self.checker.rule(request))
-        if self.routes is not None:
-            checks += self.routes.layers_for(endpoint, request)
-        if not checks:
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind != "http":
+            if kind == "lifespan":
+                await self._lifespan(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+            return
+        checker = self.checker
+        request: Optional[Request] = None
+        target: Optional[Target]
+        if self.routes is None and checker.by_ip is not None:
+            # the lean path of policy=: the key from the client address (remembered per
+            # address), no Request unless a denial's handler needs one
+            client = scope.get("client")
+            target = checker.ip_target(
+                client[0] if client else None,
+                _forwarded_for(scope) if checker.reads_forwarded_for else None,
+            )
+        else:
+            endpoint = None
+            if self.routes is not None:
+                endpoint = self._endpoint(scope)
+                if self.routes.is_exempt(endpoint):
+                    await self.app(scope, receive, send)
+                    return
+            request = self._request(scope)
+            checks = layers(checker.rule(request))
+            if self.routes is not None:
+                checks += self.routes.layers_for(endpoint, request)
+            target = None if not checks else checks if len(checks) > 1 else checks[0]
+        if target is None:
             await self.app(scope, receive, send)
             return
-        target = checks if len(checks) > 1 else checks[0]
         try:
-            decision, counted, leases = await self.checker.aenter(
+            decision, counted, leases = await checker.aenter(
                 target, reserve=self.deduct_when is not None
             )
         except Error as e:
             await self._error(e, scope, receive, send)
             return
-        scope.setdefault("state", {})["shardlimit"] = decision
-        extra = [(k.lower().encode(), v.encode()) for k, v in rate_headers(decision, self.options)]
-
-        sent_status: list[int] = []
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                sent_status.append(int(message.get("status", 200)))
-                own = list(message.get("headers") or ())
-                if not has_rate_headers(k.decode("latin-1") for k, _ in own):
-                    message = dict(message)
-                    message["headers"] = own + extra
-            await send(message)
+        state = scope.get("state")
+        if state is None:
+            scope["state"] = {"shardlimit": decision}
+        else:
+            state["shardlimit"] = decision
+        extra = raw_rate_headers(decision, self.options)
 
         if not decision:
             outage = decision.source == "fallback"
             handler = self.on_unavailable if outage else self.on_limited
             if handler is not None:
-                await _answer(handler(request, decision), scope, receive, send_with_headers)
+                if request is None:
+                    request = self._request(scope)
+
+                async def send_denial(message: Message) -> None:
+                    if message["type"] == "http.response.start":
+                        own = list(message.get("headers") or ())
+                        if not has_raw_rate_headers(own):
+                            message = dict(message)
+                            message["headers"] = own + extra
+                    await send(message)
+
+                await _answer(handler(request, decision), scope, receive, send_denial)
                 return
             status, hdrs, body = denial(decision, self.options)
             await send(
@@ -240,12 +268,29 @@ class RateLimitMiddleware:
             )
             await send({"type": "http.response.body", "body": body})
             return
+
+        sent_status: list[int] = []
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                sent_status.append(int(message.get("status", 200)))
+                own = list(message.get("headers") or ())
+                if not has_raw_rate_headers(own):
+                    message = dict(message)
+                    message["headers"] = own + extra
+            await send(message)
+
+        if not leases and counted is None:
+            # nothing to give back when the response ends
+            await self.app(scope, receive, send_with_headers)
+            return
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
             # the response is sent (or the app raised, or the request was cancelled on a
             # client disconnect): a concurrency policy's lease goes back
-            await self.checker.aleave(leases)
+            if leases:
+                await self.checker.aleave(leases)
         if counted is not None and self.deduct_when is not None and sent_status:
             if not self.deduct_when(sent_status[0]):
                 try:

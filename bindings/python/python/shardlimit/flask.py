@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 from flask import Flask, Response, g, request
 
 from ._http import (
+    LazyHeaders,
     Checker,
     Options,
     PolicyLike,
@@ -42,6 +43,10 @@ __all__ = ["FlaskLimits", "client_ip_key"]
 log = logging.getLogger("shardlimit")
 #: A custom answer to a denied request: any Flask view return value.
 Handler = Callable[[Request, Decision], Any]
+
+
+def _lower_headers(headers: Any) -> dict[str, str]:
+    return {k.lower(): v for k, v in headers.items()}
 
 
 class FlaskLimits(RouteLimits):
@@ -101,7 +106,7 @@ class FlaskLimits(RouteLimits):
         view = self.checker.request(
             request.method,
             request.path,
-            {k.lower(): v for k, v in request.headers.items()},
+            LazyHeaders(_lower_headers, request.headers),
             request.remote_addr,
             request,
         )
@@ -132,8 +137,8 @@ class FlaskLimits(RouteLimits):
             except Exception:  # the response stands; the units stay counted
                 log.warning("shardlimit: giving back a request's units failed", exc_info=True)
         if decision is not None and not has_rate_headers(response.headers.keys()):
-            for k, v in rate_headers(decision, self.options):
-                response.headers[k] = v
+            # (none of these is set: one extend, not a replacing assignment each)
+            response.headers.extend(rate_headers(decision, self.options))
         return response
 
     def _teardown(self, error: Optional[BaseException]) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ._http import (
+    LazyHeaders,
     STATUS_LINES,
     Checker,
     Options,
@@ -94,20 +95,34 @@ class RateLimitMiddleware:
         if failed:
             log.warning("shardlimit: warm-up incomplete, the first checks may fall back: %s", failed)
 
-    def __call__(
-        self, environ: WSGIEnvironment, start_response: StartResponse
-    ) -> Iterable[bytes]:
-        request = self.checker.request(
+    def _request(self, environ: WSGIEnvironment) -> Request:
+        return self.checker.request(
             environ.get("REQUEST_METHOD", "GET"),
             environ.get("PATH_INFO", "/"),
-            _headers(environ),
+            LazyHeaders(_headers, environ),
             environ.get("REMOTE_ADDR") or None,
             environ,
         )
-        target = self.checker.rule(request)
+
+    def __call__(
+        self, environ: WSGIEnvironment, start_response: StartResponse
+    ) -> Iterable[bytes]:
+        checker = self.checker
+        request: Optional[Request] = None
+        target: Optional[Target]
+        if checker.by_ip is not None:
+            # the lean path of policy=: the key from the client address (remembered per
+            # address), no Request unless a denial's handler needs one
+            target = checker.ip_target(
+                environ.get("REMOTE_ADDR") or None,
+                environ.get("HTTP_X_FORWARDED_FOR") if checker.reads_forwarded_for else None,
+            )
+        else:
+            request = self._request(environ)
+            target = checker.rule(request)
         if target is None:
             return self.app(environ, start_response)
-        decision, _, leases = self.checker.enter(target)
+        decision, _, leases = checker.enter(target)
         environ["shardlimit.decision"] = decision
         extra = rate_headers(decision, self.options)
 
@@ -124,6 +139,8 @@ class RateLimitMiddleware:
         if not decision:
             handler = self.on_unavailable if is_outage(decision) else self.on_limited
             if handler is not None:
+                if request is None:
+                    request = self._request(environ)
                 answer: Iterable[bytes] = handler(request, decision)(environ, start_with_headers)
                 return answer
             status, hdrs, body = denial(decision, self.options)
