@@ -43,7 +43,7 @@ class HostTransport {
     const p = this.native.check(key, policy, cost)
     if (p === null) return p
     if (++this.unsent >= PIPELINE_CHUNK) {
-      this.#flush()
+      this.#write() // (the flush already scheduled writes the rest)
     } else if (!this.flushScheduled) {
       this.flushScheduled = true
       // the rest of this tick's checks go out in one write per shard
@@ -54,6 +54,10 @@ class HostTransport {
 
   #flush() {
     this.flushScheduled = false
+    this.#write()
+  }
+
+  #write() {
     this.unsent = 0
     const native = this.native
     for (let shard = 0; shard < this.sockets.length; shard++) {
