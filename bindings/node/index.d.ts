@@ -59,35 +59,38 @@ export interface Quota {
 /** Who decided: a Redis shard, the in-memory engine, local admission, the `on_error` fallback, the block list. */
 export type DecisionSource = 'redis' | 'memory' | 'local' | 'fallback' | 'block'
 
-/** The answer to a check. Durations are in milliseconds (with microsecond precision). */
+/**
+ * The answer to a check (durations in milliseconds, with microsecond precision): plain data (own properties, so `structuredClone` and
+ * `JSON.stringify` keep every field) with the core's rendering as methods.
+ */
 export declare class Decision {
   private constructor()
   /** Whether the request may proceed. A denied check consumed nothing. */
-  get allowed(): boolean
+  readonly allowed: boolean
   /** The effective limit (units per window, bucket capacity, or max concurrent). */
-  get limit(): number
+  readonly limit: number
   /** Units still available after this check. */
-  get remaining(): number
+  readonly remaining: number
   /** Milliseconds until the full budget is back with no further traffic. */
-  get resetAfter(): number
+  readonly resetAfter: number
   /** Shadow mode: the limit would have denied, but the policy (or the call, `{ shadow: true }`) is in shadow, so it was allowed and consumed nothing. Its headers do not say limited. */
-  get shadowDenied(): boolean
+  readonly shadowDenied: boolean
   /** When denied: milliseconds until the same check could pass; null when allowed or when the cost can never fit. */
-  get retryAfter(): number | null
+  readonly retryAfter: number | null
   /** Leaky bucket: milliseconds to wait before sending; 0 otherwise. */
-  get delay(): number
+  readonly delay: number
   /** The policy that decided. */
-  get policy(): string
+  readonly policy: string
   /** Who decided. */
-  get source(): DecisionSource
+  readonly source: DecisionSource
   /** The shard index that decided, when a Redis shard did. */
-  get shard(): number | null
+  readonly shard: number | null
   /** For a layered check: the index of the layer this decision describes. */
-  get layer(): number | null
+  readonly layer: number | null
   /** A multi-limit policy: the index of the limit this decision describes (the one that denied, or the tightest); null for a policy of one limit. */
-  get limitIndex(): number | null
+  readonly limitIndex: number | null
   /** A multi-limit policy: every limit in force, in order (what `RateLimit-Policy` lists); empty for a policy of one limit. */
-  get quotas(): Quota[]
+  readonly quotas: Quota[]
   /** `X-RateLimit-*`, `RateLimit`, `RateLimit-Policy` and (when denied) `Retry-After`. */
   headers(): Record<string, string>
   /** The JSON body of a 429 response. */

@@ -4,7 +4,7 @@
 // Error subclasses, and wraps the native limiter in an idiomatic class.
 
 const { native, platformTag } = require('./binding.js')
-const { NativeLimiter, NativeLimit, ManualClock, Decision, TrustedProxies } = native
+const { NativeLimiter, NativeLimit, ManualClock, TrustedProxies } = native
 const { HostTransport } = require('./host.js')
 
 // ---------------------------------------------------------------------------------------
@@ -703,11 +703,43 @@ class Limit {
   }
 }
 
-// A Decision serialises to its fields (the getters, durations in ms).
-Object.defineProperty(Decision.prototype, 'toJSON', {
-  configurable: true,
-  writable: true,
-  value: function toJSON() {
+// ---------------------------------------------------------------------------------------
+// Decisions: plain data with the core's rendering. The addon makes each one with a single
+// call of this constructor (src/decision.rs), so its fields are own properties:
+// structuredClone, JSON.stringify and spreading see them, and reading one costs no call
+// into the addon. headers() and body() hand the fields back to the core, which renders them.
+
+const SOURCES = ['redis', 'memory', 'local', 'fallback', 'block'] // src/decision.rs's order
+const kWindow = Symbol('shardlimit.window') // the window (ms) RateLimit-Policy names
+
+class Decision {
+  /** Made by the addon: the result of check() and the other calls that decide. */
+  constructor(allowed, limit, remaining, resetAfter, retryAfter, delay, policy, source, shard, layer, shadowDenied, limitIndex, quotas, windowMs) {
+    this.allowed = allowed
+    this.limit = limit
+    this.remaining = remaining
+    this.resetAfter = resetAfter
+    this.retryAfter = retryAfter
+    this.delay = delay
+    this.policy = policy
+    this.source = SOURCES[source]
+    this.shard = shard
+    this.layer = layer
+    this.shadowDenied = shadowDenied
+    this.limitIndex = limitIndex
+    this.quotas = quotas === null ? [] : quotas
+    this[kWindow] = windowMs
+  }
+  /** The standard rate-limit response headers, in the core's order. */
+  headers() {
+    return native.decisionHeaders(this.allowed, this.limit, this.remaining, this.resetAfter, this.retryAfter, this.policy, this.source, this.shadowDenied, this.limitIndex, this.limitIndex === null ? null : this.quotas, this[kWindow])
+  }
+  /** The JSON body of a 429 response. */
+  body() {
+    return native.decisionBody(this.allowed, this.limit, this.remaining, this.resetAfter, this.retryAfter, this.policy, this.source, this.shadowDenied, this.limitIndex, this.limitIndex === null ? null : this.quotas, this[kWindow])
+  }
+  /** The decision as the core's JSON has it (durations in ms; limitIndex and quotas for multi-limit policies only). */
+  toJSON() {
     const json = {
       allowed: this.allowed,
       limit: this.limit,
@@ -721,15 +753,15 @@ Object.defineProperty(Decision.prototype, 'toJSON', {
       layer: this.layer,
       shadowDenied: this.shadowDenied,
     }
-    const limitIndex = this.limitIndex
-    if (limitIndex !== null) {
+    if (this.limitIndex !== null) {
       // multi-limit policies only, as in the core's JSON
-      json.limitIndex = limitIndex
+      json.limitIndex = this.limitIndex
       json.quotas = this.quotas
     }
     return json
-  },
-})
+  }
+}
+native.setDecisionClass(Decision)
 
 /** The client address behind proxies, by the core's trusted-proxy rule. */
 function clientIp(peer, xForwardedFor, trustedProxies) {

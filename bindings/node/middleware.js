@@ -23,32 +23,34 @@ function ipOf(req, proxies) {
   return proxies.clientKey(peer, Array.isArray(xff) ? xff.join(',') : xff || null)
 }
 
-const LEGACY = /^X-RateLimit-/i
-const STANDARD = /^RateLimit(-Policy)?$/i
-
 /**
  * The response headers of `decision` under the header options: `X-RateLimit-*` (legacy,
  * with `X-RateLimit-Reset` as a Unix timestamp, as GitHub, Stripe and express-rate-limit
  * send it), the IETF `RateLimit` / `RateLimit-Policy` fields (delta seconds), and
  * `Retry-After` in seconds or as an HTTP date. `retryAfterSecs` overrides the decision's.
+ * (Every request of a limited route comes here: the core's header names are told apart
+ * by their first letters, not by regular expressions.)
  */
 function renderHeaders(decision, o, nowMs, retryAfterSecs) {
   const out = {}
   const core = decision.headers()
+  let coreRetry
   for (const name in core) {
-    let value = core[name]
-    if (LEGACY.test(name)) {
+    const value = core[name]
+    const c = name.charCodeAt(0)
+    if (c === 88 /* X-RateLimit-* */) {
       if (!o.legacyHeaders) continue
-      if (name === 'X-RateLimit-Reset') value = String(Math.ceil((nowMs + decision.resetAfter) / 1000))
-    } else if (STANDARD.test(name)) {
-      if (!o.standardHeaders) continue
+      out[name] = name === 'X-RateLimit-Reset' ? String(Math.ceil((nowMs + decision.resetAfter) / 1000)) : value
     } else if (name === 'Retry-After') {
-      continue // below
+      coreRetry = value // below
+    } else if (c === 82 /* RateLimit, RateLimit-Policy */) {
+      if (o.standardHeaders) out[name] = value
+    } else {
+      out[name] = value
     }
-    out[name] = value
   }
   let retry = retryAfterSecs
-  if (retry === undefined && 'Retry-After' in core) retry = Number(core['Retry-After'])
+  if (retry === undefined && coreRetry !== undefined) retry = Number(coreRetry)
   if (retry !== undefined && retry !== null && !decision.allowed) {
     out['Retry-After'] = o.retryAfter === 'date' ? new Date(nowMs + retry * 1000).toUTCString() : String(retry)
   }
@@ -255,11 +257,12 @@ function afterSkip(c, req) {
 function run(c, spec) {
   if (spec === null) return Promise.resolve(null)
   if (!c.warm.done) return c.warm.promise.then(() => run(c, spec))
-  const target = spec.limit ? { limit: spec.limit } : { policy: spec.policy }
   if (spec.algorithm === 'concurrency') {
+    const target = spec.limit ? { limit: spec.limit } : { policy: spec.policy }
     return c.limiter.acquire(spec.key, { ...target, units: spec.cost }).then((r) => outcome(c, r.decision, r.lease ? { lease: r.lease, target } : null))
   }
   if (c.giveBack) {
+    const target = spec.limit ? { limit: spec.limit } : { policy: spec.policy }
     // reserved atomically; given back when the response says it does not count
     return c.limiter.reserve(spec.key, { ...target, cost: spec.cost }).then((r) => {
       const o = outcome(c, r.decision, null)
@@ -267,7 +270,8 @@ function run(c, spec) {
       return o
     })
   }
-  return c.limiter.check(spec.key, { ...target, cost: spec.cost }).then((d) => outcome(c, d, null))
+  const opts = spec.limit ? { limit: spec.limit, cost: spec.cost } : { policy: spec.policy, cost: spec.cost }
+  return c.limiter.check(spec.key, opts).then((d) => outcome(c, d, null))
 }
 
 function outcome(c, decision, lease) {

@@ -33,10 +33,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 mod calls;
+pub mod decision;
 mod host;
 mod logging;
 mod reserve;
 mod settle;
+
+use decision::Decision;
 
 /// The JS function `(kindName, message) => Error` that `index.js` registers in each
 /// environment (main thread and every worker).
@@ -46,6 +49,8 @@ type ErrorFactory = FunctionRef<FnArgs<(String, String)>, Unknown<'static>>;
 struct EnvData {
     factory: Option<ErrorFactory>,
     settler: Option<settle::Settler>,
+    /// `index.js`'s `Decision` class (`decision.rs`)
+    decision_class: Option<sys::napi_ref>,
 }
 
 fn env_data(env: &Env) -> Option<&'static mut EnvData> {
@@ -57,6 +62,7 @@ fn env_data_or_init(env: &Env) -> Result<&'static mut EnvData> {
         let data = EnvData {
             factory: None,
             settler: Some(settle::Settler::new(env)?),
+            decision_class: None,
         };
         env.set_instance_data(data, (), |_| {})?;
     }
@@ -313,108 +319,6 @@ impl ManualClock {
     pub fn now_us(&self) -> f64 {
         use shardlimit::Clock;
         self.inner.now_us() as f64
-    }
-}
-
-/// The answer to a check.
-#[napi]
-pub struct Decision {
-    inner: shardlimit::Decision,
-}
-
-#[napi]
-impl Decision {
-    /// Whether the request may proceed. A denied check consumed nothing.
-    #[napi(getter)]
-    pub fn allowed(&self) -> bool {
-        self.inner.allowed
-    }
-    /// The effective limit.
-    #[napi(getter)]
-    pub fn limit(&self) -> f64 {
-        self.inner.limit as f64
-    }
-    /// Units still available after this check.
-    #[napi(getter)]
-    pub fn remaining(&self) -> f64 {
-        self.inner.remaining as f64
-    }
-    /// Milliseconds until the full budget is back with no further traffic.
-    #[napi(getter)]
-    pub fn reset_after(&self) -> f64 {
-        ms(self.inner.reset_after)
-    }
-    /// When denied: milliseconds until the same check could pass; null when allowed or
-    /// when the cost can never fit.
-    #[napi(getter)]
-    pub fn retry_after(&self) -> Option<f64> {
-        self.inner.retry_after.map(ms)
-    }
-    /// Leaky bucket: milliseconds to wait before sending. 0 otherwise.
-    #[napi(getter)]
-    pub fn delay(&self) -> f64 {
-        ms(self.inner.delay)
-    }
-    /// The policy that decided.
-    #[napi(getter)]
-    pub fn policy(&self) -> String {
-        self.inner.policy.to_string()
-    }
-    /// Who decided: `redis`, `memory`, `local`, `fallback` or `block`.
-    #[napi(getter)]
-    pub fn source(&self) -> &'static str {
-        self.inner.source.name()
-    }
-    /// The shard index that decided, when a Redis shard did; null otherwise.
-    #[napi(getter)]
-    pub fn shard(&self) -> Option<u32> {
-        self.inner.shard
-    }
-    /// For a layered check: the index of the layer this decision describes.
-    #[napi(getter)]
-    pub fn layer(&self) -> Option<u32> {
-        self.inner.layer.map(|l| l as u32)
-    }
-    /// A multi-limit policy: the index of the limit this decision describes (the one
-    /// that denied, or the tightest); null for a policy of one limit.
-    #[napi(getter)]
-    pub fn limit_index(&self) -> Option<u32> {
-        self.inner.limit_index.map(|l| l as u32)
-    }
-    /// A multi-limit policy: every limit in force (`{ limit, windowMs }`), in order, as
-    /// `RateLimit-Policy` lists them; empty for a policy of one limit.
-    #[napi(getter, ts_return_type = "Quota[]")]
-    pub fn quotas(&self) -> serde_json::Value {
-        self.inner
-            .quotas
-            .iter()
-            .map(|q| serde_json::json!({ "limit": q.limit, "windowMs": ms(q.window) }))
-            .collect()
-    }
-    /// Shadow mode: the limit would have denied, but the policy (or the call) is in
-    /// shadow, so it was allowed and consumed nothing.
-    #[napi(getter)]
-    pub fn shadow_denied(&self) -> bool {
-        self.inner.shadow_denied
-    }
-    /// The standard rate-limit response headers, in the core's order.
-    #[napi(catch_unwind, ts_return_type = "Record<string, string>")]
-    pub fn headers(&self, env: Env) -> Result<Object<'_>> {
-        let mut obj = Object::new(&env)?;
-        for (name, value) in self.inner.headers() {
-            obj.set(name, value)?;
-        }
-        Ok(obj)
-    }
-    /// The JSON body of a 429 response.
-    #[napi(catch_unwind, ts_return_type = "RateLimitBody")]
-    pub fn body(&self) -> serde_json::Value {
-        self.inner.body()
-    }
-    /// The decision as a plain object (durations in ms), used by `JSON.stringify`.
-    #[napi(js_name = "toJSON", catch_unwind, ts_return_type = "DecisionJson")]
-    pub fn to_json(&self) -> serde_json::Value {
-        self.inner.to_json()
     }
 }
 

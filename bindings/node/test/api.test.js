@@ -72,6 +72,12 @@ test('check: fields in ms, headers and the 429 body come from the core', async (
   assert.deepEqual(JSON.parse(JSON.stringify(denied)), fields)
   assert.deepEqual(denied.toJSON(), fields)
   for (const name of Object.keys(fields)) assert.equal(denied[name], fields[name], name)
+  // structuredClone (postMessage to a worker, caches) keeps every field too: they are own
+  // properties (it was {} while they were getters of a native class)
+  assert.deepEqual(structuredClone(denied), { ...fields, limitIndex: null, quotas: [] })
+  assert.deepEqual(Object.keys(denied), [...Object.keys(fields), 'limitIndex', 'quotas'])
+  // the clone is plain data; the original still renders through the core
+  assert.equal(denied.headers()['Retry-After'], '60')
 })
 
 test('leaky bucket: delay in ms', async () => {

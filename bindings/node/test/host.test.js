@@ -276,3 +276,31 @@ test('a hostile reply fails the checks in flight with a clear error, and no chec
     await fake.close()
   }
 })
+
+test('a burst is written every 16 checks within the tick, and the rest at its end (several batches in flight)', async () => {
+  const { HostTransport } = require('../host.js')
+  const server = net.createServer((s) => s.on('data', () => {}))
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
+  let transmits = 0
+  // a native half that only counts: the machine's own batching is tested in sansio.rs
+  const fake = {
+    shardCount: 1,
+    address: () => ({ host: '127.0.0.1', port: server.address().port }),
+    connecting: () => {},
+    connected: () => {},
+    check: () => new Promise(() => {}),
+    transmit: () => {
+      transmits++
+      return null
+    },
+    nextDeadlineMs: () => null,
+    onClosed: () => {},
+  }
+  const host = new HostTransport(fake)
+  for (let i = 0; i < 40; i++) host.check(`k${i}`, 'fw', 1)
+  assert.equal(transmits, 2, 'written at the 16th and the 32nd check, before the tick ends')
+  await Promise.resolve()
+  assert.equal(transmits, 3, 'the last 8 at the end of the tick')
+  host.close()
+  server.close()
+})
