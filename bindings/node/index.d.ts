@@ -455,6 +455,11 @@ export declare class Limiter {
   get isRedis(): boolean
   /** The names of the configured policies. */
   get policies(): string[]
+  /**
+   * How many reloads are in force (0 at first, one more per reload): a cheap test of
+   * whether something derived from the config must be derived again.
+   */
+  get configGeneration(): number
   /** Keys held by the in-memory engine; null on Redis. */
   get memoryKeys(): number | null
   /** The configuration in force. */

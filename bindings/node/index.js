@@ -585,6 +585,15 @@ class Limiter {
     return withLogger(new Limiter(NativeLimiter.fromEnv(clockOf(options))), options)
   }
 
+  /**
+   * How many reloads are in force (0 at first, one more per `reload`, `reloadFromFile` or
+   * watched-file reload): a cheap test of whether something derived from the config must
+   * be derived again (the middleware re-reads its policy's algorithm when it moves).
+   */
+  get configGeneration() {
+    return this[kNative].configGeneration
+  }
+
   /** Keys held by the in-memory engine (its memory is bounded); null on Redis. */
   get memoryKeys() {
     return this[kNative].memoryKeys

@@ -147,6 +147,9 @@ function compile(limiter, options) {
     throw typeError('shardlimit middleware: set options.policy, options.limit, or a key function that returns { key, policy }')
   }
 
+  // a reload may change the policy's algorithm (to or from concurrency): read it again then
+  let generation = limiter.configGeneration
+
   if (giveBack && algorithm === 'concurrency') {
     throw typeError('skipSuccessfulRequests / skipFailedRequests do not apply to a concurrency limit (its lease is given back when the response ends)')
   }
@@ -185,6 +188,11 @@ function compile(limiter, options) {
           spec.algorithm = algorithm
         } else {
           spec.policy = policy
+          const g = limiter.configGeneration
+          if (g !== generation && policy !== undefined) {
+            generation = g
+            algorithm = limiter.policy(policy).algorithm
+          }
           spec.algorithm = algorithm
         }
         if (spec.cost !== undefined) return spec

@@ -732,6 +732,12 @@ impl NativeLimiter {
             .ok();
     }
 
+    /// How many reloads are in force (0 at first; the core's `config_generation`).
+    #[napi(getter)]
+    pub fn config_generation(&self) -> f64 {
+        self.inner.config_generation() as f64
+    }
+
     /// Keys held by the in-memory engine; null on Redis.
     #[napi(getter)]
     pub fn memory_keys(&self) -> Option<f64> {

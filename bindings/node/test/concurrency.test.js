@@ -142,6 +142,43 @@ test('Fastify: two in flight, a third 429, then admitted; throw and abort give t
   await scenario(t, app.server.address().port, limiter, g)
 })
 
+test('Express: a reload that makes the policy a concurrency limit is followed from the next request', async (t) => {
+  const kp = `cc${++prefix}:`
+  const limiter = Limiter.fromJson(redis.config(POLICIES, { key_prefix: kp }))
+  const g = gates()
+  const app = express()
+  app.use(expressMiddleware(limiter, { policy: 'api', key: () => 'c' }))
+  app.get('/ok', (req, res) => res.send('ok'))
+  app.get('/slow', (req, res) => {
+    g.arrive()
+    g.opened.then(() => res.send('late'))
+  })
+  const server = http.createServer(app)
+  await new Promise((r) => server.listen(0, '127.0.0.1', r))
+  t.after(() => {
+    server.closeAllConnections()
+    return new Promise((r) => server.close(r))
+  })
+  const port = server.address().port
+  assert.equal(await request(port, '/ok'), 200)
+  const before = limiter.configGeneration
+  limiter.reload(redis.config({ ...POLICIES, api: { algorithm: 'concurrency', max: 1, lease_ttl: '30s' } }, { key_prefix: kp }))
+  assert.equal(limiter.configGeneration, before + 1)
+  // one request in flight holds the one slot (a check of it would be an error: a 500)
+  const slow = request(port, '/slow')
+  await g.reached(1)
+  assert.equal(1 - (await limiter.peek('c', { policy: 'api' })).remaining, 1)
+  assert.equal(await request(port, '/ok'), 429)
+  g.open()
+  assert.equal(await slow, 200)
+  const end = Date.now() + 5000
+  while ((await limiter.peek('c', { policy: 'api' })).remaining !== 1) {
+    assert.ok(Date.now() < end, 'the lease was not given back')
+    await new Promise((r) => setTimeout(r, 5))
+  }
+  assert.equal(await request(port, '/ok'), 200)
+})
+
 test('checkAll refuses a concurrency layer, naming it and the remedy; nothing is taken', async () => {
   const limiter = limiterFor()
   await assert.rejects(
