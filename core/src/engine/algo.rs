@@ -130,6 +130,9 @@ impl State {
 
 /// Runs one check. `state` is `None` for a key never seen (or evicted); it is replaced when
 /// the algorithm writes. `cost` has already been clamped to at most `limit + 1`.
+/// (Inline, with the two most common algorithms: a check then makes no call and copies no
+/// outcome from the algorithm to the engine; issue 16.)
+#[inline(always)]
 pub(crate) fn decide(
     c: &Compiled,
     state: &mut Option<State>,
@@ -150,6 +153,29 @@ pub(crate) fn decide(
     }
 }
 
+/// Writes window counters, in place when the state holds counters already (replacing it
+/// would run the state's drop glue on every check; issue 16).
+#[inline]
+fn set_window(state: &mut Option<State>, idx: u64, cur: u64, prev: u64) {
+    match state {
+        Some(State::Window {
+            idx: i,
+            cur: c,
+            prev: p,
+        }) => (*i, *c, *p) = (idx, cur, prev),
+        _ => *state = Some(State::Window { idx, cur, prev }),
+    }
+}
+
+/// Writes a theoretical arrival time, in place when the state holds one already.
+#[inline]
+fn set_tat(state: &mut Option<State>, tat: u64) {
+    match state {
+        Some(State::Tat(t)) => *t = tat,
+        _ => *state = Some(State::Tat(tat)),
+    }
+}
+
 /// Counters (cur, prev) for window `idx`, as the scripts read `key:idx` and `key:idx-1`.
 fn window_counts(state: &Option<State>, idx: u64) -> (u64, u64) {
     match state {
@@ -159,6 +185,7 @@ fn window_counts(state: &Option<State>, idx: u64) -> (u64, u64) {
     }
 }
 
+#[inline]
 fn fixed_window(
     c: &Compiled,
     state: &mut Option<State>,
@@ -179,11 +206,7 @@ fn fixed_window(
     if peek {
         return Outcome::allow(limit - used, reset, 0);
     }
-    *state = Some(State::Window {
-        idx,
-        cur: used + cost,
-        prev,
-    });
+    set_window(state, idx, used + cost, prev);
     Outcome::allow(limit - used - cost, reset, 0)
 }
 
@@ -227,11 +250,7 @@ fn sliding_window(
         if peek {
             return Outcome::allow(sw_remaining(prev, cur, elapsed, w, limit), reset, 0);
         }
-        *state = Some(State::Window {
-            idx,
-            cur: cur + cost,
-            prev,
-        });
+        set_window(state, idx, cur + cost, prev);
         return Outcome::allow(
             sw_remaining(prev, cur + cost, elapsed, w, limit),
             2 * w - elapsed,
@@ -344,6 +363,7 @@ fn sliding_log(
     Outcome::allow(limit - n - cost, at + w - now, 0)
 }
 
+#[inline]
 fn gcra(
     c: &Compiled,
     state: &mut Option<State>,
@@ -371,7 +391,7 @@ fn gcra(
     if peek {
         return Outcome::allow(available, tat - now, delay);
     }
-    *state = Some(State::Tat(new_tat));
+    set_tat(state, new_tat);
     Outcome::allow((burst - (new_tat - now)) / interval, new_tat - now, delay)
 }
 

@@ -342,10 +342,75 @@ impl Limiter {
 
 /// Whether an allowed check of `cost` units that left `remaining` of `limit` crossed the
 /// policy's near-limit fraction: from below `ceil(f × limit)` units used to at or above it.
+/// Compared with `f × limit` itself: for a whole number `n`, `n >= ceil(x)` exactly when
+/// `n >= x` and `n < ceil(x)` exactly when `n < x`, and every quantity is below 2^53 (a
+/// limit is at most `MAX_LIMIT`, `f` at most 1), so the doubles are exact. (Issue 16: `ceil`
+/// is a libm call on x86-64's baseline, on every allowed check.)
 #[inline]
 pub(super) fn crosses_near(p: &PolicyInner, limit: u64, remaining: u64, cost: u64) -> bool {
     let Some(f) = p.near_limit else { return false };
-    let threshold = (f * limit as f64).ceil() as u64;
+    let threshold = f * limit as i64 as f64;
     let used = limit.saturating_sub(remaining);
-    used >= threshold && used.saturating_sub(cost) < threshold
+    // (as i64 first: below 2^53 the signed conversion is the same value, in one instruction)
+    used as i64 as f64 >= threshold && (used.saturating_sub(cost) as i64 as f64) < threshold
+}
+
+#[cfg(test)]
+mod near_tests {
+    /// The definition: from below `ceil(f × limit)` units used to at or above it.
+    fn by_ceil(f: f64, limit: u64, remaining: u64, cost: u64) -> bool {
+        let threshold = (f * limit as f64).ceil() as u64;
+        let used = limit.saturating_sub(remaining);
+        used >= threshold && used.saturating_sub(cost) < threshold
+    }
+
+    #[test]
+    fn the_crossing_is_the_one_of_the_ceiled_threshold() {
+        let policy = |f: f64| {
+            let limit = crate::Limit::fixed_window(10, std::time::Duration::from_secs(1));
+            let p = crate::Policy::new("n", limit).unwrap();
+            p.with_near_limit(Some(f)).unwrap()
+        };
+        let mut crossings = 0;
+        for f in [1e-9, 0.1, 0.3, 0.5, 0.8, 0.9, 0.999_999, 1.0] {
+            let p = policy(f);
+            for limit in [
+                1u64,
+                2,
+                3,
+                7,
+                10,
+                49,
+                1000,
+                999_999_999_999,
+                crate::policy::MAX_LIMIT,
+            ] {
+                let marks = [
+                    0,
+                    1,
+                    2,
+                    limit / 3,
+                    limit / 2,
+                    limit - limit / 5,
+                    limit - 1,
+                    limit,
+                ];
+                for remaining in marks {
+                    for cost in [1u64, 2, 3, limit / 4 + 1, limit] {
+                        let want = by_ceil(f, limit, remaining, cost);
+                        crossings += usize::from(want);
+                        assert_eq!(
+                            super::crosses_near(&p.0, limit, remaining, cost),
+                            want,
+                            "f {f} limit {limit} remaining {remaining} cost {cost}"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(
+            crossings > 50,
+            "the cases cross the threshold ({crossings})"
+        );
+    }
 }
