@@ -62,7 +62,13 @@ def main() -> None:
     files: list[tuple[str, bytes, int]] = []  # (name in the wheel, bytes, mode)
     pkg = PY / "python" / "shardlimit"
     for f in sorted(pkg.rglob("*")):
-        if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
+        # sources only: a native module left in the tree by `maturin develop` would go into
+        # the wheel beside EXTENSION under the same name
+        if (
+            f.is_file()
+            and "__pycache__" not in f.parts
+            and f.suffix not in (".pyc", ".so", ".pyd", ".dylib")
+        ):
             files.append((f"shardlimit/{f.relative_to(pkg).as_posix()}", f.read_bytes(), 0o644))
     files.append(("shardlimit/_shardlimit.abi3.so", ext.read_bytes(), 0o755))
     files.append((f"{info}/METADATA", metadata(version).encode(), 0o644))
