@@ -31,7 +31,15 @@ pub struct HostChecks {
     /// the driver's `_flush`: scheduled with `call_soon` once per burst of checks
     flush: Option<Py<PyAny>>,
     flush_scheduled: bool,
+    /// checks queued since the last write
+    unsent: usize,
 }
+
+/// Checks queued in one loop iteration before they are written at once, without waiting
+/// for the iteration's end (as Node's host transport): Redis starts on them while the loop
+/// goes on with the tasks that follow, so several batches are in flight per connection
+/// instead of one batch answered, then the next sent.
+const PIPELINE_CHUNK: usize = 16;
 
 /// Resolves `fut` with `r` (unless it was cancelled meanwhile).
 fn resolve(py: Python<'_>, fut: &Bound<'_, PyAny>, r: shardlimit::Result<shardlimit::Decision>) {
@@ -107,7 +115,14 @@ impl HostChecks {
         match step {
             Ok(shardlimit::HostStep::Pending { id, .. }) => {
                 self.waiting.insert(id, fut.clone().unbind());
-                if !self.flush_scheduled {
+                self.unsent += 1;
+                if self.unsent >= PIPELINE_CHUNK {
+                    // (the flush already scheduled writes the rest)
+                    self.unsent = 0;
+                    for shard in 0..self.transports.len() {
+                        self.transmit(py, shard)?;
+                    }
+                } else if !self.flush_scheduled {
                     if let Some(f) = &self.flush {
                         // the rest of this loop iteration's checks go out in one write
                         self.event_loop
@@ -140,6 +155,7 @@ impl HostChecks {
             transports: (0..n).map(|_| None).collect(),
             flush: None,
             flush_scheduled: false,
+            unsent: 0,
         })
     }
 
@@ -187,6 +203,7 @@ impl HostChecks {
     /// (None when nothing waits).
     fn flush(&mut self, py: Python<'_>) -> PyResult<Option<f64>> {
         self.flush_scheduled = false;
+        self.unsent = 0;
         for shard in 0..self.transports.len() {
             self.transmit(py, shard)?;
         }
