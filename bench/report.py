@@ -20,7 +20,7 @@ SHAPES = {
     "node-64": ("Node, 64 concurrent checks, 1000 keys, fixed window (node pinned to one CPU)",
                 "shardlimit", ["rlf", "shardlimit spin_wait 100us", "shardlimit host transport"]),
     "py-async": ("Python asyncio, 64 tasks, 1000 keys, fixed window (pinned to one CPU)",
-                 "shardlimit", ["limits-coredis", "limits-redispy"]),
+                 "shardlimit", ["limits-coredis", "limits-redispy", "shardlimit host transport"]),
     "py-sync": ("Python sync, one thread, 1000 keys, fixed window (pinned to one CPU)",
                 "shardlimit", ["limits-redispy", "shardlimit spin_wait 100us"]),
     "go-64": ("Go, 64 goroutines, 1000 keys (shardlimit fixed window, redis_rate GCRA; pinned to one CPU)",

@@ -234,6 +234,7 @@ for round in $(seq "$ROUNDS"); do
   client py-async "$round" shardlimit "$PY" "$PY_BENCH" --mode async --lib shardlimit "${pa[@]}"
   client py-async "$round" limits-coredis "$PY" "$PY_BENCH" --mode async --lib limits-coredis "${pa[@]}"
   client py-async "$round" limits-redispy "$PY" "$PY_BENCH" --mode async --lib limits-redispy "${pa[@]}"
+  client py-async "$round" "shardlimit host transport" "$PY" "$PY_BENCH" --mode async --lib shardlimit --transport host "${pa[@]}"
   client py-sync "$round" shardlimit "$PY" "$PY_BENCH" --mode sync --lib shardlimit "${pa[@]}"
   client py-sync "$round" limits-redispy "$PY" "$PY_BENCH" --mode sync --lib limits-redispy "${pa[@]}"
   client py-sync "$round" "shardlimit spin_wait 100us" "$PY" "$PY_BENCH" --mode sync --lib shardlimit --spin-wait 100us "${pa[@]}"

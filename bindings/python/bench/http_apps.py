@@ -1,6 +1,6 @@
 """Trivial routes for scripts/bench-peers.sh, with one limiter in front of each:
 
-    BENCH_MODE=none|shardlimit|peer BENCH_REDIS=redis://127.0.0.1:PORT \\
+    BENCH_MODE=none|shardlimit|peer BENCH_REDIS=redis://127.0.0.1:PORT [BENCH_TRANSPORT=host] \\
         uvicorn --app-dir bench http_apps:fastapi_app      (FastAPI; peer: slowapi)
         gunicorn --chdir bench http_apps:flask_app          (Flask; peer: Flask-Limiter)
 
@@ -16,6 +16,8 @@ from typing import Any, cast
 
 MODE = os.environ.get("BENCH_MODE", "none")
 REDIS = os.environ.get("BENCH_REDIS", "")
+#: shardlimit's transport: "host" moves acheck's bytes on the asyncio loop (FastAPI)
+TRANSPORT = os.environ.get("BENCH_TRANSPORT", "default")
 LIMIT = 10**9
 if MODE not in ("none", "shardlimit", "peer"):
     raise SystemExit(f"BENCH_MODE must be none, shardlimit or peer, got {MODE}")
@@ -28,7 +30,7 @@ def _limiter() -> Any:
         "shards": [{"name": "bench", "url": REDIS}],
         "timeout_ms": 1000,
         "policies": {"api": {"algorithm": "fixed_window", "limit": LIMIT, "window": "1h"}},
-    }))
+    }), transport=cast(Any, TRANSPORT))
 
 
 def _fastapi() -> Any:

@@ -3,7 +3,7 @@ this process to one CPU):
 
     python bench/peers.py --lib shardlimit|limits-redispy|limits-coredis --mode sync|async
         --redis redis://127.0.0.1:PORT [--redis-pid PID] [--n 20000] [--tasks 64]
-        [--spin-wait 100us]
+        [--spin-wait 100us] [--transport host]
 
 The policy: a fixed window of 10^9 per hour over 1000 keys (every check admitted, one
 script call per check in both libraries). `sync`: one thread, one call after another;
@@ -47,7 +47,8 @@ def quantile(samples: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p * len(s)))]
 
 
-def make(lib: str, url: str, mode: str, spin_wait: str | None) -> tuple[str, Any]:
+def make(lib: str, url: str, mode: str, spin_wait: str | None,
+         transport: str = "default") -> tuple[str, Any]:
     if lib == "shardlimit":
         import shardlimit
 
@@ -56,7 +57,7 @@ def make(lib: str, url: str, mode: str, spin_wait: str | None) -> tuple[str, Any
             "timeout_ms": 1000,
             **({} if spin_wait is None else {"spin_wait": spin_wait}),
             "policies": {"fw": {"algorithm": "fixed_window", "limit": LIMIT, "window": "1h"}},
-        }))
+        }), transport=cast(Literal["default", "host"], transport))
         version = f"shardlimit {shardlimit.__version__}"
         if mode == "sync":
             return version, lambda k: sl.check(k, "fw").allowed
@@ -140,10 +141,12 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--tasks", type=int, default=64)
     ap.add_argument("--spin-wait", help="shardlimit's spin_wait (default: the core's)")
+    ap.add_argument("--transport", choices=("default", "host"), default="default",
+                    help="shardlimit's transport (host: acheck's bytes on the asyncio loop)")
     a = ap.parse_args()
     global REDIS_PID
     REDIS_PID = a.redis_pid
-    version, check = make(a.lib, a.redis, a.mode, a.spin_wait)
+    version, check = make(a.lib, a.redis, a.mode, a.spin_wait, a.transport)
     if a.mode == "sync":
         rate, lat = run_sync(check, a.n)
     else:

@@ -234,6 +234,18 @@ impl Completers {
         .into_any())
     }
 
+    /// The coroutine of a call that `start` starts when first awaited (the host
+    /// transport's checks, `host.rs`): a [`Call`], as [`Completers::coroutine`] makes.
+    pub(crate) fn call<'py>(py: Python<'py>, start: Start) -> PyResult<Bound<'py, PyAny>> {
+        Ok(Bound::new(
+            py,
+            Call {
+                state: Mutex::new(CallState::New(start)),
+            },
+        )?
+        .into_any())
+    }
+
     fn for_loop(&self, py: Python<'_>, ev: &Bound<'_, PyAny>) -> PyResult<Arc<Shared>> {
         // (not the pid: getpid is a system call, and this runs on every async call)
         let generation = shardlimit::fork_generation();
@@ -287,7 +299,7 @@ impl Completers {
 }
 
 /// Starts a call on the running loop: its asyncio future.
-type Start = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
+pub(crate) type Start = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
 
 enum CallState {
     /// not awaited yet

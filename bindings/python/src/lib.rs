@@ -8,6 +8,7 @@
 mod calls;
 mod completion;
 mod convert;
+mod host;
 mod logging;
 mod overrides;
 mod settle;
@@ -512,6 +513,8 @@ pub struct Limiter {
     cell: std::sync::RwLock<Option<shardlimit::Limiter>>,
     completers: Arc<completion::Completers>,
     pub(crate) rates: convert::Rates,
+    /// `transport="host"`: `acheck` of one policy moves its bytes on the asyncio loop
+    host: Option<host::Slot>,
 }
 
 fn with_clock(
@@ -527,7 +530,26 @@ fn with_clock(
         cell: std::sync::RwLock::new(Some(l)),
         completers: Default::default(),
         rates: Default::default(),
+        host: None,
     })
+}
+
+/// `limiter` with the transport `transport` names: "default" (the limiter's I/O thread)
+/// or "host" (`acheck` of one policy on the asyncio loop itself, `host.rs`), which needs
+/// every shard to be a standalone Redis over plain TCP (a ConfigError says which is not).
+fn with_transport(mut limiter: Limiter, transport: &str) -> PyResult<Limiter> {
+    match transport {
+        "default" => Ok(limiter),
+        "host" => {
+            shardlimit::HostChecks::new(&limiter.inner()?).map_err(core_err)?;
+            limiter.host = Some(Default::default());
+            Ok(limiter)
+        }
+        other => Err(core_err(CoreError::InvalidArgument {
+            what: "transport".into(),
+            message: format!("must be \"default\" or \"host\", got {other:?}"),
+        })),
+    }
 }
 
 impl Limiter {
@@ -543,6 +565,10 @@ impl Limiter {
                     message: "is closed".into(),
                 })
             })
+    }
+
+    pub(crate) fn completers(&self) -> &Arc<completion::Completers> {
+        &self.completers
     }
 
     /// Runs a blocking core call, releasing the GIL when it may wait on Redis.
@@ -570,15 +596,25 @@ impl Limiter {
     }
     /// Parses a JSON config. Does not connect: connections are made on first use.
     #[staticmethod]
-    #[pyo3(signature = (text, *, clock = None))]
-    fn from_json(text: &str, clock: Option<&ManualClock>) -> PyResult<Limiter> {
-        with_clock(shardlimit::Limiter::from_json(text), clock)
+    #[pyo3(signature = (text, *, clock = None, transport = "default"))]
+    fn from_json(text: &str, clock: Option<&ManualClock>, transport: &str) -> PyResult<Limiter> {
+        with_transport(
+            with_clock(shardlimit::Limiter::from_json(text), clock)?,
+            transport,
+        )
     }
     /// Loads a JSON config file.
     #[staticmethod]
-    #[pyo3(signature = (path, *, clock = None))]
-    fn from_config(path: std::path::PathBuf, clock: Option<&ManualClock>) -> PyResult<Limiter> {
-        with_clock(shardlimit::Limiter::from_config_file(path), clock)
+    #[pyo3(signature = (path, *, clock = None, transport = "default"))]
+    fn from_config(
+        path: std::path::PathBuf,
+        clock: Option<&ManualClock>,
+        transport: &str,
+    ) -> PyResult<Limiter> {
+        with_transport(
+            with_clock(shardlimit::Limiter::from_config_file(path), clock)?,
+            transport,
+        )
     }
     /// Uses `$SHARDLIMIT_CONFIG` (a path or inline JSON); the in-memory engine when unset.
     #[staticmethod]
@@ -956,14 +992,18 @@ impl Limiter {
     /// `await limiter.acheck(...)`: `check` on asyncio, never blocking the event loop.
     #[pyo3(signature = (key, policy, cost = None))]
     fn acheck<'py>(
-        &self,
+        slf: &Bound<'py, Self>,
         py: Python<'py>,
         key: String,
         policy: &Bound<'py, PyAny>,
         cost: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let ps = resolve_policies(self, policy)?;
-        self.acheck_policies(py, key, ps, cost)
+        let me = slf.get();
+        let ps = resolve_policies(me, policy)?;
+        if me.host.is_some() && ps.len() == 1 {
+            return host::acheck(slf, key, ps, cost_arg(cost)?);
+        }
+        me.acheck_policies(py, key, ps, cost)
     }
     /// `await limiter.apeek(...)`.
     fn apeek<'py>(
@@ -1362,6 +1402,9 @@ impl Limiter {
     /// flight finish; every later call raises InvalidArgumentError. Idempotent. Also the
     /// end of a `with limiter:` block.
     fn close(&self, py: Python<'_>) {
+        if let Some(h) = &self.host {
+            h.close(py);
+        }
         let l = self.cell.write().unwrap_or_else(|e| e.into_inner()).take();
         py.detach(move || drop(l));
     }
@@ -1593,6 +1636,7 @@ fn _shardlimit(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_rate, m)?)?;
     m.add_class::<ConfigWatcher>()?;
     m.add_class::<Limiter>()?;
+    m.add_class::<host::HostChecks>()?;
     Ok(())
 }
 

@@ -237,6 +237,25 @@ def test_outage_answers_503_and_reaches_exception_handlers(limiter: Limiter,
     assert unavailable == ["fallback"]
 
 
+def test_outage_body_is_the_cores_with_its_error(limiter: Limiter, stopped: RedisServer) -> None:
+    """The 503 body is the decision's own body (as tower, Node and Go answer) with only
+    ``error`` changed: the same fields, the core's message, no field of its own."""
+    seen: list[dict[str, Any]] = []
+
+    def on_unavailable(request: shardlimit.asgi.Request, d: shardlimit.Decision) -> JSONResponse:
+        seen.append(d.body())
+        return JSONResponse({}, status_code=503)
+
+    run(main_app(limiter, on_unavailable=on_unavailable), ("GET", "/v1/strict", {}))
+    (strict,) = run(main_app(limiter, outage_retry_after=7), ("GET", "/v1/strict", {}))
+    expected = {**seen[0], "error": "rate_limit_unavailable"}
+    assert set(expected) == {"error", "policy", "limit", "remaining", "retry_after", "message"}
+    assert strict.status_code == 503 and strict.json() == expected
+    assert "could not be checked" in expected["message"]
+    flask = flask_app(limiter, outage_retry_after=9, warm_up=0).test_client().get("/strict")
+    assert flask.status_code == 503 and json.loads(flask.data) == expected
+
+
 # ---------------------------------------------------------------- Flask
 
 def flask_app(limiter: Limiter, **options: Any) -> Flask:

@@ -542,15 +542,11 @@ def denial(decision: Decision, options: Options) -> tuple[int, list[tuple[str, s
     """Status, headers and JSON body of the answer to a denied decision: 429 when the limit
     said no, 503 when the limit could not be checked."""
     if is_outage(decision):
+        # the core's body, as every middleware answers (tower, Node, Go): only the error
+        # differs, the client is not told it was rate limited
         status = 503
-        payload: dict[str, Any] = {
-            "error": "rate_limit_unavailable",
-            "policy": decision.policy,
-            "retry_after": options.outage_retry_after,
-            "message": "The rate limiter could not be reached; the request is refused: "
-            f"retry in {options.outage_retry_after} second"
-            f"{'' if options.outage_retry_after == 1 else 's'}.",
-        }
+        payload: dict[str, Any] = decision.body()
+        payload["error"] = "rate_limit_unavailable"
     else:
         status = 429
         payload = decision.body()

@@ -311,13 +311,25 @@ class Limiter:
     def memory(*, clock: Optional[ManualClock] = None) -> Limiter:
         """A limiter on the in-memory engine with no named policies."""
     @staticmethod
-    def from_json(text: str, *, clock: Optional[ManualClock] = None) -> Limiter:
-        """Parses a JSON config. Does not connect: connections are made on first use."""
+    def from_json(
+        text: str,
+        *,
+        clock: Optional[ManualClock] = None,
+        transport: Literal["default", "host"] = "default",
+    ) -> Limiter:
+        """Parses a JSON config. Does not connect: connections are made on first use.
+        ``transport="host"``: ``acheck`` of one policy moves its bytes on the running
+        asyncio loop itself (one connection per shard and loop, no I/O-thread hop); every
+        shard must be a standalone Redis over plain TCP (a ConfigError says which is not).
+        Close the limiter on that loop when done with it."""
     @staticmethod
     def from_config(
-        path: Union[str, os.PathLike[str]], *, clock: Optional[ManualClock] = None
+        path: Union[str, os.PathLike[str]],
+        *,
+        clock: Optional[ManualClock] = None,
+        transport: Literal["default", "host"] = "default",
     ) -> Limiter:
-        """Loads a JSON config file."""
+        """Loads a JSON config file (``transport``: see ``from_json``)."""
     @staticmethod
     def from_env(*, clock: Optional[ManualClock] = None) -> Limiter:
         """Uses ``$SHARDLIMIT_CONFIG``; the in-memory engine when unset."""
