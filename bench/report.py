@@ -32,7 +32,7 @@ SHAPES = {
 LABELS = {
     "rlf": "rate-limiter-flexible + ioredis",
     "shardlimit spin_wait 100us": "shardlimit, `spin_wait: 100us` forced",
-    "shardlimit host transport": "shardlimit, `transport: 'host'` (bytes on the event loop)",
+    "shardlimit host transport": "shardlimit, host transport (bytes on the event loop: Node `transport: 'host'`, Python `transport=\"host\"`)",
     "limits-coredis": "limits (async, coredis)",
     "limits-redispy": "limits (redis-py)",
     "redis_rate": "redis_rate + go-redis",
