@@ -114,8 +114,11 @@ type hostTransport struct {
 type hostShard struct {
 	index int
 	addr  string
-	conn  net.Conn      // nil while not connected (under mu)
-	kick  chan struct{} // room for one: the writer has bytes to take
+	conn  net.Conn // nil while not connected (under mu)
+	// writing: a goroutine is in flush for this shard (under mu); the checks queued
+	// meanwhile go out in its next write
+	writing bool
+	wbuf    []byte // flush's buffer (one flush at a time)
 	// readBuf is the reader's (run's) buffer
 	readBuf []byte
 }
@@ -164,7 +167,7 @@ func newHostTransport(lim *C.shardlimit_limiter) (*hostTransport, error) {
 		t.shards = append(t.shards, &hostShard{
 			index: i,
 			addr:  net.JoinHostPort(name, strconv.Itoa(int(port))),
-			kick:  make(chan struct{}, 1),
+			wbuf:  make([]byte, hostWriteBuf),
 		})
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
@@ -178,9 +181,8 @@ func newHostTransport(lim *C.shardlimit_limiter) (*hostTransport, error) {
 	t.armLocked()
 	t.mu.Unlock()
 	for _, s := range t.shards {
-		t.wg.Add(2)
+		t.wg.Add(1)
 		go t.run(s)
-		go t.writer(s)
 	}
 	return t, nil
 }
@@ -222,11 +224,14 @@ func (t *hostTransport) check(ctx context.Context, key, policy string, cost uint
 	if !t.armed {
 		t.armLocked()
 	}
-	t.mu.Unlock()
 	s := t.shards[int(shard)]
-	select {
-	case s.kick <- struct{}{}:
-	default: // the writer has a kick pending: it takes this check too
+	if s.writing || s.conn == nil {
+		// a flush in progress takes it in its next write (or the connect, its first)
+		t.mu.Unlock()
+	} else {
+		s.writing = true
+		t.mu.Unlock()
+		t.flush(s)
 	}
 	if afterStart != nil {
 		afterStart()
@@ -353,48 +358,47 @@ func (t *hostTransport) deliverLocked(rc C.shardlimit_result, e *C.shardlimit_er
 	}
 }
 
-func (t *hostTransport) kick(s *hostShard) {
-	select {
-	case s.kick <- struct{}{}:
-	default:
+// startFlush writes what the library has for shard s, unless a flush is in progress (which
+// takes it in its next write).
+func (t *hostTransport) startFlush(s *hostShard) {
+	t.mu.Lock()
+	if s.writing || s.conn == nil || t.closed {
+		t.mu.Unlock()
+		return
 	}
+	s.writing = true
+	t.mu.Unlock()
+	t.flush(s)
 }
 
-// writer writes what the library has for shard s whenever kicked: the checks that come
-// while a write is in flight go out together in the next one.
-func (t *hostTransport) writer(s *hostShard) {
-	defer t.wg.Done()
-	buf := make([]byte, hostWriteBuf)
+// flush writes what the library has for shard s until it has nothing more (s.writing set
+// by the caller): the checks that come while a write is in flight go out together in the
+// next one, written by this goroutine, so 64 goroutines share few writes. It clears
+// s.writing under the same lock as the transmit that found nothing, so a check queued
+// after it starts a flush of its own.
+func (t *hostTransport) flush(s *hostShard) {
 	for {
-		select {
-		case <-s.kick:
-		case <-t.done:
+		var n C.size_t
+		var e *C.shardlimit_error
+		t.mu.Lock()
+		conn := s.conn
+		if t.closed || conn == nil {
+			s.writing = false
+			t.mu.Unlock()
 			return
 		}
-		for {
-			var n C.size_t
-			var e *C.shardlimit_error
-			t.mu.Lock()
-			if t.closed {
-				t.mu.Unlock()
-				return
-			}
-			conn := s.conn
-			rc := C.shardlimit_host_transmit(t.h, C.size_t(s.index), (*C.uint8_t)(unsafe.Pointer(&buf[0])), hostWriteBuf, &n, &e)
+		rc := C.shardlimit_host_transmit(t.h, C.size_t(s.index), (*C.uint8_t)(unsafe.Pointer(&s.wbuf[0])), hostWriteBuf, &n, &e)
+		if rc != C.SHARDLIMIT_OK || n == 0 {
+			s.writing = false
 			t.mu.Unlock()
 			if rc != C.SHARDLIMIT_OK {
 				_ = takeError(rc, e)
-				break
 			}
-			if n == 0 {
-				break
-			}
-			if conn == nil {
-				continue // the connection went: its calls failed with it
-			}
-			if _, err := conn.Write(buf[:n]); err != nil {
-				conn.Close() // the reader sees it and reports the close
-			}
+			return
+		}
+		t.mu.Unlock()
+		if _, err := conn.Write(s.wbuf[:n]); err != nil {
+			conn.Close() // the reader sees it and reports the close
 		}
 	}
 }
@@ -442,7 +446,7 @@ func (t *hostTransport) run(s *hostShard) {
 		}
 		worked := false
 		if err == nil {
-			t.kick(s) // the log-in, and what waited for the connection
+			t.startFlush(s) // the log-in, and what waited for the connection
 			worked, err = t.read(s, conn)
 		}
 		if conn != nil {
@@ -502,7 +506,7 @@ func (t *hostTransport) read(s *hostShard, conn net.Conn) (worked bool, err erro
 				return false, errors.New("a reply shardlimit could not trust (the connection was dropped)")
 			}
 			worked = true
-			t.kick(s) // a NOSCRIPT reply sends its check again
+			t.startFlush(s) // a NOSCRIPT reply sends its check again
 		}
 		if err != nil {
 			return worked, err
