@@ -270,6 +270,31 @@ typedef uint32_t shardlimit_log_level;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
+// What became of a check given to `shardlimit_host_check()`.
+enum shardlimit_host_step
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // Decided without Redis (the block list, an open circuit's `on_error`): the decision
+  // is in `*out`.
+  SHARDLIMIT_HOST_DECIDED = 1,
+  // Queued on shard `*shard`'s connection: its decision comes back as the completion
+  // with id `*id` (from `shardlimit_host_input()`, `_closed()` or `_timeout()`).
+  SHARDLIMIT_HOST_PENDING = 2,
+  // This check needs the limiter's own path (a multi-limit, shadow, local-admission or
+  // overrides policy, a reshard handoff, a reloaded engine): call
+  // `shardlimit_check_named()` or its `_start` form instead.
+  SHARDLIMIT_HOST_DELEGATE = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum shardlimit_host_step shardlimit_host_step;
+#else
+typedef uint32_t shardlimit_host_step;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
 // A manual clock for deterministic tests: limiters created with it read time from it
 // instead of Redis `TIME` or the monotonic clock. Thread-safe. Free with
 // `shardlimit_clock_free()` (limiters using it keep their own reference). An opaque
@@ -286,6 +311,18 @@ typedef struct shardlimit_error shardlimit_error;
 // An opaque handle owned by the caller; free with `shardlimit_headers_free()`, once no
 // thread still reads the strings borrowed from it. Readable from any thread.
 typedef struct shardlimit_headers shardlimit_headers;
+
+// The state machines of one limiter's shards, whose sockets the host owns: the host
+// transport. From `shardlimit_host_new()`; an opaque handle the caller owns and frees with
+// `shardlimit_host_free()`.
+//
+// Thread-safe: every call locks the handle for its duration (a mutex), so calls from
+// several threads are serialised. What the caller must serialise itself: the check id
+// that `shardlimit_host_check()` returns may be completed by an `_input()` on another
+// thread before the checking thread has recorded who waits for it, so a host that checks
+// on one thread and reads on another holds one lock of its own across "check + record
+// the waiter" and across "input + hand the completions to their waiters".
+typedef struct shardlimit_host shardlimit_host;
 
 // A held lease of a concurrency policy, from `shardlimit_acquire()`. Give it back with
 // `shardlimit_release()` (or let it expire after the policy's lease TTL), then free the
@@ -512,6 +549,21 @@ typedef struct shardlimit_event {
 // of that subscription; signalling the host's scheduler (a pipe, an eventfd, a condition
 // variable) is what it is for. Once `_free` has returned it is never called again.
 typedef void (*shardlimit_notify_callback)(void *user);
+
+// The outcome of a check that was `SHARDLIMIT_HOST_PENDING`, written by
+// `shardlimit_host_input()`, `_closed()`, `_timeout()` and `_completions()`.
+typedef struct shardlimit_host_completion {
+  // The id `shardlimit_host_check()` gave the check.
+  uint64_t id;
+  // SHARDLIMIT_OK with `decision` set, or the check's error (after its policy's
+  // `on_error`: only a failure the policy does not absorb comes back as an error).
+  shardlimit_result result;
+  // When `result` is not OK: the error, owned by the caller (free it with
+  // `shardlimit_error_free()`); NULL otherwise.
+  struct shardlimit_error *error;
+  // When `result` is OK: the decision.
+  struct shardlimit_decision decision;
+} shardlimit_host_completion;
 
 // One warning line, as a callback receives it. Every string is UTF-8 and NUL-terminated,
 // and borrowed for the duration of the call only (copy what you keep).
@@ -1243,6 +1295,154 @@ shardlimit_result shardlimit_policy_with_shadow(const struct shardlimit_policy *
                                                 bool shadow,
                                                 struct shardlimit_policy **out,
                                                 struct shardlimit_error **err);
+
+// The host transport of `limiter`. Its shards must all be standalone Redis servers over
+// plain TCP: CONFIG otherwise (naming the first that is not), and for the in-memory
+// engine. It opens no socket: the host connects (see `shardlimit_host_address()`).
+//
+// Thread-safe. On success `*out` is a new handle the caller owns. `err` may be NULL.
+// Results: OK, CONFIG, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_host_new(const struct shardlimit_limiter *limiter,
+                                      struct shardlimit_host **out,
+                                      struct shardlimit_error **err);
+
+// Frees the host transport. Checks still in flight are never completed: call
+// `shardlimit_host_closed()` for every shard first to fail them. NULL, a freed or a
+// foreign handle is a no-op.
+void shardlimit_host_free(struct shardlimit_host *host);
+
+// How many shards (sockets) the host transport has; 0 for an invalid handle.
+size_t shardlimit_host_shard_count(const struct shardlimit_host *host);
+
+// How many checks wait for their completion; 0 for an invalid handle.
+size_t shardlimit_host_in_flight(const struct shardlimit_host *host);
+
+// Where shard `shard` listens: `*host_out` (an owned string: free it with
+// `shardlimit_string_free()`) and `*port`, and in `*connect_timeout_us` how long the
+// connect and log-in may take (the config's `timeout_ms`).
+//
+// Results: OK, INVALID_ARGUMENT (a shard out of range, a NULL output), CLOSED, INTERNAL.
+shardlimit_result shardlimit_host_address(const struct shardlimit_host *host,
+                                          size_t shard,
+                                          struct shardlimit_string *host_out,
+                                          uint16_t *port,
+                                          uint64_t *connect_timeout_us,
+                                          struct shardlimit_error **err);
+
+// Checks `cost` units of the configured policy named by `policy_len` bytes at `policy`
+// for `key` (the contract of `shardlimit_check_named()`). `*step` says what became of it:
+// `SHARDLIMIT_HOST_DECIDED` with `*out` filled, `SHARDLIMIT_HOST_PENDING` with `*id` and
+// `*shard` set (then call `shardlimit_host_transmit()` for that shard), or
+// `SHARDLIMIT_HOST_DELEGATE` (nothing else written: use the limiter's own check).
+//
+// Thread-safe (see `shardlimit_host` for what the caller serialises). `err` may be NULL.
+// Results: OK, UNKNOWN_POLICY, INVALID_ARGUMENT, a backend error a policy with
+// `on_error: "error"` does not absorb (CONNECTION, TIMEOUT, UNAVAILABLE), CLOSED,
+// INTERNAL.
+shardlimit_result shardlimit_host_check(const struct shardlimit_host *host,
+                                        const char *key,
+                                        size_t key_len,
+                                        const char *policy,
+                                        size_t policy_len,
+                                        uint64_t cost,
+                                        uint32_t *step,
+                                        uint64_t *id,
+                                        size_t *shard,
+                                        struct shardlimit_decision *out,
+                                        struct shardlimit_error **err);
+
+// The host starts to connect shard `shard`'s socket (the connect and log-in must be done
+// within the config's `timeout_ms`, or the checks waiting on it fail). Checks made while
+// nobody connects fail at once (and follow their policies' `on_error`).
+//
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_host_connecting(const struct shardlimit_host *host,
+                                             size_t shard,
+                                             struct shardlimit_error **err);
+
+// Shard `shard`'s socket is open: the log-in (AUTH, SELECT) goes first, then what waited
+// (call `shardlimit_host_transmit()`).
+//
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_host_connected(const struct shardlimit_host *host,
+                                            size_t shard,
+                                            struct shardlimit_error **err);
+
+// True when shard `shard`'s socket must be closed (or is): the host closes it and
+// connects again. True for an invalid handle or shard.
+bool shardlimit_host_is_down(const struct shardlimit_host *host, size_t shard);
+
+// Copies up to `cap` bytes that must be written to shard `shard` now into `buf`, their
+// number to `*out_len` (0: nothing to write). What does not fit stays for the next call:
+// call it until it writes 0 bytes (or fewer than `cap`). Every check queued since the last
+// call goes out in this write (a burst's checks of one algorithm as one batch call).
+//
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_host_transmit(const struct shardlimit_host *host,
+                                           size_t shard,
+                                           uint8_t *buf,
+                                           size_t cap,
+                                           size_t *out_len,
+                                           struct shardlimit_error **err);
+
+// `len` bytes read from shard `shard`'s socket: the checks they complete, up to `cap` of
+// them into `out` (their number in `*out_n`); more stay queued for
+// `shardlimit_host_completions()`. Afterwards check `shardlimit_host_is_down()`: bytes the
+// library cannot trust (a reply outside the limits, one nobody asked for, another call's)
+// fail every check on the connection, which must then be closed. After a NOSCRIPT reply
+// a check goes out again: call `shardlimit_host_transmit()`.
+//
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_host_input(const struct shardlimit_host *host,
+                                        size_t shard,
+                                        const uint8_t *bytes,
+                                        size_t len,
+                                        struct shardlimit_host_completion *out,
+                                        size_t cap,
+                                        size_t *out_n,
+                                        struct shardlimit_error **err);
+
+// Shard `shard`'s socket closed or failed (`why`, `why_len` bytes of UTF-8, quoted in
+// the errors): every check on it fails (and follows its policy's `on_error`); completions
+// as `shardlimit_host_input()`.
+//
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_host_closed(const struct shardlimit_host *host,
+                                         size_t shard,
+                                         const char *why,
+                                         size_t why_len,
+                                         struct shardlimit_host_completion *out,
+                                         size_t cap,
+                                         size_t *out_n,
+                                         struct shardlimit_error **err);
+
+// The time now: checks (and connects) whose deadline passed fail; completions as
+// `shardlimit_host_input()`. Afterwards check `shardlimit_host_is_down()` for each shard.
+//
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_host_timeout(const struct shardlimit_host *host,
+                                          struct shardlimit_host_completion *out,
+                                          size_t cap,
+                                          size_t *out_n,
+                                          struct shardlimit_error **err);
+
+// The completions that did not fit the buffer of an earlier call, up to `cap` of them.
+//
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_host_completions(const struct shardlimit_host *host,
+                                              struct shardlimit_host_completion *out,
+                                              size_t cap,
+                                              size_t *out_n,
+                                              struct shardlimit_error **err);
+
+// When `shardlimit_host_timeout()` is due next: `*has` is false when nothing waits,
+// otherwise `*in_us` is the microseconds from now (0 when due).
+//
+// Results: OK, INVALID_ARGUMENT, CLOSED, INTERNAL.
+shardlimit_result shardlimit_host_next_deadline_us(const struct shardlimit_host *host,
+                                                   bool *has,
+                                                   uint64_t *in_us,
+                                                   struct shardlimit_error **err);
 
 // Registers `callback` to receive the limiter's warning lines: every fallback to
 // `on_error`, a circuit opened, a failed reshard handoff or layered refund, a rejected

@@ -51,3 +51,38 @@ func TestAcquireAbandonedMidCallReleasesItsLease(t *testing.T) {
 	}
 	_, _ = lease.Release(ctx)
 }
+
+// The same with a caller whose ctx deadline passes (not a cancel): ctx.Done() fires for
+// both, so the lease Redis grants afterwards goes back too.
+func TestAcquireWhoseDeadlinePassesReleasesItsLease(t *testing.T) {
+	l, r := concLimiter(t)
+	ctx := context.Background()
+	d, lease, err := l.Acquire(ctx, "u2", "one", 1)
+	if err != nil || !d.Allowed || lease == nil {
+		t.Fatalf("warm-up: %+v %v %v", d, lease, err)
+	}
+	if _, err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan struct{}, 1)
+	l.afterAbandoned = func() { released <- struct{}{} }
+	r.stop(t)
+	// Redis is stopped: the call cannot complete before the deadline
+	callCtx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	_, lease, err = l.Acquire(callCtx, "u2", "one", 1)
+	if !errors.Is(err, context.DeadlineExceeded) || lease != nil {
+		t.Fatalf("Acquire: %v %v, want context.DeadlineExceeded and no lease", lease, err)
+	}
+	if err := r.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-released:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the Acquire's lease was never given back (%s held in Redis)", held(t, r, "one", "u2"))
+	}
+	if n := held(t, r, "one", "u2"); n != ":0" {
+		t.Fatalf("%s leases held in Redis after the Acquire whose deadline passed, want 0", n)
+	}
+}

@@ -104,6 +104,11 @@ type Option func(*options)
 type options struct {
 	clock *Clock
 	log   logOption // logging.go
+	// transport: host.go
+	transport Transport
+	// hostStats, set by tests only, counts what the host transport did
+	hostStats    *hostStats
+	transportSet bool
 }
 
 // WithClock makes the limiter decide on clock (tests) instead of Redis TIME or the

@@ -174,13 +174,11 @@ func dispatch(wake *os.File) {
 // starter starts one C call with the Go callback and a user pointer.
 type starter func(cb C.shardlimit_callback, user unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result
 
-// await starts a call and parks the goroutine (no OS thread: a channel receive) until the
-// call completes or ctx is done. On completion it returns the pending, which the caller
-// reads and frees. When ctx ends first the call is cancelled and ctx.Err() returned,
-// unless it completed in the meantime: then its result stands.
-func (l *Limiter) await(ctx context.Context, start starter) (*C.shardlimit_pending, error) {
+// begin starts a call with the Go callback: the pending, and the channel its completion
+// wakes (room for one). On error no callback will ever run.
+func (l *Limiter) begin(start starter) (*C.shardlimit_pending, chan struct{}, error) {
 	if err := startDispatch(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	done := make(chan struct{}, 1)
 	h := cgo.NewHandle(done)
@@ -189,10 +187,22 @@ func (l *Limiter) await(ctx context.Context, start starter) (*C.shardlimit_pendi
 	if rc := start(goCallback, C.sl_user(C.uintptr_t(h)), &p, &e); rc != C.SHARDLIMIT_OK {
 		// no pending: the callback will never run
 		h.Delete()
-		return nil, takeError(rc, e)
+		return nil, nil, takeError(rc, e)
 	}
 	if l.afterStart != nil {
 		l.afterStart()
+	}
+	return p, done, nil
+}
+
+// await starts a call and parks the goroutine (no OS thread: a channel receive) until the
+// call completes or ctx is done. On completion it returns the pending, which the caller
+// reads and frees. When ctx ends first the call is cancelled and ctx.Err() returned,
+// unless it completed in the meantime: then its result stands.
+func (l *Limiter) await(ctx context.Context, start starter) (*C.shardlimit_pending, error) {
+	p, done, err := l.begin(start)
+	if err != nil {
+		return nil, err
 	}
 	select {
 	case <-done:
@@ -209,24 +219,15 @@ func (l *Limiter) await(ctx context.Context, start starter) (*C.shardlimit_pendi
 }
 
 // awaitOrAbandon is await for a call whose result must not be dropped unread (an
-// Acquire: Redis may have granted a lease by the time ctx ends). When ctx ends first the
-// call is not cancelled: ctx.Err() is returned at once and, when the call completes
-// (within the config's deadline), abandoned(p) runs on a goroutine of its own (parked
-// until then: no OS thread), which reads p, gives back what it holds and frees it.
+// Acquire: Redis may have granted a lease by the time ctx ends, whether it was cancelled
+// or its deadline passed). When ctx ends first the call is not cancelled: ctx.Err() is
+// returned at once and, when the call completes (within the config's deadline),
+// abandoned(p) runs on a goroutine of its own (parked until then: no OS thread), which
+// reads p, gives back what it holds and frees it.
 func (l *Limiter) awaitOrAbandon(ctx context.Context, start starter, abandoned func(*C.shardlimit_pending)) (*C.shardlimit_pending, error) {
-	if err := startDispatch(); err != nil {
+	p, done, err := l.begin(start)
+	if err != nil {
 		return nil, err
-	}
-	done := make(chan struct{}, 1)
-	h := cgo.NewHandle(done)
-	var p *C.shardlimit_pending
-	var e *C.shardlimit_error
-	if rc := start(goCallback, C.sl_user(C.uintptr_t(h)), &p, &e); rc != C.SHARDLIMIT_OK {
-		h.Delete()
-		return nil, takeError(rc, e)
-	}
-	if l.afterStart != nil {
-		l.afterStart()
 	}
 	select {
 	case <-done:

@@ -262,6 +262,8 @@ type Limiter struct {
 	// afterAbandoned, set by tests only, runs once the lease of an Acquire whose caller
 	// had gone is given back (or there was none).
 	afterAbandoned func()
+	// host is the host transport of Check (WithTransport(TransportHost); host.go), or nil
+	host atomic.Pointer[hostTransport]
 }
 
 // handle boxes the C pointer (atomic.Pointer cannot hold a pointer to an incomplete type).
@@ -286,10 +288,10 @@ func NewFromJSON(config string, opts ...Option) (*Limiter, error) {
 		return nil, err
 	}
 	defer runtime.KeepAlive(keep)
-	return logTo(opts)(newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
+	return hostTo(opts)(logTo(opts)(newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
 		p, n := cStr(config)
 		return C.shardlimit_limiter_new_json(p, n, clock, out, e)
-	}))
+	})))
 }
 
 // NewFromFile creates a limiter from a JSON config file.
@@ -299,10 +301,10 @@ func NewFromFile(path string, opts ...Option) (*Limiter, error) {
 		return nil, err
 	}
 	defer runtime.KeepAlive(keep)
-	return logTo(opts)(newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
+	return hostTo(opts)(logTo(opts)(newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
 		p, n := cStr(path)
 		return C.shardlimit_limiter_new_file(p, n, clock, out, e)
-	}))
+	})))
 }
 
 // NewFromEnv creates a limiter from $SHARDLIMIT_CONFIG (a path or inline JSON); the
@@ -313,9 +315,9 @@ func NewFromEnv(opts ...Option) (*Limiter, error) {
 		return nil, err
 	}
 	defer runtime.KeepAlive(keep)
-	return logTo(opts)(newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
+	return hostTo(opts)(logTo(opts)(newLimiter(func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.shardlimit_result {
 		return C.shardlimit_limiter_new_env(clock, out, e)
-	}))
+	})))
 }
 
 // Check checks cost units (>= 1) of the named policy for key. A denied check is not an
@@ -326,6 +328,11 @@ func (l *Limiter) Check(ctx context.Context, key, policy string, cost uint64) (D
 	h, err := l.open(ctx)
 	if err != nil {
 		return Decision{}, err
+	}
+	if t := l.host.Load(); t != nil {
+		if d, err, ok := t.check(ctx, key, policy, cost, l.afterStart); ok {
+			return d, err
+		}
 	}
 	kp, kn := cStr(key)
 	pp, pn := cStr(policy)
@@ -729,7 +736,13 @@ func clientIP(peer, xff string, trusted []string, ipv6Prefix int) (string, error
 // afterwards never answers for this one (the C handles are never reused). Closing twice
 // is a no-op.
 func (l *Limiter) Close() error {
-	if h := l.h.Swap(nil); h != nil {
+	h := l.h.Swap(nil)
+	// after the handle: a check the host transport turned away with ErrClosed is
+	// followed by ErrClosed, never by a decision of the default path
+	if t := l.host.Swap(nil); t != nil {
+		t.close()
+	}
+	if h != nil {
 		C.shardlimit_limiter_free(h.p)
 	}
 	return nil

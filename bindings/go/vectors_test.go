@@ -342,7 +342,7 @@ func (r *vectorReplay) step(ctx context.Context, where string, s vectorItem) {
 // replayVectors replays every case and every step of every file of vectorFiles on a
 // fresh limiter from config(policies, case index) deciding on a manual clock set to each
 // step's t_us; it returns the number of steps replayed.
-func replayVectors(t *testing.T, source Source, config func(policies string, i int) string) int {
+func replayVectors(t *testing.T, source Source, config func(policies string, i int) string, opts ...Option) int {
 	ctx := context.Background()
 	steps := 0
 	for i, c := range readVectors(t) {
@@ -362,7 +362,7 @@ func replayVectors(t *testing.T, source Source, config func(policies string, i i
 		if c.DefaultAlgorithm != "" {
 			policies = append(policies, fmt.Sprintf(`,"default_algorithm":%q`, c.DefaultAlgorithm)...)
 		}
-		l, err := NewFromJSON(config(string(policies), i), WithClock(clock))
+		l, err := NewFromJSON(config(string(policies), i), append([]Option{WithClock(clock)}, opts...)...)
 		if err != nil {
 			t.Fatalf("%s: %v", c.Name, err)
 		}

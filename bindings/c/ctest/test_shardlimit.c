@@ -2289,6 +2289,7 @@ static void test_window_offset_vectors(void) {
 
 #include "test_events.c"
 #include "test_logging.c"
+#include "test_host.c"
 
 int main(void) {
   start_redis();
@@ -2324,6 +2325,7 @@ int main(void) {
   test_started_calls();
   test_shadow();
   test_started_text_calls();
+  test_host_transport();
   test_events();
   test_logging();
   test_default_log_to_stderr();

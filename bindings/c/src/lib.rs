@@ -461,10 +461,11 @@ enum Tag {
     Subscription = 8,
     Watcher = 9,
     LogSubscription = 10,
+    Host = 11,
 }
 
 impl Tag {
-    const ALL: [Tag; 10] = [
+    const ALL: [Tag; 11] = [
         Tag::Limiter,
         Tag::Policy,
         Tag::Lease,
@@ -475,6 +476,7 @@ impl Tag {
         Tag::Subscription,
         Tag::Watcher,
         Tag::LogSubscription,
+        Tag::Host,
     ];
     fn c_name(self) -> &'static str {
         match self {
@@ -488,6 +490,7 @@ impl Tag {
             Tag::Subscription => "shardlimit_subscription",
             Tag::Watcher => "shardlimit_watcher",
             Tag::LogSubscription => "shardlimit_log_subscription",
+            Tag::Host => "shardlimit_host",
         }
     }
 }
@@ -2053,6 +2056,7 @@ pub unsafe extern "C" fn shardlimit_decision_to_json(
 mod admin;
 mod args;
 mod events;
+mod host;
 mod logging;
 mod notify;
 mod overrides;

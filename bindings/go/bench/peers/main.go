@@ -5,7 +5,7 @@
 // the binding's go.mod never does; hence the build tag):
 //
 //	peers -lib shardlimit|redis_rate -redis redis://127.0.0.1:PORT [-redis-pid PID]
-//	      [-total 200000] [-goroutines 64] [-sequential 20000]
+//	      [-total 200000] [-goroutines 64] [-sequential 20000] [-transport host]
 //
 // The policy: a fixed window of 10^9 per hour over 1000 keys in shardlimit, redis_rate's
 // GCRA at 10^9 per hour in redis_rate (its only algorithm); every request admitted. Prints
@@ -58,6 +58,7 @@ func main() {
 	total := flag.Int64("total", 200_000, "decisions at -goroutines")
 	goroutines := flag.Int("goroutines", 64, "concurrent callers")
 	sequential := flag.Int("sequential", 20_000, "sequential decisions, for latency")
+	transport := flag.String("transport", "", "shardlimit's transport: \"\" (the default) or host")
 	flag.Parse()
 	ctx := context.Background()
 
@@ -66,12 +67,16 @@ func main() {
 	switch *lib {
 	case "shardlimit":
 		l, err := shardlimit.NewFromJSON(fmt.Sprintf(`{"timeout_ms":1000,"shards":[{"name":"bench","url":%q}],
-			"policies":{"api":{"algorithm":"fixed_window","limit":%d,"window":"1h"}}}`, *url, limit))
+			"policies":{"api":{"algorithm":"fixed_window","limit":%d,"window":"1h"}}}`, *url, limit),
+			shardlimit.WithTransport(shardlimit.Transport(*transport)))
 		if err != nil {
 			panic(err)
 		}
 		defer l.Close()
 		version = "shardlimit (Go, cgo)"
+		if *transport != "" {
+			version += ", transport " + *transport
+		}
 		check = func(key string) bool {
 			d, err := l.Check(ctx, key, "api", 1)
 			if err != nil {

@@ -1,0 +1,395 @@
+package shardlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// SHARDLIMIT_TEST_TRANSPORT=host runs the whole suite with the host transport as the
+// default (a limiter it cannot serve keeps the default path).
+func init() {
+	if v := os.Getenv("SHARDLIMIT_TEST_TRANSPORT"); v != "" {
+		defaultTransport = Transport(v)
+	}
+}
+
+func withHostStats(s *hostStats) Option { return func(o *options) { o.hostStats = s } }
+
+// hostLimiter is a limiter on the host transport over r with the given policies and
+// timeout, closed when the test ends.
+func hostLimiter(t *testing.T, r *redisServer, timeoutMs int, policies string, opts ...Option) *Limiter {
+	t.Helper()
+	cfg := fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":%d,"policies":{%s}}`,
+		r.Port, timeoutMs, policies)
+	l, err := NewFromJSON(cfg, append([]Option{WithTransport(TransportHost)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// waitFor polls cond (readiness, not a race) for at most 5 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 5 s: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// untilRedisDecides checks until the host transport is connected again and Redis
+// decides (a check made while it reconnects fails by its policy's on_error).
+func untilRedisDecides(t *testing.T, l *Limiter, key, policy string) Decision {
+	t.Helper()
+	var d Decision
+	waitFor(t, "a decision from Redis", func() bool {
+		var err error
+		d, err = l.Check(context.Background(), key, policy, 1)
+		return err == nil && d.Source == SourceRedis
+	})
+	return d
+}
+
+// The vectors decide the same on the host transport, and it is the host path that
+// decided them (not the limiter's own path).
+func TestHostVectorsOnRedis(t *testing.T) {
+	r := startRedis(t)
+	stats := &hostStats{}
+	n := replayVectors(t, SourceRedis, func(policies string, i int) string {
+		return fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":2000,
+			"key_prefix":"hvec%d:","policies":%s}`, r.Port, i, policies)
+	}, WithTransport(TransportHost), withHostStats(stats))
+	if want := totalVectorSteps(t); n != want {
+		t.Fatalf("replayed %d steps of %d", n, want)
+	}
+	if stats.pending == 0 {
+		t.Fatalf("no check went through the host transport: %+v", stats)
+	}
+	t.Logf("host transport: %+v", stats)
+}
+
+// 64 goroutines share one key: exactly the limit is admitted, each caller gets its own
+// answer (the remaining counts are all different), and the checks share writes.
+func TestHostConcurrentChecks(t *testing.T) {
+	r := startRedis(t)
+	stats := &hostStats{}
+	l := hostLimiter(t, r, 2000, `"api":{"algorithm":"fixed_window","limit":1000,"window":"1h"}`, withHostStats(stats))
+	ctx := context.Background()
+	var mu sync.Mutex
+	remaining := map[uint64]bool{}
+	allowed, denied := 0, 0
+	var wg sync.WaitGroup
+	for g := 0; g < 64; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 20; i++ {
+				d, err := l.Check(ctx, "shared", "api", 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				if d.Allowed {
+					allowed++
+					if remaining[d.Remaining] {
+						t.Errorf("two callers got remaining %d", d.Remaining)
+					}
+					remaining[d.Remaining] = true
+				} else {
+					denied++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if allowed != 1000 || denied != 280 {
+		t.Fatalf("allowed %d, denied %d; want 1000 and 280", allowed, denied)
+	}
+	if stats.pending != 1280-stats.decided || stats.delegated != 0 {
+		t.Fatalf("stats %+v", stats)
+	}
+	// and the default path sees the same state
+	plain, err := NewFromJSON(r.config(`"api":{"algorithm":"fixed_window","limit":1000,"window":"1h"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if d, err := plain.Check(ctx, "shared", "api", 1); err != nil || d.Allowed || d.Remaining != 0 {
+		t.Fatalf("default path after: %+v %v", d, err)
+	}
+}
+
+// What the host transport cannot do goes the limiter's own way; bad input is an error
+// naming it; a transport name that does not exist, or a limiter without Redis, is refused.
+func TestHostDelegatesAndRefuses(t *testing.T) {
+	r := startRedis(t)
+	stats := &hostStats{}
+	l := hostLimiter(t, r, 2000, `"multi":"5/minute; 50/hour","api":"10/minute"`, withHostStats(stats))
+	ctx := context.Background()
+	d, err := l.Check(ctx, "k", "multi", 1)
+	if err != nil || !d.Allowed || len(d.Quotas) != 2 || stats.delegated != 1 {
+		t.Fatalf("multi-limit: %+v %v %+v", d, err, stats)
+	}
+	if _, err := l.Check(ctx, "k", "nope", 1); !errors.Is(err, ErrUnknownPolicy) {
+		t.Fatalf("unknown policy: %v", err)
+	}
+	if _, err := l.Check(ctx, "", "api", 1); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("empty key: %v", err)
+	}
+	if _, err := l.Check(ctx, "k", "api", 0); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("cost 0: %v", err)
+	}
+	if _, err := NewFromJSON(`{"policies":{"api":"10/minute"}}`, WithTransport(TransportHost)); !errors.Is(err, ErrConfig) {
+		t.Fatalf("memory engine: %v", err)
+	}
+	if _, err := NewFromJSON(r.config(`"api":"10/minute"`), WithTransport("uv")); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("transport uv: %v", err)
+	}
+}
+
+// A Redis that stops answering: each check ends at the config's deadline by its
+// policy's on_error, the connection is dropped (its late replies are not trusted), and
+// checks decide on Redis again once it answers. A caller whose ctx ends first gets
+// ctx.Err() at once.
+func TestHostDeadlines(t *testing.T) {
+	r := startRedis(t)
+	l := hostLimiter(t, r, 200, `"open":{"algorithm":"fixed_window","limit":10,"window":"1h","on_error":"open"},
+		"strict":{"algorithm":"fixed_window","limit":10,"window":"1h","on_error":"error"}`)
+	untilRedisDecides(t, l, "d", "open")
+	if err := r.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			_ = r.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}()
+	ctx := context.Background()
+	start := time.Now()
+	d, err := l.Check(ctx, "d", "open", 1)
+	if err != nil || !d.Allowed || d.Source != SourceFallback {
+		t.Fatalf("open: %+v %v", d, err)
+	}
+	if took := time.Since(start); took < 150*time.Millisecond || took > 2*time.Second {
+		t.Fatalf("the deadline took %v", took)
+	}
+	waitFor(t, "connection back", func() bool { return l.host.Load().inFlight() == 0 })
+	_, err = l.Check(ctx, "d", "strict", 1)
+	if !errors.Is(err, ErrTimeout) && !errors.Is(err, ErrConnection) && !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("strict: %v", err)
+	}
+	// connected again (the stopped server's backlog accepts): a check waits for Redis
+	waitFor(t, "a connection", func() bool { return l.host.Load().up(0) })
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	start = time.Now()
+	if _, err := l.Check(cctx, "d", "open", 1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("ctx: %v", err)
+	}
+	if took := time.Since(start); took > 150*time.Millisecond {
+		t.Fatalf("ctx.Err() after %v", took)
+	}
+	if err := r.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	if d := untilRedisDecides(t, l, "d", "open"); !d.Allowed {
+		t.Fatalf("after: %+v", d)
+	}
+}
+
+// Redis killed with checks in flight: every one ends at once (the close, not the
+// deadline) by its policy's on_error; Close then leaves no goroutine behind.
+func TestHostRedisKilledMidFlight(t *testing.T) {
+	base := runtime.NumGoroutine()
+	r := startRedis(t)
+	cfg := fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":5000,"policies":{
+		"open":{"algorithm":"fixed_window","limit":10,"window":"1h","on_error":"open"},
+		"strict":{"algorithm":"fixed_window","limit":10,"window":"1h","on_error":"error"}}}`, r.Port)
+	l, err := NewFromJSON(cfg, WithTransport(TransportHost))
+	if err != nil {
+		t.Fatal(err)
+	}
+	untilRedisDecides(t, l, "k", "open")
+	if err := r.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	type out struct {
+		policy string
+		d      Decision
+		err    error
+	}
+	results := make(chan out, 16)
+	for i := 0; i < 16; i++ {
+		policy := "open"
+		if i%2 == 1 {
+			policy = "strict"
+		}
+		go func() {
+			d, err := l.Check(context.Background(), fmt.Sprint("k", i), policy, 1)
+			results <- out{policy, d, err}
+		}()
+	}
+	waitFor(t, "16 checks in flight", func() bool { return l.host.Load().inFlight() == 16 })
+	start := time.Now()
+	if err := r.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 16; i++ {
+		o := <-results
+		if o.policy == "open" && (o.err != nil || !o.d.Allowed || o.d.Source != SourceFallback) {
+			t.Errorf("open: %+v %v", o.d, o.err)
+		}
+		if o.policy == "strict" && !errors.Is(o.err, ErrConnection) {
+			t.Errorf("strict: %v (want the connection's failure)", o.err)
+		}
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("the checks ended %v after the kill (the deadline is 5 s)", took)
+	}
+	l.Close()
+	goroutinesBack(t, base+2) // startRedis's waiter, and the completion dispatcher
+}
+
+// A connection the server closes (CLIENT KILL): the transport connects again.
+func TestHostReconnects(t *testing.T) {
+	r := startRedis(t)
+	l := hostLimiter(t, r, 2000, `"api":{"algorithm":"fixed_window","limit":100,"window":"1h"}`)
+	d := untilRedisDecides(t, l, "r", "api")
+	c, rd, err := rawRedis(r.Port, 2*time.Second, "CLIENT KILL TYPE normal SKIPME yes\r\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := rd.ReadString('\n')
+	c.Close()
+	if err != nil || line[0] != ':' || line == ":0\r\n" {
+		t.Fatalf("CLIENT KILL: %q %v", line, err)
+	}
+	d2 := untilRedisDecides(t, l, "r", "api")
+	if d2.Remaining >= d.Remaining {
+		t.Fatalf("remaining %d then %d: the state is not Redis's", d.Remaining, d2.Remaining)
+	}
+}
+
+// A server that answers what nobody asked (a hostile or broken one: the real Redis cannot
+// misbehave on purpose): the check fails, nobody gets another caller's answer, and the
+// connection is closed.
+func TestHostHostileReply(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	closed := make(chan error, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 4096)
+				if _, err := c.Read(buf); err != nil {
+					return
+				}
+				// a reply of the wrong shape, then one nobody asked for
+				_, _ = c.Write([]byte(":1\r\n:2\r\n"))
+				_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+				for {
+					if _, err := c.Read(buf); err != nil {
+						closed <- err
+						return
+					}
+				}
+			}()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	cfg := fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":2000,"policies":{
+		"strict":{"algorithm":"fixed_window","limit":10,"window":"1h","on_error":"error"}}}`, port)
+	l, err := NewFromJSON(cfg, WithTransport(TransportHost))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var d Decision
+	waitFor(t, "a check sent to the server", func() bool {
+		d, err = l.Check(context.Background(), "k", "strict", 1)
+		return err != nil && !errors.Is(err, ErrConnection)
+	})
+	if !errors.Is(err, ErrScript) && !errors.Is(err, ErrIO) && !errors.Is(err, ErrInternal) {
+		t.Logf("the wrong reply: %v", err)
+	}
+	if d.Allowed {
+		t.Fatalf("a decision from a hostile reply: %+v", d)
+	}
+	select {
+	case err := <-closed:
+		if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatal("the transport kept the connection after a reply nobody asked for")
+			}
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the server saw no close")
+	}
+}
+
+// Close with checks in flight: each ends at once, later checks get ErrClosed, and no
+// goroutine is left.
+func TestHostCloseWhileInFlight(t *testing.T) {
+	base := runtime.NumGoroutine()
+	r := startRedis(t)
+	cfg := fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":5000,"policies":{
+		"strict":{"algorithm":"fixed_window","limit":10,"window":"1h","on_error":"error"}}}`, r.Port)
+	l, err := NewFromJSON(cfg, WithTransport(TransportHost))
+	if err != nil {
+		t.Fatal(err)
+	}
+	untilRedisDecides(t, l, "k", "strict")
+	if err := r.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.cmd.Process.Signal(syscall.SIGCONT) }()
+	errs := make(chan error, 8)
+	for i := 0; i < 8; i++ {
+		go func() {
+			_, err := l.Check(context.Background(), "k", "strict", 1)
+			errs <- err
+		}()
+	}
+	ht := l.host.Load()
+	waitFor(t, "8 checks in flight", func() bool { return ht.inFlight() == 8 })
+	start := time.Now()
+	l.Close()
+	for i := 0; i < 8; i++ {
+		if err := <-errs; err == nil {
+			t.Error("a check decided after Close with Redis stopped")
+		}
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("the checks ended %v after Close", took)
+	}
+	if _, err := l.Check(context.Background(), "k", "strict", 1); !errors.Is(err, ErrClosed) {
+		t.Fatalf("after Close: %v", err)
+	}
+	goroutinesBack(t, base+2)
+}
