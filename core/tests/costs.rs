@@ -149,8 +149,9 @@ fn fields(d: &Decision) -> String {
 fn every_cost_up_to_the_limit_on_every_algorithm_engines_agree() {
     let _one_at_a_time = measuring();
     let server = RedisServer::start();
-    // (CPU µs, what) of the costliest call to Redis
+    // (CPU µs, what) of the costliest call to Redis, and every call's CPU µs
     let mut worst = (0, String::new());
+    let mut cpus = Vec::new();
     for (limit, period) in [
         (10_000, Duration::from_secs(10)),
         (1_000_000, HOUR),
@@ -195,8 +196,11 @@ fn every_cost_up_to_the_limit_on_every_algorithm_engines_agree() {
                         got.push(fields(&d));
                     }
                     let cpu = server.main_thread_cpu_us().saturating_sub(before);
-                    if got.len() == 1 && cpu > worst.0 {
-                        worst = (cpu, format!("{} limit {limit} step {step}", p.name()));
+                    if got.len() == 1 {
+                        cpus.push(cpu);
+                        if cpu > worst.0 {
+                            worst = (cpu, format!("{} limit {limit} step {step}", p.name()));
+                        }
                     }
                 }
                 if got_leases.len() == 2 {
@@ -213,7 +217,7 @@ fn every_cost_up_to_the_limit_on_every_algorithm_engines_agree() {
             }
         }
     }
-    assert!(worst.0 < CALL_BUDGET_US, "{worst:?}");
+    within_budget(&format!("random costs, the costliest {worst:?}"), &cpus);
 }
 
 /// Runs `f` (one call to Redis) and returns its result with the main-thread CPU time it
@@ -238,6 +242,27 @@ fn measuring() -> std::sync::MutexGuard<'static, ()> {
 /// one call) also counts whatever Redis's own cron did meanwhile (expiring keys), so on a
 /// quiet machine a call of a few hundred µs read up to 3.3 ms now and then: hence 5 ms.
 const CALL_BUDGET_US: u64 = 5_000;
+
+/// Holds Redis's CPU per call (`samples`, µs, read from `/proc` around each call) to
+/// [`CALL_BUDGET_US`] at the median and to four budgets at the worst. A `/proc` reading is a
+/// coarse sample that another process's load can inflate on any one call (one of ~1000 read
+/// 5.7 ms on a loaded CI machine, against 0.4-1.5 ms for the rest), so no single sample is
+/// held to the budget; a call whose cost grew with the state (the issue's 1,400,000 µs) still
+/// fails both bounds. What the tests prove about bounded work, they prove by their decisions.
+fn within_budget(what: &str, samples: &[u64]) {
+    assert!(!samples.is_empty(), "{what}: no samples");
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let (median, worst) = (sorted[sorted.len() / 2], sorted[sorted.len() - 1]);
+    assert!(
+        median < CALL_BUDGET_US,
+        "{what}: median Redis CPU µs per call {median}: {samples:?}"
+    );
+    assert!(
+        worst < 4 * CALL_BUDGET_US,
+        "{what}: Redis CPU µs per call: {samples:?}"
+    );
+}
 
 /// The worst states the issue names, measured by Redis's own account of its main thread's
 /// CPU time (`INFO cpu`, not the test's wall clock): 100,000 entries that expire at once,
@@ -314,8 +339,13 @@ fn sliding_log_worst_case_script_calls_stay_within_a_few_ms() {
     let d = both(later + 2, 1);
     assert!(!d.allowed && d.remaining == 0);
     assert_eq!(d.retry_after, Some(HOUR - Duration::from_micros(2)));
-    let worst = cpu.iter().max().unwrap();
-    assert!(worst.0 < CALL_BUDGET_US, "Redis CPU µs per call: {cpu:?}");
+    // the decisions prove the work bounded: each denial's retry_after found its unit
+    // among 100,000 entries, and the mass expiry admitted 500,000 at once
+    let samples: Vec<u64> = cpu.iter().map(|(us, _)| *us).collect();
+    within_budget(
+        &format!("sliding log worst cases (µs, cost) {cpu:?}"),
+        &samples,
+    );
     eprintln!("Redis main-thread CPU per call (µs, cost): {cpu:?}");
 }
 
@@ -383,38 +413,43 @@ fn forged_leases_are_rejected() {
 }
 
 /// A lease of the policy's whole max (10^12 units) is one sorted-set member, acquired and
-/// released within the CPU budget.
+/// released within the CPU budget (five rounds on Redis, held at the median and the worst).
 #[test]
 fn a_lease_of_max_limit_units_is_one_member() {
     let _one_at_a_time = measuring();
     let server = RedisServer::start();
     let p = Policy::new("cc", Limit::concurrency(MAX_LIMIT, HOUR)).unwrap();
     for (i, (limiter, _clock)) in engines(&server).into_iter().enumerate() {
-        let ((d, lease), us) = cpu_of(&server, || {
-            limiter.acquire_blocking("k", &p, MAX_LIMIT).unwrap()
-        });
-        assert!(d.allowed && d.remaining == 0, "{d:?}");
-        if i == 0 {
-            assert!(us < CALL_BUDGET_US, "{us} µs");
-            // the lease and the sum of units held
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg("*")
-                .query(&mut server.conn())
-                .unwrap();
-            let n: u64 = redis::cmd("ZCARD")
-                .arg(&keys[0])
-                .query(&mut server.conn())
-                .unwrap();
-            assert_eq!(n, 2);
+        let (mut acquired, mut released_us) = (Vec::new(), Vec::new());
+        for _round in 0..if i == 0 { 5 } else { 1 } {
+            let ((d, lease), us) = cpu_of(&server, || {
+                limiter.acquire_blocking("k", &p, MAX_LIMIT).unwrap()
+            });
+            acquired.push(us);
+            assert!(d.allowed && d.remaining == 0, "{d:?}");
+            if i == 0 {
+                // the lease and the sum of units held
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg("*")
+                    .query(&mut server.conn())
+                    .unwrap();
+                let n: u64 = redis::cmd("ZCARD")
+                    .arg(&keys[0])
+                    .query(&mut server.conn())
+                    .unwrap();
+                assert_eq!(n, 2);
+            }
+            let d = limiter.acquire_blocking("k", &p, 1).unwrap().0;
+            assert!(!d.allowed && d.retry_after == Some(HOUR), "{d:?}");
+            let (released, us) = cpu_of(&server, || release_with(&limiter, &p, &lease.unwrap()));
+            released_us.push(us);
+            assert!(released.unwrap());
+            assert_eq!(limiter.peek_blocking("k", &p).unwrap().remaining, MAX_LIMIT);
         }
-        let d = limiter.acquire_blocking("k", &p, 1).unwrap().0;
-        assert!(!d.allowed && d.retry_after == Some(HOUR), "{d:?}");
-        let (released, us) = cpu_of(&server, || release_with(&limiter, &p, &lease.unwrap()));
-        assert!(released.unwrap());
         if i == 0 {
-            assert!(us < CALL_BUDGET_US, "{us} µs");
+            within_budget("acquiring MAX_LIMIT units", &acquired);
+            within_budget("releasing MAX_LIMIT units", &released_us);
         }
-        assert_eq!(limiter.peek_blocking("k", &p).unwrap().remaining, MAX_LIMIT);
     }
 }
 
@@ -596,18 +631,8 @@ fn leases_expiring_at_once_are_reclaimed_in_bounded_steps() {
     let d = both(later + 1000, 100_000 - admitted);
     assert!(d.allowed && d.remaining == 0, "{d:?}");
     // The bound itself is proved by the decisions above: `first.remaining == 127` and the
-    // 128-unit admissions mean each call reclaimed 128 leases, not 100,000. Redis's CPU per
-    // call, read from /proc, is a coarse sample that another process's load can inflate on
-    // any one call (one of ~1000 read 5.7 ms on a loaded CI machine, against 0.4-1.5 ms for
-    // the rest), so it is held to the budget at the median and to four budgets at the worst.
-    let mut sorted = cpu.clone();
-    sorted.sort_unstable();
-    let (median, worst) = (sorted[sorted.len() / 2], sorted[sorted.len() - 1]);
-    assert!(
-        median < CALL_BUDGET_US,
-        "median Redis CPU µs per call {median}: {cpu:?}"
-    );
-    assert!(worst < 4 * CALL_BUDGET_US, "Redis CPU µs per call: {cpu:?}");
+    // 128-unit admissions mean each call reclaimed 128 leases, not 100,000.
+    within_budget("leases expiring at once", &cpu);
 }
 
 /// A sliding log's running count of units wraps at 2^52 (every number the script handles

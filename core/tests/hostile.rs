@@ -33,6 +33,9 @@ enum Mode {
     Truncate,
     /// a batch's replies in the wrong order
     Swap,
+    /// what a Redis at `maxclients` does: an error on connect, before any command (written
+    /// twice here, so that one always arrives when nobody waits), and no answer after it
+    Refuse,
 }
 
 struct Fake {
@@ -153,6 +156,12 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
         sent.fetch_add(b.len() as u64, Ordering::AcqRel);
         true
     };
+    if matches!(*mode.lock().unwrap(), Mode::Refuse) {
+        let refusal = "-ERR max number of clients reached\r\n";
+        if !send(&mut w, refusal.repeat(2).as_bytes()) {
+            return;
+        }
+    }
     while let Some(args) = read_command(&mut r) {
         let name = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
         let reply = match name.as_str() {
@@ -238,6 +247,7 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                         return;
                     }
                     Mode::Lose(n) if whos.contains(&n) => continue,
+                    Mode::Refuse => continue,
                     Mode::Lose(_) => honest(),
                     // the extra one in the old format, and one with a tag of its own
                     Mode::Extra => format!(
@@ -532,6 +542,47 @@ fn a_reply_nobody_asked_for_leaves_the_async_path_working() {
         Ok(()) => calls.join().unwrap(),
         Err(_) if calls.is_finished() => calls.join().unwrap(), // its panic, as the failure
         Err(_) => panic!("an async check hung after a reply nobody asked for"),
+    }
+}
+
+#[test]
+fn bytes_on_connect_before_any_command_leave_the_async_path_working() {
+    // A Redis at `maxclients` writes `-ERR max number of clients reached` as soon as it
+    // accepts, before any command. The pipe's reader failed the connection on such bytes
+    // while it still held the waiters' lock (the guard of a match scrutinee, taken again by
+    // `fail`): the I/O thread deadlocked and every later async call hung. The fake writes
+    // the refusal twice, so that whether or not the first call is waiting when it arrives,
+    // bytes come that nobody waits for; the connection must then be closed (the fake sees
+    // it), and the next calls, to an honest server, answered. A hang fails by timeout.
+    let fake = Fake::start(Mode::Refuse);
+    let l = fake.limiter("error", 300);
+    let p = l.policy("p").unwrap();
+    let (done, finished) = std::sync::mpsc::channel();
+    let calls = {
+        let (mode, closed) = (fake.mode.clone(), fake.closed.clone());
+        std::thread::spawn(move || {
+            let rt = rt();
+            let e = rt.block_on(l.check(&key(1), &p, 1)).unwrap_err();
+            assert!(e.is_backend(), "{e:?}");
+            eventually(
+                "the refused connection is closed",
+                Duration::from_secs(5),
+                || closed.load(Ordering::Acquire) >= 1,
+            );
+            *mode.lock().unwrap() = Mode::Honest;
+            let end = Instant::now() + Duration::from_secs(5);
+            while rt.block_on(l.check(&key(7), &p, 1)).is_err() {
+                assert!(Instant::now() < end, "async checks never answered again");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            own_or_backend_error(8, rt.block_on(l.check(&key(8), &p, 1)));
+            let _ = done.send(());
+        })
+    };
+    match finished.recv_timeout(Duration::from_secs(15)) {
+        Ok(()) => calls.join().unwrap(),
+        Err(_) if calls.is_finished() => calls.join().unwrap(), // its panic, as the failure
+        Err(_) => panic!("an async check hung after bytes that came before any command"),
     }
 }
 

@@ -333,3 +333,85 @@ fn sentinel_shard_follows_the_switch_as_sentinel_reports_it() {
         late.first()
     );
 }
+
+/// A structured Sentinel config is used as it is, never turned into a URL and parsed again:
+/// a master name and passwords holding every character a URL gives a meaning to (`/`, `@`,
+/// `?`, `%`, `,`, `:`, `&`, `#`) reach a real Sentinel and primary, and the URL form, with
+/// each part percent-encoded, names the same state. (Before the typed spec, such a master
+/// name was refused as a config error.)
+#[test]
+fn a_structured_sentinel_config_takes_any_master_name_and_password() {
+    const MASTER: &str = "my/ma@st?er%2C,x";
+    const PRIMARY_PW: &str = "p/w@?%2F,x:&#";
+    const SENTINEL_PW: &str = "s/e@n?t%41,1:&";
+    let primary =
+        RedisServer::start_with(free_port(), vec!["--requirepass".into(), PRIMARY_PW.into()]);
+    let dir = tempfile::tempdir().unwrap();
+    let sport = free_port();
+    let conf = dir.path().join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port {sport}\nbind 127.0.0.1\ndir {}\nsentinel monitor {MASTER} 127.0.0.1 {} 1\n\
+             sentinel auth-pass {MASTER} {PRIMARY_PW}\nrequirepass {SENTINEL_PW}\n",
+            dir.path().display(),
+            primary.port
+        ),
+    )
+    .unwrap();
+    let child = Command::new("redis-server")
+        .arg(&conf)
+        .arg("--sentinel")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server --sentinel");
+    let _s = Sentinel(child, sport, dir);
+    let sentinel_login = redis::RedisConnectionInfo::default().set_password(SENTINEL_PW);
+    wait("the sentinel to answer", || {
+        let info = redis::ConnectionAddr::Tcp("127.0.0.1".into(), sport);
+        redis::IntoConnectionInfo::into_connection_info(info)
+            .map(|i| i.set_redis_settings(sentinel_login.clone()))
+            .and_then(redis::Client::open)
+            .and_then(|c| c.get_connection())
+            .and_then(|mut c| {
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(MASTER)
+                    .query::<Vec<String>>(&mut c)
+            })
+            .map(|a| a.get(1) == Some(&primary.port.to_string()))
+            .unwrap_or(false)
+    });
+    let policies = r#""policies": {"login": {"algorithm": "fixed_window", "limit": 3, "window": "1h", "on_error": "error"}}"#;
+    let sentinel = serde_json::json!({
+        "nodes": [format!("127.0.0.1:{sport}")],
+        "master": MASTER,
+        "password": PRIMARY_PW,
+        "sentinel_password": SENTINEL_PW,
+    });
+    let l = Limiter::from_json(&format!(
+        r#"{{"timeout_ms": 2000, "shards": [{{"name": "ha", "sentinel": {sentinel}}}], {policies}}}"#
+    ))
+    .unwrap();
+    for left in [2, 1] {
+        let d = l.check_by_name_blocking("user:1", "login", 1).unwrap();
+        assert_eq!(
+            (d.allowed, d.remaining, d.source),
+            (true, left, Source::Redis)
+        );
+    }
+    let enc = |s: &str| s.bytes().map(|b| format!("%{b:02X}")).collect::<String>();
+    let by_url = Limiter::from_json(&format!(
+        r#"{{"timeout_ms": 2000, "shards": [{{"name": "ha",
+            "url": "redis+sentinel://:{}@127.0.0.1:{sport}/{}?sentinel_password={}"}}],
+            {policies}}}"#,
+        enc(PRIMARY_PW),
+        enc(MASTER),
+        enc(SENTINEL_PW)
+    ))
+    .unwrap();
+    let d = by_url.check_by_name_blocking("user:1", "login", 1).unwrap();
+    assert_eq!((d.allowed, d.remaining, d.source), (true, 0, Source::Redis));
+    let d = l.check_by_name_blocking("user:1", "login", 1).unwrap();
+    assert_eq!((d.allowed, d.source), (false, Source::Redis));
+}

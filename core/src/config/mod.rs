@@ -11,6 +11,7 @@ use std::time::Duration;
 
 mod plans;
 mod policies;
+mod sentinel;
 mod shadow;
 mod shard;
 mod strict;
@@ -18,9 +19,10 @@ mod strict;
 mod tests;
 
 use policies::*;
+pub(crate) use sentinel::SentinelSpec;
 pub use shard::ShardConfig;
 use shard::*;
-pub(crate) use shard::{parse_sentinel_url, redact_url, scrub, validate_url};
+pub(crate) use shard::{redact_url, scrub, validate_url};
 pub use strict::parse_strict_json;
 use strict::*;
 

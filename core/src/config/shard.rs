@@ -1,6 +1,7 @@
-//! Shards: their config, URL validation, Sentinel URLs, and the redaction of the
+//! Shards: their config, URL validation, and the redaction of the
 //! passwords URLs carry (no error, `Debug` or log line ever shows one).
 
+use super::sentinel::SentinelSpec;
 use super::*;
 use crate::error::{Error, Result};
 use crate::tls::TlsConfig;
@@ -21,16 +22,38 @@ pub struct ShardConfig {
     pub tls: Option<TlsConfig>,
     /// Sentinel shards: TLS to the Sentinels themselves (`sentinel_tls`); `None`: plain TCP.
     pub sentinel_tls: Option<TlsConfig>,
+    /// Sentinel shards: the Sentinels, master name, db and logins, from either config form
+    /// (the `url` of a structured config only shows them).
+    pub(crate) sentinel: Option<SentinelSpec>,
 }
 
 impl ShardConfig {
     /// A shard without TLS settings of its own.
     pub fn new(name: impl Into<String>, url: impl Into<String>) -> ShardConfig {
+        let url = url.into();
         ShardConfig {
             name: name.into(),
-            url: url.into(),
+            sentinel: SentinelSpec::from_url("url", &url).ok(),
+            url,
             tls: None,
             sentinel_tls: None,
+        }
+    }
+
+    /// The Sentinel spec of a Sentinel shard (`None` for any other): the one the config
+    /// (or [`ShardConfig::new`]) built, used as it is. A shard whose `url` was set to a
+    /// Sentinel URL by hand, or is not a valid one, has it read from the URL here.
+    pub(crate) fn sentinel_spec(
+        &self,
+        field: &str,
+    ) -> Result<Option<std::borrow::Cow<'_, SentinelSpec>>> {
+        use std::borrow::Cow;
+        match &self.sentinel {
+            Some(spec) => Ok(Some(Cow::Borrowed(spec))),
+            None if self.url.starts_with("redis+sentinel://") => {
+                SentinelSpec::from_url(field, &self.url).map(|s| Some(Cow::Owned(s)))
+            }
+            None => Ok(None),
         }
     }
 
@@ -62,32 +85,6 @@ impl std::fmt::Debug for ShardConfig {
             .field("url", &redact_url(&self.url))
             .field("tls", &self.tls)
             .field("sentinel_tls", &self.sentinel_tls)
-            .finish()
-    }
-}
-
-/// A parsed `redis+sentinel://` URL: the Sentinels' URLs, the master name, and how to log
-/// in to the primary.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) struct SentinelUrl {
-    /// `redis://[user:password@]host:port` of each Sentinel (with the Sentinels' own
-    /// credentials, when they have any).
-    pub nodes: Vec<String>,
-    pub master: String,
-    /// The primary's (and its replicas') ACL user and password, and database.
-    pub username: Option<String>,
-    pub password: Option<String>,
-    pub db: i64,
-}
-
-impl std::fmt::Debug for SentinelUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SentinelUrl")
-            .field("nodes", &self.nodes.len())
-            .field("master", &self.master)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("db", &self.db)
             .finish()
     }
 }
@@ -179,183 +176,6 @@ pub(crate) fn scrub(text: &str, url: &str) -> String {
     out
 }
 
-/// Parses `redis+sentinel://[[user]:password@]host:port[,host:port...]/master_name[/db]`,
-/// with optional `sentinel_username` and `sentinel_password` query parameters for
-/// Sentinels that require a login themselves. The user and password before `@` are the
-/// primary's; all credentials are percent-encoded.
-pub(crate) fn parse_sentinel_url(field: &str, url: &str) -> Result<SentinelUrl> {
-    let bad = |m: &str| {
-        Error::config(
-            field,
-            format!("{:?}: {m}; expected {SENTINEL_URL_FORM}", redact_url(url)),
-        )
-    };
-    let decode = |what: &str, s: &str| -> Result<String> {
-        percent_encoding::percent_decode_str(s)
-            .decode_utf8()
-            .map(|c| c.into_owned())
-            .map_err(|_| bad(&format!("the {what} is not UTF-8 once percent-decoded")))
-    };
-    let rest = url
-        .strip_prefix("redis+sentinel://")
-        .ok_or_else(|| bad("not a sentinel URL"))?;
-    let (rest, query) = match rest.split_once('?') {
-        Some((r, q)) => (r, Some(q)),
-        None => (rest, None),
-    };
-    let (authority, path) = rest.split_once('/').ok_or_else(|| bad("no master name"))?;
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
-    };
-    let (mut username, mut password) = (None, None);
-    if let Some(u) = userinfo {
-        let (user, pass) = u
-            .split_once(':')
-            .ok_or_else(|| bad("credentials must be user:password@ or :password@"))?;
-        if !user.is_empty() {
-            username = Some(decode("user", user)?);
-        }
-        password = Some(decode("password", pass)?);
-    }
-    let path = path.trim_end_matches('/');
-    let (master, db) = match path.split_once('/') {
-        Some((m, d)) => {
-            let db = d
-                .parse::<i64>()
-                .ok()
-                .filter(|n| *n >= 0)
-                .ok_or_else(|| bad(&format!("bad database number {d:?}")))?;
-            (m, db)
-        }
-        None => (path, 0),
-    };
-    if master.is_empty() {
-        return Err(bad("bad master name"));
-    }
-    let (mut s_user, mut s_pass) = (None, None);
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "sentinel_username" => s_user = Some(decode("sentinel_username", v)?),
-            "sentinel_password" => s_pass = Some(decode("sentinel_password", v)?),
-            _ => return Err(bad(&format!("unknown parameter {k:?}"))),
-        }
-    }
-    if s_user.is_some() && s_pass.is_none() {
-        return Err(bad("sentinel_username needs sentinel_password"));
-    }
-    let login = login_part(s_user.as_deref(), s_pass.as_deref());
-    let mut nodes = Vec::new();
-    for h in hosts.split(',') {
-        if h.is_empty() {
-            return Err(bad("empty sentinel address"));
-        }
-        let node = format!("redis://{login}{h}");
-        redis::Client::open(node.as_str()).map_err(|e| {
-            bad(&format!(
-                "bad sentinel address {:?}: {}",
-                redact_url(h),
-                scrub(&scrub(&e.to_string(), &node), url)
-            ))
-        })?;
-        nodes.push(node);
-    }
-    Ok(SentinelUrl {
-        nodes,
-        master: master.to_string(),
-        username,
-        password,
-        db,
-    })
-}
-
-/// The `redis+sentinel://` URL of the structured form `{"nodes": ["host:port", ...],
-/// "master": "name", "username"?, "password"?, "db"?, "sentinel_username"?,
-/// "sentinel_password"?}`.
-pub(super) fn sentinel_object_url(f: &str, sv: &Value) -> Result<String> {
-    let so = sv.as_object().ok_or_else(|| {
-        Error::config(
-            f,
-            "expected {\"nodes\": [\"host:port\"], \"master\": \"name\"}",
-        )
-    })?;
-    check_fields(
-        so,
-        &format!("{f}."),
-        &[
-            "nodes",
-            "master",
-            "username",
-            "password",
-            "db",
-            "sentinel_username",
-            "sentinel_password",
-        ],
-    )?;
-    let nodes: Vec<&str> = so
-        .get("nodes")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(|n| n.trim_start_matches("redis://"))
-                .collect()
-        })
-        .filter(|n: &Vec<&str>| !n.is_empty())
-        .ok_or_else(|| {
-            Error::config(
-                format!("{f}.nodes"),
-                "expected a non-empty list of \"host:port\"",
-            )
-        })?;
-    let text = |k: &str| -> Result<Option<&str>> {
-        match so.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.as_str())),
-            Some(_) => Err(Error::config(format!("{f}.{k}"), "expected a string")),
-        }
-    };
-    let master = text("master")?
-        .filter(|m| !m.is_empty() && !m.contains(['/', '?', '@']))
-        .ok_or_else(|| Error::config(format!("{f}.master"), "expected the master name"))?;
-    let (username, password) = (text("username")?, text("password")?);
-    if username.is_some() && password.is_none() {
-        return Err(Error::config(
-            format!("{f}.username"),
-            "needs a password too",
-        ));
-    }
-    let login = login_part(username, password);
-    let db = match so.get("db") {
-        None | Some(Value::Null) => 0,
-        Some(v) => v
-            .as_i64()
-            .filter(|n| *n >= 0)
-            .ok_or_else(|| Error::config(format!("{f}.db"), "expected a number >= 0"))?,
-    };
-    let mut query = Vec::new();
-    for k in ["sentinel_username", "sentinel_password"] {
-        if let Some(v) = text(k)? {
-            query.push(format!("{k}={}", encode(v)));
-        }
-    }
-    Ok(format!(
-        "redis+sentinel://{login}{}/{master}{}{}",
-        nodes.join(","),
-        if db != 0 {
-            format!("/{db}")
-        } else {
-            String::new()
-        },
-        if query.is_empty() {
-            String::new()
-        } else {
-            format!("?{}", query.join("&"))
-        }
-    ))
-}
-
 pub(super) fn shards(v: &Value, default_tls: Option<&TlsConfig>) -> Result<Vec<ShardConfig>> {
     let list = v.as_array().ok_or_else(|| {
         Error::config(
@@ -392,6 +212,7 @@ pub(super) fn shards(v: &Value, default_tls: Option<&TlsConfig>) -> Result<Vec<S
                 ))
             }
         };
+        let mut spec = None;
         let url = match (obj.get("url"), obj.get("sentinel")) {
             (Some(_), Some(_)) => {
                 return Err(Error::config(
@@ -399,7 +220,12 @@ pub(super) fn shards(v: &Value, default_tls: Option<&TlsConfig>) -> Result<Vec<S
                     "give either `url` or `sentinel`, not both",
                 ));
             }
-            (None, Some(sv)) => sentinel_object_url(&format!("{field}.sentinel"), sv)?,
+            (None, Some(sv)) => {
+                let sp = SentinelSpec::from_json(&format!("{field}.sentinel"), sv)?;
+                let url = sp.url();
+                spec = Some(sp);
+                url
+            }
             (Some(u), None) => u
                 .as_str()
                 .ok_or_else(|| {
@@ -417,7 +243,13 @@ pub(super) fn shards(v: &Value, default_tls: Option<&TlsConfig>) -> Result<Vec<S
             }
         };
         let url = url.as_str();
-        validate_url(&format!("{field}.url"), url)?;
+        if spec.is_none() {
+            if url.starts_with("redis+sentinel://") {
+                spec = Some(SentinelSpec::from_url(&format!("{field}.url"), url)?);
+            } else {
+                validate_url(&format!("{field}.url"), url)?;
+            }
+        }
         if out.iter().any(|o| o.name == name) {
             return Err(Error::config(
                 format!("{field}.name"),
@@ -472,6 +304,7 @@ pub(super) fn shards(v: &Value, default_tls: Option<&TlsConfig>) -> Result<Vec<S
             url: url.to_string(),
             tls,
             sentinel_tls,
+            sentinel: spec,
         });
     }
     Ok(out)
@@ -480,7 +313,7 @@ pub(super) fn shards(v: &Value, default_tls: Option<&TlsConfig>) -> Result<Vec<S
 /// Checks a shard URL without connecting.
 pub(crate) fn validate_url(field: &str, url: &str) -> Result<()> {
     if url.starts_with("redis+sentinel://") {
-        return parse_sentinel_url(field, url).map(|_| ());
+        return SentinelSpec::from_url(field, url).map(|_| ());
     }
     if url.starts_with("rediss://") && !cfg!(feature = "tls") {
         return Err(Error::config(

@@ -16,21 +16,24 @@ fn parses_the_example() {
 
 #[test]
 fn sentinel_urls_carry_logins_for_the_primary_and_the_sentinels() {
-    let su = parse_sentinel_url(
+    let su = SentinelSpec::from_url(
         "f",
         "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster",
     )
     .unwrap();
     assert_eq!(
         su.nodes,
-        ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"]
+        [
+            ("10.0.0.1".to_string(), 26379),
+            ("10.0.0.2".to_string(), 26379)
+        ]
     );
     assert_eq!(
         (su.master.as_str(), su.username, su.password, su.db),
         ("mymaster", None, None, 0)
     );
 
-    let su = parse_sentinel_url(
+    let su = SentinelSpec::from_url(
         "f",
         "redis+sentinel://app:p%40ss%3Aw%2Fd@h1:26379,h2:26379/mymaster/3\
          ?sentinel_username=watch&sentinel_password=s%26cret",
@@ -41,28 +44,39 @@ fn sentinel_urls_carry_logins_for_the_primary_and_the_sentinels() {
     assert_eq!((su.master.as_str(), su.db), ("mymaster", 3));
     assert_eq!(
         su.nodes,
-        [
-            "redis://watch:s%26cret@h1:26379",
-            "redis://watch:s%26cret@h2:26379"
-        ]
+        [("h1".to_string(), 26379), ("h2".to_string(), 26379)]
     );
-    let su = parse_sentinel_url("f", "redis+sentinel://:pw@h1:26379/m").unwrap();
+    assert_eq!(
+        (
+            su.sentinel_username.as_deref(),
+            su.sentinel_password.as_deref()
+        ),
+        (Some("watch"), Some("s&cret"))
+    );
+    let su = SentinelSpec::from_url("f", "redis+sentinel://:pw@h1:26379/m").unwrap();
     assert_eq!((su.username, su.password.as_deref()), (None, Some("pw")));
 
-    // the structured form means the same URL, with every part encoded
+    // the structured form holds the same spec, every string as it is; the URL it shows
+    // (every part encoded) reads back to it
     let cfg = Config::from_json(
         r#"{"shards":[{"name":"ha","sentinel":{"nodes":["h1:26379","h2:26379"],
-           "master":"mymaster","username":"app","password":"p@ss:w/d","db":3,
+           "master":"my/ma@st?er%2C,x","username":"app","password":"p@ss:w/d","db":3,
            "sentinel_username":"watch","sentinel_password":"s&cret"}}]}"#,
     )
     .unwrap();
-    let url = &cfg.shards.unwrap()[0].url;
-    let su2 = parse_sentinel_url("f", url).unwrap();
+    let shard = &cfg.shards.unwrap()[0];
+    let spec = shard.sentinel.clone().unwrap();
     assert_eq!(
-        (su2.username.as_deref(), su2.password.as_deref(), su2.db),
+        (spec.username.as_deref(), spec.password.as_deref(), spec.db),
         (Some("app"), Some("p@ss:w/d"), 3)
     );
-    assert_eq!(su2.nodes[0], "redis://watch:s%26cret@h1:26379");
+    assert_eq!(spec.master, "my/ma@st?er%2C,x");
+    assert_eq!(spec.nodes[0], ("h1".to_string(), 26379));
+    assert_eq!(SentinelSpec::from_url("f", &shard.url).unwrap(), spec);
+    assert_eq!(
+        ShardConfig::new("ha", shard.url.clone()).sentinel,
+        Some(spec)
+    );
 }
 
 #[test]
@@ -90,7 +104,7 @@ fn bad_sentinel_configs_are_named_and_never_show_a_password() {
             "bad database number",
         ),
     ] {
-        let e = parse_sentinel_url("shards[0].url", url)
+        let e = SentinelSpec::from_url("shards[0].url", url)
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("shards[0].url: "), "{e}");
@@ -116,7 +130,7 @@ fn bad_sentinel_configs_are_named_and_never_show_a_password() {
         "{e}"
     );
     assert!(!e.contains("secret"), "{e}");
-    let su = parse_sentinel_url("f", "redis+sentinel://u:secret@h1:26379/m").unwrap();
+    let su = SentinelSpec::from_url("f", "redis+sentinel://u:secret@h1:26379/m").unwrap();
     assert!(!format!("{su:?}").contains("secret"));
     for url in [
         "redis://:secret@h:6379/2",

@@ -15,6 +15,21 @@ use crate::policy::{Compiled, Policy, PolicyInner};
 use crate::routing::shard_index;
 use crate::transport::batch::next_tag;
 
+/// A key's override as learnt from Redis: the next script call's override argument, and
+/// the policy it makes (`None`: the key's own policy).
+pub(super) type Learnt = (
+    OverrideArg,
+    Option<std::sync::Arc<super::overrides::Active>>,
+);
+
+/// What a check's script call answered, an override found on the way already learnt.
+enum Answer {
+    /// decide from this (or from `on_error`)
+    Outcome(Result<Raw>),
+    /// the key's override changed: try again with it
+    Retry(Learnt),
+}
+
 impl Limiter {
     pub(super) async fn run(
         &self,
@@ -72,8 +87,7 @@ impl Limiter {
                     Layered::Decided(d) => return Ok(d),
                     Layered::Override(shard, v) => {
                         let name = &r.shards[shard as usize].name;
-                        Limiter::override_churn(tries + 1, name, key)?;
-                        (ov, active) = self.learn_override(base, key, name, &v)?;
+                        (ov, active) = self.found_override(base, key, name, tries, &v)?;
                         continue;
                     }
                     Layered::Overridden { shard, .. } => {
@@ -103,21 +117,12 @@ impl Limiter {
             } else {
                 r.check(shard as usize, &req).await
             };
-            let raw = match checked {
-                Ok(Checked::Override(v)) => {
-                    let name = &r.shards[shard as usize].name;
-                    match Limiter::override_churn(tries + 1, name, key)
-                        .and_then(|()| self.learn_override(base, key, name, &v))
-                    {
-                        Ok(next) => {
-                            (ov, active) = next;
-                            continue;
-                        }
-                        Err(e) => Err(e),
-                    }
+            let raw = match self.answered(r, base, key, shard, tries, checked) {
+                Answer::Retry(next) => {
+                    (ov, active) = next;
+                    continue;
                 }
-                Ok(Checked::Decided(raw)) => Ok(raw),
-                Err(e) => Err(e),
+                Answer::Outcome(raw) => raw,
             };
             if shadow {
                 return self.after_shadow(p, &eff, key, cost, shard, raw);
@@ -171,26 +176,58 @@ impl Limiter {
                 let mode = if peek { Mode::Peek } else { Mode::Check };
                 let mut req = self.request(p, &eff, key, cost, mode, None);
                 req.ov = ov;
-                let raw = match r.check_blocking(shard as usize, &req) {
-                    Ok(Checked::Override(v)) => {
-                        let name = &r.shards[shard as usize].name;
-                        match Limiter::override_churn(tries + 1, name, key)
-                            .and_then(|()| self.learn_override(base, key, name, &v))
-                        {
-                            Ok(next) => {
-                                (ov, active) = next;
-                                continue;
-                            }
-                            Err(e) => Err(e),
-                        }
+                let checked = r.check_blocking(shard as usize, &req);
+                let raw = match self.answered(r, base, key, shard, tries, checked) {
+                    Answer::Retry(next) => {
+                        (ov, active) = next;
+                        continue;
                     }
-                    Ok(Checked::Decided(raw)) => Ok(raw),
-                    Err(e) => Err(e),
+                    Answer::Outcome(raw) => raw,
                 };
                 return Some(self.after_script(p, &eff, key, cost, peek, shard, raw));
             }
             unreachable!("the loop returns")
         })()
+    }
+
+    /// What a check's script call answered on try `tries` (from 0), on both paths: the
+    /// outcome to decide from, or the key's override the script found instead, learnt for
+    /// the next try.
+    fn answered(
+        &self,
+        r: &RedisEngine,
+        base: &Policy,
+        key: &str,
+        shard: u32,
+        tries: usize,
+        checked: Result<Checked>,
+    ) -> Answer {
+        match checked {
+            Ok(Checked::Override(v)) => {
+                let name = &r.shards[shard as usize].name;
+                match self.found_override(base, key, name, tries, &v) {
+                    Ok(next) => Answer::Retry(next),
+                    Err(e) => Answer::Outcome(Err(e)),
+                }
+            }
+            Ok(Checked::Decided(raw)) => Answer::Outcome(Ok(raw)),
+            Err(e) => Answer::Outcome(Err(e)),
+        }
+    }
+
+    /// The override `entry` of `key` that a script call on shard `shard` found at try `tries`
+    /// (from 0), learnt: the next try's override argument and policy. An error once the
+    /// override changed too often during one check ([`Limiter::override_churn`]).
+    pub(super) fn found_override(
+        &self,
+        base: &Policy,
+        key: &str,
+        shard: &str,
+        tries: usize,
+        entry: &[u8],
+    ) -> Result<Learnt> {
+        Limiter::override_churn(tries + 1, shard, key)?;
+        self.learn_override(base, key, shard, entry)
     }
 
     /// The script call of a check, with the injected clock and a fresh tag.

@@ -72,8 +72,7 @@ impl Limiter {
                         Engine::Memory(_) => String::new(),
                     };
                     let l = &layers[j];
-                    Limiter::override_churn(tries + 1, &name, &l.key)?;
-                    ovs[j] = self.learn_override(&l.policy, &l.key, &name, &entry)?;
+                    ovs[j] = self.found_override(&l.policy, &l.key, &name, tries, &entry)?;
                 }
                 other => return other.decided(),
             }

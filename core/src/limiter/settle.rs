@@ -156,10 +156,9 @@ impl Limiter {
                         {
                             Multi::Done(out) => return Ok(out),
                             Multi::Override(v) => {
-                                tries += 1;
                                 let name = &r.shards[shard as usize].name;
-                                Limiter::override_churn(tries, name, key)?;
-                                (ov, active) = self.learn_override(base, key, name, &v)?;
+                                (ov, active) = self.found_override(base, key, name, tries, &v)?;
+                                tries += 1;
                                 continue;
                             }
                         }
@@ -177,10 +176,9 @@ impl Limiter {
                             break (d, now, eff, cost);
                         }
                         Ok(Settled::Override(v)) => {
-                            tries += 1;
                             let name = &r.shards[shard as usize].name;
-                            Limiter::override_churn(tries, name, key)?;
-                            (ov, active) = self.learn_override(base, key, name, &v)?;
+                            (ov, active) = self.found_override(base, key, name, tries, &v)?;
+                            tries += 1;
                         }
                         Err(e) if e.is_backend() => {
                             let d = self.fallback(p, &eff, key, cost, false, e)?;
@@ -349,10 +347,9 @@ impl Limiter {
                         match self.settle_multi(key, base, parts, mk, Some(&tail)).await? {
                             Multi::Done(out) => return Ok(out),
                             Multi::Override(v) => {
-                                tries += 1;
                                 let name = &r.shards[shard as usize].name;
-                                Limiter::override_churn(tries, name, key)?;
-                                (ov, active) = self.learn_override(base, key, name, &v)?;
+                                (ov, active) = self.found_override(base, key, name, tries, &v)?;
+                                tries += 1;
                                 continue;
                             }
                         }
@@ -370,10 +367,9 @@ impl Limiter {
                             return Ok((d, op));
                         }
                         Ok(Settled::Override(v)) => {
-                            tries += 1;
                             let name = &r.shards[shard as usize].name;
-                            Limiter::override_churn(tries, name, key)?;
-                            (ov, active) = self.learn_override(base, key, name, &v)?;
+                            (ov, active) = self.found_override(base, key, name, tries, &v)?;
+                            tries += 1;
                         }
                         Err(e) => {
                             if e.is_backend() {

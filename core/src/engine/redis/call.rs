@@ -5,6 +5,26 @@
 
 use super::*;
 
+/// One script call on shard `$shard`, the same on the async and the blocking path: the
+/// circuit gate ([`RedisEngine::begin`]), one attempt as EVALSHA (`$send` with `$eval`
+/// false, `$st` the runtime state), once more as EVAL when the server lost the script,
+/// a refusal to serve as a connection failure, and the accounting ([`RedisEngine::finish`]).
+/// (A macro, not a function: `$send` is `.await`ed on the async path.)
+macro_rules! one_call {
+    ($engine:expr, $shard:expr, $wire:expr, |$st:ident, $eval:ident| $send:expr) => {{
+        let (st, b, start) = $engine.begin($shard, $wire)?;
+        let mut r = {
+            let ($st, $eval) = (&*st, false);
+            $send
+        };
+        if lost_scripts(&r) {
+            let ($st, $eval) = (&*st, true);
+            r = $send;
+        }
+        $engine.finish(&st, $shard, &b, start, served($engine, $shard, r))
+    }};
+}
+
 /// True for an error reply that says the server did not serve the command at all rather
 /// than that the command failed: it refused the client (`maxclients`, AUTH), is loading,
 /// is a replica now (a failover), or its cluster cannot serve the slot. These are backend
@@ -178,12 +198,8 @@ impl RedisEngine {
         deadline: Instant,
     ) -> Result<C::Reply> {
         let wire = call.wire(&self.prefix);
-        let (st, b, start) = self.begin(shard, &wire)?;
-        let mut r = self.send_blocking(&st, shard, &wire, false, deadline);
-        if lost_scripts(&r) {
-            r = self.send_blocking(&st, shard, &wire, true, deadline);
-        }
-        let reply = self.finish(&st, shard, &b, start, served(self, shard, r))?;
+        let reply = one_call!(self, shard, &wire, |st, eval| self
+            .send_blocking(st, shard, &wire, eval, deadline))?;
         call.read(&self.shards[shard], reply)
     }
 
@@ -193,12 +209,9 @@ impl RedisEngine {
         wire: &Wire<'_>,
         deadline: Instant,
     ) -> Result<Reply> {
-        let (st, b, start) = self.begin(shard, wire)?;
-        let mut r = self.send(&st, shard, wire, false, deadline).await;
-        if lost_scripts(&r) {
-            r = self.send(&st, shard, wire, true, deadline).await;
-        }
-        self.finish(&st, shard, &b, start, served(self, shard, r))
+        one_call!(self, shard, wire, |st, eval| self
+            .send(st, shard, wire, eval, deadline)
+            .await)
     }
 
     /// The start of a script call: the runtime state, the circuit it goes through (in a
@@ -270,10 +283,7 @@ impl RedisEngine {
                 Ok(r) => r?,
                 Err(_) => return Err(self.timeout_error(shard)),
             };
-            return match wire.tag() {
-                Some(tag) => untag(reply, tag).map_err(|_| self.not_theirs(shard)),
-                None => Ok(reply),
-            };
+            return self.untagged(shard, wire, reply);
         };
         let io = |e| self.io_error(shard, e);
         match wire {
@@ -298,14 +308,10 @@ impl RedisEngine {
                 let packed = wire.cmd(&self.prefix, eval).get_packed_command();
                 let frame = pipe.command(packed, deadline).await.map_err(io)?;
                 let reply = parse_frame(&frame).map_err(io)?;
-                match wire.tag() {
-                    Some(tag) => untag(reply, tag).map_err(|_| {
-                        // the stream is in doubt: no later reply on it is trusted
-                        pipe.close(NOT_THEIRS);
-                        self.not_theirs(shard)
-                    }),
-                    None => Ok(reply),
-                }
+                // another call's reply: the stream is in doubt, no later reply on it is
+                // trusted
+                self.untagged(shard, wire, reply)
+                    .inspect_err(|_| pipe.close(NOT_THEIRS))
             }
         }
     }
@@ -356,10 +362,7 @@ impl RedisEngine {
             .request(&packed, deadline, self.blocking_spin())
             .map_err(|e| self.io_error(shard, e))?;
         // a reply with another call's tag: the connection is not reused
-        let reply = match wire.tag() {
-            Some(tag) => untag(reply, tag).map_err(|_| self.not_theirs(shard))?,
-            None => reply,
-        };
+        let reply = self.untagged(shard, wire, reply)?;
         let mut idle = st.blocking[shard].lock();
         if idle.len() < BLOCKING_IDLE_MAX {
             idle.push(c);
@@ -436,6 +439,15 @@ impl RedisEngine {
                 shard: self.shards[shard].name.clone(),
                 message: e.to_string(),
             }
+        }
+    }
+
+    /// `reply` without the tag `wire` carries (see `batch::untag`), or the error of a reply
+    /// that carries another call's tag.
+    fn untagged(&self, shard: usize, wire: &Wire<'_>, reply: Reply) -> Result<Reply> {
+        match wire.tag() {
+            Some(tag) => untag(reply, tag).map_err(|_| self.not_theirs(shard)),
+            None => Ok(reply),
         }
     }
 

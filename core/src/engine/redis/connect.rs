@@ -6,8 +6,8 @@ use super::*;
 /// The Sentinels of a shard and the primary's name there, for [`RedisEngine::watch_sentinels`].
 #[derive(Clone)]
 pub(super) struct SentinelWatch {
-    /// `redis://[user:password@]host:port` of each Sentinel
-    pub(super) nodes: Vec<String>,
+    /// How to reach and log in to each Sentinel
+    pub(super) nodes: Vec<redis::ConnectionInfo>,
     pub(super) master: String,
 }
 
@@ -62,29 +62,28 @@ pub(super) fn single_client(field: &str, s: &ShardConfig) -> Result<redis::Clien
 
 /// The client of a Sentinel shard: the Sentinels (over TLS with `sentinel_tls`), and how to
 /// log in to the primary they name (over TLS with `tls`).
-pub(super) fn sentinel_client(field: &str, s: &ShardConfig) -> Result<SentinelClient> {
-    use redis::IntoConnectionInfo;
+pub(super) fn sentinel_client(
+    field: &str,
+    s: &ShardConfig,
+    su: &crate::config::SentinelSpec,
+) -> Result<SentinelClient> {
     let bad = |e: redis::RedisError| {
         let e = crate::config::scrub(&e.to_string(), &s.url);
         Error::config(field, format!("invalid sentinel configuration: {e}"))
     };
-    let su = crate::config::parse_sentinel_url(field, &s.url)?;
-    let mut sentinels = Vec::with_capacity(su.nodes.len());
-    let (mut s_user, mut s_pass) = (None, None);
-    for node in &su.nodes {
-        let info = node.as_str().into_connection_info().map_err(bad)?;
-        s_user = info.redis_settings().username().map(str::to_string);
-        s_pass = info.redis_settings().password().map(str::to_string);
-        sentinels.push(match (info.addr(), &s.sentinel_tls) {
-            (redis::ConnectionAddr::Tcp(host, port), Some(_)) => redis::ConnectionAddr::TcpTls {
+    let sentinels: Vec<redis::ConnectionAddr> = su
+        .nodes
+        .iter()
+        .map(|(host, port)| match &s.sentinel_tls {
+            Some(_) => redis::ConnectionAddr::TcpTls {
                 host: host.clone(),
                 port: *port,
                 insecure: false,
                 tls_params: None,
             },
-            (addr, _) => addr.clone(),
-        });
-    }
+            None => redis::ConnectionAddr::Tcp(host.clone(), *port),
+        })
+        .collect();
     let mut b = redis::sentinel::SentinelClientBuilder::new(
         sentinels,
         &su.master,
@@ -99,10 +98,10 @@ pub(super) fn sentinel_client(field: &str, s: &ShardConfig) -> Result<SentinelCl
     if let Some(p) = &su.password {
         b = b.set_client_to_redis_password(p);
     }
-    if let Some(u) = &s_user {
+    if let Some(u) = &su.sentinel_username {
         b = b.set_client_to_sentinel_username(u);
     }
-    if let Some(p) = &s_pass {
+    if let Some(p) = &su.sentinel_password {
         b = b.set_client_to_sentinel_password(p);
     }
     #[cfg(feature = "tls")]
@@ -335,12 +334,12 @@ impl RedisEngine {
     pub(super) async fn watch_sentinels(me: std::sync::Weak<Self>, shard: usize, w: SentinelWatch) {
         use futures_util::StreamExt;
         let mut backoff = BACKOFF_MIN_US * 4;
-        for url in w.nodes.iter().cycle() {
+        for node in w.nodes.iter().cycle() {
             let Some(timeout) = me.upgrade().map(|e| e.timeout) else {
                 return;
             };
             let subscribed = async {
-                let client = redis::Client::open(url.as_str())?;
+                let client = redis::Client::open(node.clone())?;
                 let mut ps = client.get_async_pubsub().await?;
                 ps.subscribe("+switch-master").await?;
                 redis::RedisResult::Ok(ps)

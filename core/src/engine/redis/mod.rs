@@ -213,14 +213,16 @@ impl RedisEngine {
             .enumerate()
             .map(|(i, s)| {
                 let field = format!("shards[{i}].url");
-                if s.url.starts_with("redis+sentinel://") {
-                    let client = sentinel_client(&field, s)?;
+                if let Some(su) = s.sentinel_spec(&field)? {
+                    let client = sentinel_client(&field, s, &su)?;
                     // the watch of +switch-master (plain TCP to the Sentinels; with
                     // `sentinel_tls` the switch is followed when a call fails instead)
                     if s.sentinel_tls.is_none() {
-                        let su = crate::config::parse_sentinel_url(&field, &s.url)?;
+                        let nodes = (0..su.nodes.len()).map(|n| su.node_info(n));
                         watch[i] = Some(SentinelWatch {
-                            nodes: su.nodes.clone(),
+                            nodes: nodes.collect::<redis::RedisResult<_>>().map_err(|e| {
+                                Error::config(&field, format!("invalid sentinel address: {e}"))
+                            })?,
                             master: su.master.clone(),
                         });
                     }
