@@ -139,13 +139,15 @@ const kNative = Symbol('shardlimit.native')
 const kHost = Symbol('shardlimit.host')
 
 /**
- * `options.transport`: 'default' (the limiter's I/O thread) or 'host' (a check's bytes move
- * on this event loop: host.js). Only `check` of a named policy uses the host transport.
+ * `options.transport`: 'host' (a check's bytes move on this event loop: host.js) or
+ * 'thread' (the limiter's I/O thread), which 'default' is (see DESIGN: the host transport
+ * is cheaper for bursts of checks, not yet behind an HTTP server's one check per request).
+ * Only `check` of a named policy uses the host transport.
  */
 function withTransport(limiter, options) {
   const transport = options === undefined || options === null ? undefined : options.transport
-  if (transport === undefined || transport === 'default') return limiter
-  if (transport !== 'host') throw argError('options.transport', "'default' or 'host'", transport)
+  if (transport === undefined || transport === 'default' || transport === 'thread') return limiter
+  if (transport !== 'host') throw argError('options.transport', "'default', 'thread' or 'host'", transport)
   try {
     limiter[kHost] = new HostTransport(new native.NativeHostChecks(limiter[kNative]))
   } catch (e) {
@@ -198,6 +200,14 @@ class Limiter {
   /** True when Redis shards decide, false for the in-memory engine. */
   get isRedis() {
     return this[kNative].isRedis
+  }
+
+  /**
+   * Which transport carries `check` of a named policy: 'host' (this event loop) or
+   * 'thread' (the limiter's I/O thread; also every in-memory limiter's answer).
+   */
+  get transport() {
+    return this[kHost] !== undefined ? 'host' : 'thread'
   }
 
   /** The names of the configured policies. */
