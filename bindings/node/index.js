@@ -729,7 +729,8 @@ class Limit {
 // into the addon. headers() and body() hand the fields back to the core, which renders them.
 
 const SOURCES = ['redis', 'memory', 'local', 'fallback', 'block'] // src/decision.rs's order
-const kWindow = Symbol('shardlimit.window') // the window (ms) RateLimit-Policy names
+// the window (ms) RateLimit-Policy names (a registered symbol: middleware.js reads it too)
+const kWindow = Symbol.for('shardlimit.window')
 
 class Decision {
   /** Made by the addon: the result of check() and the other calls that decide. */
@@ -751,11 +752,11 @@ class Decision {
   }
   /** The standard rate-limit response headers, in the core's order. */
   headers() {
-    return native.decisionHeaders(this.allowed, this.limit, this.remaining, this.resetAfter, this.retryAfter, this.policy, this.source, this.shadowDenied, this.limitIndex, this.limitIndex === null ? null : this.quotas, this[kWindow])
+    return native.decisionHeaders(this, this[kWindow])
   }
   /** The JSON body of a 429 response. */
   body() {
-    return native.decisionBody(this.allowed, this.limit, this.remaining, this.resetAfter, this.retryAfter, this.policy, this.source, this.shadowDenied, this.limitIndex, this.limitIndex === null ? null : this.quotas, this[kWindow])
+    return native.decisionBody(this, this[kWindow])
   }
   /** The decision as the core's JSON has it (durations in ms; limitIndex and quotas for multi-limit policies only). */
   toJSON() {
