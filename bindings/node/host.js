@@ -5,8 +5,14 @@
 // `shardlimit::HostChecks`) builds the script calls, packs a tick's checks into one batch
 // call, frames and checks every reply, keeps the deadlines and decides (on_error,
 // metrics, events, circuits); this file only moves bytes: it connects (and reconnects
-// with backoff), writes what `transmit` gives once per tick, hands every chunk read to
-// `onData`, and arms one timer for the next deadline.
+// with backoff), writes what `transmit` gives once per turn of the event loop (and every
+// 16 checks), hands every chunk read to `onData`, and arms one timer for the next deadline.
+//
+// The write waits for `setImmediate`, not a microtask: an HTTP server makes one check per
+// request, each in its own socket callback with the microtask queue drained in between, so
+// a microtask flush wrote (and made Redis parse and answer) one batch per request. The
+// check phase comes right after the poll phase that ran those callbacks: the requests that
+// arrived together go out as one write and come back as one read.
 
 const net = require('node:net')
 
@@ -27,7 +33,8 @@ class HostTransport {
     this.flushScheduled = false
     this.unsent = 0 // checks queued since the last write
     this.timer = null
-    this.closed = false
+    this.closed = false // no more checks; the sockets stay until those in flight are answered
+    this.gone = false // the sockets are closed
     this.flush = () => this.#flush()
     this.onTimer = () => this.#onTimer()
     for (let shard = 0; shard < native.shardCount; shard++) {
@@ -46,8 +53,8 @@ class HostTransport {
       this.#write() // (the flush already scheduled writes the rest)
     } else if (!this.flushScheduled) {
       this.flushScheduled = true
-      // the rest of this tick's checks go out in one write per shard
-      queueMicrotask(this.flush)
+      // the rest of this turn's checks go out in one write per shard
+      setImmediate(this.flush)
     }
     return p
   }
@@ -71,7 +78,7 @@ class HostTransport {
 
   /** One timer for the earliest deadline, while anything waits. */
   #arm() {
-    if (this.timer !== null || this.closed) return
+    if (this.timer !== null || this.gone) return
     const ms = this.native.nextDeadlineMs()
     if (ms === null) return
     this.timer = setTimeout(this.onTimer, Math.ceil(ms) + 1)
@@ -83,7 +90,15 @@ class HostTransport {
     for (let shard = 0; shard < this.sockets.length; shard++) {
       if (this.sockets[shard] !== null && this.native.isDown(shard)) this.#drop(shard)
     }
+    if (this.#drained()) return
     this.#arm()
+  }
+
+  /** Closed, and nothing in flight any more: the sockets go. */
+  #drained() {
+    if (!this.closed || this.gone || this.native.inFlight > 0) return false
+    this.#shut('the limiter was closed')
+    return true
   }
 
   #connect(shard) {
@@ -105,12 +120,14 @@ class HostTransport {
       if (this.sockets[shard] !== s) return
       if (this.native.onData(shard, chunk)) {
         this.#drop(shard)
+      } else if (this.#drained()) {
+        // closed, and the last check in flight was answered
       } else {
         this.backoff[shard] = 0
         // NOSCRIPT: a check goes out again as EVAL
         if (!this.flushScheduled) {
           this.flushScheduled = true
-          queueMicrotask(this.flush)
+          setImmediate(this.flush)
         }
       }
     })
@@ -119,7 +136,7 @@ class HostTransport {
       if (this.sockets[shard] !== s) return
       this.sockets[shard] = null
       this.native.onClosed(shard, hadError ? 'the connection to Redis failed' : 'the connection to Redis closed')
-      this.#reconnectLater(shard)
+      if (!this.#drained()) this.#reconnectLater(shard)
     })
   }
 
@@ -128,7 +145,7 @@ class HostTransport {
     const s = this.sockets[shard]
     this.sockets[shard] = null
     if (s !== null) s.destroy()
-    this.#reconnectLater(shard)
+    if (!this.#drained()) this.#reconnectLater(shard)
   }
 
   #reconnectLater(shard) {
@@ -141,17 +158,32 @@ class HostTransport {
     this.reconnectTimers[shard] = t
   }
 
+  /**
+   * No more checks; those in flight (and those of this turn not yet written) still go and
+   * are answered, or fail at their deadline, as the I/O thread's calls do; then the
+   * sockets close.
+   */
   close() {
     if (this.closed) return
     this.closed = true
+    if (this.native.inFlight > 0) {
+      this.#arm()
+      return
+    }
+    this.#shut('the limiter was closed')
+  }
+
+  #shut(why) {
+    this.gone = true
     if (this.timer !== null) clearTimeout(this.timer)
+    this.timer = null
     for (let shard = 0; shard < this.sockets.length; shard++) {
       const t = this.reconnectTimers[shard]
       if (t !== null) clearTimeout(t)
       const s = this.sockets[shard]
       this.sockets[shard] = null
       if (s !== null) s.destroy()
-      this.native.onClosed(shard, 'the limiter was closed')
+      this.native.onClosed(shard, why)
     }
   }
 }

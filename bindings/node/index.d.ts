@@ -185,9 +185,11 @@ export interface LimiterOptions {
    * `'host'`: a check of a named policy moves its bytes on this event loop (one
    * `net.Socket` per shard) instead of the limiter's I/O thread; every other operation,
    * and checks of multi-limit, shadow, local-admission or override policies, keep the
-   * default transport. Standalone Redis shards over plain TCP only. Default `'default'`.
+   * I/O thread. Standalone Redis shards over plain TCP only (else a `ConfigError`).
+   * `'thread'` (and `'default'`, the default): every call on the I/O thread
+   * (`limiter.transport` says which one a limiter uses).
    */
-  transport?: 'default' | 'host'
+  transport?: 'default' | 'thread' | 'host'
 }
 
 /** A named policy of the config, or an ad-hoc limit: exactly one of the two. */
@@ -453,6 +455,11 @@ export declare class Limiter {
   static fromEnv(options?: LimiterOptions): Limiter
   /** True when Redis shards decide, false for the in-memory engine. */
   get isRedis(): boolean
+  /**
+   * Which transport carries `check` of a named policy: `'host'` (this event loop) or
+   * `'thread'` (the limiter's I/O thread, and every in-memory limiter).
+   */
+  get transport(): 'host' | 'thread'
   /** The names of the configured policies. */
   get policies(): string[]
   /**

@@ -139,13 +139,15 @@ const kNative = Symbol('shardlimit.native')
 const kHost = Symbol('shardlimit.host')
 
 /**
- * `options.transport`: 'default' (the limiter's I/O thread) or 'host' (a check's bytes move
- * on this event loop: host.js). Only `check` of a named policy uses the host transport.
+ * `options.transport`: 'host' (a check's bytes move on this event loop: host.js) or
+ * 'thread' (the limiter's I/O thread), which 'default' is (see DESIGN: the host transport
+ * is cheaper for bursts of checks, not yet behind an HTTP server's one check per request).
+ * Only `check` of a named policy uses the host transport.
  */
 function withTransport(limiter, options) {
   const transport = options === undefined || options === null ? undefined : options.transport
-  if (transport === undefined || transport === 'default') return limiter
-  if (transport !== 'host') throw argError('options.transport', "'default' or 'host'", transport)
+  if (transport === undefined || transport === 'default' || transport === 'thread') return limiter
+  if (transport !== 'host') throw argError('options.transport', "'default', 'thread' or 'host'", transport)
   try {
     limiter[kHost] = new HostTransport(new native.NativeHostChecks(limiter[kNative]))
   } catch (e) {
@@ -198,6 +200,14 @@ class Limiter {
   /** True when Redis shards decide, false for the in-memory engine. */
   get isRedis() {
     return this[kNative].isRedis
+  }
+
+  /**
+   * Which transport carries `check` of a named policy: 'host' (this event loop) or
+   * 'thread' (the limiter's I/O thread; also every in-memory limiter's answer).
+   */
+  get transport() {
+    return this[kHost] !== undefined ? 'host' : 'thread'
   }
 
   /** The names of the configured policies. */
@@ -719,7 +729,8 @@ class Limit {
 // into the addon. headers() and body() hand the fields back to the core, which renders them.
 
 const SOURCES = ['redis', 'memory', 'local', 'fallback', 'block'] // src/decision.rs's order
-const kWindow = Symbol('shardlimit.window') // the window (ms) RateLimit-Policy names
+// the window (ms) RateLimit-Policy names (a registered symbol: middleware.js reads it too)
+const kWindow = Symbol.for('shardlimit.window')
 
 class Decision {
   /** Made by the addon: the result of check() and the other calls that decide. */
@@ -741,11 +752,11 @@ class Decision {
   }
   /** The standard rate-limit response headers, in the core's order. */
   headers() {
-    return native.decisionHeaders(this.allowed, this.limit, this.remaining, this.resetAfter, this.retryAfter, this.policy, this.source, this.shadowDenied, this.limitIndex, this.limitIndex === null ? null : this.quotas, this[kWindow])
+    return native.decisionHeaders(this, this[kWindow])
   }
   /** The JSON body of a 429 response. */
   body() {
-    return native.decisionBody(this.allowed, this.limit, this.remaining, this.resetAfter, this.retryAfter, this.policy, this.source, this.shadowDenied, this.limitIndex, this.limitIndex === null ? null : this.quotas, this[kWindow])
+    return native.decisionBody(this, this[kWindow])
   }
   /** The decision as the core's JSON has it (durations in ms; limitIndex and quotas for multi-limit policies only). */
   toJSON() {

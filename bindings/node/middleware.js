@@ -8,6 +8,7 @@
 const { native } = require('./binding.js')
 
 const kShown = Symbol('shardlimit.shown') // the decision whose headers a response carries
+const kWindow = Symbol.for('shardlimit.window') // a Decision's window in ms (index.js)
 
 function typeError(message) {
   const e = new TypeError(message)
@@ -15,11 +16,19 @@ function typeError(message) {
   return e
 }
 
-function ipOf(req, proxies) {
-  const peer = (req.socket && req.socket.remoteAddress) || ''
+function ipOf(req, proxies, kKey) {
+  const socket = req.socket
   // the core's trusted-proxy rule: X-Forwarded-For is believed only from trusted hops
   const xff = req.headers && req.headers['x-forwarded-for']
-  // IPv6 clients by their network (the core's client key), so a /64 is one client
+  if (xff === undefined && socket) {
+    // without the header the key is the peer's alone: one call into the core per
+    // connection (keep-alive), not per request; kKey is this middleware's own
+    const known = socket[kKey]
+    if (known !== undefined) return known
+    // IPv6 clients by their network (the core's client key), so a /64 is one client
+    return (socket[kKey] = proxies.clientKey(socket.remoteAddress || '', null))
+  }
+  const peer = (socket && socket.remoteAddress) || ''
   return proxies.clientKey(peer, Array.isArray(xff) ? xff.join(',') : xff || null)
 }
 
@@ -32,6 +41,10 @@ function ipOf(req, proxies) {
  * by their first letters, not by regular expressions.)
  */
 function renderHeaders(decision, o, nowMs, retryAfterSecs) {
+  if (decision.allowed && retryAfterSecs === undefined) {
+    const fast = admittedHeaders(decision, o, nowMs)
+    if (fast !== null) return fast
+  }
   const out = {}
   const core = decision.headers()
   let coreRetry
@@ -53,6 +66,48 @@ function renderHeaders(decision, o, nowMs, retryAfterSecs) {
   if (retry === undefined && coreRetry !== undefined) retry = Number(coreRetry)
   if (retry !== undefined && retry !== null && !decision.allowed) {
     out['Retry-After'] = o.retryAfter === 'date' ? new Date(nowMs + retry * 1000).toUTCString() : String(retry)
+  }
+  return out
+}
+
+// What the core renders the same for every admitted decision of one limit: its
+// `X-RateLimit-Limit` and `RateLimit-Policy` values and the start of its `RateLimit` value
+// (`"api";r=`), by policy, limit and window. Bounded: cleared when full.
+const statics = new Map()
+const STATICS_MAX = 1024
+
+/**
+ * The headers of an admitted, measured, single-limit decision (every request a limited
+ * route lets through) without a call into the core per request: the core renders the
+ * first decision of each limit (`decision.headers()`), and later ones differ only in the
+ * integers `remaining` and the reset, put in the places the core's own rendering showed.
+ * null for any other decision (denied, shadow, multi-limit, the fallback's): the core
+ * renders those. test/middleware.test.js holds both renderings equal.
+ */
+function admittedHeaders(decision, o, nowMs) {
+  if (decision.shadowDenied || decision.limitIndex !== null || decision.source === 'fallback') return null
+  const id = `${decision.policy}\0${decision.limit}\0${decision[kWindow]}`
+  let t = statics.get(id)
+  if (t === undefined) {
+    const core = decision.headers()
+    const rl = core.RateLimit
+    const at = rl === undefined ? -1 : rl.lastIndexOf(';r=')
+    if (at < 0 || core['X-RateLimit-Limit'] === undefined || core['RateLimit-Policy'] === undefined) return null
+    if (statics.size >= STATICS_MAX) statics.clear()
+    t = { limit: core['X-RateLimit-Limit'], policy: core['RateLimit-Policy'], item: rl.slice(0, at + 3) }
+    statics.set(id, t)
+  }
+  const out = {}
+  const remaining = String(decision.remaining)
+  if (o.legacyHeaders) {
+    out['X-RateLimit-Limit'] = t.limit
+    out['X-RateLimit-Remaining'] = remaining
+    out['X-RateLimit-Reset'] = String(Math.ceil((nowMs + decision.resetAfter) / 1000))
+  }
+  if (o.standardHeaders) {
+    out['RateLimit-Policy'] = t.policy
+    // the core's delta seconds: whole microseconds rounded up (resetAfter is ms with 3 decimals)
+    out.RateLimit = `${t.item}${remaining};t=${Math.ceil(decision.resetAfter / 1000)}`
   }
   return out
 }
@@ -127,6 +182,7 @@ function compile(limiter, options) {
 
   // parsed once; a bad CIDR or prefix fails here
   const proxies = new native.TrustedProxies(trustedProxies || [], ipv6Prefix === undefined ? null : ipv6Prefix)
+  const kKey = Symbol('shardlimit.clientKey') // a connection's key under these proxies
 
   // the limit: a named policy (checked now), an ad-hoc limit, or one the key function names
   let limit = null // a Limit (ad-hoc)
@@ -176,7 +232,7 @@ function compile(limiter, options) {
      * common case costs no extra turn of the microtask queue).
      */
     resolve(req) {
-      const k = key ? key(req) : ipOf(req, proxies)
+      const k = key ? key(req) : ipOf(req, proxies, kKey)
       return isThenable(k) ? k.then(specOf) : specOf(k)
       function specOf(k) {
         if (k === null || k === undefined || k === false) return null
@@ -241,8 +297,9 @@ function isThenable(v) {
 }
 
 /**
- * What to do with a request: a Promise of `{ decision, status, lease }` after the core
- * decided, or of null when the request is not limited.
+ * What to do with a request: a Promise of the core's answer (a Decision for a plain check,
+ * `held(...)` for a concurrency lease or a reservation), or of null when the request is
+ * not limited. A plain check's Promise is the check's own: no extra microtask turn.
  */
 function decide(c, req, res) {
   try {
@@ -267,26 +324,27 @@ function run(c, spec) {
   if (!c.warm.done) return c.warm.promise.then(() => run(c, spec))
   if (spec.algorithm === 'concurrency') {
     const target = spec.limit ? { limit: spec.limit } : { policy: spec.policy }
-    return c.limiter.acquire(spec.key, { ...target, units: spec.cost }).then((r) => outcome(c, r.decision, r.lease ? { lease: r.lease, target } : null))
+    return c.limiter.acquire(spec.key, { ...target, units: spec.cost }).then((r) => held(r.decision, r.lease ? { lease: r.lease, target } : null, null))
   }
   if (c.giveBack) {
     const target = spec.limit ? { limit: spec.limit } : { policy: spec.policy }
     // reserved atomically; given back when the response says it does not count
-    return c.limiter.reserve(spec.key, { ...target, cost: spec.cost }).then((r) => {
-      const o = outcome(c, r.decision, null)
-      if (r.reservation) o.counted = { reservation: r.reservation, target }
-      return o
-    })
+    return c.limiter.reserve(spec.key, { ...target, cost: spec.cost }).then((r) =>
+      held(r.decision, null, r.reservation ? { reservation: r.reservation, target } : null)
+    )
   }
-  const opts = spec.limit ? { limit: spec.limit, cost: spec.cost } : { policy: spec.policy, cost: spec.cost }
-  return c.limiter.check(spec.key, opts).then((d) => outcome(c, d, null))
+  return c.limiter.check(spec.key, spec.limit ? { limit: spec.limit, cost: spec.cost } : { policy: spec.policy, cost: spec.cost })
 }
 
-function outcome(c, decision, lease) {
-  let status = 200
-  if (!decision.allowed) status = decision.source === 'fallback' ? 503 : 429
-  else if (decision.delay > 0 && (!c.wait || decision.delay > c.maxDelayMs)) status = 429
-  return { decision, status, lease, counted: null }
+/** A decision with what the response must give back when it ends (a Decision has no `held`). */
+function held(decision, lease, counted) {
+  return { held: true, decision, lease, counted }
+}
+
+function statusOf(c, decision) {
+  if (!decision.allowed) return decision.source === 'fallback' ? 503 : 429
+  if (decision.delay > 0 && (!c.wait || decision.delay > c.maxDelayMs)) return 429
+  return 200
 }
 
 /**
@@ -329,18 +387,21 @@ function settleOnEnd(c, req, res, counted) {
   res.once('close', onClose)
 }
 
-/** Sets the headers of `decision` on a response through `set`/`remove`, once per response. */
+/**
+ * Sets the headers of `decision` on a response (`holder[set](name, value)`, Express's
+ * `res.setHeader` or Fastify's `reply.header`), once per response.
+ */
 function showHeaders(c, holder, decision, status, set, remove) {
-  if (!tighter(decision, holder[kShown] && holder[kShown].decision)) return false
   const prev = holder[kShown]
-  if (prev) for (const name in prev.headers) remove(name)
+  if (prev !== undefined && !tighter(decision, prev.decision)) return false
+  if (prev !== undefined) for (const name in prev.headers) holder[remove](name)
   const retry = status === 503 && c.unavailableRetryAfter !== undefined ? c.unavailableRetryAfter : undefined
   let headers = renderHeaders(decision, c.headers, Date.now(), retry)
   if (status === 429 && decision.allowed) {
     // a leaky bucket's delay the caller prefers not to wait: retry once it has passed
     headers = { ...headers, 'Retry-After': String(Math.ceil(decision.delay / 1000)) }
   }
-  for (const name in headers) set(name, headers[name])
+  for (const name in headers) holder[set](name, headers[name])
   holder[kShown] = { decision, headers }
   return true
 }
@@ -378,12 +439,16 @@ function expressMiddleware(limiter, options) {
   const c = compile(limiter, options)
   return function shardlimitMiddleware(req, res, next) {
     decide(c, req, res).then(
-      (r) => {
-        if (r === null) return next()
-        const { decision, status } = r
-        if (r.lease) releaseOnEnd(c, res, r.lease)
-        if (r.counted) settleOnEnd(c, req, res, r.counted)
-        if (showHeaders(c, res, decision, status, (n, v) => res.setHeader(n, v), (n) => res.removeHeader(n))) {
+      (answer) => {
+        if (answer === null) return next()
+        let decision = answer
+        if (answer.held === true) {
+          decision = answer.decision
+          if (answer.lease) releaseOnEnd(c, res, answer.lease)
+          if (answer.counted) settleOnEnd(c, req, res, answer.counted)
+        }
+        const status = statusOf(c, decision)
+        if (showHeaders(c, res, decision, status, 'setHeader', 'removeHeader')) {
           req.rateLimit = decision
         }
         if (status === 200) {
@@ -432,12 +497,16 @@ function fastifyHook(limiter, options) {
 function fastifyHookOf(c) {
   return async function shardlimitHook(request, reply) {
     if (request.is404) return
-    const r = await decide(c, request.raw || request, reply.raw || reply)
-    if (r === null) return
-    const { decision, status } = r
-    if (r.lease) releaseOnEnd(c, reply.raw, r.lease)
-    if (r.counted) settleOnEnd(c, request.raw, reply.raw, r.counted)
-    if (showHeaders(c, reply, decision, status, (n, v) => reply.header(n, v), (n) => reply.removeHeader(n))) {
+    const answer = await decide(c, request.raw || request, reply.raw || reply)
+    if (answer === null) return
+    let decision = answer
+    if (answer.held === true) {
+      decision = answer.decision
+      if (answer.lease) releaseOnEnd(c, reply.raw, answer.lease)
+      if (answer.counted) settleOnEnd(c, request.raw, reply.raw, answer.counted)
+    }
+    const status = statusOf(c, decision)
+    if (showHeaders(c, reply, decision, status, 'header', 'removeHeader')) {
       request.rateLimit = decision
     }
     if (status === 200) {

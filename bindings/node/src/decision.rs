@@ -141,79 +141,75 @@ fn micros(ms: f64) -> Duration {
     Duration::from_micros((ms * 1000.0).round().max(0.0) as u64)
 }
 
+/// The fields of a JS `Decision` that its headers and body depend on, read from the
+/// instance itself (`headers()` passes `this`) by name; `windowMs` is passed beside it
+/// (the class keeps it under a symbol).
+#[napi(object)]
+pub struct DecisionFields {
+    pub allowed: bool,
+    pub limit: f64,
+    pub remaining: f64,
+    pub reset_after: f64,
+    /// null when not denied (an object field's `Option` takes `undefined`, not null)
+    pub retry_after: Either<f64, Null>,
+    pub policy: String,
+    pub source: String,
+    pub shadow_denied: bool,
+    pub limit_index: Either<u32, Null>,
+    /// a multi-limit decision's limits (empty otherwise)
+    pub quotas: Option<Vec<QuotaFields>>,
+}
+
 /// The core decision of a JS `Decision`'s fields (what `to_napi_value` gave it).
-#[allow(clippy::too_many_arguments)]
-fn rebuild(
-    allowed: bool,
-    limit: f64,
-    remaining: f64,
-    reset_after: f64,
-    retry_after: Option<f64>,
-    policy: String,
-    source: String,
-    shadow_denied: bool,
-    limit_index: Option<u32>,
-    quotas: Option<Vec<QuotaFields>>,
-    window: f64,
-) -> shardlimit::Decision {
+fn rebuild(f: DecisionFields, window_ms: f64) -> shardlimit::Decision {
+    let limit_index = match f.limit_index {
+        Either::A(i) => Some(i as usize),
+        Either::B(Null) => None,
+    };
     shardlimit::Decision {
-        allowed,
-        limit: limit as u64,
-        remaining: remaining as u64,
-        reset_after: micros(reset_after),
-        retry_after: retry_after.map(micros),
+        allowed: f.allowed,
+        limit: f.limit as u64,
+        remaining: f.remaining as u64,
+        reset_after: micros(f.reset_after),
+        retry_after: match f.retry_after {
+            Either::A(r) => Some(micros(r)),
+            Either::B(Null) => None,
+        },
         delay: Duration::ZERO,
-        policy: policy.into(),
+        policy: f.policy.into(),
         source: SOURCES
             .into_iter()
-            .find(|s| s.name() == source)
+            .find(|s| s.name() == f.source)
             .unwrap_or(shardlimit::Source::Redis),
         shard: None,
-        window: micros(window),
+        window: micros(window_ms),
         layer: None,
-        shadow_denied,
-        limit_index: limit_index.map(|i| i as usize),
-        quotas: quotas
-            .unwrap_or_default()
-            .into_iter()
-            .map(|q| shardlimit::Quota {
-                limit: q.limit as u64,
-                window: micros(q.window_ms),
-            })
-            .collect(),
+        shadow_denied: f.shadow_denied,
+        limit_index,
+        quotas: match limit_index {
+            // a single-limit decision's `quotas` is [] in JS; the core lists none
+            None => Vec::new(),
+            Some(_) => f
+                .quotas
+                .unwrap_or_default()
+                .into_iter()
+                .map(|q| shardlimit::Quota {
+                    limit: q.limit as u64,
+                    window: micros(q.window_ms),
+                })
+                .collect(),
+        },
     }
 }
 
-/// The core's headers of a decision with these fields (`Decision.prototype.headers`).
+/// The core's headers of a decision (`Decision.prototype.headers`).
 #[napi(catch_unwind, ts_return_type = "Record<string, string>")]
-#[allow(clippy::too_many_arguments)]
 pub fn decision_headers(
     env: Env,
-    allowed: bool,
-    limit: f64,
-    remaining: f64,
-    reset_after: f64,
-    retry_after: Option<f64>,
-    policy: String,
-    source: String,
-    shadow_denied: bool,
-    limit_index: Option<u32>,
-    quotas: Option<Vec<QuotaFields>>,
-    window: f64,
+    decision: DecisionFields,
+    window_ms: f64,
 ) -> Result<Object<'static>> {
-    let d = rebuild(
-        allowed,
-        limit,
-        remaining,
-        reset_after,
-        retry_after,
-        policy,
-        source,
-        shadow_denied,
-        limit_index,
-        quotas,
-        window,
-    );
+    let d = rebuild(decision, window_ms);
     let mut obj = Object::new(&env)?;
     for (name, value) in d.headers() {
         obj.set(name, value)?;
@@ -221,34 +217,8 @@ pub fn decision_headers(
     Ok(obj)
 }
 
-/// The core's 429 body of a decision with these fields (`Decision.prototype.body`).
+/// The core's 429 body of a decision (`Decision.prototype.body`).
 #[napi(catch_unwind, ts_return_type = "RateLimitBody")]
-#[allow(clippy::too_many_arguments)]
-pub fn decision_body(
-    allowed: bool,
-    limit: f64,
-    remaining: f64,
-    reset_after: f64,
-    retry_after: Option<f64>,
-    policy: String,
-    source: String,
-    shadow_denied: bool,
-    limit_index: Option<u32>,
-    quotas: Option<Vec<QuotaFields>>,
-    window: f64,
-) -> serde_json::Value {
-    rebuild(
-        allowed,
-        limit,
-        remaining,
-        reset_after,
-        retry_after,
-        policy,
-        source,
-        shadow_denied,
-        limit_index,
-        quotas,
-        window,
-    )
-    .body()
+pub fn decision_body(decision: DecisionFields, window_ms: f64) -> serde_json::Value {
+    rebuild(decision, window_ms).body()
 }

@@ -89,10 +89,11 @@ test('what the host transport does not carry goes the default way, with the same
     assert.equal((await limiter.peek('k', 'fw')).remaining, 2)
     const inFlight = limiter.check('closing', 'fw')
     limiter.close()
-    // a check in flight when the limiter closes is settled by its on_error (open), a later one rejects
+    // a check in flight when the limiter closes is still answered by Redis (as on the I/O
+    // thread), a later one rejects
     const last = await inFlight
-    assert.equal(last.source, 'fallback')
-    assert.equal(last.allowed, true)
+    assert.equal(last.source, 'redis')
+    assert.equal(last.remaining, 1)
     await assert.rejects(limiter.check('k', 'fw'), /closed/)
   } finally {
     limiter.close()
@@ -277,30 +278,87 @@ test('a hostile reply fails the checks in flight with a clear error, and no chec
   }
 })
 
-test('a burst is written every 16 checks within the tick, and the rest at its end (several batches in flight)', async () => {
+/** A native half that only counts the writes: the machine's own batching is tested in sansio.rs. */
+async function countingHost() {
   const { HostTransport } = require('../host.js')
   const server = net.createServer((s) => s.on('data', () => {}))
   await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
-  let transmits = 0
-  // a native half that only counts: the machine's own batching is tested in sansio.rs
+  const counts = { transmits: 0 }
+  let connected
+  const up = new Promise((resolve) => {
+    connected = resolve
+  })
   const fake = {
     shardCount: 1,
     address: () => ({ host: '127.0.0.1', port: server.address().port }),
     connecting: () => {},
-    connected: () => {},
+    connected: () => connected(),
     check: () => new Promise(() => {}),
     transmit: () => {
-      transmits++
+      counts.transmits++
       return null
     },
     nextDeadlineMs: () => null,
     onClosed: () => {},
   }
   const host = new HostTransport(fake)
-  for (let i = 0; i < 40; i++) host.check(`k${i}`, 'fw', 1)
-  assert.equal(transmits, 2, 'written at the 16th and the 32nd check, before the tick ends')
-  await Promise.resolve()
-  assert.equal(transmits, 3, 'the last 8 at the end of the tick')
-  host.close()
-  server.close()
+  // the write that follows the connect (the log-in) is not one of the tests'
+  await up
+  counts.transmits = 0
+  const close = () => {
+    host.close()
+    server.close()
+  }
+  return { host, counts, close }
+}
+
+const nextTurn = () => new Promise((resolve) => setImmediate(resolve))
+
+test('a burst is written every 16 checks, and the rest once this turn of the event loop is done (several batches in flight)', async () => {
+  const { host, counts, close } = await countingHost()
+  try {
+    for (let i = 0; i < 40; i++) host.check(`k${i}`, 'fw', 1)
+    assert.equal(counts.transmits, 2, 'written at the 16th and the 32nd check, before the turn ends')
+    await Promise.resolve()
+    assert.equal(counts.transmits, 2, 'the microtask queue drained: the last 8 still wait for the turn to end')
+    await nextTurn()
+    assert.equal(counts.transmits, 3, 'the last 8 once the turn ended')
+  } finally {
+    close()
+  }
+})
+
+test('checks made by separate callbacks of one turn (one per HTTP request) share one write', async () => {
+  const { host, counts, close } = await countingHost()
+  try {
+    // what an HTTP server does: one check per request, each in its own callback, with the
+    // microtask queue drained in between
+    await new Promise((resolve) => {
+      let left = 5
+      for (let r = 0; r < 5; r++) {
+        setImmediate(() => {
+          host.check(`req${r}`, 'fw', 1)
+          queueMicrotask(() => {
+            if (--left === 0) resolve()
+          })
+        })
+      }
+    })
+    assert.equal(counts.transmits, 0, 'not one write per request')
+    await nextTurn()
+    assert.equal(counts.transmits, 1, 'the five requests in one write')
+  } finally {
+    close()
+  }
+})
+
+test("'thread' and 'default' keep checks on the I/O thread, 'host' moves them here; limiter.transport says which", () => {
+  const config = redis.config({ fw: { algorithm: 'fixed_window', limit: 3, window: '1m' } })
+  for (const [transport, carried] of [[undefined, 'thread'], ['default', 'thread'], ['thread', 'thread'], ['host', 'host']]) {
+    const l = Limiter.fromJson(config, { transport })
+    assert.equal(l.transport, carried, String(transport))
+    l.close()
+  }
+  assert.equal(Limiter.memory().transport, 'thread')
+  assert.throws(() => Limiter.fromJson(config, { transport: 'event loop' }), /'default', 'thread' or 'host'/)
 })

@@ -165,3 +165,53 @@ test('middleware options are type-checked', () => {
   assert.throws(() => expressMiddleware(limiter, { key: 'ip' }), TypeError)
   assert.throws(() => fastifyHook(limiter, { trustedProxies: '10.0.0.0/8' }), TypeError)
 })
+
+test("an admitted decision's headers, rendered without a call into the core, equal the core's", async () => {
+  const { renderHeaders } = require('../middleware.js')
+  const clock = new ManualClock(T0 + 123_456)
+  const limiter = Limiter.fromJson(
+    {
+      policies: {
+        fw: { algorithm: 'fixed_window', limit: 50, window: '1m' },
+        sw: { algorithm: 'sliding_window', limit: 40, window: '90s' },
+        tb: { algorithm: 'token_bucket', capacity: 30, refill_per_sec: 0.7 },
+        sl: { algorithm: 'sliding_log', limit: 20, window: '7s' },
+        'odd.name-1': { algorithm: 'fixed_window', limit: 9, window: '1500ms' },
+      },
+    },
+    { clock }
+  )
+  // the core's headers as the middleware shows them: X-RateLimit-Reset as a Unix time
+  const expected = (d, o, nowMs) => {
+    const out = {}
+    for (const [name, value] of Object.entries(d.headers())) {
+      if (name.startsWith('X-')) {
+        if (o.legacyHeaders) out[name] = name === 'X-RateLimit-Reset' ? String(Math.ceil((nowMs + d.resetAfter) / 1000)) : value
+      } else if (name !== 'Retry-After' && o.standardHeaders) out[name] = value
+    }
+    return out
+  }
+  let compared = 0
+  try {
+    for (let step = 0; step < 12; step++) {
+      clock.advanceUs(333_333 + step * 1_000_001)
+      for (const policy of limiter.policies) {
+        const d = await limiter.check(`k${step % 3}`, { policy, cost: 1 + (step % 2) })
+        assert.equal(d.allowed, true)
+        for (const o of [
+          { legacyHeaders: true, standardHeaders: true },
+          { legacyHeaders: false, standardHeaders: true },
+          { legacyHeaders: true, standardHeaders: false },
+        ]) {
+          const nowMs = 1_900_000_000_123 + step
+          assert.deepEqual(renderHeaders(d, o, nowMs), expected(d, o, nowMs), `${policy}, step ${step}`)
+          assert.deepEqual(Object.keys(renderHeaders(d, o, nowMs)), Object.keys(expected(d, o, nowMs)), 'the core order')
+          compared++
+        }
+      }
+    }
+  } finally {
+    limiter.close()
+  }
+  assert.equal(compared, 12 * 5 * 3)
+})

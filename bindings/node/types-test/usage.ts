@@ -35,7 +35,10 @@ export async function usage(): Promise<void> {
   const limiter: Limiter = Limiter.fromConfig('shard-config.json')
   const fromText = Limiter.fromJson('{"policies":{}}', { clock: new ManualClock(0) })
   const hosted: Limiter = Limiter.fromJson('{"policies":{}}', { transport: 'host' })
+  const carried: 'host' | 'thread' = hosted.transport
+  void carried
   hosted.close()
+  Limiter.fromJson('{"policies":{}}', { transport: 'thread' }).close()
   const fromObject = Limiter.fromJson({ policies: { api: { algorithm: 'fixed_window', limit: 5, window: '1m' } } })
   const memory = Limiter.memory()
   const d: Decision = await limiter.check('user:42', { policy: 'api', cost: 2 })
