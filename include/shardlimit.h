@@ -1337,7 +1337,7 @@ shardlimit_result shardlimit_host_address(const struct shardlimit_host *host,
 //
 // Thread-safe (see `shardlimit_host` for what the caller serialises). `err` may be NULL.
 // Results: OK, UNKNOWN_POLICY, INVALID_ARGUMENT, a backend error a policy with
-// `on_error: "error"` does not absorb (CONNECTION, TIMEOUT, UNAVAILABLE), CLOSED,
+// `on_error: "error"` does not absorb (CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE), CLOSED,
 // INTERNAL.
 shardlimit_result shardlimit_host_check(const struct shardlimit_host *host,
                                         const char *key,

@@ -285,7 +285,7 @@ pub unsafe extern "C" fn shardlimit_host_address(
 ///
 /// Thread-safe (see `shardlimit_host` for what the caller serialises). `err` may be NULL.
 /// Results: OK, UNKNOWN_POLICY, INVALID_ARGUMENT, a backend error a policy with
-/// `on_error: "error"` does not absorb (CONNECTION, TIMEOUT, UNAVAILABLE), CLOSED,
+/// `on_error: "error"` does not absorb (CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE), CLOSED,
 /// INTERNAL.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
