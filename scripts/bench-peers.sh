@@ -241,7 +241,7 @@ for round in $(seq "$ROUNDS"); do
   ga=(-redis "$URL" -redis-pid "$RPID" -total "$TOTAL" -sequential "$SEQ")
   client go-64 "$round" shardlimit "$GO_DIR/peers" -lib shardlimit "${ga[@]}"
   client go-64 "$round" redis_rate "$GO_DIR/peers" -lib redis_rate "${ga[@]}"
-  client go-64 "$round" "shardlimit TransportHost" "$GO_DIR/peers" -lib shardlimit -transport host "${ga[@]}"
+  client go-64 "$round" "shardlimit TransportThread" "$GO_DIR/peers" -lib shardlimit -transport thread "${ga[@]}"
 
   # Rust: `shardlimit bench` (100k keys, token bucket, never denied) against redis-benchmark
   # running a minimal hash token bucket script (bench/token_bucket_min.lua) on the same Redis

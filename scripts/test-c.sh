@@ -114,6 +114,8 @@ step "Go (bindings/go)"
   [ -z "$unformatted" ] || { echo "gofmt needed: $unformatted" >&2; exit 1; }
   go vet ./...
   go test -race -count=1 ./...
+  # Check on the I/O thread too (the default is the host transport on plain shards)
+  SHARDLIMIT_TEST_TRANSPORT=thread go test -race -count=1 .
   # the benchmark compiles and runs (figures: see bindings/c/README.md)
   go test -count=1 -run '^$' -bench BenchmarkCheck64 -benchtime 2000x . | grep -E "^(Benchmark|ok)"
   # -tags shardlimit_dynamic links libshardlimit.so (pkg-config module shardlimit)

@@ -14,8 +14,8 @@ import (
 	"time"
 )
 
-// SHARDLIMIT_TEST_TRANSPORT=host runs the whole suite with the host transport as the
-// default (a limiter it cannot serve keeps the default path).
+// SHARDLIMIT_TEST_TRANSPORT=thread runs the whole suite with the I/O thread as the
+// default (=host: with the host transport, as TransportDefault has it on plain shards).
 func init() {
 	if v := os.Getenv("SHARDLIMIT_TEST_TRANSPORT"); v != "" {
 		defaultTransport = Transport(v)
@@ -160,6 +160,43 @@ func TestHostDelegatesAndRefuses(t *testing.T) {
 	if _, err := NewFromJSON(r.config(`"api":"10/minute"`), WithTransport("uv")); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("transport uv: %v", err)
 	}
+}
+
+// Without WithTransport a limiter on plain Redis shards checks on the host transport, one
+// it cannot serve (memory) takes the thread path without an error, and TransportThread
+// keeps Check on the I/O thread.
+func TestDefaultTransportIsHostWhereItServes(t *testing.T) {
+	if os.Getenv("SHARDLIMIT_TEST_TRANSPORT") != "" {
+		t.Skip("SHARDLIMIT_TEST_TRANSPORT sets another default")
+	}
+	r := startRedis(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		opts []Option
+		host bool
+	}{
+		{"default", nil, true},
+		{"explicit default", []Option{WithTransport(TransportDefault)}, true},
+		{"thread", []Option{WithTransport(TransportThread)}, false},
+	} {
+		l, err := NewFromJSON(r.config(`"api":"10/minute"`), c.opts...)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := l.host.Load() != nil; got != c.host {
+			t.Fatalf("%s: host transport %v, want %v", c.name, got, c.host)
+		}
+		if d, err := l.Check(ctx, "k-"+c.name, "api", 1); err != nil || !d.Allowed || d.Source != SourceRedis {
+			t.Fatalf("%s: %+v %v", c.name, d, err)
+		}
+		l.Close()
+	}
+	l, err := NewFromJSON(`{"policies":{"api":"10/minute"}}`)
+	if err != nil || l.host.Load() != nil {
+		t.Fatalf("memory engine by default: %v", err)
+	}
+	l.Close()
 }
 
 // A Redis that stops answering: each check ends at the config's deadline by its

@@ -5,7 +5,7 @@
 // the binding's go.mod never does; hence the build tag):
 //
 //	peers -lib shardlimit|redis_rate -redis redis://127.0.0.1:PORT [-redis-pid PID]
-//	      [-total 200000] [-goroutines 64] [-sequential 20000] [-transport host]
+//	      [-total 200000] [-goroutines 64] [-sequential 20000] [-transport host|thread]
 //
 // The policy: a fixed window of 10^9 per hour over 1000 keys in shardlimit, redis_rate's
 // GCRA at 10^9 per hour in redis_rate (its only algorithm); every request admitted. Prints
@@ -58,7 +58,7 @@ func main() {
 	total := flag.Int64("total", 200_000, "decisions at -goroutines")
 	goroutines := flag.Int("goroutines", 64, "concurrent callers")
 	sequential := flag.Int("sequential", 20_000, "sequential decisions, for latency")
-	transport := flag.String("transport", "", "shardlimit's transport: \"\" (the default) or host")
+	transport := flag.String("transport", "", "shardlimit's transport: \"\" (the default: host on plain shards), host or thread")
 	flag.Parse()
 	ctx := context.Background()
 
