@@ -36,9 +36,14 @@ fn settle<T: Send + 'static>(
 
 /// Resolves one asyncio future (unless it was cancelled meanwhile).
 fn resolve(py: Python<'_>, d: Done) {
-    let fut = d.fut.bind(py);
+    resolve_future(py, d.fut.bind(py), (d.settle)(py));
+}
+
+/// Resolves `fut` with `r`, its result or exception, on the loop thread (unless it was
+/// cancelled meanwhile); also the host transport's (`host.rs`).
+pub(crate) fn resolve_future(py: Python<'_>, fut: &Bound<'_, PyAny>, r: PyResult<Py<PyAny>>) {
     // (interned names: a method name made for every call costs an allocation and a hash)
-    let r = match (d.settle)(py) {
+    let r = match r {
         Ok(v) => fut.call_method1(intern!(py, "set_result"), (v,)),
         Err(e) => fut.call_method1(intern!(py, "set_exception"), (e.into_value(py),)),
     };

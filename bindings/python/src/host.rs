@@ -9,6 +9,7 @@
 //! `HostStep::Delegate` and runs on the limiter's own path, as does a call from another
 //! event loop than the one the transport started on.
 
+use crate::completion::resolve_future;
 use crate::convert::{core_err, decision_obj};
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -41,21 +42,13 @@ pub struct HostChecks {
 /// instead of one batch answered, then the next sent.
 const PIPELINE_CHUNK: usize = 16;
 
-/// Resolves `fut` with `r` (unless it was cancelled meanwhile).
+/// Resolves `fut` with the decision `r` (unless it was cancelled meanwhile).
 fn resolve(py: Python<'_>, fut: &Bound<'_, PyAny>, r: shardlimit::Result<shardlimit::Decision>) {
-    let r = match r.map_err(core_err).and_then(|d| decision_obj(py, d)) {
-        Ok(v) => fut.call_method1(intern!(py, "set_result"), (v,)),
-        Err(e) => fut.call_method1(intern!(py, "set_exception"), (e.into_value(py),)),
-    };
-    if let Err(e) = r {
-        let cancelled = fut
-            .call_method0(intern!(py, "done"))
-            .and_then(|x| x.is_truthy())
-            .unwrap_or(false);
-        if !cancelled {
-            e.write_unraisable(py, Some(fut));
-        }
-    }
+    resolve_future(
+        py,
+        fut,
+        r.map_err(core_err).and_then(|d| decision_obj(py, d)),
+    );
 }
 
 fn secs(d: Option<Instant>) -> Option<f64> {
