@@ -6,7 +6,7 @@
 -- until later calls reclaim them (later admissions, never more). A denied check's
 -- retry_after walks at most CC_WALK live leases, earliest expiry first (when more would
 -- have to expire, it is the time every current lease has expired: later than the exact
--- time, never earlier). core/src/algo.rs mirrors every step. `period` is the lease TTL.
+-- time, never earlier). core/src/engine/algo.rs mirrors every step. `period` is the lease TTL.
 local CC_WALK = 64
 local CC_EXPIRE = 128
 

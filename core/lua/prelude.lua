@@ -1,5 +1,5 @@
 -- shardlimit: shared prelude of every script (scripts are assembled at compile time as
--- prelude + algorithm file(s) + one main; see core/src/scripts.rs).
+-- prelude + algorithm file(s) + one main; see core/src/engine/redis/scripts.rs).
 --
 -- Every algorithm is a function ALGO.<code>(key, now, limit, period, cost, peek, lease)
 -- returning {allowed (0/1), remaining, reset_after_us, retry_after_us (-1 = absent),

@@ -7,8 +7,8 @@
 -- A check is recorded at max(now, the newest entry's time) (one more µs when `before`
 -- wraps), so that `before` grows with the score. A write removes at most SL_EXPIRE expired
 -- entries (they no longer count; the key's PEXPIRE drops the rest); the walk to the unit
--- that must expire before a denied check fits is a binary search. core/src/algo.rs mirrors
--- every step.
+-- that must expire before a denied check fits is a binary search. core/src/engine/algo.rs
+-- mirrors every step.
 local SL_MOD = 4503599627370496 -- 2^52
 local SL_EXPIRE = 64
 

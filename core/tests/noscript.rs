@@ -1,4 +1,4 @@
-//! The NOSCRIPT retry (one place: `engine/redis/noscript.rs`) on every path that sends
+//! The NOSCRIPT retry (one place: `core/src/engine/redis/call.rs`) on every path that sends
 //! EVALSHA itself: after `SCRIPT FLUSH`, the next check, blocking check and shadow check
 //! each load their script again and decide as before.
 

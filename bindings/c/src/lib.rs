@@ -1,5 +1,6 @@
-//! The C ABI of shardlimit. `include/shardlimit.h` is generated from this file by cbindgen
-//! (`bindings/c/cbindgen.toml`), so the `///` comments below are the C documentation.
+//! The C ABI of shardlimit. `include/shardlimit.h` is generated from this crate (this file and
+//! the modules it declares) by cbindgen (`bindings/c/cbindgen.toml`), so the `///` comments on
+//! exported items are the C documentation.
 //!
 //! The binding only converts types and errors; every decision is made by the core crate.
 //! Rules kept by every function (see the header's preamble for the user-facing version):
@@ -184,7 +185,7 @@ pub enum shardlimit_algorithm {
     SHARDLIMIT_ALGORITHM_FIXED_WINDOW = 1,
     /// Two-counter estimate of a sliding window of `period_ms`.
     SHARDLIMIT_ALGORITHM_SLIDING_WINDOW = 2,
-    /// Exact sliding window of `period_ms` (one log entry per admitted unit).
+    /// Exact sliding window of `period_ms` (one log entry per admitted check, carrying its cost).
     SHARDLIMIT_ALGORITHM_SLIDING_LOG = 3,
     /// A bucket of `limit` tokens refilled at `rate_per_sec`.
     SHARDLIMIT_ALGORITHM_TOKEN_BUCKET = 4,

@@ -295,8 +295,8 @@ impl CheckRequest<'_> {
         out.int(self.tag);
     }
 
-    /// The call as a command: `EVALSHA <sha1> 3 ...`, or with `eval` the whole source
-    /// (`EVAL <script> 3 ...`, after a NOSCRIPT reply).
+    /// The call as a command: `EVALSHA <sha1> 4 ...`, or with `eval` the whole source
+    /// (`EVAL <script> 4 ...`, after a NOSCRIPT reply).
     pub fn cmd(&self, prefix: &str, eval: bool) -> redis::Cmd {
         let mut cmd = script_cmd(ScriptId::Check(self.eff.algorithm), eval);
         cmd.arg(CHECK_KEYS);
