@@ -287,6 +287,11 @@ def main() -> None:
     for name, want, value, _, ok in targets:
         w(f"| {name} | {fmt(value, 2)} | {want} | {'yes' if ok else 'no' if value is not None else '–'} |")
     w("")
+    w("## Dated notes")
+    w("")
+    w("What was measured on the way to the current design (profiles, alternating A/B runs, "
+      "choices and their reasons), one file per period: [notes/](notes/).")
+    w("")
     Path(a.out).write_text("\n".join(out))
 
 
