@@ -380,7 +380,7 @@ fn reshard_handoff_carries_per_key_windows_and_exact_buckets() {
     }
 }
 
-/// The README's snippet (section "Per-key window offsets and exact rates"), as written.
+/// The guide's Rust snippet (docs/guide.md, "Window offsets and exact rates"), as written.
 #[test]
 fn readme_snippet_runs() -> shardlimit::Result<()> {
     let limiter = shardlimit::Limiter::from_json(

@@ -200,7 +200,7 @@ async fn route_layer_over_several_routes_skips_without_a_key_and_sends_one_set()
     assert_eq!(r.body, "login_ip 0 left");
 }
 
-/// The README's per-route snippet ("HTTP services in Rust"), read from the README; the copy
+/// The per-route snippet of docs/features.md ("HTTP services in Rust"), read from there; the copy
 /// below is the same code, with the limiter built from the same `login` policy on the
 /// in-memory engine instead of `shard-config.json`'s Redis shards, and the router driven
 /// with `oneshot` instead of `axum::serve`. The test fails when either changes alone.
@@ -233,10 +233,13 @@ let app = Router::new()
     .route("/health", get(|| async { "ok" }));
 axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
 "####;
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))?;
+    let page = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/features.md"
+    ))?;
     assert!(
-        readme.contains(&format!("```rust\n{SNIPPET}```")),
-        "the README's tower snippet differs from this test's copy"
+        page.contains(&format!("```rust\n{SNIPPET}```")),
+        "the tower snippet of docs/features.md differs from this test's copy"
     );
 
     // the copy; shard-config.json's login policy: fixed_window, 5 per minute
