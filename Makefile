@@ -2,18 +2,23 @@
 #   make demo   - the main job: limits enforced across local Redis shards
 #   make test   - every test (installs redis-server and the tools each suite needs),
 #                 including the install tests of the release artifacts (after make dist)
+#   make test-fast - formatting, lints, unit tests and the tests that need no Redis, in a
+#                 few minutes (see CONTRIBUTING.md); make test is what CI runs
 #   make dist   - the release artifacts in dist/ (wheel + sdist, npm tarballs, C/C++ SDK,
 #                 Go module proxy, .crate files), from one release build
 #   make bench  - shardlimit against the latest peers of each language (bench/peers.lock),
 #                 written to docs/benchmarks.md (make bench-quick: one short round)
 # Every script honours CARGO_TARGET_DIR.
-.PHONY: demo test dist test-dist build bench bench-quick bench-redis fmt lint
+.PHONY: demo test test-fast dist test-dist build bench bench-quick bench-redis fmt lint
 
 demo:
 	bash scripts/demo.sh
 
 test:
 	bash scripts/test.sh
+
+test-fast:
+	bash scripts/test-fast.sh
 
 dist:
 	bash scripts/dist.sh
