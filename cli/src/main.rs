@@ -541,9 +541,9 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
                 }
             }
             if cfg.shards.is_some() || cfg.cluster.is_some() {
-                let handoff = human(cfg.reshard_handoff);
+                let handoff = human(cfg.effective_reshard_handoff());
                 match cfg.longest_window() {
-                    _ if cfg.reshard_handoff_configured => {
+                    _ if cfg.reshard_handoff.is_some() => {
                         println!("reshard_handoff: {handoff} (set in the config)")
                     }
                     Some((name, _)) => println!(

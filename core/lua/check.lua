@@ -1,13 +1,14 @@
 -- shardlimit: one check, with the block list and automatic blocking. Shared by main_check
 -- (one check per call) and main_batch (many checks of one algorithm per call).
--- check(state, entry, denials, now, cost, lease, need, code, limit, period, mode, after,
+-- check(state, entry, denials, now, cost, extra, need, code, limit, period, mode, after,
 --       within, dur, reason, okey, ov):
 -- state    the algorithm's state key
 -- entry    the key's block-list entry (any value; PTTL -1 = permanent)
 -- denials  the policy's denial counter for this key (automatic blocking)
 -- now      now in µs, or "0" for the server clock (TIME, read once per script call)
 -- cost     units asked for
--- lease    lease id (concurrency)
+-- extra    the algorithm's extra argument (prelude.lua): a concurrency lease id, a
+--          window's per-key shift, an exact bucket interval's denominator, or ""
 -- need     grant mode: the fewest units worth admitting (the request's own cost)
 -- code     algorithm code (fw, sw, sl, tb, lb, cc)
 -- limit, period (µs)
@@ -25,7 +26,7 @@
 --          (The 0 keeps an integer before the tag the main appends, so that a reply of
 --          this shape is only ever taken with its call's tag: see `untag`.)
 local server_now
-local function check(state, entry, denials, now, cost, lease, need, code, limit, period, mode,
+local function check(state, entry, denials, now, cost, extra, need, code, limit, period, mode,
                      after, within, dur, reason, okey, ov)
   if ov ~= '-' then
     local changed = override_changed(okey, ov, 0) -- (override.lua)
@@ -46,15 +47,15 @@ local function check(state, entry, denials, now, cost, lease, need, code, limit,
   local r
   if mode == 'grant' then
     need = tonumber(need)
-    r = fn(state, now, limit, period, need, true, lease)
+    r = fn(state, now, limit, period, need, true, extra)
     if r[1] == 1 then
       -- r[2] is what is available now; take up to `cost` of it, at least `need`
       local g = math.max(need, math.min(cost, r[2]))
-      r = fn(state, now, limit, period, g, false, lease)
+      r = fn(state, now, limit, period, g, false, extra)
       if r[1] == 1 then r[7] = g end
     end
   else
-    r = fn(state, now, limit, period, cost, mode == 'peek', lease)
+    r = fn(state, now, limit, period, cost, mode == 'peek', extra)
     if r[1] == 1 and mode ~= 'peek' then r[7] = cost end
   end
   r[6] = 0

@@ -8,8 +8,8 @@
 --                 (see check.lua)
 -- ARGV[1]         S, the number of distinct policy argument sets ("shapes")
 -- ARGV[2..1+8S]   the shapes: code, limit, period, mode, after, within, dur, reason each
--- then 7 per check: now, cost, lease, need, override version, its shape (1..S), its tag
--- (echoed as the last value of its reply, see main_check.lua)
+-- then 7 per check: now, cost, extra (check.lua), need, override version, its shape
+-- (1..S), its tag (echoed as the last value of its reply, see main_check.lua)
 -- Returns an array of N replies: check i's result, or an error reply of its own (one
 -- check's error, WRONGTYPE say, leaves the others' results standing).
 local S = tonumber(ARGV[1])

@@ -4,7 +4,7 @@
 -- `local SHADOW`, so the check's argument layout is written once).
 -- Assembled as prelude + one algorithm file + check.lua + this file.
 -- KEYS[1..4]  state key, block-list entry, denial counter, override entry (see check.lua)
--- ARGV[1..5]  now, cost, lease, need, override version: the check's own arguments
+-- ARGV[1..5]  now, cost, extra, need, override version: the check's own arguments
 -- ARGV[6..13] code, limit, period, mode, after, within, dur, reason: its policy's
 -- ARGV[14]    the call's tag, echoed as the reply's last value: the client takes a reply
 --             only if it carries the tag of the call it waits for

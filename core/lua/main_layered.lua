@@ -4,7 +4,8 @@
 -- KEYS[3i-2], KEYS[3i-1], KEYS[3i]: layer i's state key, block entry and denial counter
 -- ARGV[1]  now in µs, or "0" for the server clock (TIME)
 -- ARGV[2]  N; then 9 arguments per layer, starting at ARGV[3 + 9(i-1)]:
---          code, limit, period, cost, lease id, block-after, within (ms), for (ms), reason
+--          code, limit, period, cost, extra (prelude.lua), block-after, within (ms), for
+--          (ms), reason
 -- Optional tail, for the one check of a multi-limit policy (all layers are one key's):
 -- ARGV[3+9N]  the override version the client decided with, as check.lua's `ov`: "-" (read
 --             none), "" (none) or the version it holds; KEYS[3N+1] the key's override entry

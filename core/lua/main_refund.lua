@@ -2,7 +2,7 @@
 -- another shard denied. Assembled as prelude + every algorithm file + this file.
 -- KEYS[i]  layer i's state key
 -- ARGV[1]  the `now` (µs) the admission used;  ARGV[2] N; then per layer, from ARGV[3 + 4(i-1)]:
---          code, period, cost, lease id
+--          code, period, cost, extra (prelude.lua)
 local now = tonumber(ARGV[1])
 local n = tonumber(ARGV[2])
 for i = 1, n do

@@ -1,16 +1,17 @@
 -- shardlimit: shared prelude of every script (scripts are assembled at compile time as
 -- prelude + algorithm file(s) + one main; see core/src/engine/redis/scripts.rs).
 --
--- Every algorithm is a function ALGO.<code>(key, now, limit, period, cost, peek, lease)
+-- Every algorithm is a function ALGO.<code>(key, now, limit, period, cost, peek, extra)
 -- returning {allowed (0/1), remaining, reset_after_us, retry_after_us (-1 = absent),
 -- delay_us}. `peek` true never consumes (concurrency reclaims expired leases, which
 -- changes no decision). `period` is the window, the lease TTL, or the
--- emission interval (µs per unit) of a bucket. `lease` is the lease id of a concurrency
--- limit, and for the others an extra argument, "" when unused: the per-key window shift
--- (fixed and sliding window) or the exact interval's denominator (buckets). Integers are
+-- emission interval (µs per unit) of a bucket. `extra` is what the algorithm needs beyond
+-- those, "" when unused: the lease id of a concurrency limit, the per-key window shift
+-- (fixed and sliding window, named `shift` there) or the exact interval's denominator
+-- (buckets, named `q` there). Integers are
 -- formatted with %d, never tostring, so that values up to 2^53 survive exactly.
 local ALGO = {}
--- REFUND.<code>(key, now, period, cost, lease) gives back `cost` units admitted at `now`
+-- REFUND.<code>(key, now, period, cost, extra) gives back `cost` units admitted at `now`
 -- (layered checks across shards, when another shard denied). Only the layered and refund
 -- scripts have the table (`local REFUND = {}` comes before this prelude); in a check script
 -- REFUND is nil and the algorithm files skip defining those functions: a closure made on

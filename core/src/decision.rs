@@ -4,7 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Who made a decision.
+/// Who made a decision. Deliberately not `#[non_exhaustive]`: every binding maps each
+/// source to its own enum, and a new one must fail their build until they do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Source {
     /// A Redis shard ran the algorithm.

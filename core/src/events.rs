@@ -12,6 +12,7 @@ use std::time::Duration;
 
 /// A shard's circuit breaker state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CircuitState {
     /// Failing: calls to the shard are skipped until a background probe succeeds.
     Open,

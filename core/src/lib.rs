@@ -1,7 +1,7 @@
 //! # shardlimit
 //!
 //! Distributed rate limiting as a library: the algorithms, the Redis scripts and the
-//! client-side shard routing that every shardlimit binding (C, Python, Node) shares.
+//! client-side shard routing that every shardlimit binding (C, C++, Go, Python, Node) shares.
 //!
 //! ```
 //! use shardlimit::{Limiter, Limit, Policy};
@@ -54,10 +54,9 @@ pub use ip::{
 pub use limiter::ShadowReport;
 pub use limiter::{
     latency_scale, BlockInfo, ConfigWatcher, Layer, Lease, Limiter, ReloadReport, Reservation,
-    ScaleHook, Spawner, BLOCK_CACHE_TTL, CLOSED_RETRY_AFTER, MAX_KEY_LEN,
+    ScaleHook, BLOCK_CACHE_TTL, CLOSED_RETRY_AFTER, MAX_KEY_LEN,
 };
 pub use limiter::{resolve_override, OverrideInfo, OverridePage, OVERRIDE_CACHE_MAX};
-pub use limiter::{HostChecks, HostStep};
 pub use log::{LogLevel, LogReason, LogRecord, LogSink, DEFAULT_LOG_INTERVAL, LOG_KEYS_MAX};
 pub use metrics::{MetricsSnapshot, PolicyMetrics};
 pub use policy::{window_offset_us, WindowOffset, WINDOW_OFFSET_SEED};
@@ -65,6 +64,14 @@ pub use policy::{Algorithm, AutoBlock, Limit, LocalAdmission, OnError, Policy, M
 pub use rate::{parse_rate, parse_rate_as};
 pub use time::duration::parse_duration_us;
 pub use tls::TlsConfig;
+
+// What the bindings (C, Python, Node, Go) build on: the host transport's state machine, the
+// I/O runtime's spawner and fork detection. Public because the bindings are other crates;
+// hidden from the documentation because they are not for applications and may change in
+// any release.
+#[doc(hidden)]
+pub use limiter::{HostChecks, HostStep, Spawner};
+#[doc(hidden)]
 pub use transport::runtime::fork_generation;
 
 /// The crate version, shared by every binding.

@@ -29,7 +29,8 @@ pub const LOG_OVERFLOW_SUBJECT: &str = "(other)";
 /// The `target` of every line.
 pub const LOG_TARGET: &str = "shardlimit";
 
-/// How serious a line is.
+/// How serious a line is. Deliberately not `#[non_exhaustive]`: every binding maps each
+/// level to its host's, and a new one must fail their build until they do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LogLevel {
     Warn,

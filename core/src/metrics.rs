@@ -132,6 +132,7 @@ impl Hot {
 
 /// A snapshot of one policy's counters.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct PolicyMetrics {
     pub policy: String,
     /// Allowed decisions, whoever made them (Redis, memory, local admission, fallback).
@@ -200,6 +201,7 @@ impl Latency {
 /// Redis call latency: counts per bucket of [`LATENCY_BUCKETS_US`] (not cumulative; the
 /// last entry counts calls slower than the last bound), their sum and count.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct LatencySnapshot {
     pub buckets: Vec<u64>,
     pub sum_us: u64,
@@ -208,6 +210,7 @@ pub struct LatencySnapshot {
 
 /// Everything a limiter counts.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct MetricsSnapshot {
     pub policies: Vec<PolicyMetrics>,
     pub redis_latency: LatencySnapshot,

@@ -15,6 +15,7 @@ use serde_json::Value;
 /// One `tls` object, with its files read and checked when the config was validated (so a
 /// bad path or PEM is a config error naming the field, never a failure at connect time).
 #[derive(Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct TlsConfig {
     /// PEM file of the CAs that are trusted instead of the built-in roots.
     pub ca_file: Option<String>,

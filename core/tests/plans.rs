@@ -69,7 +69,10 @@ fn the_config_forms_of_a_policy() {
         "plans": {"x": {"api": "1/2 days"}}
     }))
     .unwrap();
-    assert_eq!(cfg.reshard_handoff, Duration::from_secs(2 * 86_400));
+    assert_eq!(
+        cfg.effective_reshard_handoff(),
+        Duration::from_secs(2 * 86_400)
+    );
 }
 
 #[test]

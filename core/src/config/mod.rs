@@ -51,6 +51,7 @@ pub fn default_spin_wait() -> Duration {
 
 /// A validated configuration. Its `Debug` shows URLs without their credentials.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct Config {
     /// `None` runs on the in-memory engine (the embedded default), unless `cluster` is set.
     pub shards: Option<Vec<ShardConfig>>,
@@ -73,22 +74,21 @@ pub struct Config {
     /// `<prefix>events` on each shard, trimmed to about this many entries. `None`: off.
     pub events_stream_maxlen: Option<u64>,
     /// After a reload changes the shard list, how long moved keys carry their state over
-    /// from their old shard (`reshard_handoff`; by default the longest time any configured
-    /// policy's state matters, [`Config::longest_window`], or 10 minutes without policies).
-    pub reshard_handoff: Duration,
-    /// True when the config set `reshard_handoff` itself.
-    pub reshard_handoff_configured: bool,
+    /// from their old shard, as the config set it (`reshard_handoff`). `None`: the longest
+    /// time any configured policy's state matters ([`Config::longest_window`]), or 10
+    /// minutes without policies; [`Config::effective_reshard_handoff`] says which.
+    pub reshard_handoff: Option<Duration>,
     /// How long a blocking call (`*_blocking`, Python sync, C, Go) may spin on its socket
     /// for the reply before sleeping in `read`; also how long the I/O thread keeps
     /// spinning after the last async check when calls have been coming back that fast
-    /// (it spins while async checks are in flight; `spin_wait`, default 100 µs, 0 when the
-    /// process may use one CPU only — there a blocking caller still spins, yielding, unless
-    /// the config sets `spin_wait` ([`Config::spin_wait_configured`]) — at most
-    /// 10 ms; 0 never spins). Spinning saves the wake-up of a sleeping thread, which costs
+    /// (it spins while async checks are in flight), as the config set it (`spin_wait`, at
+    /// most 10 ms; 0 never spins). `None`: [`default_spin_wait`] (100 µs, or 0 when the
+    /// process may use one CPU only, where a blocking caller still spins while it gives way
+    /// to every other ready thread); [`Config::effective_spin_wait`] says which. Spinning saves the wake-up of a sleeping thread, which costs
     /// tens of microseconds on virtual machines, for CPU: under sustained async load the
     /// I/O thread keeps a core busy (giving way to other ready threads every 10 µs). At
     /// most half the CPUs spin at once.
-    pub spin_wait: Duration,
+    pub spin_wait: Option<Duration>,
     /// The algorithm of rate strings that name none (`"login": "5/minute"`):
     /// `default_algorithm`, `fixed_window` unless set.
     pub default_algorithm: Algorithm,
@@ -100,10 +100,6 @@ pub struct Config {
     /// suppressed since the last; [`crate::DEFAULT_LOG_INTERVAL`] (10 s) unless set, from
     /// 1 ms to 1 day.
     pub log_interval: Duration,
-    /// True when the config set `spin_wait` itself. On one usable CPU an unset `spin_wait`
-    /// keeps the I/O thread from spinning but lets a blocking caller spin while it gives
-    /// way to every other ready thread ([`crate::transport::cpus::blocking_spin`]).
-    pub spin_wait_configured: bool,
 }
 
 impl std::fmt::Debug for Config {
@@ -121,8 +117,8 @@ impl std::fmt::Debug for Config {
             .field("instances", &self.instances)
             .field("policies", &self.policies)
             .field("events_stream_maxlen", &self.events_stream_maxlen)
-            .field("reshard_handoff", &self.reshard_handoff)
-            .field("spin_wait", &self.spin_wait)
+            .field("reshard_handoff", &self.effective_reshard_handoff())
+            .field("spin_wait", &self.effective_spin_wait())
             .field("default_algorithm", &self.default_algorithm)
             .field("plans", &self.plans)
             .field("log_interval", &self.log_interval)
@@ -143,18 +139,30 @@ impl Default for Config {
             instances: 1,
             policies: BTreeMap::new(),
             events_stream_maxlen: None,
-            reshard_handoff: DEFAULT_RESHARD_HANDOFF,
-            reshard_handoff_configured: false,
-            spin_wait: default_spin_wait(),
+            reshard_handoff: None,
+            spin_wait: None,
             default_algorithm: Algorithm::FixedWindow,
             plans: BTreeMap::new(),
             log_interval: crate::log::DEFAULT_LOG_INTERVAL,
-            spin_wait_configured: false,
         }
     }
 }
 
 impl Config {
+    /// How long moved keys carry their state over after a reshard: `reshard_handoff` when
+    /// the config set it, else the longest time any policy's state matters, else 10 minutes.
+    pub fn effective_reshard_handoff(&self) -> Duration {
+        self.reshard_handoff.unwrap_or_else(|| {
+            self.longest_window()
+                .map_or(DEFAULT_RESHARD_HANDOFF, |(_, w)| w)
+        })
+    }
+
+    /// `spin_wait` when the config set it, else [`default_spin_wait`].
+    pub fn effective_spin_wait(&self) -> Duration {
+        self.spin_wait.unwrap_or_else(default_spin_wait)
+    }
+
     /// How the nodes of `cluster` connect (plain TCP, or TLS and how the server is
     /// verified), for `config validate`; `None` without `cluster`.
     pub fn cluster_tls_mode(&self) -> Option<String> {
@@ -261,8 +269,10 @@ impl Config {
             };
         }
         if let Some(v) = obj.get("reshard_handoff") {
-            cfg.reshard_handoff = Duration::from_micros(duration_from_json("reshard_handoff", v)?);
-            cfg.reshard_handoff_configured = true;
+            cfg.reshard_handoff = Some(Duration::from_micros(duration_from_json(
+                "reshard_handoff",
+                v,
+            )?));
         }
         if let Some(v) = obj.get("spin_wait") {
             let us = duration_from_json("spin_wait", v)?;
@@ -272,8 +282,7 @@ impl Config {
                     format!("must be at most 10 ms, got {us} µs"),
                 ));
             }
-            cfg.spin_wait = Duration::from_micros(us);
-            cfg.spin_wait_configured = true;
+            cfg.spin_wait = Some(Duration::from_micros(us));
         }
         if let Some(v) = obj.get("log_interval") {
             let us = duration_from_json("log_interval", v)?;
@@ -389,11 +398,6 @@ impl Config {
         }
         if let Some(v) = obj.get("plans") {
             cfg.plans = plans::plans(v, &cfg.policies, cfg.default_algorithm)?;
-        }
-        if !cfg.reshard_handoff_configured {
-            if let Some((_, w)) = cfg.longest_window() {
-                cfg.reshard_handoff = w;
-            }
         }
         Ok(cfg)
     }

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 /// One Redis shard.
 #[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ShardConfig {
     pub name: String,
     /// `redis://[user:password@]host:port[/db]`, `rediss://...` for TLS, or

@@ -242,22 +242,25 @@ fn reshard_handoff_defaults_to_the_longest_window() {
     let sw = r#""sw":{"algorithm":"sliding_window","limit":5,"window":"40m"}"#;
     let tb = r#""tb":{"algorithm":"token_bucket","capacity":7200,"refill_per_sec":1}"#;
     let c = cfg(fw, "");
-    assert_eq!(c.reshard_handoff, Duration::from_secs(3600));
-    assert!(!c.reshard_handoff_configured);
+    assert_eq!(c.effective_reshard_handoff(), Duration::from_secs(3600));
+    assert_eq!(c.reshard_handoff, None);
     // a sliding window weighs the previous window in: 2 × 40 min
     let c = cfg(&format!("{fw},{sw}"), "");
     assert_eq!(c.longest_window(), Some(("sw", Duration::from_secs(4800))));
-    assert_eq!(c.reshard_handoff, Duration::from_secs(4800));
+    assert_eq!(c.effective_reshard_handoff(), Duration::from_secs(4800));
     // a bucket: the time to refill it completely
     assert_eq!(
-        cfg(&format!("{fw},{tb}"), "").reshard_handoff,
+        cfg(&format!("{fw},{tb}"), "").effective_reshard_handoff(),
         Duration::from_secs(7200)
     );
     // no policies: ten minutes; set explicitly: as set
-    assert_eq!(cfg("", "").reshard_handoff, DEFAULT_RESHARD_HANDOFF);
+    assert_eq!(
+        cfg("", "").effective_reshard_handoff(),
+        DEFAULT_RESHARD_HANDOFF
+    );
     let c = cfg(fw, r#","reshard_handoff":"5m""#);
-    assert_eq!(c.reshard_handoff, Duration::from_secs(300));
-    assert!(c.reshard_handoff_configured);
+    assert_eq!(c.reshard_handoff, Some(Duration::from_secs(300)));
+    assert_eq!(c.effective_reshard_handoff(), Duration::from_secs(300));
 }
 
 #[test]

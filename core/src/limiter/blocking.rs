@@ -32,7 +32,9 @@ impl Spawner {
 impl Limiter {
     /// Where bindings run async calls: `None` on the in-memory engine (its calls never
     /// wait: run them inline), else a [`Spawner`] onto this limiter's I/O runtime that
-    /// batches the calls of a burst (see [`Spawner::spawn`]).
+    /// batches the calls of a burst (see [`Spawner::spawn`]). For the bindings: hidden from
+    /// the documentation.
+    #[doc(hidden)]
     pub fn spawner(&self) -> Result<Option<Spawner>> {
         match &self.view().engine {
             Engine::Memory(_) => Ok(None),
@@ -41,8 +43,10 @@ impl Limiter {
     }
 
     /// Runs an async call of this limiter to completion on the calling thread. Used by the
-    /// blocking API and by bindings without an async runtime. The calling thread waits at
-    /// most the configured deadline for Redis.
+    /// blocking API and by bindings without an async runtime (hidden from the
+    /// documentation: applications call the `*_blocking` twins). The calling thread waits
+    /// at most the configured deadline for Redis.
+    #[doc(hidden)]
     pub fn block_on<T: Send + 'static>(
         &self,
         fut: impl Future<Output = Result<T>> + Send + 'static,
@@ -100,7 +104,8 @@ impl Limiter {
 
     /// A handle to the runtime that drives this limiter's Redis connections (created on
     /// first use, re-created after fork). `None` on the in-memory engine. Bindings spawn
-    /// their async calls here.
+    /// their async calls here (hidden from the documentation).
+    #[doc(hidden)]
     pub fn runtime_handle(&self) -> Result<Option<tokio::runtime::Handle>> {
         match &self.view().engine {
             Engine::Redis(r) => Ok(Some(r.state()?.runtime().clone())),

@@ -45,6 +45,7 @@ const MAX_OVERRIDE_TRIES: usize = 8;
 
 /// An override as stored and listed.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct OverrideInfo {
     pub key: String,
     pub policy: String,
@@ -88,6 +89,7 @@ impl OverrideInfo {
 
 /// One page of [`Limiter::list_overrides`]; `cursor` continues it (`None`: the last page).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct OverridePage {
     pub overrides: Vec<OverrideInfo>,
     pub cursor: Option<String>,

@@ -28,6 +28,7 @@ impl Drop for ConfigWatcher {
 
 /// What [`Limiter::reload`] changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ReloadReport {
     /// True when the shard list (or prefix, deadline) changed and new connections were made.
     pub engine_changed: bool,
@@ -57,7 +58,7 @@ impl Limiter {
                 Engine::Memory(m) => Engine::Memory(m.clone()),
                 Engine::Redis(r) => {
                     // the connections stay; the spinning follows the new config
-                    r.set_spin_wait(config.spin_wait, config.spin_wait_configured);
+                    r.set_spin_wait(config.spin_wait);
                     Engine::Redis(r.clone())
                 }
             }
@@ -73,7 +74,8 @@ impl Limiter {
                     .ne(n.shards.iter().map(|s| &s.url));
                 moved.then(|| Handoff {
                     old: o.clone(),
-                    until: MonotonicClock.now_us() + config.reshard_handoff.as_micros() as u64,
+                    until: MonotonicClock.now_us()
+                        + config.effective_reshard_handoff().as_micros() as u64,
                     done: Mutex::new(Default::default()),
                 })
             }

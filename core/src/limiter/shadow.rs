@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 /// Shadow-mode denials of one policy, summed over every shard (or the in-memory engine).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct ShadowReport {
     pub policy: String,
     /// Every shadow denial counted (the keys listed, those cut by `top`, and `untracked`).

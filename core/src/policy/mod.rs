@@ -34,6 +34,7 @@ pub const MAX_BUCKET_SPAN_US: u64 = 1 << 50;
 
 /// A rate-limiting algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Algorithm {
     FixedWindow,
     SlidingWindow,
@@ -92,6 +93,7 @@ impl fmt::Display for Algorithm {
 
 /// What a policy does when its Redis shard fails or does not answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum OnError {
     /// Allow the request (availability over strictness). The default.
     #[default]

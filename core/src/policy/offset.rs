@@ -11,6 +11,7 @@ pub const WINDOW_OFFSET_SEED: u64 = 0x7769_6e64_6f77;
 
 /// Where a windowed policy's window boundaries fall.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+#[non_exhaustive]
 pub enum WindowOffset {
     /// Windows aligned to the epoch: every key's window resets at the same instant.
     #[default]

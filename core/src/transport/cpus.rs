@@ -238,20 +238,20 @@ mod tests {
         if std::env::var_os("SHARDLIMIT_TEST_PINNED").is_some() {
             assert_eq!(usable(), 1);
             assert_eq!(default_spin_wait(), Duration::ZERO);
-            assert_eq!(Config::default().spin_wait, Duration::ZERO);
+            assert_eq!(Config::default().effective_spin_wait(), Duration::ZERO);
             let own = Config::from_json(r#"{"spin_wait":"50us","policies":{}}"#).unwrap();
-            assert_eq!(own.spin_wait, Duration::from_micros(50));
+            assert_eq!(own.spin_wait, Some(Duration::from_micros(50)));
             // blocking callers still spin by default, yielding; a config's own value holds
             let d = Config::default();
             assert_eq!(
-                blocking_spin(d.spin_wait, d.spin_wait_configured, usable()),
+                blocking_spin(d.effective_spin_wait(), d.spin_wait.is_some(), usable()),
                 Spin {
                     wait: DEFAULT_SPIN_WAIT,
                     yielding: true
                 }
             );
             assert_eq!(
-                blocking_spin(own.spin_wait, own.spin_wait_configured, usable()),
+                blocking_spin(own.effective_spin_wait(), own.spin_wait.is_some(), usable()),
                 Spin {
                     wait: Duration::from_micros(50),
                     yielding: false

@@ -183,12 +183,14 @@ impl RedisEngine {
         Duration::from_micros(self.spin_wait_us.load(Ordering::Relaxed))
     }
 
-    /// Sets `spin_wait` (at build time, and on a reload that keeps this engine);
-    /// `configured`: the config set it (see [`crate::transport::cpus::blocking_spin`]).
-    pub fn set_spin_wait(&self, d: Duration, configured: bool) {
+    /// Sets the config's `spin_wait` (at build time, and on a reload that keeps this
+    /// engine); `None`: the default, with which blocking callers on one CPU spin yielding
+    /// (see [`crate::transport::cpus::blocking_spin`]).
+    pub fn set_spin_wait(&self, d: Option<Duration>) {
+        let wait = d.unwrap_or_else(crate::config::default_spin_wait);
         self.spin_wait_us
-            .store(d.as_micros() as u64, Ordering::Relaxed);
-        self.spin_configured.store(configured, Ordering::Relaxed);
+            .store(wait.as_micros() as u64, Ordering::Relaxed);
+        self.spin_configured.store(d.is_some(), Ordering::Relaxed);
     }
 
     /// How blocking callers spin on their socket.
