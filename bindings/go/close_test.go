@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-// The config-reload pattern of issue 13: goroutines check through a limiter while it is
+// The config-reload pattern: goroutines check through a limiter while it is
 // closed and its successor (another limit) is created at once. Every call must return a
 // decision of the limiter it was made on, or ErrClosed: never the successor's decision,
 // never another error. With handles identified by address, the successor could be

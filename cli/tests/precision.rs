@@ -1,5 +1,5 @@
-//! `shardlimit` with per-key window offsets and exact bucket rates (issue 18, items 7 and
-//! 8): `config validate` says what each policy runs at, `check --limit` takes the field.
+//! `shardlimit` with per-key window offsets and exact bucket rates: `config validate` says
+//! what each policy runs at, `check --limit` takes the field.
 
 use std::process::{Command, Output};
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -1,4 +1,4 @@
-//! Issue 16: the in-memory engine against governor's keyed limiter, side by side.
+//! The in-memory engine against governor's keyed limiter, side by side.
 //! Run: cargo bench -p shardlimit --bench governor [-- 1_thread | 2_threads]
 //!
 //! The same 1000 keys, never denied (the bench fails if either library denies once):

@@ -1,4 +1,4 @@
-//! Issue 16: a warm in-memory check allocates nothing. A counting global allocator counts
+//! A warm in-memory check allocates nothing. A counting global allocator counts
 //! the allocations of the calling thread (so the test harness's other threads do not
 //! count) while checks of keys that already have state run.
 

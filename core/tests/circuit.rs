@@ -1,6 +1,6 @@
 //! Failure handling that follows what fails, against real redis-server processes: a
 //! server at `maxclients` (no reconnect storm, the circuit opens), recovery within a few
-//! hundred milliseconds of the server answering again (issue 13, defects 10 and 14).
+//! hundred milliseconds of the server answering again.
 
 mod support;
 

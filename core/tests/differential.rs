@@ -23,7 +23,7 @@
 //! The clock also goes back, but never before the start of a fixed or sliding window's
 //! current window: there the engines differ, by the shape of the in-memory state (it keeps
 //! the counters of the newest window it saw and the one before; Redis keeps a counter per
-//! window), which only an injected clock can show (reported with issue 14, item 6).
+//! window), which only an injected clock can show.
 //!
 //! On a difference, the failing case is printed in the format of `tests/vectors/*.json`
 //! (expectations from the in-memory engine, the Redis decisions beside them), ready to be

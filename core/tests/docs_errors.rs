@@ -1,6 +1,5 @@
-//! The error kinds the docs list agree with `spec/errors.json` (issue 14: the docs of C, Go
-//! and C++ once listed the backend errors without `unavailable`; the C header's "Results:"
-//! lists still did).
+//! The error kinds the docs list agree with `spec/errors.json`, so that no list of the
+//! backend errors (a C header's "Results:", a binding's docs) can leave one out.
 //!
 //! - Every enumeration of backend kinds anywhere in the docs, the C/C++ headers and the
 //!   bindings' sources names all of them, unless it ends in `...` (a list that says it is not

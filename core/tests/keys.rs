@@ -1,5 +1,5 @@
 //! Key layout: user keys, policy names and the library's own namespaces never share state
-//! (issue 13, defect 9), on real Redis and on the in-memory engine alike.
+//! on real Redis and on the in-memory engine alike.
 
 mod support;
 

@@ -1,6 +1,6 @@
-//! A layered check (`check_all`) never takes a concurrency policy's units (issue 17,
-//! item 6): it would take them under a lease id no caller holds, so the units stayed taken
-//! until the lease's TTL (a concurrency route limit locked out after `max` requests). It is
+//! A layered check (`check_all`) never takes a concurrency policy's units: it would take
+//! them under a lease id no caller holds, so the units would stay taken until the lease's
+//! TTL (a concurrency route limit locked out after `max` requests). It is
 //! an `invalid_argument` error naming the layer and the remedy, on both engines, on the
 //! shadow and override paths too, and before anything is sent to Redis.
 

@@ -1,4 +1,4 @@
-//! Layered checks (`check_all`) on policies that take per-key overrides (issue 18 item 3):
+//! Layered checks (`check_all`) on policies that take per-key overrides:
 //! each such layer is decided under its key's override, an override of several limits
 //! expanding to its limits; on Redis the override versions are compared in the same script
 //! call as their shard's layers, a newer one learnt and the check made again. Both engines

@@ -1,4 +1,4 @@
-//! Per-key window offsets and exact bucket rates (issue 18, items 7 and 8) on both engines:
+//! Per-key window offsets and exact bucket rates on both engines:
 //! the config fields, injected time and the server clock, Redis key names and state (a
 //! rolling upgrade never misreads old state), local admission, layered checks whose
 //! refund crosses shards, and the reshard handoff. The decisions themselves are pinned by

@@ -1,5 +1,5 @@
 //! Passwords never appear in any output: config errors, `Debug`, or the errors of a limiter
-//! built from the config (issue 14, "Secrets leak"). Every field that takes a password gets
+//! built from the config. Every field that takes a password gets
 //! URLs that are wrong in every way we know: bad ports, databases, schemes, hosts, logins.
 
 mod support;

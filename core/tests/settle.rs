@@ -1,4 +1,4 @@
-//! Charge, refund and reserve-and-settle (issue 18, item 5) on both engines with an
+//! Charge, refund and reserve-and-settle on both engines with an
 //! injected clock: debt and its exact `retry_after`, refunds that never exceed the limit,
 //! settles that give back to the window that admitted, and exact books under 64
 //! concurrent callers on a real Redis.

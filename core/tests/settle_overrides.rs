@@ -1,4 +1,4 @@
-//! Charge, refund, reserve and settle under several limits in force (issue 18 item 5): an
+//! Charge, refund, reserve and settle under several limits in force: an
 //! override changed (by another limiter on Redis) between reserve and settle, or between
 //! two charges, is learned and acted on; 64 concurrent charge/settle callers on an override
 //! of several limits stay exact; and 64 checks racing an override change on the in-memory

@@ -1,4 +1,4 @@
-//! Shadow mode and near-limit events (issue 18, items 4 and 6), on both engines with an
+//! Shadow mode and near-limit events, on both engines with an
 //! injected clock and on real Redis: events, metrics, the shadow counts in Redis read by
 //! another limiter, their bound and TTL, what is not shadowed (blocks, fallbacks), hostile
 //! shadow hashes, and the config fields. Decisions themselves are in tests/vectors/shadow.json.

@@ -1,4 +1,4 @@
-//! Shadow mode and per-key overrides on every policy shape (issue 18 items 3 and 4): shadow
+//! Shadow mode and per-key overrides on every policy shape: shadow
 //! on a multi-limit policy, shadow with overrides, overrides on a multi-limit policy and
 //! overrides of several limits, on both engines with an injected clock and on real Redis;
 //! an override follows a later `set_scale`; `reset` clears an override's own state; 64

@@ -468,7 +468,7 @@ fn a_freed_handle_is_never_given_to_a_new_object() {
     }
 }
 
-/// The config-reload pattern of issue 13: threads check through one limiter while it is
+/// The config-reload pattern: threads check through one limiter while it is
 /// freed and a new one (another limit) is created at once. Every call must return a
 /// decision of the limiter it was given, or CLOSED; never the new limiter's decision.
 #[test]

@@ -1,5 +1,5 @@
 'use strict'
-// Concurrency policies in the middlewares (issue 17, item 6), over real HTTP and a real
+// Concurrency policies in the middlewares, over real HTTP and a real
 // Redis: a request holds a lease while it is in flight and gives it back when its response
 // ends, also when the handler throws and when the client goes away, in Express and
 // Fastify; the Redis lease count is back to zero after each test. And checkAll refuses a

@@ -1,5 +1,5 @@
 'use strict'
-// Per-key window offsets and exact bucket rates (issue 18, items 7 and 8) through Node:
+// Per-key window offsets and exact bucket rates through Node:
 // `window_offset` in a Limit spec (named or not) and in a config, on both engines; the
 // offsets are those pinned by tests/vectors/precision.json.
 

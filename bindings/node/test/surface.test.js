@@ -101,7 +101,7 @@ test('ad-hoc limits: validated once, named by the caller, counted in metrics', a
   assert.throws(() => new Limit({ algorithm: 'fixed_window', limit: 0, window: '1m' }), (e) => e instanceof ConfigError && e.message.startsWith('limit.limit:'))
   assert.throws(() => new Limit({ algorithm: 'nope' }), (e) => e instanceof ConfigError && e.message.startsWith('limit.algorithm'))
   assert.throws(() => new Limit({ algorithm: 'fixed_window', limit: 1, window: '1m' }, { name: 'a b' }), (e) => e instanceof ConfigError && e.message.startsWith('limit.name:'))
-  // a rate string is a spec too (issue 18); anything but a string or an object is not
+  // a rate string is a spec too; anything but a string or an object is not
   assert.equal(new Limit('5/minute').name, 'fixed_window-5-60000ms')
   assert.throws(() => new Limit(5), TypeError)
   await assert.rejects(limiter.check('u', { limit: burst, policy: 'x' }), TypeError)

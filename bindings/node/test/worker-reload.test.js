@@ -1,6 +1,6 @@
 'use strict'
 // Load, unload and reload of the addon in worker_threads, in the order that crashed the
-// process (issue 13.5): the main thread never loads the addon; worker 1 loads it, decides
+// process: the main thread never loads the addon; worker 1 loads it, decides
 // and exits; worker 2 loads it again, decides and exits; then workers in parallel and in
 // sequence, 12 cycles. It runs in a child process, so a crash (rc 139, SIGSEGV) fails the
 // test with its exit status instead of taking the test runner down.

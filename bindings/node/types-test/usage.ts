@@ -130,7 +130,7 @@ export async function usage(): Promise<void> {
   const burst = new Limit({ algorithm: 'token_bucket', capacity: 10, refill_per_sec: 1 }, { name: 'burst' })
   const adhoc: Decision = await limiter.check('k', { limit: burst, cost: 2 })
   const json: DecisionJson = adhoc.toJSON()
-  // multi-limit policies, rate strings and plans (issue 18)
+  // multi-limit policies, rate strings and plans
   const rated = new Limit('10/second; 1000/day')
   const multi: Decision = await limiter.check('k', { limit: rated })
   const index: number | null = multi.limitIndex

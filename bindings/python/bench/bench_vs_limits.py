@@ -15,7 +15,7 @@ Starts its own redis-server on a free 127.0.0.1 port and measures (each rate ove
    shardlimit with `spin_wait: 0` against a raw socket read that sleeps.
 
 The policy is a fixed window of 10^9 per hour (every check allowed, one script call per
-check) in both libraries; a sliding-window counter comparison follows. Targets (issue 5):
+check) in both libraries; a sliding-window counter comparison follows. Targets:
 sync >= 3x limits, asyncio >= 5x limits async, overhead <= 15 us.
 """
 

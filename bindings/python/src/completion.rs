@@ -213,7 +213,7 @@ impl Completers {
     /// asyncio future is made only then, on the loop that awaits it, so that
     /// `asyncio.run(limiter.acheck(...))` works: the call itself needs no running loop.
     /// The coroutine is a [`Call`]: one object per call, where a Python coroutine wrapping
-    /// a started call cost a closure, a coroutine and its frame more (issue 16).
+    /// a started call would cost a closure, a coroutine and its frame more.
     pub fn coroutine<'py, T, F, C>(
         self: &Arc<Self>,
         py: Python<'py>,

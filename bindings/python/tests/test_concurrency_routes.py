@@ -1,4 +1,4 @@
-"""Concurrency policies in the middlewares and route decorators (issue 17, item 6): a request
+"""Concurrency policies in the middlewares and route decorators: a request
 acquires a lease and releases it when its response ends, also when the handler raises or
 the client goes away; with rate limits beside it, those are checked together and a lease
 is released when they deny. Against a real Redis, whose lease count is zero after each

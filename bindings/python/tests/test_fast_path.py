@@ -1,7 +1,7 @@
-"""The middlewares' lean path (issue 16) and what it must not lose: a reload that changes a
-policy's algorithm is followed at once (issue 17: the policy -> algorithm cache went stale,
-so a policy turned into a concurrency policy was checked without a lease, and the reverse
-acquired a lease of a rate limit); the built-in ``policy=`` rule keys by client address
+"""The middlewares' lean path and what it must not lose: a reload that changes a policy's
+algorithm is followed at once (a stale policy -> algorithm cache would check a policy turned
+into a concurrency policy without a lease, and acquire a lease of a rate limit for the
+reverse); the built-in ``policy=`` rule keys by client address
 exactly as the Request-based rule does; the headers are the core's, rendered once; the
 async calls are coroutines that asyncio's Task and ``await`` both drive. Against a real
 Redis."""

@@ -1,4 +1,4 @@
-"""Per-key window offsets and exact bucket rates (issue 18, items 7 and 8) through Python:
+"""Per-key window offsets and exact bucket rates through Python:
 ``window_offset`` in a config on both engines, the offsets pinned by
 tests/vectors/precision.json, a 300,000/s bucket refilling exactly, and the config errors."""
 

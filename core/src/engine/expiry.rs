@@ -7,8 +7,7 @@
 //! item is handled once (O(1) amortised per insert or update).
 //!
 //! Used for the block lists, the automatic-blocking denial counters and the local
-//! admission batches, which grew without bound or were scanned whole on every call past
-//! 100k entries (issue 13, defect 12).
+//! admission batches, so that none grows without bound or is scanned whole on a call.
 
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};

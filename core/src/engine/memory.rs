@@ -107,7 +107,7 @@ struct Shard {
 
 impl Shard {
     /// Runs `f` on the state of (scope, key), creating or updating the entry as needed.
-    /// (Inline: the check's lookup, decision and write in one function; issue 16.)
+    /// (Inline: the check's lookup, decision and write in one function.)
     #[inline(always)]
     fn with_state<R>(
         &mut self,
@@ -226,9 +226,9 @@ impl Default for MemoryEngine {
 impl MemoryEngine {
     /// The hash of (scope, key) and its shard. The shard comes from bits the shard's table
     /// does not use: the table places entries by the low bits and tells them apart by the
-    /// top 7 (issue 16: with the shard taken from the top 6, every entry of a shard had one
-    /// of two top-7 tags, so a lookup compared about half the entries of each group it
-    /// probed, each a cache miss).
+    /// top 7 (were the shard taken from the top 6, every entry of a shard would carry one
+    /// of two top-7 tags, and a lookup would compare about half the entries of each group
+    /// it probed, each a cache miss).
     #[inline]
     fn locate(&self, scope: &str, key: &str) -> (u64, usize) {
         let hash = self.hasher.hash_one((scope, key));

@@ -1,4 +1,4 @@
-//! Shadow mode and near-limit events (issue 18, items 4 and 6).
+//! Shadow mode and near-limit events.
 //!
 //! Shadow: the check runs; a would-be denial is allowed, consumes nothing (a denied check
 //! never does), never counts toward automatic blocking, and is reported: the decision's
@@ -345,8 +345,8 @@ impl Limiter {
 /// policy's near-limit fraction: from below `ceil(f × limit)` units used to at or above it.
 /// Compared with `f × limit` itself: for a whole number `n`, `n >= ceil(x)` exactly when
 /// `n >= x` and `n < ceil(x)` exactly when `n < x`, and every quantity is below 2^53 (a
-/// limit is at most `MAX_LIMIT`, `f` at most 1), so the doubles are exact. (Issue 16: `ceil`
-/// is a libm call on x86-64's baseline, on every allowed check.)
+/// limit is at most `MAX_LIMIT`, `f` at most 1), so the doubles are exact. (`ceil` would be
+/// a libm call on x86-64's baseline, on every allowed check.)
 #[inline]
 pub(super) fn crosses_near(p: &PolicyInner, limit: u64, remaining: u64, cost: u64) -> bool {
     let Some(f) = p.near_limit else { return false };

@@ -1,4 +1,4 @@
-//! A policy's shadow mode and near-limit fraction (issue 18, items 4 and 6); what they do
+//! A policy's shadow mode and near-limit fraction; what they do
 //! at check time lives in `limiter/shadow.rs`.
 
 use super::{Algorithm, Policy};

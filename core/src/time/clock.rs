@@ -35,7 +35,7 @@ impl Clock for MonotonicClock {
 }
 
 /// Linux: `CLOCK_MONOTONIC` read directly (the clock `Instant` reads), in whole µs with no
-/// `Duration` arithmetic: the in-memory engine reads it once per check (issue 16).
+/// `Duration` arithmetic: the in-memory engine reads it once per check.
 #[cfg(target_os = "linux")]
 fn monotonic_us() -> u64 {
     // SAFETY: a zeroed timespec is a valid value (plain integers); clock_gettime writes

@@ -1,7 +1,7 @@
 //! The key of an in-memory entry, held in the entry itself when it is short (most are:
 //! `user:12345`, an IP address): a lookup then compares bytes already on the entry's cache
-//! line instead of following a pointer to the heap and calling `memcmp` (issue 16: the
-//! heap line and the call were about a tenth of a check). Longer keys are boxed as before.
+//! line instead of following a pointer to the heap and calling `memcmp` (the heap line and
+//! the call were about a tenth of a check). Longer keys are boxed.
 
 /// Keys up to this many bytes are stored inline.
 pub(super) const INLINE: usize = 22;

@@ -75,7 +75,7 @@ fn auto_blocks_of_200k_keys_cost_bounded_work_per_call_and_are_reclaimed() {
     );
 }
 
-/// Issue 16: the shard index and the table's 7-bit tags (the hash's top bits) come
+/// The shard index and the table's 7-bit tags (the hash's top bits) come
 /// from different bits, so the entries of one shard carry every tag and a lookup
 /// compares about one entry. (With the index from the top 6 bits, a shard's entries
 /// had two tags.) And an entry stays small: the leases of a concurrency limit are

@@ -60,7 +60,7 @@ const FAILURES_TO_OPEN: u32 = 3;
 /// First and longest back-off between probes of an open circuit (each wait is jittered
 /// down to half of it). The longest is short because it is also how long a shard that
 /// answers again may go on being skipped: a probe is one connection and a PING per
-/// shard and process, a few per second at most (issue 13, defect 14).
+/// shard and process, a few per second at most.
 const BACKOFF_MIN_US: u64 = 25_000;
 const BACKOFF_MAX_US: u64 = 250_000;
 /// First and longest back-off between connection attempts to a shard after one failed
