@@ -413,17 +413,27 @@ func (l *Limiter) Reset(ctx context.Context, key, policy string) error {
 // Lease is units of a concurrency policy held by one caller, from Acquire. Give it back
 // with Release (typically deferred); one never released frees itself after the policy's
 // lease TTL. Safe for concurrent use.
+//
+// An Acquire that a fallback allowed (Redis unreachable, on_error "open" or "local")
+// holds nothing in Redis: its Lease is a no-op one (Held reports false, Release does
+// nothing), so that "a nil lease means busy" stays true during an outage.
 type Lease struct {
 	l *Limiter
-	p atomic.Pointer[leaseHandle] // nil once released
+	p atomic.Pointer[leaseHandle] // nil once released, and always for a no-op lease
 }
+
+// Held reports whether the lease holds units in Redis (until released): false for the
+// no-op lease of an Acquire a fallback allowed, and after Release.
+func (le *Lease) Held() bool { return le != nil && le.p.Load() != nil }
 
 // leaseHandle boxes the C lease (atomic.Pointer cannot hold an incomplete C type).
 type leaseHandle struct{ p *C.shardlimit_lease }
 
-// Acquire takes units (>= 1) of the named concurrency policy for key. When allowed, the
-// returned Lease is non-nil and holds the units until Release; when denied, the Lease is
-// nil and nothing was taken.
+// Acquire takes units (>= 1) of the named concurrency policy for key. When allowed
+// (d.Allowed), the returned Lease is non-nil: it holds the units until Release, or is a
+// no-op lease when a fallback allowed the call (d.Source == SourceFallback: nothing is
+// held in Redis). When denied, the Lease is nil and nothing was taken. So
+// `if lease == nil { busy }` and `if !d.Allowed { busy }` say the same.
 func (l *Limiter) Acquire(ctx context.Context, key, policy string, units uint64) (Decision, *Lease, error) {
 	var d C.shardlimit_decision
 	var cl *C.shardlimit_lease
@@ -449,6 +459,10 @@ func (l *Limiter) Acquire(ctx context.Context, key, policy string, units uint64)
 	}
 	dec := decisionFromC(&d, policy)
 	if cl == nil {
+		if dec.Allowed {
+			// a fallback allowed it: nothing is held, Release has nothing to give back
+			return dec, &Lease{l: l}, nil
+		}
 		return dec, nil, nil
 	}
 	lease := &Lease{l: l}
@@ -488,13 +502,21 @@ func (l *Limiter) releaseAbandoned(p *C.shardlimit_pending) {
 }
 
 // Release gives the lease's units back. It reports whether the lease was still held:
-// false when it had already been released or had expired. Releasing twice is not an
-// error (the second call returns false). After the limiter is closed, Release returns
-// ErrClosed and the units expire after the lease TTL.
+// false when it had already been released or had expired, and for the no-op lease of a
+// fallback. Releasing twice is not an error (the second call returns false). After the
+// limiter is closed, Release returns ErrClosed and the units expire after the lease TTL.
+//
+// ctx passes its values only: Release is not cut short when ctx is cancelled or past its
+// deadline, so `defer lease.Release(r.Context())` gives the units back also when the
+// client has gone away. The config's deadline (timeout_ms) bounds it instead.
 func (le *Lease) Release(ctx context.Context) (bool, error) {
 	if le == nil {
 		return false, &Error{Code: CodeInvalidArgument, Message: "invalid argument `lease`: nil (a denied Acquire returns no lease)"}
 	}
+	if le.p.Load() == nil {
+		return false, nil // released already, or a fallback's no-op lease
+	}
+	ctx = context.WithoutCancel(ctx)
 	h, err := le.l.open(ctx)
 	if err != nil {
 		return false, err
