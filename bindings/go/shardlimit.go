@@ -410,6 +410,29 @@ func (l *Limiter) Reset(ctx context.Context, key, policy string) error {
 	})
 }
 
+// ResetPolicy is Reset with a Policy object: an ad-hoc policy (NewPolicy,
+// NewPolicyFromRate), or one from Policy or PlanPolicy. key's state under it is
+// forgotten: its full budget is back.
+func (l *Limiter) ResetPolicy(ctx context.Context, key string, policy *Policy) error {
+	h, err := l.open(ctx)
+	if err != nil {
+		return err
+	}
+	ph, err := policy.handle()
+	if err != nil {
+		return err
+	}
+	defer runtime.KeepAlive(policy)
+	kp, kn := cStr(key)
+	p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+		return C.shardlimit_reset_start(h.p, kp, kn, ph, cb, u, out, e)
+	})
+	if err != nil {
+		return err
+	}
+	return resultOf(p)
+}
+
 // Lease is units of a concurrency policy held by one caller, from Acquire. Give it back
 // with Release (typically deferred); one never released frees itself after the policy's
 // lease TTL. Safe for concurrent use.
