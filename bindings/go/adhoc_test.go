@@ -35,7 +35,9 @@ func TestResetPolicyResetsAnAdHocPolicy(t *testing.T) {
 	defer l.Close()
 	ctx := context.Background()
 	for _, p := range []func() (*Policy, error){
-		func() (*Policy, error) { return NewPolicy("adhoc", Limit{Algorithm: FixedWindow, Limit: 2, Period: time.Hour, OnError: OnErrorError}) },
+		func() (*Policy, error) {
+			return NewPolicy("adhoc", Limit{Algorithm: FixedWindow, Limit: 2, Period: time.Hour, OnError: OnErrorError})
+		},
 		func() (*Policy, error) { return NewPolicyFromRate("", "2/hour", FixedWindow) },
 	} {
 		pol, err := p()
