@@ -114,6 +114,9 @@ step "Go (bindings/go)"
   [ -z "$unformatted" ] || { echo "gofmt needed: $unformatted" >&2; exit 1; }
   go vet ./...
   go test -race -count=1 ./...
+  # no goroutine left once every limiter is closed (goleak, from the Go module proxy: a
+  # module of its own, so that the published module does not depend on it)
+  (cd leaktest && go vet . && go test -race -count=1 .)
   # Check on the I/O thread too (the default is the host transport on plain shards)
   SHARDLIMIT_TEST_TRANSPORT=thread go test -race -count=1 .
   # the benchmark compiles and runs (figures: see bindings/c/README.md)

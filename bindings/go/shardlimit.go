@@ -264,6 +264,35 @@ type Limiter struct {
 	afterAbandoned func()
 	// host is the host transport of Check (WithTransport(TransportHost); host.go), or nil
 	host atomic.Pointer[hostTransport]
+	// calls are the calls in flight, which Close lets finish
+	calls callsInFlight
+}
+
+// callsInFlight counts a limiter's calls in flight; wait returns once there are none.
+type callsInFlight struct {
+	n       atomic.Int64
+	closing atomic.Bool
+	idle    chan struct{} // a wake-up of wait (room for one)
+}
+
+func (f *callsInFlight) add() { f.n.Add(1) }
+
+func (f *callsInFlight) done() {
+	if f.n.Add(-1) == 0 && f.closing.Load() {
+		select {
+		case f.idle <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// wait, called once (by Close), returns when no call is in flight.
+func (f *callsInFlight) wait() {
+	f.idle = make(chan struct{}, 1)
+	f.closing.Store(true)
+	for f.n.Load() != 0 {
+		<-f.idle
+	}
 }
 
 // handle boxes the C pointer (atomic.Pointer cannot hold a pointer to an incomplete type).
@@ -277,6 +306,7 @@ func newLimiter(make func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.
 	}
 	l := &Limiter{}
 	l.h.Store(&handle{h})
+	openLimiters.Add(1)
 	return l, nil
 }
 
@@ -330,7 +360,10 @@ func (l *Limiter) Check(ctx context.Context, key, policy string, cost uint64) (D
 		return Decision{}, err
 	}
 	if t := l.host.Load(); t != nil {
-		if d, err, ok := t.check(ctx, key, policy, cost, l.afterStart); ok {
+		l.calls.add()
+		d, err, ok := t.check(ctx, key, policy, cost, l.afterStart)
+		l.calls.done()
+		if ok {
 			return d, err
 		}
 	}
@@ -776,12 +809,17 @@ func clientIP(peer, xff string, trusted []string, ipv6Prefix int) (string, error
 	return C.GoStringN(out.ptr, C.int(out.len)), nil
 }
 
-// Close frees the limiter. Safe while other goroutines use it: calls already in flight
-// finish normally with this limiter, later calls return ErrClosed, and a Limiter created
-// afterwards never answers for this one (the C handles are never reused). Closing twice
-// is a no-op.
+// Close frees the limiter. Safe while other goroutines use it: later calls return
+// ErrClosed, calls already in flight finish normally with this limiter (Close waits for
+// them: Redis answers, or their deadline, timeout_ms, passes and their policy's on_error
+// decides), and a Limiter created afterwards never answers for this one (the C handles
+// are never reused). Once every limiter is closed, no goroutine of this package is left.
+// Closing twice is a no-op.
 func (l *Limiter) Close() error {
 	h := l.h.Swap(nil)
+	if h != nil {
+		l.calls.wait()
+	}
 	// after the handle: a check the host transport turned away with ErrClosed is
 	// followed by ErrClosed, never by a decision of the default path
 	if t := l.host.Swap(nil); t != nil {
@@ -789,6 +827,7 @@ func (l *Limiter) Close() error {
 	}
 	if h != nil {
 		C.shardlimit_limiter_free(h.p)
+		limiterClosed()
 	}
 	return nil
 }
