@@ -83,7 +83,7 @@ func startRedis(t testing.TB) *redisServer {
 	t.Helper()
 	for try := 0; try < 10; try++ {
 		port := freePort(t)
-		cmd := exec.Command("redis-server", "--port", fmt.Sprint(port), "--bind", "127.0.0.1",
+		cmd := exec.Command(serverBinary(), "--port", fmt.Sprint(port), "--bind", "127.0.0.1",
 			"--save", "", "--appendonly", "no", "--dir", os.TempDir())
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
@@ -150,4 +150,13 @@ func repoPath(t testing.TB, rel string) string {
 		t.Skipf("needs %s of the shardlimit repository, which the Go module does not hold", rel)
 	}
 	return filepath.Join("..", "..", filepath.FromSlash(rel))
+}
+
+// serverBinary is the server the tests start: $SHARDLIMIT_REDIS_SERVER when set (a
+// valkey-server: scripts/test-valkey.sh), else redis-server.
+func serverBinary() string {
+	if s := os.Getenv("SHARDLIMIT_REDIS_SERVER"); s != "" {
+		return s
+	}
+	return "redis-server"
 }
