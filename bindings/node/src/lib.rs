@@ -8,7 +8,7 @@
 //! Async calls: on the Redis engine, each call is spawned on the core's own Tokio runtime
 //! (`Limiter::spawner`, which starts the calls of a burst together so their commands leave
 //! in one write); its Promise is settled from there through the environment's
-//! batched settle queue (`settle.rs`: one threadsafe function per environment, one event-loop
+//! batched settle queue (`promises.rs`: one threadsafe function per environment, one event-loop
 //! wake-up for many Promises), so the event loop never waits and no thread is started per
 //! call. On the in-memory engine
 //! the call never waits, so it runs to completion at once and the Promise is returned
@@ -48,7 +48,7 @@ mod limiter;
 mod logging;
 mod overrides;
 mod policy;
-mod reserve;
+mod promises;
 mod settle;
 mod shadow;
 
@@ -68,7 +68,7 @@ type ErrorFactory = FunctionRef<FnArgs<(String, String)>, Unknown<'static>>;
 /// What the addon keeps per environment (napi instance data).
 struct EnvData {
     factory: Option<ErrorFactory>,
-    settler: Option<settle::Settler>,
+    settler: Option<promises::Settler>,
     /// `index.js`'s `Decision` class (`decision.rs`)
     decision_class: Option<sys::napi_ref>,
 }
@@ -81,7 +81,7 @@ fn env_data_or_init(env: &Env) -> Result<&'static mut EnvData> {
     if env_data(env).is_none() {
         let data = EnvData {
             factory: None,
-            settler: Some(settle::Settler::new(env)?),
+            settler: Some(promises::Settler::new(env)?),
             decision_class: None,
         };
         env.set_instance_data(data, (), |_| {})?;
@@ -183,7 +183,7 @@ where
                         Err(e) => Err(core_error(&env, e)),
                     };
                     // SAFETY: JS thread; each deferred is settled once.
-                    unsafe { settle::settle(raw_env, deferred, value) }
+                    unsafe { promises::settle(raw_env, deferred, value) }
                 }));
             });
             // SAFETY: the promise object belongs to `env` and is returned to JS at once.
