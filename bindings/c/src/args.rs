@@ -4,6 +4,108 @@
 
 use super::*;
 
+pub(crate) unsafe fn bytes_arg<'a>(
+    what: &str,
+    ptr: *const c_char,
+    len: usize,
+) -> Result<&'a [u8], Error> {
+    if ptr.is_null() {
+        return if len == 0 {
+            Ok(&[])
+        } else {
+            Err(invalid(what, format!("is NULL with length {len}")))
+        };
+    }
+    if len > isize::MAX as usize {
+        return Err(invalid(what, format!("has an impossible length {len}")));
+    }
+    Ok(std::slice::from_raw_parts(ptr.cast::<u8>(), len))
+}
+
+pub(crate) unsafe fn str_arg<'a>(
+    what: &str,
+    ptr: *const c_char,
+    len: usize,
+) -> Result<&'a str, Error> {
+    let bytes = bytes_arg(what, ptr, len)?;
+    let s = std::str::from_utf8(bytes).map_err(|e| {
+        invalid(
+            what,
+            format!("is not valid UTF-8 (at byte {})", e.valid_up_to()),
+        )
+    })?;
+    if let Some(i) = s.find('\0') {
+        return Err(invalid(
+            what,
+            format!("contains a NUL byte at offset {i} of {len}: is the length right?"),
+        ));
+    }
+    Ok(s)
+}
+
+/// A key: at most `MAX_KEY_LEN` bytes are ever read, so a wild length is an error rather
+/// than a read past the caller's buffer.
+pub(crate) unsafe fn key_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
+    if len > MAX_KEY_LEN {
+        return Err(invalid(
+            "key",
+            format!("is {len} bytes long; the maximum is {MAX_KEY_LEN}"),
+        ));
+    }
+    str_arg("key", ptr, len)
+}
+
+/// Policy names are at most 128 bytes (the core validates the rest).
+pub(crate) unsafe fn policy_name_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
+    if len >= SHARDLIMIT_POLICY_NAME_CAP {
+        return Err(CoreError::UnknownPolicy(format!(
+            "<{len} bytes: longer than any policy name>"
+        ))
+        .into());
+    }
+    str_arg("policy", ptr, len)
+}
+
+pub(crate) fn out_arg<T>(what: &str, p: *mut T) -> Result<*mut T, Error> {
+    if p.is_null() {
+        Err(invalid(what, "is NULL; an output pointer is required"))
+    } else if !p.is_aligned() {
+        Err(invalid(what, "is not aligned for its type"))
+    } else {
+        Ok(p)
+    }
+}
+
+pub(crate) fn limiter_arg(p: *const shardlimit_limiter) -> Result<Limiter, Error> {
+    Ok(live("limiter", p)?.limiter.clone())
+}
+
+/// The limiter of a call that blocks its thread: refused inside a completion callback,
+/// which runs on the limiter's I/O thread, where waiting for Redis would wait for itself.
+pub(crate) fn blocking_limiter_arg(p: *const shardlimit_limiter) -> Result<Limiter, Error> {
+    if pending::in_callback() {
+        return Err(invalid(
+            "limiter",
+            "a blocking call from a completion callback (it runs on the library's I/O \
+             thread, which would wait for itself): start the call with its _start \
+             function instead",
+        ));
+    }
+    limiter_arg(p)
+}
+
+pub(crate) fn policy_arg(p: *const shardlimit_policy) -> Result<Policy, Error> {
+    Ok(live("policy", p)?.policy.clone())
+}
+
+/// An optional clock: NULL is none.
+pub(crate) fn clock_arg(p: *const shardlimit_clock) -> Result<Option<Arc<ManualClock>>, Error> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    Ok(Some(live("clock", p)?.clock.clone()))
+}
+
 /// Which form of a call the arguments are for.
 #[derive(Clone, Copy)]
 pub(crate) enum Form {
