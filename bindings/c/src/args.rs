@@ -4,29 +4,7 @@
 
 use super::*;
 
-pub(crate) unsafe fn bytes_arg<'a>(
-    what: &str,
-    ptr: *const c_char,
-    len: usize,
-) -> Result<&'a [u8], Error> {
-    if ptr.is_null() {
-        return if len == 0 {
-            Ok(&[])
-        } else {
-            Err(invalid(what, format!("is NULL with length {len}")))
-        };
-    }
-    if len > isize::MAX as usize {
-        return Err(invalid(what, format!("has an impossible length {len}")));
-    }
-    Ok(std::slice::from_raw_parts(ptr.cast::<u8>(), len))
-}
-
-pub(crate) unsafe fn str_arg<'a>(
-    what: &str,
-    ptr: *const c_char,
-    len: usize,
-) -> Result<&'a str, Error> {
+pub(crate) fn str_arg<'a>(what: &str, ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
     let bytes = bytes_arg(what, ptr, len)?;
     let s = std::str::from_utf8(bytes).map_err(|e| {
         invalid(
@@ -45,7 +23,7 @@ pub(crate) unsafe fn str_arg<'a>(
 
 /// A key: at most `MAX_KEY_LEN` bytes are ever read, so a wild length is an error rather
 /// than a read past the caller's buffer.
-pub(crate) unsafe fn key_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
+pub(crate) fn key_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
     if len > MAX_KEY_LEN {
         return Err(invalid(
             "key",
@@ -56,7 +34,7 @@ pub(crate) unsafe fn key_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a s
 }
 
 /// Policy names are at most 128 bytes (the core validates the rest).
-pub(crate) unsafe fn policy_name_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
+pub(crate) fn policy_name_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
     if len >= SHARDLIMIT_POLICY_NAME_CAP {
         return Err(CoreError::UnknownPolicy(format!(
             "<{len} bytes: longer than any policy name>"
@@ -64,16 +42,6 @@ pub(crate) unsafe fn policy_name_arg<'a>(ptr: *const c_char, len: usize) -> Resu
         .into());
     }
     str_arg("policy", ptr, len)
-}
-
-pub(crate) fn out_arg<T>(what: &str, p: *mut T) -> Result<*mut T, Error> {
-    if p.is_null() {
-        Err(invalid(what, "is NULL; an output pointer is required"))
-    } else if !p.is_aligned() {
-        Err(invalid(what, "is not aligned for its type"))
-    } else {
-        Ok(p)
-    }
 }
 
 pub(crate) fn limiter_arg(p: *const shardlimit_limiter) -> Result<Limiter, Error> {
@@ -127,7 +95,7 @@ impl Form {
 }
 
 /// The limiter, the key and a policy handle, in that order.
-pub(crate) unsafe fn keyed_args<'a>(
+pub(crate) fn keyed_args<'a>(
     form: Form,
     limiter: *const shardlimit_limiter,
     key: *const c_char,
@@ -141,7 +109,7 @@ pub(crate) unsafe fn keyed_args<'a>(
 
 /// The limiter, the key and a policy name (bounded here; the core resolves it), in that
 /// order.
-pub(crate) unsafe fn named_args<'a>(
+pub(crate) fn named_args<'a>(
     form: Form,
     limiter: *const shardlimit_limiter,
     key: *const c_char,
@@ -161,24 +129,28 @@ mod tests {
     use std::ptr::{null, null_mut};
 
     /// A call's result code and, when it failed, its error's message.
-    unsafe fn outcome(
+    fn outcome(
         call: impl FnOnce(*mut *mut shardlimit_error) -> shardlimit_result,
     ) -> (shardlimit_result, String) {
         let mut e = null_mut();
         let code = call(&mut e);
-        let m = shardlimit_error_message(e);
-        let message = if m.ptr.is_null() {
-            String::new()
-        } else {
-            let bytes = std::slice::from_raw_parts(m.ptr.cast::<u8>(), m.len);
-            String::from_utf8_lossy(bytes).into_owned()
-        };
-        shardlimit_error_free(e);
-        (code, message)
+        // SAFETY: `e` is NULL or an error the call made; its message is borrowed from it
+        // until the free below.
+        unsafe {
+            let m = shardlimit_error_message(e);
+            let message = if m.ptr.is_null() {
+                String::new()
+            } else {
+                let bytes = std::slice::from_raw_parts(m.ptr.cast::<u8>(), m.len);
+                String::from_utf8_lossy(bytes).into_owned()
+            };
+            shardlimit_error_free(e);
+            (code, message)
+        }
     }
 
     /// A `_start` call's result code and message; a refused one makes no pending.
-    unsafe fn started(
+    fn started(
         call: impl FnOnce(*mut *mut shardlimit_pending, *mut *mut shardlimit_error) -> shardlimit_result,
     ) -> (shardlimit_result, String) {
         let mut p = null_mut();
@@ -196,16 +168,19 @@ mod tests {
         &'a [u8],
     );
 
-    unsafe fn limiter() -> *mut shardlimit_limiter {
+    fn limiter() -> *mut shardlimit_limiter {
         let json = r#"{"policies":{"api":{"algorithm":"fixed_window","limit":2,"window":"1h","overrides":true}}}"#;
         let mut lim = null_mut();
-        let rc = shardlimit_limiter_new_json(
-            json.as_ptr().cast(),
-            json.len(),
-            null(),
-            &mut lim,
-            null_mut(),
-        );
+        // SAFETY: the JSON is borrowed for the call, the out-parameter is ours.
+        let rc = unsafe {
+            shardlimit_limiter_new_json(
+                json.as_ptr().cast(),
+                json.len(),
+                null(),
+                &mut lim,
+                null_mut(),
+            )
+        };
         assert_eq!(rc, SHARDLIMIT_OK);
         lim
     }

@@ -61,12 +61,10 @@ pub unsafe extern "C" fn shardlimit_unblock(
     guard(err, || {
         let l = blocking_limiter_arg(limiter)?;
         let key = key_arg(key, key_len)?;
-        if !out_was_blocked.is_null() && !out_was_blocked.is_aligned() {
-            return Err(invalid("out_was_blocked", "is not aligned for its type"));
-        }
+        let out_was_blocked = opt_out_arg("out_was_blocked", out_was_blocked)?;
         let was = l.unblock_blocking(key)?;
-        if !out_was_blocked.is_null() {
-            *out_was_blocked = was;
+        if let Some(out_was_blocked) = out_was_blocked {
+            out_was_blocked.write(was);
         }
         Ok(())
     })

@@ -10,7 +10,7 @@ use super::*;
 /// (`shardlimit_check`, `_check_shadow`, `_charge`, `_refund`): the arguments checked, the
 /// call made on the calling thread, the decision written to `*out`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn decide_blocking(
+pub(crate) fn decide_blocking(
     limiter: *const shardlimit_limiter,
     key: *const c_char,
     key_len: usize,
@@ -156,7 +156,7 @@ pub struct shardlimit_layer {
 pub(crate) const MAX_LAYERS_READ: usize = 1024;
 
 /// The layers of a layered check, read from the caller's array (borrowed for the call).
-pub(crate) unsafe fn layers_arg(
+pub(crate) fn layers_arg(
     l: &Limiter,
     layers: *const shardlimit_layer,
     count: usize,
@@ -167,14 +167,7 @@ pub(crate) unsafe fn layers_arg(
             format!("{count} layers; at most 64 are allowed"),
         ));
     }
-    if count > 0 && (layers.is_null() || !layers.is_aligned()) {
-        return Err(invalid("layers", "is NULL or misaligned"));
-    }
-    let raw: &[shardlimit_layer] = if count == 0 {
-        &[]
-    } else {
-        std::slice::from_raw_parts(layers, count)
-    };
+    let raw = slice_arg("layers", layers, count)?;
     let mut built = Vec::with_capacity(raw.len());
     for (i, x) in raw.iter().enumerate() {
         let key = key_arg(x.key, x.key_len)

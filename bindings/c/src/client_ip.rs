@@ -68,7 +68,7 @@ pub unsafe extern "C" fn shardlimit_client_ip_key(
 }
 
 /// The borrowed arguments of `shardlimit_client_ip()` and `shardlimit_client_ip_key()`.
-pub(crate) unsafe fn client_ip_args<'a>(
+pub(crate) fn client_ip_args<'a>(
     peer: *const c_char,
     peer_len: usize,
     xff: *const c_char,
@@ -88,14 +88,7 @@ pub(crate) unsafe fn client_ip_args<'a>(
             format!("{trusted_count} is implausible"),
         ));
     }
-    if trusted_count > 0 && (trusted.is_null() || !trusted.is_aligned()) {
-        return Err(invalid("trusted", "is NULL or misaligned"));
-    }
-    let raw: &[shardlimit_str] = if trusted_count == 0 {
-        &[]
-    } else {
-        std::slice::from_raw_parts(trusted, trusted_count)
-    };
+    let raw = slice_arg("trusted", trusted, trusted_count)?;
     let cidrs = raw
         .iter()
         .enumerate()

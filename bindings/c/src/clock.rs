@@ -29,7 +29,7 @@ pub unsafe extern "C" fn shardlimit_clock_new(
         let c = register(shardlimit_clock {
             clock: ManualClock::new(start_us),
         })?;
-        *out = c;
+        out.write(c);
         Ok(())
     })
 }

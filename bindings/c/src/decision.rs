@@ -160,14 +160,8 @@ pub(crate) fn decision_to_c(d: &Decision) -> Result<shardlimit_decision, Error> 
     })
 }
 
-pub(crate) unsafe fn decision_from_c(p: *const shardlimit_decision) -> Result<Decision, Error> {
-    if p.is_null() {
-        return Err(invalid("decision", "is NULL"));
-    }
-    if !p.is_aligned() {
-        return Err(invalid("decision", "is not aligned for its type"));
-    }
-    let d = &*p;
+pub(crate) fn decision_from_c(p: *const shardlimit_decision) -> Result<Decision, Error> {
+    let d = ref_arg("decision", p)?;
     if d.policy_len >= SHARDLIMIT_POLICY_NAME_CAP {
         return Err(invalid(
             "decision.policy_len",
@@ -282,7 +276,7 @@ pub unsafe extern "C" fn shardlimit_decision_headers(
             .into_iter()
             .map(|(k, v)| (to_cstring(k.to_string()), to_cstring(v)))
             .collect();
-        *out = register(shardlimit_headers { items })?;
+        out.write(register(shardlimit_headers { items })?);
         Ok(())
     })
 }
@@ -320,8 +314,8 @@ pub unsafe extern "C" fn shardlimit_headers_get(
                 )
             })
             .ok_or_else(|| invalid("index", format!("{index} is out of range")))?;
-        *out_name = name;
-        *out_value = value;
+        out_name.write(name);
+        out_value.write(value);
         Ok(())
     })
 }

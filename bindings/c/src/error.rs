@@ -123,7 +123,7 @@ pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 /// Runs `f`, turning its error or panic into a result code and, when `err` is not NULL, an
 /// owned `shardlimit_error`. `f` writes its out-parameters only as its last step, after
 /// everything that can fail.
-pub(crate) unsafe fn guard(
+pub(crate) fn guard(
     err: *mut *mut shardlimit_error,
     f: impl FnOnce() -> Result<(), Error>,
 ) -> shardlimit_result {
@@ -138,7 +138,7 @@ pub(crate) unsafe fn guard(
             ),
         ),
     };
-    if !err.is_null() && err.is_aligned() {
+    if let Ok(Some(out)) = opt_out_arg("err", err) {
         let reported = catch_unwind(AssertUnwindSafe(|| {
             register(shardlimit_error {
                 code,
@@ -146,7 +146,7 @@ pub(crate) unsafe fn guard(
             })
         }));
         if let Ok(Ok(e)) = reported {
-            *err = e;
+            out.write(e);
         }
     }
     code

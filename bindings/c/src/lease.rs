@@ -40,7 +40,7 @@ pub unsafe extern "C" fn shardlimit_acquire(
             None => std::ptr::null_mut(),
         };
         out.write(d);
-        *out_lease = lease;
+        out_lease.write(lease);
         Ok(())
     })
 }
@@ -62,13 +62,11 @@ pub unsafe extern "C" fn shardlimit_release(
         let l = blocking_limiter_arg(limiter)?;
         let held = live("lease", lease)?;
         let (lease, policy) = (held.lease.clone(), held.policy.clone());
-        if !out_released.is_null() && !out_released.is_aligned() {
-            return Err(invalid("out_released", "is not aligned for its type"));
-        }
+        let out_released = opt_out_arg("out_released", out_released)?;
         let me = l.clone();
         let released = l.block_on(async move { me.release_with(&policy, &lease).await })?;
-        if !out_released.is_null() {
-            *out_released = released;
+        if let Some(out_released) = out_released {
+            out_released.write(released);
         }
         Ok(())
     })

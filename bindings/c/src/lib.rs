@@ -4,7 +4,9 @@
 //! `block`, `overrides`, `admin`, `events`, `logging`, `pending` (calls that complete later),
 //! `host` (the host transport), `decision` (the decision struct and its rendering), `error`,
 //! `strings`, `clock`; `handles` is the table behind every handle, `args` the conversion of
-//! arguments.
+//! arguments, and `ptr` holds every read and write through a pointer the caller passed
+//! (`unsafe_op_in_unsafe_fn` is denied: the few `unsafe` blocks are there, each with its
+//! SAFETY note).
 //!
 //! The binding only converts types and errors; every decision is made by the core crate.
 //! Rules kept by every function (see the header's preamble for the user-facing version):
@@ -18,6 +20,7 @@
 //!   wrong-type pointer is INVALID_ARGUMENT, a freed handle is CLOSED (also while another
 //!   thread frees it), and `_free` of any of them is a no-op; none is ever dereferenced.
 
+#![deny(unsafe_op_in_unsafe_fn)]
 #![allow(non_camel_case_types)]
 // Every exported function takes raw pointers from C; their contracts are in the docs.
 #![allow(clippy::missing_safety_doc)]
@@ -72,6 +75,7 @@ mod notify;
 mod overrides;
 mod pending;
 mod policy;
+mod ptr;
 mod queue;
 mod strings;
 pub use admin::*;
@@ -91,6 +95,7 @@ pub use notify::*;
 pub use overrides::*;
 pub use pending::*;
 pub use policy::*;
+use ptr::*;
 use shardlimit_result::*;
 use shardlimit_source::*;
 pub use strings::*;

@@ -19,7 +19,7 @@ pub struct shardlimit_limiter {
 // ---------------------------------------------------------------------------------------
 // Limiter
 
-pub(crate) unsafe fn new_limiter(
+pub(crate) fn new_limiter(
     clock: *const shardlimit_clock,
     out: *mut *mut shardlimit_limiter,
     make: impl FnOnce() -> Result<Limiter, CoreError>,
@@ -36,7 +36,7 @@ pub(crate) unsafe fn new_limiter(
         logs: Default::default(),
     };
     logging::default_to_stderr(&l);
-    *out = register(l)?;
+    out.write(register(l)?);
     Ok(())
 }
 

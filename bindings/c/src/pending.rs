@@ -164,7 +164,7 @@ impl<F: Future<Output = Result<Outcome, Error>>> Future for CatchUnwind<F> {
 
 /// Starts `fut` for the limiter `l`: registers the pending, writes `*out`, then runs the
 /// call on the I/O runtime, or right here on the in-memory engine (whose calls never wait).
-unsafe fn start<F>(
+fn start<F>(
     l: Limiter,
     callback: shardlimit_callback,
     user: *mut c_void,
@@ -186,7 +186,7 @@ where
     });
     let token = register_arc(p.clone())?;
     p.token.store(token as usize, Ordering::Release);
-    *out = token;
+    out.write(token);
     let fut = CatchUnwind(Box::pin(fut));
     match spawner {
         None => {
@@ -216,7 +216,7 @@ pub(crate) fn start_limiter(p: *const shardlimit_limiter) -> Result<Limiter, Err
 /// the arguments checked as the blocking form checks them (`keyed_args`) and copied,
 /// `call`'s future run on the limiter's I/O runtime.
 #[allow(clippy::too_many_arguments)]
-unsafe fn start_decision<F, Fut>(
+fn start_decision<F, Fut>(
     limiter: *const shardlimit_limiter,
     key: *const c_char,
     key_len: usize,
@@ -403,7 +403,7 @@ pub unsafe extern "C" fn shardlimit_pending_acquired(
             o => Err(wrong_kind(o, "lease")),
         })?;
         out.write(d);
-        *out_lease = lease;
+        out_lease.write(lease);
         Ok(())
     })
 }
@@ -424,7 +424,7 @@ pub unsafe extern "C" fn shardlimit_pending_bool(
             Outcome::Bool(b) => Ok(*b),
             o => Err(wrong_kind(o, "boolean")),
         })?;
-        *out = b;
+        out.write(b);
         Ok(())
     })
 }

@@ -112,7 +112,7 @@ pub unsafe extern "C" fn shardlimit_limiter_policy(
         let name = policy_name_arg(name, name_len)?;
         let out = out_arg("out", out)?;
         let policy = l.policy(name)?;
-        *out = new_policy(policy)?;
+        out.write(new_policy(policy)?);
         Ok(())
     })
 }
@@ -139,7 +139,7 @@ pub unsafe extern "C" fn shardlimit_policy_new(
             return Err(invalid("limit", "is NULL or misaligned"));
         }
         let out = out_arg("out", out)?;
-        let l = &*limit;
+        let l = ref_arg("limit", limit)?;
         let period = Duration::from_millis(l.period_ms);
         use shardlimit_algorithm::*;
         let lim = match l.algorithm {
@@ -186,7 +186,7 @@ pub unsafe extern "C" fn shardlimit_policy_new(
         if let Some(mode) = on_error {
             policy = policy.with_on_error(mode);
         }
-        *out = new_policy(policy)?;
+        out.write(new_policy(policy)?);
         Ok(())
     })
 }
@@ -222,7 +222,7 @@ pub unsafe extern "C" fn shardlimit_policy_new_rate(
             let limits = shardlimit::parse_rate_as(rate, algorithm)?;
             Policy::multi(name, limits)?
         };
-        *out = new_policy(policy)?;
+        out.write(new_policy(policy)?);
         Ok(())
     })
 }
@@ -250,7 +250,7 @@ pub unsafe extern "C" fn shardlimit_plan_policy(
         let plan = str_arg("plan", plan, plan_len)?;
         let name = policy_name_arg(name, name_len)?;
         let out = out_arg("out", out)?;
-        *out = new_policy(l.plan_policy(plan, name)?)?;
+        out.write(new_policy(l.plan_policy(plan, name)?)?);
         Ok(())
     })
 }

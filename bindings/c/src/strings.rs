@@ -77,18 +77,21 @@ pub(crate) fn to_cstring(s: String) -> CString {
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_string_free(s: *mut shardlimit_string) {
     quiet((), || {
-        if s.is_null() || !s.is_aligned() {
+        let Some(s) = inout_arg(s) else {
             return;
-        }
-        let ptr = (*s).ptr;
+        };
+        let ptr = s.ptr;
         if ptr.is_null() {
             return;
         }
         let ours = STRINGS.write().remove(&(ptr as usize)).is_some();
         if ours {
-            drop(CString::from_raw(ptr));
+            // SAFETY: `ptr` came from `CString::into_raw` in `owned_string` (it was in
+            // STRINGS), and removing it from STRINGS under the lock makes this the only
+            // free of it.
+            drop(unsafe { CString::from_raw(ptr) });
         }
-        (*s).ptr = std::ptr::null_mut();
-        (*s).len = 0;
+        s.ptr = std::ptr::null_mut();
+        s.len = 0;
     })
 }

@@ -256,7 +256,7 @@ fn ad_hoc_policies_peek_reset_and_leases() {
 fn decisions_round_trip_and_bad_structs_are_rejected() {
     let f = Fixture::new();
     let d = f.check("rt", "api", 1);
-    let core = unsafe { decision_from_c(&d) }.unwrap();
+    let core = decision_from_c(&d).unwrap();
     let again = decision_to_c(&core).unwrap();
     assert_eq!(format!("{:?}", again), format!("{:?}", d));
     let mut bad = d;

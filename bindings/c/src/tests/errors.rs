@@ -312,7 +312,7 @@ fn a_freed_handle_is_never_given_to_a_new_object() {
 #[test]
 fn a_panic_becomes_internal() {
     let mut e = null_mut();
-    let r = unsafe { guard(&mut e, || panic!("boom")) };
+    let r = guard(&mut e, || panic!("boom"));
     assert_eq!(r, SHARDLIMIT_ERR_INTERNAL);
     let (c, m) = take_err(e);
     assert_eq!(c, SHARDLIMIT_ERR_INTERNAL);
