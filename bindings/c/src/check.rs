@@ -32,9 +32,10 @@ pub(crate) fn decide_blocking(
 /// Checks `cost` units (≥ 1) of `policy` for the key given by `key_len` bytes of UTF-8 at
 /// `key` (1 to 1024 bytes, no NUL; not retained). A denied check consumes nothing and is
 /// not an error: it returns OK with `out->allowed == false`. A cost larger than the limit
-/// is denied with `has_retry_after == false`. On a concurrency policy this takes a lease
-/// that frees itself after the policy's lease TTL (use `shardlimit_acquire()` to release
-/// early).
+/// is denied with `has_retry_after == false`. A concurrency policy is INVALID_ARGUMENT:
+/// a check takes no lease, so nothing could give its units back; use
+/// `shardlimit_acquire()`, which returns the lease to release (`shardlimit_peek()` reads
+/// a concurrency policy's free units).
 ///
 /// Blocks the calling thread for at most the configured deadline (`timeout_ms`).
 /// Thread-safe. On success `*out` (caller-allocated) is filled; nothing is allocated.

@@ -14,9 +14,13 @@ pub struct shardlimit_lease {
 /// Acquires `units` (≥ 1) of a concurrency policy for `key`.
 ///
 /// On success `*out` is filled and `*out_lease` is set: to a new lease the caller owns
-/// when `out->allowed` (give it back with `shardlimit_release()`, then free it with
-/// `shardlimit_lease_free()`), or to NULL when denied. Blocks for at most the configured
-/// deadline. Thread-safe. `err` may be NULL.
+/// when Redis granted the units (give it back with `shardlimit_release()`, then free it
+/// with `shardlimit_lease_free()`), or to NULL when nothing is held: when denied, and also
+/// when a fallback allowed the call (`out->allowed` with `out->source ==
+/// SHARDLIMIT_SOURCE_FALLBACK`: Redis could not be asked, `on_error` "open" or "local").
+/// So branch on `out->allowed`, not on the lease: a NULL lease with `out->allowed` is an
+/// admission with nothing to release. Blocks for at most the configured deadline.
+/// Thread-safe. `err` may be NULL.
 /// Results: OK, INVALID_ARGUMENT, CONNECTION, TIMEOUT, SCRIPT, UNAVAILABLE, INTERNAL.
 #[no_mangle]
 pub unsafe extern "C" fn shardlimit_acquire(

@@ -377,8 +377,10 @@ pub unsafe extern "C" fn shardlimit_pending_decision(
 }
 
 /// The decision and lease of a completed `shardlimit_acquire_start()`: on success `*out`
-/// is filled and `*out_lease` set, to a new lease the caller owns when allowed (the first
-/// time only: later calls give NULL), or NULL when denied. The call's own error
+/// is filled and `*out_lease` set, to a new lease the caller owns when Redis granted the
+/// units (the first time only: later calls give NULL), or NULL when nothing is held:
+/// denied, or allowed by a fallback (`out->source == SHARDLIMIT_SOURCE_FALLBACK`; see
+/// `shardlimit_acquire()`: branch on `out->allowed`). The call's own error
 /// otherwise; INVALID_ARGUMENT when it has not completed or is another kind of call.
 /// Thread-safe. `err` may be NULL.
 #[no_mangle]

@@ -263,3 +263,23 @@ def test_a_cost_function_returning_none_is_an_error(limiter: Limiter) -> None:
                               warm_up=0)
     with pytest.raises(shardlimit.InvalidArgumentError, match="^cost: "):
         get(app, "/r")
+
+
+def test_the_readme_s_deduct_when_and_override_defaults_snippet_runs_as_written(
+        redis: RedisServer) -> None:
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("### Counting only failed requests"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    limiter = Limiter.from_json(config([redis], {
+        "api": {"algorithm": "fixed_window", "limit": 2, "window": "1h"}}))
+    ns: dict[str, Any] = {"__name__": "readme", "limiter": limiter}
+    exec(compile(code.group(1), "README.md (deduct_when)", "exec"), ns)
+    client = ns["app"].test_client()
+    # the app-wide "api" (2) limits /login; its failures count against "5/minute" too
+    assert [client.post("/login").status_code for _ in range(3)] == [401, 401, 429]
+    # /search is not under "api": 1000/hour only
+    assert [client.get("/search").status_code for _ in range(4)] == [200] * 4

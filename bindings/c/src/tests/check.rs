@@ -314,3 +314,53 @@ fn env_config() {
     }
     std::env::remove_var("SHARDLIMIT_CONFIG");
 }
+
+/// What the header says of leases and of `check` on a concurrency policy: a check is
+/// INVALID_ARGUMENT (it takes no lease), and an acquire a fallback allows (Redis
+/// unreachable, on_error "open") is OK with `allowed` and a NULL lease: nothing is held.
+#[test]
+fn check_on_a_concurrency_policy_and_a_fallback_acquire_are_as_documented() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port(); // nothing listens there once the listener is dropped
+    let cfg = format!(
+        r#"{{"timeout_ms":300,"shards":[{{"name":"dead","url":"redis://127.0.0.1:{port}"}}],
+        "policies":{{"conc":{{"algorithm":"concurrency","max":1,"lease_ttl":"30s","on_error":"open"}}}}}}"#
+    );
+    let lim = limiter(&cfg);
+    unsafe {
+        let mut conc = null_mut();
+        assert_eq!(
+            shardlimit_limiter_policy(lim, "conc".as_ptr().cast(), 4, &mut conc, null_mut()),
+            SHARDLIMIT_OK
+        );
+        let mut d = std::mem::zeroed::<shardlimit_decision>();
+        let mut e = null_mut();
+        assert_eq!(
+            shardlimit_check(lim, "k".as_ptr().cast(), 1, conc, 1, &mut d, &mut e),
+            SHARDLIMIT_ERR_INVALID_ARGUMENT
+        );
+        assert!(take_err(e).1.contains("acquire"));
+        let mut lease: *mut shardlimit_lease = std::ptr::NonNull::dangling().as_ptr();
+        assert_eq!(
+            shardlimit_acquire(
+                lim,
+                "k".as_ptr().cast(),
+                1,
+                conc,
+                1,
+                &mut d,
+                &mut lease,
+                null_mut()
+            ),
+            SHARDLIMIT_OK
+        );
+        assert!(d.allowed, "on_error open allows");
+        assert_eq!(d.source, SHARDLIMIT_SOURCE_FALLBACK as u32);
+        assert!(lease.is_null(), "a fallback's admission holds no lease");
+        shardlimit_policy_free(conc);
+        shardlimit_limiter_free(lim);
+    }
+}
