@@ -1,4 +1,5 @@
 //! Checks: one key (`check`, `peek`, `reset`) and layered (`check_all`), sync and async.
+use crate::convert::Count;
 
 use super::*;
 
@@ -13,32 +14,32 @@ pub(crate) fn same_key(key: &str, ps: &[shardlimit::Policy], cost: u64) -> Vec<s
 #[pymethods]
 impl Limiter {
     /// Checks `cost` units of `policy` (a name, a Policy or a Limit) for `key`.
-    #[pyo3(signature = (key, policy, cost = None))]
+    #[pyo3(signature = (key, policy, cost = Count::Default))]
     fn check(
         &self,
         py: Python<'_>,
         key: String,
         policy: &Bound<'_, PyAny>,
-        cost: Option<&Bound<'_, PyAny>>,
+        cost: Count<'_>,
     ) -> PyResult<Decision> {
         let ps = resolve_policies(self, policy)?;
-        self.check_policies(py, key, ps, cost)
+        self.check_policies(py, key, ps, cost.get())
     }
     /// `await limiter.acheck(...)`: `check` on asyncio, never blocking the event loop.
-    #[pyo3(signature = (key, policy, cost = None))]
+    #[pyo3(signature = (key, policy, cost = Count::Default))]
     fn acheck<'py>(
         slf: &Bound<'py, Self>,
         py: Python<'py>,
         key: String,
         policy: &Bound<'py, PyAny>,
-        cost: Option<&Bound<'py, PyAny>>,
+        cost: Count<'py>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let me = slf.get();
         let ps = resolve_policies(me, policy)?;
         if me.host.is_some() && ps.len() == 1 {
-            return host::acheck(slf, key, ps, cost_arg(cost)?);
+            return host::acheck(slf, key, ps, cost_arg(cost.get())?);
         }
-        me.acheck_policies(py, key, ps, cost)
+        me.acheck_policies(py, key, ps, cost.get())
     }
     /// `key`'s state without consuming: would a check of one unit pass now?
     fn peek(&self, py: Python<'_>, key: String, policy: &Bound<'_, PyAny>) -> PyResult<Decision> {

@@ -1,4 +1,5 @@
 //! Leases of a concurrency policy: `acquire`, `release` and the `lease` context manager.
+use crate::convert::Count;
 
 use super::*;
 
@@ -149,33 +150,33 @@ impl LeaseContext {
 #[pymethods]
 impl Limiter {
     /// Acquires `units` of a concurrency policy: (decision, lease or None when denied).
-    #[pyo3(signature = (key, policy, units = None))]
+    #[pyo3(signature = (key, policy, units = Count::Default))]
     fn acquire<'py>(
         &self,
         py: Python<'py>,
         key: String,
         policy: &Bound<'py, PyAny>,
-        units: Option<&Bound<'py, PyAny>>,
+        units: Count<'py>,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        let (r, p) = self.call_one(py, key, policy, units, |l, k, p, n| {
+        let (r, p) = self.call_one(py, key, policy, units.get(), |l, k, p, n| {
             l.acquire_blocking(k, p, n)
         })?;
         lease_pair(py, r, p)
     }
     /// `await limiter.aacquire(...)` -> (decision, lease or None).
-    #[pyo3(signature = (key, policy, units = None))]
+    #[pyo3(signature = (key, policy, units = Count::Default))]
     fn aacquire<'py>(
         &self,
         py: Python<'py>,
         key: String,
         policy: &Bound<'py, PyAny>,
-        units: Option<&Bound<'py, PyAny>>,
+        units: Count<'py>,
     ) -> PyResult<Bound<'py, PyAny>> {
         self.acall_one(
             py,
             key,
             policy,
-            units,
+            units.get(),
             |l, k, p, n| async move { l.acquire(&k, &p, n).await },
             |py, r, p| Ok(lease_pair(py, r, p)?.into_any().unbind()),
         )
@@ -206,19 +207,19 @@ impl Limiter {
     }
     /// A context manager holding `units` of a concurrency policy for the `with` block
     /// (`with` and `async with`); raises RateLimitExceeded when denied.
-    #[pyo3(signature = (key, policy, units = None))]
+    #[pyo3(signature = (key, policy, units = Count::Default))]
     fn lease(
         slf: &Bound<'_, Self>,
         key: String,
         policy: &Bound<'_, PyAny>,
-        units: Option<&Bound<'_, PyAny>>,
+        units: Count<'_>,
     ) -> PyResult<LeaseContext> {
         let me = slf.get();
         Ok(LeaseContext {
             limiter: slf.clone().unbind(),
             key,
             policy: resolve_policy(me, policy)?,
-            units: cost_arg(units)?,
+            units: cost_arg(units.get())?,
             held: Mutex::new(None),
         })
     }

@@ -1,4 +1,5 @@
 //! Reserve-and-settle's handle in Python: the reservation a `reserve` returns.
+use crate::convert::Count;
 
 use super::*;
 use crate::Decision;
@@ -112,29 +113,29 @@ impl Limiter {
     /// Consumes `cost` units of `policy` for `key` without ever denying: the key may go
     /// into debt (capped at one limit) and later checks are denied until it is repaid.
     /// The decision is always allowed; `remaining` (0 in debt) describes the key after it.
-    #[pyo3(signature = (key, policy, cost = None))]
+    #[pyo3(signature = (key, policy, cost = Count::Default))]
     fn charge(
         &self,
         py: Python<'_>,
         key: String,
         policy: &Bound<'_, PyAny>,
-        cost: Option<&Bound<'_, PyAny>>,
+        cost: Count<'_>,
     ) -> PyResult<Decision> {
-        self.call_one(py, key, policy, cost, |l, k, p, n| {
+        self.call_one(py, key, policy, cost.get(), |l, k, p, n| {
             l.charge_blocking(k, p, n)
         })
         .map(|(d, _)| Decision(d))
     }
     /// Gives `cost` units of `policy` back to `key`, never above its limit.
-    #[pyo3(signature = (key, policy, cost = None))]
+    #[pyo3(signature = (key, policy, cost = Count::Default))]
     fn refund(
         &self,
         py: Python<'_>,
         key: String,
         policy: &Bound<'_, PyAny>,
-        cost: Option<&Bound<'_, PyAny>>,
+        cost: Count<'_>,
     ) -> PyResult<Decision> {
-        self.call_one(py, key, policy, cost, |l, k, p, n| {
+        self.call_one(py, key, policy, cost.get(), |l, k, p, n| {
             l.refund_blocking(k, p, n)
         })
         .map(|(d, _)| Decision(d))
@@ -173,37 +174,37 @@ impl Limiter {
         })
     }
     /// `await limiter.acharge(key, policy, cost)`.
-    #[pyo3(signature = (key, policy, cost = None))]
+    #[pyo3(signature = (key, policy, cost = Count::Default))]
     fn acharge<'py>(
         &self,
         py: Python<'py>,
         key: String,
         policy: &Bound<'py, PyAny>,
-        cost: Option<&Bound<'py, PyAny>>,
+        cost: Count<'py>,
     ) -> PyResult<Bound<'py, PyAny>> {
         self.acall_one(
             py,
             key,
             policy,
-            cost,
+            cost.get(),
             |l, k, p, n| async move { l.charge(&k, &p, n).await },
             calls::decision_of,
         )
     }
     /// `await limiter.arefund(key, policy, cost)`.
-    #[pyo3(signature = (key, policy, cost = None))]
+    #[pyo3(signature = (key, policy, cost = Count::Default))]
     fn arefund<'py>(
         &self,
         py: Python<'py>,
         key: String,
         policy: &Bound<'py, PyAny>,
-        cost: Option<&Bound<'py, PyAny>>,
+        cost: Count<'py>,
     ) -> PyResult<Bound<'py, PyAny>> {
         self.acall_one(
             py,
             key,
             policy,
-            cost,
+            cost.get(),
             |l, k, p, n| async move { l.refund(&k, &p, n).await },
             calls::decision_of,
         )

@@ -1,4 +1,5 @@
 //! Shadow mode in Python: conversions only (the logic is the core's).
+use crate::convert::Count;
 
 use super::*;
 use crate::convert::{core_err, json_to_py};
@@ -27,28 +28,28 @@ impl Limiter {
     /// `check` in shadow mode for this one call: a check the limit would deny is allowed
     /// (`decision.shadow_denied`), consumes nothing and is counted for `shadow_report`.
     /// Block-list denials and `on_error` fallbacks are not shadowed.
-    #[pyo3(signature = (key, policy, cost = None))]
+    #[pyo3(signature = (key, policy, cost = Count::Default))]
     fn check_shadow(
         &self,
         py: Python<'_>,
         key: String,
         policy: &Bound<'_, PyAny>,
-        cost: Option<&Bound<'_, PyAny>>,
+        cost: Count<'_>,
     ) -> PyResult<Decision> {
         let ps = shadow::shadowed(&resolve_policies(self, policy)?)?;
-        self.check_policies(py, key, ps, cost)
+        self.check_policies(py, key, ps, cost.get())
     }
     /// `await limiter.acheck_shadow(...)`: `check_shadow` on asyncio.
-    #[pyo3(signature = (key, policy, cost = None))]
+    #[pyo3(signature = (key, policy, cost = Count::Default))]
     fn acheck_shadow<'py>(
         &self,
         py: Python<'py>,
         key: String,
         policy: &Bound<'py, PyAny>,
-        cost: Option<&Bound<'py, PyAny>>,
+        cost: Count<'py>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let ps = shadow::shadowed(&resolve_policies(self, policy)?)?;
-        self.acheck_policies(py, key, ps, cost)
+        self.acheck_policies(py, key, ps, cost.get())
     }
     /// The shadow-mode denials of the policy named `policy` by key, summed over every
     /// shard (in memory: this process's counts), most first; `top` keeps that many keys:

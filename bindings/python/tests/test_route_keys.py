@@ -283,3 +283,17 @@ def test_the_readme_s_deduct_when_and_override_defaults_snippet_runs_as_written(
     assert [client.post("/login").status_code for _ in range(3)] == [401, 401, 429]
     # /search is not under "api": 1000/hour only
     assert [client.get("/search").status_code for _ in range(4)] == [200] * 4
+
+
+def test_cost_none_is_an_error_not_one(limiter: Limiter) -> None:
+    calls: list[Callable[[], Any]] = [
+        lambda: limiter.check("k", "api", None),
+        lambda: limiter.check("k", "api", cost=None),
+        lambda: limiter.charge("k", "api", None),
+        lambda: limiter.check_all([("k", "api", None)]),
+        lambda: asyncio.run(limiter.acheck("k", "api", None)),
+    ]
+    for call in calls:
+        with pytest.raises(shardlimit.InvalidArgumentError, match="`cost`: None"):
+            call()
+    assert limiter.check("k", "api").remaining == 99  # left out: 1
