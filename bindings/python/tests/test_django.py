@@ -82,3 +82,19 @@ def test_a_bad_argument_is_an_error_naming_it(limiter: Limiter) -> None:
         limit(limiter, "5/minute", cost=None)  # type: ignore[arg-type]
     with pytest.raises(shardlimit.UnknownPolicyError):
         limit(limiter, "no_such_policy")
+
+
+def test_the_readme_s_django_snippet_runs_as_written(limiter: Limiter) -> None:
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Django: a per-view decorator"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    ns: dict[str, Any] = {"__name__": "readme", "limiter": limiter}
+    exec(compile(code.group(1), "README.md (Django)", "exec"), ns)
+    rf = RequestFactory()
+    codes = [ns["login"](rf.post("/login")).status_code for _ in range(6)]
+    assert codes == [200] * 5 + [429]
+    assert ns["login"](rf.post("/login", REMOTE_ADDR="198.51.100.9")).content == b"4 left"
