@@ -3,6 +3,7 @@ package shardlimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -59,5 +60,34 @@ func TestResetPolicyResetsAnAdHocPolicy(t *testing.T) {
 			t.Fatalf("%s after ResetPolicy: %+v %v, want allowed with 1 left", pol.Name(), d, err)
 		}
 		_ = pol.Close()
+	}
+}
+
+// AllowAtMost takes what is free, up to n (redis_rate's): 3 of 5, then the last 2 of a
+// request for 3, then nothing.
+func TestAllowAtMostTakesWhatIsFree(t *testing.T) {
+	r := startRedis(t)
+	l, err := NewFromJSON(r.config(`"api":{"algorithm":"fixed_window","limit":5,"window":"1h","on_error":"error"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	var got []uint64
+	for i := 0; i < 3; i++ {
+		n, d, err := l.AllowAtMost(ctx, "k", "api", 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (n > 0) != d.Allowed || d.Source != SourceRedis {
+			t.Fatalf("take %d: %d units but %+v", i, n, d)
+		}
+		got = append(got, n)
+	}
+	if fmt.Sprint(got) != "[3 2 0]" {
+		t.Fatalf("took %v, want [3 2 0]", got)
+	}
+	if _, _, err := l.AllowAtMost(ctx, "k", "api", 0); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("n = 0: %v", err)
 	}
 }

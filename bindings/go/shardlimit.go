@@ -378,6 +378,38 @@ func (l *Limiter) Check(ctx context.Context, key, policy string, cost uint64) (D
 	return decisionOf(p, policy)
 }
 
+// AllowAtMost takes as many of n units (>= 1) of the named policy for key as are free
+// now, at most n, as redis_rate's AllowAtMost does: it returns how many it took (0 when
+// none: d.Allowed is false) and the decision of that take. One Check of n when they fit;
+// otherwise a second Check of the units the denial said were free (d.Remaining). Under
+// contention that second Check may find them taken and take nothing: it never takes more
+// than the limit allows.
+func (l *Limiter) AllowAtMost(ctx context.Context, key, policy string, n uint64) (uint64, Decision, error) {
+	if n == 0 {
+		return 0, Decision{}, &Error{Code: CodeInvalidArgument, Message: "invalid argument `n`: must be at least 1"}
+	}
+	d, err := l.Check(ctx, key, policy, n)
+	if err != nil || d.Allowed {
+		if err != nil {
+			return 0, d, err
+		}
+		return n, d, nil
+	}
+	free := d.Remaining
+	if free == 0 || free >= n || d.Source != SourceRedis && d.Source != SourceMemory {
+		// nothing free, or a fallback's or block's denial: nothing to take
+		return 0, d, nil
+	}
+	d2, err := l.Check(ctx, key, policy, free)
+	if err != nil {
+		return 0, d, err
+	}
+	if !d2.Allowed {
+		return 0, d2, nil
+	}
+	return free, d2, nil
+}
+
 // open is the limiter's live handle for a call with ctx: ctx's error when it is done
 // already, ErrClosed after Close.
 func (l *Limiter) open(ctx context.Context) (*handle, error) {
