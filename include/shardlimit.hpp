@@ -681,7 +681,9 @@ class Limiter {
     shardlimit_error* err = nullptr;
     detail::check(shardlimit_reset(h_.get(), key.data(), key.size(), policy.get(), &err), err);
   }
-  /// Acquires `units` of a concurrency policy; the lease is set when allowed.
+  /// Acquires `units` of a concurrency policy. The lease is set when Redis granted the
+  /// units; it is empty when denied and also when a fallback allowed the call
+  /// (`decision.allowed()` with source FALLBACK: nothing is held). Branch on the decision.
   std::pair<Decision, std::optional<Lease>> acquire(std::string_view key, const Policy& policy,
                                                     uint64_t units = 1) const {
     shardlimit_decision d;

@@ -30,7 +30,10 @@ def main() -> None:
     (vdir / f"{version}.mod").write_text(gomod)
     # the committed files only (not binaries a build left there)
     out = subprocess.run(["git", "-C", str(MOD), "ls-files", "-z", "."], check=True, capture_output=True).stdout
-    files = sorted(MOD / name for name in out.decode().split("\0") if name)
+    names = [name for name in out.decode().split("\0") if name]
+    # a directory with a go.mod of its own is another module (leaktest/): not in this zip
+    nested = {name.rsplit("/", 1)[0] + "/" for name in names if name.endswith("/go.mod")}
+    files = sorted(MOD / name for name in names if not any(name.startswith(d) for d in nested))
     with zipfile.ZipFile(vdir / f"{version}.zip", "w", zipfile.ZIP_DEFLATED) as z:
         prefix = f"{module}@{version}/"
         for f in files:

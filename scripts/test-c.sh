@@ -10,7 +10,8 @@
 #      again;
 #   4. go vet + go test in bindings/go, linked to the SDK through pkg-config (and one short
 #      run of the benchmark);
-#   5. cmake + ctest in examples/cpp against the SDK.
+#   5. cmake + ctest of the C++ wrapper's tests (bindings/c/cpptest) against the SDK, and a
+#      build of the C++ example (examples/cpp).
 #
 # Every test starts its own redis-server on a free 127.0.0.1 port and stops it.
 set -euo pipefail
@@ -114,6 +115,9 @@ step "Go (bindings/go)"
   [ -z "$unformatted" ] || { echo "gofmt needed: $unformatted" >&2; exit 1; }
   go vet ./...
   go test -race -count=1 ./...
+  # no goroutine left once every limiter is closed (goleak, from the Go module proxy: a
+  # module of its own, so that the published module does not depend on it)
+  (cd leaktest && go vet . && go test -race -count=1 .)
   # Check on the I/O thread too (the default is the host transport on plain shards)
   SHARDLIMIT_TEST_TRANSPORT=thread go test -race -count=1 .
   # the benchmark compiles and runs (figures: see bindings/c/README.md)
@@ -122,11 +126,14 @@ step "Go (bindings/go)"
   LD_LIBRARY_PATH="$lib" go test -count=1 -tags shardlimit_dynamic -run 'TestCheck' .
 )
 
-step "C++ (examples/cpp)"
+step "C++ (bindings/c/cpptest, examples/cpp)"
 # -U: the library found by a previous run (another SDK) is looked up again
+cmake -S bindings/c/cpptest -B "$target/cpptest-build" -USHARDLIMIT_LIBRARY -DSHARDLIMIT_LIB_DIR="$lib" \
+  -DSHARDLIMIT_INCLUDE_DIR="$sdk/include" -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build "$target/cpptest-build" -j2 >/dev/null
+LD_LIBRARY_PATH="$lib" ctest --test-dir "$target/cpptest-build" --output-on-failure
 cmake -S examples/cpp -B "$target/cpp-build" -USHARDLIMIT_LIBRARY -DSHARDLIMIT_LIB_DIR="$lib" \
   -DSHARDLIMIT_INCLUDE_DIR="$sdk/include" -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build "$target/cpp-build" -j2 >/dev/null
-LD_LIBRARY_PATH="$lib" ctest --test-dir "$target/cpp-build" --output-on-failure
 
 echo "C, Go and C++ suites passed"

@@ -204,8 +204,12 @@ t_go() {
   local genv=(GOPROXY="file://$DIST/go" GONOSUMDB=github.com/shardlimit GOFLAGS=-modcacherw
     GOPATH="$home/gopath" GOCACHE="$home/gocache" GOTOOLCHAIN=local CGO_ENABLED=1
     PKG_CONFIG_PATH="$sdk/lib/pkgconfig")
+  # the `go get` line of bindings/go/README.md as written, with its SHARDLIMIT_DIST set
+  local readme_get
+  readme_get=$(grep -E '^GOPROXY=file://\$SHARDLIMIT_DIST/go ' bindings/go/README.md | sed "s/@v0\.1\.0\$/@v$version/")
+  [ -n "$readme_get" ] || { echo "bindings/go/README.md has no GOPROXY=file://\$SHARDLIMIT_DIST/go line" >&2; return 1; }
   (cd "$proj" && clean env "${genv[@]}" go mod init example.com/installtest >/dev/null 2>&1 &&
-    clean env "${genv[@]}" go get "github.com/shardlimit/shardlimit/bindings/go@v$version" &&
+    clean env "${genv[@]}" SHARDLIMIT_DIST="$DIST" bash -euc "$readme_get" &&
     clean env "${genv[@]}" go build -o check .)
   if ldd "$proj/check" | grep -q libshardlimit; then echo "the Go binary needs libshardlimit.so" >&2; return 1; fi
   port=$(start_redis)

@@ -38,7 +38,7 @@ echo "== python tools ($("$PY" --version))"
 "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
 "$PY" -m pip install -q --disable-pip-version-check \
   "pytest>=8" "mypy>=1.10" "starlette>=0.37" "httpx>=0.27" "flask>=3" "fastapi>=0.110" \
-  "gunicorn>=22" "uvicorn>=0.29" "trio>=0.22" \
+  "gunicorn>=22" "uvicorn>=0.29" "trio>=0.22" "django>=4.2" \
   "redis>=5" "limits[redis,async-redis]>=4"
 
 echo "== pip install $(basename "$wheel")"

@@ -390,43 +390,4 @@ func TestHostHostileReply(t *testing.T) {
 	}
 }
 
-// Close with checks in flight: each ends at once, later checks get ErrClosed, and no
-// goroutine is left.
-func TestHostCloseWhileInFlight(t *testing.T) {
-	base := runtime.NumGoroutine()
-	r := startRedis(t)
-	cfg := fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":5000,"policies":{
-		"strict":{"algorithm":"fixed_window","limit":10,"window":"1h","on_error":"error"}}}`, r.Port)
-	l, err := NewFromJSON(cfg, WithTransport(TransportHost))
-	if err != nil {
-		t.Fatal(err)
-	}
-	untilRedisDecides(t, l, "k", "strict")
-	if err := r.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = r.cmd.Process.Signal(syscall.SIGCONT) }()
-	errs := make(chan error, 8)
-	for i := 0; i < 8; i++ {
-		go func() {
-			_, err := l.Check(context.Background(), "k", "strict", 1)
-			errs <- err
-		}()
-	}
-	ht := l.host.Load()
-	waitFor(t, "8 checks in flight", func() bool { return ht.inFlight() == 8 })
-	start := time.Now()
-	l.Close()
-	for i := 0; i < 8; i++ {
-		if err := <-errs; err == nil {
-			t.Error("a check decided after Close with Redis stopped")
-		}
-	}
-	if took := time.Since(start); took > time.Second {
-		t.Fatalf("the checks ended %v after Close", took)
-	}
-	if _, err := l.Check(context.Background(), "k", "strict", 1); !errors.Is(err, ErrClosed) {
-		t.Fatalf("after Close: %v", err)
-	}
-	goroutinesBack(t, base+2)
-}
+// (Close with checks in flight: close_inflight_test.go, for both transports.)

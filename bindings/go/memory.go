@@ -7,6 +7,7 @@ import "C"
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -170,7 +171,8 @@ type Limit struct {
 	Algorithm Algorithm
 	// Limit is units per window (windows), capacity (buckets) or max held (concurrency).
 	Limit uint64
-	// Period is the window, or the lease TTL of a concurrency limit (whole milliseconds).
+	// Period is the window, or the lease TTL of a concurrency limit: whole milliseconds
+	// (NewPolicy refuses 500µs or 1.5ms rather than truncate them).
 	Period time.Duration
 	// RatePerSec is the refill (token bucket) or leak (leaky bucket) rate.
 	RatePerSec float64
@@ -198,6 +200,10 @@ func wrapPolicy(p *C.shardlimit_policy) *Policy {
 func NewPolicy(name string, limit Limit) (*Policy, error) {
 	if limit.Period < 0 {
 		return nil, &Error{Code: CodeInvalidArgument, Message: "invalid argument `limit.Period`: must not be negative"}
+	}
+	if limit.Period%time.Millisecond != 0 {
+		// the core counts whole milliseconds: 500µs would silently become 0, 1.5ms 1ms
+		return nil, &Error{Code: CodeInvalidArgument, Message: fmt.Sprintf("invalid argument `limit.Period`: %v is not a whole number of milliseconds (the smallest period is 1ms)", limit.Period)}
 	}
 	cl := C.shardlimit_limit{
 		algorithm:    C.uint32_t(limit.Algorithm),

@@ -1,3 +1,5 @@
+//go:build cgo
+
 package shardlimit
 
 import (
@@ -7,8 +9,10 @@ import (
 	"fmt"
 	"log"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -32,7 +36,11 @@ type MiddlewareOptions struct {
 	// IPv6Prefix is the network size the default Key gives IPv6 clients (0: 64).
 	IPv6Prefix int
 	// TrustedProxies are the CIDRs of reverse proxies whose X-Forwarded-For is believed
-	// by the default Key. Empty: X-Forwarded-For is ignored.
+	// by the default Key. Empty: X-Forwarded-For is ignored. "unix" trusts a proxy that
+	// connects over a Unix socket (whose RemoteAddr is "@" or a path, not an address):
+	// the default Key then takes the client from its X-Forwarded-For. Without it, the
+	// default Key refuses a request from a Unix socket (500 through OnError) rather than
+	// key every client as one.
 	TrustedProxies []string
 	// Cost returns the weight of a request (>= 1). The default is 1.
 	Cost func(*http.Request) uint64
@@ -44,7 +52,11 @@ type MiddlewareOptions struct {
 	// is 503 with Retry-After, never 429, and no rate-limit headers.
 	OnUnavailable func(http.ResponseWriter, *http.Request, Decision)
 	// OnError handles a failed check (on_error "error", or a caller mistake such as an
-	// unknown policy). The default logs it and answers 503.
+	// unknown policy). The default answers in JSON, as the other languages do: 503 with
+	// Retry-After (UnavailableRetryAfter, else 1 s) and "error": "rate_limit_unavailable"
+	// when Redis failed (a backend error, a timeout), else 500 with "error":
+	// "rate_limit_error"; the "message" is the error's. It logs at most one line a
+	// minute per middleware (with how many errors it did not log), not one per request.
 	OnError func(http.ResponseWriter, *http.Request, error)
 	// Headers chooses the rate-limit headers of a checked response: HeadersBoth (the
 	// default), HeadersLegacy (X-RateLimit-*), HeadersStandard (the IETF RateLimit and
@@ -258,7 +270,15 @@ func buildMiddleware(o MiddlewareOptions) (func(http.Handler) http.Handler, erro
 	if prefix == 0 {
 		prefix = DefaultIPv6Prefix
 	}
-	ipKey := func(r *http.Request) string { return RequestKey(r, o.TrustedProxies, prefix) }
+	trusted, trustUnix := make([]string, 0, len(o.TrustedProxies)), false
+	for _, p := range o.TrustedProxies {
+		if p == "unix" {
+			trustUnix = true
+		} else {
+			trusted = append(trusted, p)
+		}
+	}
+	ipKey := func(r *http.Request) (string, error) { return middlewareIPKey(r, trusted, trustUnix, prefix) }
 	rules := o.Rules
 	if len(rules) == 0 {
 		rules = []Rule{{Policy: o.Policy, Key: o.Key, Cost: o.Cost}}
@@ -273,10 +293,9 @@ func buildMiddleware(o MiddlewareOptions) (func(http.Handler) http.Handler, erro
 	if err != nil {
 		return nil, fmt.Errorf("shardlimit: MiddlewareOptions: reading the limiter's config: %w", err)
 	}
+	// the rules keyed by the client's IP (a Key of their own is nil): their key can fail
+	rules = append([]Rule(nil), rules...)
 	for i := range rules {
-		if rules[i].Key == nil {
-			rules[i].Key = ipKey
-		}
 		// a policy the config lacks is a mistake made here: say so now, not with an
 		// error on every request
 		p, err := o.Limiter.Policy(rules[i].Policy)
@@ -299,9 +318,25 @@ func buildMiddleware(o MiddlewareOptions) (func(http.Handler) http.Handler, erro
 	}
 	onError := o.OnError
 	if onError == nil {
+		logged := &errorLog{}
 		onError = func(w http.ResponseWriter, r *http.Request, err error) {
-			log.Printf("shardlimit: %s %s: %v", r.Method, r.URL.Path, err)
-			http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
+			logged.log(r, err, time.Now())
+			status, retry, code := http.StatusInternalServerError, time.Duration(0), "rate_limit_error"
+			var se *Error
+			if errors.As(err, &se) && se.IsBackend() {
+				// Redis failed (on_error "error"): not the client's fault, and it may pass soon
+				status, retry, code = http.StatusServiceUnavailable, time.Second, "rate_limit_unavailable"
+				if o.UnavailableRetryAfter > 0 {
+					retry = o.UnavailableRetryAfter
+				}
+			}
+			body, _ := json.Marshal(map[string]string{"error": code, "message": err.Error()})
+			if retry > 0 {
+				w.Header().Set("Retry-After", retryAfter(retry, o.RetryAfterDate, time.Now()))
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			_, _ = w.Write(body)
 		}
 	}
 	onLimited := o.OnLimited
@@ -344,7 +379,13 @@ func buildMiddleware(o MiddlewareOptions) (func(http.Handler) http.Handler, erro
 			layers := make([]Layer, 0, len(rules))
 			var leaseLayers []Layer // the rules on concurrency policies
 			for _, rule := range rules {
-				key := rule.Key(r)
+				var key string
+				if rule.Key != nil {
+					key = rule.Key(r)
+				} else if key, err = ipKey(r); err != nil {
+					onError(w, r, err)
+					return
+				}
 				if key == "" {
 					continue // this rule does not apply to this request
 				}
@@ -471,6 +512,54 @@ func buildMiddleware(o MiddlewareOptions) (func(http.Handler) http.Handler, erro
 			}
 		})
 	}, nil
+}
+
+// middlewareIPKey is the default Key: the client's IP key per ClientIPKey. A peer that is
+// not an IP address is a Unix socket's ("@", or a path): with trustUnix its
+// X-Forwarded-For names the client (its last hop is the peer the proxy saw), else it is
+// an error, never one key shared by every client.
+func middlewareIPKey(r *http.Request, trusted []string, trustUnix bool, prefix int) (string, error) {
+	xff := strings.Join(r.Header.Values("X-Forwarded-For"), ",")
+	peer := r.RemoteAddr
+	if _, err := netip.ParseAddrPort(peer); err != nil {
+		if _, err := netip.ParseAddr(peer); err != nil {
+			if !trustUnix {
+				return "", &Error{Code: CodeInvalidArgument, Message: fmt.Sprintf("the client's address %q is not an IP address (a Unix socket?): every client would share one budget; behind a proxy on a Unix socket add \"unix\" to MiddlewareOptions.TrustedProxies (the client then comes from X-Forwarded-For), or set a Key", peer)}
+			}
+			hops := strings.Split(xff, ",")
+			last := strings.TrimSpace(hops[len(hops)-1])
+			if last == "" {
+				return "", &Error{Code: CodeInvalidArgument, Message: "a request from the trusted proxy on the Unix socket has no X-Forwarded-For: it does not name the client"}
+			}
+			peer, xff = last, strings.Join(hops[:len(hops)-1], ",")
+		}
+	}
+	return ClientIPKey(peer, xff, trusted, prefix)
+}
+
+// errorLog logs a middleware's failed checks: at most one line a minute, with the number
+// of errors since the last line (on_error "error" during an outage fails every request).
+type errorLog struct {
+	mu         sync.Mutex
+	next       time.Time
+	suppressed int
+}
+
+func (e *errorLog) log(r *http.Request, err error, now time.Time) {
+	e.mu.Lock()
+	if now.Before(e.next) {
+		e.suppressed++
+		e.mu.Unlock()
+		return
+	}
+	n := e.suppressed
+	e.suppressed, e.next = 0, now.Add(time.Minute)
+	e.mu.Unlock()
+	if n > 0 {
+		log.Printf("shardlimit: %s %s: %v (and %d more failed checks in the last minute)", r.Method, r.URL.Path, err, n)
+	} else {
+		log.Printf("shardlimit: %s %s: %v", r.Method, r.URL.Path, err)
+	}
 }
 
 // unavailableBody is the JSON body of a 503 (a denying fallback): the core's body with

@@ -73,6 +73,13 @@ static int sl_q_open(void) {
 
 static shardlimit_callback sl_go_callback(void) { return sl_q_complete; }
 
+// Wakes the reader without a completion: it then sees whether it may stop.
+static void sl_q_poke(void) {
+	char b = 0;
+	while (write(sl_q_wake, &b, 1) < 0 && errno == EINTR) {
+	}
+}
+
 // A subscription's notify callback: the same queue, with a waker's id as the tag.
 static void sl_q_notify(void *user) { sl_q_complete(user, NULL); }
 
@@ -118,24 +125,73 @@ func newWaker() (unsafe.Pointer, uintptr, chan struct{}) {
 	return C.sl_user(C.uintptr_t(id)), id, c
 }
 
+// The dispatch goroutine runs while a limiter is open or a started call has not been
+// delivered, and exits otherwise, so that a program (or a test under goleak.VerifyNone)
+// that closed every limiter has no goroutine of this package left. The pipe stays open
+// for the next one.
 var (
-	dispatchOnce sync.Once
-	dispatchErr  error
+	dispatchMu      sync.Mutex
+	dispatchPipe    *os.File // the read end, made once
+	dispatchErr     error
+	dispatchRunning atomic.Bool
+	// outstanding counts the started calls whose completion is not delivered yet
+	outstanding atomic.Int64
+	// openLimiters counts the limiters not closed yet: while one is, dispatch stays (its
+	// subscriptions' notifications come through it too)
+	openLimiters atomic.Int64
 )
 
-// startDispatch opens the completion queue's pipe and starts the goroutine that reads it
-// (once per process). The read end is non-blocking, so os.NewFile hands it to the
-// network poller: the goroutine parks there and holds no OS thread while it waits.
+// startDispatch makes sure the goroutine that reads the completion queue's pipe runs
+// (opening the pipe the first time). The read end is non-blocking, so os.NewFile hands it
+// to the network poller: the goroutine parks there and holds no OS thread while it
+// waits. A call counts itself in outstanding before (see begin).
 func startDispatch() error {
-	dispatchOnce.Do(func() {
+	if dispatchRunning.Load() {
+		return nil
+	}
+	dispatchMu.Lock()
+	defer dispatchMu.Unlock()
+	if dispatchPipe == nil && dispatchErr == nil {
 		fd := C.sl_q_open()
 		if fd < 0 {
 			dispatchErr = &Error{Code: CodeInternal, Message: "cannot make the pipe that completes started calls (out of file descriptors?)"}
-			return
+		} else {
+			dispatchPipe = os.NewFile(uintptr(fd), "shardlimit-completions")
 		}
-		go dispatch(os.NewFile(uintptr(fd), "shardlimit-completions"))
-	})
-	return dispatchErr
+	}
+	if dispatchErr != nil {
+		return dispatchErr
+	}
+	if !dispatchRunning.Load() {
+		dispatchRunning.Store(true)
+		go dispatch(dispatchPipe)
+	}
+	return nil
+}
+
+// limiterClosed is called once per limiter closed: with none left open, dispatch is
+// woken to see whether it may stop.
+func limiterClosed() {
+	if openLimiters.Add(-1) == 0 && dispatchRunning.Load() {
+		C.sl_q_poke()
+	}
+}
+
+// mayStop, called by dispatch with the queue drained, reports whether it should exit: no
+// limiter open and no started call undelivered.
+func mayStop() bool {
+	if openLimiters.Load() > 0 || outstanding.Load() > 0 {
+		return false
+	}
+	dispatchMu.Lock()
+	defer dispatchMu.Unlock()
+	dispatchRunning.Store(false)
+	if openLimiters.Load() > 0 || outstanding.Load() > 0 {
+		// a call started meanwhile and saw dispatch running: stay for it
+		dispatchRunning.Store(true)
+		return false
+	}
+	return true
 }
 
 // dispatch wakes, for each completed call, the goroutine waiting on it. Each tag is the
@@ -163,10 +219,14 @@ func dispatch(wake *os.File) {
 				h := cgo.Handle(uintptr(t))
 				h.Value().(chan struct{}) <- struct{}{}
 				h.Delete()
+				outstanding.Add(-1)
 			}
 			if n < len(tags) {
 				break
 			}
+		}
+		if mayStop() {
+			return
 		}
 	}
 }
@@ -177,9 +237,16 @@ type starter func(cb C.shardlimit_callback, user unsafe.Pointer, out **C.shardli
 // begin starts a call with the Go callback: the pending, and the channel its completion
 // wakes (room for one). On error no callback will ever run.
 func (l *Limiter) begin(start starter) (*C.shardlimit_pending, chan struct{}, error) {
+	// counted before startDispatch reads dispatchRunning: a dispatch that stops clears the
+	// flag before it reads outstanding, so either it sees this call or this call sees it
+	// stopped and starts another
+	outstanding.Add(1)
 	if err := startDispatch(); err != nil {
+		outstanding.Add(-1)
 		return nil, nil, err
 	}
+	// a call in flight from here until its completion is delivered (Close waits for it)
+	l.calls.add()
 	done := make(chan struct{}, 1)
 	h := cgo.NewHandle(done)
 	var p *C.shardlimit_pending
@@ -187,6 +254,8 @@ func (l *Limiter) begin(start starter) (*C.shardlimit_pending, chan struct{}, er
 	if rc := start(goCallback, C.sl_user(C.uintptr_t(h)), &p, &e); rc != C.SHARDLIMIT_OK {
 		// no pending: the callback will never run
 		h.Delete()
+		outstanding.Add(-1)
+		l.calls.done()
 		return nil, nil, takeError(rc, e)
 	}
 	if l.afterStart != nil {
@@ -204,6 +273,7 @@ func (l *Limiter) await(ctx context.Context, start starter) (*C.shardlimit_pendi
 	if err != nil {
 		return nil, err
 	}
+	defer l.calls.done()
 	select {
 	case <-done:
 		return p, nil
@@ -231,10 +301,12 @@ func (l *Limiter) awaitOrAbandon(ctx context.Context, start starter, abandoned f
 	}
 	select {
 	case <-done:
+		l.calls.done()
 		return p, nil
 	case <-ctx.Done():
 		go func() {
 			<-done
+			l.calls.done()
 			abandoned(p)
 		}()
 		return nil, ctx.Err()

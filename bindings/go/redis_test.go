@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -82,7 +83,7 @@ func startRedis(t testing.TB) *redisServer {
 	t.Helper()
 	for try := 0; try < 10; try++ {
 		port := freePort(t)
-		cmd := exec.Command("redis-server", "--port", fmt.Sprint(port), "--bind", "127.0.0.1",
+		cmd := exec.Command(serverBinary(), "--port", fmt.Sprint(port), "--bind", "127.0.0.1",
 			"--save", "", "--appendonly", "no", "--dir", os.TempDir())
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
@@ -125,4 +126,37 @@ func startRedis(t testing.TB) *redisServer {
 func (s *redisServer) config(policies string) string {
 	return fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":2000,"policies":{%s}}`,
 		s.Port, policies)
+}
+
+// inRepository reports whether this package is the bindings/go of a shardlimit
+// repository checkout (not the module as `go get` unpacks it into the module cache, which
+// holds bindings/go only).
+func inRepository() bool {
+	for _, f := range []string{"../../core/Cargo.toml", "../../spec/operations.json", "../../bindings/go/go.mod"} {
+		if _, err := os.Stat(f); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// repoPath is rel, a path from the repository's root, as this package's tests reach it:
+// the shared vectors, the spec tables, the TLS test CA script. Outside a repository
+// checkout the test is skipped, saying what it needs; inside one, a missing file is the
+// test's failure.
+func repoPath(t testing.TB, rel string) string {
+	t.Helper()
+	if !inRepository() {
+		t.Skipf("needs %s of the shardlimit repository, which the Go module does not hold", rel)
+	}
+	return filepath.Join("..", "..", filepath.FromSlash(rel))
+}
+
+// serverBinary is the server the tests start: $SHARDLIMIT_REDIS_SERVER when set (a
+// valkey-server: scripts/test-valkey.sh), else redis-server.
+func serverBinary() string {
+	if s := os.Getenv("SHARDLIMIT_REDIS_SERVER"); s != "" {
+		return s
+	}
+	return "redis-server"
 }

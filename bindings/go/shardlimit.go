@@ -264,6 +264,35 @@ type Limiter struct {
 	afterAbandoned func()
 	// host is the host transport of Check (WithTransport(TransportHost); host.go), or nil
 	host atomic.Pointer[hostTransport]
+	// calls are the calls in flight, which Close lets finish
+	calls callsInFlight
+}
+
+// callsInFlight counts a limiter's calls in flight; wait returns once there are none.
+type callsInFlight struct {
+	n       atomic.Int64
+	closing atomic.Bool
+	idle    chan struct{} // a wake-up of wait (room for one)
+}
+
+func (f *callsInFlight) add() { f.n.Add(1) }
+
+func (f *callsInFlight) done() {
+	if f.n.Add(-1) == 0 && f.closing.Load() {
+		select {
+		case f.idle <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// wait, called once (by Close), returns when no call is in flight.
+func (f *callsInFlight) wait() {
+	f.idle = make(chan struct{}, 1)
+	f.closing.Store(true)
+	for f.n.Load() != 0 {
+		<-f.idle
+	}
 }
 
 // handle boxes the C pointer (atomic.Pointer cannot hold a pointer to an incomplete type).
@@ -277,6 +306,7 @@ func newLimiter(make func(out **C.shardlimit_limiter, e **C.shardlimit_error) C.
 	}
 	l := &Limiter{}
 	l.h.Store(&handle{h})
+	openLimiters.Add(1)
 	return l, nil
 }
 
@@ -330,7 +360,10 @@ func (l *Limiter) Check(ctx context.Context, key, policy string, cost uint64) (D
 		return Decision{}, err
 	}
 	if t := l.host.Load(); t != nil {
-		if d, err, ok := t.check(ctx, key, policy, cost, l.afterStart); ok {
+		l.calls.add()
+		d, err, ok := t.check(ctx, key, policy, cost, l.afterStart)
+		l.calls.done()
+		if ok {
 			return d, err
 		}
 	}
@@ -343,6 +376,38 @@ func (l *Limiter) Check(ctx context.Context, key, policy string, cost uint64) (D
 		return Decision{}, err
 	}
 	return decisionOf(p, policy)
+}
+
+// AllowAtMost takes as many of n units (>= 1) of the named policy for key as are free
+// now, at most n, as redis_rate's AllowAtMost does: it returns how many it took (0 when
+// none: d.Allowed is false) and the decision of that take. One Check of n when they fit;
+// otherwise a second Check of the units the denial said were free (d.Remaining). Under
+// contention that second Check may find them taken and take nothing: it never takes more
+// than the limit allows.
+func (l *Limiter) AllowAtMost(ctx context.Context, key, policy string, n uint64) (uint64, Decision, error) {
+	if n == 0 {
+		return 0, Decision{}, &Error{Code: CodeInvalidArgument, Message: "invalid argument `n`: must be at least 1"}
+	}
+	d, err := l.Check(ctx, key, policy, n)
+	if err != nil || d.Allowed {
+		if err != nil {
+			return 0, d, err
+		}
+		return n, d, nil
+	}
+	free := d.Remaining
+	if free == 0 || free >= n || d.Source != SourceRedis && d.Source != SourceMemory {
+		// nothing free, or a fallback's or block's denial: nothing to take
+		return 0, d, nil
+	}
+	d2, err := l.Check(ctx, key, policy, free)
+	if err != nil {
+		return 0, d, err
+	}
+	if !d2.Allowed {
+		return 0, d2, nil
+	}
+	return free, d2, nil
 }
 
 // open is the limiter's live handle for a call with ctx: ctx's error when it is done
@@ -410,20 +475,53 @@ func (l *Limiter) Reset(ctx context.Context, key, policy string) error {
 	})
 }
 
+// ResetPolicy is Reset with a Policy object: an ad-hoc policy (NewPolicy,
+// NewPolicyFromRate), or one from Policy or PlanPolicy. key's state under it is
+// forgotten: its full budget is back.
+func (l *Limiter) ResetPolicy(ctx context.Context, key string, policy *Policy) error {
+	h, err := l.open(ctx)
+	if err != nil {
+		return err
+	}
+	ph, err := policy.handle()
+	if err != nil {
+		return err
+	}
+	defer runtime.KeepAlive(policy)
+	kp, kn := cStr(key)
+	p, err := l.await(ctx, func(cb C.shardlimit_callback, u unsafe.Pointer, out **C.shardlimit_pending, e **C.shardlimit_error) C.shardlimit_result {
+		return C.shardlimit_reset_start(h.p, kp, kn, ph, cb, u, out, e)
+	})
+	if err != nil {
+		return err
+	}
+	return resultOf(p)
+}
+
 // Lease is units of a concurrency policy held by one caller, from Acquire. Give it back
 // with Release (typically deferred); one never released frees itself after the policy's
 // lease TTL. Safe for concurrent use.
+//
+// An Acquire that a fallback allowed (Redis unreachable, on_error "open" or "local")
+// holds nothing in Redis: its Lease is a no-op one (Held reports false, Release does
+// nothing), so that "a nil lease means busy" stays true during an outage.
 type Lease struct {
 	l *Limiter
-	p atomic.Pointer[leaseHandle] // nil once released
+	p atomic.Pointer[leaseHandle] // nil once released, and always for a no-op lease
 }
+
+// Held reports whether the lease holds units in Redis (until released): false for the
+// no-op lease of an Acquire a fallback allowed, and after Release.
+func (le *Lease) Held() bool { return le != nil && le.p.Load() != nil }
 
 // leaseHandle boxes the C lease (atomic.Pointer cannot hold an incomplete C type).
 type leaseHandle struct{ p *C.shardlimit_lease }
 
-// Acquire takes units (>= 1) of the named concurrency policy for key. When allowed, the
-// returned Lease is non-nil and holds the units until Release; when denied, the Lease is
-// nil and nothing was taken.
+// Acquire takes units (>= 1) of the named concurrency policy for key. When allowed
+// (d.Allowed), the returned Lease is non-nil: it holds the units until Release, or is a
+// no-op lease when a fallback allowed the call (d.Source == SourceFallback: nothing is
+// held in Redis). When denied, the Lease is nil and nothing was taken. So
+// `if lease == nil { busy }` and `if !d.Allowed { busy }` say the same.
 func (l *Limiter) Acquire(ctx context.Context, key, policy string, units uint64) (Decision, *Lease, error) {
 	var d C.shardlimit_decision
 	var cl *C.shardlimit_lease
@@ -449,6 +547,10 @@ func (l *Limiter) Acquire(ctx context.Context, key, policy string, units uint64)
 	}
 	dec := decisionFromC(&d, policy)
 	if cl == nil {
+		if dec.Allowed {
+			// a fallback allowed it: nothing is held, Release has nothing to give back
+			return dec, &Lease{l: l}, nil
+		}
 		return dec, nil, nil
 	}
 	lease := &Lease{l: l}
@@ -488,13 +590,21 @@ func (l *Limiter) releaseAbandoned(p *C.shardlimit_pending) {
 }
 
 // Release gives the lease's units back. It reports whether the lease was still held:
-// false when it had already been released or had expired. Releasing twice is not an
-// error (the second call returns false). After the limiter is closed, Release returns
-// ErrClosed and the units expire after the lease TTL.
+// false when it had already been released or had expired, and for the no-op lease of a
+// fallback. Releasing twice is not an error (the second call returns false). After the
+// limiter is closed, Release returns ErrClosed and the units expire after the lease TTL.
+//
+// ctx passes its values only: Release is not cut short when ctx is cancelled or past its
+// deadline, so `defer lease.Release(r.Context())` gives the units back also when the
+// client has gone away. The config's deadline (timeout_ms) bounds it instead.
 func (le *Lease) Release(ctx context.Context) (bool, error) {
 	if le == nil {
 		return false, &Error{Code: CodeInvalidArgument, Message: "invalid argument `lease`: nil (a denied Acquire returns no lease)"}
 	}
+	if le.p.Load() == nil {
+		return false, nil // released already, or a fallback's no-op lease
+	}
+	ctx = context.WithoutCancel(ctx)
 	h, err := le.l.open(ctx)
 	if err != nil {
 		return false, err
@@ -731,12 +841,17 @@ func clientIP(peer, xff string, trusted []string, ipv6Prefix int) (string, error
 	return C.GoStringN(out.ptr, C.int(out.len)), nil
 }
 
-// Close frees the limiter. Safe while other goroutines use it: calls already in flight
-// finish normally with this limiter, later calls return ErrClosed, and a Limiter created
-// afterwards never answers for this one (the C handles are never reused). Closing twice
-// is a no-op.
+// Close frees the limiter. Safe while other goroutines use it: later calls return
+// ErrClosed, calls already in flight finish normally with this limiter (Close waits for
+// them: Redis answers, or their deadline, timeout_ms, passes and their policy's on_error
+// decides), and a Limiter created afterwards never answers for this one (the C handles
+// are never reused). Once every limiter is closed, no goroutine of this package is left.
+// Closing twice is a no-op.
 func (l *Limiter) Close() error {
 	h := l.h.Swap(nil)
+	if h != nil {
+		l.calls.wait()
+	}
 	// after the handle: a check the host transport turned away with ErrClosed is
 	// followed by ErrClosed, never by a decision of the default path
 	if t := l.host.Swap(nil); t != nil {
@@ -744,6 +859,7 @@ func (l *Limiter) Close() error {
 	}
 	if h != nil {
 		C.shardlimit_limiter_free(h.p)
+		limiterClosed()
 	}
 	return nil
 }

@@ -51,7 +51,7 @@ func TestErrorsMatchTheSpec(t *testing.T) {
 			Name string `json:"name"`
 		} `json:"retired"`
 	}
-	readJSON(t, "../../spec/errors.json", &spec)
+	readJSON(t, repoPath(t, "spec/errors.json"), &spec)
 	if len(spec.Kinds) != len(sentinels) {
 		t.Errorf("spec has %d kinds, Go %d sentinels", len(spec.Kinds), len(sentinels))
 	}
@@ -114,7 +114,7 @@ func TestKeyVectors(t *testing.T) {
 			Accepted bool   `json:"accepted"`
 		} `json:"cases"`
 	}
-	readJSON(t, "../../tests/vectors/keys.json", &v)
+	readJSON(t, repoPath(t, "tests/vectors/keys.json"), &v)
 	if len(v.Cases) == 0 {
 		t.Fatal("no cases")
 	}
@@ -234,7 +234,7 @@ func TestEveryOperationOfTheCore(t *testing.T) {
 			NotIn map[string]string `json:"not_in"`
 		} `json:"operations"`
 	}
-	readJSON(t, "../../spec/operations.json", &spec)
+	readJSON(t, repoPath(t, "spec/operations.json"), &spec)
 	// operations that are not methods of *Limiter: the function values prove they exist
 	functions := map[string]any{
 		"release":          (*Lease).Release,

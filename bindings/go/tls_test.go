@@ -18,7 +18,7 @@ import (
 func startTLSRedis(t *testing.T) (int, string) {
 	t.Helper()
 	certs := t.TempDir()
-	gen := filepath.Join("..", "..", "tests", "tls", "gen-certs.sh")
+	gen := repoPath(t, "tests/tls/gen-certs.sh")
 	if out, err := exec.Command("sh", gen, certs).CombinedOutput(); err != nil {
 		t.Fatalf("gen-certs.sh: %v\n%s", err, out)
 	}

@@ -135,7 +135,7 @@ func readVectors(t *testing.T) []vectorCase {
 		var doc struct {
 			Cases []vectorCase `json:"cases"`
 		}
-		readJSON(t, "../../tests/vectors/"+f, &doc)
+		readJSON(t, repoPath(t, "tests/vectors/"+f), &doc)
 		if len(doc.Cases) == 0 {
 			t.Fatalf("no cases in %s", f)
 		}
@@ -410,7 +410,7 @@ func TestVectorsCoverEveryOp(t *testing.T) {
 // A new file in tests/vectors fails here until a Go test replays it or it is skipped with
 // a reason, so that no vector file is silently ignored by the Go binding.
 func TestEveryVectorFileIsReplayedOrSkipped(t *testing.T) {
-	paths, err := filepath.Glob("../../tests/vectors/*.json")
+	paths, err := filepath.Glob(filepath.Join(repoPath(t, "tests/vectors"), "*.json"))
 	if err != nil || len(paths) == 0 {
 		t.Fatalf("no vector files (%v)", err)
 	}
@@ -444,7 +444,7 @@ func TestEveryVectorFileIsReplayedOrSkipped(t *testing.T) {
 			t.Errorf("%s is listed but not in tests/vectors", f)
 		}
 	}
-	if _, err := os.Stat("../../tests/vectors/README.md"); err != nil {
+	if _, err := os.Stat(repoPath(t, "tests/vectors/README.md")); err != nil {
 		t.Errorf("tests/vectors/README.md documents the step formats: %v", err)
 	}
 }
@@ -480,7 +480,7 @@ func TestRoutingVectors(t *testing.T) {
 			ShardFor []int  `json:"shard_for"`
 		} `json:"cases"`
 	}
-	readJSON(t, "../../tests/vectors/routing.json", &doc)
+	readJSON(t, repoPath(t, "tests/vectors/routing.json"), &doc)
 	if len(doc.Cases) == 0 {
 		t.Fatal("no routing cases")
 	}
@@ -516,7 +516,7 @@ func TestWindowOffsetVectors(t *testing.T) {
 			OffsetUs int64  `json:"offset_us"`
 		} `json:"offsets"`
 	}
-	readJSON(t, "../../tests/vectors/precision.json", &doc)
+	readJSON(t, repoPath(t, "tests/vectors/precision.json"), &doc)
 	if len(doc.Offsets) < 64 {
 		t.Fatalf("only %d offsets", len(doc.Offsets))
 	}

@@ -4,10 +4,7 @@
 use super::*;
 
 /// The bytes of a path argument, as a path (not UTF-8 on Unix).
-pub(crate) unsafe fn path_arg(
-    path: *const c_char,
-    path_len: usize,
-) -> Result<std::path::PathBuf, Error> {
+pub(crate) fn path_arg(path: *const c_char, path_len: usize) -> Result<std::path::PathBuf, Error> {
     let bytes = bytes_arg("path", path, path_len)?;
     if bytes.is_empty() {
         return Err(invalid("path", "is empty"));
@@ -45,13 +42,11 @@ pub unsafe extern "C" fn shardlimit_memory_keys(
     guard(err, || {
         let l = limiter_arg(limiter)?;
         let out_count = out_arg("out_count", out_count)?;
-        if !out_has.is_null() && !out_has.is_aligned() {
-            return Err(invalid("out_has", "is not aligned for its type"));
-        }
+        let out_has = opt_out_arg("out_has", out_has)?;
         let n = l.memory_keys();
-        *out_count = n.unwrap_or(0);
-        if !out_has.is_null() {
-            *out_has = n.is_some();
+        out_count.write(n.unwrap_or(0));
+        if let Some(out_has) = out_has {
+            out_has.write(n.is_some());
         }
         Ok(())
     })
@@ -76,17 +71,15 @@ pub unsafe extern "C" fn shardlimit_route(
         let l = limiter_arg(limiter)?;
         let key = key_arg(key, key_len)?;
         let out_index = out_arg("out_index", out_index)?;
-        if !out_name.is_null() && !out_name.is_aligned() {
-            return Err(invalid("out_name", "is not aligned for its type"));
-        }
+        let out_name = opt_out_arg("out_name", out_name)?;
         let (i, name) = l.route(key).ok_or_else(|| {
             invalid(
                 "limiter",
                 "decides in memory: there are no shards to route to",
             )
         })?;
-        *out_index = i;
-        if !out_name.is_null() {
+        out_index.write(i);
+        if let Some(out_name) = out_name {
             out_name.write(owned_string(name));
         }
         Ok(())
@@ -153,14 +146,7 @@ pub unsafe extern "C" fn shardlimit_set_scale(
         if count > MAX_LAYERS_READ {
             return Err(invalid("count", format!("{count} is implausible")));
         }
-        if count > 0 && (policies.is_null() || !policies.is_aligned()) {
-            return Err(invalid("policies", "is NULL or misaligned"));
-        }
-        let raw: &[shardlimit_str] = if count == 0 {
-            &[]
-        } else {
-            std::slice::from_raw_parts(policies, count)
-        };
+        let raw = slice_arg("policies", policies, count)?;
         let names = raw
             .iter()
             .enumerate()
@@ -216,12 +202,10 @@ pub unsafe extern "C" fn shardlimit_observe_health(
 ) -> shardlimit_result {
     guard(err, || {
         let l = limiter_arg(limiter)?;
-        if !out_factor.is_null() && !out_factor.is_aligned() {
-            return Err(invalid("out_factor", "is not aligned for its type"));
-        }
+        let out_factor = opt_out_arg("out_factor", out_factor)?;
         let f = l.observe_health(signal)?;
-        if !out_factor.is_null() {
-            *out_factor = f;
+        if let Some(out_factor) = out_factor {
+            out_factor.write(f);
         }
         Ok(())
     })

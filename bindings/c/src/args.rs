@@ -4,6 +4,76 @@
 
 use super::*;
 
+pub(crate) fn str_arg<'a>(what: &str, ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
+    let bytes = bytes_arg(what, ptr, len)?;
+    let s = std::str::from_utf8(bytes).map_err(|e| {
+        invalid(
+            what,
+            format!("is not valid UTF-8 (at byte {})", e.valid_up_to()),
+        )
+    })?;
+    if let Some(i) = s.find('\0') {
+        return Err(invalid(
+            what,
+            format!("contains a NUL byte at offset {i} of {len}: is the length right?"),
+        ));
+    }
+    Ok(s)
+}
+
+/// A key: at most `MAX_KEY_LEN` bytes are ever read, so a wild length is an error rather
+/// than a read past the caller's buffer.
+pub(crate) fn key_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
+    if len > MAX_KEY_LEN {
+        return Err(invalid(
+            "key",
+            format!("is {len} bytes long; the maximum is {MAX_KEY_LEN}"),
+        ));
+    }
+    str_arg("key", ptr, len)
+}
+
+/// Policy names are at most 128 bytes (the core validates the rest).
+pub(crate) fn policy_name_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
+    if len >= SHARDLIMIT_POLICY_NAME_CAP {
+        return Err(CoreError::UnknownPolicy(format!(
+            "<{len} bytes: longer than any policy name>"
+        ))
+        .into());
+    }
+    str_arg("policy", ptr, len)
+}
+
+pub(crate) fn limiter_arg(p: *const shardlimit_limiter) -> Result<Limiter, Error> {
+    Ok(live("limiter", p)?.limiter.clone())
+}
+
+/// The limiter of a call that blocks its thread: refused inside a completion callback,
+/// which runs on the limiter's I/O thread, where waiting for Redis would wait for itself.
+pub(crate) fn blocking_limiter_arg(p: *const shardlimit_limiter) -> Result<Limiter, Error> {
+    if pending::in_callback() {
+        return Err(invalid(
+            "limiter",
+            "a blocking call from a completion callback (it runs on the library's I/O \
+             thread, which would wait for itself): start the call with its _start \
+             function instead",
+        ));
+    }
+    limiter_arg(p)
+}
+
+pub(crate) fn policy_arg(p: *const shardlimit_policy) -> Result<Policy, Error> {
+    Ok(live("policy", p)?.policy.clone())
+}
+
+/// An optional clock: NULL is none.
+pub(crate) fn clock_arg(p: *const shardlimit_clock) -> Result<Option<Arc<ManualClock>>, Error> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    Ok(Some(live("clock", p)?.clock.clone()))
+}
+
 /// Which form of a call the arguments are for.
 #[derive(Clone, Copy)]
 pub(crate) enum Form {
@@ -25,7 +95,7 @@ impl Form {
 }
 
 /// The limiter, the key and a policy handle, in that order.
-pub(crate) unsafe fn keyed_args<'a>(
+pub(crate) fn keyed_args<'a>(
     form: Form,
     limiter: *const shardlimit_limiter,
     key: *const c_char,
@@ -39,7 +109,7 @@ pub(crate) unsafe fn keyed_args<'a>(
 
 /// The limiter, the key and a policy name (bounded here; the core resolves it), in that
 /// order.
-pub(crate) unsafe fn named_args<'a>(
+pub(crate) fn named_args<'a>(
     form: Form,
     limiter: *const shardlimit_limiter,
     key: *const c_char,
@@ -59,24 +129,28 @@ mod tests {
     use std::ptr::{null, null_mut};
 
     /// A call's result code and, when it failed, its error's message.
-    unsafe fn outcome(
+    fn outcome(
         call: impl FnOnce(*mut *mut shardlimit_error) -> shardlimit_result,
     ) -> (shardlimit_result, String) {
         let mut e = null_mut();
         let code = call(&mut e);
-        let m = shardlimit_error_message(e);
-        let message = if m.ptr.is_null() {
-            String::new()
-        } else {
-            let bytes = std::slice::from_raw_parts(m.ptr.cast::<u8>(), m.len);
-            String::from_utf8_lossy(bytes).into_owned()
-        };
-        shardlimit_error_free(e);
-        (code, message)
+        // SAFETY: `e` is NULL or an error the call made; its message is borrowed from it
+        // until the free below.
+        unsafe {
+            let m = shardlimit_error_message(e);
+            let message = if m.ptr.is_null() {
+                String::new()
+            } else {
+                let bytes = std::slice::from_raw_parts(m.ptr.cast::<u8>(), m.len);
+                String::from_utf8_lossy(bytes).into_owned()
+            };
+            shardlimit_error_free(e);
+            (code, message)
+        }
     }
 
     /// A `_start` call's result code and message; a refused one makes no pending.
-    unsafe fn started(
+    fn started(
         call: impl FnOnce(*mut *mut shardlimit_pending, *mut *mut shardlimit_error) -> shardlimit_result,
     ) -> (shardlimit_result, String) {
         let mut p = null_mut();
@@ -94,16 +168,19 @@ mod tests {
         &'a [u8],
     );
 
-    unsafe fn limiter() -> *mut shardlimit_limiter {
+    fn limiter() -> *mut shardlimit_limiter {
         let json = r#"{"policies":{"api":{"algorithm":"fixed_window","limit":2,"window":"1h","overrides":true}}}"#;
         let mut lim = null_mut();
-        let rc = shardlimit_limiter_new_json(
-            json.as_ptr().cast(),
-            json.len(),
-            null(),
-            &mut lim,
-            null_mut(),
-        );
+        // SAFETY: the JSON is borrowed for the call, the out-parameter is ours.
+        let rc = unsafe {
+            shardlimit_limiter_new_json(
+                json.as_ptr().cast(),
+                json.len(),
+                null(),
+                &mut lim,
+                null_mut(),
+            )
+        };
         assert_eq!(rc, SHARDLIMIT_OK);
         lim
     }

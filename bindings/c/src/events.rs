@@ -307,7 +307,7 @@ pub unsafe extern "C" fn shardlimit_subscribe(
         let capacity = capacity_arg(capacity, 1024, SHARDLIMIT_MAX_EVENT_CAPACITY, "events")?;
         let out = out_arg("out", out)?;
         let queue = fanout(&l).subscribe(capacity);
-        *out = register(shardlimit_subscription { queue })?;
+        out.write(register(shardlimit_subscription { queue })?);
         Ok(())
     })
 }
@@ -414,9 +414,9 @@ pub unsafe extern "C" fn shardlimit_watch_config(
         }
         let out = out_arg("out", out)?;
         let w = l.watch_config(p, Duration::from_millis(every_ms));
-        *out = register(shardlimit_watcher {
+        out.write(register(shardlimit_watcher {
             watcher: Mutex::new(Some(w)),
-        })?;
+        })?);
         Ok(())
     })
 }
@@ -529,7 +529,7 @@ pub unsafe extern "C" fn shardlimit_policy_with_shadow(
     guard(err, || {
         let p = policy_arg(policy)?;
         let out = out_arg("out", out)?;
-        *out = new_policy(p.with_shadow(shadow)?)?;
+        out.write(new_policy(p.with_shadow(shadow)?)?);
         Ok(())
     })
 }

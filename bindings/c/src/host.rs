@@ -96,7 +96,7 @@ impl HostState {
     }
 
     /// Moves queued completions to the caller's buffer: how many were written.
-    unsafe fn hand_out(
+    fn hand_out(
         &mut self,
         out: *mut shardlimit_host_completion,
         cap: usize,
@@ -104,7 +104,7 @@ impl HostState {
         if cap == 0 {
             return Ok(0);
         }
-        let out = out_arg("out", out)?;
+        let mut out = out_array_arg("out", out, cap)?;
         let mut n = 0;
         while n < cap {
             let Some((id, r)) = self.ready.pop_front() else {
@@ -131,7 +131,7 @@ impl HostState {
                     }
                 }
             };
-            out.add(n).write(c);
+            out.write(n, c);
             n += 1;
         }
         Ok(n)
@@ -165,7 +165,7 @@ fn empty_decision() -> shardlimit_decision {
 
 /// Runs `f` on the locked state of `host`, then writes up to `cap` queued completions to
 /// `out` and their number to `*out_n`.
-unsafe fn with_completions(
+fn with_completions(
     host: *const shardlimit_host,
     out: *mut shardlimit_host_completion,
     cap: usize,
@@ -414,7 +414,7 @@ pub unsafe extern "C" fn shardlimit_host_transmit(
         let (bytes, at) = &mut s.unsent[n];
         let take = (bytes.len() - *at).min(cap);
         if take > 0 {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr().add(*at), buf, take);
+            out_array_arg("buf", buf, cap)?.copy_from(&bytes[*at..*at + take]);
             *at += take;
         }
         if *at >= bytes.len() {

@@ -290,7 +290,7 @@ pub unsafe extern "C" fn shardlimit_subscribe_logs(
         let capacity = capacity_arg(capacity, 256, SHARDLIMIT_MAX_LOG_CAPACITY, "lines")?;
         let out = out_arg("out", out)?;
         let queue = log_fanout(&l).queues.subscribe(capacity);
-        *out = register(shardlimit_log_subscription { queue })?;
+        out.write(register(shardlimit_log_subscription { queue })?);
         Ok(())
     })
 }

@@ -5,7 +5,7 @@
 use super::*;
 
 /// A limit argument: at most 64 KiB of UTF-8.
-pub(crate) unsafe fn limit_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
+pub(crate) fn limit_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a str, Error> {
     if len > 64 << 10 {
         return Err(invalid(
             "limit",
@@ -16,10 +16,7 @@ pub(crate) unsafe fn limit_arg<'a>(ptr: *const c_char, len: usize) -> Result<&'a
 }
 
 /// A cursor of `list_overrides` (at most 4 KiB): none for the first page (NULL, or empty).
-pub(crate) unsafe fn cursor_arg<'a>(
-    ptr: *const c_char,
-    len: usize,
-) -> Result<Option<&'a str>, Error> {
+pub(crate) fn cursor_arg<'a>(ptr: *const c_char, len: usize) -> Result<Option<&'a str>, Error> {
     if len > 4096 {
         return Err(invalid(
             "cursor",
@@ -63,12 +60,10 @@ pub unsafe extern "C" fn shardlimit_set_override(
         let (l, key, policy) =
             named_args(Form::Blocking, limiter, key, key_len, policy, policy_len)?;
         let limit = limit_arg(limit, limit_len)?;
-        if !out_json.is_null() && !out_json.is_aligned() {
-            return Err(invalid("out_json", "is not aligned for its type"));
-        }
+        let out_json = opt_out_arg("out_json", out_json)?;
         let ttl = (ttl_ms > 0).then(|| Duration::from_millis(ttl_ms));
         let info = l.set_override_blocking(key, policy, limit, ttl)?;
-        if !out_json.is_null() {
+        if let Some(out_json) = out_json {
             out_json.write(json_string(info.to_json()));
         }
         Ok(())
@@ -128,12 +123,10 @@ pub unsafe extern "C" fn shardlimit_delete_override(
     guard(err, || {
         let (l, key, policy) =
             named_args(Form::Blocking, limiter, key, key_len, policy, policy_len)?;
-        if !out_deleted.is_null() && !out_deleted.is_aligned() {
-            return Err(invalid("out_deleted", "is not aligned for its type"));
-        }
+        let out_deleted = opt_out_arg("out_deleted", out_deleted)?;
         let deleted = l.delete_override_blocking(key, policy)?;
-        if !out_deleted.is_null() {
-            *out_deleted = deleted;
+        if let Some(out_deleted) = out_deleted {
+            out_deleted.write(deleted);
         }
         Ok(())
     })

@@ -134,19 +134,19 @@ impl<T: Clone> BoundedQueue<T> {
     /// The body of a `_next`: takes an item as `take` does and, when one came, writes it
     /// converted to `*out`; `*out_got` says whether it did. Both pointers are checked
     /// output arguments.
-    pub(crate) unsafe fn next_into<C>(
+    pub(crate) fn next_into<C>(
         &self,
         timeout_us: u64,
-        out_got: *mut bool,
-        out: *mut C,
+        out_got: Out<bool>,
+        out: Out<C>,
         convert: impl FnOnce(&T) -> Result<C, Error>,
     ) -> Result<(), Error> {
         match self.take(timeout_us)? {
             Some(item) => {
                 out.write(convert(&item)?);
-                *out_got = true;
+                out_got.write(true);
             }
-            None => *out_got = false,
+            None => out_got.write(false),
         }
         Ok(())
     }

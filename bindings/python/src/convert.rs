@@ -56,10 +56,40 @@ fn invalid(what: &str, message: impl Into<String>) -> PyErr {
     })
 }
 
+/// A `cost` or `units` argument as given: left out (1), or the object passed, None
+/// included (which `cost_arg` refuses: an explicit None is not silently 1).
+pub enum Count<'py> {
+    Default,
+    Given(Bound<'py, PyAny>),
+}
+
+impl<'py> Count<'py> {
+    /// The argument for [`cost_arg`]: None when it was left out.
+    pub fn get(&self) -> Option<&Bound<'py, PyAny>> {
+        match self {
+            Count::Default => None,
+            Count::Given(v) => Some(v),
+        }
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Count<'py> {
+    type Error = PyErr;
+    fn extract(ob: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        Ok(Count::Given(ob.to_owned()))
+    }
+}
+
 /// A cost or a number of units: a Python int, default 1. Negative or huge ints are an
 /// InvalidArgumentError (like the core's zero), anything but an int a TypeError.
 pub fn cost_arg(v: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
     let Some(v) = v else { return Ok(1) };
+    if v.is_none() {
+        return Err(invalid(
+            "cost",
+            "None (pass an int >= 1, or leave it out for 1)".to_string(),
+        ));
+    }
     if v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>() {
         return Err(PyTypeError::new_err(format!(
             "cost must be an int, not {}",
@@ -177,6 +207,12 @@ pub fn resolve_policy(limiter: &Limiter, p: &Bound<'_, PyAny>) -> PyResult<shard
 /// A count of a limit (`limit`, `capacity`, `max`): an int; a negative or huge one is an
 /// InvalidArgumentError naming the field, anything but an int a TypeError.
 pub fn count_arg(what: &str, v: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if v.is_none() {
+        return Err(invalid(
+            "cost",
+            "None (pass an int >= 1, or leave it out for 1)".to_string(),
+        ));
+    }
     if v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>() {
         return Err(PyTypeError::new_err(format!(
             "{what} must be an int, not {}",

@@ -91,9 +91,11 @@ class Connection:
 
 class RedisServer:
     def __init__(self, extra: Sequence[str] = ()) -> None:
-        exe = shutil.which("redis-server")
+        # SHARDLIMIT_REDIS_SERVER: another server binary (valkey-server: scripts/test-valkey.sh)
+        name = os.environ.get("SHARDLIMIT_REDIS_SERVER") or "redis-server"
+        exe = shutil.which(name)
         if exe is None:
-            raise RuntimeError("redis-server is not installed (scripts/test-python.sh installs it)")
+            raise RuntimeError(f"{name} is not installed (scripts/test-python.sh installs redis-server)")
         self.dir = tempfile.TemporaryDirectory(prefix="shardlimit-redis-")
         self.proc: Optional[subprocess.Popen[bytes]] = None
         # a port found free may be taken before the server binds it (the kernel hands a

@@ -55,6 +55,16 @@ impl TestCerts {
     }
 }
 
+/// The server binary the tests start: `$SHARDLIMIT_REDIS_SERVER` when set (a
+/// `valkey-server`, for the suites' Valkey run: `scripts/test-valkey.sh`), else
+/// `redis-server` from `PATH`.
+pub fn server_binary() -> String {
+    std::env::var("SHARDLIMIT_REDIS_SERVER")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "redis-server".to_string())
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -180,7 +190,7 @@ impl RedisServer {
     /// listen there (it exited: another process holds the port).
     fn spawn(&mut self) -> bool {
         let port = self.port.to_string();
-        let child = Command::new("redis-server")
+        let child = Command::new(server_binary())
             .args([
                 "--port",
                 &port,
@@ -197,7 +207,12 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("redis-server must be installed (make test installs it)");
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{} must be installed (make test installs it): {e}",
+                    server_binary()
+                )
+            });
         self.child = Some(child);
         self.wait_ready()
     }

@@ -31,18 +31,12 @@ fn reservation_to_c(r: Option<&Reservation>) -> shardlimit_reservation {
     }
 }
 
-unsafe fn reservation_arg(
+fn reservation_arg(
     p: *const shardlimit_reservation,
     key: &str,
     policy: &Policy,
 ) -> Result<Reservation, Error> {
-    if p.is_null() {
-        return Err(invalid("reservation", "is NULL"));
-    }
-    if !p.is_aligned() {
-        return Err(invalid("reservation", "is not aligned for its type"));
-    }
-    let r = p.read();
+    let r = ref_arg("reservation", p)?;
     if !r.reserved {
         return Err(invalid(
             "reservation",

@@ -21,30 +21,34 @@ struct Seen {
 }
 
 unsafe extern "C" fn record(user: *mut c_void, p: *mut shardlimit_pending) {
-    let seen = &*(user as *const Seen);
-    let mut d = std::mem::MaybeUninit::<shardlimit_decision>::uninit();
-    let rc = shardlimit_pending_decision(p, d.as_mut_ptr(), null_mut());
-    seen.code.store(rc as u32, Ordering::SeqCst);
-    let l = seen.limiter.load(Ordering::SeqCst);
-    if l != 0 {
-        let mut e = null_mut();
-        let key = "k";
-        let rc = shardlimit_check_named(
-            std::ptr::without_provenance(l),
-            key.as_ptr().cast(),
-            key.len(),
-            "api".as_ptr().cast(),
-            3,
-            1,
-            d.as_mut_ptr(),
-            &mut e,
-        );
-        shardlimit_error_free(e);
-        seen.blocking_code.store(rc as u32, Ordering::SeqCst);
+    // SAFETY: `user` is the `Seen` the test keeps alive until every callback ran; `p` is
+    // the pending the callback is given.
+    unsafe {
+        let seen = &*(user as *const Seen);
+        let mut d = std::mem::MaybeUninit::<shardlimit_decision>::uninit();
+        let rc = shardlimit_pending_decision(p, d.as_mut_ptr(), null_mut());
+        seen.code.store(rc as u32, Ordering::SeqCst);
+        let l = seen.limiter.load(Ordering::SeqCst);
+        if l != 0 {
+            let mut e = null_mut();
+            let key = "k";
+            let rc = shardlimit_check_named(
+                std::ptr::without_provenance(l),
+                key.as_ptr().cast(),
+                key.len(),
+                "api".as_ptr().cast(),
+                3,
+                1,
+                d.as_mut_ptr(),
+                &mut e,
+            );
+            shardlimit_error_free(e);
+            seen.blocking_code.store(rc as u32, Ordering::SeqCst);
+        }
+        seen.calls.fetch_add(1, Ordering::SeqCst);
+        *seen.ran.lock().unwrap() += 1;
+        seen.ran_cond.notify_all();
     }
-    seen.calls.fetch_add(1, Ordering::SeqCst);
-    *seen.ran.lock().unwrap() += 1;
-    seen.ran_cond.notify_all();
 }
 
 impl Seen {
@@ -64,18 +68,21 @@ fn user(seen: &Seen) -> *mut c_void {
 }
 
 unsafe fn new_limiter(json: &str) -> *mut shardlimit_limiter {
-    let mut lim = null_mut();
-    assert_eq!(
-        shardlimit_limiter_new_json(
-            json.as_ptr().cast(),
-            json.len(),
-            null(),
-            &mut lim,
-            null_mut()
-        ),
-        SHARDLIMIT_OK
-    );
-    lim
+    // SAFETY: the JSON is borrowed for the call, the out-parameter is ours.
+    unsafe {
+        let mut lim = null_mut();
+        assert_eq!(
+            shardlimit_limiter_new_json(
+                json.as_ptr().cast(),
+                json.len(),
+                null(),
+                &mut lim,
+                null_mut()
+            ),
+            SHARDLIMIT_OK
+        );
+        lim
+    }
 }
 
 unsafe fn start_check(
@@ -83,33 +90,39 @@ unsafe fn start_check(
     key: &str,
     seen: &Seen,
 ) -> *mut shardlimit_pending {
-    let mut p = null_mut();
-    let mut e = null_mut();
-    let rc = shardlimit_check_named_start(
-        lim,
-        key.as_ptr().cast(),
-        key.len(),
-        "api".as_ptr().cast(),
-        3,
-        1,
-        Some(record),
-        user(seen),
-        &mut p,
-        &mut e,
-    );
-    assert_eq!(rc, SHARDLIMIT_OK);
-    assert!(!p.is_null());
-    p
+    // SAFETY: the key and policy are borrowed for the call; `seen` outlives the callback.
+    unsafe {
+        let mut p = null_mut();
+        let mut e = null_mut();
+        let rc = shardlimit_check_named_start(
+            lim,
+            key.as_ptr().cast(),
+            key.len(),
+            "api".as_ptr().cast(),
+            3,
+            1,
+            Some(record),
+            user(seen),
+            &mut p,
+            &mut e,
+        );
+        assert_eq!(rc, SHARDLIMIT_OK);
+        assert!(!p.is_null());
+        p
+    }
 }
 
 unsafe fn decision(p: *const shardlimit_pending) -> Result<shardlimit_decision, shardlimit_result> {
-    let mut d = std::mem::MaybeUninit::<shardlimit_decision>::uninit();
-    let mut e = null_mut();
-    match shardlimit_pending_decision(p, d.as_mut_ptr(), &mut e) {
-        SHARDLIMIT_OK => Ok(d.assume_init()),
-        rc => {
-            shardlimit_error_free(e);
-            Err(rc)
+    // SAFETY: `p` is a live pending of the test; the decision is initialised on OK.
+    unsafe {
+        let mut d = std::mem::MaybeUninit::<shardlimit_decision>::uninit();
+        let mut e = null_mut();
+        match shardlimit_pending_decision(p, d.as_mut_ptr(), &mut e) {
+            SHARDLIMIT_OK => Ok(d.assume_init()),
+            rc => {
+                shardlimit_error_free(e);
+                Err(rc)
+            }
         }
     }
 }

@@ -162,15 +162,13 @@ pub unsafe extern "C" fn shardlimit_pending_string(
 ) -> shardlimit_result {
     guard(err, || {
         let out = out_arg("out", out)?;
-        if !out_found.is_null() && !out_found.is_aligned() {
-            return Err(invalid("out_found", "is not aligned for its type"));
-        }
+        let out_found = opt_out_arg("out_found", out_found)?;
         let text = with_outcome(pending, |o| match o {
             Outcome::Text(t) => Ok(t.clone()),
             o => Err(wrong_kind(o, "text")),
         })?;
-        if !out_found.is_null() {
-            *out_found = text.is_some();
+        if let Some(out_found) = out_found {
+            out_found.write(text.is_some());
         }
         out.write(match text {
             Some(t) => owned_string(t),

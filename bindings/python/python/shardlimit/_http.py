@@ -283,6 +283,32 @@ class Checker:
         leased = [layer for layer, c in zip(target, flags) if c]
         return (rest if len(rest) > 1 else rest[0] if rest else None), leased
 
+    def uncounted(self, target: Target, counted: Counted,
+                  deducts: list[tuple[Layer, Optional[Callable[[Any], bool]]]],
+                  answer: Any) -> Counted:
+        """What of ``counted`` (from :meth:`enter` with ``reserve``) to give back for the
+        response ``answer``: the layers whose own ``deduct_when`` (paired with each layer
+        of ``target`` in ``deducts``) does not accept it; a layer without one counts."""
+        if counted is None:
+            return None
+        if isinstance(counted, Reservation):
+            # the reservation of the one layer that is not a concurrency policy's
+            rest, _ = self.split(target)
+            for layer, when in deducts:
+                if layer == rest:
+                    return counted if when is not None and not when(answer) else None
+            return None
+        pending = list(deducts)
+        back: list[Layer] = []
+        for layer in counted:
+            for i, (candidate, when) in enumerate(pending):
+                if candidate == layer:
+                    del pending[i]
+                    if when is not None and not when(answer):
+                        back.append(layer)
+                    break
+        return back or None
+
     def enter(self, target: Target, reserve: bool = False) -> tuple[Decision, Counted, list[Lease]]:
         """Admits a request: a lease of each concurrency layer, then a check (``reserve``:
         a reservation, see :meth:`reserve`) of the others. A denial holds nothing: leases

@@ -27,6 +27,7 @@ from ._errors import Error
 from ._http import (
     LazyHeaders,
     Checker,
+    Layer,
     Options,
     PolicyLike,
     Request,
@@ -165,6 +166,8 @@ class RateLimitMiddleware:
         self.deduct_when = deduct_when
         self.checker = Checker(limiter, rule, policy, trusted_proxies, routes=routes is not None)
         self.routes = routes
+        if routes is not None:
+            routes.installed = True
         self.options = Options(headers, retry_after, outage_retry_after)
         self.on_limited = on_limited
         self.on_unavailable = on_unavailable
@@ -198,12 +201,15 @@ class RateLimitMiddleware:
         if kind != "http":
             if kind == "lifespan":
                 await self._lifespan(scope, receive, send)
+            elif kind == "websocket" and self.routes is not None:
+                await self._websocket(scope, receive, send)
             else:
                 await self.app(scope, receive, send)
             return
         checker = self.checker
         request: Optional[Request] = None
         target: Optional[Target]
+        deducts: list[tuple[Layer, Optional[Callable[[Any], bool]]]]
         if self.routes is None and checker.by_ip is not None:
             # the lean path of policy=: the key from the client address (remembered per
             # address), no Request unless a denial's handler needs one
@@ -212,6 +218,7 @@ class RateLimitMiddleware:
                 client[0] if client else None,
                 _forwarded_for(scope) if checker.reads_forwarded_for else None,
             )
+            deducts = [] if target is None else [(target, self.deduct_when)]
         else:
             endpoint = None
             if self.routes is not None:
@@ -220,17 +227,15 @@ class RateLimitMiddleware:
                     await self.app(scope, receive, send)
                     return
             request = self._request(scope)
-            checks = layers(checker.rule(request))
-            if self.routes is not None:
-                checks += self.routes.layers_for(endpoint, request)
+            deducts = self._deducts(endpoint, request)
+            checks = [layer for layer, _ in deducts]
             target = None if not checks else checks if len(checks) > 1 else checks[0]
         if target is None:
             await self.app(scope, receive, send)
             return
+        reserve = self.deduct_when is not None or any(w is not None for _, w in deducts)
         try:
-            decision, counted, leases = await checker.aenter(
-                target, reserve=self.deduct_when is not None
-            )
+            decision, counted, leases = await checker.aenter(target, reserve=reserve)
         except Error as e:
             await self._error(e, scope, receive, send)
             return
@@ -291,12 +296,57 @@ class RateLimitMiddleware:
             # client disconnect): a concurrency policy's lease goes back
             if leases:
                 await self.checker.aleave(leases)
-        if counted is not None and self.deduct_when is not None and sent_status:
-            if not self.deduct_when(sent_status[0]):
+        if counted is not None and sent_status:
+            back = self.checker.uncounted(target, counted, deducts, sent_status[0])
+            if back is not None:
                 try:
-                    await self.checker.agive_back(counted)
+                    await self.checker.agive_back(back)
                 except Error:  # the response is sent; the units stay counted
                     log.warning("shardlimit: giving back a request's units failed", exc_info=True)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket connection to a decorated endpoint is checked once, when it opens
+        (its route limits only: the middleware's own rule limits HTTP requests). A denial
+        closes it before it is accepted (code 1008, policy violation: the server answers
+        the handshake with 403); a concurrency policy's lease is held until it closes."""
+        assert self.routes is not None
+        endpoint = self._endpoint(scope)
+        checks = [] if self.routes.is_exempt(endpoint) else \
+            self.routes.layers_for(endpoint, self._request(scope))
+        if not checks:
+            await self.app(scope, receive, send)
+            return
+        decision, _, leases = await self.checker.aenter(checks if len(checks) > 1 else checks[0])
+        if not decision:
+            message = await receive()  # websocket.connect
+            if message.get("type") == "websocket.connect":
+                await send({"type": "websocket.close", "code": 1008,
+                            "reason": "rate limited" if decision.source != "fallback"
+                            else "rate limit unavailable"})
+            return
+        state = scope.get("state")
+        if state is None:
+            scope["state"] = {"shardlimit": decision}
+        else:
+            state["shardlimit"] = decision
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if leases:
+                await self.checker.aleave(leases)
+
+    def _deducts(self, endpoint: Optional[Callable[..., object]],
+                 request: Request) -> list[tuple[Layer, Optional[Callable[[Any], bool]]]]:
+        """The request's layers, each with the ``deduct_when`` that decides whether it
+        counts: its route limit's own, else the middleware's. The middleware's own rule
+        does not apply to a route whose limits say ``override_defaults``."""
+        out: list[tuple[Layer, Optional[Callable[[Any], bool]]]] = []
+        if self.routes is None or not self.routes.overrides_defaults(endpoint):
+            out += [(layer, self.deduct_when) for layer in layers(self.checker.rule(request))]
+        if self.routes is not None:
+            out += [(layer, when if when is not None else self.deduct_when)
+                    for layer, when in self.routes.layers_with(endpoint, request)]
+        return out
 
     def _endpoint(self, scope: Scope) -> Optional[Callable[..., object]]:
         """:func:`find_endpoint`, remembered per (method, path, host) for the last
@@ -307,7 +357,9 @@ class RateLimitMiddleware:
             return self._endpoints[key]
         except KeyError:
             pass
-        endpoint = find_endpoint(scope.get("app"), scope)
+        # (scope["app"] is set by Starlette when it runs the middleware; a middleware that
+        # wraps the Starlette app itself finds the routes on the app it wraps)
+        endpoint = find_endpoint(scope.get("app") or self.app, scope)
         if len(self._endpoints) >= ENDPOINT_CACHE:
             self._endpoints.clear()  # bounded: paths are the client's to choose
         self._endpoints[key] = endpoint

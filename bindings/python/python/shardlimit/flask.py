@@ -24,6 +24,7 @@ from flask import Flask, Response, g, request
 from ._http import (
     LazyHeaders,
     Checker,
+    Layer,
     Options,
     PolicyLike,
     Request,
@@ -58,7 +59,9 @@ class FlaskLimits(RouteLimits):
     ``deduct_when(response) -> bool`` (Flask-Limiter's): count only the requests whose
     response it accepts (e.g. ``lambda r: r.status_code >= 400`` counts failures only): each
     request reserves its units atomically, and they are given back to the window that
-    admitted them when the response does not count.
+    admitted them when the response does not count. A route's ``@limits.limit(...,
+    deduct_when=...)`` decides for that limit alone. ``limits.limit("100/hour")(blueprint)``
+    limits every route of a Blueprint (one budget per Blueprint and key).
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class FlaskLimits(RouteLimits):
 
     def init_app(self, app: Flask) -> None:
         """Installs the checks on ``app`` and connects to every shard."""
+        self.installed = True
         app.before_request(self._before)
         app.after_request(self._after)
         app.teardown_request(self._teardown)
@@ -110,13 +114,25 @@ class FlaskLimits(RouteLimits):
             request.remote_addr,
             request,
         )
-        checks = layers(self.checker.rule(view)) + self.layers_for(endpoint, view)
+        deducts: list[tuple[Layer, Optional[Callable[[Any], bool]]]] = []
+        if not self.overrides_defaults(endpoint):
+            deducts += [(layer, self.deduct_when) for layer in layers(self.checker.rule(view))]
+        # a limit on a Blueprint (limits.limit(...)(bp)) covers its routes, nested ones too
+        for name in request.blueprints:
+            bp = current_app.blueprints.get(name)
+            if bp is not None:
+                deducts += [(layer, when if when is not None else self.deduct_when)
+                            for layer, when in self.layers_with(bp, view)]
+        deducts += [(layer, when if when is not None else self.deduct_when)
+                    for layer, when in self.layers_with(endpoint, view)]
+        checks = [layer for layer, _ in deducts]
         if not checks:
             return None
         target = checks if len(checks) > 1 else checks[0]
-        decision, counted, leases = self.checker.enter(target, reserve=self.deduct_when is not None)
+        reserve = any(when is not None for _, when in deducts)
+        decision, counted, leases = self.checker.enter(target, reserve=reserve)
         if counted is not None:
-            g.shardlimit_counted = counted
+            g.shardlimit_counted = (target, counted, deducts)
         if leases:
             g.shardlimit_leases = leases  # released in teardown, also when the view raised
         g.shardlimit = decision
@@ -131,9 +147,13 @@ class FlaskLimits(RouteLimits):
     def _after(self, response: Response) -> Response:
         decision = g.get("shardlimit")
         counted = g.pop("shardlimit_counted", None)
-        if counted is not None and self.deduct_when is not None and not self.deduct_when(response):
+        back = None
+        if counted is not None:
+            target, reserved, deducts = counted
+            back = self.checker.uncounted(target, reserved, deducts, response)
+        if back is not None:
             try:
-                self.checker.give_back(counted)
+                self.checker.give_back(back)
             except Exception:  # the response stands; the units stay counted
                 log.warning("shardlimit: giving back a request's units failed", exc_info=True)
         if decision is not None and not has_rate_headers(response.headers.keys()):
