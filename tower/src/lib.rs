@@ -226,10 +226,11 @@ where
 /// `X-Forwarded-For` from the right up to the first untrusted hop, so a client cannot
 /// choose its own key by sending the header.
 ///
-/// The peer address is read from the request extensions: a [`SocketAddr`] (insert it
-/// yourself when serving with hyper), or, with the `axum` feature, axum's
-/// `ConnectInfo<SocketAddr>` (serve with `into_make_service_with_connect_info`). A request
-/// with neither is an [`Error::Key`].
+/// The peer address is read from the request extensions: axum's `ConnectInfo<SocketAddr>`
+/// (serve with `into_make_service_with_connect_info::<SocketAddr>()`; read with the crate
+/// feature `axum`, on by default), or a [`SocketAddr`] (insert it yourself when serving
+/// with hyper). A request with neither is an [`Error::Key`] whose message names which of
+/// the two this build reads.
 #[derive(Debug, Clone)]
 pub struct IpKey {
     policy: Policy,
@@ -263,13 +264,7 @@ impl IpKey {
 
     /// The client address of `req` (see the type's documentation).
     pub fn client_ip<B>(&self, req: &Request<B>) -> Result<IpAddr, Error> {
-        let peer = peer_addr(req).ok_or_else(|| {
-            Error::Key(
-                "no peer address in the request extensions (axum: serve with \
-                 into_make_service_with_connect_info::<SocketAddr>())"
-                    .into(),
-            )
-        })?;
+        let peer = peer_addr(req).ok_or_else(|| Error::Key(NO_PEER.into()))?;
         let xff: Vec<&str> = req
             .headers()
             .get_all("x-forwarded-for")
@@ -280,6 +275,17 @@ impl IpKey {
         Ok(client_ip_with(peer, xff.as_deref(), &self.trusted))
     }
 }
+
+/// Why [`IpKey`] found no peer address, naming what is missing in this build.
+#[cfg(feature = "axum")]
+const NO_PEER: &str = "no peer address in the request extensions: neither axum's \
+     ConnectInfo<SocketAddr> (serve with into_make_service_with_connect_info::<SocketAddr>()) \
+     nor a SocketAddr extension";
+#[cfg(not(feature = "axum"))]
+const NO_PEER: &str = "no peer address: shardlimit-tower was built without its \"axum\" \
+     feature (default-features = false), so axum's ConnectInfo<SocketAddr> is not read; \
+     enable the feature (shardlimit-tower = { features = [\"axum\"] }) or insert the peer's \
+     SocketAddr as a request extension";
 
 fn peer_addr<B>(req: &Request<B>) -> Option<IpAddr> {
     #[cfg(feature = "axum")]
