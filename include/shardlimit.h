@@ -1040,6 +1040,9 @@ shardlimit_result shardlimit_client_ip_key(const char *peer,
 // Renders the standard rate-limit response headers of `*decision` (as filled by a check),
 // in a stable order: `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`,
 // `RateLimit-Policy`, `RateLimit`, and `Retry-After` when denied and a retry can succeed.
+// `X-RateLimit-Reset` is the Unix time (seconds, rounded up) at which the budget is full
+// again, from the wall clock at this call (as every binding and middleware sends it);
+// `RateLimit`'s `t` and `Retry-After` are delta seconds.
 //
 // On success `*out` is a new header list the caller owns: read it with
 // `shardlimit_headers_len()` / `shardlimit_headers_get()`, free it with

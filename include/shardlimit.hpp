@@ -125,7 +125,8 @@ class Decision {
   bool shadow_denied() const noexcept { return d_.shadow_denied; }
   const shardlimit_decision& raw() const noexcept { return d_; }
 
-  /// The rate-limit response headers, rendered by the core, in a stable order.
+  /// The rate-limit response headers, rendered by the core, in a stable order
+  /// (`X-RateLimit-Reset` the Unix time of the reset, as in every language).
   std::vector<std::pair<std::string, std::string>> headers() const {
     shardlimit_headers* h = nullptr;
     shardlimit_error* err = nullptr;

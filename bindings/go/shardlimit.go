@@ -218,6 +218,10 @@ type Header struct{ Name, Value string }
 
 // Headers renders the standard rate-limit headers (X-RateLimit-*, RateLimit,
 // RateLimit-Policy, and Retry-After when denied) in a stable order.
+//
+// X-RateLimit-Reset is the Unix time (seconds, rounded up) at which the budget is full
+// again, rendered now; the IETF RateLimit field's t keeps delta seconds. The same values
+// in every language and every middleware.
 func (d *Decision) Headers() ([]Header, error) {
 	var h *C.shardlimit_headers
 	var e *C.shardlimit_error

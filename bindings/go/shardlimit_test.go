@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -105,6 +106,13 @@ func TestDecisionRendering(t *testing.T) {
 	}
 	if h[0].Value != "2" || h[1].Value != "0" || h[3].Value != `"api";q=2;w=3600` {
 		t.Fatalf("header values %v", h)
+	}
+	// X-RateLimit-Reset is the Unix time of the reset (as the middleware sends it, and every
+	// language); RateLimit's t keeps delta seconds
+	reset, err := strconv.ParseInt(h[2].Value, 10, 64)
+	wall := time.Now().Add(d.ResetAfter).Unix()
+	if err != nil || reset < wall-1 || reset > wall+1 {
+		t.Fatalf("X-RateLimit-Reset %q, want about %d", h[2].Value, wall)
 	}
 	body, err := d.Body()
 	if err != nil {

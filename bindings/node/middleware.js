@@ -34,8 +34,9 @@ function ipOf(req, proxies, kKey) {
 
 /**
  * The response headers of `decision` under the header options: `X-RateLimit-*` (legacy,
- * with `X-RateLimit-Reset` as a Unix timestamp, as GitHub, Stripe and express-rate-limit
- * send it), the IETF `RateLimit` / `RateLimit-Policy` fields (delta seconds), and
+ * the core's values: `X-RateLimit-Reset` a Unix timestamp, as GitHub and
+ * express-rate-limit send it), the IETF `RateLimit` / `RateLimit-Policy` fields (delta
+ * seconds), and
  * `Retry-After` in seconds or as an HTTP date. `retryAfterSecs` overrides the decision's.
  * (Every request of a limited route comes here: the core's header names are told apart
  * by their first letters, not by regular expressions.)
@@ -53,7 +54,7 @@ function renderHeaders(decision, o, nowMs, retryAfterSecs) {
     const c = name.charCodeAt(0)
     if (c === 88 /* X-RateLimit-* */) {
       if (!o.legacyHeaders) continue
-      out[name] = name === 'X-RateLimit-Reset' ? String(Math.ceil((nowMs + decision.resetAfter) / 1000)) : value
+      out[name] = value
     } else if (name === 'Retry-After') {
       coreRetry = value // below
     } else if (c === 82 /* RateLimit, RateLimit-Policy */) {
@@ -102,6 +103,7 @@ function admittedHeaders(decision, o, nowMs) {
   if (o.legacyHeaders) {
     out['X-RateLimit-Limit'] = t.limit
     out['X-RateLimit-Remaining'] = remaining
+    // the core's X-RateLimit-Reset: the Unix time of the reset, whole seconds rounded up
     out['X-RateLimit-Reset'] = String(Math.ceil((nowMs + decision.resetAfter) / 1000))
   }
   if (o.standardHeaders) {

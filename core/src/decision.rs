@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Who made a decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -101,8 +101,10 @@ impl Decision {
     }
 
     /// The standard rate-limit response headers, in a stable order:
-    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (seconds until the
-    /// budget is full again), `RateLimit-Policy` and `RateLimit` (IETF
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (the Unix time,
+    /// in whole seconds rounded up, at which the budget is full again: what GitHub and
+    /// express-rate-limit send; the IETF `RateLimit` field's `t` keeps delta seconds),
+    /// `RateLimit-Policy` and `RateLimit` (IETF
     /// draft-ietf-httpapi-ratelimit-headers structured fields), and `Retry-After` (seconds)
     /// when denied and a retry can succeed. A decision that did not measure the limit
     /// ([`Decision::measured`]) renders no remaining budget or reset time, only the
@@ -117,8 +119,21 @@ impl Decision {
     /// A shadow-denied decision ([`Decision::shadow_denied`]) renders only
     /// `X-RateLimit-Limit` and `RateLimit-Policy`: no remaining budget, no reset time and no
     /// `Retry-After`, so a client is never told it is limited by a limit in shadow.
+    ///
+    /// Every binding and middleware sends these values (`X-RateLimit-Reset` computed here,
+    /// from the wall clock at the call): one meaning for each header in every language.
     pub fn headers(&self) -> Vec<(&'static str, String)> {
+        self.headers_at(SystemTime::now())
+    }
+
+    /// [`Decision::headers`] rendered at `now` (the wall-clock time `X-RateLimit-Reset`
+    /// counts from).
+    pub fn headers_at(&self, now: SystemTime) -> Vec<(&'static str, String)> {
         let reset = ceil_secs(self.reset_after);
+        let now_us = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_micros() as u64;
+        let reset_at = now_us
+            .saturating_add(self.reset_after.as_micros() as u64)
+            .div_ceil(1_000_000);
         let (policy_field, item) = self.policy_field();
         if self.shadow_denied {
             return vec![
@@ -140,7 +155,7 @@ impl Decision {
         let mut h = vec![
             ("X-RateLimit-Limit", self.limit.to_string()),
             ("X-RateLimit-Remaining", self.remaining.to_string()),
-            ("X-RateLimit-Reset", reset.to_string()),
+            ("X-RateLimit-Reset", reset_at.to_string()),
             ("RateLimit-Policy", policy_field),
             (
                 "RateLimit",
@@ -302,13 +317,16 @@ mod tests {
     }
     #[test]
     fn headers_when_allowed() {
-        let h = d(true, None).headers();
+        // at 2025-01-01T12:00:00.5Z a decision that resets in 30.5 s resets at 12:00:31, a Unix
+        // time (RateLimit keeps delta seconds, rounded up)
+        let now = UNIX_EPOCH + Duration::from_millis(1_735_732_800_500);
+        let h = d(true, None).headers_at(now);
         assert_eq!(
             h,
             vec![
                 ("X-RateLimit-Limit", "100".to_string()),
                 ("X-RateLimit-Remaining", "42".to_string()),
-                ("X-RateLimit-Reset", "31".to_string()),
+                ("X-RateLimit-Reset", "1735732831".to_string()),
                 ("RateLimit-Policy", "\"api\";q=100;w=60".to_string()),
                 ("RateLimit", "\"api\";r=42;t=31".to_string()),
             ]

@@ -462,21 +462,11 @@ impl<S: fmt::Debug, K> fmt::Debug for RateLimit<S, K> {
 }
 
 /// Sets the headers of `d` on `headers`, replacing any the service set itself.
-/// `X-RateLimit-Reset` is a Unix timestamp (seconds, rounded up), as GitHub, Stripe,
-/// express-rate-limit and the other bindings' middlewares send it; the IETF `RateLimit`
-/// field keeps delta seconds.
+/// The core's values ([`Decision::headers`]): `X-RateLimit-Reset` a Unix timestamp
+/// (seconds, rounded up), as GitHub, express-rate-limit and every binding send it; the
+/// IETF `RateLimit` field keeps delta seconds.
 pub fn set_headers(headers: &mut http::HeaderMap, d: &Decision) {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |t| t.as_millis() as u64);
     for (name, value) in d.headers() {
-        let value = if name == "X-RateLimit-Reset" {
-            (now_ms + d.reset_after.as_millis() as u64)
-                .div_ceil(1000)
-                .to_string()
-        } else {
-            value
-        };
         // the core renders ASCII names, digits and quoted policy names; from_bytes
         // lowercases the name as HTTP/2 requires
         if let (Ok(n), Ok(v)) = (

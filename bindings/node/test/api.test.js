@@ -39,10 +39,16 @@ test('check: fields in ms, headers and the 429 body come from the core', async (
   const denied = await limiter.check('u1', { policy: 'login', cost: 1 })
   assert.equal(denied.allowed, false)
   assert.equal(denied.retryAfter, 59_500)
-  assert.deepEqual(denied.headers(), {
+  // X-RateLimit-Reset: the Unix time of the reset (wall clock now + 59.5 s, rounded up),
+  // the same in every language and middleware; RateLimit's t keeps delta seconds
+  const h = denied.headers()
+  const wall = Date.now() / 1000
+  const reset = Number(h['X-RateLimit-Reset'])
+  assert.ok(reset >= Math.floor(wall + 59.5) && reset <= Math.ceil(wall + 59.5) + 1, `${reset} vs ${wall}`)
+  assert.deepEqual(h, {
     'X-RateLimit-Limit': '2',
     'X-RateLimit-Remaining': '0',
-    'X-RateLimit-Reset': '60',
+    'X-RateLimit-Reset': h['X-RateLimit-Reset'],
     'RateLimit-Policy': '"login";q=2;w=60',
     RateLimit: '"login";r=0;t=60',
     'Retry-After': '60',
