@@ -150,6 +150,9 @@ enum shardlimit_source
   SHARDLIMIT_SOURCE_FALLBACK = 4,
   // The key is on the block list.
   SHARDLIMIT_SOURCE_BLOCK = 5,
+  // The shard failed and the policy's `on_error: local` decided with this process's
+  // share of the limit: a real (local) decision; a denial is a rate limit (429).
+  SHARDLIMIT_SOURCE_LOCAL_FALLBACK = 6,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

@@ -141,6 +141,9 @@ const (
 	SourceLocal    Source = C.SHARDLIMIT_SOURCE_LOCAL
 	SourceFallback Source = C.SHARDLIMIT_SOURCE_FALLBACK
 	SourceBlock    Source = C.SHARDLIMIT_SOURCE_BLOCK
+	// SourceLocalFallback: the shard failed and on_error: local decided with this
+	// process's share of the limit; a denial is a rate limit (429), not an outage.
+	SourceLocalFallback Source = C.SHARDLIMIT_SOURCE_LOCAL_FALLBACK
 )
 
 func (s Source) String() string { return goStr(C.shardlimit_source_name(C.uint32_t(s))) }

@@ -57,7 +57,8 @@ export interface Quota {
 }
 
 /** Who decided: a Redis shard, the in-memory engine, local admission, the `on_error` fallback, the block list. */
-export type DecisionSource = 'redis' | 'memory' | 'local' | 'fallback' | 'block'
+/** `fallback`: `on_error: open`/`closed` decided, unmeasured (a denial is a 503); `local_fallback`: `on_error: local` decided with this process's share (a denial is a 429). */
+export type DecisionSource = 'redis' | 'memory' | 'local' | 'fallback' | 'block' | 'local_fallback'
 
 /**
  * The answer to a check (durations in milliseconds, with microsecond precision): plain data (own properties, so `structuredClone` and

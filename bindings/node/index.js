@@ -728,7 +728,7 @@ class Limit {
 // structuredClone, JSON.stringify and spreading see them, and reading one costs no call
 // into the addon. headers() and body() hand the fields back to the core, which renders them.
 
-const SOURCES = ['redis', 'memory', 'local', 'fallback', 'block'] // src/decision.rs's order
+const SOURCES = ['redis', 'memory', 'local', 'fallback', 'block', 'local_fallback'] // src/decision.rs's order
 // the window (ms) RateLimit-Policy names (a registered symbol: middleware.js reads it too)
 const kWindow = Symbol.for('shardlimit.window')
 

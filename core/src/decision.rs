@@ -13,11 +13,15 @@ pub enum Source {
     Memory,
     /// Admitted locally from units leased in advance from Redis.
     Local,
-    /// The shard failed and the policy's `on_error` mode decided: the limit was not
-    /// measured (see [`Decision::measured`]).
+    /// The shard failed and the policy's `on_error` mode (`open`, `closed`) decided: the
+    /// limit was not measured (see [`Decision::measured`]).
     Fallback,
     /// The key is on the block list.
     Block,
+    /// The shard failed and the policy's `on_error: local` decided with this process's
+    /// share of the limit: a real (local) decision, with its own remaining budget and
+    /// `Retry-After`. A denial is a rate limit (429), not an outage.
+    LocalFallback,
 }
 
 impl Source {
@@ -28,6 +32,7 @@ impl Source {
             Source::Local => "local",
             Source::Fallback => "fallback",
             Source::Block => "block",
+            Source::LocalFallback => "local_fallback",
         }
     }
 }
@@ -93,9 +98,10 @@ fn ceil_secs(d: Duration) -> u64 {
 }
 
 impl Decision {
-    /// False for a fallback decision: the shard could not be asked and the policy's
-    /// `on_error` mode decided, so `remaining` and `reset_after` are not the limit's state
-    /// (an `open` fallback reports 0 remaining; `local` reports its in-process share).
+    /// False for a fallback decision of `on_error: open` or `closed`: the shard could not be
+    /// asked, so `remaining` and `reset_after` are not the limit's state (an `open`
+    /// fallback reports 0 remaining). An `on_error: local` decision
+    /// ([`Source::LocalFallback`]) measured this process's share of the limit: true.
     pub fn measured(&self) -> bool {
         self.source != Source::Fallback
     }
@@ -130,7 +136,10 @@ impl Decision {
     /// counts from).
     pub fn headers_at(&self, now: SystemTime) -> Vec<(&'static str, String)> {
         let reset = ceil_secs(self.reset_after);
-        let now_us = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_micros() as u64;
+        let now_us = now
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_micros() as u64;
         let reset_at = now_us
             .saturating_add(self.reset_after.as_micros() as u64)
             .div_ceil(1_000_000);

@@ -242,7 +242,11 @@ mod bounded_tests {
             format!("expected a duration like \"1m\", got \"{big}\""),
         );
         let m = e.to_string();
-        assert!(m.len() <= MAX_FIELD_BYTES + MAX_MESSAGE_BYTES + 8, "{}", m.len());
+        assert!(
+            m.len() <= MAX_FIELD_BYTES + MAX_MESSAGE_BYTES + 8,
+            "{}",
+            m.len()
+        );
         assert!(m.starts_with("policies.xxx"), "{m}");
         assert!(m.contains("bytes elided]"), "{m}");
         assert!(m.contains("expected a duration like \"1m\""), "{m}");
@@ -251,9 +255,6 @@ mod bounded_tests {
         assert!(e.to_string().len() < MAX_FIELD_BYTES + MAX_MESSAGE_BYTES);
         assert!(Error::unknown_policy(&big).to_string().len() < 400);
         // short ones are left alone
-        assert_eq!(
-            Error::config("a", "b").to_string(),
-            "a: b",
-        );
+        assert_eq!(Error::config("a", "b").to_string(), "a: b",);
     }
 }

@@ -43,7 +43,7 @@ async def run(args: argparse.Namespace, limiter: shardlimit.Limiter) -> dict:
                     print(f"python worker: {e}", file=sys.stderr)
                 tally["errors"] += 1
             else:
-                if d.source == "fallback":
+                if d.source in ("fallback", "local_fallback"):
                     tally["fallback"] += 1
                 elif d.allowed:
                     tally["allowed"] += 1

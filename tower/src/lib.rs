@@ -394,8 +394,10 @@ impl<K> RateLimitLayer<K> {
     }
 
     /// Replaces the `503` answered when the `on_error` fallback denied because the limit
-    /// could not be checked (`closed`, `local` past its share, an open circuit; the
-    /// decision's `source` is `Fallback`). Default: [`unavailable`]'s status and body. The
+    /// could not be checked (`on_error: closed`; the decision's `source` is `Fallback`).
+    /// An `on_error: local` denial is a real decision of this process's share
+    /// (`Source::LocalFallback`): a 429 like any other, through
+    /// [`RateLimitLayer::on_limited`]. Default: [`unavailable`]'s status and body. The
     /// headers are added as for [`RateLimitLayer::on_limited`]. (A check that failed with an
     /// error, `on_error: error`, goes to [`RateLimitLayer::on_error`] instead.)
     pub fn on_unavailable(
@@ -486,8 +488,7 @@ pub fn too_many_requests(d: &Decision) -> Response<String> {
     r
 }
 
-/// The response to a denial by the `on_error` fallback (`closed`, or `local` past its
-/// share): `503` with the decision's headers and a JSON body whose `error` is
+/// The response to a denial by the `on_error: closed` fallback: `503` with the decision's headers and a JSON body whose `error` is
 /// `rate_limit_unavailable`. The limit could not be checked, so the client is not told it
 /// was rate limited (a 429 would blame it).
 pub fn unavailable(d: &Decision) -> Response<String> {

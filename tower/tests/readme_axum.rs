@@ -47,7 +47,9 @@ const README: &str = include_str!("../../README.md");
 
 /// The first ```rust block after `heading` in `text`.
 fn block_after<'a>(text: &'a str, heading: &str) -> &'a str {
-    let at = text.find(heading).unwrap_or_else(|| panic!("no {heading:?}"));
+    let at = text
+        .find(heading)
+        .unwrap_or_else(|| panic!("no {heading:?}"));
     let rest = &text[at..];
     let start = rest.find("```rust\n").expect("a rust block") + "```rust\n".len();
     let len = rest[start..].find("```").expect("the block's end");
@@ -129,7 +131,11 @@ fn readme_example_serves_200_then_429() {
     let (status, _, body) = request(port, "GET", "/health", "");
     assert_eq!((status, body.as_str()), (200, "ok"));
 
-    assert!(!server.is_finished(), "the server stopped: {:?}", rt.block_on(server));
+    assert!(
+        !server.is_finished(),
+        "the server stopped: {:?}",
+        rt.block_on(server)
+    );
     server.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }

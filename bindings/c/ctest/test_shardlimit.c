@@ -150,6 +150,7 @@ static void test_static_functions(void) {
   CHECK(str_eq(shardlimit_source_name(SHARDLIMIT_SOURCE_REDIS), "redis"));
   CHECK(str_eq(shardlimit_source_name(SHARDLIMIT_SOURCE_FALLBACK), "fallback"));
   CHECK(str_eq(shardlimit_source_name(SHARDLIMIT_SOURCE_BLOCK), "block"));
+  CHECK(str_eq(shardlimit_source_name(SHARDLIMIT_SOURCE_LOCAL_FALLBACK), "local_fallback"));
   CHECK(str_eq(shardlimit_source_name(0), "unknown"));
   CHECK(shardlimit_result_is_backend(SHARDLIMIT_ERR_CONNECTION));
   CHECK(shardlimit_result_is_backend(SHARDLIMIT_ERR_TIMEOUT));

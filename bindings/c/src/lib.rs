@@ -150,6 +150,9 @@ pub enum shardlimit_source {
     SHARDLIMIT_SOURCE_FALLBACK = 4,
     /// The key is on the block list.
     SHARDLIMIT_SOURCE_BLOCK = 5,
+    /// The shard failed and the policy's `on_error: local` decided with this process's
+    /// share of the limit: a real (local) decision; a denial is a rate limit (429).
+    SHARDLIMIT_SOURCE_LOCAL_FALLBACK = 6,
 }
 
 use shardlimit_source::*;
@@ -161,6 +164,7 @@ fn source_to_c(s: Source) -> shardlimit_source {
         Source::Local => SHARDLIMIT_SOURCE_LOCAL,
         Source::Fallback => SHARDLIMIT_SOURCE_FALLBACK,
         Source::Block => SHARDLIMIT_SOURCE_BLOCK,
+        Source::LocalFallback => SHARDLIMIT_SOURCE_LOCAL_FALLBACK,
     }
 }
 
@@ -171,6 +175,7 @@ fn source_from_c(code: u32) -> Option<Source> {
         Source::Local,
         Source::Fallback,
         Source::Block,
+        Source::LocalFallback,
     ]
     .into_iter()
     .find(|s| source_to_c(*s) as u32 == code)

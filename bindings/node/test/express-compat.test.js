@@ -168,3 +168,32 @@ test('a key longer than 1,024 bytes from a client header is hashed, never a 500'
   // multi-byte: 400 characters of 3 bytes are over the bound too
   assert.equal((await get(port, '/', { 'x-api-key': encodeURIComponent('€'.repeat(400)) })).status, 200)
 })
+
+test('on_error local: a denial by this process share is a 429 with its own headers, not a 503', async (t) => {
+  const dead = http.createServer()
+  await new Promise((resolve) => dead.listen(0, '127.0.0.1', resolve))
+  const port = dead.address().port
+  await new Promise((resolve) => dead.close(resolve)) // nothing listens there now
+  const limiter = Limiter.fromJson({
+    timeout_ms: 200,
+    on_error: 'local',
+    instances: 1,
+    shards: [{ name: 's0', url: `redis://127.0.0.1:${port}` }],
+    policies: { api: { algorithm: 'fixed_window', limit: 2, window: '1m' } },
+  })
+  t.after(() => limiter.close())
+  const app = appWith(expressMiddleware(limiter, { policy: 'api', key: () => 'u', warmUpMs: 0 }))
+  const p = await serve(t, app)
+  for (const left of ['1', '0']) {
+    const r = await get(p, '/')
+    assert.equal(r.status, 200)
+    assert.equal(r.headers.get('x-ratelimit-remaining'), left)
+  }
+  const r = await get(p, '/')
+  assert.equal(r.status, 429)
+  const retry = Number(r.headers.get('retry-after'))
+  assert.ok(retry >= 1 && retry <= 60, `${retry}`)
+  assert.equal(r.headers.get('x-ratelimit-remaining'), '0')
+  assert.equal(r.headers.get('x-ratelimit-status'), null)
+  assert.equal(JSON.parse(r.text).error, 'rate_limited')
+})

@@ -81,7 +81,9 @@ class Decision:
         """The policy that decided (an ad-hoc limit's id)."""
     @property
     def source(self) -> str:
-        """Who decided: "redis", "memory", "local", "fallback" or "block"."""
+        """Who decided: "redis", "memory", "local", "fallback" (``on_error``
+        open/closed: unmeasured, a denial answered 503), "block" or "local_fallback"
+        (``on_error: local``: this process's share decided, a denial answered 429)."""
     @property
     def shard(self) -> Optional[int]:
         """The index of the Redis shard that decided, if one did."""
