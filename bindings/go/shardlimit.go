@@ -301,8 +301,9 @@ func NewFromJSON(config string, opts ...Option) (*Limiter, error) {
 	})))
 }
 
-// NewFromFile creates a limiter from a JSON config file.
-func NewFromFile(path string, opts ...Option) (*Limiter, error) {
+// NewFromConfigFile creates a limiter from a JSON config file (the name of
+// spec/names.json: from_config_file in every language's idiom).
+func NewFromConfigFile(path string, opts ...Option) (*Limiter, error) {
 	clock, keep, err := buildOptions(opts)
 	if err != nil {
 		return nil, err
@@ -312,6 +313,11 @@ func NewFromFile(path string, opts ...Option) (*Limiter, error) {
 		p, n := cStr(path)
 		return C.shardlimit_limiter_new_file(p, n, clock, out, e)
 	})))
+}
+
+// NewFromFile is the same as NewFromConfigFile (its earlier name, kept for existing code).
+func NewFromFile(path string, opts ...Option) (*Limiter, error) {
+	return NewFromConfigFile(path, opts...)
 }
 
 // NewFromEnv creates a limiter from $SHARDLIMIT_CONFIG (a path or inline JSON); the

@@ -156,14 +156,14 @@ func TestErrors(t *testing.T) {
 			t.Errorf("error fields: %#v", err)
 		}
 	}
-	if _, err := NewFromFile(filepath.Join(t.TempDir(), "missing.json")); !errors.Is(err, ErrIO) {
+	if _, err := NewFromConfigFile(filepath.Join(t.TempDir(), "missing.json")); !errors.Is(err, ErrIO) {
 		t.Errorf("missing file: %v", err)
 	}
 	path := filepath.Join(t.TempDir(), "c.json")
 	if err := os.WriteFile(path, []byte(r.config(`"p":{"algorithm":"token_bucket","capacity":1,"refill_per_sec":1}`)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	l, err := NewFromFile(path)
+	l, err := NewFromConfigFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -446,7 +446,9 @@ export interface ShardlimitConfig {
 /** A limiter: Redis shards (or the in-memory engine) and named policies. */
 export declare class Limiter {
   private constructor()
-  /** Loads a JSON config file. Throws ConfigError / IoError. */
+  /** Loads a JSON config file (the name of spec/names.json in every language). Throws ConfigError / IoError. */
+  static fromConfigFile(path: string, options?: LimiterOptions): Limiter
+  /** The same as `fromConfigFile` (its earlier name, kept for existing code). */
   static fromConfig(path: string, options?: LimiterOptions): Limiter
   /** Parses a JSON config (text, or an object). Throws ConfigError. */
   static fromJson(config: string | ShardlimitConfig, options?: LimiterOptions): Limiter

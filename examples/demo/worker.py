@@ -77,7 +77,7 @@ def main() -> int:
     ap.add_argument("--instance", type=int, default=1)
     ap.add_argument("--barrier", action="store_true")
     args = ap.parse_args()
-    limiter = shardlimit.Limiter.from_config(args.config)
+    limiter = shardlimit.Limiter.from_config_file(args.config)
     for p in args.policies.split(","):
         limiter.peek("demo:unused", p)  # unknown policy -> error now; opens the connections
     print("ready", file=sys.stderr, flush=True)

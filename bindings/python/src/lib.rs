@@ -599,10 +599,11 @@ impl Limiter {
             transport,
         )
     }
-    /// Loads a JSON config file.
+    /// Loads a JSON config file (the name of spec/names.json: `from_config_file` in
+    /// every language's idiom).
     #[staticmethod]
     #[pyo3(signature = (path, *, clock = None, transport = "default"))]
-    fn from_config(
+    fn from_config_file(
         path: std::path::PathBuf,
         clock: Option<&ManualClock>,
         transport: &str,
@@ -611,6 +612,16 @@ impl Limiter {
             with_clock(shardlimit::Limiter::from_config_file(path), clock)?,
             transport,
         )
+    }
+    /// The same as `from_config_file` (its earlier name, kept for existing code).
+    #[staticmethod]
+    #[pyo3(signature = (path, *, clock = None, transport = "default"))]
+    fn from_config(
+        path: std::path::PathBuf,
+        clock: Option<&ManualClock>,
+        transport: &str,
+    ) -> PyResult<Limiter> {
+        Self::from_config_file(path, clock, transport)
     }
     /// Uses `$SHARDLIMIT_CONFIG` (a path or inline JSON); the in-memory engine when unset.
     #[staticmethod]
@@ -1254,7 +1265,7 @@ impl Limiter {
         Ok(())
     }
     /// Calls `callback(event)` for every event (denials, blocks, fallbacks, circuit
-    /// changes); `event` is a dict of strings with at least `"event"` (the kind) and the
+    /// changes); `event` is a dict of strings with at least `"kind"` (the kind) and the
     /// kind's fields (`policy`, `key`, `limit`, `retry_after_ms`, `error`, `allowed`,
     /// `shard`, `state`). Callbacks run on one thread per subscription, never on the I/O
     /// thread; at most 1024 events wait for a slow callback, later ones are dropped.
@@ -1357,9 +1368,14 @@ impl Limiter {
         self.inner()?.observe_health(signal).map_err(core_err)
     }
 
+    /// The metrics in the Prometheus text exposition format (0.0.4), for a `/metrics` route:
+    /// `metrics()` is this text in every language (spec/names.json).
+    fn metrics(&self) -> PyResult<String> {
+        Ok(self.inner()?.metrics().to_prometheus())
+    }
     /// Counters per policy (`allowed`, `denied`, `fallback`, `blocked`, `local_admitted`,
     /// `redis_errors`), the Redis latency histogram and dropped events, as a dict.
-    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn metrics_snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let m = self.inner()?.metrics();
         let d = PyDict::new(py);
         let policies = PyList::empty(py);
@@ -1389,7 +1405,7 @@ impl Limiter {
         d.set_item("events_dropped", m.events_dropped)?;
         Ok(d)
     }
-    /// The metrics in the Prometheus text exposition format (0.0.4), for a `/metrics` route.
+    /// The same as `metrics()` (its earlier name, kept for existing code).
     fn prometheus(&self) -> PyResult<String> {
         Ok(self.inner()?.metrics().to_prometheus())
     }
