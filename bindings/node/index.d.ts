@@ -696,8 +696,8 @@ export interface MiddlewareOptions<Req = HttpRequestLike, Res = HttpResponseLike
   unavailableHandler?: (req: Req, res: Res, next: (err?: unknown) => void, decision: Decision) => unknown
   /** `Retry-After` of a 503, in seconds (default: the decision's, 1 s for `on_error: closed`). */
   unavailableRetryAfter?: number
-  /** The IETF `RateLimit` / `RateLimit-Policy` fields (delta seconds). Default true. */
-  standardHeaders?: boolean
+  /** The IETF fields (delta seconds): true or `'draft-8'` (the default) the core's `RateLimit-Policy: "api";q=100;w=60` and `RateLimit: "api";r=50;t=30`; `'draft-7'` `RateLimit: limit=100, remaining=50, reset=30`; `'draft-6'` `RateLimit-Limit`, `-Remaining`, `-Reset` (each with `RateLimit-Policy: 100;w=60`, as express-rate-limit sends them); false none. */
+  standardHeaders?: boolean | 'draft-6' | 'draft-7' | 'draft-8'
   /** `X-RateLimit-Limit`, `-Remaining` and `-Reset` (a Unix timestamp, in seconds). Default true. */
   legacyHeaders?: boolean
   /** `Retry-After` as delta seconds (default) or an HTTP date. */

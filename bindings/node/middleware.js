@@ -55,7 +55,8 @@ function ipOf(req, proxies, kKey, ownProxies) {
  * by their first letters, not by regular expressions.)
  */
 function renderHeaders(decision, o, nowMs, retryAfterSecs) {
-  if (decision.allowed && retryAfterSecs === undefined) {
+  const draft = o.draft || 'draft-8'
+  if (decision.allowed && retryAfterSecs === undefined && draft === 'draft-8') {
     const fast = admittedHeaders(decision, o, nowMs)
     if (fast !== null) return fast
   }
@@ -71,15 +72,40 @@ function renderHeaders(decision, o, nowMs, retryAfterSecs) {
     } else if (name === 'Retry-After') {
       coreRetry = value // below
     } else if (c === 82 /* RateLimit, RateLimit-Policy */) {
-      if (o.standardHeaders) out[name] = value
+      if (o.standardHeaders && draft === 'draft-8') out[name] = value
     } else {
       out[name] = value
     }
   }
+  if (o.standardHeaders && draft !== 'draft-8') Object.assign(out, olderDraft(decision, draft))
   let retry = retryAfterSecs
   if (retry === undefined && coreRetry !== undefined) retry = Number(coreRetry)
   if (retry !== undefined && retry !== null && !decision.allowed) {
     out['Retry-After'] = o.retryAfter === 'date' ? new Date(nowMs + retry * 1000).toUTCString() : String(retry)
+  }
+  return out
+}
+
+/**
+ * The IETF fields of the earlier drafts express-rate-limit also offers (its
+ * `standardHeaders: 'draft-6' | 'draft-7'`), from the decision the core made: draft-6
+ * `RateLimit-Limit`, `-Remaining`, `-Reset` (delta seconds) and `RateLimit-Policy: 100;w=60`;
+ * draft-7 `RateLimit: limit=100, remaining=50, reset=30` and the same policy. A decision
+ * that did not measure the limit (a fallback) or is shadow-denied shows only its limit.
+ */
+function olderDraft(decision, draft) {
+  const windowSecs = Math.max(1, Math.ceil((decision[kWindow] || 0) / 1000))
+  const out = { 'RateLimit-Policy': `${decision.limit};w=${windowSecs}` }
+  const measured = decision.source !== 'fallback' && !decision.shadowDenied
+  const reset = Math.ceil(decision.resetAfter / 1000)
+  if (draft === 'draft-6') {
+    out['RateLimit-Limit'] = String(decision.limit)
+    if (measured) {
+      out['RateLimit-Remaining'] = String(decision.remaining)
+      out['RateLimit-Reset'] = String(reset)
+    }
+  } else {
+    out.RateLimit = measured ? `limit=${decision.limit}, remaining=${decision.remaining}, reset=${reset}` : `limit=${decision.limit}`
   }
   return out
 }
@@ -178,8 +204,14 @@ function compile(limiter, options) {
   if (ipv6Prefix !== undefined && !Number.isInteger(ipv6Prefix)) {
     throw typeError('The "options.ipv6Prefix" argument must be an integer from 1 to 128')
   }
-  for (const b of ['standardHeaders', 'legacyHeaders']) {
-    if (opts[b] !== undefined && typeof opts[b] !== 'boolean') throw typeError(`The "options.${b}" argument must be a boolean`)
+  if (opts.legacyHeaders !== undefined && typeof opts.legacyHeaders !== 'boolean') {
+    throw typeError('The "options.legacyHeaders" argument must be a boolean')
+  }
+  // express-rate-limit's choice of draft; true is the core's fields (draft-8)
+  const drafts = ['draft-6', 'draft-7', 'draft-8']
+  const std = opts.standardHeaders
+  if (std !== undefined && typeof std !== 'boolean' && !drafts.includes(std)) {
+    throw typeError('The "options.standardHeaders" argument must be a boolean, "draft-6", "draft-7" or "draft-8"')
   }
   if (opts.retryAfter !== undefined && opts.retryAfter !== 'seconds' && opts.retryAfter !== 'date') {
     throw typeError('The "options.retryAfter" argument must be "seconds" or "date"')
@@ -301,6 +333,7 @@ function compile(limiter, options) {
     maxDelayMs,
     headers: {
       standardHeaders: opts.standardHeaders !== false,
+      draft: typeof std === 'string' ? std : 'draft-8',
       legacyHeaders: opts.legacyHeaders !== false,
       retryAfter: opts.retryAfter || 'seconds',
     },

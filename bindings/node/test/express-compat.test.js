@@ -197,3 +197,37 @@ test('on_error local: a denial by this process share is a 429 with its own heade
   assert.equal(r.headers.get('x-ratelimit-status'), null)
   assert.equal(JSON.parse(r.text).error, 'rate_limited')
 })
+
+test("standardHeaders: 'draft-6' | 'draft-7' | 'draft-8' as express-rate-limit offers them", async (t) => {
+  const limiter = limiterFor({ api: { algorithm: 'fixed_window', limit: 3, window: '1m' } })
+  t.after(() => limiter.close())
+  const at = async (opts, user) => {
+    const port = await serve(t, appWith(expressMiddleware(limiter, { policy: 'api', key: () => user, warmUpMs: 0, legacyHeaders: false, ...opts })))
+    return (await get(port, '/')).headers
+  }
+  const h6 = await at({ standardHeaders: 'draft-6' }, 'd6')
+  assert.equal(h6.get('ratelimit-policy'), '3;w=60')
+  assert.equal(h6.get('ratelimit-limit'), '3')
+  assert.equal(h6.get('ratelimit-remaining'), '2')
+  const reset = Number(h6.get('ratelimit-reset'))
+  assert.ok(reset >= 1 && reset <= 60, `${reset}`)
+  assert.equal(h6.get('ratelimit'), null)
+  const h7 = await at({ standardHeaders: 'draft-7' }, 'd7')
+  assert.equal(h7.get('ratelimit-policy'), '3;w=60')
+  assert.match(h7.get('ratelimit'), /^limit=3, remaining=2, reset=\d+$/)
+  assert.equal(h7.get('ratelimit-limit'), null)
+  for (const std of ['draft-8', true, undefined]) {
+    const h8 = await at({ standardHeaders: std }, `d8-${std}`)
+    assert.equal(h8.get('ratelimit-policy'), '"api";q=3;w=60')
+    assert.match(h8.get('ratelimit'), /^"api";r=2;t=\d+$/)
+  }
+  assert.equal((await at({ standardHeaders: false }, 'none')).get('ratelimit-policy'), null)
+  assert.throws(() => expressMiddleware(limiter, { policy: 'api', standardHeaders: 'draft-9' }), /draft-6/)
+  // a denial keeps Retry-After with the earlier drafts too
+  const port = await serve(t, appWith(expressMiddleware(limiter, { policy: 'api', key: () => 'den', warmUpMs: 0, standardHeaders: 'draft-7' })))
+  for (let i = 0; i < 3; i++) await get(port, '/')
+  const denied = await get(port, '/')
+  assert.equal(denied.status, 429)
+  assert.match(denied.headers.get('ratelimit'), /^limit=3, remaining=0, reset=\d+$/)
+  assert.ok(Number(denied.headers.get('retry-after')) >= 1)
+})
