@@ -48,7 +48,7 @@ export async function usage(): Promise<void> {
   const allowed: boolean = d.allowed
   const retry: number | null = d.retryAfter
   const n: number = d.limit + d.remaining + d.resetAfter + d.delay
-  const source: 'redis' | 'memory' | 'local' | 'fallback' | 'block' = d.source
+  const source: 'redis' | 'memory' | 'local' | 'fallback' | 'block' | 'local_fallback' = d.source
   const headers: Record<string, string> = d.headers()
   const body: RateLimitBody = d.body()
   const shorthand = await fromText.check('k', 'api')
