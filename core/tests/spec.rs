@@ -172,18 +172,29 @@ fn names_json_holds_for_rust_c_and_cpp() {
     let hpp = std::fs::read_to_string(root().join("include/shardlimit.hpp")).unwrap();
     for thing in ["load_from_file", "metrics_text", "metrics_snapshot"] {
         let c = names[thing]["c"].as_str().unwrap();
-        assert!(header.contains(&format!(" {c}(")), "{thing}: no {c} in the C header");
+        assert!(
+            header.contains(&format!(" {c}(")),
+            "{thing}: no {c} in the C header"
+        );
         let mut cpp = vec![names[thing]["cpp"].as_str().unwrap().to_string()];
-        for a in names[thing]["aliases"]["cpp"].as_array().into_iter().flatten() {
+        for a in names[thing]["aliases"]["cpp"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             cpp.push(a.as_str().unwrap().to_string());
         }
         for n in cpp {
             let method = n.rsplit("::").next().unwrap();
-            assert!(hpp.contains(&format!(" {method}(")), "{thing}: no {n} in shardlimit.hpp");
+            assert!(
+                hpp.contains(&format!(" {method}(")),
+                "{thing}: no {n} in shardlimit.hpp"
+            );
         }
     }
     // Rust: the names compile
-    let _: fn(&str) -> shardlimit::Result<shardlimit::Limiter> = |p| shardlimit::Limiter::from_config_file(p);
+    let _: fn(&str) -> shardlimit::Result<shardlimit::Limiter> =
+        |p| shardlimit::Limiter::from_config_file(p);
     let l = shardlimit::Limiter::memory();
     assert!(l.metrics().to_prometheus().contains("shardlimit_"));
 
@@ -193,11 +204,19 @@ fn names_json_holds_for_rust_c_and_cpp() {
     };
     let field = names["event_kind_field"]["redis_stream"].as_str().unwrap();
     assert_eq!(e.fields()[0], (field, "reload_rejected".to_string()));
-    let kinds: Vec<&str> = names["event_kinds"].as_array().unwrap().iter().map(|k| k.as_str().unwrap()).collect();
+    let kinds: Vec<&str> = names["event_kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
     assert!(kinds.contains(&e.kind()));
     let events = std::fs::read_to_string(root().join("core/src/events.rs")).unwrap();
     for k in &kinds {
-        assert!(events.contains(&format!("=> \"{k}\"")), "event kind {k} is not the core's");
+        assert!(
+            events.contains(&format!("=> \"{k}\"")),
+            "event kind {k} is not the core's"
+        );
     }
     assert_eq!(
         events.matches("{ .. } => \"").count(),
