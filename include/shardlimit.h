@@ -150,6 +150,9 @@ enum shardlimit_source
   SHARDLIMIT_SOURCE_FALLBACK = 4,
   // The key is on the block list.
   SHARDLIMIT_SOURCE_BLOCK = 5,
+  // The shard failed and the policy's `on_error: local` decided with this process's
+  // share of the limit: a real (local) decision; a denial is a rate limit (429).
+  SHARDLIMIT_SOURCE_LOCAL_FALLBACK = 6,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -934,6 +937,9 @@ struct shardlimit_str shardlimit_source_name(uint32_t source);
 // Renders the standard rate-limit response headers of `*decision` (as filled by a check),
 // in a stable order: `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`,
 // `RateLimit-Policy`, `RateLimit`, and `Retry-After` when denied and a retry can succeed.
+// `X-RateLimit-Reset` is the Unix time (seconds, rounded up) at which the budget is full
+// again, from the wall clock at this call (as every binding and middleware sends it);
+// `RateLimit`'s `t` and `Retry-After` are delta seconds.
 //
 // On success `*out` is a new header list the caller owns: read it with
 // `shardlimit_headers_len()` / `shardlimit_headers_get()`, free it with

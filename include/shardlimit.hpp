@@ -125,7 +125,8 @@ class Decision {
   bool shadow_denied() const noexcept { return d_.shadow_denied; }
   const shardlimit_decision& raw() const noexcept { return d_; }
 
-  /// The rate-limit response headers, rendered by the core, in a stable order.
+  /// The rate-limit response headers, rendered by the core, in a stable order
+  /// (`X-RateLimit-Reset` the Unix time of the reset, as in every language).
   std::vector<std::pair<std::string, std::string>> headers() const {
     shardlimit_headers* h = nullptr;
     shardlimit_error* err = nullptr;
@@ -510,11 +511,15 @@ class Limiter {
       return shardlimit_limiter_new_json(json.data(), json.size(), clock_of(clock), out, err);
     });
   }
-  /// From a JSON config file.
-  static Limiter from_file(std::string_view path, const Clock* clock = nullptr) {
+  /// From a JSON config file (the name of spec/names.json in every language).
+  static Limiter from_config_file(std::string_view path, const Clock* clock = nullptr) {
     return make([&](shardlimit_limiter** out, shardlimit_error** err) {
       return shardlimit_limiter_new_file(path.data(), path.size(), clock_of(clock), out, err);
     });
+  }
+  /// The same as from_config_file (its earlier name, kept for existing code).
+  static Limiter from_file(std::string_view path, const Clock* clock = nullptr) {
+    return from_config_file(path, clock);
   }
   /// From $SHARDLIMIT_CONFIG (a path or inline JSON); in memory when it is unset.
   static Limiter from_env(const Clock* clock = nullptr) {
@@ -582,10 +587,13 @@ class Limiter {
     detail::check(shardlimit_observe_health(h_.get(), signal, &f, &err), err);
     return f;
   }
+  /// The counters in the Prometheus text format: metrics() is this text in every language
+  /// (spec/names.json).
+  std::string metrics() const { return text(&shardlimit_metrics_prometheus); }
   /// The counters as JSON (see shardlimit_metrics).
-  std::string metrics() const { return text(&shardlimit_metrics); }
-  /// The counters in the Prometheus text format.
-  std::string metrics_prometheus() const { return text(&shardlimit_metrics_prometheus); }
+  std::string metrics_snapshot() const { return text(&shardlimit_metrics); }
+  /// The same as metrics() (its earlier name, kept for existing code).
+  std::string metrics_prometheus() const { return metrics(); }
 
   /// Checks `cost` units of the named policy for `key`. Denied is not an exception.
   Decision check(std::string_view key, std::string_view policy, uint64_t cost = 1) const {

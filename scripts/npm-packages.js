@@ -3,9 +3,13 @@
 // Packs the npm packages of a release in napi-rs's layout (scripts/dist.sh):
 //   node scripts/npm-packages.js ADDON STAGEDIR OUTDIR
 // - shardlimit: bindings/node (JS, .d.ts, README, LICENSE; no binary, no install script),
-//   its package.json given optionalDependencies on one package per napi.targets entry, as
-//   `napi prepublish` does (the source package.json has none: `npm ci` in a checkout
-//   would need them in the lock file, and they are not published yet);
+//   its package.json without the checkout's scripts and devDependencies, and given
+//   optionalDependencies on the platform packages this run packs (as `napi prepublish`
+//   does; the source package.json has none: `npm ci` in a checkout would need them in the
+//   lock file). Only those: a main package naming a platform package nobody built makes
+//   npm ask the registry for it. A release that has built more platforms lists their tags
+//   in NPM_PLATFORM_TAGS (comma-separated: linux-arm64-gnu,darwin-arm64,...). The README's
+//   relative links become absolute (the registry page has no repository around it);
 // - @shardlimit/binding-linux-x64-gnu: ADDON (libshardlimit_node.so of the shared release
 //   build) as shardlimit.linux-x64-gnu.node, with os/cpu/libc so npm installs it only there.
 // Both are packed with `npm pack`; the tarballs go to OUTDIR.
@@ -32,9 +36,16 @@ const platforms = {
   'aarch64-apple-darwin': { tag: 'darwin-arm64', os: 'darwin', cpu: 'arm64' },
   'x86_64-pc-windows-msvc': { tag: 'win32-x64-msvc', os: 'win32', cpu: 'x64' },
 }
-const expected = Object.fromEntries(
-  main.napi.targets.map((t) => [`${main.napi.packageName}-${platforms[t].tag}`, main.version])
-)
+const known = new Set(main.napi.targets.map((t) => platforms[t].tag))
+const tags = ['linux-x64-gnu'] // packed below
+for (const tag of (process.env.NPM_PLATFORM_TAGS || '').split(',').map((s) => s.trim()).filter(Boolean)) {
+  if (!known.has(tag)) {
+    console.error(`NPM_PLATFORM_TAGS: ${tag} is not one of package.json's napi.targets (${[...known].join(', ')})`)
+    process.exit(1)
+  }
+  if (!tags.includes(tag)) tags.push(tag)
+}
+const expected = Object.fromEntries(tags.map((tag) => [`${main.napi.packageName}-${tag}`, main.version]))
 if (main.optionalDependencies) {
   console.error('bindings/node/package.json: optionalDependencies are added here, at release time')
   process.exit(1)
@@ -59,8 +70,23 @@ fs.mkdirSync(outdir, { recursive: true })
 const mainDir = path.join(stage, 'shardlimit')
 fs.mkdirSync(mainDir, { recursive: true })
 for (const f of main.files) fs.cpSync(path.join(src, f), path.join(mainDir, f), { recursive: true })
+// the repository the README's relative links point into, at the release's tag
+const repoUrl = main.repository.url.replace(/^git\+/, '').replace(/\.git$/, '')
+const blob = `${repoUrl}/blob/v${main.version}/bindings/node/`
+const readmePath = path.join(mainDir, 'README.md')
+const readme = fs.readFileSync(readmePath, 'utf8').replace(/\]\((?![a-z][a-z0-9+.-]*:|#)([^)\s]+)\)/gi, (m, rel) => {
+  return `](${new URL(rel, blob).href})`
+})
+const relative = readme.match(/\]\((?![a-z][a-z0-9+.-]*:|#)[^)]*\)/i)
+if (relative) {
+  console.error(`the published README keeps a relative link: ${relative[0]}`)
+  process.exit(1)
+}
+fs.writeFileSync(readmePath, readme)
 const published = {}
 for (const [k, v] of Object.entries(main)) {
+  // a checkout's build and test scripts and its devDependencies mean nothing in node_modules
+  if (k === 'scripts' || k === 'devDependencies') continue
   published[k] = v
   if (k === 'engines') published.optionalDependencies = expected
 }

@@ -82,8 +82,8 @@ t_metadata() {
   [ "$url" = "https://github.com/shardlimit/shardlimit" ] || { echo "repository is $url" >&2; return 1; }
   has "bindings/node/package.json version is not $version" \
     node -e 'process.exit(require("./bindings/node/package.json").version === process.argv[1] ? 0 : 1)' "$version"
-  has "the npm main package is not $version, or its optionalDependencies are not all at $version" \
-    sh -c 'tar -xzOf "$1" package/package.json | node -e "const p = JSON.parse(require(\"fs\").readFileSync(0)); const o = Object.values(p.optionalDependencies || {}); process.exit(p.version === process.argv[1] && o.length === p.napi.targets.length && o.every((v) => v === p.version) ? 0 : 1)" "$2"' \
+  has "the npm main package is not $version, or its optionalDependencies are not the built platform packages at $version, or it keeps dev scripts/devDependencies" \
+    sh -c 'tar -xzOf "$1" package/package.json | node -e "const p = JSON.parse(require(\"fs\").readFileSync(0)); const o = p.optionalDependencies || {}; process.exit(p.version === process.argv[1] && o[\"@shardlimit/binding-linux-x64-gnu\"] === p.version && Object.values(o).every((v) => v === p.version) && !p.scripts && !p.devDependencies ? 0 : 1)" "$2"' \
     _ "$DIST/npm/shardlimit-$version.tgz" "$version"
   has "SHARDLIMIT_VERSION in include/shardlimit.h is not $version" grep -q "^#define SHARDLIMIT_VERSION \"$version\"" include/shardlimit.h
   has "CHANGELOG.md has no section for $version" grep -q "^## \[$version\]" CHANGELOG.md

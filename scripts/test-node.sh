@@ -39,4 +39,8 @@ node --test test/*.test.js
 echo "test-node: examples/node (Express app smoke test, real redis-server on 127.0.0.1)"
 cd "$root/examples/node"
 npm ci --no-audit --no-fund --loglevel=error
+# the quick start of examples/node/README.md: the release tarballs over the source link,
+# so the example runs as a user installs it (no Rust)
+npm install --no-save --no-audit --no-fund --loglevel=error "$DIST/npm/shardlimit-$version.tgz" "$platform_pkg"
+node -e 'const p = require.resolve("shardlimit"); if (!p.includes("node_modules/shardlimit/")) { console.error(p); process.exit(1) }'
 node --test test/*.test.js

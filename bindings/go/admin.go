@@ -154,16 +154,22 @@ func (l *Limiter) ObserveHealth(signal float64) (float64, error) {
 	return float64(f), nil
 }
 
-// Metrics is the limiter's counters as JSON (per policy: allowed, denied, fallback,
-// blocked, local_admitted, redis_errors; the Redis latency histogram; events dropped).
-func (l *Limiter) Metrics() ([]byte, error) {
+// Metrics is the limiter's counters in the Prometheus text format, for a /metrics
+// endpoint: metrics() is this text in every language (spec/names.json).
+func (l *Limiter) Metrics() (string, error) {
+	return l.MetricsPrometheus()
+}
+
+// MetricsSnapshot is the limiter's counters as JSON (per policy: allowed, denied,
+// fallback, blocked, local_admitted, redis_errors; the Redis latency histogram; events
+// dropped).
+func (l *Limiter) MetricsSnapshot() ([]byte, error) {
 	return l.text(func(h *C.shardlimit_limiter, out *C.shardlimit_string, e **C.shardlimit_error) C.shardlimit_result {
 		return C.shardlimit_metrics(h, out, e)
 	})
 }
 
-// MetricsPrometheus is the limiter's counters in the Prometheus text format, for a
-// /metrics endpoint.
+// MetricsPrometheus is the same as Metrics (its earlier name, kept for existing code).
 func (l *Limiter) MetricsPrometheus() (string, error) {
 	b, err := l.text(func(h *C.shardlimit_limiter, out *C.shardlimit_string, e **C.shardlimit_error) C.shardlimit_result {
 		return C.shardlimit_metrics_prometheus(h, out, e)

@@ -22,7 +22,7 @@ func BenchmarkCheck64(b *testing.B) {
 	var l *Limiter
 	var err error
 	if path := os.Getenv("SHARDLIMIT_BENCH_CONFIG"); path != "" {
-		l, err = NewFromFile(path)
+		l, err = NewFromConfigFile(path)
 	} else {
 		r := startRedis(b)
 		policy = "bench"

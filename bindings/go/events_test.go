@@ -170,7 +170,7 @@ func TestWatchConfigReloadsOnChange(t *testing.T) {
 		return s.config(fmt.Sprintf(`"w":{"algorithm":"fixed_window","limit":%d,"window":"1h"}`, limit))
 	}
 	write(policy(2), 1_000_000)
-	l, err := NewFromFile(path)
+	l, err := NewFromConfigFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}

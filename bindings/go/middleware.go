@@ -455,15 +455,10 @@ func buildMiddleware(o MiddlewareOptions) (func(http.Handler) http.Handler, erro
 				if !o.Headers.wanted(h.Name) {
 					continue
 				}
-				switch h.Name {
-				case "X-RateLimit-Reset":
-					// the Unix time of the reset, as GitHub, Stripe and express-rate-limit send
-					reset := now.Add(d.ResetAfter + time.Second - 1).Unix()
-					h.Value = strconv.FormatInt(reset, 10)
-				case "Retry-After":
-					if o.RetryAfterDate && d.HasRetryAfter {
-						h.Value = retryAfter(d.RetryAfter, true, now)
-					}
+				// the core's values (X-RateLimit-Reset the Unix time of the reset, as
+				// from d.Headers() and every binding); only Retry-After's form is ours
+				if h.Name == "Retry-After" && o.RetryAfterDate && d.HasRetryAfter {
+					h.Value = retryAfter(d.RetryAfter, true, now)
 				}
 				w.Header().Set(h.Name, h.Value)
 			}

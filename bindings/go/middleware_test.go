@@ -156,6 +156,45 @@ func TestMiddlewareDenyingFallbackIs503(t *testing.T) {
 	}
 }
 
+// on_error local decides with this process's share of the limit: a real decision, so its
+// denial is a 429 with its own Retry-After and budget headers, not the 503 of an outage.
+func TestMiddlewareLocalFallbackDenialIs429(t *testing.T) {
+	port := freePort(t) // nothing listens there: connection refused
+	l, err := NewFromJSON(fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":500,
+		"instances":1,"on_error":"local",
+		"policies":{"api":{"algorithm":"fixed_window","limit":2,"window":"1h"}}}`, port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	unavailable := false
+	h := Middleware(MiddlewareOptions{Limiter: l, Policy: "api", Key: func(*http.Request) string { return "k" },
+		OnUnavailable: func(w http.ResponseWriter, _ *http.Request, d Decision) {
+			unavailable = true
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}}, ok)
+	for _, left := range []string{"1", "0"} {
+		rec := serve(h, "/", nil)
+		if rec.Code != http.StatusOK || rec.Header().Get("X-RateLimit-Remaining") != left {
+			t.Fatalf("admitted: %d %v", rec.Code, rec.Header())
+		}
+	}
+	rec := serve(h, "/", nil)
+	if rec.Code != http.StatusTooManyRequests || unavailable {
+		t.Fatalf("code %d, want 429 (a local decision is not an outage)", rec.Code)
+	}
+	if ra, err := strconv.Atoi(rec.Header().Get("Retry-After")); err != nil || ra < 1 || ra > 3600 {
+		t.Fatalf("Retry-After %q", rec.Header().Get("Retry-After"))
+	}
+	if rec.Header().Get("X-RateLimit-Remaining") != "0" || rec.Header().Get("X-RateLimit-Status") != "" {
+		t.Fatalf("headers of a local denial: %v", rec.Header())
+	}
+	d, err := l.Check(context.Background(), "k", "api", 1)
+	if err != nil || d.Allowed || d.Source != SourceLocalFallback || d.Source.String() != "local_fallback" {
+		t.Fatalf("a local denial: %+v %v", d, err)
+	}
+}
+
 // Headers chooses the header set; Retry-After can be an HTTP date; the 503's Retry-After
 // is configurable.
 func TestMiddlewareHeaderOptions(t *testing.T) {

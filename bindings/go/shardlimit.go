@@ -141,6 +141,9 @@ const (
 	SourceLocal    Source = C.SHARDLIMIT_SOURCE_LOCAL
 	SourceFallback Source = C.SHARDLIMIT_SOURCE_FALLBACK
 	SourceBlock    Source = C.SHARDLIMIT_SOURCE_BLOCK
+	// SourceLocalFallback: the shard failed and on_error: local decided with this
+	// process's share of the limit; a denial is a rate limit (429), not an outage.
+	SourceLocalFallback Source = C.SHARDLIMIT_SOURCE_LOCAL_FALLBACK
 )
 
 func (s Source) String() string { return goStr(C.shardlimit_source_name(C.uint32_t(s))) }
@@ -218,6 +221,10 @@ type Header struct{ Name, Value string }
 
 // Headers renders the standard rate-limit headers (X-RateLimit-*, RateLimit,
 // RateLimit-Policy, and Retry-After when denied) in a stable order.
+//
+// X-RateLimit-Reset is the Unix time (seconds, rounded up) at which the budget is full
+// again, rendered now; the IETF RateLimit field's t keeps delta seconds. The same values
+// in every language and every middleware.
 func (d *Decision) Headers() ([]Header, error) {
 	var h *C.shardlimit_headers
 	var e *C.shardlimit_error
@@ -324,8 +331,9 @@ func NewFromJSON(config string, opts ...Option) (*Limiter, error) {
 	})))
 }
 
-// NewFromFile creates a limiter from a JSON config file.
-func NewFromFile(path string, opts ...Option) (*Limiter, error) {
+// NewFromConfigFile creates a limiter from a JSON config file (the name of
+// spec/names.json: from_config_file in every language's idiom).
+func NewFromConfigFile(path string, opts ...Option) (*Limiter, error) {
 	clock, keep, err := buildOptions(opts)
 	if err != nil {
 		return nil, err
@@ -335,6 +343,11 @@ func NewFromFile(path string, opts ...Option) (*Limiter, error) {
 		p, n := cStr(path)
 		return C.shardlimit_limiter_new_file(p, n, clock, out, e)
 	})))
+}
+
+// NewFromFile is the same as NewFromConfigFile (its earlier name, kept for existing code).
+func NewFromFile(path string, opts ...Option) (*Limiter, error) {
+	return NewFromConfigFile(path, opts...)
 }
 
 // NewFromEnv creates a limiter from $SHARDLIMIT_CONFIG (a path or inline JSON); the

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,6 +107,13 @@ func TestDecisionRendering(t *testing.T) {
 	if h[0].Value != "2" || h[1].Value != "0" || h[3].Value != `"api";q=2;w=3600` {
 		t.Fatalf("header values %v", h)
 	}
+	// X-RateLimit-Reset is the Unix time of the reset (as the middleware sends it, and every
+	// language); RateLimit's t keeps delta seconds
+	reset, err := strconv.ParseInt(h[2].Value, 10, 64)
+	wall := time.Now().Add(d.ResetAfter).Unix()
+	if err != nil || reset < wall-1 || reset > wall+1 {
+		t.Fatalf("X-RateLimit-Reset %q, want about %d", h[2].Value, wall)
+	}
 	body, err := d.Body()
 	if err != nil {
 		t.Fatal(err)
@@ -148,14 +156,14 @@ func TestErrors(t *testing.T) {
 			t.Errorf("error fields: %#v", err)
 		}
 	}
-	if _, err := NewFromFile(filepath.Join(t.TempDir(), "missing.json")); !errors.Is(err, ErrIO) {
+	if _, err := NewFromConfigFile(filepath.Join(t.TempDir(), "missing.json")); !errors.Is(err, ErrIO) {
 		t.Errorf("missing file: %v", err)
 	}
 	path := filepath.Join(t.TempDir(), "c.json")
 	if err := os.WriteFile(path, []byte(r.config(`"p":{"algorithm":"token_bucket","capacity":1,"refill_per_sec":1}`)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	l, err := NewFromFile(path)
+	l, err := NewFromConfigFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}

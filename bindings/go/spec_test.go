@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -241,7 +242,7 @@ func TestEveryOperationOfTheCore(t *testing.T) {
 		"settle":           (*Reservation).Settle,
 		"memory":           NewMemory,
 		"new":              NewFromJSON,
-		"from_config_file": NewFromFile,
+		"from_config_file": NewFromConfigFile,
 		"from_env":         NewFromEnv,
 		"with_clock":       WithClock,
 		"set_log_sink":     WithLogger,
@@ -345,7 +346,7 @@ func TestEngineReloadScaleHealthMetrics(t *testing.T) {
 	if d, _ := l.Check(ctx, "k4", "api", 1); d.Limit != 7 {
 		t.Fatalf("reloaded from file: limit %d", d.Limit)
 	}
-	m, err := l.Metrics()
+	m, err := l.MetricsSnapshot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +359,64 @@ func TestEngineReloadScaleHealthMetrics(t *testing.T) {
 	if err := json.Unmarshal(m, &parsed); err != nil || len(parsed.Policies) == 0 || parsed.Policies[0].Policy != "api" || parsed.Policies[0].Allowed < 1 {
 		t.Fatalf("metrics %s: %v", m, err)
 	}
+	if text, err := l.Metrics(); err != nil || !strings.Contains(text, `policy="api"`) {
+		t.Fatalf("prometheus %q: %v", text, err)
+	}
 	if text, err := l.MetricsPrometheus(); err != nil || !strings.Contains(text, `policy="api"`) {
 		t.Fatalf("prometheus %q: %v", text, err)
+	}
+}
+
+// spec/names.json: Go's names for loading a file, the metrics (Metrics the Prometheus text,
+// as in every language; MetricsSnapshot the JSON) and an event's kind (Event.Kind, named
+// as every binding names the kinds).
+func TestNamesOfTheSpec(t *testing.T) {
+	var names struct {
+		Load     map[string]any    `json:"load_from_file"`
+		Text     map[string]any    `json:"metrics_text"`
+		Snapshot map[string]any    `json:"metrics_snapshot"`
+		Field    map[string]string `json:"event_kind_field"`
+		Kinds    []string          `json:"event_kinds"`
+	}
+	readJSON(t, "../../spec/names.json", &names)
+	var load func(string, ...Option) (*Limiter, error) = NewFromConfigFile
+	var alias func(string, ...Option) (*Limiter, error) = NewFromFile
+	var text func(*Limiter) (string, error) = (*Limiter).Metrics
+	var snapshot func(*Limiter) ([]byte, error) = (*Limiter).MetricsSnapshot
+	if names.Load["go"] != "NewFromConfigFile" || names.Text["go"] != "Limiter.Metrics" ||
+		names.Snapshot["go"] != "Limiter.MetricsSnapshot" || names.Field["go"] != "Event.Kind" {
+		t.Fatalf("spec/names.json's Go names changed: %+v", names)
+	}
+	path := filepath.Join(t.TempDir(), "c.json")
+	if err := os.WriteFile(path, []byte(`{"policies":{"api":"1/minute"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if l2, err := alias(path); err != nil {
+		t.Fatal(err)
+	} else {
+		l2.Close()
+	}
+	if s, err := text(l); err != nil || !strings.HasPrefix(s, "# ") {
+		t.Fatalf("Metrics %q %v", s, err)
+	}
+	if b, err := snapshot(l); err != nil || !json.Valid(b) {
+		t.Fatalf("MetricsSnapshot %s %v", b, err)
+	}
+	for _, k := range []EventKind{EventDenied, EventBlocked, EventFallback, EventCircuit, EventShadowDenied, EventNearLimit, EventReloaded, EventReloadRejected} {
+		found := false
+		for _, n := range names.Kinds {
+			found = found || n == k.String()
+		}
+		if !found {
+			t.Errorf("event kind %q is not in spec/names.json", k.String())
+		}
+	}
+	if len(names.Kinds) != 8 {
+		t.Errorf("spec/names.json lists %d kinds, Go 8", len(names.Kinds))
 	}
 }

@@ -41,9 +41,15 @@ function load() {
   } catch (e) {
     if (e && e.code !== 'MODULE_NOT_FOUND') throw e
   }
+  // an installed package: the platform package was not installed (npm skipped it, or
+  // --omit=optional, or a lock file made on another platform); a checkout: not built yet
+  const installed = __dirname.split(/[\\/]/).includes('node_modules')
   const err = new Error(
     `shardlimit: no native addon for ${tag}; tried ${tried.join(', ')}. ` +
-      'Build it from source with `npm run build` (needs Rust), or install a release that ships this platform.'
+      (installed
+        ? `Install ${pkg} (npm installs it with shardlimit unless optional dependencies are omitted ` +
+          'or the lock file was made on another platform), or use a platform shardlimit ships for.'
+        : 'In a source checkout, build it with `npm run build` in bindings/node (needs Rust).')
   )
   err.code = 'ERR_SHARDLIMIT_NATIVE_MISSING'
   throw err

@@ -57,7 +57,8 @@ export interface Quota {
 }
 
 /** Who decided: a Redis shard, the in-memory engine, local admission, the `on_error` fallback, the block list. */
-export type DecisionSource = 'redis' | 'memory' | 'local' | 'fallback' | 'block'
+/** `fallback`: `on_error: open`/`closed` decided, unmeasured (a denial is a 503); `local_fallback`: `on_error: local` decided with this process's share (a denial is a 429). */
+export type DecisionSource = 'redis' | 'memory' | 'local' | 'fallback' | 'block' | 'local_fallback'
 
 /**
  * The answer to a check (durations in milliseconds, with microsecond precision): plain data (own properties, so `structuredClone` and
@@ -436,8 +437,8 @@ export interface ShardlimitConfig {
   on_error?: 'open' | 'closed' | 'local' | 'error'
   /** How many instances share a `local` fallback's limit. */
   instances?: number
-  /** Named policies. */
-  policies?: Record<string, Record<string, unknown>>
+  /** Named policies: a spec object (`{ algorithm: 'fixed_window', limit: 5, window: '1m' }`) or a rate string (`'5/minute'`, `'10/second; 1000/day'`). */
+  policies?: Record<string, string | Record<string, unknown>>
   /** Every other field of the config format. */
   [field: string]: unknown
 }
@@ -445,7 +446,9 @@ export interface ShardlimitConfig {
 /** A limiter: Redis shards (or the in-memory engine) and named policies. */
 export declare class Limiter {
   private constructor()
-  /** Loads a JSON config file. Throws ConfigError / IoError. */
+  /** Loads a JSON config file (the name of spec/names.json in every language). Throws ConfigError / IoError. */
+  static fromConfigFile(path: string, options?: LimiterOptions): Limiter
+  /** The same as `fromConfigFile` (its earlier name, kept for existing code). */
   static fromConfig(path: string, options?: LimiterOptions): Limiter
   /** Parses a JSON config (text, or an object). Throws ConfigError. */
   static fromJson(config: string | ShardlimitConfig, options?: LimiterOptions): Limiter
@@ -619,6 +622,10 @@ export interface HttpRequestLike {
   headers: Record<string, string | string[] | undefined>
   /** The peer (`remoteAddress`) is the default key. */
   socket?: { remoteAddress?: string } | null
+  /** Express: the client address under the app's `trust proxy` setting, the default key when that setting is on and `trustedProxies` is not given. */
+  ip?: string
+  /** Express: the app, whose `trust proxy` setting is read. */
+  app?: { get(name: string): unknown }
   /** Set by the middleware: the decision this response reports (the tightest of several limiters). */
   rateLimit?: Decision
 }
@@ -639,15 +646,38 @@ export interface HttpResponseLike {
   off(event: 'finish' | 'close', listener: () => void): unknown
 }
 
-/** What a request is limited as; null/undefined/false: not limited. */
-export type RequestKey = string | { key: string; policy?: string; cost?: number } | null | undefined | false
+/** One layer of a layered check made by a key function's array. */
+export interface RequestLayer {
+  /** The layer's key (bounded as any key: longer than 1,024 bytes becomes `sha256:<hex>`). */
+  key: string
+  /** The layer's policy (default: the middleware's). */
+  policy?: string
+  /** The layer's ad-hoc limit instead of a policy. */
+  limit?: Limit
+  /** Units (default 1). */
+  cost?: number
+}
+
+/**
+ * What a request is limited as; null/undefined/false: not limited. An array is a layered
+ * check: several limits on one request, atomically (`checkAll`: allowed only if every layer
+ * allows; a denial consumes nothing). A key longer than 1,024 bytes is replaced by
+ * `sha256:<hex>` of it, so a client's header can never make a request fail.
+ */
+export type RequestKey = string | { key: string; policy?: string; plan?: string; cost?: number } | RequestLayer[] | null | undefined | false
 
 /** Options of every middleware (express-rate-limit's vocabulary where it fits). */
 export interface MiddlewareOptions<Req = HttpRequestLike, Res = HttpResponseLike> {
   /** The policy (checked when the middleware is built: an unknown one throws UnknownPolicyError), unless `key` returns one. */
   policy?: string
-  /** An ad-hoc limit instead of a policy: a number of requests per `windowMs` (fixed window), a `LimitSpec`, or a `Limit`. */
-  limit?: number | LimitSpec | Limit
+  /** An ad-hoc limit instead of a policy: a number of requests per `windowMs` (fixed window), a function of the request giving that number (a limit per tenant), a `LimitSpec`, or a `Limit`. */
+  limit?: number | ((req: Req) => number) | LimitSpec | Limit
+  /** The plan of the config a request is checked under (`check(key, { policy, plan })`): a name, or a function of the request (null/undefined: the policy itself). */
+  plan?: string | ((req: Req) => string | null | undefined)
+  /** The status of a request over its limit (default 429). */
+  statusCode?: number
+  /** The body of a request over its limit instead of the core's JSON: a string (sent as text), an object (sent as JSON), or a function of (req, res) giving either (or a Promise of it). */
+  message?: string | Record<string, unknown> | ((req: Req, res: Res) => string | Record<string, unknown> | Promise<string | Record<string, unknown>>)
   /** With a numeric `limit`: the window (default 60 000 ms). */
   windowMs?: number
   /** The name of an ad-hoc limit in headers, bodies, metrics and Redis keys; limits of one name share counters. */
@@ -666,8 +696,8 @@ export interface MiddlewareOptions<Req = HttpRequestLike, Res = HttpResponseLike
   unavailableHandler?: (req: Req, res: Res, next: (err?: unknown) => void, decision: Decision) => unknown
   /** `Retry-After` of a 503, in seconds (default: the decision's, 1 s for `on_error: closed`). */
   unavailableRetryAfter?: number
-  /** The IETF `RateLimit` / `RateLimit-Policy` fields (delta seconds). Default true. */
-  standardHeaders?: boolean
+  /** The IETF fields (delta seconds): true or `'draft-8'` (the default) the core's `RateLimit-Policy: "api";q=100;w=60` and `RateLimit: "api";r=50;t=30`; `'draft-7'` `RateLimit: limit=100, remaining=50, reset=30`; `'draft-6'` `RateLimit-Limit`, `-Remaining`, `-Reset` (each with `RateLimit-Policy: 100;w=60`, as express-rate-limit sends them); false none. */
+  standardHeaders?: boolean | 'draft-6' | 'draft-7' | 'draft-8'
   /** `X-RateLimit-Limit`, `-Remaining` and `-Reset` (a Unix timestamp, in seconds). Default true. */
   legacyHeaders?: boolean
   /** `Retry-After` as delta seconds (default) or an HTTP date. */
@@ -678,7 +708,7 @@ export interface MiddlewareOptions<Req = HttpRequestLike, Res = HttpResponseLike
   maxDelayMs?: number
   /** The start-up connect to every shard, begun when the first middleware of a limiter is built (milliseconds of its own; default 5000, 0 skips it): requests that arrive before it ends wait for it, and a failure is a process warning. */
   warmUpMs?: number
-  /** CIDRs of proxies whose X-Forwarded-For is believed (default none: the peer address is the client). */
+  /** CIDRs of proxies whose X-Forwarded-For is believed (default: none, the peer address is the client; or, in an Express app with `trust proxy` set, `req.ip`). */
   trustedProxies?: string[]
   /** The default key keys IPv6 clients by their network of this many bits (1 to 128, default 64). */
   ipv6Prefix?: number

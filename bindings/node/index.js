@@ -168,18 +168,23 @@ function withLogger(limiter, options) {
 }
 
 class Limiter {
-  /** Use `Limiter.fromConfig`, `Limiter.fromJson` or `Limiter.memory`. */
+  /** Use `Limiter.fromConfigFile`, `Limiter.fromJson` or `Limiter.memory`. */
   constructor(handle) {
     if (!(handle instanceof NativeLimiter)) {
-      throw new TypeError('Use Limiter.fromConfig(path), Limiter.fromJson(text) or Limiter.memory()')
+      throw new TypeError('Use Limiter.fromConfigFile(path), Limiter.fromJson(text) or Limiter.memory()')
     }
     this[kNative] = handle
   }
 
-  /** Loads a JSON config file (Redis shards and named policies). */
-  static fromConfig(path, options) {
+  /** Loads a JSON config file (Redis shards and named policies): spec/names.json's name. */
+  static fromConfigFile(path, options) {
     checkString('path', path)
     return withTransport(withLogger(new Limiter(NativeLimiter.fromConfig(path, clockOf(options))), options), options)
+  }
+
+  /** The same as `fromConfigFile` (its earlier name, kept for existing code). */
+  static fromConfig(path, options) {
+    return Limiter.fromConfigFile(path, options)
   }
 
   /** Parses a JSON config (a string, or an object that is serialized first). */
@@ -728,7 +733,7 @@ class Limit {
 // structuredClone, JSON.stringify and spreading see them, and reading one costs no call
 // into the addon. headers() and body() hand the fields back to the core, which renders them.
 
-const SOURCES = ['redis', 'memory', 'local', 'fallback', 'block'] // src/decision.rs's order
+const SOURCES = ['redis', 'memory', 'local', 'fallback', 'block', 'local_fallback'] // src/decision.rs's order
 // the window (ms) RateLimit-Policy names (a registered symbol: middleware.js reads it too)
 const kWindow = Symbol.for('shardlimit.window')
 

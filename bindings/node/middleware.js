@@ -5,6 +5,7 @@
 // (429 for a limit, 503 when the limit could not be checked), holding a request for a
 // leaky bucket's delay, and giving a concurrency lease back when the response ends.
 
+const { createHash } = require('node:crypto')
 const { native } = require('./binding.js')
 
 const kShown = Symbol('shardlimit.shown') // the decision whose headers a response carries
@@ -16,7 +17,19 @@ function typeError(message) {
   return e
 }
 
-function ipOf(req, proxies, kKey) {
+/** Whether `req`'s Express app trusts proxies (`app.set('trust proxy', ...)`): then `req.ip` is its client. */
+function expressTrustsProxy(req) {
+  const app = req.app
+  if (!app || typeof app.get !== 'function') return false
+  const setting = app.get('trust proxy')
+  return setting !== undefined && setting !== false && setting !== 0 && typeof req.ip === 'string' && req.ip !== ''
+}
+
+function ipOf(req, proxies, kKey, ownProxies) {
+  // no trustedProxies of our own and an Express app that trusts proxies: its req.ip is the
+  // client (as express-rate-limit keys), else every client behind the proxy would share
+  // the proxy's budget
+  if (!ownProxies && expressTrustsProxy(req)) return proxies.clientKey(req.ip, null)
   const socket = req.socket
   // the core's trusted-proxy rule: X-Forwarded-For is believed only from trusted hops
   const xff = req.headers && req.headers['x-forwarded-for']
@@ -34,14 +47,16 @@ function ipOf(req, proxies, kKey) {
 
 /**
  * The response headers of `decision` under the header options: `X-RateLimit-*` (legacy,
- * with `X-RateLimit-Reset` as a Unix timestamp, as GitHub, Stripe and express-rate-limit
- * send it), the IETF `RateLimit` / `RateLimit-Policy` fields (delta seconds), and
+ * the core's values: `X-RateLimit-Reset` a Unix timestamp, as GitHub and
+ * express-rate-limit send it), the IETF `RateLimit` / `RateLimit-Policy` fields (delta
+ * seconds), and
  * `Retry-After` in seconds or as an HTTP date. `retryAfterSecs` overrides the decision's.
  * (Every request of a limited route comes here: the core's header names are told apart
  * by their first letters, not by regular expressions.)
  */
 function renderHeaders(decision, o, nowMs, retryAfterSecs) {
-  if (decision.allowed && retryAfterSecs === undefined) {
+  const draft = o.draft || 'draft-8'
+  if (decision.allowed && retryAfterSecs === undefined && draft === 'draft-8') {
     const fast = admittedHeaders(decision, o, nowMs)
     if (fast !== null) return fast
   }
@@ -53,19 +68,44 @@ function renderHeaders(decision, o, nowMs, retryAfterSecs) {
     const c = name.charCodeAt(0)
     if (c === 88 /* X-RateLimit-* */) {
       if (!o.legacyHeaders) continue
-      out[name] = name === 'X-RateLimit-Reset' ? String(Math.ceil((nowMs + decision.resetAfter) / 1000)) : value
+      out[name] = value
     } else if (name === 'Retry-After') {
       coreRetry = value // below
     } else if (c === 82 /* RateLimit, RateLimit-Policy */) {
-      if (o.standardHeaders) out[name] = value
+      if (o.standardHeaders && draft === 'draft-8') out[name] = value
     } else {
       out[name] = value
     }
   }
+  if (o.standardHeaders && draft !== 'draft-8') Object.assign(out, olderDraft(decision, draft))
   let retry = retryAfterSecs
   if (retry === undefined && coreRetry !== undefined) retry = Number(coreRetry)
   if (retry !== undefined && retry !== null && !decision.allowed) {
     out['Retry-After'] = o.retryAfter === 'date' ? new Date(nowMs + retry * 1000).toUTCString() : String(retry)
+  }
+  return out
+}
+
+/**
+ * The IETF fields of the earlier drafts express-rate-limit also offers (its
+ * `standardHeaders: 'draft-6' | 'draft-7'`), from the decision the core made: draft-6
+ * `RateLimit-Limit`, `-Remaining`, `-Reset` (delta seconds) and `RateLimit-Policy: 100;w=60`;
+ * draft-7 `RateLimit: limit=100, remaining=50, reset=30` and the same policy. A decision
+ * that did not measure the limit (a fallback) or is shadow-denied shows only its limit.
+ */
+function olderDraft(decision, draft) {
+  const windowSecs = Math.max(1, Math.ceil((decision[kWindow] || 0) / 1000))
+  const out = { 'RateLimit-Policy': `${decision.limit};w=${windowSecs}` }
+  const measured = decision.source !== 'fallback' && !decision.shadowDenied
+  const reset = Math.ceil(decision.resetAfter / 1000)
+  if (draft === 'draft-6') {
+    out['RateLimit-Limit'] = String(decision.limit)
+    if (measured) {
+      out['RateLimit-Remaining'] = String(decision.remaining)
+      out['RateLimit-Reset'] = String(reset)
+    }
+  } else {
+    out.RateLimit = measured ? `limit=${decision.limit}, remaining=${decision.remaining}, reset=${reset}` : `limit=${decision.limit}`
   }
   return out
 }
@@ -102,6 +142,7 @@ function admittedHeaders(decision, o, nowMs) {
   if (o.legacyHeaders) {
     out['X-RateLimit-Limit'] = t.limit
     out['X-RateLimit-Remaining'] = remaining
+    // the core's X-RateLimit-Reset: the Unix time of the reset, whole seconds rounded up
     out['X-RateLimit-Reset'] = String(Math.ceil((nowMs + decision.resetAfter) / 1000))
   }
   if (o.standardHeaders) {
@@ -117,6 +158,19 @@ function tighter(next, shown) {
   if (!shown) return true
   if (shown.allowed !== next.allowed) return !next.allowed
   return next.remaining < shown.remaining
+}
+
+/** The core's bound on a key's length (bytes). */
+const MAX_KEY_BYTES = 1024
+
+/**
+ * A key as the core takes it: one longer than 1,024 bytes (a client's header, say) becomes
+ * `sha256:<hex>` of it, so that no client input can make a request fail with a 500. Keys
+ * of that length are distinct by their hash alone.
+ */
+function boundKey(key) {
+  if (typeof key !== 'string' || key.length * 3 <= MAX_KEY_BYTES || Buffer.byteLength(key) <= MAX_KEY_BYTES) return key
+  return `sha256:${createHash('sha256').update(key).digest('hex')}`
 }
 
 function checkFn(name, v, what) {
@@ -150,8 +204,14 @@ function compile(limiter, options) {
   if (ipv6Prefix !== undefined && !Number.isInteger(ipv6Prefix)) {
     throw typeError('The "options.ipv6Prefix" argument must be an integer from 1 to 128')
   }
-  for (const b of ['standardHeaders', 'legacyHeaders']) {
-    if (opts[b] !== undefined && typeof opts[b] !== 'boolean') throw typeError(`The "options.${b}" argument must be a boolean`)
+  if (opts.legacyHeaders !== undefined && typeof opts.legacyHeaders !== 'boolean') {
+    throw typeError('The "options.legacyHeaders" argument must be a boolean')
+  }
+  // express-rate-limit's choice of draft; true is the core's fields (draft-8)
+  const drafts = ['draft-6', 'draft-7', 'draft-8']
+  const std = opts.standardHeaders
+  if (std !== undefined && typeof std !== 'boolean' && !drafts.includes(std)) {
+    throw typeError('The "options.standardHeaders" argument must be a boolean, "draft-6", "draft-7" or "draft-8"')
   }
   if (opts.retryAfter !== undefined && opts.retryAfter !== 'seconds' && opts.retryAfter !== 'date') {
     throw typeError('The "options.retryAfter" argument must be "seconds" or "date"')
@@ -184,19 +244,52 @@ function compile(limiter, options) {
   const proxies = new native.TrustedProxies(trustedProxies || [], ipv6Prefix === undefined ? null : ipv6Prefix)
   const kKey = Symbol('shardlimit.clientKey') // a connection's key under these proxies
 
+  // the answer to a request over its limit (express-rate-limit's `statusCode` and `message`)
+  const statusCode = opts.statusCode === undefined ? 429 : opts.statusCode
+  if (!Number.isInteger(statusCode) || statusCode < 400 || statusCode > 599) {
+    throw typeError('The "options.statusCode" argument must be an HTTP status from 400 to 599')
+  }
+  const message = opts.message
+  if (message !== undefined && message !== null && !['string', 'object', 'function'].includes(typeof message)) {
+    throw typeError('The "options.message" argument must be a string, an object (sent as JSON) or a function (req, res) => either')
+  }
+  const plan = opts.plan
+  if (plan !== undefined && typeof plan !== 'string' && typeof plan !== 'function') {
+    throw typeError('The "options.plan" argument must be a plan name or a function (req) => plan name')
+  }
+
   // the limit: a named policy (checked now), an ad-hoc limit, or one the key function names
   let limit = null // a Limit (ad-hoc)
+  let limitFn = null // (req) => requests per windowMs
+  let limitFor = null
   let algorithm = null
   if (opts.limit !== undefined) {
     if (policy !== undefined) throw typeError('Use "options.policy" or "options.limit", not both')
     const { Limit } = require('./index.js')
-    if (opts.limit instanceof Limit) limit = opts.limit
+    if (typeof opts.limit === 'function') {
+      // a limit per request (a tenant's plan): a fixed window of n per windowMs; one Limit
+      // per n, made once (a bad n fails that request with the Limit's error)
+      limitFn = opts.limit
+      const windowMs = opts.windowMs === undefined ? 60_000 : opts.windowMs
+      if (typeof windowMs !== 'number') throw typeError('The "options.windowMs" argument must be a number of milliseconds')
+      const made = new Map()
+      limitFor = (n) => {
+        let l = made.get(n)
+        if (l === undefined) {
+          l = new Limit({ algorithm: 'fixed_window', limit: n, window: `${windowMs}ms` }, { name: opts.name })
+          if (made.size >= 1024) made.clear()
+          made.set(n, l)
+        }
+        return l
+      }
+      algorithm = 'fixed_window'
+    } else if (opts.limit instanceof Limit) limit = opts.limit
     else if (typeof opts.limit === 'number') {
       const windowMs = opts.windowMs === undefined ? 60_000 : opts.windowMs
       if (typeof windowMs !== 'number') throw typeError('The "options.windowMs" argument must be a number of milliseconds')
       limit = new Limit({ algorithm: 'fixed_window', limit: opts.limit, window: `${windowMs}ms` }, { name: opts.name })
     } else limit = new Limit(opts.limit, { name: opts.name })
-    algorithm = limit.algorithm
+    if (limit) algorithm = limit.algorithm
   } else if (policy !== undefined) {
     algorithm = limiter.policy(policy).algorithm // an unknown policy throws here
   } else if (key === undefined) {
@@ -210,9 +303,27 @@ function compile(limiter, options) {
     throw typeError('skipSuccessfulRequests / skipFailedRequests do not apply to a concurrency limit (its lease is given back when the response ends)')
   }
 
+  /** A key function's array of layers: one atomic `checkAll` (every layer must allow). */
+  function layersOf(list) {
+    const layers = list.map((l, i) => {
+      if (l === null || typeof l !== 'object' || typeof l.key !== 'string') {
+        throw typeError(`layer ${i} of the key function's array must be { key, policy | limit, cost? }`)
+      }
+      const out = { ...l, key: boundKey(l.key) }
+      if (out.policy === undefined && out.limit === undefined) {
+        if (limit) out.limit = limit
+        else out.policy = policy
+      }
+      return out
+    })
+    return { layers, algorithm: 'layered', cost: 1 }
+  }
+
   return {
     limiter,
     giveBack,
+    statusCode,
+    message,
     warm: warmUp(limiter, warmUpMs),
     skip,
     handler,
@@ -222,6 +333,7 @@ function compile(limiter, options) {
     maxDelayMs,
     headers: {
       standardHeaders: opts.standardHeaders !== false,
+      draft: typeof std === 'string' ? std : 'draft-8',
       legacyHeaders: opts.legacyHeaders !== false,
       retryAfter: opts.retryAfter || 'seconds',
     },
@@ -232,13 +344,22 @@ function compile(limiter, options) {
      * common case costs no extra turn of the microtask queue).
      */
     resolve(req) {
-      const k = key ? key(req) : ipOf(req, proxies, kKey)
+      const k = key ? key(req) : ipOf(req, proxies, kKey, trustedProxies !== undefined)
       return isThenable(k) ? k.then(specOf) : specOf(k)
       function specOf(k) {
         if (k === null || k === undefined || k === false) return null
+        if (Array.isArray(k)) return layersOf(k)
         const spec = typeof k === 'object' ? { ...k } : { key: k }
+        spec.key = boundKey(spec.key)
+        if (spec.plan === undefined && plan !== undefined) {
+          const p = typeof plan === 'function' ? plan(req) : plan
+          if (p !== null && p !== undefined) spec.plan = p
+        }
         if (spec.policy !== undefined && spec.policy !== policy) {
           spec.algorithm = limiter.policy(spec.policy).algorithm
+        } else if (limitFn) {
+          spec.limit = limitFor(limitFn(req))
+          spec.algorithm = 'fixed_window'
         } else if (limit) {
           spec.limit = limit
           spec.algorithm = algorithm
@@ -322,6 +443,7 @@ function afterSkip(c, req) {
 function run(c, spec) {
   if (spec === null) return Promise.resolve(null)
   if (!c.warm.done) return c.warm.promise.then(() => run(c, spec))
+  if (spec.layers) return c.limiter.checkAll(spec.layers)
   if (spec.algorithm === 'concurrency') {
     const target = spec.limit ? { limit: spec.limit } : { policy: spec.policy }
     return c.limiter.acquire(spec.key, { ...target, units: spec.cost }).then((r) => held(r.decision, r.lease ? { lease: r.lease, target } : null, null))
@@ -333,7 +455,9 @@ function run(c, spec) {
       held(r.decision, null, r.reservation ? { reservation: r.reservation, target } : null)
     )
   }
-  return c.limiter.check(spec.key, spec.limit ? { limit: spec.limit, cost: spec.cost } : { policy: spec.policy, cost: spec.cost })
+  if (spec.limit) return c.limiter.check(spec.key, { limit: spec.limit, cost: spec.cost })
+  if (spec.plan !== undefined) return c.limiter.check(spec.key, { policy: spec.policy, plan: spec.plan, cost: spec.cost })
+  return c.limiter.check(spec.key, { policy: spec.policy, cost: spec.cost })
 }
 
 /** A decision with what the response must give back when it ends (a Decision has no `held`). */
@@ -416,6 +540,18 @@ function bodyOf(decision, status) {
   return body
 }
 
+/**
+ * The `message` option as a body: a string as text, an object as JSON, a function's
+ * result (or its Promise's) as either. A Promise of `{ type, text }`.
+ */
+function messageOf(c, req, res) {
+  return Promise.resolve(typeof c.message === 'function' ? c.message(req, res) : c.message).then((m) =>
+    typeof m === 'string'
+      ? { type: 'text/plain; charset=utf-8', text: m }
+      : { type: 'application/json; charset=utf-8', text: JSON.stringify(m) }
+  )
+}
+
 /** Gives `lease` back once, when the response finishes or the connection closes. */
 function releaseOnEnd(c, res, held) {
   let done = false
@@ -466,7 +602,14 @@ function expressMiddleware(limiter, options) {
           }
           return
         }
-        res.statusCode = status
+        if (status === 429 && c.message !== undefined) {
+          return messageOf(c, req, res).then((m) => {
+            res.statusCode = c.statusCode
+            res.setHeader('Content-Type', m.type)
+            res.end(m.text)
+          }, next)
+        }
+        res.statusCode = status === 429 ? c.statusCode : status
         res.setHeader('Content-Type', 'application/json; charset=utf-8')
         res.end(JSON.stringify(bodyOf(decision, status)))
       },
@@ -529,7 +672,12 @@ function fastifyHookOf(c) {
       await custom(request, reply, decision)
       return reply
     }
-    reply.code(status).type('application/json; charset=utf-8').send(bodyOf(decision, status))
+    if (status === 429 && c.message !== undefined) {
+      const m = await messageOf(c, request, reply)
+      reply.code(c.statusCode).type(m.type).send(m.text)
+      return reply
+    }
+    reply.code(status === 429 ? c.statusCode : status).type('application/json; charset=utf-8').send(bodyOf(decision, status))
     return reply
   }
 }

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Who made a decision. Deliberately not `#[non_exhaustive]`: every binding maps each
 /// source to its own enum, and a new one must fail their build until they do.
@@ -14,11 +14,15 @@ pub enum Source {
     Memory,
     /// Admitted locally from units leased in advance from Redis.
     Local,
-    /// The shard failed and the policy's `on_error` mode decided: the limit was not
-    /// measured (see [`Decision::measured`]).
+    /// The shard failed and the policy's `on_error` mode (`open`, `closed`) decided: the
+    /// limit was not measured (see [`Decision::measured`]).
     Fallback,
     /// The key is on the block list.
     Block,
+    /// The shard failed and the policy's `on_error: local` decided with this process's
+    /// share of the limit: a real (local) decision, with its own remaining budget and
+    /// `Retry-After`. A denial is a rate limit (429), not an outage.
+    LocalFallback,
 }
 
 impl Source {
@@ -29,6 +33,7 @@ impl Source {
             Source::Local => "local",
             Source::Fallback => "fallback",
             Source::Block => "block",
+            Source::LocalFallback => "local_fallback",
         }
     }
 }
@@ -94,16 +99,19 @@ fn ceil_secs(d: Duration) -> u64 {
 }
 
 impl Decision {
-    /// False for a fallback decision: the shard could not be asked and the policy's
-    /// `on_error` mode decided, so `remaining` and `reset_after` are not the limit's state
-    /// (an `open` fallback reports 0 remaining; `local` reports its in-process share).
+    /// False for a fallback decision of `on_error: open` or `closed`: the shard could not be
+    /// asked, so `remaining` and `reset_after` are not the limit's state (an `open`
+    /// fallback reports 0 remaining). An `on_error: local` decision
+    /// ([`Source::LocalFallback`]) measured this process's share of the limit: true.
     pub fn measured(&self) -> bool {
         self.source != Source::Fallback
     }
 
     /// The standard rate-limit response headers, in a stable order:
-    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (seconds until the
-    /// budget is full again), `RateLimit-Policy` and `RateLimit` (IETF
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (the Unix time,
+    /// in whole seconds rounded up, at which the budget is full again: what GitHub and
+    /// express-rate-limit send; the IETF `RateLimit` field's `t` keeps delta seconds),
+    /// `RateLimit-Policy` and `RateLimit` (IETF
     /// draft-ietf-httpapi-ratelimit-headers structured fields), and `Retry-After` (seconds)
     /// when denied and a retry can succeed. A decision that did not measure the limit
     /// ([`Decision::measured`]) renders no remaining budget or reset time, only the
@@ -118,8 +126,24 @@ impl Decision {
     /// A shadow-denied decision ([`Decision::shadow_denied`]) renders only
     /// `X-RateLimit-Limit` and `RateLimit-Policy`: no remaining budget, no reset time and no
     /// `Retry-After`, so a client is never told it is limited by a limit in shadow.
+    ///
+    /// Every binding and middleware sends these values (`X-RateLimit-Reset` computed here,
+    /// from the wall clock at the call): one meaning for each header in every language.
     pub fn headers(&self) -> Vec<(&'static str, String)> {
+        self.headers_at(SystemTime::now())
+    }
+
+    /// [`Decision::headers`] rendered at `now` (the wall-clock time `X-RateLimit-Reset`
+    /// counts from).
+    pub fn headers_at(&self, now: SystemTime) -> Vec<(&'static str, String)> {
         let reset = ceil_secs(self.reset_after);
+        let now_us = now
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_micros() as u64;
+        let reset_at = now_us
+            .saturating_add(self.reset_after.as_micros() as u64)
+            .div_ceil(1_000_000);
         let (policy_field, item) = self.policy_field();
         if self.shadow_denied {
             return vec![
@@ -141,7 +165,7 @@ impl Decision {
         let mut h = vec![
             ("X-RateLimit-Limit", self.limit.to_string()),
             ("X-RateLimit-Remaining", self.remaining.to_string()),
-            ("X-RateLimit-Reset", reset.to_string()),
+            ("X-RateLimit-Reset", reset_at.to_string()),
             ("RateLimit-Policy", policy_field),
             (
                 "RateLimit",
@@ -303,13 +327,16 @@ mod tests {
     }
     #[test]
     fn headers_when_allowed() {
-        let h = d(true, None).headers();
+        // at 2025-01-01T12:00:00.5Z a decision that resets in 30.5 s resets at 12:00:31, a Unix
+        // time (RateLimit keeps delta seconds, rounded up)
+        let now = UNIX_EPOCH + Duration::from_millis(1_735_732_800_500);
+        let h = d(true, None).headers_at(now);
         assert_eq!(
             h,
             vec![
                 ("X-RateLimit-Limit", "100".to_string()),
                 ("X-RateLimit-Remaining", "42".to_string()),
-                ("X-RateLimit-Reset", "31".to_string()),
+                ("X-RateLimit-Reset", "1735732831".to_string()),
                 ("RateLimit-Policy", "\"api\";q=100;w=60".to_string()),
                 ("RateLimit", "\"api\";r=42;t=31".to_string()),
             ]

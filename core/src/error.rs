@@ -179,16 +179,82 @@ impl Error {
         self.kind().is_backend()
     }
 
+    /// A config error. Its field path and message are bounded ([`bounded`]): a config
+    /// value (or policy name) of 50 MB must not make an error message of 100 MB.
     pub(crate) fn config(field: impl Into<String>, message: impl Into<String>) -> Error {
         Error::Config {
-            field: field.into(),
-            message: message.into(),
+            field: bounded(field.into(), MAX_FIELD_BYTES),
+            message: bounded(message.into(), MAX_MESSAGE_BYTES),
         }
     }
+    /// An invalid-argument error, bounded as [`Error::config`] is.
     pub(crate) fn invalid(what: impl Into<String>, message: impl Into<String>) -> Error {
         Error::InvalidArgument {
-            what: what.into(),
-            message: message.into(),
+            what: bounded(what.into(), MAX_FIELD_BYTES),
+            message: bounded(message.into(), MAX_MESSAGE_BYTES),
         }
+    }
+    /// An unknown policy, its name bounded as [`Error::config`]'s field is.
+    pub(crate) fn unknown_policy(name: &str) -> Error {
+        Error::UnknownPolicy(bounded(name.to_string(), MAX_FIELD_BYTES))
+    }
+}
+
+/// The longest field path (or argument name, policy name) an error carries, in bytes.
+pub const MAX_FIELD_BYTES: usize = 256;
+/// The longest message an error carries, in bytes.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+/// `s` if it has at most `max` bytes, else its start and its end (on character boundaries)
+/// around `…[N bytes elided]…`: the value a message quotes is cut, and what the message
+/// says after it (what was expected) is kept.
+pub(crate) fn bounded(s: String, max: usize) -> String {
+    if s.len() <= max {
+        return s;
+    }
+    let tail_len = max / 4;
+    let head_len = max - tail_len - 32; // room for the marker
+    let mut head = head_len;
+    while !s.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = s.len() - tail_len;
+    while !s.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{}…[{} bytes elided]…{}",
+        &s[..head],
+        tail - head,
+        &s[tail..]
+    )
+}
+
+#[cfg(test)]
+mod bounded_tests {
+    use super::*;
+
+    #[test]
+    fn a_huge_config_value_makes_a_short_message() {
+        let big = "x".repeat(50_000_000);
+        let e = Error::config(
+            format!("policies.{big}.window"),
+            format!("expected a duration like \"1m\", got \"{big}\""),
+        );
+        let m = e.to_string();
+        assert!(
+            m.len() <= MAX_FIELD_BYTES + MAX_MESSAGE_BYTES + 8,
+            "{}",
+            m.len()
+        );
+        assert!(m.starts_with("policies.xxx"), "{m}");
+        assert!(m.contains("bytes elided]"), "{m}");
+        assert!(m.contains("expected a duration like \"1m\""), "{m}");
+        // multi-byte characters are cut on their boundaries
+        let e = Error::invalid("key", "€".repeat(10_000));
+        assert!(e.to_string().len() < MAX_FIELD_BYTES + MAX_MESSAGE_BYTES);
+        assert!(Error::unknown_policy(&big).to_string().len() < 400);
+        // short ones are left alone
+        assert_eq!(Error::config("a", "b").to_string(), "a: b",);
     }
 }

@@ -87,9 +87,11 @@ impl Event {
         }
     }
 
-    /// Field/value pairs, as written to the Redis stream.
+    /// Field/value pairs, as written to the Redis stream: first `kind` (the name every
+    /// binding gives it: Node's `e.kind`, Python's `e["kind"]`, Go's `Event.Kind`, C's
+    /// `shardlimit_event.kind`; spec/names.json), then the kind's fields.
     pub fn fields(&self) -> Vec<(&'static str, String)> {
-        let mut f = vec![("event", self.kind().to_string())];
+        let mut f = vec![("kind", self.kind().to_string())];
         match self {
             Event::Denied {
                 policy,

@@ -314,9 +314,9 @@ fn an_override_survives_a_shard_outage_in_the_fallback() {
     assert_eq!(l.check_blocking("t", &p, 1).unwrap().limit, 40);
     server.kill();
     let d = l.check_blocking("t", &p, 1).unwrap();
-    assert_eq!((d.source, d.limit), (Source::Fallback, 40), "{d:?}");
+    assert_eq!((d.source, d.limit), (Source::LocalFallback, 40), "{d:?}");
     let d = l.check_blocking("other", &p, 1).unwrap();
-    assert_eq!((d.source, d.limit), (Source::Fallback, 10), "{d:?}");
+    assert_eq!((d.source, d.limit), (Source::LocalFallback, 10), "{d:?}");
 }
 
 /// Lists every page of `policy`'s overrides.

@@ -497,7 +497,16 @@ fn assert_modes_while_down(call: Call, l: &Limiter, what: &str) {
     // local: limit 8 shared by 4 instances -> 2 per key locally
     for i in 0..3 {
         let d = call(l, "local", &format!("{what}-same-key")).unwrap();
-        assert_eq!(d.source, Source::Fallback);
+        // a real local decision: measured (its share's budget), a denial a rate limit
+        assert_eq!(d.source, Source::LocalFallback);
+        assert!(d.measured());
+        if !d.allowed {
+            assert!(d.retry_after.is_some(), "{d:?}");
+            assert!(d
+                .headers()
+                .iter()
+                .any(|(n, _)| *n == "X-RateLimit-Remaining"));
+        }
         assert_eq!(d.allowed, i < 2, "{what} local #{i}: {d:?}");
         assert_eq!(d.limit, 2);
     }

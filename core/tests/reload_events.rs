@@ -63,7 +63,7 @@ fn watched_reload_is_an_event(shards: &str) {
     let e = rx
         .recv_timeout(Duration::from_secs(10))
         .expect("no reload event");
-    assert_eq!(field(&e, "event"), "reloaded");
+    assert_eq!(field(&e, "kind"), "reloaded");
     assert_eq!(field(&e, "policies_changed"), "api");
     assert_eq!(field(&e, "engine_changed"), "false");
     // the event comes after the swap: the next check has the new limit
@@ -76,7 +76,7 @@ fn watched_reload_is_an_event(shards: &str) {
     let e = rx
         .recv_timeout(Duration::from_secs(10))
         .expect("no rejection event");
-    assert_eq!(field(&e, "event"), "reload_rejected");
+    assert_eq!(field(&e, "kind"), "reload_rejected");
     assert_eq!(field(&e, "path"), path.display().to_string());
     assert!(!field(&e, "error").is_empty());
     assert_eq!(
@@ -106,7 +106,7 @@ fn explicit_reload_is_an_event_and_a_rejected_one_is_not() {
     let next = shardlimit::Config::from_json(&format!("{{{}}}", policies(3))).unwrap();
     limiter.reload(next).unwrap();
     let e = rx.try_recv().expect("the reload was not told");
-    assert_eq!(field(&e, "event"), "reloaded");
+    assert_eq!(field(&e, "kind"), "reloaded");
     assert_eq!(field(&e, "policies_changed"), "api");
     // a reload refused before it is applied returns its error to the caller only
     assert!(limiter

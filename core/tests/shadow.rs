@@ -354,7 +354,7 @@ fn shadow_and_near_limit_events_reach_the_stream() {
             .unwrap_or_default();
         let kinds: Vec<String> = entries
             .iter()
-            .filter_map(|(_, f)| f.iter().find(|(k, _)| k == "event").map(|(_, v)| v.clone()))
+            .filter_map(|(_, f)| f.iter().find(|(k, _)| k == "kind").map(|(_, v)| v.clone()))
             .collect();
         if kinds.len() >= 2 {
             assert_eq!(kinds, vec!["near_limit", "shadow_denied"]);

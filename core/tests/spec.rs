@@ -156,3 +156,71 @@ fn operations_json_lists_every_public_limiter_method() {
          not listed {missing:?}, listed but gone {stale:?}"
     );
 }
+
+fn names_json() -> Value {
+    let text = std::fs::read_to_string(root().join("spec/names.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// spec/names.json's Rust, C and C++ names: the functions exist in the core's sources, the
+/// generated C header and the C++ wrapper; an event's fields start with its kind under
+/// the one name, and the kinds are the core's.
+#[test]
+fn names_json_holds_for_rust_c_and_cpp() {
+    let names = names_json();
+    let header = std::fs::read_to_string(root().join("include/shardlimit.h")).unwrap();
+    let hpp = std::fs::read_to_string(root().join("include/shardlimit.hpp")).unwrap();
+    for thing in ["load_from_file", "metrics_text", "metrics_snapshot"] {
+        let c = names[thing]["c"].as_str().unwrap();
+        assert!(
+            header.contains(&format!(" {c}(")),
+            "{thing}: no {c} in the C header"
+        );
+        let mut cpp = vec![names[thing]["cpp"].as_str().unwrap().to_string()];
+        for a in names[thing]["aliases"]["cpp"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            cpp.push(a.as_str().unwrap().to_string());
+        }
+        for n in cpp {
+            let method = n.rsplit("::").next().unwrap();
+            assert!(
+                hpp.contains(&format!(" {method}(")),
+                "{thing}: no {n} in shardlimit.hpp"
+            );
+        }
+    }
+    // Rust: the names compile
+    let _: fn(&str) -> shardlimit::Result<shardlimit::Limiter> =
+        |p| shardlimit::Limiter::from_config_file(p);
+    let l = shardlimit::Limiter::memory();
+    assert!(l.metrics().to_prometheus().contains("shardlimit_"));
+
+    let e = shardlimit::Event::ReloadRejected {
+        path: "shard-config.json".into(),
+        error: shardlimit::Error::Internal("x".into()),
+    };
+    let field = names["event_kind_field"]["redis_stream"].as_str().unwrap();
+    assert_eq!(e.fields()[0], (field, "reload_rejected".to_string()));
+    let kinds: Vec<&str> = names["event_kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert!(kinds.contains(&e.kind()));
+    let events = std::fs::read_to_string(root().join("core/src/events.rs")).unwrap();
+    for k in &kinds {
+        assert!(
+            events.contains(&format!("=> \"{k}\"")),
+            "event kind {k} is not the core's"
+        );
+    }
+    assert_eq!(
+        events.matches("{ .. } => \"").count(),
+        kinds.len(),
+        "every kind of the core is in spec/names.json"
+    );
+}

@@ -53,7 +53,7 @@ async function caller() {
     const [policy, key] = pairs[(j + 7 * instance) % pairs.length]
     try {
       const d = await limiter.check(key, { policy })
-      if (d.source === 'fallback') tally.fallback++
+      if (d.source === 'fallback' || d.source === 'local_fallback') tally.fallback++
       else if (d.allowed) {
         tally.allowed++
         perKey[`${policy}/${key}`]++

@@ -43,7 +43,7 @@ async def run(args: argparse.Namespace, limiter: shardlimit.Limiter) -> dict:
                     print(f"python worker: {e}", file=sys.stderr)
                 tally["errors"] += 1
             else:
-                if d.source == "fallback":
+                if d.source in ("fallback", "local_fallback"):
                     tally["fallback"] += 1
                 elif d.allowed:
                     tally["allowed"] += 1
@@ -77,7 +77,7 @@ def main() -> int:
     ap.add_argument("--instance", type=int, default=1)
     ap.add_argument("--barrier", action="store_true")
     args = ap.parse_args()
-    limiter = shardlimit.Limiter.from_config(args.config)
+    limiter = shardlimit.Limiter.from_config_file(args.config)
     for p in args.policies.split(","):
         limiter.peek("demo:unused", p)  # unknown policy -> error now; opens the connections
     print("ready", file=sys.stderr, flush=True)

@@ -99,7 +99,9 @@ async fn run_one(
                 {
                     let mut t = tally.lock().unwrap();
                     match r {
-                        Ok(d) if d.source == Source::Fallback => t.fallback += 1,
+                        Ok(d) if matches!(d.source, Source::Fallback | Source::LocalFallback) => {
+                            t.fallback += 1
+                        }
                         Ok(d) if d.allowed => {
                             t.allowed += 1;
                             *t.per_key.entry(format!("{policy}/{key}")).or_default() += 1;

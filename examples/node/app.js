@@ -38,7 +38,7 @@ function main() {
   let limiter
   let policy = values.policy
   if (source) {
-    limiter = source.trim().startsWith('{') ? Limiter.fromJson(source) : Limiter.fromConfig(source)
+    limiter = source.trim().startsWith('{') ? Limiter.fromJson(source) : Limiter.fromConfigFile(source)
   } else {
     limiter = Limiter.fromJson({ policies: { demo: { algorithm: 'sliding_window', limit: 5, window: '10s' } } })
     policy = 'demo'

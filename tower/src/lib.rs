@@ -226,10 +226,11 @@ where
 /// `X-Forwarded-For` from the right up to the first untrusted hop, so a client cannot
 /// choose its own key by sending the header.
 ///
-/// The peer address is read from the request extensions: a [`SocketAddr`] (insert it
-/// yourself when serving with hyper), or, with the `axum` feature, axum's
-/// `ConnectInfo<SocketAddr>` (serve with `into_make_service_with_connect_info`). A request
-/// with neither is an [`Error::Key`].
+/// The peer address is read from the request extensions: axum's `ConnectInfo<SocketAddr>`
+/// (serve with `into_make_service_with_connect_info::<SocketAddr>()`; read with the crate
+/// feature `axum`, on by default), or a [`SocketAddr`] (insert it yourself when serving
+/// with hyper). A request with neither is an [`Error::Key`] whose message names which of
+/// the two this build reads.
 #[derive(Debug, Clone)]
 pub struct IpKey {
     policy: Policy,
@@ -263,13 +264,7 @@ impl IpKey {
 
     /// The client address of `req` (see the type's documentation).
     pub fn client_ip<B>(&self, req: &Request<B>) -> Result<IpAddr, Error> {
-        let peer = peer_addr(req).ok_or_else(|| {
-            Error::Key(
-                "no peer address in the request extensions (axum: serve with \
-                 into_make_service_with_connect_info::<SocketAddr>())"
-                    .into(),
-            )
-        })?;
+        let peer = peer_addr(req).ok_or_else(|| Error::Key(NO_PEER.into()))?;
         let xff: Vec<&str> = req
             .headers()
             .get_all("x-forwarded-for")
@@ -280,6 +275,17 @@ impl IpKey {
         Ok(client_ip_with(peer, xff.as_deref(), &self.trusted))
     }
 }
+
+/// Why [`IpKey`] found no peer address, naming what is missing in this build.
+#[cfg(feature = "axum")]
+const NO_PEER: &str = "no peer address in the request extensions: neither axum's \
+     ConnectInfo<SocketAddr> (serve with into_make_service_with_connect_info::<SocketAddr>()) \
+     nor a SocketAddr extension";
+#[cfg(not(feature = "axum"))]
+const NO_PEER: &str = "no peer address: shardlimit-tower was built without its \"axum\" \
+     feature (default-features = false), so axum's ConnectInfo<SocketAddr> is not read; \
+     enable the feature (shardlimit-tower = { features = [\"axum\"] }) or insert the peer's \
+     SocketAddr as a request extension";
 
 fn peer_addr<B>(req: &Request<B>) -> Option<IpAddr> {
     #[cfg(feature = "axum")]
@@ -388,8 +394,10 @@ impl<K> RateLimitLayer<K> {
     }
 
     /// Replaces the `503` answered when the `on_error` fallback denied because the limit
-    /// could not be checked (`closed`, `local` past its share, an open circuit; the
-    /// decision's `source` is `Fallback`). Default: [`unavailable`]'s status and body. The
+    /// could not be checked (`on_error: closed`; the decision's `source` is `Fallback`).
+    /// An `on_error: local` denial is a real decision of this process's share
+    /// (`Source::LocalFallback`): a 429 like any other, through
+    /// [`RateLimitLayer::on_limited`]. Default: [`unavailable`]'s status and body. The
     /// headers are added as for [`RateLimitLayer::on_limited`]. (A check that failed with an
     /// error, `on_error: error`, goes to [`RateLimitLayer::on_error`] instead.)
     pub fn on_unavailable(
@@ -456,21 +464,11 @@ impl<S: fmt::Debug, K> fmt::Debug for RateLimit<S, K> {
 }
 
 /// Sets the headers of `d` on `headers`, replacing any the service set itself.
-/// `X-RateLimit-Reset` is a Unix timestamp (seconds, rounded up), as GitHub, Stripe,
-/// express-rate-limit and the other bindings' middlewares send it; the IETF `RateLimit`
-/// field keeps delta seconds.
+/// The core's values ([`Decision::headers`]): `X-RateLimit-Reset` a Unix timestamp
+/// (seconds, rounded up), as GitHub, express-rate-limit and every binding send it; the
+/// IETF `RateLimit` field keeps delta seconds.
 pub fn set_headers(headers: &mut http::HeaderMap, d: &Decision) {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |t| t.as_millis() as u64);
     for (name, value) in d.headers() {
-        let value = if name == "X-RateLimit-Reset" {
-            (now_ms + d.reset_after.as_millis() as u64)
-                .div_ceil(1000)
-                .to_string()
-        } else {
-            value
-        };
         // the core renders ASCII names, digits and quoted policy names; from_bytes
         // lowercases the name as HTTP/2 requires
         if let (Ok(n), Ok(v)) = (
@@ -490,8 +488,7 @@ pub fn too_many_requests(d: &Decision) -> Response<String> {
     r
 }
 
-/// The response to a denial by the `on_error` fallback (`closed`, or `local` past its
-/// share): `503` with the decision's headers and a JSON body whose `error` is
+/// The response to a denial by the `on_error: closed` fallback: `503` with the decision's headers and a JSON body whose `error` is
 /// `rate_limit_unavailable`. The limit could not be checked, so the client is not told it
 /// was rate limited (a 429 would blame it).
 pub fn unavailable(d: &Decision) -> Response<String> {

@@ -5,7 +5,7 @@ use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Response, StatusCode};
 use shardlimit::{Decision, Source};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 /// Which rate-limit headers a checked response carries (the names of the Go middleware's
 /// `HeaderSet`; Python's `headers="both" | "x-ratelimit" | "ietf" | "none"`, Node's
@@ -17,7 +17,7 @@ pub enum HeaderSet {
     #[default]
     Both,
     /// `X-RateLimit-Limit`, `-Remaining` and `-Reset` (a Unix timestamp), as GitHub and
-    /// Stripe send them.
+    /// express-rate-limit send them.
     Legacy,
     /// The IETF draft's `RateLimit` and `RateLimit-Policy` fields (delta seconds).
     Standard,
@@ -90,10 +90,6 @@ pub(crate) fn is_outage(d: &Decision) -> bool {
     !d.allowed && d.source == Source::Fallback
 }
 
-fn unix_now(now: SystemTime) -> Duration {
-    now.duration_since(UNIX_EPOCH).unwrap_or_default()
-}
-
 /// The lower-case name (as HTTP/2 requires) of a header the core renders: the known ones
 /// without an allocation.
 fn header_name(name: &str) -> Option<HeaderName> {
@@ -144,12 +140,12 @@ impl Options {
         }
     }
 
-    /// The headers of `d` as the options ask: `X-RateLimit-Reset` as a Unix timestamp
-    /// (seconds, rounded up; the IETF `RateLimit` field keeps delta seconds), `Retry-After`
-    /// in seconds or as an HTTP date.
+    /// The headers of `d` as the options ask, the core's values rendered at `now`
+    /// (`X-RateLimit-Reset` a Unix timestamp, the IETF `RateLimit` field delta seconds, as
+    /// in every binding), `Retry-After` in seconds or as an HTTP date.
     pub(crate) fn render(&self, d: &Decision, now: SystemTime) -> Rendered {
         let mut headers = Vec::with_capacity(6);
-        for (name, value) in d.headers() {
+        for (name, value) in d.headers_at(now) {
             let value = match name {
                 "Retry-After" => match self.retry_after {
                     RetryAfter::Seconds => value,
@@ -159,10 +155,6 @@ impl Options {
                         httpdate::fmt_http_date(now + Duration::from_secs(secs))
                     }
                 },
-                "X-RateLimit-Reset" if self.headers.legacy() => {
-                    let at = unix_now(now).as_millis() as u64 + d.reset_after.as_millis() as u64;
-                    at.div_ceil(1000).to_string()
-                }
                 "RateLimit" | "RateLimit-Policy" if !self.headers.standard() => continue,
                 n if n.starts_with("X-RateLimit-") && !self.headers.legacy() => continue,
                 _ => value,

@@ -371,3 +371,38 @@ async fn a_custom_503_handler_and_its_retry_after() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
+
+/// `on_error: local` decides with this process's share of the limit: a real (local)
+/// decision, so a denial is a 429 with its own Retry-After and budget headers, never the
+/// 503 of an outage.
+#[tokio::test]
+async fn a_local_fallback_denial_is_a_429_with_its_own_headers() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = dead.local_addr().unwrap().port();
+    drop(dead);
+    let limiter = Limiter::from_json(&format!(
+        r#"{{"timeout_ms": 200, "on_error": "local", "instances": 1,
+            "shards": [{{"name": "s0", "url": "redis://127.0.0.1:{port}"}}],
+            "policies": {{"api": {{"algorithm": "fixed_window", "limit": 2, "window": "1m"}}}}}}"#
+    ))
+    .unwrap();
+    let api = limiter.policy("api").unwrap();
+    let layer = RateLimitLayer::new(limiter, move |_r: &Request<String>| {
+        Ok(Check::new("user:1", &api))
+    })
+    .on_unavailable(|_d: &Decision| panic!("a local decision is not an outage"));
+    let svc = layer.layer(ok_service());
+    for left in ["1", "0"] {
+        let r = svc.clone().oneshot(req("/")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(header(&r, "x-ratelimit-remaining"), Some(left));
+    }
+    let r = svc.clone().oneshot(req("/")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = header(&r, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    assert_eq!(header(&r, "x-ratelimit-remaining"), Some("0"));
+    assert!(header(&r, "x-ratelimit-status").is_none());
+    let b: serde_json::Value = serde_json::from_str(r.body()).unwrap();
+    assert_eq!(b["error"], "rate_limited");
+}

@@ -162,7 +162,7 @@ TEST_F(Redis, WatchConfigReloadsAndTheNextCheckUsesTheNewLimit) {
                   R"(,"window":"1h"})");
   };
   write_at(path, policy(2), 1000000);
-  auto l = shardlimit::Limiter::from_file(path);
+  auto l = shardlimit::Limiter::from_config_file(path);
   auto sub = l.subscribe();
   EXPECT_THROW(l.watch_config(path, 0ms), shardlimit::Error);
   {

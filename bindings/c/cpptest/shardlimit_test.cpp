@@ -246,7 +246,7 @@ TEST(Errors, AreExceptionsWithStableCodes) {
     EXPECT_FALSE(e.is_backend());
     EXPECT_NE(std::string(e.what()).find("policies.a.limit"), std::string::npos);
   }
-  EXPECT_THROW(shardlimit::Limiter::from_file("/nonexistent/config.json"), shardlimit::Error);
+  EXPECT_THROW(shardlimit::Limiter::from_config_file("/nonexistent/config.json"), shardlimit::Error);
   auto mem = shardlimit::Limiter::memory();
   try {
     mem.check("k", "nope");

@@ -68,7 +68,7 @@ using L = shardlimit::Limiter;
 const std::map<std::string, void (*)(const L*)> kOps = {
     OP("memory", L::memory()),
     OP("new", L::from_json("{}")),
-    OP("from_config_file", L::from_file("x")),
+    OP("from_config_file", L::from_config_file("x")),
     OP("from_env", L::from_env()),
     OP("with_clock", L::memory(static_cast<const shardlimit::Clock*>(nullptr))),
     OP("is_redis", l->is_redis()),
@@ -81,7 +81,7 @@ const std::map<std::string, void (*)(const L*)> kOps = {
     OP("set_scale", (l->set_scale(1.0), 0)),
     OP("scale", l->scale()),
     OP("observe_health", l->observe_health(0.1)),
-    OP("metrics", l->metrics_prometheus()),
+    OP("metrics", l->metrics()),
     OP("connect", (l->connect(), 0)),
     OP("check", l->check("k", "p")),
     OP("peek", l->peek("k", l->policy("p"))),
@@ -213,8 +213,8 @@ TEST(Spec, MemoryLimiterOnAManualClockScaleAndMetrics) {
   EXPECT_EQ(limiter.check("k2", "api").limit(), 2u);
   limiter.set_latency_scale(std::chrono::milliseconds(100), 0.1);
   EXPECT_DOUBLE_EQ(limiter.observe_health(0.4), 0.25);
-  EXPECT_NE(limiter.metrics_prometheus().find("policy=\"api\""), std::string::npos);
-  EXPECT_NE(limiter.metrics().find("\"policy\":\"api\""), std::string::npos);
+  EXPECT_NE(limiter.metrics().find("policy=\"api\""), std::string::npos);
+  EXPECT_NE(limiter.metrics_snapshot().find("\"policy\":\"api\""), std::string::npos);
   EXPECT_TRUE(limiter.memory_keys().has_value());
   EXPECT_THROW(limiter.route("k"), shardlimit::Error);
   limiter.reload(R"({"policies":{"api":{"algorithm":"fixed_window","limit":9,"window":"1s"}}})");

@@ -24,6 +24,9 @@ pub enum shardlimit_source {
     SHARDLIMIT_SOURCE_FALLBACK = 4,
     /// The key is on the block list.
     SHARDLIMIT_SOURCE_BLOCK = 5,
+    /// The shard failed and the policy's `on_error: local` decided with this process's
+    /// share of the limit: a real (local) decision; a denial is a rate limit (429).
+    SHARDLIMIT_SOURCE_LOCAL_FALLBACK = 6,
 }
 
 pub(crate) fn source_to_c(s: Source) -> shardlimit_source {
@@ -33,6 +36,7 @@ pub(crate) fn source_to_c(s: Source) -> shardlimit_source {
         Source::Local => SHARDLIMIT_SOURCE_LOCAL,
         Source::Fallback => SHARDLIMIT_SOURCE_FALLBACK,
         Source::Block => SHARDLIMIT_SOURCE_BLOCK,
+        Source::LocalFallback => SHARDLIMIT_SOURCE_LOCAL_FALLBACK,
     }
 }
 
@@ -43,6 +47,7 @@ pub(crate) fn source_from_c(code: u32) -> Option<Source> {
         Source::Local,
         Source::Fallback,
         Source::Block,
+        Source::LocalFallback,
     ]
     .into_iter()
     .find(|s| source_to_c(*s) as u32 == code)
@@ -256,6 +261,9 @@ pub struct shardlimit_headers {
 /// Renders the standard rate-limit response headers of `*decision` (as filled by a check),
 /// in a stable order: `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`,
 /// `RateLimit-Policy`, `RateLimit`, and `Retry-After` when denied and a retry can succeed.
+/// `X-RateLimit-Reset` is the Unix time (seconds, rounded up) at which the budget is full
+/// again, from the wall clock at this call (as every binding and middleware sends it);
+/// `RateLimit`'s `t` and `Retry-After` are delta seconds.
 ///
 /// On success `*out` is a new header list the caller owns: read it with
 /// `shardlimit_headers_len()` / `shardlimit_headers_get()`, free it with

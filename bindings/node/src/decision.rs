@@ -15,12 +15,13 @@ pub struct Decision {
 }
 
 /// The order of `source` indexes, as `index.js`'s `SOURCES` has them.
-const SOURCES: [shardlimit::Source; 5] = [
+const SOURCES: [shardlimit::Source; 6] = [
     shardlimit::Source::Redis,
     shardlimit::Source::Memory,
     shardlimit::Source::Local,
     shardlimit::Source::Fallback,
     shardlimit::Source::Block,
+    shardlimit::Source::LocalFallback,
 ];
 
 /// Registers the `Decision` class of this environment. Called once by `index.js`.

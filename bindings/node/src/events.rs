@@ -24,7 +24,7 @@ pub(crate) fn event_json(e: &shardlimit::Event) -> serde_json::Value {
     let mut obj = serde_json::Map::new();
     obj.insert("kind".into(), e.kind().into());
     for (k, v) in e.fields() {
-        if k != "event" {
+        if k != "kind" {
             obj.insert(camel(k), v.into());
         }
     }

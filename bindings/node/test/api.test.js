@@ -39,10 +39,16 @@ test('check: fields in ms, headers and the 429 body come from the core', async (
   const denied = await limiter.check('u1', { policy: 'login', cost: 1 })
   assert.equal(denied.allowed, false)
   assert.equal(denied.retryAfter, 59_500)
-  assert.deepEqual(denied.headers(), {
+  // X-RateLimit-Reset: the Unix time of the reset (wall clock now + 59.5 s, rounded up),
+  // the same in every language and middleware; RateLimit's t keeps delta seconds
+  const h = denied.headers()
+  const wall = Date.now() / 1000
+  const reset = Number(h['X-RateLimit-Reset'])
+  assert.ok(reset >= Math.floor(wall + 59.5) && reset <= Math.ceil(wall + 59.5) + 1, `${reset} vs ${wall}`)
+  assert.deepEqual(h, {
     'X-RateLimit-Limit': '2',
     'X-RateLimit-Remaining': '0',
-    'X-RateLimit-Reset': '60',
+    'X-RateLimit-Reset': h['X-RateLimit-Reset'],
     'RateLimit-Policy': '"login";q=2;w=60',
     RateLimit: '"login";r=0;t=60',
     'Retry-After': '60',
@@ -133,13 +139,14 @@ test('bad configs throw ConfigError naming the field; missing files IoError', ()
   )
   assert.throws(() => Limiter.fromJson('{not json'), { code: 'ERR_SHARDLIMIT_CONFIG' })
   assert.throws(() => Limiter.fromJson('{"shards":[{"name":"a","url":"http://x"}]}'), /shards\[0\]\.url/)
-  assert.throws(() => Limiter.fromConfig('/nonexistent/shardlimit.json'), (e) => e instanceof sl.IoError && e.code === 'ERR_SHARDLIMIT_IO')
+  assert.throws(() => Limiter.fromConfigFile('/nonexistent/shardlimit.json'), (e) => e instanceof sl.IoError && e.code === 'ERR_SHARDLIMIT_IO')
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'shardlimit-node-'))
   const file = path.join(dir, 'limits.json')
   fs.writeFileSync(file, JSON.stringify(config))
-  assert.deepEqual(Limiter.fromConfig(file).policies, ['login', 'shaper'])
+  assert.deepEqual(Limiter.fromConfigFile(file).policies, ['login', 'shaper'])
+  assert.deepEqual(Limiter.fromConfig(file).policies, ['login', 'shaper']) // the earlier name
   fs.writeFileSync(file, '{"policies":{"a":{"algorithm":"magic"}}}')
-  assert.throws(() => Limiter.fromConfig(file), (e) => e instanceof sl.ConfigError && e.message.includes('policies.a.algorithm'))
+  assert.throws(() => Limiter.fromConfigFile(file), (e) => e instanceof sl.ConfigError && e.message.includes('policies.a.algorithm'))
   fs.rmSync(dir, { recursive: true })
 })
 
@@ -159,7 +166,7 @@ test('bad argument types: TypeError (or RangeError for impossible numbers)', asy
   await assert.rejects(limiter.release({ key: 'k', policy: 'p', id: 1, units: 1 }), typeErr)
   await assert.rejects(limiter.reset(['k'], 'login'), typeErr)
   assert.throws(() => Limiter.fromJson(42), TypeError)
-  assert.throws(() => Limiter.fromConfig(undefined), TypeError)
+  assert.throws(() => Limiter.fromConfigFile(undefined), TypeError)
   assert.throws(() => Limiter.memory({ clock: Date }), TypeError)
   assert.throws(() => new Limiter({}), TypeError)
   assert.throws(() => limiter.route(1), TypeError)

@@ -54,3 +54,21 @@ test('an unknown policy rejects as an InvalidArgumentError', async () => {
   await assert.rejects(limiter.check('k', 'nope'), (e) => e instanceof sl.UnknownPolicyError && e instanceof sl.InvalidArgumentError)
   assert.throws(() => limiter.policy('nope'), sl.InvalidArgumentError)
 })
+
+test('a 50 MB config value makes a short error message, naming the field', () => {
+  const big = 'x'.repeat(50e6)
+  const configs = [
+    [{ policies: { a: { algorithm: big, limit: 1, window: '1m' } } }, 'policies.a.algorithm'],
+    [{ policies: { a: { algorithm: 'fixed_window', limit: 1, window: big } } }, 'policies.a.window'],
+    [{ policies: { a: big } }, 'policies.a'],
+    [{ policies: { [big]: '5/minute' } }, 'policies.'],
+    [{ policies: { a: { algorithm: 'fixed_window', limit: 1, window: '1m', on_error: big } } }, 'policies.a.on_error'],
+  ]
+  for (const [cfg, field] of configs) {
+    assert.throws(
+      () => sl.Limiter.fromJson(cfg),
+      (e) => e.code === 'ERR_SHARDLIMIT_CONFIG' && e.message.length < 2048 && e.message.startsWith(field) && /bytes elided/.test(e.message),
+      field
+    )
+  }
+})

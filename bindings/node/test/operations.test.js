@@ -16,7 +16,6 @@ const camel = (s) => s.replace(/_(\w)/g, (_, c) => c.toUpperCase())
 // core name → where Node has it, when not under the camelCase name
 const IDIOM = {
   new: 'fromJson', // `new Limiter()` is reserved for the factories' handles
-  from_config_file: 'fromConfig',
   with_clock: null, // the `{ clock }` option of every factory: checked below
   check_shadow: null, // the `{ shadow: true }` option of check: test/shadow.test.js
 }
@@ -53,4 +52,38 @@ test('operations marked not_in node are absent, each with a reason', () => {
     assert.ok(why.length > 5, op.name)
     assert.equal(has(camel(op.name)), false, `${op.name} is marked not_in node but exists`)
   }
+})
+
+test("spec/names.json: Node's names for loading a file, metrics and an event's kind", async () => {
+  const names = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', '..', 'spec', 'names.json'), 'utf8'))
+  const member = (dotted) => {
+    const [cls, name] = dotted.split('.')
+    assert.equal(cls, 'Limiter', dotted)
+    return name
+  }
+  for (const thing of ['load_from_file', 'metrics_text', 'metrics_snapshot']) {
+    const all = [names[thing].node, ...((names[thing].aliases || {}).node || [])]
+    for (const n of all) assert.ok(has(member(n)), `${thing}: Limiter has no ${n}`)
+  }
+  const file = path.join(fs.mkdtempSync(path.join(require('node:os').tmpdir(), 'names-')), 'c.json')
+  fs.writeFileSync(file, JSON.stringify({ policies: { api: '1/minute' } }))
+  const l = Limiter[member(names.load_from_file.node)](file)
+  assert.deepEqual(Limiter[member(names.load_from_file.aliases.node[0])](file).policies, l.policies)
+  // metrics(): the Prometheus text; the snapshot: an object
+  assert.equal(typeof l[member(names.metrics_text.node)](), 'string')
+  assert.match(l.metrics(), /^# (HELP|TYPE) shardlimit_/m)
+  assert.equal(typeof l[member(names.metrics_snapshot.node)]().policies, 'object')
+  // an event carries its kind under the one name
+  assert.equal(names.event_kind_field.node, 'event.kind')
+  const seen = []
+  l.subscribe((e) => seen.push(e))
+  await l.check('k', 'api')
+  await l.check('k', 'api')
+  for (let i = 0; i < 100 && !seen.some((e) => e.kind === 'denied'); i++) await new Promise((r) => setTimeout(r, 10))
+  assert.ok(seen.some((e) => e.kind === 'denied'), JSON.stringify(seen))
+  for (const e of seen) {
+    assert.equal(e.event, undefined)
+    assert.ok(names.event_kinds.includes(e.kind), e.kind)
+  }
+  l.close()
 })

@@ -158,7 +158,7 @@ test('watchConfig: a changed file is applied, a bad one ignored, close() stops i
   }
   const p = (limit) => ({ algorithm: 'fixed_window', limit, window: '1m' })
   write({ a: p(1) }, 1000)
-  const limiter = Limiter.fromConfig(file)
+  const limiter = Limiter.fromConfigFile(file)
   const watcher = limiter.watchConfig(file, { intervalMs: 10 })
   write({ a: p(1), b: p(2) }, 2000)
   await until(() => limiter.policies.includes('b'), 5000, 'the reload')

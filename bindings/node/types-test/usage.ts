@@ -40,12 +40,15 @@ export async function usage(): Promise<void> {
   hosted.close()
   Limiter.fromJson('{"policies":{}}', { transport: 'thread' }).close()
   const fromObject = Limiter.fromJson({ policies: { api: { algorithm: 'fixed_window', limit: 5, window: '1m' } } })
+  // the README's rate strings as policies
+  const fromRates = Limiter.fromJson({ policies: { a: '5/minute', b: '10/second; 1000/day' } })
+  void fromRates
   const memory = Limiter.memory()
   const d: Decision = await limiter.check('user:42', { policy: 'api', cost: 2 })
   const allowed: boolean = d.allowed
   const retry: number | null = d.retryAfter
   const n: number = d.limit + d.remaining + d.resetAfter + d.delay
-  const source: 'redis' | 'memory' | 'local' | 'fallback' | 'block' = d.source
+  const source: 'redis' | 'memory' | 'local' | 'fallback' | 'block' | 'local_fallback' = d.source
   const headers: Record<string, string> = d.headers()
   const body: RateLimitBody = d.body()
   const shorthand = await fromText.check('k', 'api')
@@ -104,6 +107,11 @@ export async function usage(): Promise<void> {
   const app = express()
   app.use(expressMiddleware(limiter, { policy: 'api', key: (req) => req.get('x-api-key') ?? null }))
   app.use(expressMiddleware(limiter, { key: (req) => ({ key: req.ip ?? 'unknown', policy: 'ip', cost: 1 }) }))
+  // a limit per request, a plan per request, the answer's status and body, layers
+  app.use(expressMiddleware<express.Request, express.Response>(limiter, { limit: (req) => (req.get('x-plan') === 'pro' ? 1000 : 100), windowMs: 60_000 }))
+  app.use(expressMiddleware<express.Request, express.Response>(limiter, { policy: 'api', plan: (req) => req.get('x-plan'), statusCode: 503, message: { error: 'slow down' } }))
+  app.use(expressMiddleware(limiter, { policy: 'api', message: (req) => `slow down ${req.headers['x-user']}` }))
+  app.use(expressMiddleware(limiter, { key: (req) => [{ key: `ip:${req.ip}`, policy: 'ip' }, { key: 'tenant:1', policy: 'api', cost: 2 }] }))
   app.get('/', (req, res) => {
     res.json({ remaining: req.rateLimit?.remaining })
   })

@@ -128,9 +128,14 @@ impl Limiter {
     fn observe_health(&self, signal: f64) -> PyResult<f64> {
         self.inner()?.observe_health(signal).map_err(core_err)
     }
+    /// The metrics in the Prometheus text exposition format (0.0.4), for a `/metrics` route:
+    /// `metrics()` is this text in every language (spec/names.json).
+    fn metrics(&self) -> PyResult<String> {
+        Ok(self.inner()?.metrics().to_prometheus())
+    }
     /// Counters per policy (`allowed`, `denied`, `fallback`, `blocked`, `local_admitted`,
     /// `redis_errors`), the Redis latency histogram and dropped events, as a dict.
-    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn metrics_snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let m = self.inner()?.metrics();
         let d = PyDict::new(py);
         let policies = PyList::empty(py);
@@ -160,7 +165,7 @@ impl Limiter {
         d.set_item("events_dropped", m.events_dropped)?;
         Ok(d)
     }
-    /// The metrics in the Prometheus text exposition format (0.0.4), for a `/metrics` route.
+    /// The same as `metrics()` (its earlier name, kept for existing code).
     fn prometheus(&self) -> PyResult<String> {
         Ok(self.inner()?.metrics().to_prometheus())
     }

@@ -98,9 +98,10 @@ impl Decision {
     }
     /// The headers as a middleware sends them, for `shardlimit._http`: only the sets asked
     /// (`x_ratelimit`: `X-RateLimit-*`; `ietf`: `RateLimit`, `RateLimit-Policy`;
-    /// `Retry-After` always), `X-RateLimit-Reset` as the Unix time `now + reset` (whole
-    /// seconds), as (name, value) pairs of `bytes` with names in lower case (`raw`, ASGI)
-    /// or of `str` (WSGI). One call instead of a dict and a loop in Python per request.
+    /// `Retry-After` always), the core's values rendered at `now` (Unix seconds;
+    /// `X-RateLimit-Reset` is the Unix time of the reset, as from `headers()`), as (name,
+    /// value) pairs of `bytes` with names in lower case (`raw`, ASGI) or of `str` (WSGI).
+    /// One call instead of a dict and a loop in Python per request.
     #[pyo3(signature = (x_ratelimit, ietf, now, raw))]
     pub(crate) fn _wire_headers<'py>(
         &self,
@@ -111,19 +112,15 @@ impl Decision {
         raw: bool,
     ) -> PyResult<Bound<'py, PyList>> {
         let out = PyList::empty(py);
-        for (name, value) in self.0.headers() {
+        let now = std::time::Duration::try_from_secs_f64(now)
+            .ok()
+            .and_then(|d| std::time::UNIX_EPOCH.checked_add(d))
+            .unwrap_or(std::time::UNIX_EPOCH);
+        for (name, value) in self.0.headers_at(now) {
             let is_ietf = name == "RateLimit" || name == "RateLimit-Policy";
             if name != "Retry-After" && !(if is_ietf { ietf } else { x_ratelimit }) {
                 continue;
             }
-            let value = if name == "X-RateLimit-Reset" {
-                let reset: u64 = value.parse().unwrap_or(0);
-                (now.max(0.0).floor() as u64)
-                    .saturating_add(reset)
-                    .to_string()
-            } else {
-                value
-            };
             if raw {
                 let name = pyo3::types::PyBytes::new(py, name.to_ascii_lowercase().as_bytes());
                 let value = pyo3::types::PyBytes::new(py, value.as_bytes());

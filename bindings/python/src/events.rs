@@ -5,7 +5,7 @@ use super::*;
 #[pymethods]
 impl Limiter {
     /// Calls `callback(event)` for every event (denials, blocks, fallbacks, circuit
-    /// changes); `event` is a dict of strings with at least `"event"` (the kind) and the
+    /// changes); `event` is a dict of strings with at least `"kind"` (the kind) and the
     /// kind's fields (`policy`, `key`, `limit`, `retry_after_ms`, `error`, `allowed`,
     /// `shard`, `state`). Callbacks run on one thread per subscription, never on the I/O
     /// thread; at most 1024 events wait for a slow callback, later ones are dropped.

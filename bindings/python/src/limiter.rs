@@ -100,10 +100,11 @@ impl Limiter {
             transport,
         )
     }
-    /// Loads a JSON config file.
+    /// Loads a JSON config file (the name of spec/names.json: `from_config_file` in
+    /// every language's idiom).
     #[staticmethod]
     #[pyo3(signature = (path, *, clock = None, transport = "default"))]
-    fn from_config(
+    fn from_config_file(
         path: std::path::PathBuf,
         clock: Option<&ManualClock>,
         transport: &str,
@@ -112,6 +113,16 @@ impl Limiter {
             with_clock(shardlimit::Limiter::from_config_file(path), clock)?,
             transport,
         )
+    }
+    /// The same as `from_config_file` (its earlier name, kept for existing code).
+    #[staticmethod]
+    #[pyo3(signature = (path, *, clock = None, transport = "default"))]
+    fn from_config(
+        path: std::path::PathBuf,
+        clock: Option<&ManualClock>,
+        transport: &str,
+    ) -> PyResult<Limiter> {
+        Self::from_config_file(path, clock, transport)
     }
     /// Uses `$SHARDLIMIT_CONFIG` (a path or inline JSON); the in-memory engine when unset.
     #[staticmethod]

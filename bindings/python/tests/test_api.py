@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -47,10 +48,15 @@ def test_decision(limiter: tuple[Limiter, ManualClock]) -> None:
     assert (first.limit, first.remaining, first.policy) == (2, 1, "login")
     assert first.reset_after == 10.0 and first.retry_after is None and first.delay == 0.0
     assert first.window == 10.0
-    assert first.headers() == {
+    # X-RateLimit-Reset: the Unix time of the reset (wall clock now + 10 s), the same in
+    # every language and middleware; RateLimit's t keeps delta seconds
+    wall = time.time()
+    h = first.headers()
+    assert int(wall) + 9 <= int(h["X-RateLimit-Reset"]) <= int(wall) + 11, (h, wall)
+    assert h == {
         "X-RateLimit-Limit": "2",
         "X-RateLimit-Remaining": "1",
-        "X-RateLimit-Reset": "10",
+        "X-RateLimit-Reset": h["X-RateLimit-Reset"],
         "RateLimit-Policy": '"login";q=2;w=10',
         "RateLimit": '"login";r=1;t=10',
     }

@@ -182,15 +182,15 @@ def test_bad_config_is_a_config_error(text: str, field: str) -> None:
 
 def test_config_files(tmp_path: Path) -> None:
     with pytest.raises(shardlimit.ConfigFileError, match="cannot read config") as e:
-        Limiter.from_config(tmp_path / "missing.json")
+        Limiter.from_config_file(tmp_path / "missing.json")
     assert e.value.kind == "io" and not isinstance(e.value, OSError)
     bad = tmp_path / "bad.json"
     bad.write_text('{"policies": {"a": {"algorithm": "fixed_window", "limit": 0, "window": 1}}}')
     with pytest.raises(shardlimit.ConfigError, match="bad.json: policies.a.limit"):
-        Limiter.from_config(bad)
+        Limiter.from_config_file(bad)
     good = tmp_path / "good.json"
     good.write_text('{"policies": {"a": {"algorithm": "fixed_window", "limit": 1, "window": 1}}}')
-    assert Limiter.from_config(str(good)).policies == ["a"]
+    assert Limiter.from_config_file(str(good)).policies == ["a"]
 
 
 @pytest.mark.parametrize(

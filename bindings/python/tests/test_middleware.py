@@ -219,3 +219,31 @@ def test_wsgi_by_client_ip(limiter: Limiter) -> None:
     codes = [client.get("/", environ_base={"REMOTE_ADDR": "10.7.7.7"}).status_code
              for _ in range(3)]
     assert codes == [200, 200, 429]
+
+
+def test_a_local_fallback_denial_is_a_429_with_its_own_headers() -> None:
+    """``on_error: local`` decides with this process's share of the limit: a real decision,
+    so its denial is a 429 with its own Retry-After and budget headers, not a 503."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    limiter = Limiter.from_json(json.dumps({
+        "timeout_ms": 200, "on_error": "local", "instances": 1,
+        "shards": [{"name": "s0", "url": f"redis://127.0.0.1:{port}"}],
+        "policies": {"api": {"algorithm": "fixed_window", "limit": 2, "window": "1h"}},
+    }))
+    app = starlette_app(limiter, rule=lambda r: ("k", "api"))
+
+    async def main() -> list[httpx.Response]:
+        return [await asgi_get(app, "/") for _ in range(3)]
+
+    ok1, ok2, denied = asyncio.run(main())
+    assert [ok1.status_code, ok2.status_code] == [200, 200]
+    assert [ok1.headers["x-ratelimit-remaining"], ok2.headers["x-ratelimit-remaining"]] == ["1", "0"]
+    assert denied.status_code == 429, denied.text
+    assert 1 <= int(denied.headers["retry-after"]) <= 3600
+    assert denied.headers["x-ratelimit-remaining"] == "0"
+    assert "x-ratelimit-status" not in denied.headers
+    assert denied.json()["error"] == "rate_limited"
+    assert limiter.check("k", "api").source == "local_fallback"

@@ -61,9 +61,9 @@ def test_shadow_policy_per_call_option_and_report(limiter: Limiter, redis: Redis
     # another limiter (another process) reads the same counts from Redis
     again = Limiter.from_json(config([redis], POLICIES))
     assert again.shadow_report("new")["total"] == 2
-    metrics = {p["policy"]: p for p in limiter.metrics()["policies"]}
+    metrics = {p["policy"]: p for p in limiter.metrics_snapshot()["policies"]}
     assert metrics["new"]["shadow_denied"] == 2
-    assert 'shardlimit_shadow_denied_total{policy="new"} 2' in limiter.prometheus()
+    assert 'shardlimit_shadow_denied_total{policy="new"} 2' in limiter.metrics()
     with pytest.raises(shardlimit.InvalidArgumentError, match="policy"):
         limiter.shadow_report("a:b")
 
@@ -87,11 +87,11 @@ def test_events_shadow_denied_and_near_limit(limiter: Limiter) -> None:
         while len(seen) < 3 and time.monotonic() < deadline:
             got.wait(0.1)
     # "new" (limit 1) crosses its default near_limit of 0.8 on its first check
-    kinds = [(e["event"], e["policy"]) for e in seen]
+    kinds = [(e["kind"], e["policy"]) for e in seen]
     assert kinds == [("near_limit", "new"), ("shadow_denied", "new"), ("near_limit", "plan")], seen
     assert seen[1]["key"] == "k" and seen[1]["limit"] == "1" and seen[1]["remaining"] == "0"
     assert (seen[2]["key"], seen[2]["limit"], seen[2]["remaining"]) == ("p", "10", "5")
-    metrics = {p["policy"]: p for p in limiter.metrics()["policies"]}
+    metrics = {p["policy"]: p for p in limiter.metrics_snapshot()["policies"]}
     assert metrics["plan"]["near_limit"] == 1
 
 

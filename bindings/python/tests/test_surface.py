@@ -23,7 +23,6 @@ ROOT = Path(__file__).resolve().parents[3]
 #: the mapped name is missing).
 PYTHON_NAMES = {
     "new": ["from_json"],
-    "from_config_file": ["from_config"],
     # the clock is a keyword of every constructor: Limiter.memory(clock=ManualClock())
     "with_clock": [],
     # the config in force: its policy names and each policy
@@ -108,7 +107,7 @@ def test_a_rate_string_of_several_limits_is_one_multi_limit_check() -> None:
     limiter.reset("k", rate)
     assert limiter.check("k", rate).allowed
     # the same string is the same policy: one counter in the metrics
-    names = [p["policy"] for p in limiter.metrics()["policies"]]
+    names = [p["policy"] for p in limiter.metrics_snapshot()["policies"]]
     assert names.count("fixed_window-2-1000ms--fixed_window-3-60000ms") == 1
 
 
@@ -120,7 +119,7 @@ def test_metrics_events_and_prometheus() -> None:
 
     def on_event(e: dict[str, str]) -> None:
         # (the first check also crosses the default near_limit of 0.8: a near_limit event)
-        if e["event"] == "denied":
+        if e["kind"] == "denied":
             events.append(e)
             seen.set()
 
@@ -128,13 +127,44 @@ def test_metrics_events_and_prometheus() -> None:
     assert limiter.check("k", "api").allowed
     assert not limiter.check("k", "api").allowed
     assert seen.wait(5)
-    assert events[0]["event"] == "denied" and events[0]["policy"] == "api"
+    assert events[0]["kind"] == "denied" and events[0]["policy"] == "api"
     assert events[0]["key"] == "k"
-    (api,) = [p for p in limiter.metrics()["policies"] if p["policy"] == "api"]
+    (api,) = [p for p in limiter.metrics_snapshot()["policies"] if p["policy"] == "api"]
     assert (api["allowed"], api["denied"]) == (1, 1)
-    text = limiter.prometheus()
+    text = limiter.metrics()
     assert 'shardlimit_denied_total{policy="api"} 1' in text
     assert limiter.memory_keys == 1
+
+
+def test_the_names_of_spec_names_json(tmp_path: Path) -> None:
+    """spec/names.json: Python's names for loading a file, the metrics (``metrics()`` the
+    Prometheus text, as in every language) and the field of an event's kind."""
+    names = json.loads((ROOT / "spec" / "names.json").read_text())
+    for thing in ("load_from_file", "metrics_text", "metrics_snapshot"):
+        for dotted in [names[thing]["python"], *names[thing].get("aliases", {}).get("python", [])]:
+            cls, name = dotted.split(".")
+            assert cls == "Limiter" and hasattr(Limiter, name), f"{thing}: no {dotted}"
+    path = tmp_path / "c.json"
+    path.write_text('{"policies": {"api": "1/minute"}}')
+    limiter = getattr(Limiter, names["load_from_file"]["python"].split(".")[1])(path)
+    assert Limiter.from_config(path).policies == limiter.policies == ["api"]
+    text = getattr(limiter, names["metrics_text"]["python"].split(".")[1])()
+    assert isinstance(text, str) and text.startswith("# ") and text == limiter.prometheus()
+    snapshot = getattr(limiter, names["metrics_snapshot"]["python"].split(".")[1])()
+    assert isinstance(snapshot, dict) and "policies" in snapshot
+    seen: list[dict[str, str]] = []
+    got = threading.Event()
+
+    def on_event(e: dict[str, str]) -> None:
+        seen.append(e)
+        got.set()
+
+    limiter.subscribe(on_event)
+    limiter.check("k", "api")
+    limiter.check("k", "api")
+    assert got.wait(5)
+    assert names["event_kind_field"]["python"] == 'event["kind"]'
+    assert all("event" not in e and e["kind"] in names["event_kinds"] for e in seen), seen
 
 
 def test_reload_watch_and_scale(tmp_path: Path) -> None:

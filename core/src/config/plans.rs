@@ -234,7 +234,7 @@ impl Config {
         let base = self
             .policies
             .get(policy)
-            .ok_or_else(|| Error::UnknownPolicy(policy.to_string()))?;
+            .ok_or_else(|| Error::unknown_policy(policy))?;
         let in_plan = self.plans.get(plan).ok_or_else(|| {
             Error::invalid(
                 "plan",

@@ -64,7 +64,12 @@ impl Limiter {
                     .outcome
             }
         };
-        let mut d = self.decision(p, eff, o, Source::Fallback, None);
+        let source = if p.on_error == OnError::Local {
+            Source::LocalFallback
+        } else {
+            Source::Fallback
+        };
+        let mut d = self.decision(p, eff, o, source, None);
         if p.on_error == OnError::Local {
             d.limit = eff.share(self.view().config.instances).limit;
         }

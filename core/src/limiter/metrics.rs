@@ -150,7 +150,7 @@ fn tally(c: &PolicyCounters, d: &Decision) {
         Source::Block => {
             c.blocked.fetch_add(1, Ordering::Relaxed);
         }
-        Source::Fallback => {
+        Source::Fallback | Source::LocalFallback => {
             c.fallback.fetch_add(1, Ordering::Relaxed);
         }
         Source::Local => {

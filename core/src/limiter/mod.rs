@@ -265,7 +265,7 @@ impl Limiter {
             .policies
             .get(name)
             .cloned()
-            .ok_or_else(|| Error::UnknownPolicy(name.to_string()))
+            .ok_or_else(|| Error::unknown_policy(name))
     }
 
     /// The shard `key` routes to: (index, name). `None` on the in-memory engine.

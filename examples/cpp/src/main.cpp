@@ -12,7 +12,7 @@ int main(int argc, char** argv) {
   }
   int n = argc > 4 ? std::atoi(argv[4]) : 1;
   try {
-    auto limiter = shardlimit::Limiter::from_file(argv[1]);
+    auto limiter = shardlimit::Limiter::from_config_file(argv[1]);
     for (int i = 0; i < n; i++) {
       auto d = limiter.check(argv[3], argv[2]);
       std::cout << (d.allowed() ? "allowed" : "denied") << " remaining=" << d.remaining() << "\n";

@@ -27,6 +27,7 @@ fn result_codes_match_the_core() {
         Source::Local,
         Source::Fallback,
         Source::Block,
+        Source::LocalFallback,
     ] {
         let code = source_to_c(src) as u32;
         assert_eq!(source_from_c(code), Some(src));

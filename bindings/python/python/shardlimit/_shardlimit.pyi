@@ -81,7 +81,9 @@ class Decision:
         """The policy that decided (an ad-hoc limit's id)."""
     @property
     def source(self) -> str:
-        """Who decided: "redis", "memory", "local", "fallback" or "block"."""
+        """Who decided: "redis", "memory", "local", "fallback" (``on_error``
+        open/closed: unmeasured, a denial answered 503), "block" or "local_fallback"
+        (``on_error: local``: this process's share decided, a denial answered 429)."""
     @property
     def shard(self) -> Optional[int]:
         """The index of the Redis shard that decided, if one did."""
@@ -323,13 +325,21 @@ class Limiter:
         shard must be a standalone Redis over plain TCP (a ConfigError says which is not).
         Close the limiter on that loop when done with it."""
     @staticmethod
-    def from_config(
+    def from_config_file(
         path: Union[str, os.PathLike[str]],
         *,
         clock: Optional[ManualClock] = None,
         transport: Literal["default", "host"] = "default",
     ) -> Limiter:
         """Loads a JSON config file (``transport``: see ``from_json``)."""
+    @staticmethod
+    def from_config(
+        path: Union[str, os.PathLike[str]],
+        *,
+        clock: Optional[ManualClock] = None,
+        transport: Literal["default", "host"] = "default",
+    ) -> Limiter:
+        """The same as ``from_config_file`` (its earlier name)."""
     @staticmethod
     def from_env(*, clock: Optional[ManualClock] = None) -> Limiter:
         """Uses ``$SHARDLIMIT_CONFIG``; the in-memory engine when unset."""
@@ -433,7 +443,7 @@ class Limiter:
     def subscribe(self, callback: Callable[[dict[str, str]], object]) -> None:
         """Calls ``callback(event)`` for every event (denied, blocked, fallback, circuit,
         shadow_denied, near_limit, reloaded, reload_rejected) on a thread of its own;
-        ``event["event"]`` is the kind."""
+        ``event["kind"]`` is the kind (the name every binding uses)."""
     def reload(self, config: Union[str, dict[str, Any]]) -> dict[str, Any]:
         """Applies a new config (JSON text or a dict); returns what changed."""
     def reload_from_file(self, path: Union[str, os.PathLike[str]]) -> dict[str, Any]:
@@ -450,10 +460,12 @@ class Limiter:
         """Installs the core's latency hook that ``observe_health`` uses."""
     def observe_health(self, signal: float) -> float:
         """Feeds a health signal to the scale hook; returns the factor now in force."""
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> str:
+        """The metrics in the Prometheus text format (``metrics()`` in every language)."""
+    def metrics_snapshot(self) -> dict[str, Any]:
         """Counters per policy, the Redis latency histogram and dropped events."""
     def prometheus(self) -> str:
-        """The metrics in the Prometheus text format."""
+        """The same as ``metrics()`` (its earlier name)."""
     def close(self) -> None:
         """Lets the connections and the I/O runtime go once the calls in flight finish;
         later calls raise InvalidArgumentError. Idempotent; also the end of ``with``."""
