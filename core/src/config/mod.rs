@@ -15,6 +15,19 @@ mod sentinel;
 mod shadow;
 mod shard;
 mod strict;
+
+/// What a reload ([`Limiter::reload`](crate::Limiter::reload)) changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReloadReport {
+    /// True when the shard list (or prefix, deadline) changed and new connections were made.
+    pub engine_changed: bool,
+    /// True when moved keys are being carried over from their old shards.
+    pub handoff: bool,
+    pub policies_added: Vec<String>,
+    pub policies_removed: Vec<String>,
+    pub policies_changed: Vec<String>,
+}
+
 #[cfg(test)]
 mod tests;
 

@@ -2,8 +2,8 @@
 
 use super::{validate_key, Engine, Limiter};
 use crate::decision::{Decision, Quota, Source};
-use crate::engine::algo::Outcome;
-use crate::engine::memory::{blocked_outcome, BlockVerdict, LayerReq, LayeredRaw};
+use crate::engine::outcome::Outcome;
+use crate::engine::outcome::{blocked_outcome, BlockVerdict, LayerReq, LayeredRaw};
 use crate::engine::redis::{LayeredChecked, LayeredTail, OverrideArg, RedisEngine};
 use crate::error::{Error, Result};
 use crate::policy::{Algorithm, Compiled, Policy};

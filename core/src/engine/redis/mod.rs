@@ -6,8 +6,8 @@
 //! background until it answers again.
 
 use crate::config::ShardConfig;
-use crate::engine::algo::Outcome;
-use crate::engine::memory::{BlockVerdict, LayerReq, LayeredRaw, Raw};
+use crate::engine::outcome::Outcome;
+use crate::engine::outcome::{BlockVerdict, LayerReq, LayeredRaw, Raw};
 use crate::engine::redis::keys::{block_key, denial_key, events_key, override_key, state_key};
 use crate::error::{Error, Result};
 use crate::events::{CircuitState, Event, Subscribers};

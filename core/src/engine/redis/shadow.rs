@@ -72,7 +72,7 @@ impl RedisEngine {
                 continue;
             }
             let k = String::from_utf8(k).map_err(|_| bad("a key that is not UTF-8".into()))?;
-            if k.len() > crate::limiter::MAX_KEY_LEN {
+            if k.len() > crate::key::MAX_KEY_LEN {
                 return Err(bad("a key longer than any valid key".into()));
             }
             keys.push((k, n));
