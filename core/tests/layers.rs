@@ -75,10 +75,7 @@ fn code_of(src: &str) -> String {
         out.push('\n');
     }
     // drop `#[cfg(test)] mod name { … }` blocks by brace matching
-    loop {
-        let Some(at) = out.find("#[cfg(test)]") else {
-            break;
-        };
+    while let Some(at) = out.find("#[cfg(test)]") {
         let rest = &out[at..];
         let after_attr = rest["#[cfg(test)]".len()..].trim_start();
         if !after_attr.starts_with("mod ") {
