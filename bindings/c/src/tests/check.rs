@@ -83,7 +83,7 @@ fn fixed_window_through_the_abi() {
     assert!(f.check("user:1", "api", 1).allowed);
 }
 
-/// The config-reload pattern of issue 13: threads check through one limiter while it is
+/// The config-reload pattern: threads check through one limiter while it is
 /// freed and a new one (another limit) is created at once. Every call must return a
 /// decision of the limiter it was given, or CLOSED; never the new limiter's decision.
 #[test]
