@@ -24,6 +24,7 @@ mod fallback;
 mod handoff;
 mod host;
 mod layered;
+mod layered_calls;
 mod layered_overrides;
 mod local_admission;
 mod metrics;
