@@ -497,118 +497,10 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
     match cli.command {
         Command::Config {
             command: ConfigCommand::Validate { file },
-        } => {
-            let cfg = Config::from_file(&file)?;
-            match (&cfg.shards, &cfg.cluster) {
-                (Some(s), _) => println!(
-                    "{file}: ok: {} shard(s), {} policies",
-                    s.len(),
-                    cfg.policies.len()
-                ),
-                (None, Some(nodes)) => println!(
-                    "{file}: ok: Redis Cluster ({} seed node(s)), {} policies",
-                    nodes.len(),
-                    cfg.policies.len()
-                ),
-                (None, None) => println!(
-                    "{file}: ok: in-memory engine (no shards), {} policies",
-                    cfg.policies.len()
-                ),
-            }
-            for s in cfg.shards.iter().flatten() {
-                println!("  shard {}: {}", s.name, s.tls_mode());
-            }
-            if let (Some(nodes), Some(mode)) = (&cfg.cluster, cfg.cluster_tls_mode()) {
-                println!("  cluster ({} seed nodes): {mode}", nodes.len());
-            }
-            for (name, p) in &cfg.policies {
-                println!(
-                    "  {name}: {}, on_error {}{}",
-                    limits_text(p),
-                    p.on_error().name(),
-                    precision(p)
-                );
-            }
-            for (plan, policies) in &cfg.plans {
-                println!("  plan {plan}:");
-                for (name, p) in policies {
-                    println!(
-                        "    {name}: {}, on_error {}{}",
-                        limits_text(p),
-                        p.on_error().name(),
-                        precision(p)
-                    );
-                }
-            }
-            if cfg.shards.is_some() || cfg.cluster.is_some() {
-                let handoff = human(cfg.effective_reshard_handoff());
-                match cfg.longest_window() {
-                    _ if cfg.reshard_handoff.is_some() => {
-                        println!("reshard_handoff: {handoff} (set in the config)")
-                    }
-                    Some((name, _)) => println!(
-                        "reshard_handoff: {handoff} (default: the longest window among the \
-                         policies, {name})"
-                    ),
-                    None => println!("reshard_handoff: {handoff} (default: no policies)"),
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        } => config_validate(file),
         Command::Config {
             command: ConfigCommand::Diff { old, new, sample },
-        } => {
-            let (a, b) = (Config::from_file(&old)?, Config::from_file(&new)?);
-            let urls = |c: &Config| -> Vec<String> {
-                c.shards
-                    .as_ref()
-                    .map(|s| s.iter().map(|s| s.url.clone()).collect())
-                    .unwrap_or_default()
-            };
-            let (ua, ub) = (urls(&a), urls(&b));
-            let mut moved = 0u64;
-            if !ua.is_empty() && !ub.is_empty() {
-                for i in 0..sample {
-                    let k = format!("key:{i}");
-                    let sa = shardlimit::routing::shard_index(&k, ua.len() as u32) as usize;
-                    let sb = shardlimit::routing::shard_index(&k, ub.len() as u32) as usize;
-                    if ua[sa] != ub[sb] {
-                        moved += 1;
-                    }
-                }
-            }
-            let names = |c: &Config| {
-                c.policies
-                    .keys()
-                    .cloned()
-                    .collect::<std::collections::BTreeSet<_>>()
-            };
-            let (na, nb) = (names(&a), names(&b));
-            let changed: Vec<&String> = na
-                .intersection(&nb)
-                .filter(|n| {
-                    let (x, y) = (&a.policies[*n], &b.policies[*n]);
-                    x.limits() != y.limits()
-                        || x.on_error() != y.on_error()
-                        || x.window_offset() != y.window_offset()
-                })
-                .collect();
-            println!("shards: {} -> {}", ua.len(), ub.len());
-            println!(
-                "keys moving to another shard: {moved} of {sample} ({:.2}%)",
-                moved as f64 * 100.0 / sample.max(1) as f64
-            );
-            println!(
-                "policies added: {:?}",
-                nb.difference(&na).collect::<Vec<_>>()
-            );
-            println!(
-                "policies removed: {:?}",
-                na.difference(&nb).collect::<Vec<_>>()
-            );
-            println!("policies changed: {changed:?}");
-            Ok(ExitCode::SUCCESS)
-        }
+        } => config_diff(old, new, sample),
         Command::Route { target, keys } => {
             let l = limiter(&target)?;
             for k in keys {
@@ -700,36 +592,7 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
             println!("{}", decision_json(&d, &l, &key));
             Ok(ExitCode::SUCCESS)
         }
-        Command::CheckAll { target, layers } => {
-            let l = limiter(&target)?;
-            let mut parsed = Vec::new();
-            for (i, spec) in layers.iter().enumerate() {
-                let bad = |m: &str| shardlimit::Error::InvalidArgument {
-                    what: format!("--layer #{}", i + 1),
-                    message: format!("{spec:?}: {m}"),
-                };
-                let (key, rest) = spec
-                    .rsplit_once('=')
-                    .ok_or_else(|| bad("expected KEY=POLICY[:COST]"))?;
-                let (name, cost) = match rest.split_once(':') {
-                    Some((n, c)) => (
-                        n,
-                        c.parse::<u64>()
-                            .map_err(|_| bad("COST must be a positive integer"))?,
-                    ),
-                    None => (rest, 1),
-                };
-                parsed.push(shardlimit::Layer::new(key, &l.policy(name)?, cost));
-            }
-            let d = l.check_all_blocking(&parsed)?;
-            let key = &parsed[d.layer.unwrap_or(0)].key;
-            println!("{}", decision_json(&d, &l, key));
-            Ok(if d.allowed {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
-        }
+        Command::CheckAll { target, layers } => check_all(target, layers),
         Command::Block {
             target,
             ttl,
@@ -760,47 +623,8 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Override { command } => override_command(command),
-        Command::Blocked { target, key } => {
-            let l = limiter(&target)?;
-            match l.blocked_blocking(&key)? {
-                Some(b) => {
-                    println!(
-                        "{}",
-                        serde_json::json!({
-                            "key": key,
-                            "blocked": true,
-                            "reason": b.reason,
-                            "remaining_ms": b.remaining.map(|r| r.as_millis() as u64),
-                        })
-                    );
-                    Ok(ExitCode::SUCCESS)
-                }
-                None => {
-                    println!("{}", serde_json::json!({ "key": key, "blocked": false }));
-                    Ok(ExitCode::from(1))
-                }
-            }
-        }
-        Command::Script { name } => {
-            let all = shardlimit::scripts::all();
-            match all.iter().find(|(n, _, _)| *n == name) {
-                Some((_, src, sha)) => {
-                    print!("{src}");
-                    eprintln!("{sha}");
-                    Ok(ExitCode::SUCCESS)
-                }
-                None => Err(shardlimit::Error::InvalidArgument {
-                    what: "name".into(),
-                    message: format!(
-                        "unknown script {name:?}; one of: {}",
-                        all.iter()
-                            .map(|(n, _, _)| *n)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                }),
-            }
-        }
+        Command::Blocked { target, key } => blocked(target, key),
+        Command::Script { name } => script(name),
         Command::ClientIp {
             peer,
             xff,
@@ -825,48 +649,250 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
             keys,
             json,
             metrics,
-        } => {
-            let l = limiter(&target)?;
-            let p = policy(&l, &p)?;
-            let r = bench(&l, &p, concurrency.max(1), requests.max(1), keys.max(1))?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({
-                        "decisions_per_sec": r.per_sec.round(),
-                        "p50_us": r.p50_us,
-                        "p99_us": r.p99_us,
-                        "allowed": r.allowed,
-                        "denied": r.denied,
-                        "errors": r.errors,
-                        "requests": requests,
-                        "concurrency": concurrency,
-                        "keys": keys,
-                        "engine": if l.is_redis() { "redis" } else { "memory" },
-                        "policy": p.name(),
-                    })
-                );
-            } else {
-                println!(
-                    "engine:        {}",
-                    if l.is_redis() { "redis" } else { "memory" }
-                );
-                println!("policy:        {} ({})", p.name(), p.algorithm());
-                println!("decisions/s:   {:.0}", r.per_sec);
-                println!("latency p50:   {:.1} µs", r.p50_us);
-                println!("latency p99:   {:.1} µs", r.p99_us);
-                println!("allowed:       {}", r.allowed);
-                println!("denied:        {}", r.denied);
-                if r.errors > 0 {
-                    println!("errors:        {}", r.errors);
-                }
-            }
-            if metrics {
-                print!("{}", l.metrics().to_prometheus());
-            }
-            Ok(ExitCode::SUCCESS)
+        } => bench_command(target, p, concurrency, requests, keys, json, metrics),
+    }
+}
+
+/// Validates a config file and prints its summary (`config validate`).
+fn config_validate(file: String) -> shardlimit::Result<ExitCode> {
+    let cfg = Config::from_file(&file)?;
+    match (&cfg.shards, &cfg.cluster) {
+        (Some(s), _) => println!(
+            "{file}: ok: {} shard(s), {} policies",
+            s.len(),
+            cfg.policies.len()
+        ),
+        (None, Some(nodes)) => println!(
+            "{file}: ok: Redis Cluster ({} seed node(s)), {} policies",
+            nodes.len(),
+            cfg.policies.len()
+        ),
+        (None, None) => println!(
+            "{file}: ok: in-memory engine (no shards), {} policies",
+            cfg.policies.len()
+        ),
+    }
+    for s in cfg.shards.iter().flatten() {
+        println!("  shard {}: {}", s.name, s.tls_mode());
+    }
+    if let (Some(nodes), Some(mode)) = (&cfg.cluster, cfg.cluster_tls_mode()) {
+        println!("  cluster ({} seed nodes): {mode}", nodes.len());
+    }
+    for (name, p) in &cfg.policies {
+        println!(
+            "  {name}: {}, on_error {}{}",
+            limits_text(p),
+            p.on_error().name(),
+            precision(p)
+        );
+    }
+    for (plan, policies) in &cfg.plans {
+        println!("  plan {plan}:");
+        for (name, p) in policies {
+            println!(
+                "    {name}: {}, on_error {}{}",
+                limits_text(p),
+                p.on_error().name(),
+                precision(p)
+            );
         }
     }
+    if cfg.shards.is_some() || cfg.cluster.is_some() {
+        let handoff = human(cfg.effective_reshard_handoff());
+        match cfg.longest_window() {
+            _ if cfg.reshard_handoff.is_some() => {
+                println!("reshard_handoff: {handoff} (set in the config)")
+            }
+            Some((name, _)) => println!(
+                "reshard_handoff: {handoff} (default: the longest window among the \
+                 policies, {name})"
+            ),
+            None => println!("reshard_handoff: {handoff} (default: no policies)"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What changes from config `old` to `new` (`config diff`): shards, keys moved, policies.
+fn config_diff(old: String, new: String, sample: u64) -> shardlimit::Result<ExitCode> {
+    let (a, b) = (Config::from_file(&old)?, Config::from_file(&new)?);
+    let urls = |c: &Config| -> Vec<String> {
+        c.shards
+            .as_ref()
+            .map(|s| s.iter().map(|s| s.url.clone()).collect())
+            .unwrap_or_default()
+    };
+    let (ua, ub) = (urls(&a), urls(&b));
+    let mut moved = 0u64;
+    if !ua.is_empty() && !ub.is_empty() {
+        for i in 0..sample {
+            let k = format!("key:{i}");
+            let sa = shardlimit::routing::shard_index(&k, ua.len() as u32) as usize;
+            let sb = shardlimit::routing::shard_index(&k, ub.len() as u32) as usize;
+            if ua[sa] != ub[sb] {
+                moved += 1;
+            }
+        }
+    }
+    let names = |c: &Config| {
+        c.policies
+            .keys()
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    let (na, nb) = (names(&a), names(&b));
+    let changed: Vec<&String> = na
+        .intersection(&nb)
+        .filter(|n| {
+            let (x, y) = (&a.policies[*n], &b.policies[*n]);
+            x.limits() != y.limits()
+                || x.on_error() != y.on_error()
+                || x.window_offset() != y.window_offset()
+        })
+        .collect();
+    println!("shards: {} -> {}", ua.len(), ub.len());
+    println!(
+        "keys moving to another shard: {moved} of {sample} ({:.2}%)",
+        moved as f64 * 100.0 / sample.max(1) as f64
+    );
+    println!(
+        "policies added: {:?}",
+        nb.difference(&na).collect::<Vec<_>>()
+    );
+    println!(
+        "policies removed: {:?}",
+        na.difference(&nb).collect::<Vec<_>>()
+    );
+    println!("policies changed: {changed:?}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A layered check of `--layer KEY=POLICY[:COST]` specs (`check-all`).
+fn check_all(target: Target, layers: Vec<String>) -> shardlimit::Result<ExitCode> {
+    let l = limiter(&target)?;
+    let mut parsed = Vec::new();
+    for (i, spec) in layers.iter().enumerate() {
+        let bad = |m: &str| shardlimit::Error::InvalidArgument {
+            what: format!("--layer #{}", i + 1),
+            message: format!("{spec:?}: {m}"),
+        };
+        let (key, rest) = spec
+            .rsplit_once('=')
+            .ok_or_else(|| bad("expected KEY=POLICY[:COST]"))?;
+        let (name, cost) = match rest.split_once(':') {
+            Some((n, c)) => (
+                n,
+                c.parse::<u64>()
+                    .map_err(|_| bad("COST must be a positive integer"))?,
+            ),
+            None => (rest, 1),
+        };
+        parsed.push(shardlimit::Layer::new(key, &l.policy(name)?, cost));
+    }
+    let d = l.check_all_blocking(&parsed)?;
+    let key = &parsed[d.layer.unwrap_or(0)].key;
+    println!("{}", decision_json(&d, &l, key));
+    Ok(if d.allowed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// The block-list entry of `key` as JSON (`blocked`); exit 1 when not blocked.
+fn blocked(target: Target, key: String) -> shardlimit::Result<ExitCode> {
+    let l = limiter(&target)?;
+    match l.blocked_blocking(&key)? {
+        Some(b) => {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "key": key,
+                    "blocked": true,
+                    "reason": b.reason,
+                    "remaining_ms": b.remaining.map(|r| r.as_millis() as u64),
+                })
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        None => {
+            println!("{}", serde_json::json!({ "key": key, "blocked": false }));
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// Prints a Lua script (its SHA-1 on stderr) (`script`).
+fn script(name: String) -> shardlimit::Result<ExitCode> {
+    let all = shardlimit::scripts::all();
+    match all.iter().find(|(n, _, _)| *n == name) {
+        Some((_, src, sha)) => {
+            print!("{src}");
+            eprintln!("{sha}");
+            Ok(ExitCode::SUCCESS)
+        }
+        None => Err(shardlimit::Error::InvalidArgument {
+            what: "name".into(),
+            message: format!(
+                "unknown script {name:?}; one of: {}",
+                all.iter()
+                    .map(|(n, _, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }),
+    }
+}
+
+/// Runs the benchmark and prints its figures (`bench`).
+fn bench_command(
+    target: Target,
+    p: PolicyArg,
+    concurrency: usize,
+    requests: u64,
+    keys: u64,
+    json: bool,
+    metrics: bool,
+) -> shardlimit::Result<ExitCode> {
+    let l = limiter(&target)?;
+    let p = policy(&l, &p)?;
+    let r = bench(&l, &p, concurrency.max(1), requests.max(1), keys.max(1))?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "decisions_per_sec": r.per_sec.round(),
+                "p50_us": r.p50_us,
+                "p99_us": r.p99_us,
+                "allowed": r.allowed,
+                "denied": r.denied,
+                "errors": r.errors,
+                "requests": requests,
+                "concurrency": concurrency,
+                "keys": keys,
+                "engine": if l.is_redis() { "redis" } else { "memory" },
+                "policy": p.name(),
+            })
+        );
+    } else {
+        println!(
+            "engine:        {}",
+            if l.is_redis() { "redis" } else { "memory" }
+        );
+        println!("policy:        {} ({})", p.name(), p.algorithm());
+        println!("decisions/s:   {:.0}", r.per_sec);
+        println!("latency p50:   {:.1} µs", r.p50_us);
+        println!("latency p99:   {:.1} µs", r.p99_us);
+        println!("allowed:       {}", r.allowed);
+        println!("denied:        {}", r.denied);
+        if r.errors > 0 {
+            println!("errors:        {}", r.errors);
+        }
+    }
+    if metrics {
+        print!("{}", l.metrics().to_prometheus());
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 struct BenchResult {

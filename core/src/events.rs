@@ -63,9 +63,7 @@ pub enum Event {
     },
     /// The config was reloaded (`Limiter::reload`, `reload_from_file`, or a
     /// `watch_config` watcher seeing its file change): `report` says what changed.
-    Reloaded {
-        report: crate::limiter::ReloadReport,
-    },
+    Reloaded { report: crate::config::ReloadReport },
     /// A `watch_config` watcher saw its file change but the new config was rejected
     /// (`error` says why); the old config stays in force.
     ReloadRejected { path: String, error: Error },

@@ -29,6 +29,7 @@ mod engine;
 mod error;
 pub mod events;
 mod ip;
+mod key;
 mod limiter;
 pub mod log;
 pub mod metrics;
@@ -43,7 +44,7 @@ pub use engine::redis::{keys, scripts};
 pub use time::clock;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
-pub use config::{Config, ShardConfig};
+pub use config::{Config, ReloadReport, ShardConfig};
 pub use decision::{Decision, Quota, Source};
 pub use error::{Error, ErrorKind, Result};
 pub use events::{CircuitState, Event, Subscriber};
@@ -51,10 +52,11 @@ pub use ip::{
     client_ip, client_ip_key, client_ip_with, ip_key, parse_peer, Cidr, TrustedProxies,
     DEFAULT_IPV6_PREFIX,
 };
+pub use key::MAX_KEY_LEN;
 pub use limiter::ShadowReport;
 pub use limiter::{
-    latency_scale, BlockInfo, ConfigWatcher, Layer, Lease, Limiter, ReloadReport, Reservation,
-    ScaleHook, BLOCK_CACHE_TTL, CLOSED_RETRY_AFTER, MAX_KEY_LEN,
+    latency_scale, BlockInfo, ConfigWatcher, Layer, Lease, Limiter, Reservation, ScaleHook,
+    BLOCK_CACHE_TTL, CLOSED_RETRY_AFTER,
 };
 pub use limiter::{resolve_override, OverrideInfo, OverridePage, OVERRIDE_CACHE_MAX};
 pub use log::{LogLevel, LogReason, LogRecord, LogSink, DEFAULT_LOG_INTERVAL, LOG_KEYS_MAX};

@@ -116,7 +116,7 @@ TEST_F(Redis, HeadersAndBody) {
   EXPECT_NE(d.to_json().find("\"allowed\":false"), std::string::npos);
 }
 
-// Multi-limit policies, plans and rate strings (issue 18): the core decides in one call,
+// Multi-limit policies, plans and rate strings: the core decides in one call,
 // the decision carries every limit, the headers are the core's.
 TEST_F(Redis, MultiLimitPoliciesPlansAndRateStrings) {
   auto limiter = shardlimit::Limiter::from_json(

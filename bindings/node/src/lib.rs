@@ -213,7 +213,7 @@ where
 /// from a worker, that thread exits and its heap is torn down; glibc gives the exited
 /// thread's descriptor to the next thread it creates, which mimalloc then takes for the
 /// main thread and hands the torn-down heap: the next worker to load the addon crashed
-/// in its first allocation (issue 13.5, `test/worker-reload.test.js`).
+/// in its first allocation (`test/worker-reload.test.js`).
 #[napi_derive::module_init]
 fn pin_the_addon_image() {
     napi::bindgen_prelude::retain_current_module_for_unload_safety();

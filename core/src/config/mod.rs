@@ -15,6 +15,20 @@ mod sentinel;
 mod shadow;
 mod shard;
 mod strict;
+
+/// What a reload ([`Limiter::reload`](crate::Limiter::reload)) changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReloadReport {
+    /// True when the shard list (or prefix, deadline) changed and new connections were made.
+    pub engine_changed: bool,
+    /// True when moved keys are being carried over from their old shards.
+    pub handoff: bool,
+    pub policies_added: Vec<String>,
+    pub policies_removed: Vec<String>,
+    pub policies_changed: Vec<String>,
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -48,6 +62,26 @@ pub fn default_spin_wait() -> Duration {
         Duration::ZERO
     }
 }
+
+/// The fields a config may have at its top level.
+const TOP_LEVEL_FIELDS: &[&str] = &[
+    "shards",
+    "cluster",
+    "key_prefix",
+    "timeout_ms",
+    "on_error",
+    "instances",
+    "policies",
+    "events",
+    "reshard_handoff",
+    "spin_wait",
+    "tls",
+    "$schema",
+    "description",
+    "default_algorithm",
+    "plans",
+    "log_interval",
+];
 
 /// A validated configuration. Its `Debug` shows URLs without their credentials.
 #[derive(Clone)]
@@ -209,29 +243,18 @@ impl Config {
         let obj = value
             .as_object()
             .ok_or_else(|| Error::config("config", "expected a JSON object"))?;
-        check_fields(
-            obj,
-            "",
-            &[
-                "shards",
-                "cluster",
-                "key_prefix",
-                "timeout_ms",
-                "on_error",
-                "instances",
-                "policies",
-                "events",
-                "reshard_handoff",
-                "spin_wait",
-                "tls",
-                "$schema",
-                "description",
-                "default_algorithm",
-                "plans",
-                "log_interval",
-            ],
-        )?;
+        check_fields(obj, "", TOP_LEVEL_FIELDS)?;
         let mut cfg = Config::default();
+        cfg.read_settings(obj)?;
+        cfg.read_timings(obj)?;
+        cfg.read_events(obj)?;
+        cfg.read_backend(obj)?;
+        cfg.read_policies(obj)?;
+        Ok(cfg)
+    }
+
+    /// `key_prefix`, `timeout_ms`, `on_error`, `instances`.
+    fn read_settings(&mut self, obj: &serde_json::Map<String, Value>) -> Result<()> {
         if let Some(v) = obj.get("key_prefix") {
             let p = v.as_str().ok_or_else(|| {
                 Error::config("key_prefix", format!("expected a string, got {v}"))
@@ -242,7 +265,7 @@ impl Config {
                     "must be at most 64 characters without '{' or '}' (they would break hash tags)",
                 ));
             }
-            cfg.key_prefix = p.to_string();
+            self.key_prefix = p.to_string();
         }
         if let Some(v) = obj.get("timeout_ms") {
             let us = duration_from_json("timeout_ms", v)?;
@@ -252,13 +275,13 @@ impl Config {
                     format!("must be between 1 ms and 60 s, got {} ms", us / 1000),
                 ));
             }
-            cfg.timeout = Duration::from_micros(us);
+            self.timeout = Duration::from_micros(us);
         }
         if let Some(v) = obj.get("on_error") {
-            cfg.on_error = on_error("on_error", v)?;
+            self.on_error = on_error("on_error", v)?;
         }
         if let Some(v) = obj.get("instances") {
-            cfg.instances = match v.as_u64() {
+            self.instances = match v.as_u64() {
                 Some(n) if (1..=100_000).contains(&n) => n as u32,
                 _ => {
                     return Err(Error::config(
@@ -268,8 +291,13 @@ impl Config {
                 }
             };
         }
+        Ok(())
+    }
+
+    /// `reshard_handoff`, `spin_wait`, `log_interval`.
+    fn read_timings(&mut self, obj: &serde_json::Map<String, Value>) -> Result<()> {
         if let Some(v) = obj.get("reshard_handoff") {
-            cfg.reshard_handoff = Some(Duration::from_micros(duration_from_json(
+            self.reshard_handoff = Some(Duration::from_micros(duration_from_json(
                 "reshard_handoff",
                 v,
             )?));
@@ -282,7 +310,7 @@ impl Config {
                     format!("must be at most 10 ms, got {us} µs"),
                 ));
             }
-            cfg.spin_wait = Some(Duration::from_micros(us));
+            self.spin_wait = Some(Duration::from_micros(us));
         }
         if let Some(v) = obj.get("log_interval") {
             let us = duration_from_json("log_interval", v)?;
@@ -292,8 +320,13 @@ impl Config {
                     format!("must be between 1 ms and 1 day, got {us} µs"),
                 ));
             }
-            cfg.log_interval = Duration::from_micros(us);
+            self.log_interval = Duration::from_micros(us);
         }
+        Ok(())
+    }
+
+    /// `events`: `{"stream_maxlen": N}`.
+    fn read_events(&mut self, obj: &serde_json::Map<String, Value>) -> Result<()> {
         if let Some(v) = obj.get("events") {
             let o = v.as_object().ok_or_else(|| {
                 Error::config(
@@ -304,7 +337,7 @@ impl Config {
             check_fields(o, "events.", &["stream_maxlen"])?;
             if let Some(m) = o.get("stream_maxlen") {
                 match m.as_u64() {
-                    Some(n) if (1..=10_000_000).contains(&n) => cfg.events_stream_maxlen = Some(n),
+                    Some(n) if (1..=10_000_000).contains(&n) => self.events_stream_maxlen = Some(n),
                     _ => {
                         return Err(Error::config(
                             "events.stream_maxlen",
@@ -314,14 +347,19 @@ impl Config {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Where the shards are: `tls`, then `shards` or `cluster`.
+    fn read_backend(&mut self, obj: &serde_json::Map<String, Value>) -> Result<()> {
         if let Some(v) = obj.get("tls") {
-            cfg.tls = Some(TlsConfig::from_json("tls", v)?);
+            self.tls = Some(TlsConfig::from_json("tls", v)?);
         }
         if let Some(v) = obj.get("shards") {
-            cfg.shards = Some(shards(v, cfg.tls.as_ref())?);
+            self.shards = Some(shards(v, self.tls.as_ref())?);
         }
         if let Some(v) = obj.get("cluster") {
-            if cfg.shards.is_some() {
+            if self.shards.is_some() {
                 return Err(Error::config(
                     "cluster",
                     "use either `shards` (client-side routing) or `cluster`, not both",
@@ -370,7 +408,7 @@ impl Config {
             }
             let tls = match o.get("tls") {
                 Some(t) => Some(TlsConfig::from_json("cluster.tls", t)?),
-                None => cfg.tls.clone(),
+                None => self.tls.clone(),
             };
             if o.contains_key("tls") && !urls[0].starts_with("rediss://") {
                 return Err(Error::config(
@@ -378,11 +416,16 @@ impl Config {
                     "the nodes are redis:// (plain TCP); use rediss:// URLs for TLS",
                 ));
             }
-            cfg.cluster_tls = tls.filter(|_| urls[0].starts_with("rediss://"));
-            cfg.cluster = Some(urls);
+            self.cluster_tls = tls.filter(|_| urls[0].starts_with("rediss://"));
+            self.cluster = Some(urls);
         }
+        Ok(())
+    }
+
+    /// `default_algorithm`, `policies`, then the `plans` over them.
+    fn read_policies(&mut self, obj: &serde_json::Map<String, Value>) -> Result<()> {
         if let Some(v) = obj.get("default_algorithm") {
-            cfg.default_algorithm = plans::default_algorithm(v)?;
+            self.default_algorithm = plans::default_algorithm(v)?;
         }
         if let Some(v) = obj.get("policies") {
             let map = v.as_object().ok_or_else(|| {
@@ -392,14 +435,14 @@ impl Config {
                 )
             })?;
             for (name, p) in map {
-                let policy = policy(name, p, cfg.on_error, cfg.default_algorithm)?;
-                cfg.policies.insert(name.clone(), policy);
+                let policy = policy(name, p, self.on_error, self.default_algorithm)?;
+                self.policies.insert(name.clone(), policy);
             }
         }
         if let Some(v) = obj.get("plans") {
-            cfg.plans = plans::plans(v, &cfg.policies, cfg.default_algorithm)?;
+            self.plans = plans::plans(v, &self.policies, self.default_algorithm)?;
         }
-        Ok(cfg)
+        Ok(())
     }
 
     /// The policy whose state matters longest, and for how long: its window

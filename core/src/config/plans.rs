@@ -3,9 +3,11 @@
 //! for named policies.
 
 use super::policies::{count, dur, policy_at, rate};
-use super::*;
-use crate::policy::{validate_policy_name, Limit};
-use serde_json::Map;
+use crate::config::{check_fields, kind, Config};
+use crate::error::{Error, Result};
+use crate::policy::{validate_policy_name, Algorithm, Limit, Policy};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 
 /// The parameter fields of each algorithm, as a policy object names them.
 fn params(algorithm: Algorithm) -> &'static [&'static str] {

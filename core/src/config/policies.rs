@@ -1,7 +1,7 @@
 //! The policies of a config: each field read and checked, errors naming it.
 
 use super::plans::{limits_of, rate_limits};
-use super::*;
+use crate::config::check_fields;
 use crate::error::{Error, Result};
 use crate::policy::{
     validate_auto_block, validate_local, Algorithm, AutoBlock, LocalAdmission, OnError, Policy,

@@ -4,7 +4,9 @@
 //! name or a password holds any character.
 
 use super::shard::{encode, login_part, redact_url, scrub, SENTINEL_URL_FORM};
-use super::*;
+use crate::config::check_fields;
+use crate::error::{Error, Result};
+use serde_json::Value;
 
 /// A shard's Sentinels, the primary's name there, and how to log in to each side. TLS to
 /// each side is the shard's `tls` (the primary) and `sentinel_tls` (the Sentinels).

@@ -2,7 +2,7 @@
 //! passwords URLs carry (no error, `Debug` or log line ever shows one).
 
 use super::sentinel::SentinelSpec;
-use super::*;
+use crate::config::{check_fields, kind};
 use crate::error::{Error, Result};
 use crate::tls::TlsConfig;
 use serde_json::Value;

@@ -4,39 +4,9 @@
 //! sequence of (time, key, cost). `tests/vectors/*.json` holds that promise.
 
 use super::exact;
+use super::outcome::Outcome;
 use crate::policy::{Algorithm, Compiled};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-
-/// What an algorithm decided, in integers (µs). `retry_us` is `None` when absent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Outcome {
-    pub allowed: bool,
-    pub remaining: u64,
-    pub reset_us: u64,
-    pub retry_us: Option<u64>,
-    pub delay_us: u64,
-}
-
-impl Outcome {
-    pub(crate) fn deny(remaining: u64, reset_us: u64, retry_us: Option<u64>) -> Outcome {
-        Outcome {
-            allowed: false,
-            remaining,
-            reset_us,
-            retry_us,
-            delay_us: 0,
-        }
-    }
-    pub(crate) fn allow(remaining: u64, reset_us: u64, delay_us: u64) -> Outcome {
-        Outcome {
-            allowed: true,
-            remaining,
-            reset_us,
-            retry_us: None,
-            delay_us,
-        }
-    }
-}
 
 /// The leases of a concurrency limit, as the script keeps them: ordered by (expiry,
 /// member "id*units") like the sorted set, with the sum of their units, so that no call

@@ -4,7 +4,8 @@
 //! runs in ticks of `1/Q` µs counted from `now`, where every quantity stays below 2^53,
 //! and durations are reported in whole µs rounded up (never "retry now" too early).
 
-use super::algo::{Outcome, State};
+use super::algo::State;
+use crate::engine::outcome::Outcome;
 use crate::policy::precision::TICKS_AHEAD;
 use crate::policy::Compiled;
 

@@ -3,8 +3,9 @@
 //! seen" is swept out, amortised over inserts. It also keeps a block list and the denial
 //! counters of automatic blocking, like the scripts do in Redis.
 
-use crate::engine::algo::{self, Outcome, State};
+use crate::engine::algo::{self, State};
 use crate::engine::expiry::{ExpiringMap, NEVER};
+use crate::engine::outcome::{blocked_outcome, BlockVerdict, LayerReq, LayeredRaw, Outcome, Raw};
 use crate::policy::{Algorithm, AutoBlock, Compiled, WindowOffset};
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
@@ -17,62 +18,6 @@ use key::EntryKey;
 
 const SHARDS: usize = 32;
 const MIN_SWEEP: usize = 1024;
-
-/// What one engine call decided: the algorithm's outcome, the block-list verdict and the
-/// units admitted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Raw {
-    pub outcome: Outcome,
-    pub blocked: BlockVerdict,
-    pub granted: u64,
-}
-
-/// The block list's part in a decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BlockVerdict {
-    /// The key is not blocked.
-    Clear,
-    /// The key was blocked already: nothing else was decided.
-    Blocked,
-    /// This denial blocked the key (automatic blocking).
-    BlockedNow,
-}
-
-impl BlockVerdict {
-    pub fn is_blocked(self) -> bool {
-        self != BlockVerdict::Clear
-    }
-}
-
-/// One layer of a layered check, as the engines take it.
-#[derive(Debug, Clone)]
-pub(crate) struct LayerReq<'a> {
-    pub scope: &'a Arc<str>,
-    pub compiled: Compiled,
-    pub key: &'a str,
-    pub cost: u64,
-    pub auto_block: Option<AutoBlock>,
-}
-
-/// A layered check's result: `deciding` is the index of the layer that denied (`None`
-/// when all allowed); `outcomes` has one entry per layer.
-#[derive(Debug, Clone)]
-pub(crate) struct LayeredRaw {
-    pub now: u64,
-    pub deciding: Option<usize>,
-    pub blocked: BlockVerdict,
-    pub outcomes: Vec<Outcome>,
-}
-
-pub(crate) fn blocked_outcome(ttl_us: Option<u64>) -> Outcome {
-    Outcome {
-        allowed: false,
-        remaining: 0,
-        reset_us: ttl_us.unwrap_or(0),
-        retry_us: ttl_us,
-        delay_us: 0,
-    }
-}
 
 /// (policy, key) of an automatic-blocking denial counter.
 type DenialKey = (Arc<str>, String);

@@ -6,5 +6,6 @@ pub(crate) mod algo;
 pub(crate) mod exact;
 pub(crate) mod expiry;
 pub(crate) mod memory;
+pub(crate) mod outcome;
 pub(crate) mod redis;
 pub(crate) mod settle;

@@ -2,8 +2,9 @@
 //! engines keep the same books. A key's debt is capped at one limit (what a window counts,
 //! a sliding log holds or a bucket is filled to never exceeds twice the limit).
 
-use crate::engine::algo::{self, LogEntry, Outcome, State, SL_EXPIRE, SL_MOD};
+use crate::engine::algo::{self, LogEntry, State, SL_EXPIRE, SL_MOD};
 use crate::engine::exact;
+use crate::engine::outcome::Outcome;
 use crate::policy::{Algorithm, Compiled};
 use std::collections::VecDeque;
 

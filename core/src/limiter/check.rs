@@ -2,12 +2,14 @@
 
 use super::blocking::unleased;
 use super::shadow::crosses_near;
-use super::{Engine, Lease, Limiter, MAX_KEY_LEN};
+use super::{Engine, Lease, Limiter};
 use crate::decision::{Decision, Source};
-use crate::engine::algo::Outcome;
-use crate::engine::memory::{BlockVerdict, MemoryEngine, Raw};
+use crate::engine::memory::MemoryEngine;
+use crate::engine::outcome::Outcome;
+use crate::engine::outcome::{BlockVerdict, Raw};
 use crate::error::{Error, Result};
 use crate::events::Event;
+use crate::key::validate_key;
 use crate::policy::{Algorithm, Compiled, Policy, PolicyInner};
 use crate::routing::shard_index;
 use std::sync::atomic::Ordering;
@@ -338,47 +340,6 @@ impl PolicyKey {
     }
 }
 
-pub(super) fn validate_key(key: &str) -> Result<()> {
-    if key.is_empty() {
-        return Err(Error::invalid("key", "must not be empty"));
-    }
-    if key.len() > MAX_KEY_LEN {
-        return Err(Error::invalid(
-            "key",
-            format!("is {} bytes long; the maximum is {MAX_KEY_LEN}", key.len()),
-        ));
-    }
-    // The rule every binding shares (tests/vectors/keys.json): UTF-8 (the type), no NUL.
-    // A NUL would let `a\0b` under one scope collide with composite keys built of parts.
-    if has_nul(key.as_bytes()) {
-        let at = key.bytes().position(|b| b == 0).unwrap_or(0);
-        return Err(Error::invalid(
-            "key",
-            format!("contains a NUL byte at offset {at}; keys are UTF-8 text without NUL"),
-        ));
-    }
-    Ok(())
-}
-
-/// Whether `b` holds a zero byte: eight bytes at a time (a zero byte is one whose
-/// `byte - 1` borrows while its top bit was clear), then the few left one by one (a byte
-/// loop was about a tenth of the instructions of a memory check).
-#[inline]
-fn has_nul(b: &[u8]) -> bool {
-    const LO: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HI: u64 = u64::from_ne_bytes([0x80; 8]);
-    let mut words = b.chunks_exact(8);
-    for w in &mut words {
-        let mut v = [0u8; 8];
-        v.copy_from_slice(w);
-        let v = u64::from_ne_bytes(v);
-        if v.wrapping_sub(LO) & !v & HI != 0 {
-            return true;
-        }
-    }
-    words.remainder().contains(&0)
-}
-
 /// A lease comes back from the caller (a binding's object, a JS literal, a C struct), so
 /// it is checked before anything is built from it: a lease of a concurrency policy, `units`
 /// between 1 and the policy's `max`, and an id of the form [`Limiter::lease_id`] makes.
@@ -426,25 +387,3 @@ pub(super) fn validate_lease(policy: &Policy, lease: &Lease) -> Result<()> {
 /// Lengths of the ids [`Limiter::lease_id`] makes: 16 hex digits of hash, then the
 /// sequence number in hex (1 to 16 digits).
 pub(super) const LEASE_ID_LEN: std::ops::RangeInclusive<usize> = 17..=32;
-
-#[cfg(test)]
-mod nul_tests {
-    use super::has_nul;
-
-    #[test]
-    fn a_nul_is_found_at_every_offset_and_no_other_byte_is_one() {
-        for len in 0..=40usize {
-            // every non-zero byte value, high bits included (UTF-8 continuation bytes)
-            let clean: Vec<u8> = (0..len).map(|i| (i * 37 % 255 + 1) as u8).collect();
-            assert!(!has_nul(&clean), "len {len}");
-            assert!(!has_nul(&vec![0x80; len]) && !has_nul(&vec![0xff; len]));
-            assert!(!has_nul(&vec![0x01; len]), "0x01 borrows into no NUL");
-            for at in 0..len {
-                let mut b = clean.clone();
-                b[at] = 0;
-                assert!(has_nul(&b), "len {len} NUL at {at}");
-            }
-        }
-        assert!(!has_nul("é✓ user:00001 — ünïcödé".as_bytes()));
-    }
-}

@@ -7,7 +7,7 @@ use super::layered::Layered;
 use super::Engine;
 use super::Limiter;
 use crate::decision::{Decision, Source};
-use crate::engine::memory::{blocked_outcome, Raw};
+use crate::engine::outcome::{blocked_outcome, Raw};
 use crate::engine::redis::{CheckRequest, Checked, LayeredTail, Mode, OverrideArg, RedisEngine};
 use crate::error::{Error, Result};
 use crate::events::Event;

@@ -2,7 +2,7 @@
 
 use super::{Limiter, CLOSED_RETRY_AFTER};
 use crate::decision::{Decision, Source};
-use crate::engine::algo::Outcome;
+use crate::engine::outcome::Outcome;
 use crate::error::{Error, Result};
 use crate::events::Event;
 use crate::log::LogReason;

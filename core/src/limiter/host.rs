@@ -259,7 +259,7 @@ impl HostChecks {
 
 /// A plain check's reply: a decision. (An override entry is an answer only to a check of
 /// a policy that takes overrides, which never comes this way.)
-fn decided(shard: &str, c: Checked) -> Result<crate::engine::memory::Raw> {
+fn decided(shard: &str, c: Checked) -> Result<crate::engine::outcome::Raw> {
     match c {
         Checked::Decided(raw) => Ok(raw),
         Checked::Override(_) => Err(Error::Script {

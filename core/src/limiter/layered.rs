@@ -1,9 +1,10 @@
 //! Layered checks: several (key, policy) pairs decided together; none consumes when one denies.
 
+use super::layered_calls::{call_groups, checks_by_group};
 use super::{validate_key, Engine, Limiter};
 use crate::decision::{Decision, Quota, Source};
-use crate::engine::algo::Outcome;
-use crate::engine::memory::{blocked_outcome, BlockVerdict, LayerReq, LayeredRaw};
+use crate::engine::outcome::Outcome;
+use crate::engine::outcome::{blocked_outcome, BlockVerdict, LayerReq, LayeredRaw};
 use crate::engine::redis::{LayeredChecked, LayeredTail, OverrideArg, RedisEngine};
 use crate::error::{Error, Result};
 use crate::policy::{Algorithm, Compiled, Policy};
@@ -319,36 +320,9 @@ impl Limiter {
         tail: Option<&LayeredTail<'_>>,
         checks: &[OverrideCheck<'_>],
     ) -> Result<GroupsOut> {
-        // one script call per shard; in a Redis Cluster, per hash slot (a script's keys
-        // must share a slot), so no CROSSSLOT error is possible
-        let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
-        let mut group_keys: Vec<u32> = Vec::new();
-        for (i, s) in shard_of.iter().enumerate() {
-            let gk = if r.is_cluster() {
-                crate::routing::cluster_slot(&layers[i].key) as u32
-            } else {
-                *s as u32
-            };
-            match group_keys.iter().position(|g| *g == gk) {
-                Some(g) => groups[g].1.push(i),
-                None => {
-                    group_keys.push(gk);
-                    groups.push((*s, vec![i]));
-                }
-            }
-        }
+        let groups = call_groups(r, layers, shard_of);
         let now = self.now_override();
-        // each group's override checks: those of its layers' keys (in `checks` order);
-        // nothing at all (no allocation) for layers without overrides
-        let group_checks: Vec<Vec<usize>> = groups
-            .iter()
-            .take(if checks.is_empty() { 0 } else { groups.len() })
-            .map(|(_, idx)| {
-                (0..checks.len())
-                    .filter(|c| idx.contains(&checks[*c].at))
-                    .collect()
-            })
-            .collect();
+        let group_checks = checks_by_group(&groups, checks);
         let group_more: Vec<Vec<(OverrideArg, &str, &str)>> = group_checks
             .iter()
             .map(|cs| {
@@ -428,63 +402,14 @@ impl Limiter {
                     }
                 }
                 Err(e) if e.is_backend() => {
-                    // each failed layer is decided by its policy's on_error mode
                     source = Source::Fallback;
-                    for i in idx {
-                        let p = &layers[*i].policy.0;
-                        let fallback = self.fallback(
-                            p,
-                            &reqs[*i].compiled,
-                            &layers[*i].key,
-                            reqs[*i].cost,
-                            false,
-                            e.clone(),
-                        );
-                        let d = match fallback {
-                            Ok(d) => d,
-                            // on_error: error
-                            Err(e) => {
-                                first_error.get_or_insert(e);
-                                continue;
-                            }
-                        };
-                        out.outcomes[*i] = Outcome {
-                            allowed: d.allowed,
-                            remaining: d.remaining,
-                            reset_us: d.reset_after.as_micros() as u64,
-                            retry_us: d.retry_after.map(|r| r.as_micros() as u64),
-                            delay_us: 0,
-                        };
-                        if !d.allowed && out.deciding.is_none_or(|o| *i < o) {
-                            out.deciding = Some(*i);
-                        }
-                    }
+                    self.fall_back_group(layers, reqs, idx, &e, &mut out, &mut first_error);
                 }
                 Err(e) => return Err(e),
             }
         }
         if out.deciding.is_some() || first_error.is_some() || overridden.is_some() {
-            // give back what the allowing shards admitted
-            let refunds = committed.iter().map(|(g, now)| {
-                let group: Vec<(LayerReq<'_>, &str)> = groups[*g]
-                    .1
-                    .iter()
-                    .map(|i| (reqs[*i].clone(), layers[*i].policy.0.key_scope.as_str()))
-                    .collect();
-                let shard = groups[*g].0;
-                async move {
-                    if let Err(e) = r.refund(shard, &group, *now).await {
-                        self.inner.subscribers.log.note(
-                            self.now(),
-                            crate::log::LogReason::RefundFailed,
-                            &r.shards[shard].name,
-                            &e,
-                            None,
-                        );
-                    }
-                }
-            });
-            futures_util::future::join_all(refunds).await;
+            self.give_back(r, layers, reqs, &groups, &committed).await;
         }
         if let Some((check, shard, v)) = overridden {
             return Ok(GroupsOut::Override(check, shard, v));

@@ -2,8 +2,8 @@
 
 use super::{Limiter, PolicyKey};
 use crate::decision::{Decision, Source};
-use crate::engine::algo::Outcome;
-use crate::engine::memory::Raw;
+use crate::engine::outcome::Outcome;
+use crate::engine::outcome::Raw;
 use crate::engine::redis::{Checked, Mode, RedisEngine};
 use crate::error::{Error, Result};
 use crate::policy::{Algorithm, Compiled, PolicyInner};

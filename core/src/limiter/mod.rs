@@ -24,6 +24,7 @@ mod fallback;
 mod handoff;
 mod host;
 mod layered;
+mod layered_calls;
 mod layered_overrides;
 mod local_admission;
 mod metrics;
@@ -35,9 +36,10 @@ mod scale;
 mod settle;
 mod shadow;
 
+use crate::key::validate_key;
 pub use block_list::BlockInfo;
 pub use blocking::Spawner;
-use check::{validate_key, PolicyKey};
+use check::PolicyKey;
 use handoff::Handoff;
 pub use host::{HostChecks, HostStep};
 pub use layered::Layer;
@@ -45,13 +47,11 @@ use local_admission::LocalBatch;
 use metrics::{config_series, Series};
 pub use override_value::resolve_override;
 pub use overrides::{OverrideInfo, OverridePage, OVERRIDE_CACHE_MAX};
-pub use reload::{ConfigWatcher, ReloadReport};
+pub use reload::ConfigWatcher;
 pub use scale::{latency_scale, ScaleHook};
 pub use settle::Reservation;
 pub use shadow::ShadowReport;
 
-/// The longest key accepted, in bytes.
-pub const MAX_KEY_LEN: usize = 1024;
 /// How long a limiter trusts its own memory of a block before asking Redis again.
 pub const BLOCK_CACHE_TTL: Duration = Duration::from_secs(1);
 /// `retry_after` of a decision denied by `on_error: closed`.

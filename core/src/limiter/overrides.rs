@@ -16,12 +16,13 @@
 //! algorithm's code). A concurrency policy takes only concurrency overrides, and no other
 //! policy takes them.
 
-use super::check::{validate_key, PolicyKey};
+use super::check::PolicyKey;
 use super::override_value::{limit_to_json, limits_from_json, limits_to_json, resolve_override};
 use super::{Engine, Limiter};
 use crate::engine::expiry::{ExpiringMap, NEVER};
 use crate::engine::redis::OverrideArg;
 use crate::error::{Error, Result};
+use crate::key::validate_key;
 use crate::policy::{Limit, Policy, PolicyInner};
 use crate::routing::shard_index;
 use parking_lot::Mutex;

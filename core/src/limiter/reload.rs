@@ -2,7 +2,7 @@
 
 use super::metrics::{config_series, Series};
 use super::{Engine, Handoff, Limiter, View};
-use crate::config::Config;
+use crate::config::{Config, ReloadReport};
 use crate::error::Result;
 use crate::time::clock::{Clock, MonotonicClock};
 use parking_lot::Mutex;
@@ -24,19 +24,6 @@ impl Drop for ConfigWatcher {
             let _ = h.join();
         }
     }
-}
-
-/// What [`Limiter::reload`] changed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ReloadReport {
-    /// True when the shard list (or prefix, deadline) changed and new connections were made.
-    pub engine_changed: bool,
-    /// True when moved keys are being carried over from their old shards.
-    pub handoff: bool,
-    pub policies_added: Vec<String>,
-    pub policies_removed: Vec<String>,
-    pub policies_changed: Vec<String>,
 }
 
 impl Limiter {

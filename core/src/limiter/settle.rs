@@ -2,14 +2,14 @@
 //! bytes, compute), one script call each on Redis, the same books in memory
 //! (`engine/settle.rs`, `core/lua/settle.lua`).
 
-use super::check::validate_key;
 use super::layered::{describe, layer_reqs, LayeredOut};
 use super::{Engine, Layer, Limiter};
 use crate::decision::{Decision, Source};
-use crate::engine::algo::Outcome;
+use crate::engine::outcome::Outcome;
 use crate::engine::redis::{LayeredTail, MultiSettled, SettleCall, Settled};
 use crate::engine::settle::SettleOp;
 use crate::error::{Error, Result};
+use crate::key::validate_key;
 use crate::policy::{Algorithm, Compiled, Policy};
 use crate::routing::shard_index;
 use std::sync::atomic::Ordering;

@@ -11,7 +11,8 @@
 
 use super::{Engine, Limiter};
 use crate::decision::{Decision, Source};
-use crate::engine::memory::{MemoryEngine, Raw};
+use crate::engine::memory::MemoryEngine;
+use crate::engine::outcome::Raw;
 use crate::engine::redis::{SHADOW_MAX_KEYS, SHADOW_TTL};
 use crate::error::{Error, Result};
 use crate::events::Event;

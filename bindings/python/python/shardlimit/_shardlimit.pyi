@@ -1,4 +1,4 @@
-# Type stub of the extension module (bindings/python/src/lib.rs).
+# Type stub of the extension module (bindings/python/src).
 import os
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from types import TracebackType

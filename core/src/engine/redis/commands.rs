@@ -1,7 +1,18 @@
 //! The operations of the Redis engine: checks, layered checks, refunds, leases, reset,
 //! reshard dump/restore and the block list.
 
-use super::*;
+use crate::engine::outcome::LayerReq;
+use crate::engine::redis::keys::block_key;
+use crate::engine::redis::{
+    connect_panic, connect_timeout, scripts, Breaker, CheckRequest, Checked, Conn, DumpRequest,
+    Dumped, LayeredChecked, LayeredRequest, LayeredTail, RedisEngine, RefundRequest,
+    ReleaseRequest, ResetRequest, RestoreRequest, BLOCKING_IDLE_MAX,
+};
+use crate::error::{Error, Result};
+use crate::policy::PolicyInner;
+use crate::transport::blocking::BlockingConn;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 impl RedisEngine {
     /// Connects to every shard and loads every script there, all within `timeout` (its

@@ -6,13 +6,10 @@
 //! background until it answers again.
 
 use crate::config::ShardConfig;
-use crate::engine::algo::Outcome;
-use crate::engine::memory::{BlockVerdict, LayerReq, LayeredRaw, Raw};
-use crate::engine::redis::keys::{block_key, denial_key, events_key, override_key, state_key};
+use crate::engine::redis::keys::events_key;
 use crate::error::{Error, Result};
 use crate::events::{CircuitState, Event, Subscribers};
 use crate::metrics::Latency;
-use crate::policy::{AutoBlock, Compiled, PolicyInner};
 use crate::transport::batch::{untag, CheckCall, NOT_THEIRS};
 use crate::transport::blocking::{BlockingConn, Target};
 use crate::transport::pipe::{Pipe, PipeConn};
@@ -43,7 +40,6 @@ pub use shadow::{SHADOW_MAX_KEYS, SHADOW_TTL};
 mod settle;
 pub(crate) use protocol::{MultiSettled, SettleCall, Settled};
 
-use scripts::ScriptId;
 mod stream;
 
 use crate::transport::runtime::{fork_generation, mono_us, start_runtime, RtState};

@@ -3,7 +3,11 @@
 //! scripts compare the version, `core/lua/check.lua`).
 
 use super::keys::{override_pattern, override_user_key};
-use super::*;
+use crate::engine::redis::keys::override_key;
+use crate::engine::redis::RedisEngine;
+use crate::error::{Error, Result};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// The most entries one SCAN step asks a shard for.
 const SCAN_COUNT: u64 = 1_000;

@@ -1,9 +1,14 @@
 //! The scripts' arguments and replies: how a check call is built and how its reply is read
 //! and checked (every value from Redis is untrusted).
 
-use super::*;
-use crate::engine::redis::keys::shadow_key;
-use crate::policy::Algorithm;
+use crate::config::ShardConfig;
+use crate::engine::outcome::{BlockVerdict, LayeredRaw, Outcome, Raw};
+use crate::engine::redis::keys::{block_key, denial_key, override_key, shadow_key, state_key};
+use crate::engine::redis::scripts::ScriptId;
+use crate::engine::redis::{SHADOW_MAX_KEYS, SHADOW_TTL};
+use crate::error::{Error, Result};
+use crate::policy::{Algorithm, AutoBlock, Compiled, PolicyInner};
+use crate::transport::resp::Reply;
 
 mod admin;
 mod layered;

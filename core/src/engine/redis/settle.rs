@@ -1,8 +1,15 @@
 //! Charge, refund, reserve and settle on Redis: one `main_settle.lua` call each (the
 //! arguments and replies: `protocol/settle.rs`).
 
-use super::*;
+use crate::engine::redis::{
+    LayeredTail, MultiSettled, OverrideArg, RedisEngine, SettleCall, SettleMultiRequest,
+    SettleRequest, Settled,
+};
 use crate::engine::settle::SettleOp;
+use crate::error::Result;
+use crate::policy::{Compiled, PolicyInner};
+use std::sync::Arc;
+use std::time::Instant;
 
 impl RedisEngine {
     /// Runs `call` for `key` under `policy` (limit `eff`) on `shard`, with the override the

@@ -3,8 +3,11 @@
 //! of those counts. (A multi-limit policy's shadow check is `main_layered.lua`'s, given
 //! the same hash: `RedisEngine::check_layers_with`.)
 
-use super::*;
 use crate::engine::redis::keys::shadow_key;
+use crate::engine::redis::{CheckRequest, Checked, RedisEngine, ShadowRequest};
+use crate::error::{Error, Result};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The most user keys one policy's shadow hash holds on one shard; the denials of further
 /// keys are counted in the field "" (the report's `other`).
@@ -72,7 +75,7 @@ impl RedisEngine {
                 continue;
             }
             let k = String::from_utf8(k).map_err(|_| bad("a key that is not UTF-8".into()))?;
-            if k.len() > crate::limiter::MAX_KEY_LEN {
+            if k.len() > crate::key::MAX_KEY_LEN {
                 return Err(bad("a key longer than any valid key".into()));
             }
             keys.push((k, n));

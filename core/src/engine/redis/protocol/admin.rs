@@ -2,7 +2,13 @@
 //! key (`reset.lua`) and a reshard handoff's dump and restore (`migrate_dump.lua`,
 //! `migrate_restore.lua`): their arguments and replies.
 
-use super::*;
+use crate::config::ShardConfig;
+use crate::engine::redis::keys::{block_key, state_key};
+use crate::engine::redis::scripts::ScriptId;
+use crate::engine::redis::{unexpected, ScriptArgs, ScriptCall, Wire};
+use crate::error::Result;
+use crate::policy::{Compiled, PolicyInner};
+use crate::transport::resp::Reply;
 
 /// Releases `units` of concurrency lease `lease` of `key` under `policy` (`release.lua`);
 /// answers whether the lease was held.

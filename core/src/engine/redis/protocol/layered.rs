@@ -1,7 +1,18 @@
 //! Layered checks and their refunds (`core/lua/main_layered.lua`, `main_refund.lua`):
 //! their arguments and replies.
 
-use super::*;
+use crate::config::ShardConfig;
+use crate::engine::outcome::{LayerReq, LayeredRaw};
+use crate::engine::redis::keys::{block_key, denial_key, override_key, state_key};
+use crate::engine::redis::protocol::shadow_key;
+use crate::engine::redis::scripts::ScriptId;
+use crate::engine::redis::{
+    auto_block_args, auto_block_reason, block_verdict, extra_arg, implausible, ints, outcome,
+    override_entry, unexpected, Extra, LayeredChecked, LayeredTail, ScriptArgs, ScriptCall, Wire,
+    SHADOW_MAX_KEYS, SHADOW_TTL,
+};
+use crate::error::Result;
+use crate::transport::resp::Reply;
 
 /// A layered check of layers that all live on one shard (`main_layered.lua`): each layer's
 /// keys and arguments, the injected clock, and for one key's layers (a multi-limit

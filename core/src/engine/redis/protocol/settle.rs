@@ -1,8 +1,18 @@
 //! Charge, refund, reserve and settle (`core/lua/main_settle.lua`, `main_settle_multi.lua`):
 //! their arguments and replies.
 
-use super::*;
+use crate::config::ShardConfig;
+use crate::engine::outcome::{Outcome, Raw};
+use crate::engine::redis::keys::{block_key, denial_key, override_key, state_key};
+use crate::engine::redis::scripts::ScriptId;
+use crate::engine::redis::{
+    auto_block_args, auto_block_reason, check_reply, extra_arg, implausible, ints, outcome,
+    override_entry, LayeredTail, OverrideArg, ScriptArgs, ScriptCall, Wire,
+};
 use crate::engine::settle::SettleOp;
+use crate::error::Result;
+use crate::policy::{Compiled, PolicyInner};
+use crate::transport::resp::Reply;
 
 /// What a settle-script call does: an op of [`SettleOp`], or a reservation (a check that
 /// also answers the time it was decided at).
