@@ -70,18 +70,22 @@ fn wake(wake: &mut Vec<(Sender, io::Result<Reply>)>) {
 }
 
 impl Shared {
-    /// Runs `f` on the machine, then wakes the callers it completed; if the machine closed
-    /// the connection, marks it broken and stops its tasks. False when it is broken.
+    /// Runs `f` on the machine, then wakes the callers it completed, and the writer when
+    /// the machine has bytes to send (a check sent again after NOSCRIPT); if the machine
+    /// closed the connection, marks it broken and stops its tasks. False when it is broken.
     fn drive(&self, f: impl FnOnce(&mut SansIo, &mut Vec<Completion>)) -> bool {
         let mut done = Vec::new();
         let mut woken = Vec::new();
-        let down = {
+        let (down, transmit) = {
             let mut inner = self.inner.lock();
             f(&mut inner.conn, &mut done);
             inner.take(&mut done, &mut woken);
-            inner.conn.is_down()
+            (inner.conn.is_down(), inner.conn.wants_transmit())
         };
         wake(&mut woken);
+        if transmit {
+            self.write.notify_one();
+        }
         if down {
             self.stop();
         }

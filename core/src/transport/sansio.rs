@@ -258,6 +258,13 @@ impl SansIo {
         Ok(())
     }
 
+    /// True when [`SansIo::poll_transmit`] has bytes to hand out: after a submit, and after
+    /// an input that sends a check again (NOSCRIPT) or completes the log-in while checks
+    /// wait. A host that writes only when it submitted asks this after every input.
+    pub fn wants_transmit(&self) -> bool {
+        !self.out.is_empty() || (self.state == State::Ready && !self.queued.is_empty())
+    }
+
     /// The bytes to write now, if any: the log-in, or every request queued since the last
     /// write, a burst's checks of one algorithm packed into one batch call. The host writes
     /// them at once: their silence clock starts at `now`.
