@@ -80,7 +80,12 @@ impl Shared {
             let mut inner = self.inner.lock();
             f(&mut inner.conn, &mut done);
             inner.take(&mut done, &mut woken);
-            (inner.conn.is_down(), inner.conn.wants_transmit())
+            let down = inner.conn.is_down();
+            if down {
+                // before the lock goes: no caller finds this pipe whole and its machine down
+                self.broken.store(true, Ordering::Release);
+            }
+            (down, inner.conn.wants_transmit())
         };
         wake(&mut woken);
         if transmit {
@@ -93,9 +98,7 @@ impl Shared {
     }
 
     fn stop(&self) {
-        if self.broken.swap(true, Ordering::AcqRel) {
-            return;
-        }
+        self.broken.store(true, Ordering::Release);
         for t in self.tasks.lock().drain(..) {
             t.abort();
         }
@@ -226,6 +229,9 @@ impl Pipe {
         let (tx, rx) = oneshot::channel();
         {
             let mut inner = self.shared.inner.lock();
+            if inner.conn.is_down() {
+                return Err(broken());
+            }
             let id = inner.next_id;
             inner.next_id += 1;
             submit(&mut inner.conn, id)?;
@@ -292,6 +298,8 @@ async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, shared: Arc<Shared>) {
                 }
                 let armed = inner.conn.next_deadline();
                 let bytes = inner.conn.poll_transmit(Instant::now());
+                // (packing a large burst takes a while: its silence starts once packed)
+                inner.conn.written(Instant::now());
                 if armed.is_none() && inner.conn.next_deadline().is_some() {
                     shared.timer.notify_one();
                 }
@@ -303,6 +311,8 @@ async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, shared: Arc<Shared>) {
                 shared.drive(|c, done| c.handle_closed(&why, done));
                 return;
             }
+            // (and a large burst takes a while to write: from when it is all written)
+            shared.inner.lock().conn.written(Instant::now());
         }
     }
 }
