@@ -306,7 +306,9 @@ async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, shared: Arc<Shared>) {
                 bytes
             };
             let Some(bytes) = bytes else { break };
-            if let Err(e) = w.write_all(&bytes).await {
+            // unconstrained: a write put off because this task spent its cooperative
+            // budget would leave requests counted as written that are not
+            if let Err(e) = tokio::task::unconstrained(w.write_all(&bytes)).await {
                 let why = format!("writing to Redis failed: {e}");
                 shared.drive(|c, done| c.handle_closed(&why, done));
                 return;
@@ -369,7 +371,9 @@ async fn read_loop<R: AsyncRead + Unpin>(mut r: R, shared: Arc<Shared>) {
                     if buf.capacity() - buf.len() < 4096 {
                         buf.reserve(16 * 1024);
                     }
-                    match r.read_buf(&mut buf).now_or_never() {
+                    // (unconstrained: a task that spent its cooperative budget would be
+                    // told "not ready" with the bytes sitting in the socket)
+                    match tokio::task::unconstrained(r.read_buf(&mut buf)).now_or_never() {
                         None => break None,
                         Some(Ok(0)) => break Some("Redis closed the connection".to_string()),
                         Some(Ok(_)) => continue,
