@@ -81,6 +81,7 @@ const TOP_LEVEL_FIELDS: &[&str] = &[
     "default_algorithm",
     "plans",
     "log_interval",
+    "max_queue",
 ];
 
 /// A validated configuration. Its `Debug` shows URLs without their credentials.
@@ -134,7 +135,16 @@ pub struct Config {
     /// suppressed since the last; [`crate::DEFAULT_LOG_INTERVAL`] (10 s) unless set, from
     /// 1 ms to 1 day.
     pub log_interval: Duration,
+    /// `max_queue`: how many calls one shard's connection holds at once, queued in this
+    /// process or waiting for their reply ([`DEFAULT_MAX_QUEUE`] unless set, from 1 to
+    /// 16,777,216). A call beyond it is refused at once with an `overloaded` error (never
+    /// admitted, never `on_error`): the process sends more than the shard answers.
+    pub max_queue: usize,
 }
+
+/// `max_queue` unless the config sets it: 20,000 concurrent checks in one process, and
+/// more, are all decided.
+pub const DEFAULT_MAX_QUEUE: usize = 65_536;
 
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -156,6 +166,7 @@ impl std::fmt::Debug for Config {
             .field("default_algorithm", &self.default_algorithm)
             .field("plans", &self.plans)
             .field("log_interval", &self.log_interval)
+            .field("max_queue", &self.max_queue)
             .finish_non_exhaustive()
     }
 }
@@ -178,6 +189,7 @@ impl Default for Config {
             default_algorithm: Algorithm::FixedWindow,
             plans: BTreeMap::new(),
             log_interval: crate::log::DEFAULT_LOG_INTERVAL,
+            max_queue: DEFAULT_MAX_QUEUE,
         }
     }
 }
@@ -311,6 +323,17 @@ impl Config {
                 ));
             }
             self.spin_wait = Some(Duration::from_micros(us));
+        }
+        if let Some(v) = obj.get("max_queue") {
+            self.max_queue = match v.as_u64() {
+                Some(n) if (1..=1 << 24).contains(&n) => n as usize,
+                _ => {
+                    return Err(Error::config(
+                        "max_queue",
+                        format!("expected an integer between 1 and 16777216, got {v}"),
+                    ))
+                }
+            };
         }
         if let Some(v) = obj.get("log_interval") {
             let us = duration_from_json("log_interval", v)?;

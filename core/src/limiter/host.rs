@@ -76,7 +76,10 @@ impl HostChecks {
             }
         };
         let conns = (0..engine.shards.len())
-            .map(|i| Ok(SansIo::new(engine.host_target(i)?.handshake())))
+            .map(|i| {
+                let handshake = engine.host_target(i)?.handshake();
+                Ok(SansIo::new(handshake, engine.timeout, engine.max_queue()))
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(HostChecks {
             limiter: limiter.clone(),
@@ -148,7 +151,7 @@ impl HostChecks {
         let id = self.next_id;
         self.next_id += 1;
         let start = Instant::now();
-        if let Err(e) = self.conns[shard as usize].submit(id, call, r.host_deadline()) {
+        if let Err(e) = self.conns[shard as usize].submit(id, call) {
             let raw = r
                 .host_finish(shard as usize, start, Err(e), eff.limit, cost)
                 .and_then(|c| decided(&r.shards[shard as usize].name, c));
@@ -175,7 +178,7 @@ impl HostChecks {
     /// within the config's `timeout` fails).
     pub fn connecting(&mut self, shard: usize) -> Result<()> {
         self.shard_ok(shard)?;
-        self.conns[shard].connecting(Instant::now() + self.engine.timeout);
+        self.conns[shard].connecting(Instant::now());
         Ok(())
     }
 
@@ -194,14 +197,14 @@ impl HostChecks {
 
     /// The bytes to write to shard `shard` now, if any.
     pub fn poll_transmit(&mut self, shard: usize) -> Option<Vec<u8>> {
-        self.conns.get_mut(shard)?.poll_transmit()
+        self.conns.get_mut(shard)?.poll_transmit(Instant::now())
     }
 
     /// Bytes read from shard `shard`: the decisions they complete, by id.
     pub fn handle_input(&mut self, shard: usize, bytes: &[u8]) -> Vec<(u64, Result<Decision>)> {
         let mut done = std::mem::take(&mut self.done);
         if let Some(c) = self.conns.get_mut(shard) {
-            c.handle_input(bytes, &mut done);
+            c.handle_input(Instant::now(), bytes, &mut done);
         }
         self.decide(done)
     }
@@ -216,7 +219,9 @@ impl HostChecks {
         self.decide(done)
     }
 
-    /// Time is `now`: the calls (and connects) whose deadline passed fail.
+    /// Time is `now`: the connects that took longer than the timeout, and the calls on a
+    /// shard silent for the timeout, fail. Hand over every byte the sockets already hold
+    /// first ([`HostChecks::handle_input`]): see `transport/sansio.rs`.
     pub fn handle_timeout(&mut self, now: Instant) -> Vec<(u64, Result<Decision>)> {
         let mut done = std::mem::take(&mut self.done);
         for c in &mut self.conns {

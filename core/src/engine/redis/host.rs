@@ -39,14 +39,9 @@ impl RedisEngine {
         CheckCall::new(
             scripts::check_scripts(req.eff.algorithm),
             false,
-            req,
-            &self.prefix,
+            req.tag,
+            |c| req.write(&self.prefix, c),
         )
-    }
-
-    /// The deadline of a check sent now.
-    pub(crate) fn host_deadline(&self) -> Instant {
-        Instant::now() + self.timeout
     }
 
     /// What the check sent at `start` to shard `shard` got: its reply (or the I/O error

@@ -22,7 +22,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,7 +34,7 @@ mod host;
 pub mod keys;
 mod overrides;
 pub(crate) mod protocol;
-pub mod scripts;
+pub use crate::wire::scripts;
 mod shadow;
 pub use shadow::{SHADOW_MAX_KEYS, SHADOW_TTL};
 mod settle;
@@ -42,7 +42,7 @@ pub(crate) use protocol::{MultiSettled, SettleCall, Settled};
 
 mod stream;
 
-use crate::transport::runtime::{fork_generation, mono_us, start_runtime, RtState};
+use crate::transport::runtime::{fork_generation, mono_us, start_runtime, IoRuntime};
 use call::*;
 use circuit::*;
 use connect::*;
@@ -135,6 +135,26 @@ pub(crate) struct PipeSlot {
     pub(crate) connecting: tokio::sync::Mutex<()>,
 }
 
+/// The runtime and connections of one process: made on first use, and again in a forked
+/// child (whose parent's threads and sockets are not its own).
+pub(crate) struct RtState {
+    /// (first: dropped first, so the runtime stops before its connections go)
+    pub(crate) io: IoRuntime,
+    pub(crate) conns: Vec<Slot>,
+    /// Idle blocking connections per shard, for calls made on the caller's own thread.
+    pub(crate) blocking: Vec<Mutex<Vec<BlockingConn>>>,
+    /// The pipelined connection of each shard, for async calls.
+    pub(crate) pipes: Vec<PipeSlot>,
+    pub(crate) stream_tx: Option<tokio::sync::mpsc::Sender<StreamItem>>,
+}
+
+impl std::ops::Deref for RtState {
+    type Target = IoRuntime;
+    fn deref(&self) -> &IoRuntime {
+        &self.io
+    }
+}
+
 pub(crate) struct RedisEngine {
     pub shards: Vec<ShardConfig>,
     clients: Vec<Client>,
@@ -146,6 +166,8 @@ pub(crate) struct RedisEngine {
     /// engine sets it anew).
     spin_wait_us: AtomicU64,
     pub timeout: Duration,
+    /// How many calls one connection holds at once (config `max_queue`).
+    max_queue: AtomicUsize,
     prefix: String,
     worker_threads: usize,
     state: ArcSwapOption<RtState>,
@@ -187,6 +209,17 @@ impl RedisEngine {
         self.spin_wait_us
             .store(wait.as_micros() as u64, Ordering::Relaxed);
         self.spin_configured.store(d.is_some(), Ordering::Relaxed);
+    }
+
+    /// The config's `max_queue`: how many calls one connection holds at once.
+    pub fn max_queue(&self) -> usize {
+        self.max_queue.load(Ordering::Relaxed)
+    }
+
+    /// Sets `max_queue` (at build time, and on a reload that keeps this engine; a
+    /// connection made before keeps the bound it was made with).
+    pub fn set_max_queue(&self, n: usize) {
+        self.max_queue.store(n, Ordering::Relaxed);
     }
 
     /// How blocking callers spin on their socket.
@@ -332,6 +365,7 @@ impl RedisEngine {
             shards,
             clients,
             timeout,
+            max_queue: AtomicUsize::new(crate::config::DEFAULT_MAX_QUEUE),
             prefix,
             worker_threads,
             state: ArcSwapOption::empty(),
@@ -393,17 +427,19 @@ impl RedisEngine {
             tx
         });
         let st = Arc::new(RtState {
-            pid,
-            generation,
-            handle,
-            owner,
+            io: IoRuntime {
+                pid,
+                generation,
+                handle,
+                owner,
+                inbox,
+                timer_keeper: Arc::default(),
+                io_spin: Arc::default(),
+            },
             conns: self.shards.iter().map(|_| Slot::default()).collect(),
             blocking: self.shards.iter().map(|_| Mutex::default()).collect(),
             pipes: self.shards.iter().map(|_| PipeSlot::default()).collect(),
-            inbox,
             stream_tx,
-            timer_keeper: Arc::default(),
-            io_spin: Arc::default(),
         });
         self.state.store(Some(st.clone()));
         Ok(st)

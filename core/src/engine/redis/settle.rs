@@ -9,7 +9,6 @@ use crate::engine::settle::SettleOp;
 use crate::error::Result;
 use crate::policy::{Compiled, PolicyInner};
 use std::sync::Arc;
-use std::time::Instant;
 
 impl RedisEngine {
     /// Runs `call` for `key` under `policy` (limit `eff`) on `shard`, with the override the
@@ -33,7 +32,7 @@ impl RedisEngine {
             now_us,
             ov,
         };
-        self.call(shard, &req, Instant::now() + self.timeout).await
+        self.call(shard, &req).await
     }
 
     /// Runs `op` in every limit (state key scope, limit in force, the op for it) of a
@@ -57,6 +56,6 @@ impl RedisEngine {
             now_us,
             tail,
         };
-        self.call(shard, &req, Instant::now() + self.timeout).await
+        self.call(shard, &req).await
     }
 }

@@ -7,7 +7,7 @@ use crate::engine::redis::keys::shadow_key;
 use crate::engine::redis::{CheckRequest, Checked, RedisEngine, ShadowRequest};
 use crate::error::{Error, Result};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The most user keys one policy's shadow hash holds on one shard; the denials of further
 /// keys are counted in the field "" (the report's `other`).
@@ -29,7 +29,7 @@ impl RedisEngine {
             req,
             cluster: self.is_cluster(),
         };
-        self.call(shard, &req, Instant::now() + self.timeout).await
+        self.call(shard, &req).await
     }
 
     /// The shadow counts of `policy` on `shard`: (key, count) pairs and the count of keys
