@@ -1,4 +1,4 @@
-//! The host transport (issue 16): the core's sans-I/O check path (`shardlimit::HostChecks`)
+//! The host transport: the core's sans-I/O check path (`shardlimit::HostChecks`)
 //! with the bytes moved by `host.js` on Node's own event loop, one `net.Socket` per shard.
 //! A check creates its Promise here and it is settled here, on the JS thread, by the call
 //! that hands in the bytes of its reply: no I/O thread, no threadsafe function.
@@ -133,6 +133,13 @@ impl NativeHostChecks {
     #[napi(getter)]
     pub fn in_flight(&self) -> u32 {
         self.inner.in_flight() as u32
+    }
+
+    /// A shard a check found down with its circuit closed, or null: `host.js` connects it
+    /// now instead of waiting out its reconnect back-off (the check waits for that connect).
+    #[napi(getter)]
+    pub fn wanted_connect(&self) -> Option<u32> {
+        self.inner.wanted_connect().map(|s| s as u32)
     }
 
     /// The socket of shard `shard` starts to connect.
