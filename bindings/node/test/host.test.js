@@ -166,8 +166,9 @@ test('a stopped Redis gives the on_error fallback within the deadline; a killed 
     await checking
     assert.notEqual(firstRedis, null, 'never reconnected after a restart')
     assert.equal(firstRedis.remaining, 6)
-    const took = firstRedis.at - spawned
-    assert.ok(took < 500, `Redis was used again ${took} ms after its restart (the promise: under 500 ms)`)
+    const reconnect = firstRedis.at - spawned
+    if (process.env.SHARDLIMIT_TEST_SAY) console.log(`reconnect ${reconnect} ms`)
+    assert.ok(reconnect < 500, `Redis was used again ${reconnect} ms after its restart (the promise: under 500 ms)`)
   } finally {
     limiter.close()
     await own.stop()
