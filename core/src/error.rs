@@ -34,6 +34,9 @@ pub enum ErrorKind {
     /// A shard's circuit breaker is open after repeated failures: it is skipped until a
     /// background probe sees it answer again.
     Unavailable = 10,
+    /// This process has more checks waiting for a shard's connection than its queue holds
+    /// (`max_queue`): the check is refused, neither admitted nor sent to `on_error`.
+    Overloaded = 11,
 }
 
 impl ErrorKind {
@@ -51,6 +54,7 @@ impl ErrorKind {
         ErrorKind::Io,
         ErrorKind::Internal,
         ErrorKind::Unavailable,
+        ErrorKind::Overloaded,
     ];
 
     /// The stable numeric code of this kind.
@@ -70,6 +74,7 @@ impl ErrorKind {
             ErrorKind::Io => "io",
             ErrorKind::Internal => "internal",
             ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Overloaded => "overloaded",
         }
     }
 
@@ -85,6 +90,7 @@ impl ErrorKind {
             ErrorKind::Io => "reading a file (a configuration) failed",
             ErrorKind::Internal => "a bug in shardlimit: an invariant was broken (please report it)",
             ErrorKind::Unavailable => "a shard's circuit is open after repeated failures; it is skipped until a probe sees it answer",
+            ErrorKind::Overloaded => "more checks wait for a shard's connection in this process than its queue holds (max_queue); the check was neither admitted nor sent to on_error",
         }
     }
 
@@ -138,6 +144,8 @@ pub enum Error {
     Internal(String),
     #[error("shard `{shard}` is unavailable: its circuit is open after repeated failures")]
     Unavailable { shard: String },
+    #[error("shard `{shard}`: overloaded: {max_queue} checks are waiting for its connection already (max_queue)")]
+    Overloaded { shard: String, max_queue: usize },
 }
 
 impl Error {
@@ -153,6 +161,7 @@ impl Error {
             Error::Io { .. } => ErrorKind::Io,
             Error::Internal(_) => ErrorKind::Internal,
             Error::Unavailable { .. } => ErrorKind::Unavailable,
+            Error::Overloaded { .. } => ErrorKind::Overloaded,
         }
     }
     /// The numeric code of [`Error::kind`].

@@ -104,7 +104,16 @@ pub struct Config {
     /// keeps the I/O thread from spinning but lets a blocking caller spin while it gives
     /// way to every other ready thread ([`crate::transport::cpus::blocking_spin`]).
     pub spin_wait_configured: bool,
+    /// `max_queue`: how many calls one shard's connection holds at once, queued in this
+    /// process or waiting for their reply ([`DEFAULT_MAX_QUEUE`] unless set, from 1 to
+    /// 16,777,216). A call beyond it is refused at once with an `overloaded` error (never
+    /// admitted, never `on_error`): the process sends more than the shard answers.
+    pub max_queue: usize,
 }
+
+/// `max_queue` unless the config sets it: 20,000 concurrent checks in one process, and
+/// more, are all decided.
+pub const DEFAULT_MAX_QUEUE: usize = 65_536;
 
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -126,6 +135,7 @@ impl std::fmt::Debug for Config {
             .field("default_algorithm", &self.default_algorithm)
             .field("plans", &self.plans)
             .field("log_interval", &self.log_interval)
+            .field("max_queue", &self.max_queue)
             .finish_non_exhaustive()
     }
 }
@@ -150,6 +160,7 @@ impl Default for Config {
             plans: BTreeMap::new(),
             log_interval: crate::log::DEFAULT_LOG_INTERVAL,
             spin_wait_configured: false,
+            max_queue: DEFAULT_MAX_QUEUE,
         }
     }
 }
@@ -221,6 +232,7 @@ impl Config {
                 "default_algorithm",
                 "plans",
                 "log_interval",
+                "max_queue",
             ],
         )?;
         let mut cfg = Config::default();
@@ -274,6 +286,17 @@ impl Config {
             }
             cfg.spin_wait = Duration::from_micros(us);
             cfg.spin_wait_configured = true;
+        }
+        if let Some(v) = obj.get("max_queue") {
+            cfg.max_queue = match v.as_u64() {
+                Some(n) if (1..=1 << 24).contains(&n) => n as usize,
+                _ => {
+                    return Err(Error::config(
+                        "max_queue",
+                        format!("expected an integer between 1 and 16777216, got {v}"),
+                    ))
+                }
+            };
         }
         if let Some(v) = obj.get("log_interval") {
             let us = duration_from_json("log_interval", v)?;

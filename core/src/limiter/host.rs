@@ -78,7 +78,10 @@ impl HostChecks {
             }
         };
         let conns = (0..engine.shards.len())
-            .map(|i| Ok(SansIo::new(engine.host_target(i)?.handshake())))
+            .map(|i| {
+                let handshake = engine.host_target(i)?.handshake();
+                Ok(SansIo::new(handshake, engine.timeout, engine.max_queue()))
+            })
             .collect::<Result<Vec<_>>>()?;
         let wanted = vec![false; conns.len()];
         Ok(HostChecks {
@@ -159,10 +162,10 @@ impl HostChecks {
             // `wants_connect`) instead of failing. A shard that answers again after an
             // outage is used as soon as its circuit's probe closes the circuit, not a
             // back-off later; one that still refuses fails the check at once.
-            conn.connecting(Instant::now() + self.engine.timeout);
+            conn.connecting(start);
             self.wanted[shard as usize] = true;
         }
-        if let Err(e) = conn.submit(id, call, r.host_deadline()) {
+        if let Err(e) = conn.submit(id, call) {
             let raw = r
                 .host_finish(shard as usize, start, Err(e), eff.limit, cost)
                 .and_then(|c| decided(&r.shards[shard as usize].name, c));
@@ -190,7 +193,7 @@ impl HostChecks {
     pub fn connecting(&mut self, shard: usize) -> Result<()> {
         self.shard_ok(shard)?;
         self.wanted[shard] = false;
-        self.conns[shard].connecting(Instant::now() + self.engine.timeout);
+        self.conns[shard].connecting(Instant::now());
         Ok(())
     }
 
@@ -221,14 +224,14 @@ impl HostChecks {
 
     /// The bytes to write to shard `shard` now, if any.
     pub fn poll_transmit(&mut self, shard: usize) -> Option<Vec<u8>> {
-        self.conns.get_mut(shard)?.poll_transmit()
+        self.conns.get_mut(shard)?.poll_transmit(Instant::now())
     }
 
     /// Bytes read from shard `shard`: the decisions they complete, by id.
     pub fn handle_input(&mut self, shard: usize, bytes: &[u8]) -> Vec<(u64, Result<Decision>)> {
         let mut done = std::mem::take(&mut self.done);
         if let Some(c) = self.conns.get_mut(shard) {
-            c.handle_input(bytes, &mut done);
+            c.handle_input(Instant::now(), bytes, &mut done);
         }
         self.decide(done)
     }
@@ -243,7 +246,9 @@ impl HostChecks {
         self.decide(done)
     }
 
-    /// Time is `now`: the calls (and connects) whose deadline passed fail.
+    /// Time is `now`: the connects that took longer than the timeout, and the calls on a
+    /// shard silent for the timeout, fail. Hand over every byte the sockets already hold
+    /// first ([`HostChecks::handle_input`]): see `transport/sansio.rs`.
     pub fn handle_timeout(&mut self, now: Instant) -> Vec<(u64, Result<Decision>)> {
         let mut done = std::mem::take(&mut self.done);
         for c in &mut self.conns {

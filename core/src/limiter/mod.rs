@@ -194,6 +194,7 @@ impl Limiter {
             (None, None) => return Ok(Engine::Memory(Arc::new(MemoryEngine::default()))),
         };
         e.set_spin_wait(config.spin_wait, config.spin_wait_configured);
+        e.set_max_queue(config.max_queue);
         Ok(Engine::Redis(Arc::new(e)))
     }
 

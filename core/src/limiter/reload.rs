@@ -58,6 +58,7 @@ impl Limiter {
                 Engine::Redis(r) => {
                     // the connections stay; the spinning follows the new config
                     r.set_spin_wait(config.spin_wait, config.spin_wait_configured);
+                    r.set_max_queue(config.max_queue);
                     Engine::Redis(r.clone())
                 }
             }

@@ -25,19 +25,9 @@ use std::time::{Duration, Instant};
 pub(crate) use crate::transport::cpus::Spin;
 #[cfg(unix)]
 use crate::transport::cpus::YIELD_RAN_OTHERS;
+use crate::transport::expect_ok;
 use crate::transport::resp::{parse_frame, protocol, Framer, Reply, MAX_REPLY};
-
-/// The outcome of a handshake command (`what`: AUTH, SELECT), which answers +OK.
-pub(crate) fn expect_ok(what: &str, reply: Reply) -> io::Result<()> {
-    match reply {
-        Reply::Str(s) if s == b"OK" => Ok(()),
-        Reply::Error(e) => Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("{what} failed: {e}"),
-        )),
-        other => Err(protocol(format!("{what}: unexpected reply {other:?}"))),
-    }
-}
+use crate::transport::sansio::silent;
 
 /// Where a shard listens, and how to log in.
 #[derive(Debug, Clone)]
@@ -270,7 +260,7 @@ fn ran_others(before: Instant) -> bool {
 }
 
 fn timed_out() -> io::Error {
-    io::Error::new(io::ErrorKind::TimedOut, "no reply within the deadline")
+    io::Error::new(io::ErrorKind::TimedOut, "connect timed out")
 }
 
 /// One blocking connection to a shard.
@@ -320,7 +310,11 @@ impl BlockingConn {
             read_timeout: timeout,
         };
         for (what, packed) in target.handshake() {
-            expect_ok(what, conn.request(&packed, deadline, Spin::OFF)?)?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(timed_out());
+            }
+            expect_ok(what, conn.request(&packed, left, Spin::OFF)?)?;
         }
         Ok(conn)
     }
@@ -340,10 +334,15 @@ impl BlockingConn {
     }
 
     /// Sends one packed command and reads its reply: spinning on the socket as `spin` says
-    /// (when a spinning slot is free), then sleeping in `read`, never past `deadline`. Any
+    /// (when a spinning slot is free), then sleeping in `read`. It fails when the shard is
+    /// silent: no byte for `timeout` since the write or the last byte that came (a reply
+    /// that keeps coming is not late, however long it takes); before that verdict, what
+    /// the socket already holds is read without waiting (a thread that woke late after its
+    /// read timed out must not call a shard silent whose reply sits in the socket). Any
     /// `Err` leaves the connection unusable: drop it.
-    pub fn request(&mut self, packed: &[u8], deadline: Instant, spin: Spin) -> io::Result<Reply> {
+    pub fn request(&mut self, packed: &[u8], timeout: Duration, spin: Spin) -> io::Result<Reply> {
         self.stream.write_all(packed)?;
+        let mut since = Instant::now();
         let mut slot = None;
         #[cfg(unix)]
         let spin_until = if spin.wait.is_zero() {
@@ -378,6 +377,7 @@ impl BlockingConn {
                         if n == 0 {
                             return Err(io::ErrorKind::UnexpectedEof.into());
                         }
+                        since = Instant::now();
                         continue;
                     }
                     Ok(None) => {
@@ -396,15 +396,31 @@ impl BlockingConn {
                     }
                 }
             }
-            // sleep in read about as long as the deadline leaves (a retry's deadline is the
-            // call's, and a pooled connection's timeout may be one a retry shortened); the
-            // socket's timeout is set again only when it is off by over a millisecond,
-            // which a call's first try never is
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = (since + timeout).saturating_duration_since(Instant::now());
             if left.is_zero() {
+                // silent for the timeout, unless the socket holds bytes already
+                #[cfg(unix)]
+                match self.stream.read_now(&mut self.buf[len..]) {
+                    Ok(Some(0)) => {
+                        self.buf.truncate(len);
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
+                    Ok(Some(n)) => {
+                        self.buf.truncate(len + n);
+                        since = Instant::now();
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.buf.truncate(len);
+                        return Err(e);
+                    }
+                }
                 self.buf.truncate(len);
-                return Err(timed_out());
+                return Err(silent(timeout));
             }
+            // sleep in read about as long as the silence may last; the socket's timeout is
+            // set again only when it is off by over a millisecond
             if self.read_timeout > left + READ_TIMEOUT_SLACK
                 || self.read_timeout + READ_TIMEOUT_SLACK < left
             {
@@ -420,25 +436,20 @@ impl BlockingConn {
                     self.buf.truncate(len);
                     return Err(io::ErrorKind::UnexpectedEof.into());
                 }
-                Ok(n) => self.buf.truncate(len + n),
+                Ok(n) => {
+                    self.buf.truncate(len + n);
+                    since = Instant::now();
+                }
                 Err(e) => {
                     self.buf.truncate(len);
                     match e.kind() {
-                        // the socket's read timeout passed: the deadline too, or (the
-                        // timeout being up to a millisecond short) read again
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                            if Instant::now() >= deadline {
-                                return Err(timed_out());
-                            }
-                            continue;
-                        }
-                        io::ErrorKind::Interrupted => continue,
+                        // the socket's read timeout passed: the loop looks again
+                        io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted => continue,
                         _ => return Err(e),
                     }
                 }
-            }
-            if Instant::now() > deadline {
-                return Err(timed_out());
             }
         }
     }

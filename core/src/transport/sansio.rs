@@ -1,35 +1,59 @@
 //! The connection of a standalone shard as a state machine with no I/O and no threads
-//! (sans-I/O, as rustls and quinn-proto separate protocol from I/O): the host moves the
-//! bytes on its own event loop (Node's `net.Socket` on libuv) and tells the machine what
-//! happened; the machine says what to write, which call each reply answers, and when the
-//! next deadline is.
+//! (sans-I/O, as rustls and quinn-proto separate protocol from I/O). Every core transport
+//! that speaks to a standalone shard drives it: the I/O runtime's pipe
+//! ([`crate::transport::pipe`]) and the hosts' own event loops (Node's `net.Socket`, Python's
+//! asyncio, Go's goroutines). The host moves the bytes and tells the machine what happened;
+//! the machine says what to write, which call each reply answers, and when it must be told
+//! the time again.
 //!
-//! It is the pipe of [`crate::transport::pipe`] without its two tasks, and shares its
-//! parts: a burst's checks are packed by [`pack_calls`] (one batch script call per
-//! algorithm, at most [`MAX_BATCH`] checks each), replies are framed by [`Framer`] under
-//! the same bounds, split by [`split_batch`] and taken only by the call whose tag they
-//! carry ([`untag`]). The same doubts close the connection: a reply outside the limits,
-//! one nobody asked for, one carrying another call's tag, and a call whose deadline
-//! passed before its reply came. Then every call waiting on it fails (the machine is
-//! [`SansIo::is_down`]: the host closes its socket and connects again). A NOSCRIPT reply
-//! sends the check again as EVAL of the source (which loads the script), within the
-//! call's deadline.
+//! What exists once, here: a burst's checks are packed by [`pack_calls`] (one batch script
+//! call per algorithm, at most [`MAX_BATCH`] checks each), replies are framed by [`Framer`]
+//! under the bounds of [`crate::transport::resp`], split by [`split_batch`] and taken only by
+//! the call whose tag they carry ([`untag`]). A NOSCRIPT reply sends the check again as
+//! EVAL of the source (which loads the script). The same doubts close the connection: a
+//! reply outside the bounds, one nobody asked for, one carrying another call's tag, and a
+//! silent shard. Then every call on it fails (the machine is [`SansIo::is_down`]: the host
+//! closes its socket and connects again).
 //!
-//! The host's part, in order: [`SansIo::connecting`] when it starts to connect (checks
-//! submitted until then fail at once: nobody is connecting), [`SansIo::connected`] when
-//! the socket is open (the machine logs in first: AUTH, SELECT), then after any call
-//! [`SansIo::poll_transmit`] to get the bytes to write, [`SansIo::handle_input`] with
-//! every chunk read, [`SansIo::handle_timeout`] when [`SansIo::next_deadline`] is due,
+//! # When a call fails for lack of an answer
+//!
+//! Only when the shard is failing, never because the host is busy:
+//! - the connect and log-in (AUTH, SELECT) take longer than `timeout`, counted from
+//!   [`SansIo::connecting`];
+//! - the shard is *silent*: at least one request was handed out by
+//!   [`SansIo::poll_transmit`] and no byte came back for `timeout`, counted from the later
+//!   of the hand-out of the oldest request still unanswered and the last byte received. A
+//!   healthy Redis working through a long pipeline keeps replying, so it is never silent.
+//!
+//! A call still queued in the machine (submitted, not handed out yet) has no deadline: the
+//! time it waits for the host to write is the host's, not the shard's. The queue is bounded
+//! (`max_queue` calls submitted and not answered, per connection): a call beyond it is
+//! refused at once with an [`Overloaded`] error, never queued.
+//!
+//! # The host's part, in order
+//!
+//! [`SansIo::connecting`] when it starts to connect (calls submitted before fail at once:
+//! nobody is connecting), [`SansIo::connected`] when the socket is open (the machine logs in
+//! first), then after any call [`SansIo::poll_transmit`] to get the bytes to write (write
+//! them at once: the silence clock of those requests starts there), [`SansIo::handle_input`]
+//! with every chunk read, [`SansIo::handle_timeout`] when [`SansIo::next_deadline`] is due,
 //! and [`SansIo::handle_closed`] when the socket closed or failed.
+//!
+//! **Before [`SansIo::handle_timeout`], the host hands the machine every byte its socket
+//! already holds** (a non-blocking read until it would block). A process starved of CPU
+//! wakes late: its timer and the replies that came meanwhile are both due, and the replies
+//! must win, or a healthy shard is declared silent because this process was slow.
 
 use crate::transport::batch::{pack_calls, split_batch, untag, CheckCall, MAX_BATCH, NOT_THEIRS};
-use crate::transport::blocking::expect_ok;
-use crate::transport::resp::{parse_frame, protocol, Framer, Reply, MAX_CHECK_REPLY};
+use crate::transport::resp::{parse_frame, protocol, Framer, Reply, MAX_CHECK_REPLY, MAX_REPLY};
+use crate::transport::{expect_ok, Overloaded};
 use std::collections::VecDeque;
 use std::io;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-/// A call's reply (or why there is none), for the call the host submitted as `id`.
+/// A call's reply (or why there is none), for the call the host submitted as `id`. A
+/// check's reply is parsed, its tag taken off; a command's ([`SansIo::submit_command`]) is
+/// its whole frame, unparsed, as [`Reply::Str`] (the caller parses it).
 #[derive(Debug)]
 pub(crate) struct Completion {
     pub id: u64,
@@ -40,7 +64,13 @@ pub(crate) struct Completion {
 struct Call {
     id: u64,
     call: CheckCall,
-    deadline: Instant,
+}
+
+/// A request submitted and not handed out yet.
+enum Queued {
+    Check(Call),
+    /// any other command, packed
+    Command(u64, Vec<u8>),
 }
 
 /// What the next reply answers.
@@ -49,15 +79,27 @@ enum Expect {
     Login(&'static str),
     One(Call),
     Batch(Vec<Call>),
+    /// a command's: its frame
+    Command(u64),
+}
+
+impl Expect {
+    /// The longest reply it may get.
+    fn max_reply(&self) -> usize {
+        match self {
+            Expect::Command(_) => MAX_REPLY,
+            _ => MAX_CHECK_REPLY,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     /// no socket, and the host is not connecting
     Down,
-    /// the host is connecting (checks wait)
+    /// the host is connecting (calls wait)
     Connecting,
-    /// connected, the handshake's replies are not all in (checks wait)
+    /// connected, the handshake's replies are not all in (calls wait)
     LoggingIn,
     Ready,
 }
@@ -65,13 +107,21 @@ enum State {
 /// One shard's connection, driven by the host.
 pub(crate) struct SansIo {
     handshake: Vec<(&'static str, Vec<u8>)>,
+    /// how long a connect may take, and a shard be silent
+    timeout: Duration,
+    /// the most calls submitted and not answered
+    max_queue: usize,
     state: State,
     /// until when the connect and handshake may take
     connect_deadline: Option<Instant>,
-    /// submitted, not written yet
-    queued: VecDeque<Call>,
-    /// written, in the order their replies come
-    waiting: VecDeque<Expect>,
+    /// submitted, not handed out yet
+    queued: VecDeque<Queued>,
+    /// handed out, in the order their replies come, each with when it was handed out
+    waiting: VecDeque<(Instant, Expect)>,
+    /// calls submitted and not completed (queued or waiting)
+    calls: usize,
+    /// when the last byte came
+    last_input: Option<Instant>,
     /// bytes read and not framed yet
     buf: Vec<u8>,
     framer: Framer,
@@ -86,18 +136,49 @@ fn broken(msg: &str) -> io::Error {
 
 /// The same error for every call an error fails (io::Error is not Clone).
 fn copy(e: &io::Error) -> io::Error {
-    io::Error::new(e.kind(), e.to_string())
+    match e.get_ref().and_then(|i| i.downcast_ref::<Overloaded>()) {
+        Some(o) => io::Error::other(o.clone()),
+        None => io::Error::new(e.kind(), e.to_string()),
+    }
+}
+
+/// The error of a shard that sent nothing for `timeout` while requests were out.
+pub(crate) fn silent(timeout: Duration) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!(
+            "Redis sent nothing for {} ms while a request was waiting for its reply",
+            timeout.as_millis()
+        ),
+    )
+}
+
+fn connect_timed_out(timeout: Duration) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("connect timed out ({} ms)", timeout.as_millis()),
+    )
 }
 
 impl SansIo {
-    /// A connection that logs in with `handshake` (see `Target::handshake`).
-    pub fn new(handshake: Vec<(&'static str, Vec<u8>)>) -> SansIo {
+    /// A connection that logs in with `handshake` (see `Target::handshake`), fails a
+    /// connect or a silence longer than `timeout`, and takes at most `max_queue` calls at
+    /// once.
+    pub fn new(
+        handshake: Vec<(&'static str, Vec<u8>)>,
+        timeout: Duration,
+        max_queue: usize,
+    ) -> SansIo {
         SansIo {
             handshake,
+            timeout,
+            max_queue: max_queue.max(1),
             state: State::Down,
             connect_deadline: None,
             queued: VecDeque::new(),
             waiting: VecDeque::new(),
+            calls: 0,
+            last_input: None,
             buf: Vec::new(),
             framer: Framer::default(),
             out: Vec::new(),
@@ -111,14 +192,16 @@ impl SansIo {
         self.state == State::Down
     }
 
-    /// The host starts to connect; the connect and the log-in must be done by `deadline`.
-    pub fn connecting(&mut self, deadline: Instant) {
+    /// The host starts to connect, `now`: the connect and the log-in must be done within
+    /// the timeout.
+    pub fn connecting(&mut self, now: Instant) {
         if self.state == State::Down {
             self.state = State::Connecting;
-            self.connect_deadline = Some(deadline);
+            self.connect_deadline = Some(now + self.timeout);
             self.buf.clear();
             self.framer = Framer::default();
             self.out.clear();
+            self.last_input = None;
         }
     }
 
@@ -133,27 +216,54 @@ impl SansIo {
             return;
         }
         self.state = State::LoggingIn;
-        for (what, packed) in &self.handshake {
+        for (_, packed) in &self.handshake {
             self.out.extend_from_slice(packed);
-            self.waiting.push_back(Expect::Login(what));
+        }
+        // (handed out with the next transmit; the connect deadline covers them)
+        let logins: Vec<&'static str> = self.handshake.iter().map(|(w, _)| *w).collect();
+        let at = self.connect_deadline.unwrap_or_else(Instant::now);
+        for what in logins {
+            self.waiting.push_back((at, Expect::Login(what)));
         }
     }
 
-    /// Queues a check, answered by a [`Completion`] with `id` by `deadline` at the latest.
-    /// `Err` at once when no connection is made or being made.
-    pub fn submit(&mut self, id: u64, call: CheckCall, deadline: Instant) -> io::Result<()> {
+    fn admit(&mut self) -> io::Result<()> {
         if self.state == State::Down {
             return Err(broken("not connected to Redis (reconnecting)"));
         }
-        self.queued.push_back(Call { id, call, deadline });
+        if self.calls >= self.max_queue {
+            return Err(io::Error::other(Overloaded {
+                max_queue: self.max_queue,
+            }));
+        }
+        self.calls += 1;
         Ok(())
     }
 
-    /// The bytes to write now, if any: the log-in, or every check queued since the last
-    /// write, a burst's checks of one algorithm packed into one batch call.
-    pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
+    /// Queues a check, answered by a [`Completion`] with `id`. `Err` at once when no
+    /// connection is made or being made, or when `max_queue` calls wait already
+    /// ([`Overloaded`]).
+    pub fn submit(&mut self, id: u64, call: CheckCall) -> io::Result<()> {
+        self.admit()?;
+        self.queued.push_back(Queued::Check(Call { id, call }));
+        Ok(())
+    }
+
+    /// Queues any other command (packed), answered by a [`Completion`] with `id` whose
+    /// reply is the command's frame (up to [`MAX_REPLY`] bytes). `Err` as
+    /// [`SansIo::submit`].
+    pub fn submit_command(&mut self, id: u64, packed: Vec<u8>) -> io::Result<()> {
+        self.admit()?;
+        self.queued.push_back(Queued::Command(id, packed));
+        Ok(())
+    }
+
+    /// The bytes to write now, if any: the log-in, or every request queued since the last
+    /// write, a burst's checks of one algorithm packed into one batch call. The host writes
+    /// them at once: their silence clock starts at `now`.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Vec<u8>> {
         if self.state == State::Ready && !self.queued.is_empty() {
-            self.pack();
+            self.pack(now);
         }
         if self.out.is_empty() {
             None
@@ -162,66 +272,83 @@ impl SansIo {
         }
     }
 
-    fn pack(&mut self) {
-        // the burst's checks, by algorithm, in the order they came (as the pipe's writer)
-        let mut calls: Vec<Call> = self.queued.drain(..).collect();
-        while !calls.is_empty() {
-            let scripts = calls[0].call.scripts;
-            let (group, rest): (Vec<Call>, Vec<Call>) = calls
+    fn pack(&mut self, now: Instant) {
+        // the burst's commands in their order; its checks by algorithm, in the order they
+        // came
+        let mut checks: Vec<Call> = Vec::with_capacity(self.queued.len());
+        for q in std::mem::take(&mut self.queued) {
+            match q {
+                Queued::Check(c) => checks.push(c),
+                Queued::Command(id, packed) => {
+                    self.out.extend_from_slice(&packed);
+                    self.waiting.push_back((now, Expect::Command(id)));
+                }
+            }
+        }
+        while !checks.is_empty() {
+            let scripts = checks[0].call.scripts;
+            let (group, rest): (Vec<Call>, Vec<Call>) = checks
                 .into_iter()
                 .partition(|c| std::ptr::eq(c.call.scripts, scripts));
-            calls = rest;
+            checks = rest;
             let mut group = group.into_iter().peekable();
             while group.peek().is_some() {
                 let chunk: Vec<Call> = group.by_ref().take(MAX_BATCH).collect();
-                self.pack_chunk(chunk);
+                self.pack_chunk(now, chunk);
             }
         }
     }
 
-    fn pack_chunk(&mut self, mut chunk: Vec<Call>) {
+    fn pack_chunk(&mut self, now: Instant, mut chunk: Vec<Call>) {
         // pack_calls takes the calls themselves: lend them and take them back
         let mut calls: Vec<CheckCall> = Vec::with_capacity(chunk.len());
-        let mut meta = Vec::with_capacity(chunk.len());
+        let mut ids = Vec::with_capacity(chunk.len());
         for c in chunk.drain(..) {
-            meta.push((c.id, c.deadline));
+            ids.push(c.id);
             calls.push(c.call);
         }
         let (firsts, shapes) = &mut self.scratch;
         pack_calls(&mut self.out, &calls, (firsts, shapes));
         let mut sent: Vec<Call> = calls
             .into_iter()
-            .zip(meta)
-            .map(|(call, (id, deadline))| Call { id, call, deadline })
+            .zip(ids)
+            .map(|(call, id)| Call { id, call })
             .collect();
-        self.waiting.push_back(if sent.len() == 1 {
-            Expect::One(sent.pop().expect("one call"))
-        } else {
-            Expect::Batch(sent)
-        });
+        self.waiting.push_back((
+            now,
+            if sent.len() == 1 {
+                Expect::One(sent.pop().expect("one call"))
+            } else {
+                Expect::Batch(sent)
+            },
+        ));
     }
 
-    /// Bytes the host read. Completions of the calls they answer go to `done`. Bytes that
-    /// cannot be trusted close the connection ([`SansIo::is_down`]) and fail every call.
-    pub fn handle_input(&mut self, bytes: &[u8], done: &mut Vec<Completion>) {
+    /// Bytes the host read at `now`. Completions of the calls they answer go to `done`.
+    /// Bytes that cannot be trusted close the connection ([`SansIo::is_down`]) and fail
+    /// every call.
+    pub fn handle_input(&mut self, now: Instant, bytes: &[u8], done: &mut Vec<Completion>) {
         if !matches!(self.state, State::LoggingIn | State::Ready) {
             return; // (a socket the machine gave up: nothing of it is read)
+        }
+        if !bytes.is_empty() {
+            self.last_input = Some(now);
         }
         // (the buffer is taken out while its frames are answered, so no frame is copied)
         let mut buf = std::mem::take(&mut self.buf);
         buf.extend_from_slice(bytes);
         let mut pos = 0;
         while pos < buf.len() {
-            if self.waiting.is_empty() {
+            let Some((_, front)) = self.waiting.front() else {
                 let e = protocol("a reply nobody asked for");
                 return self.fail(&e, done);
-            }
-            match self.framer.next(&buf[pos..], MAX_CHECK_REPLY) {
+            };
+            match self.framer.next(&buf[pos..], front.max_reply()) {
                 Ok(Some(used)) => {
                     let frame = &buf[pos..pos + used];
                     pos += used;
-                    let expect = self.waiting.pop_front().expect("a waiting call");
-                    if let Err(e) = self.answer(expect, frame, done) {
+                    let (at, expect) = self.waiting.pop_front().expect("a waiting call");
+                    if let Err(e) = self.answer(at, expect, frame, done) {
                         return self.fail(&e, done);
                     }
                 }
@@ -238,15 +365,24 @@ impl SansIo {
 
     fn answer(
         &mut self,
+        at: Instant,
         expect: Expect,
         frame: &[u8],
         done: &mut Vec<Completion>,
     ) -> io::Result<()> {
+        if let Expect::Command(id) = expect {
+            self.calls -= 1;
+            done.push(Completion {
+                id,
+                reply: Ok(Reply::Str(frame.to_vec())),
+            });
+            return Ok(());
+        }
         let reply = parse_frame(frame);
         match expect {
             Expect::Login(what) => {
                 expect_ok(what, reply?)?;
-                if !self.waiting.iter().any(|w| matches!(w, Expect::Login(_))) {
+                if !self.waiting.iter().any(|w| matches!(w.1, Expect::Login(_))) {
                     self.state = State::Ready;
                     self.connect_deadline = None;
                 }
@@ -258,12 +394,12 @@ impl SansIo {
                     Ok(r) => r,
                     Err(e) => {
                         // (the call is failed with the rest: put it back among them)
-                        self.waiting.push_front(Expect::One(call));
+                        self.waiting.push_front((at, Expect::One(call)));
                         return Err(e);
                     }
                 };
-                if let Some(again) = complete(call, r, done) {
-                    self.queued.push_front(again);
+                if let Some(again) = self.complete(call, r, done) {
+                    self.queued.push_front(Queued::Check(again));
                 }
             }
             Expect::Batch(calls) => {
@@ -273,50 +409,74 @@ impl SansIo {
                         let again: Vec<Call> = calls
                             .into_iter()
                             .zip(replies)
-                            .filter_map(|(call, r)| complete(call, r, done))
+                            .filter_map(|(call, r)| self.complete(call, r, done))
                             .collect();
                         // sent again first, in their order
                         for c in again.into_iter().rev() {
-                            self.queued.push_front(c);
+                            self.queued.push_front(Queued::Check(c));
                         }
                     }
                     Err(e) => {
-                        self.waiting.push_front(Expect::Batch(calls));
+                        self.waiting.push_front((at, Expect::Batch(calls)));
                         return Err(e);
                     }
                 }
             }
+            Expect::Command(_) => unreachable!("answered above"),
         }
         Ok(())
     }
 
+    /// A check's own reply: its completion, or after NOSCRIPT the check to send once more,
+    /// as EVAL of the source.
+    fn complete(
+        &mut self,
+        mut call: Call,
+        reply: Reply,
+        done: &mut Vec<Completion>,
+    ) -> Option<Call> {
+        if reply.is_noscript() && !call.call.eval {
+            call.call.eval = true;
+            return Some(call);
+        }
+        self.calls -= 1;
+        done.push(Completion {
+            id: call.id,
+            reply: Ok(reply),
+        });
+        None
+    }
+
     /// Closes the connection: every call waiting or queued fails with `e`.
     fn fail(&mut self, e: &io::Error, done: &mut Vec<Completion>) {
-        tracing::debug!(error = %e, "shardlimit: closing a host-driven connection");
+        tracing::debug!(error = %e, "shardlimit: closing a connection");
         self.state = State::Down;
         self.connect_deadline = None;
+        self.last_input = None;
         self.buf.clear();
         self.out.clear();
         self.framer = Framer::default();
-        for w in self.waiting.drain(..) {
-            let calls = match w {
-                Expect::Login(_) => continue,
-                Expect::One(c) => vec![c],
-                Expect::Batch(cs) => cs,
-            };
-            for c in calls {
-                done.push(Completion {
-                    id: c.id,
-                    reply: Err(copy(e)),
-                });
+        let mut failed = |id| {
+            done.push(Completion {
+                id,
+                reply: Err(copy(e)),
+            })
+        };
+        for (_, w) in self.waiting.drain(..) {
+            match w {
+                Expect::Login(_) => {}
+                Expect::One(c) => failed(c.id),
+                Expect::Batch(cs) => cs.into_iter().for_each(|c| failed(c.id)),
+                Expect::Command(id) => failed(id),
             }
         }
-        for c in self.queued.drain(..) {
-            done.push(Completion {
-                id: c.id,
-                reply: Err(copy(e)),
-            });
+        for q in self.queued.drain(..) {
+            match q {
+                Queued::Check(c) => failed(c.id),
+                Queued::Command(id, _) => failed(id),
+            }
         }
+        self.calls = 0;
     }
 
     /// The host's socket closed or failed (`why`): every call fails.
@@ -326,72 +486,50 @@ impl SansIo {
         }
     }
 
-    /// The earliest deadline of a call or of the connect: call
-    /// [`SansIo::handle_timeout`] then.
-    pub fn next_deadline(&self) -> Option<Instant> {
-        let waiting = self.waiting.iter().flat_map(|w| match w {
-            Expect::Login(_) => None,
-            Expect::One(c) => Some(c.deadline),
-            Expect::Batch(cs) => cs.iter().map(|c| c.deadline).min(),
-        });
-        self.queued
-            .iter()
-            .map(|c| c.deadline)
-            .chain(waiting)
-            .chain(self.connect_deadline)
-            .min()
+    /// Closes the connection at the host's word (`why`: its reply stream is in doubt):
+    /// every call fails.
+    pub fn close(&mut self, why: &str, done: &mut Vec<Completion>) {
+        self.fail(&protocol(why.to_string()), done);
     }
 
-    /// Time is `now`: a call sent and not answered by its deadline closes the connection
-    /// (its reply may still come, or never: either way every later reply could go to the
-    /// wrong call), and fails every call on it; a connect not done by its deadline too. A
-    /// call not sent yet fails alone.
+    /// When the shard is silent since, if it is waited on: the later of the hand-out of
+    /// the oldest request unanswered and the last byte received.
+    fn silent_since(&self) -> Option<Instant> {
+        if self.state != State::Ready {
+            return None;
+        }
+        let (oldest, _) = self.waiting.front()?;
+        Some(match self.last_input {
+            Some(t) if t > *oldest => t,
+            _ => *oldest,
+        })
+    }
+
+    /// When [`SansIo::handle_timeout`] is due next: the connect's deadline, or the moment
+    /// the shard will have been silent for the timeout. `None` when nothing is waited on
+    /// (calls queued and not handed out have no deadline).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let silent = self.silent_since().map(|t| t + self.timeout);
+        match (self.connect_deadline, silent) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Time is `now`. A connect and log-in not done within the timeout, or a shard silent
+    /// for the timeout, closes the connection and fails every call on it (a reply may still
+    /// come, or never: either way every later reply could go to the wrong call).
+    ///
+    /// The host first hands the machine, through [`SansIo::handle_input`], every byte its
+    /// socket already holds: those bytes came before `now`, and end the silence.
     pub fn handle_timeout(&mut self, now: Instant, done: &mut Vec<Completion>) {
         if self.connect_deadline.is_some_and(|d| d <= now) {
-            let e = io::Error::new(io::ErrorKind::TimedOut, "connect timed out");
-            return self.fail(&e, done);
+            return self.fail(&connect_timed_out(self.timeout), done);
         }
-        let late = self.waiting.iter().any(|w| match w {
-            Expect::Login(_) => false,
-            Expect::One(c) => c.deadline <= now,
-            Expect::Batch(cs) => cs.iter().any(|c| c.deadline <= now),
-        });
-        if late {
-            let e = io::Error::new(io::ErrorKind::TimedOut, "no reply within the deadline");
-            return self.fail(&e, done);
-        }
-        if self.queued.iter().any(|c| c.deadline <= now) {
-            let mut keep = VecDeque::with_capacity(self.queued.len());
-            for c in self.queued.drain(..) {
-                if c.deadline <= now {
-                    done.push(Completion {
-                        id: c.id,
-                        reply: Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "no reply within the deadline",
-                        )),
-                    });
-                } else {
-                    keep.push_back(c);
-                }
-            }
-            self.queued = keep;
+        if self.silent_since().is_some_and(|t| t + self.timeout <= now) {
+            self.fail(&silent(self.timeout), done);
         }
     }
-}
-
-/// A check's own reply: its completion, or after NOSCRIPT the check to send once more,
-/// as EVAL of the source.
-fn complete(mut call: Call, reply: Reply, done: &mut Vec<Completion>) -> Option<Call> {
-    if reply.is_noscript() && !call.call.eval {
-        call.call.eval = true;
-        return Some(call);
-    }
-    done.push(Completion {
-        id: call.id,
-        reply: Ok(reply),
-    });
-    None
 }
 
 #[cfg(test)]

@@ -98,39 +98,23 @@ pub(super) fn refused_kind(e: &redis::RedisError) -> bool {
 }
 
 impl RedisEngine {
-    /// Runs `f` on shard `shard`'s connection, connecting first when it has none, all
-    /// within `deadline` (a call's: now + `timeout`; [`RedisEngine::connect`]'s own).
-    pub(super) async fn raw<T, F, Fut>(
-        &self,
-        st: &RtState,
-        shard: usize,
-        deadline: Instant,
-        f: F,
-    ) -> Result<T>
+    /// Runs `f` on shard `shard`'s connection, connecting first when it has none. The
+    /// time limits are the wire's: the pipe's (a connect, a silent shard: see
+    /// `transport/sansio.rs`), or the redis crate's connect and response timeouts.
+    pub(super) async fn raw<T, F, Fut>(&self, st: &RtState, shard: usize, f: F) -> Result<T>
     where
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let map = |e| map_redis_error(&self.shards[shard], self.timeout, e);
-        if let Some(target) = &self.targets[shard] {
-            // the pipelined connection: every command of `f` carries the deadline, and one
-            // that outlives it closes the connection (its reply stream is in doubt)
-            let pipe = self.pipe(st, shard, target, deadline).await?;
-            let conn = Conn::Pipe(PipeConn {
-                pipe,
-                deadline,
+        let conn = match &self.targets[shard] {
+            Some(target) => Conn::Pipe(PipeConn {
+                pipe: self.pipe(st, shard, target).await?,
                 db: target.db(),
-            });
-            return f(conn).await.map_err(map);
-        }
-        let work = async {
-            let conn = self.connection(st, shard, deadline).await?;
-            f(conn).await.map_err(map)
+            }),
+            None => self.connection(st, shard).await?,
         };
-        match tokio::time::timeout_at(deadline.into(), work).await {
-            Ok(r) => r,
-            Err(_) => Err(self.timeout_error(shard)),
-        }
+        f(conn).await.map_err(map)
     }
 
     /// Runs `f` with shard `shard`'s connection: fails fast while its circuit is open,
@@ -162,29 +146,27 @@ impl RedisEngine {
         let start = Instant::now();
         // boxed: keeps the futures of callers shallow (deeply nested async fns overflow
         // the compiler's layout query depth in downstream crates)
-        let deadline = start + self.timeout;
-        let r = Box::pin(self.raw(&st, shard, deadline, f)).await;
+        let r = Box::pin(self.raw(&st, shard, f)).await;
         self.finish(&st, shard, &b, start, r)
     }
 
-    /// Runs one script call on shard `shard` before `deadline`: the one call path of
+    /// Runs one script call on shard `shard`: the one call path of
     /// every script (checks, shadow checks, layered checks, refunds, settles, releases,
     /// resets, dump and restore). It fails fast while the circuit is open, sends the call
     /// as EVALSHA over the shard's transport (the pipelined connection, where a check may
     /// go in a batch call with its burst's others, or the redis crate's connection for
     /// TLS, Sentinel and Cluster shards) and, when the server lost the script (restart,
-    /// SCRIPT FLUSH), once more as EVAL within the same deadline; it maps errors, takes
+    /// SCRIPT FLUSH), once more as EVAL; it maps errors, takes
     /// the reply's tag off (a reply with another call's tag is refused), records latency,
     /// feeds the circuit, and reads the reply as the call's [`ScriptCall::read`] says.
     pub(super) async fn call<C: ScriptCall>(
         self: &Arc<Self>,
         shard: usize,
         call: &C,
-        deadline: Instant,
     ) -> Result<C::Reply> {
         let wire = call.wire(&self.prefix);
         // boxed: keeps the futures of callers shallow (see `with_conn_at`)
-        let reply = Box::pin(self.call_wire(shard, &wire, deadline)).await?;
+        let reply = Box::pin(self.call_wire(shard, &wire)).await?;
         call.read(&self.shards[shard], reply)
     }
 
@@ -195,22 +177,16 @@ impl RedisEngine {
         self: &Arc<Self>,
         shard: usize,
         call: &C,
-        deadline: Instant,
     ) -> Result<C::Reply> {
         let wire = call.wire(&self.prefix);
         let reply = one_call!(self, shard, &wire, |st, eval| self
-            .send_blocking(st, shard, &wire, eval, deadline))?;
+            .send_blocking(st, shard, &wire, eval))?;
         call.read(&self.shards[shard], reply)
     }
 
-    async fn call_wire(
-        self: &Arc<Self>,
-        shard: usize,
-        wire: &Wire<'_>,
-        deadline: Instant,
-    ) -> Result<Reply> {
+    async fn call_wire(self: &Arc<Self>, shard: usize, wire: &Wire<'_>) -> Result<Reply> {
         one_call!(self, shard, wire, |st, eval| self
-            .send(st, shard, wire, eval, deadline)
+            .send(st, shard, wire, eval)
             .await)
     }
 
@@ -254,59 +230,45 @@ impl RedisEngine {
     }
 
     /// One attempt of `wire` on shard `shard`'s async transport (`eval`: as EVAL).
-    async fn send(
-        &self,
-        st: &RtState,
-        shard: usize,
-        wire: &Wire<'_>,
-        eval: bool,
-        deadline: Instant,
-    ) -> Result<Reply> {
+    async fn send(&self, st: &RtState, shard: usize, wire: &Wire<'_>, eval: bool) -> Result<Reply> {
         let Some(target) = &self.targets[shard] else {
-            // TLS, Sentinel, Cluster: the redis crate's connection
-            let work = async {
-                let mut conn = self.connection(st, shard, deadline).await?;
-                let cmd = wire.cmd(&self.prefix, eval);
-                match redis::aio::ConnectionLike::req_packed_command(&mut conn, &cmd).await {
-                    Ok(v) => Ok(value_reply(v)),
-                    // an error reply stays a reply (NOSCRIPT, a script's error)
-                    Err(e)
-                        if e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                    {
-                        Ok(Reply::Error(format!("NOSCRIPT {e}")))
-                    }
-                    Err(e) => Err(map_redis_error(&self.shards[shard], self.timeout, e)),
+            // Cluster (and a Sentinel shard whose primary is not reached over our own
+            // connection): the redis crate's connection, under its connect and response
+            // timeouts
+            let mut conn = self.connection(st, shard).await?;
+            let cmd = wire.cmd(&self.prefix, eval);
+            let reply = match redis::aio::ConnectionLike::req_packed_command(&mut conn, &cmd).await
+            {
+                Ok(v) => value_reply(v),
+                // an error reply stays a reply (NOSCRIPT, a script's error)
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    Reply::Error(format!("NOSCRIPT {e}"))
                 }
-            };
-            let reply = match tokio::time::timeout_at(deadline.into(), work).await {
-                Ok(r) => r?,
-                Err(_) => return Err(self.timeout_error(shard)),
+                Err(e) => return Err(map_redis_error(&self.shards[shard], self.timeout, e)),
             };
             return self.untagged(shard, wire, reply);
         };
         let io = |e| self.io_error(shard, e);
+        let pipe = self.pipe(st, shard, target).await?;
         match wire {
             Wire::Check(req) => {
                 // the hot path: the pipe sends a burst's checks together and takes a reply
                 // only if it carries the call's tag
                 st.keep_timers(self.timeout);
                 let _in_flight = st.spin(self.spin_wait());
-                let pipe = self.pipe(st, shard, target, deadline).await?;
                 let call = CheckCall::new(
                     scripts::check_scripts(req.eff.algorithm),
                     eval,
                     req,
                     &self.prefix,
                 );
-                // the request keeps the deadline itself: one that outlives it closes the
-                // connection (its reply stream is in doubt)
-                pipe.request(call, deadline).await.map_err(io)
+                pipe.request(call).await.map_err(io)
             }
             Wire::Script { .. } => {
-                let pipe = self.pipe(st, shard, target, deadline).await?;
                 let packed = wire.cmd(&self.prefix, eval).get_packed_command();
-                let frame = pipe.command(packed, deadline).await.map_err(io)?;
+                let frame = pipe.command(packed).await.map_err(io)?;
                 let reply = parse_frame(&frame).map_err(io)?;
                 // another call's reply: the stream is in doubt, no later reply on it is
                 // trusted
@@ -329,7 +291,6 @@ impl RedisEngine {
         shard: usize,
         wire: &Wire<'_>,
         eval: bool,
-        deadline: Instant,
     ) -> Result<Reply> {
         let Some(target) = &self.targets[shard] else {
             return Err(Error::Internal(format!(
@@ -337,10 +298,6 @@ impl RedisEngine {
                 self.shards[shard].name
             )));
         };
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(self.timeout_error(shard));
-        }
         let pooled = loop {
             let c = st.blocking[shard].lock().pop();
             match c {
@@ -353,13 +310,13 @@ impl RedisEngine {
             Some(c) => c,
             None => {
                 self.may_connect(shard)?;
-                BlockingConn::connect(target, left).map_err(|e| self.io_error(shard, e))?
+                BlockingConn::connect(target, self.timeout).map_err(|e| self.io_error(shard, e))?
             }
         };
         let packed = wire.cmd(&self.prefix, eval).get_packed_command();
         // on an error the connection is dropped, never reused
         let reply = c
-            .request(&packed, deadline, self.blocking_spin())
+            .request(&packed, self.timeout, self.blocking_spin())
             .map_err(|e| self.io_error(shard, e))?;
         // a reply with another call's tag: the connection is not reused
         let reply = self.untagged(shard, wire, reply)?;
@@ -432,6 +389,12 @@ impl RedisEngine {
     }
 
     pub(super) fn io_error(&self, shard: usize, e: std::io::Error) -> Error {
+        if let Some(o) = crate::transport::overloaded(&e) {
+            return Error::Overloaded {
+                shard: self.shards[shard].name.clone(),
+                max_queue: o.max_queue,
+            };
+        }
         if e.kind() == std::io::ErrorKind::TimedOut {
             self.timeout_error(shard)
         } else {

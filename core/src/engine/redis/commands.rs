@@ -38,7 +38,14 @@ impl RedisEngine {
             }
             Ok(())
         };
-        let mut r = Box::pin(self.raw(&st, shard, deadline, load)).await;
+        // (the warm-up's own deadline, which the caller chose)
+        let mut r =
+            match tokio::time::timeout_at(deadline.into(), Box::pin(self.raw(&st, shard, load)))
+                .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(self.timeout_error(shard)),
+            };
         let pooled = !st.blocking[shard].lock().is_empty();
         if let (Ok(()), Some(target), false) = (&r, &self.targets[shard], pooled) {
             // a blocking caller's first call finds a connection in the pool
@@ -74,7 +81,7 @@ impl RedisEngine {
 
     /// Runs one check script.
     pub async fn check(self: &Arc<Self>, shard: usize, req: &CheckRequest<'_>) -> Result<Checked> {
-        self.call(shard, req, Instant::now() + self.timeout).await
+        self.call(shard, req).await
     }
 
     /// [`RedisEngine::check`] on the calling thread, over a blocking connection (see
@@ -84,7 +91,7 @@ impl RedisEngine {
         shard: usize,
         req: &CheckRequest<'_>,
     ) -> Result<Checked> {
-        self.call_blocking(shard, req, Instant::now() + self.timeout)
+        self.call_blocking(shard, req)
     }
 
     /// A layered check of layers that all live on shard `shard`, atomic in one script call;
@@ -104,7 +111,7 @@ impl RedisEngine {
             tail,
             cluster: self.is_cluster(),
         };
-        self.call(shard, &req, Instant::now() + self.timeout).await
+        self.call(shard, &req).await
     }
 
     /// Gives back what a layered check admitted on `shard` at `now`.
@@ -115,7 +122,7 @@ impl RedisEngine {
         now: u64,
     ) -> Result<()> {
         let req = RefundRequest { layers, now };
-        self.call(shard, &req, Instant::now() + self.timeout).await
+        self.call(shard, &req).await
     }
 
     /// Releases `units` of concurrency lease `lease_id`; true when it was held.
@@ -135,7 +142,7 @@ impl RedisEngine {
             units,
             now_us,
         };
-        self.call(shard, &req, Instant::now() + self.timeout).await
+        self.call(shard, &req).await
     }
 
     /// Deletes `key`'s state for `policy`.
@@ -151,7 +158,7 @@ impl RedisEngine {
             key,
             now_us,
         };
-        self.call(shard, &req, Instant::now() + self.timeout).await
+        self.call(shard, &req).await
     }
 
     /// Reads `key`'s state for `policy` (and its block entry) on `shard`, for a handoff:
@@ -168,7 +175,7 @@ impl RedisEngine {
             key,
             now_us,
         };
-        self.call(shard, &req, Instant::now() + self.timeout).await
+        self.call(shard, &req).await
     }
 
     /// Writes state read by [`RedisEngine::dump_state`] on `shard` where it has none yet.
@@ -177,7 +184,7 @@ impl RedisEngine {
             return Ok(0);
         }
         let req = RestoreRequest { items: &items };
-        self.call(shard, &req, Instant::now() + self.timeout).await
+        self.call(shard, &req).await
     }
 
     /// Puts `key` on the block list of its shard (`ttl` None = permanent).

@@ -147,14 +147,12 @@ pub(super) fn connect_panic_payload(shard: &ShardConfig, p: &(dyn std::any::Any 
 }
 
 impl RedisEngine {
-    /// Shard `shard`'s connection (TLS, Sentinel or Cluster), made when there is none; a
-    /// connect gets until `deadline`.
-    pub(super) async fn connection(
-        &self,
-        st: &RtState,
-        shard: usize,
-        deadline: Instant,
-    ) -> Result<Conn> {
+    /// Shard `shard`'s connection through the redis crate (Cluster, Sentinel), made when
+    /// there is none. Its time limits are the crate's: a connect gets the config's
+    /// timeout, and so does a command, counted by the crate from when the caller hands it
+    /// over (which includes time queued in the crate's pipeline: it does not tell a busy
+    /// process from a silent server as our own connections do).
+    pub(super) async fn connection(&self, st: &RtState, shard: usize) -> Result<Conn> {
         let slot = &st.conns[shard];
         if let Some(c) = slot.conn.load_full() {
             return Ok((*c).clone());
@@ -165,10 +163,11 @@ impl RedisEngine {
         }
         self.may_connect(shard)?;
         let map = |e| map_redis_error(&self.shards[shard], self.timeout, e);
-        let connect_timeout = connect_timeout(deadline);
-        let manager = |client: redis::Client| {
+        let timeout = self.timeout;
+        let manager = move |client: redis::Client| {
             let cfg = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(connect_timeout))
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(timeout))
                 .set_number_of_retries(1)
                 .set_min_delay(Duration::from_millis(10))
                 .set_max_delay(Duration::from_millis(500));
@@ -199,9 +198,10 @@ impl RedisEngine {
             Client::Sentinel(sentinel) => {
                 // ask the Sentinels which server is the primary now
                 let mut sentinel = sentinel.lock().await;
-                let primary = std::panic::AssertUnwindSafe(sentinel.async_get_client())
-                    .catch_unwind()
+                let ask = std::panic::AssertUnwindSafe(sentinel.async_get_client()).catch_unwind();
+                let primary = tokio::time::timeout(self.timeout, ask)
                     .await
+                    .map_err(|_| self.timeout_error(shard))?
                     .map_err(|p| connect_panic_payload(&self.shards[shard], p.as_ref()))?
                     .map_err(map)?;
                 drop(sentinel);
@@ -280,43 +280,29 @@ impl RedisEngine {
     }
 
     /// The pipelined connection of shard `shard`, made (on the I/O runtime) when there is
-    /// none or the last one broke.
-    /// The wait for another caller's connect and the connect itself end at `deadline`; a
-    /// pipe that is there is handed out with no timer.
+    /// none or the last one broke. A connect and log-in get the config's timeout on the
+    /// wire; a caller waits for another caller's connect without a deadline of its own
+    /// (that connect has one).
     pub(super) async fn pipe(
         &self,
         st: &RtState,
         shard: usize,
         target: &Target,
-        deadline: Instant,
     ) -> Result<Arc<Pipe>> {
         let slot = &st.pipes[shard];
         if let Some(p) = slot.pipe.load_full().filter(|p| !p.is_broken()) {
             return Ok(p);
         }
-        let connect = self.connect_pipe(st, shard, target, connect_timeout(deadline));
-        tokio::time::timeout_at(deadline.into(), connect)
-            .await
-            .unwrap_or_else(|_| Err(self.timeout_error(shard)))
-    }
-
-    pub(super) async fn connect_pipe(
-        &self,
-        st: &RtState,
-        shard: usize,
-        target: &Target,
-        timeout: Duration,
-    ) -> Result<Arc<Pipe>> {
-        let slot = &st.pipes[shard];
         let _one_at_a_time = slot.connecting.lock().await;
         if let Some(p) = slot.pipe.load_full().filter(|p| !p.is_broken()) {
             return Ok(p);
         }
         self.may_connect(shard)?;
         let target = target.clone();
+        let (timeout, max_queue) = (self.timeout, self.max_queue());
         let pipe = st
             .runtime()
-            .spawn(async move { Pipe::connect(&target, timeout).await })
+            .spawn(async move { Pipe::connect(&target, timeout, max_queue).await })
             .await
             .map_err(|e| connect_panic(&self.shards[shard], e))?
             .map_err(|e| self.io_error(shard, e))?;

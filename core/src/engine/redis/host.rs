@@ -44,11 +44,6 @@ impl RedisEngine {
         )
     }
 
-    /// The deadline of a check sent now.
-    pub(crate) fn host_deadline(&self) -> Instant {
-        Instant::now() + self.timeout
-    }
-
     /// What the check sent at `start` to shard `shard` got: its reply (or the I/O error
     /// instead), accounted for the circuit and latency, then read as a check's reply.
     pub(crate) fn host_finish(

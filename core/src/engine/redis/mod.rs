@@ -25,7 +25,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -150,6 +150,8 @@ pub(crate) struct RedisEngine {
     /// engine sets it anew).
     spin_wait_us: AtomicU64,
     pub timeout: Duration,
+    /// How many calls one connection holds at once (config `max_queue`).
+    max_queue: AtomicUsize,
     prefix: String,
     worker_threads: usize,
     state: ArcSwapOption<RtState>,
@@ -189,6 +191,17 @@ impl RedisEngine {
         self.spin_wait_us
             .store(d.as_micros() as u64, Ordering::Relaxed);
         self.spin_configured.store(configured, Ordering::Relaxed);
+    }
+
+    /// The config's `max_queue`: how many calls one connection holds at once.
+    pub fn max_queue(&self) -> usize {
+        self.max_queue.load(Ordering::Relaxed)
+    }
+
+    /// Sets `max_queue` (at build time, and on a reload that keeps this engine; a
+    /// connection made before keeps the bound it was made with).
+    pub fn set_max_queue(&self, n: usize) {
+        self.max_queue.store(n, Ordering::Relaxed);
     }
 
     /// How blocking callers spin on their socket.
@@ -334,6 +347,7 @@ impl RedisEngine {
             shards,
             clients,
             timeout,
+            max_queue: AtomicUsize::new(crate::config::DEFAULT_MAX_QUEUE),
             prefix,
             worker_threads,
             state: ArcSwapOption::empty(),

@@ -26,7 +26,7 @@ impl RedisEngine {
             now_us,
             ov,
         };
-        self.call(shard, &req, Instant::now() + self.timeout).await
+        self.call(shard, &req).await
     }
 
     /// Runs `op` in every limit (state key scope, limit in force, the op for it) of a
@@ -50,6 +50,6 @@ impl RedisEngine {
             now_us,
             tail,
         };
-        self.call(shard, &req, Instant::now() + self.timeout).await
+        self.call(shard, &req).await
     }
 }

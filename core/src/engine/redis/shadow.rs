@@ -26,7 +26,7 @@ impl RedisEngine {
             req,
             cluster: self.is_cluster(),
         };
-        self.call(shard, &req, Instant::now() + self.timeout).await
+        self.call(shard, &req).await
     }
 
     /// The shadow counts of `policy` on `shard`: (key, count) pairs and the count of keys

@@ -44,27 +44,22 @@ impl RedisEngine {
             let Ok(st) = self.state() else { return };
             let key = key.clone();
             let r = self
-                .raw(
-                    &st,
-                    shard,
-                    Instant::now() + self.timeout,
-                    |mut conn| async move {
-                        let mut cmd = redis::cmd("XADD");
-                        cmd.arg(&key).arg("MAXLEN").arg("~").arg(maxlen).arg("*");
-                        for (k, v) in fields {
-                            cmd.arg(k).arg(v);
-                        }
-                        cmd.query_async::<String>(&mut conn).await?;
-                        // trimmed by length above, and gone a while after the last event, so a
-                        // stream that is turned off does not stay forever
-                        redis::cmd("PEXPIRE")
-                            .arg(&key)
-                            .arg(EVENTS_STREAM_TTL_MS)
-                            .query_async::<i64>(&mut conn)
-                            .await
-                            .map(|_| String::new())
-                    },
-                )
+                .raw(&st, shard, |mut conn| async move {
+                    let mut cmd = redis::cmd("XADD");
+                    cmd.arg(&key).arg("MAXLEN").arg("~").arg(maxlen).arg("*");
+                    for (k, v) in fields {
+                        cmd.arg(k).arg(v);
+                    }
+                    cmd.query_async::<String>(&mut conn).await?;
+                    // trimmed by length above, and gone a while after the last event, so a
+                    // stream that is turned off does not stay forever
+                    redis::cmd("PEXPIRE")
+                        .arg(&key)
+                        .arg(EVENTS_STREAM_TTL_MS)
+                        .query_async::<i64>(&mut conn)
+                        .await
+                        .map(|_| String::new())
+                })
                 .await;
             if r.is_err() {
                 self.events_dropped.fetch_add(1, Ordering::Relaxed);

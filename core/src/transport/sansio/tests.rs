@@ -26,8 +26,8 @@ fn call(p: &Policy, key: &str, tag: u64) -> CheckCall {
 }
 
 fn ready(handshake: Vec<(&'static str, Vec<u8>)>) -> SansIo {
-    let mut c = SansIo::new(handshake);
-    c.connecting(Instant::now() + Duration::from_secs(60));
+    let mut c = SansIo::new(handshake, T, Q);
+    c.connecting(Instant::now());
     c.connected();
     c
 }
@@ -41,9 +41,9 @@ fn reply(values: &[i64], tag: u64) -> Vec<u8> {
     out
 }
 
-fn later() -> Instant {
-    Instant::now() + Duration::from_secs(60)
-}
+/// The timeout, and the queue's bound, of the machines here.
+const T: Duration = Duration::from_millis(50);
+const Q: usize = 65_536;
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
@@ -52,35 +52,39 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 #[test]
 fn nothing_is_accepted_while_nobody_connects() {
     let p = policy();
-    let mut c = SansIo::new(Vec::new());
-    let e = c.submit(1, call(&p, "k", 1), later()).unwrap_err();
+    let mut c = SansIo::new(Vec::new(), T, Q);
+    let e = c.submit(1, call(&p, "k", 1)).unwrap_err();
     assert!(e.to_string().contains("not connected"), "{e}");
     assert!(c.is_down());
-    assert_eq!(c.poll_transmit(), None);
+    assert_eq!(c.poll_transmit(Instant::now()), None);
 }
 
 #[test]
 fn logs_in_before_any_check_is_written_then_answers_by_tag() {
     let p = policy();
     let select = b"*2\r\n$6\r\nSELECT\r\n$1\r\n3\r\n".to_vec();
-    let mut c = SansIo::new(vec![("SELECT", select.clone())]);
-    c.connecting(later());
-    c.submit(7, call(&p, "k", 70), later()).unwrap();
-    assert_eq!(c.poll_transmit(), None, "nothing before the socket is open");
+    let mut c = SansIo::new(vec![("SELECT", select.clone())], T, Q);
+    c.connecting(Instant::now());
+    c.submit(7, call(&p, "k", 70)).unwrap();
+    assert_eq!(
+        c.poll_transmit(Instant::now()),
+        None,
+        "nothing before the socket is open"
+    );
     c.connected();
     // a check on the wrong database would decide on another's state: it waits
-    assert_eq!(c.poll_transmit().unwrap(), select);
-    assert_eq!(c.poll_transmit(), None);
+    assert_eq!(c.poll_transmit(Instant::now()).unwrap(), select);
+    assert_eq!(c.poll_transmit(Instant::now()), None);
     let mut done = Vec::new();
-    c.handle_input(b"+OK\r\n", &mut done);
+    c.handle_input(Instant::now(), b"+OK\r\n", &mut done);
     assert!(done.is_empty());
-    let wire = c.poll_transmit().unwrap();
+    let wire = c.poll_transmit(Instant::now()).unwrap();
     let single = check_scripts(p.0.compiled.algorithm).single_sha;
     assert!(wire.starts_with(b"*21\r\n$7\r\nEVALSHA\r\n"), "{wire:?}");
     assert!(contains(&wire, single.as_bytes()));
     // the reply, a byte at a time
     for b in reply(&[1, 9, 5, -1, 0, 0, 1], 70) {
-        c.handle_input(&[b], &mut done);
+        c.handle_input(Instant::now(), &[b], &mut done);
     }
     assert_eq!(done.len(), 1);
     assert_eq!(done[0].id, 7);
@@ -93,13 +97,21 @@ fn logs_in_before_any_check_is_written_then_answers_by_tag() {
 #[test]
 fn a_failed_login_fails_the_waiting_checks_and_closes() {
     let p = policy();
-    let mut c = SansIo::new(vec![("AUTH", b"*2\r\n$4\r\nAUTH\r\n$1\r\nx\r\n".to_vec())]);
-    c.connecting(later());
-    c.submit(1, call(&p, "k", 1), later()).unwrap();
+    let mut c = SansIo::new(
+        vec![("AUTH", b"*2\r\n$4\r\nAUTH\r\n$1\r\nx\r\n".to_vec())],
+        T,
+        Q,
+    );
+    c.connecting(Instant::now());
+    c.submit(1, call(&p, "k", 1)).unwrap();
     c.connected();
-    c.poll_transmit().unwrap();
+    c.poll_transmit(Instant::now()).unwrap();
     let mut done = Vec::new();
-    c.handle_input(b"-WRONGPASS invalid username-password pair\r\n", &mut done);
+    c.handle_input(
+        Instant::now(),
+        b"-WRONGPASS invalid username-password pair\r\n",
+        &mut done,
+    );
     assert!(c.is_down());
     let e = done[0].reply.as_ref().unwrap_err();
     assert!(e.to_string().contains("AUTH failed: WRONGPASS"), "{e}");
@@ -110,10 +122,9 @@ fn a_burst_is_one_batch_call_and_each_check_gets_its_own_element() {
     let p = policy();
     let mut c = ready(Vec::new());
     for i in 1..=3 {
-        c.submit(i, call(&p, &format!("k{i}"), 100 + i), later())
-            .unwrap();
+        c.submit(i, call(&p, &format!("k{i}"), 100 + i)).unwrap();
     }
-    let wire = c.poll_transmit().unwrap();
+    let wire = c.poll_transmit(Instant::now()).unwrap();
     let batch = check_scripts(p.0.compiled.algorithm).batch_sha;
     assert!(contains(&wire, batch.as_bytes()), "one batch call");
     assert_eq!(
@@ -129,14 +140,13 @@ fn a_burst_is_one_batch_call_and_each_check_gets_its_own_element() {
     for cut in [1, 5, full.len() / 2, full.len() - 1] {
         let mut c2 = ready(Vec::new());
         for i in 1..=3 {
-            c2.submit(i, call(&p, &format!("k{i}"), 100 + i), later())
-                .unwrap();
+            c2.submit(i, call(&p, &format!("k{i}"), 100 + i)).unwrap();
         }
-        c2.poll_transmit().unwrap();
+        c2.poll_transmit(Instant::now()).unwrap();
         let mut done = Vec::new();
-        c2.handle_input(&full[..cut], &mut done);
+        c2.handle_input(Instant::now(), &full[..cut], &mut done);
         assert!(done.is_empty(), "cut {cut}");
-        c2.handle_input(&full[cut..], &mut done);
+        c2.handle_input(Instant::now(), &full[cut..], &mut done);
         let got: Vec<(u64, i64)> = done
             .iter()
             .map(|d| match d.reply.as_ref().unwrap() {
@@ -158,16 +168,16 @@ fn a_burst_is_one_batch_call_and_each_check_gets_its_own_element() {
 fn a_reply_with_another_calls_tag_fails_every_call_and_closes() {
     let p = policy();
     let mut c = ready(Vec::new());
-    c.submit(1, call(&p, "a", 11), later()).unwrap();
-    c.submit(2, call(&p, "b", 12), later()).unwrap();
-    c.poll_transmit().unwrap();
-    c.submit(3, call(&p, "c", 13), later()).unwrap(); // queued, not sent
-                                                      // the batch's elements swapped: neither may take the other's decision
+    c.submit(1, call(&p, "a", 11)).unwrap();
+    c.submit(2, call(&p, "b", 12)).unwrap();
+    c.poll_transmit(Instant::now()).unwrap();
+    c.submit(3, call(&p, "c", 13)).unwrap(); // queued, not sent
+                                             // the batch's elements swapped: neither may take the other's decision
     let mut swapped = b"*2\r\n".to_vec();
     swapped.extend(reply(&[1, 1, 5, -1, 0, 0, 1], 12));
     swapped.extend(reply(&[1, 2, 5, -1, 0, 0, 1], 11));
     let mut done = Vec::new();
-    c.handle_input(&swapped, &mut done);
+    c.handle_input(Instant::now(), &swapped, &mut done);
     assert!(c.is_down());
     let mut ids: Vec<u64> = done.iter().map(|d| d.id).collect();
     ids.sort();
@@ -177,7 +187,7 @@ fn a_reply_with_another_calls_tag_fails_every_call_and_closes() {
         assert!(e.to_string().contains("another call's tag"), "{e}");
     }
     // and nothing more is read from that socket
-    c.handle_input(&reply(&[1], 13), &mut done);
+    c.handle_input(Instant::now(), &reply(&[1], 13), &mut done);
     assert_eq!(done.len(), 3);
 }
 
@@ -198,11 +208,11 @@ fn bytes_nobody_asked_for_and_hostile_framing_close_the_connection() {
     ] {
         let mut c = ready(Vec::new());
         if what != "unasked" {
-            c.submit(1, call(&p, "k", 5), later()).unwrap();
-            c.poll_transmit().unwrap();
+            c.submit(1, call(&p, "k", 5)).unwrap();
+            c.poll_transmit(Instant::now()).unwrap();
         }
         let mut done = Vec::new();
-        c.handle_input(&bytes, &mut done);
+        c.handle_input(Instant::now(), &bytes, &mut done);
         assert!(c.is_down(), "{what}");
         if what != "unasked" {
             let e = done[0].reply.as_ref().unwrap_err();
@@ -215,13 +225,17 @@ fn bytes_nobody_asked_for_and_hostile_framing_close_the_connection() {
 fn noscript_sends_the_source_and_the_check_completes() {
     let p = policy();
     let mut c = ready(Vec::new());
-    c.submit(1, call(&p, "a", 21), later()).unwrap();
-    c.submit(2, call(&p, "b", 22), later()).unwrap();
-    c.poll_transmit().unwrap();
+    c.submit(1, call(&p, "a", 21)).unwrap();
+    c.submit(2, call(&p, "b", 22)).unwrap();
+    c.poll_transmit(Instant::now()).unwrap();
     let mut done = Vec::new();
-    c.handle_input(b"-NOSCRIPT No matching script.\r\n", &mut done);
+    c.handle_input(
+        Instant::now(),
+        b"-NOSCRIPT No matching script.\r\n",
+        &mut done,
+    );
     assert!(done.is_empty(), "retried, not failed");
-    let wire = c.poll_transmit().unwrap();
+    let wire = c.poll_transmit(Instant::now()).unwrap();
     assert!(wire.starts_with(b"*"), "{wire:?}");
     assert!(contains(&wire, b"$4\r\nEVAL\r\n"), "EVAL of the source");
     let src = check_scripts(p.0.compiled.algorithm).batch_src;
@@ -229,57 +243,69 @@ fn noscript_sends_the_source_and_the_check_completes() {
     let mut full = b"*2\r\n".to_vec();
     full.extend(reply(&[1, 9, 5, -1, 0, 0, 1], 21));
     full.extend(reply(&[1, 8, 5, -1, 0, 0, 1], 22));
-    c.handle_input(&full, &mut done);
+    c.handle_input(Instant::now(), &full, &mut done);
     assert_eq!(done.len(), 2);
     assert!(done.iter().all(|d| d.reply.is_ok()));
     // a second NOSCRIPT is the check's answer (a script error), not a loop
-    c.submit(3, call(&p, "c", 23), later()).unwrap();
-    c.poll_transmit().unwrap();
-    c.handle_input(b"-NOSCRIPT No matching script.\r\n", &mut done);
-    c.poll_transmit().unwrap();
-    c.handle_input(b"-NOSCRIPT No matching script.\r\n", &mut done);
+    c.submit(3, call(&p, "c", 23)).unwrap();
+    c.poll_transmit(Instant::now()).unwrap();
+    c.handle_input(
+        Instant::now(),
+        b"-NOSCRIPT No matching script.\r\n",
+        &mut done,
+    );
+    c.poll_transmit(Instant::now()).unwrap();
+    c.handle_input(
+        Instant::now(),
+        b"-NOSCRIPT No matching script.\r\n",
+        &mut done,
+    );
     assert!(done[2].reply.as_ref().unwrap().is_noscript());
 }
 
 #[test]
-fn a_late_reply_closes_the_connection_and_an_unsent_check_fails_alone() {
+fn a_silent_shard_closes_the_connection_a_queued_check_never_times_out() {
     let p = policy();
     let t0 = Instant::now();
+    let ms = Duration::from_millis;
     let mut c = ready(Vec::new());
-    c.submit(1, call(&p, "a", 31), t0 + Duration::from_millis(50))
-        .unwrap();
-    c.poll_transmit().unwrap();
-    c.submit(2, call(&p, "b", 32), t0 + Duration::from_millis(80))
-        .unwrap();
-    assert_eq!(c.next_deadline(), Some(t0 + Duration::from_millis(50)));
+    // submitted long before it is written: time queued in the host is not the shard's
+    c.submit(1, call(&p, "a", 31)).unwrap();
+    assert_eq!(c.next_deadline(), None, "nothing is out: no deadline");
     let mut done = Vec::new();
-    c.handle_timeout(t0 + Duration::from_millis(49), &mut done);
+    c.handle_timeout(t0 + ms(500), &mut done);
     assert!(done.is_empty() && !c.is_down());
-    c.handle_timeout(t0 + Duration::from_millis(50), &mut done);
+    // written at t0+500: silent from there
+    let t1 = t0 + ms(500);
+    c.poll_transmit(t1).unwrap();
+    c.submit(2, call(&p, "b", 32)).unwrap();
+    c.poll_transmit(t1 + ms(30)).unwrap();
+    assert_eq!(
+        c.next_deadline(),
+        Some(t1 + T),
+        "from the oldest request's write"
+    );
+    // a byte at t1+40 (a reply under way) moves the silence's start
+    c.handle_input(t1 + ms(40), b"*", &mut done);
+    assert_eq!(c.next_deadline(), Some(t1 + ms(40) + T));
+    c.handle_timeout(t1 + T, &mut done);
+    assert!(done.is_empty() && !c.is_down(), "the shard is replying");
+    c.handle_timeout(t1 + ms(40) + T, &mut done);
     assert!(c.is_down());
     assert_eq!(done.len(), 2);
     for d in &done {
         let e = d.reply.as_ref().unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(e.to_string().contains("sent nothing for 50 ms"), "{e}");
     }
-    // a check that was never written fails alone: the stream is not in doubt
-    let mut c = ready(Vec::new());
-    c.submit(3, call(&p, "c", 33), t0).unwrap();
-    c.submit(4, call(&p, "d", 34), t0 + Duration::from_secs(5))
-        .unwrap();
+    // a connect that does not finish within the timeout
+    let mut c = SansIo::new(Vec::new(), T, Q);
+    c.connecting(t0);
+    c.submit(5, call(&p, "e", 35)).unwrap();
     let mut done = Vec::new();
-    c.handle_timeout(t0 + Duration::from_millis(1), &mut done);
-    assert_eq!(done.len(), 1);
-    assert_eq!(done[0].id, 3);
-    assert!(!c.is_down());
-    // a connect that does not finish by its deadline
-    let mut c = SansIo::new(Vec::new());
-    c.connecting(t0 + Duration::from_millis(10));
-    c.submit(5, call(&p, "e", 35), t0 + Duration::from_secs(5))
-        .unwrap();
-    c.handle_timeout(t0 + Duration::from_millis(10), &mut done);
+    c.handle_timeout(t0 + T, &mut done);
     assert!(c.is_down());
-    assert!(done[1]
+    assert!(done[0]
         .reply
         .as_ref()
         .unwrap_err()
@@ -288,24 +314,97 @@ fn a_late_reply_closes_the_connection_and_an_unsent_check_fails_alone() {
 }
 
 #[test]
+fn a_long_pipeline_that_keeps_replying_is_never_silent() {
+    // 10,000 checks out at once, answered one every 10 ms for 100 s: not one fails
+    let p = policy();
+    let t0 = Instant::now();
+    let mut c = ready(Vec::new());
+    let n = 2_000u64;
+    for i in 0..n {
+        c.submit(i, call(&p, "k", 1000 + i)).unwrap();
+        // one write per check: each its own reply
+        c.poll_transmit(t0).unwrap();
+    }
+    let mut done = Vec::new();
+    for i in 0..n {
+        let now = t0 + Duration::from_millis(10 * (i + 1));
+        c.handle_timeout(now, &mut done);
+        assert!(!c.is_down(), "declared silent at reply {i}");
+        c.handle_input(now, &reply(&[1, 1, 5, -1, 0, 0, 1], 1000 + i), &mut done);
+    }
+    assert_eq!(done.len(), n as usize);
+    assert!(done.iter().all(|d| d.reply.is_ok()));
+    assert_eq!(c.next_deadline(), None);
+}
+
+#[test]
+fn a_full_queue_refuses_a_check_as_overloaded_and_takes_it_again_once_answered() {
+    let p = policy();
+    let mut c = SansIo::new(Vec::new(), T, 2);
+    c.connecting(Instant::now());
+    c.connected();
+    c.submit(1, call(&p, "a", 51)).unwrap();
+    c.submit(2, call(&p, "b", 52)).unwrap();
+    let e = c.submit(3, call(&p, "c", 53)).unwrap_err();
+    let o = crate::transport::overloaded(&e).expect("an Overloaded error");
+    assert_eq!(o.max_queue, 2);
+    assert!(!c.is_down(), "the connection is fine");
+    // written and waiting still count
+    c.poll_transmit(Instant::now()).unwrap();
+    assert!(c.submit(3, call(&p, "c", 53)).is_err());
+    let mut full = b"*2\r\n".to_vec();
+    full.extend(reply(&[1, 9, 5, -1, 0, 0, 1], 51));
+    full.extend(reply(&[1, 8, 5, -1, 0, 0, 1], 52));
+    let mut done = Vec::new();
+    c.handle_input(Instant::now(), &full, &mut done);
+    assert_eq!(done.len(), 2);
+    c.submit(3, call(&p, "c", 53)).unwrap();
+}
+
+#[test]
+fn a_command_gets_its_frame_under_the_larger_bound() {
+    let mut c = ready(Vec::new());
+    c.submit_command(9, b"*1\r\n$4\r\nPING\r\n".to_vec())
+        .unwrap();
+    assert_eq!(
+        c.poll_transmit(Instant::now()).unwrap(),
+        b"*1\r\n$4\r\nPING\r\n"
+    );
+    // 2 MiB: over a check's bound, within a command's
+    let big = vec![b'x'; 2 << 20];
+    let mut frame = format!("${}\r\n", big.len()).into_bytes();
+    frame.extend(&big);
+    frame.extend(b"\r\n");
+    let mut done = Vec::new();
+    c.handle_input(Instant::now(), &frame, &mut done);
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].reply.as_ref().unwrap(), &Reply::Str(frame));
+    assert!(!c.is_down());
+}
+
+#[test]
 fn a_closed_socket_fails_every_call_and_a_new_one_starts_clean() {
     let p = policy();
     let mut c = ready(Vec::new());
-    c.submit(1, call(&p, "a", 41), later()).unwrap();
-    c.poll_transmit().unwrap();
+    c.submit(1, call(&p, "a", 41)).unwrap();
+    c.poll_transmit(Instant::now()).unwrap();
     let mut done = Vec::new();
     // half a reply, then the socket closes
     let r = reply(&[1, 9, 5, -1, 0, 0, 1], 41);
-    c.handle_input(&r[..7], &mut done);
+    c.handle_input(Instant::now(), &r[..7], &mut done);
     c.handle_closed("the connection to Redis broke", &mut done);
     assert!(c.is_down());
     assert!(done[0].reply.is_err());
     // the next connection does not see the old half reply
-    c.connecting(later());
+    c.connecting(Instant::now());
     c.connected();
-    c.submit(2, call(&p, "b", 42), later()).unwrap();
-    c.poll_transmit().unwrap();
-    c.handle_input(&reply(&[1, 8, 5, -1, 0, 0, 1], 42), &mut done);
+    c.submit(2, call(&p, "b", 42)).unwrap();
+    c.poll_transmit(Instant::now()).unwrap();
+    c.handle_input(
+        Instant::now(),
+        &reply(&[1, 8, 5, -1, 0, 0, 1], 42),
+        &mut done,
+    );
     assert_eq!(done.len(), 2);
     assert_eq!(done[1].id, 2);
     assert!(done[1].reply.is_ok());
