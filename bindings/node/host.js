@@ -19,7 +19,8 @@
 // phase, before the poll phase reads the sockets, so on a busy loop it would fire with the
 // replies it waits for already in the socket. It only schedules the deadline's handling for
 // the check phase (`setImmediate`), after this turn's poll phase has handed every socket's
-// bytes to `onData`; a shard that sent anything is not silent.
+// bytes to `onData`; a shard that sent anything is not silent. A socket that still holds
+// bytes then (FIONREAD) defers it once more.
 
 const net = require('node:net')
 
@@ -111,6 +112,15 @@ class HostTransport {
   #onDeadline() {
     this.deadlineDue = false
     if (this.gone) return
+    for (const s of this.sockets) {
+      const fd = s !== null && s._handle ? s._handle.fd : -1
+      if (fd >= 0 && this.native.unread(fd) > 0) {
+        // bytes wait in a socket still: the next poll phase reads them first
+        this.deadlineDue = true
+        setImmediate(this.onDeadline)
+        return
+      }
+    }
     this.native.onTimer()
     for (let shard = 0; shard < this.sockets.length; shard++) {
       if (this.sockets[shard] !== null && this.native.isDown(shard)) this.#drop(shard)

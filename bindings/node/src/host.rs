@@ -135,6 +135,24 @@ impl NativeHostChecks {
         self.inner.in_flight() as u32
     }
 
+    /// How many bytes the socket `fd` holds unread (FIONREAD); 0 when it cannot say.
+    /// `host.js` asks before a deadline: a shard whose socket holds bytes is not silent.
+    #[napi]
+    pub fn unread(&self, fd: i32) -> u32 {
+        #[cfg(unix)]
+        {
+            let mut n: libc::c_int = 0;
+            // SAFETY: FIONREAD writes one c_int; a bad fd is an error, not UB.
+            let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+            if rc == 0 && n > 0 {
+                return n as u32;
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = fd;
+        0
+    }
+
     /// A shard a check found down with its circuit closed, or null: `host.js` connects it
     /// now instead of waiting out its reconnect back-off (the check waits for that connect).
     #[napi(getter)]
