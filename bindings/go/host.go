@@ -460,9 +460,9 @@ func (t *hostTransport) run(s *hostShard) {
 			t.mu.Unlock()
 			return
 		}
-		if !connecting {
-			C.shardlimit_host_connecting(t.h, C.size_t(s.index), nil)
-		}
+		// (again when the library is connecting already: the dial starts only now, this
+		// goroutine may have waited for a CPU, and the connect's clock starts with it)
+		C.shardlimit_host_connecting(t.h, C.size_t(s.index), nil)
 		if !t.armed {
 			t.armLocked()
 		}

@@ -189,7 +189,8 @@ impl HostChecks {
     }
 
     /// The host starts to connect to shard `shard` (a connect and log-in that is not done
-    /// within the config's `timeout` fails).
+    /// within the config's `timeout` fails). Called again before the socket is open (the
+    /// host's connect only starts then), the connect's clock starts again.
     pub fn connecting(&mut self, shard: usize) -> Result<()> {
         self.shard_ok(shard)?;
         self.wanted[shard] = false;

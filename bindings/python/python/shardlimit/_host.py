@@ -147,6 +147,11 @@ class HostTransport:
 
     async def _open(self, shard: int, host: str, port: int) -> None:
         me = asyncio.current_task()
+        if self._connects[shard] is not me or self._closed:
+            return
+        # the connect starts now, not when its task was made (a busy loop runs it late):
+        # the connect's clock starts with it
+        self._native.connecting(shard)
         try:
             await self._loop.create_connection(
                 lambda: _Shard(self, shard, self._connects[shard]), host, port)
