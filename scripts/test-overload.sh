@@ -17,6 +17,8 @@
 #   scripts/test-overload.sh                 # every section
 #   scripts/test-overload.sh node python     # some
 #
+# Bounded: 130 s (Node), 70 s (Python), 40 s (Go) at most, about 1-2 min in all.
+#
 # Dev loop, without dist/: PY=path/to/venv/python (shardlimit installed by maturin
 # develop), SHARDLIMIT_PKG_CONFIG_PATH=dir with shardlimit-static.pc (bindings/c/
 # gen-pkgconfig.sh over a cargo build of shardlimit-c), and an addon built in
@@ -50,12 +52,12 @@ trap stop_busy EXIT
 overload_python() {
   local py=${PY:-$root/${SHARDLIMIT_PY_VENV:-.venv}/bin/python}
   [ -x "$py" ] || { echo "overload_python: no $py (run scripts/test-python.sh first)" >&2; return 1; }
-  (cd bindings/python && timeout 150 "$py" tests/overload_shapes.py)
+  (cd bindings/python && timeout 70 "$py" tests/overload_shapes.py)
 }
 
 overload_node() {
   [ -d bindings/node/node_modules/express ] || { echo "overload_node: run scripts/test-node.sh first" >&2; return 1; }
-  (cd bindings/node && timeout 150 node test/overload/shapes.js)
+  (cd bindings/node && timeout 130 node test/overload/shapes.js)
 }
 
 go_test_bin=""
@@ -81,7 +83,7 @@ prepare_go() {
   (cd bindings/go && PKG_CONFIG_PATH="$pc" go test -c -o "$go_test_bin" .)
 }
 overload_go() {
-  (cd bindings/go && SHARDLIMIT_OVERLOAD=1 timeout 150 "$go_test_bin" -test.count=1 -test.v \
+  (cd bindings/go && SHARDLIMIT_OVERLOAD=1 timeout 40 "$go_test_bin" -test.count=1 -test.v \
     -test.run '^TestOverloadManyGoroutinesOneKey$' | grep -E '^(ok|FAIL|PASS|---)|(ok|FAIL) +go ')
 }
 
