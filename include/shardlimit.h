@@ -117,6 +117,9 @@ enum shardlimit_result
   // A shard's circuit breaker is open after repeated failures: it is skipped (no time
   // spent) until a background probe sees it answer again.
   SHARDLIMIT_ERR_UNAVAILABLE = 10,
+  // More checks wait for a shard's connection in this process than its queue holds
+  // (`max_queue`): the check was refused, neither admitted nor sent to `on_error`.
+  SHARDLIMIT_ERR_OVERLOADED = 11,
   // The handle was freed (`shardlimit_limiter_free()` and the like): a use after free,
   // or a call racing the free on another thread. Handles are never reused, so a freed
   // handle always gives CLOSED, never another object's answer. Codes from 100 on belong

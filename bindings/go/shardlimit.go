@@ -44,6 +44,7 @@ const (
 	CodeIO              Code = C.SHARDLIMIT_ERR_IO
 	CodeInternal        Code = C.SHARDLIMIT_ERR_INTERNAL
 	CodeUnavailable     Code = C.SHARDLIMIT_ERR_UNAVAILABLE
+	CodeOverloaded      Code = C.SHARDLIMIT_ERR_OVERLOADED
 	// CodeClosed: the handle was freed (a call racing Close); the C ABI's own code.
 	CodeClosed Code = C.SHARDLIMIT_ERR_CLOSED
 	// CodeCancelled: a started call was cancelled; the C ABI's own code. Go calls return
@@ -108,6 +109,9 @@ var (
 	ErrIO              = &Error{Code: CodeIO}
 	ErrInternal        = &Error{Code: CodeInternal}
 	ErrUnavailable     = &Error{Code: CodeUnavailable}
+	// ErrOverloaded: more checks wait for a shard's connection in this process than its
+	// queue holds (max_queue); the check was neither admitted nor sent to on_error.
+	ErrOverloaded = &Error{Code: CodeOverloaded}
 	// ErrClosed is returned by calls on a Limiter after Close, including calls that race
 	// Close on other goroutines (the library then reports CodeClosed).
 	ErrClosed = &Error{Code: CodeClosed}

@@ -34,6 +34,7 @@ var sentinels = map[string]*Error{
 	"io":               ErrIO,
 	"internal":         ErrInternal,
 	"unavailable":      ErrUnavailable,
+	"overloaded":       ErrOverloaded,
 }
 
 // The codes, names, backend flags and hierarchy of spec/errors.json (generated from the

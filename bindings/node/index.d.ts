@@ -568,6 +568,7 @@ export type ErrorKindName =
   | 'io'
   | 'internal'
   | 'unavailable'
+  | 'overloaded'
 
 /** The stable `err.code` of each kind. */
 export type ErrorCode = `ERR_SHARDLIMIT_${Uppercase<ErrorKindName>}`
@@ -601,6 +602,9 @@ export declare class IoError extends ShardlimitError {}
 export declare class InternalError extends ShardlimitError {}
 /** A shard's circuit breaker is open: it is skipped until it answers again (backend). */
 export declare class UnavailableError extends ShardlimitError {}
+/** More checks wait for a shard's connection in this process than its queue holds
+ * (`max_queue`): refused, neither admitted nor sent to `on_error` (not a backend error). */
+export declare class OverloadedError extends ShardlimitError {}
 
 /** Kind name → class. */
 export declare const ERROR_CLASSES: Readonly<Record<ErrorKindName, typeof ShardlimitError>>

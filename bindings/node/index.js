@@ -35,6 +35,7 @@ class ScriptError extends ShardlimitError {}
 class IoError extends ShardlimitError {}
 class InternalError extends ShardlimitError {}
 class UnavailableError extends ShardlimitError {}
+class OverloadedError extends ShardlimitError {}
 
 function codeOf(kind) {
   return `ERR_SHARDLIMIT_${String(kind).toUpperCase()}`
@@ -51,6 +52,7 @@ const ERROR_CLASSES = Object.freeze({
   io: IoError,
   internal: InternalError,
   unavailable: UnavailableError,
+  overloaded: OverloadedError,
 })
 
 /** `ERR_SHARDLIMIT_*` code → class, for every kind of the core. */
@@ -816,6 +818,7 @@ module.exports = {
   IoError,
   InternalError,
   UnavailableError,
+  OverloadedError,
   ERROR_CLASSES,
   ERROR_CODES,
   TrustedProxies,

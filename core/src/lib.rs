@@ -38,6 +38,7 @@ pub mod routing;
 mod time;
 mod tls;
 mod transport;
+mod wire;
 
 pub use engine::redis::{keys, scripts};
 pub use time::clock;

@@ -146,6 +146,8 @@ static void test_static_functions(void) {
   CHECK(str_eq(shardlimit_result_name(SHARDLIMIT_ERR_INTERNAL), "internal"));
   CHECK(str_eq(shardlimit_result_name(SHARDLIMIT_ERR_UNAVAILABLE), "unavailable"));
   CHECK(shardlimit_result_is_backend(SHARDLIMIT_ERR_UNAVAILABLE));
+  CHECK(str_eq(shardlimit_result_name(SHARDLIMIT_ERR_OVERLOADED), "overloaded"));
+  CHECK(!shardlimit_result_is_backend(SHARDLIMIT_ERR_OVERLOADED));
   CHECK(str_eq(shardlimit_result_name(12345), "unknown"));
   CHECK(str_eq(shardlimit_source_name(SHARDLIMIT_SOURCE_REDIS), "redis"));
   CHECK(str_eq(shardlimit_source_name(SHARDLIMIT_SOURCE_FALLBACK), "fallback"));

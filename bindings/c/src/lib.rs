@@ -81,6 +81,9 @@ pub enum shardlimit_result {
     /// A shard's circuit breaker is open after repeated failures: it is skipped (no time
     /// spent) until a background probe sees it answer again.
     SHARDLIMIT_ERR_UNAVAILABLE = 10,
+    /// More checks wait for a shard's connection in this process than its queue holds
+    /// (`max_queue`): the check was refused, neither admitted nor sent to `on_error`.
+    SHARDLIMIT_ERR_OVERLOADED = 11,
     /// The handle was freed (`shardlimit_limiter_free()` and the like): a use after free,
     /// or a call racing the free on another thread. Handles are never reused, so a freed
     /// handle always gives CLOSED, never another object's answer. Codes from 100 on belong
@@ -131,6 +134,7 @@ impl shardlimit_result {
             ErrorKind::Io => SHARDLIMIT_ERR_IO,
             ErrorKind::Internal => SHARDLIMIT_ERR_INTERNAL,
             ErrorKind::Unavailable => SHARDLIMIT_ERR_UNAVAILABLE,
+            ErrorKind::Overloaded => SHARDLIMIT_ERR_OVERLOADED,
             _ => SHARDLIMIT_ERR_INTERNAL,
         }
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// Starts futures on a limiter's I/O runtime (from [`Limiter::spawner`]).
 #[derive(Clone)]
-pub struct Spawner(Arc<crate::transport::runtime::RtState>);
+pub struct Spawner(Arc<crate::engine::redis::RtState>);
 
 impl std::fmt::Debug for Spawner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -5,26 +5,63 @@
 //! batch script call ([`pack_calls`], `core/lua/main_batch.lua`), and the splitting of a
 //! batch reply into each caller's reply ([`split_batch`]).
 
-use crate::engine::redis::protocol::{
+use crate::transport::resp::Reply;
+use crate::wire::scripts::CheckScripts;
+use crate::wire::{
     CheckPart, CheckSink, CHECK_ITEM_ARGS as ITEM_ARGS, CHECK_KEYS as KEYS,
     CHECK_SHAPE_ARGS as SHAPE_ARGS, CHECK_TAG_ARGS as TAG_ARGS,
 };
-use crate::engine::redis::scripts::CheckScripts;
-use crate::engine::redis::CheckRequest;
-use crate::transport::resp::Reply;
 use std::io;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The most checks one batch call carries: bounds how long one script call holds Redis.
 pub(crate) const MAX_BATCH: usize = 128;
 
-/// A number no other check call of this process carries at the same time (it wraps after
-/// 2^53 calls; Lua numbers hold it exactly). The check scripts echo it as the last value of
-/// their reply, so a reply is taken only by the call it answers: whatever goes wrong with
-/// a reply stream, no caller gets a decision made for another.
+/// The tags are 53-bit (Lua numbers hold them exactly).
+const TAG_MASK: u64 = (1 << 53) - 1;
+
+/// A number no other check call carries: not in this process (a counter), and not in
+/// another process or a forked child (the counter starts at a random point, drawn from the
+/// OS's random source in every process and again in every forked child, which would
+/// otherwise go on with its parent's numbers). The check scripts echo it as the last value
+/// of their reply, so a reply is taken only by the call it answers: whatever goes wrong
+/// with a reply stream (a proxy that mixes connections, a reply that comes late), no caller
+/// gets a decision made for another.
 pub(crate) fn next_tag() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed) & ((1 << 53) - 1)
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    // the fork generation the counter's start was drawn in (MAX: not yet)
+    static DRAWN_IN: AtomicU64 = AtomicU64::new(u64::MAX);
+    let generation = crate::transport::runtime::fork_generation();
+    if DRAWN_IN.load(Ordering::Acquire) != generation {
+        NEXT.store(random_u64() & TAG_MASK, Ordering::Release);
+        DRAWN_IN.store(generation, Ordering::Release);
+    }
+    NEXT.fetch_add(1, Ordering::Relaxed) & TAG_MASK
+}
+
+/// 64 bits from the OS's random source (`/dev/urandom`); where it cannot be read, the
+/// standard library's randomly keyed hasher over the process id and the time.
+fn random_u64() -> u64 {
+    #[cfg(unix)]
+    {
+        use std::io::Read;
+        let mut b = [0u8; 8];
+        if std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut b))
+            .is_ok()
+        {
+            return u64::from_ne_bytes(b);
+        }
+    }
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
 }
 
 /// Why a reply with another call's tag is refused (and its connection closed).
@@ -65,12 +102,13 @@ pub(crate) struct CheckCall {
 }
 
 impl CheckCall {
-    /// The call of `req` ([`CheckRequest::write`] lays its arguments out).
+    /// The call whose arguments `write` writes (in the layout of [`crate::wire`]), and
+    /// whose reply carries `tag`.
     pub fn new(
         scripts: &'static CheckScripts,
         eval: bool,
-        req: &CheckRequest<'_>,
-        prefix: &str,
+        tag: u64,
+        write: impl FnOnce(&mut CheckCall),
     ) -> CheckCall {
         let mut call = CheckCall {
             scripts,
@@ -79,9 +117,9 @@ impl CheckCall {
             item_at: 0,
             shape_at: 0,
             tag_at: 0,
-            tag: req.tag,
+            tag,
         };
-        req.write(prefix, &mut call);
+        write(&mut call);
         call
     }
 
@@ -207,5 +245,69 @@ pub(crate) fn pack_calls(
         out.extend_from_slice(&c.packed[c.item_at..c.shape_at]);
         bulk(out, itoa::Buffer::new().format(*shape).as_bytes());
         out.extend_from_slice(&c.packed[c.tag_at..]);
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    /// The tags a forked child takes next, read back through a pipe.
+    fn child_tags(n: usize) -> Vec<u64> {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe() writes.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the child only takes tags, writes them to the pipe and exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let tags: Vec<u8> = (0..n).flat_map(|_| next_tag().to_ne_bytes()).collect();
+            // SAFETY: the buffer is valid for its length; _exit ends the child at once.
+            unsafe {
+                libc::write(fds[1], tags.as_ptr().cast(), tags.len());
+                libc::_exit(0);
+            }
+        }
+        // SAFETY: closes our copy of the write end; waits for the child we forked.
+        unsafe {
+            libc::close(fds[1]);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        let mut buf = vec![0u8; n * 8];
+        // SAFETY: `buf` is valid for writes of its length.
+        let got = unsafe { libc::read(fds[0], buf.as_mut_ptr().cast(), buf.len()) };
+        // SAFETY: closes the read end, ours.
+        unsafe { libc::close(fds[0]) };
+        assert_eq!(got as usize, buf.len(), "the child's tags");
+        buf.chunks(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn tags_do_not_repeat_across_processes_forks_or_connections() {
+        let mine: Vec<u64> = (0..1000).map(|_| next_tag()).collect();
+        // one counter for every connection of the process: no tag twice
+        let set: std::collections::HashSet<u64> = mine.iter().copied().collect();
+        assert_eq!(set.len(), mine.len());
+        assert!(mine.iter().all(|&t| t <= TAG_MASK));
+        // forked children draw their own start: neither the parent's next numbers nor
+        // each other's (a fixed start, or an inherited counter, would give both the same)
+        let a = child_tags(100);
+        let b = child_tags(100);
+        let next = next_tag();
+        let near = |x: u64, y: u64| x.abs_diff(y) < 1_000_000;
+        assert!(
+            !near(a[0], next),
+            "a child went on with the parent's counter"
+        );
+        assert!(!near(a[0], b[0]), "two children drew the same start");
+        assert!(
+            !near(a[0], 1) && !near(mine[0], 1),
+            "a start that is not random"
+        );
+        for w in a.windows(2).chain(b.windows(2)) {
+            assert_eq!(w[1], (w[0] + 1) & TAG_MASK);
+        }
     }
 }

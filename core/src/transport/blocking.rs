@@ -217,7 +217,7 @@ impl Drop for Place {
 }
 
 /// Threads spinning on a socket: at most half the CPUs. (The I/O thread takes a place too
-/// while it spins for async callers: `RtState::spin`.)
+/// while it spins for async callers: `IoRuntime::spin`.)
 pub(crate) static SPINNING: Places = Places {
     taken: AtomicUsize::new(0),
     max: LazyLock::new(|| std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))),

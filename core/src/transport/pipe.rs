@@ -70,18 +70,27 @@ fn wake(wake: &mut Vec<(Sender, io::Result<Reply>)>) {
 }
 
 impl Shared {
-    /// Runs `f` on the machine, then wakes the callers it completed; if the machine closed
-    /// the connection, marks it broken and stops its tasks. False when it is broken.
+    /// Runs `f` on the machine, then wakes the callers it completed, and the writer when
+    /// the machine has bytes to send (a check sent again after NOSCRIPT); if the machine
+    /// closed the connection, marks it broken and stops its tasks. False when it is broken.
     fn drive(&self, f: impl FnOnce(&mut SansIo, &mut Vec<Completion>)) -> bool {
         let mut done = Vec::new();
         let mut woken = Vec::new();
-        let down = {
+        let (down, transmit) = {
             let mut inner = self.inner.lock();
             f(&mut inner.conn, &mut done);
             inner.take(&mut done, &mut woken);
-            inner.conn.is_down()
+            let down = inner.conn.is_down();
+            if down {
+                // before the lock goes: no caller finds this pipe whole and its machine down
+                self.broken.store(true, Ordering::Release);
+            }
+            (down, inner.conn.wants_transmit())
         };
         wake(&mut woken);
+        if transmit {
+            self.write.notify_one();
+        }
         if down {
             self.stop();
         }
@@ -89,9 +98,7 @@ impl Shared {
     }
 
     fn stop(&self) {
-        if self.broken.swap(true, Ordering::AcqRel) {
-            return;
-        }
+        self.broken.store(true, Ordering::Release);
         for t in self.tasks.lock().drain(..) {
             t.abort();
         }
@@ -222,6 +229,9 @@ impl Pipe {
         let (tx, rx) = oneshot::channel();
         {
             let mut inner = self.shared.inner.lock();
+            if inner.conn.is_down() {
+                return Err(broken());
+            }
             let id = inner.next_id;
             inner.next_id += 1;
             submit(&mut inner.conn, id)?;
@@ -288,6 +298,8 @@ async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, shared: Arc<Shared>) {
                 }
                 let armed = inner.conn.next_deadline();
                 let bytes = inner.conn.poll_transmit(Instant::now());
+                // (packing a large burst takes a while: its silence starts once packed)
+                inner.conn.written(Instant::now());
                 if armed.is_none() && inner.conn.next_deadline().is_some() {
                     shared.timer.notify_one();
                 }
@@ -299,6 +311,8 @@ async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, shared: Arc<Shared>) {
                 shared.drive(|c, done| c.handle_closed(&why, done));
                 return;
             }
+            // (and a large burst takes a while to write: from when it is all written)
+            shared.inner.lock().conn.written(Instant::now());
         }
     }
 }

@@ -1,9 +1,7 @@
 //! The I/O runtime a limiter owns: one thread (or workers), the inbox of handed-over
 //! calls, the spinning that keeps it awake during bursts, and fork detection.
 
-use crate::engine::redis::{PipeSlot, Slot, StreamItem};
 use crate::time::clock::{Clock, MonotonicClock};
-use crate::transport::blocking::BlockingConn;
 use parking_lot::Mutex;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -11,26 +9,20 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::runtime::{Handle, Runtime};
 
-/// The runtime and connections of one process.
-pub(crate) struct RtState {
+/// The I/O runtime of one process (the engine keeps its connections beside it).
+pub(crate) struct IoRuntime {
     pub(crate) pid: u32,
-    /// [`fork_generation`] when this state was made.
+    /// [`fork_generation`] when this runtime was made.
     pub(crate) generation: u64,
     pub(crate) handle: Handle,
     pub(crate) owner: Owner,
-    pub(crate) conns: Vec<Slot>,
-    /// Idle blocking connections per shard, for calls made on the caller's own thread.
-    pub(crate) blocking: Vec<Mutex<Vec<BlockingConn>>>,
-    /// The pipelined connection of each shard, for async checks.
-    pub(crate) pipes: Vec<PipeSlot>,
-    /// Futures handed over from other threads, not started yet (see [`RtState::submit`]).
+    /// Futures handed over from other threads, not started yet (see [`IoRuntime::submit`]).
     pub(crate) inbox: Arc<Inbox>,
-    pub(crate) stream_tx: Option<tokio::sync::mpsc::Sender<StreamItem>>,
     pub(crate) timer_keeper: Arc<TimerKeeper>,
     pub(crate) io_spin: Arc<IoSpin>,
 }
 
-/// See [`RtState::spin`].
+/// See [`IoRuntime::spin`].
 #[derive(Default)]
 pub(crate) struct IoSpin {
     /// pipelined checks started and not finished
@@ -44,13 +36,13 @@ pub(crate) struct IoSpin {
     pub(crate) idle_gap: AtomicU64,
 }
 
-/// Futures handed over to the I/O runtime from other threads ([`RtState::submit`]).
+/// Futures handed over to the I/O runtime from other threads ([`IoRuntime::submit`]).
 ///
 /// Waking the runtime's thread is a write to an eventfd that costs the caller 20-30 µs on
 /// a VM (the wake-up's interrupt), paid on the event loop's thread for every burst. So
 /// the caller wakes it only when it is parked: a current-thread runtime marks itself
 /// parked in its `on_thread_park` hook, which then starts what the inbox holds, and the
-/// spinning task of [`RtState::spin`] starts it too. (The multi-thread runtime is always
+/// spinning task of [`IoRuntime::spin`] starts it too. (The multi-thread runtime is always
 /// woken.)
 pub(crate) struct Inbox {
     pub(crate) jobs: Mutex<Vec<Job>>,
@@ -93,7 +85,7 @@ impl Inbox {
     }
 
     /// The runtime's `on_thread_park` hook. (Paired with the caller in
-    /// [`RtState::submit`]: the caller stores `pending` then loads `parked`, this stores
+    /// [`IoRuntime::submit`]: the caller stores `pending` then loads `parked`, this stores
     /// `parked` then loads `pending`, all SeqCst, so one of the two sees the other.)
     fn before_park(self: &Arc<Self>) {
         self.parked.store(true, Ordering::SeqCst);
@@ -110,7 +102,7 @@ impl Inbox {
 /// How often the spinning I/O thread gives its CPU to other threads ready to run there.
 pub(crate) const OS_YIELD_EVERY_US: u64 = 10;
 
-/// One pipelined check in flight, for [`RtState::spin`]; counted out on drop (also when the
+/// One pipelined check in flight, for [`IoRuntime::spin`]; counted out on drop (also when the
 /// caller gives up).
 pub(crate) struct InFlight(Arc<IoSpin>);
 
@@ -121,7 +113,7 @@ impl Drop for InFlight {
     }
 }
 
-/// See [`RtState::keep_timers`].
+/// See [`IoRuntime::keep_timers`].
 #[derive(Default)]
 pub(crate) struct TimerKeeper {
     pub(crate) running: AtomicBool,
@@ -143,7 +135,7 @@ pub(crate) enum Owner {
 /// A future handed to the I/O runtime.
 pub(crate) type Job = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
-impl RtState {
+impl IoRuntime {
     /// Keeps one timer pending on the I/O runtime while calls keep coming, so that a call's
     /// deadline never is the runtime's earliest timer. Tokio wakes its driver (a write to
     /// an eventfd, and one more wake-up later) whenever a new timer is due before every
@@ -272,7 +264,7 @@ impl RtState {
     }
 }
 
-impl Drop for RtState {
+impl Drop for IoRuntime {
     fn drop(&mut self) {
         // never waits for tasks, so a limiter may be dropped inside an async context
         match &mut self.owner {

@@ -120,6 +120,9 @@ pub(crate) struct SansIo {
     waiting: VecDeque<(Instant, Expect)>,
     /// calls submitted and not completed (queued or waiting)
     calls: usize,
+    /// how many of `waiting`'s last entries the last transmit handed out, until the host
+    /// says they are written ([`SansIo::written`])
+    unwritten: usize,
     /// when the last byte came
     last_input: Option<Instant>,
     /// bytes read and not framed yet
@@ -178,6 +181,7 @@ impl SansIo {
             queued: VecDeque::new(),
             waiting: VecDeque::new(),
             calls: 0,
+            unwritten: 0,
             last_input: None,
             buf: Vec::new(),
             framer: Framer::default(),
@@ -262,17 +266,40 @@ impl SansIo {
         Ok(())
     }
 
+    /// True when [`SansIo::poll_transmit`] has bytes to hand out: after a submit, and after
+    /// an input that sends a check again (NOSCRIPT) or completes the log-in while checks
+    /// wait. A host that writes only when it submitted asks this after every input.
+    pub fn wants_transmit(&self) -> bool {
+        !self.out.is_empty() || (self.state == State::Ready && !self.queued.is_empty())
+    }
+
     /// The bytes to write now, if any: the log-in, or every request queued since the last
     /// write, a burst's checks of one algorithm packed into one batch call. The host writes
     /// them at once: their silence clock starts at `now`.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Vec<u8>> {
         if self.state == State::Ready && !self.queued.is_empty() {
+            let before = self.waiting.len();
             self.pack(now);
+            self.unwritten = self.waiting.len() - before;
         }
         if self.out.is_empty() {
             None
         } else {
             Some(std::mem::take(&mut self.out))
+        }
+    }
+
+    /// The bytes of the last [`SansIo::poll_transmit`] that handed out requests are written
+    /// (or being written), `now`: the silence of those requests counts from then, not from
+    /// the hand-out (packing a large burst, and writing it, take time that is the host's).
+    /// Optional; it only ever moves their start later.
+    pub fn written(&mut self, now: Instant) {
+        let n = self.unwritten.min(self.waiting.len());
+        let from = self.waiting.len() - n;
+        for (at, _) in self.waiting.iter_mut().skip(from) {
+            if *at < now {
+                *at = now;
+            }
         }
     }
 
@@ -455,6 +482,7 @@ impl SansIo {
     fn fail(&mut self, e: &io::Error, done: &mut Vec<Completion>) {
         tracing::debug!(error = %e, "shardlimit: closing a connection");
         self.state = State::Down;
+        self.unwritten = 0;
         self.connect_deadline = None;
         self.last_input = None;
         self.buf.clear();

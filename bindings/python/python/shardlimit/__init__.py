@@ -26,6 +26,7 @@ from ._errors import (
     ScriptError,
     TimeoutError,
     UnavailableError,
+    OverloadedError,
     UnknownPolicyError,
 )
 from ._shardlimit import (
@@ -72,6 +73,7 @@ __all__ = [
     "TimeoutError",
     "ScriptError",
     "UnavailableError",
+    "OverloadedError",
     "InternalError",
     "RateLimitExceeded",
 ]

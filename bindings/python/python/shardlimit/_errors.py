@@ -26,6 +26,7 @@ __all__ = [
     "TimeoutError",
     "ScriptError",
     "UnavailableError",
+    "OverloadedError",
     "InternalError",
     "RateLimitExceeded",
 ]
@@ -103,6 +104,15 @@ class UnavailableError(BackendError):
     code = 10
 
 
+class OverloadedError(Error):
+    """More checks wait for a shard's connection in this process than its queue holds
+    (``max_queue``): the check was refused, neither admitted nor sent to ``on_error``.
+    The shard is fine; this process sends more than it answers."""
+
+    kind = "overloaded"
+    code = 11
+
+
 class InternalError(Error):
     """A bug in shardlimit: an invariant was broken. Please report it."""
 
@@ -139,6 +149,7 @@ ERRORS_BY_KIND: dict[str, type[Error]] = {
         ConfigFileError,
         InternalError,
         UnavailableError,
+        OverloadedError,
     )
 }
 

@@ -261,8 +261,8 @@ impl RedisEngine {
                 let call = CheckCall::new(
                     scripts::check_scripts(req.eff.algorithm),
                     eval,
-                    req,
-                    &self.prefix,
+                    req.tag,
+                    |c| req.write(&self.prefix, c),
                 );
                 pipe.request(call).await.map_err(io)
             }

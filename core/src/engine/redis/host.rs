@@ -39,8 +39,8 @@ impl RedisEngine {
         CheckCall::new(
             scripts::check_scripts(req.eff.algorithm),
             false,
-            req,
-            &self.prefix,
+            req.tag,
+            |c| req.write(&self.prefix, c),
         )
     }
 

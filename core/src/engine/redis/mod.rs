@@ -37,7 +37,7 @@ mod host;
 pub mod keys;
 mod overrides;
 pub(crate) mod protocol;
-pub mod scripts;
+pub use crate::wire::scripts;
 mod shadow;
 pub use shadow::{SHADOW_MAX_KEYS, SHADOW_TTL};
 mod settle;
@@ -46,7 +46,7 @@ pub(crate) use protocol::{MultiSettled, SettleCall, Settled};
 use scripts::ScriptId;
 mod stream;
 
-use crate::transport::runtime::{fork_generation, mono_us, start_runtime, RtState};
+use crate::transport::runtime::{fork_generation, mono_us, start_runtime, IoRuntime};
 use call::*;
 use circuit::*;
 use connect::*;
@@ -137,6 +137,26 @@ pub(crate) struct Slot {
 pub(crate) struct PipeSlot {
     pub(crate) pipe: ArcSwapOption<Pipe>,
     pub(crate) connecting: tokio::sync::Mutex<()>,
+}
+
+/// The runtime and connections of one process: made on first use, and again in a forked
+/// child (whose parent's threads and sockets are not its own).
+pub(crate) struct RtState {
+    /// (first: dropped first, so the runtime stops before its connections go)
+    pub(crate) io: IoRuntime,
+    pub(crate) conns: Vec<Slot>,
+    /// Idle blocking connections per shard, for calls made on the caller's own thread.
+    pub(crate) blocking: Vec<Mutex<Vec<BlockingConn>>>,
+    /// The pipelined connection of each shard, for async calls.
+    pub(crate) pipes: Vec<PipeSlot>,
+    pub(crate) stream_tx: Option<tokio::sync::mpsc::Sender<StreamItem>>,
+}
+
+impl std::ops::Deref for RtState {
+    type Target = IoRuntime;
+    fn deref(&self) -> &IoRuntime {
+        &self.io
+    }
 }
 
 pub(crate) struct RedisEngine {
@@ -409,17 +429,19 @@ impl RedisEngine {
             tx
         });
         let st = Arc::new(RtState {
-            pid,
-            generation,
-            handle,
-            owner,
+            io: IoRuntime {
+                pid,
+                generation,
+                handle,
+                owner,
+                inbox,
+                timer_keeper: Arc::default(),
+                io_spin: Arc::default(),
+            },
             conns: self.shards.iter().map(|_| Slot::default()).collect(),
             blocking: self.shards.iter().map(|_| Mutex::default()).collect(),
             pipes: self.shards.iter().map(|_| PipeSlot::default()).collect(),
-            inbox,
             stream_tx,
-            timer_keeper: Arc::default(),
-            io_spin: Arc::default(),
         });
         self.state.store(Some(st.clone()));
         Ok(st)

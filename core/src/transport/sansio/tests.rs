@@ -1,28 +1,33 @@
 //! The machine driven with bytes alone: no socket, no thread, no clock but the one
 //! passed in.
 use super::*;
-use crate::engine::redis::scripts::check_scripts;
-use crate::engine::redis::{CheckRequest, Mode, OverrideArg};
 use crate::policy::{Limit, Policy};
+use crate::wire::scripts::check_scripts;
+use crate::wire::{CheckPart, CheckSink, CHECK_ITEM_ARGS, CHECK_KEYS, CHECK_SHAPE_ARGS};
 use std::time::Duration;
 
 fn policy() -> Policy {
     Policy::new("p", Limit::fixed_window(10, Duration::from_secs(60))).unwrap()
 }
 
+/// A check call of `p` for `key` in the layout of [`crate::wire`] (the engine's arguments
+/// do not matter to the machine: it regroups them by that layout alone).
 fn call(p: &Policy, key: &str, tag: u64) -> CheckCall {
-    let req = CheckRequest {
-        policy: &p.0,
-        eff: &p.0.compiled,
-        key,
-        now_us: Some(1),
-        cost: 1,
-        mode: Mode::Check,
-        lease: None,
-        tag,
-        ov: OverrideArg::Off,
-    };
-    CheckCall::new(check_scripts(p.0.compiled.algorithm), false, &req, "sl")
+    CheckCall::new(check_scripts(p.0.compiled.algorithm), false, tag, |c| {
+        for k in 0..CHECK_KEYS {
+            c.arg(format!("sl:{key}:{k}").as_bytes());
+        }
+        c.mark(CheckPart::Item);
+        for v in 0..CHECK_ITEM_ARGS {
+            c.int(v as u64);
+        }
+        c.mark(CheckPart::Shape);
+        for v in 0..CHECK_SHAPE_ARGS {
+            c.int(10 + v as u64);
+        }
+        c.mark(CheckPart::Tag);
+        c.int(tag);
+    })
 }
 
 fn ready(handshake: Vec<(&'static str, Vec<u8>)>) -> SansIo {

@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 
 macro_rules! lua {
     ($file:literal) => {
-        include_str!(concat!("../../../lua/", $file))
+        include_str!(concat!("../../lua/", $file))
     };
 }
 
