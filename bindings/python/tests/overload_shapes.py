@@ -56,7 +56,8 @@ def concurrent_achecks(url: str, transport: str, n: int, limit: int) -> dict[str
 
     async def main() -> list[Any]:
         calls = [limiter.acheck("one-key", "hourly") for _ in range(n)]
-        return await asyncio.gather(*calls, return_exceptions=True)
+        results: list[Any] = await asyncio.gather(*calls, return_exceptions=True)
+        return results
 
     try:
         return _tally(asyncio.run(main()))
