@@ -13,6 +13,8 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 )
@@ -44,7 +46,11 @@ func WithTransport(t Transport) Option {
 
 const (
 	hostBackoffMin = 20 * time.Millisecond
-	hostBackoffMax = time.Second
+	// as the core's circuit probe (250 ms): a shard back from a restart is connected
+	// again within it, or at once when a check comes once its circuit has closed
+	hostBackoffMax = 250 * time.Millisecond
+	// how soon a deadline is looked at again when the socket still held bytes
+	hostRecheck = 200 * time.Microsecond
 	// completions taken from the library per call (the rest come on the next)
 	hostCompletions = 256
 	hostReadBuf     = 64 << 10
@@ -128,6 +134,12 @@ type hostShard struct {
 	wbuf    []byte // flush's buffer (one flush at a time)
 	// readBuf is the reader's (run's) buffer
 	readBuf []byte
+	// reading: the reader is taking bytes from the socket, or has taken bytes it has not
+	// handed to the library yet (it clears it under mu): the shard is not silent
+	reading atomic.Bool
+	// sleeping: run waits out a reconnect back-off (under mu); kick ends it
+	sleeping bool
+	kick     chan struct{}
 }
 
 // hostStats counts, for tests, what the host transport did (under its mu).
@@ -175,6 +187,7 @@ func newHostTransport(lim *C.shardlimit_limiter) (*hostTransport, error) {
 			index: i,
 			addr:  net.JoinHostPort(name, strconv.Itoa(int(port))),
 			wbuf:  make([]byte, hostWriteBuf),
+			kick:  make(chan struct{}, 1),
 		})
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
@@ -232,6 +245,15 @@ func (t *hostTransport) check(ctx context.Context, key, policy string, cost uint
 		t.armLocked()
 	}
 	s := t.shards[int(shard)]
+	if s.sleeping {
+		// the shard was down with its circuit closed: the check waits for a connect made
+		// now, not after the back-off
+		s.sleeping = false
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
 	if s.writing || s.conn == nil {
 		// a flush in progress takes it in its next write (or the connect, its first)
 		t.mu.Unlock()
@@ -308,12 +330,24 @@ func (t *hostTransport) armLocked() {
 	t.timer.Reset(time.Duration(us) * time.Microsecond)
 }
 
+// onTimer looks at the deadlines. A deadline is a shard's silence, never this process's
+// business: on a busy process the timer may run while the replies it waits for sit in a
+// socket, or in a reader that has not had the CPU to hand them in. Those are read first:
+// while any shard's socket holds bytes or its reader holds some, the timer comes again
+// shortly instead.
 func (t *hostTransport) onTimer() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.armed = false
 	if t.closed {
 		return
+	}
+	for _, s := range t.shards {
+		if s.conn != nil && (unread(s.conn) || s.reading.Load()) {
+			t.armed = true
+			t.timer.Reset(hostRecheck)
+			return
+		}
 	}
 	var n C.size_t
 	var e *C.shardlimit_error
@@ -426,9 +460,9 @@ func (t *hostTransport) run(s *hostShard) {
 			t.mu.Unlock()
 			return
 		}
-		if !connecting {
-			C.shardlimit_host_connecting(t.h, C.size_t(s.index), nil)
-		}
+		// (again when the library is connecting already: the dial starts only now, this
+		// goroutine may have waited for a CPU, and the connect's clock starts with it)
+		C.shardlimit_host_connecting(t.h, C.size_t(s.index), nil)
 		if !t.armed {
 			t.armLocked()
 		}
@@ -485,13 +519,28 @@ func (t *hostTransport) run(s *hostShard) {
 		if connecting {
 			continue
 		}
+		t.mu.Lock()
+		s.sleeping = true
+		select {
+		case <-s.kick: // (a stale one)
+		default:
+		}
+		t.mu.Unlock()
 		// jittered down to half, as the core's own reconnects
 		wait := backoff/2 + rand.N(backoff/2+1)
+		timer := time.NewTimer(wait)
 		select {
-		case <-time.After(wait):
+		case <-timer.C:
+		case <-s.kick:
+			// a check is waiting for this connect (the library is connecting already)
+			timer.Stop()
 		case <-t.done:
+			timer.Stop()
 			return
 		}
+		t.mu.Lock()
+		s.sleeping = false
+		t.mu.Unlock()
 	}
 }
 
@@ -499,14 +548,28 @@ func (t *hostTransport) run(s *hostShard) {
 // connection up (bytes it cannot trust). worked: replies were taken on it.
 func (t *hostTransport) read(s *hostShard, conn net.Conn) (worked bool, err error) {
 	buf := s.readBuf
+	var raw syscall.RawConn
+	if sc, ok := conn.(syscall.Conn); ok {
+		raw, _ = sc.SyscallConn()
+	}
 	for {
-		r, err := conn.Read(buf)
+		var r int
+		if raw != nil {
+			r, err = rawRead(raw, buf, &s.reading)
+		} else {
+			s.reading.Store(true)
+			r, err = conn.Read(buf)
+		}
+		if r <= 0 {
+			s.reading.Store(false)
+		}
 		if r > 0 {
 			var n C.size_t
 			var e *C.shardlimit_error
 			t.mu.Lock()
 			rc := C.shardlimit_host_input(t.h, C.size_t(s.index), (*C.uint8_t)(unsafe.Pointer(&buf[0])), C.size_t(r), t.comps, hostCompletions, &n, &e)
 			t.deliverLocked(rc, e, n)
+			s.reading.Store(false)
 			down := bool(C.shardlimit_host_is_down(t.h, C.size_t(s.index)))
 			t.mu.Unlock()
 			if down {

@@ -1,23 +1,33 @@
 'use strict'
-// The host transport (`{ transport: 'host' }`, issue 16): checks whose bytes move on this
-// process's own event loop, one `net.Socket` per shard, instead of crossing to the
-// limiter's I/O thread. The core's state machine (NativeHostChecks over
-// `shardlimit::HostChecks`) builds the script calls, packs a tick's checks into one batch
-// call, frames and checks every reply, keeps the deadlines and decides (on_error,
-// metrics, events, circuits); this file only moves bytes: it connects (and reconnects
-// with backoff), writes what `transmit` gives once per turn of the event loop (and every
-// 16 checks), hands every chunk read to `onData`, and arms one timer for the next deadline.
+// The host transport (`{ transport: 'host' }`): checks whose bytes move on this process's
+// own event loop, one `net.Socket` per shard, instead of crossing to the limiter's I/O
+// thread. The core's state machine (NativeHostChecks over `shardlimit::HostChecks`)
+// builds the script calls, packs a tick's checks into one batch call, frames and checks
+// every reply, keeps the deadlines and decides (on_error, metrics, events, circuits); this
+// file only moves bytes: it connects (and reconnects with backoff, or at once when a check
+// finds the shard's circuit closed), writes what `transmit` gives once per turn of the
+// event loop (and every 16 checks), hands every chunk read to `onData`, and arms one timer
+// for the next deadline.
 //
 // The write waits for `setImmediate`, not a microtask: an HTTP server makes one check per
 // request, each in its own socket callback with the microtask queue drained in between, so
 // a microtask flush wrote (and made Redis parse and answer) one batch per request. The
 // check phase comes right after the poll phase that ran those callbacks: the requests that
 // arrived together go out as one write and come back as one read.
+//
+// A deadline is a shard's silence, never this loop's business: the timer runs in the timers
+// phase, before the poll phase reads the sockets, so on a busy loop it would fire with the
+// replies it waits for already in the socket. It only schedules the deadline's handling for
+// the check phase (`setImmediate`), after this turn's poll phase has handed every socket's
+// bytes to `onData`; a shard that sent anything is not silent. A socket that still holds
+// bytes then (FIONREAD) defers it once more.
 
 const net = require('node:net')
 
 const BACKOFF_MIN_MS = 20
-const BACKOFF_MAX_MS = 1000
+// as the core's circuit probe (250 ms): a shard back from a restart is connected again
+// within it, or sooner when a check comes once its circuit has closed
+const BACKOFF_MAX_MS = 250
 // Checks queued in one tick before they are written at once, without waiting for the end
 // of the tick: Redis starts on them while this loop goes on deciding what follows (the
 // settling of a reply and the checks its callers make next), so several batches are in
@@ -33,10 +43,13 @@ class HostTransport {
     this.flushScheduled = false
     this.unsent = 0 // checks queued since the last write
     this.timer = null
+    this.deadlineDue = false // the timer fired; its handling waits for the check phase
+    this.sleeping = 0 // shards waiting out a reconnect back-off
     this.closed = false // no more checks; the sockets stay until those in flight are answered
     this.gone = false // the sockets are closed
     this.flush = () => this.#flush()
     this.onTimer = () => this.#onTimer()
+    this.onDeadline = () => this.#onDeadline()
     for (let shard = 0; shard < native.shardCount; shard++) {
       this.sockets.push(null)
       this.backoff.push(0)
@@ -49,6 +62,11 @@ class HostTransport {
   check(key, policy, cost) {
     const p = this.native.check(key, policy, cost)
     if (p === null) return p
+    if (this.sleeping > 0) {
+      // a check on a shard in back-off whose circuit is closed: it waits for a connect now
+      const shard = this.native.wantedConnect
+      if (shard !== null) this.#connectNow(shard)
+    }
     if (++this.unsent >= PIPELINE_CHUNK) {
       this.#write() // (the flush already scheduled writes the rest)
     } else if (!this.flushScheduled) {
@@ -78,7 +96,7 @@ class HostTransport {
 
   /** One timer for the earliest deadline, while anything waits. */
   #arm() {
-    if (this.timer !== null || this.gone) return
+    if (this.timer !== null || this.deadlineDue || this.gone) return
     const ms = this.native.nextDeadlineMs()
     if (ms === null) return
     this.timer = setTimeout(this.onTimer, Math.ceil(ms) + 1)
@@ -86,6 +104,23 @@ class HostTransport {
 
   #onTimer() {
     this.timer = null
+    // the replies already in the sockets are read first (this turn's poll phase)
+    this.deadlineDue = true
+    setImmediate(this.onDeadline)
+  }
+
+  #onDeadline() {
+    this.deadlineDue = false
+    if (this.gone) return
+    for (const s of this.sockets) {
+      const fd = s !== null && s._handle ? s._handle.fd : -1
+      if (fd >= 0 && this.native.unread(fd) > 0) {
+        // bytes wait in a socket still: the next poll phase reads them first
+        this.deadlineDue = true
+        setImmediate(this.onDeadline)
+        return
+      }
+    }
     this.native.onTimer()
     for (let shard = 0; shard < this.sockets.length; shard++) {
       if (this.sockets[shard] !== null && this.native.isDown(shard)) this.#drop(shard)
@@ -101,9 +136,23 @@ class HostTransport {
     return true
   }
 
+  #connectNow(shard) {
+    const t = this.reconnectTimers[shard]
+    if (t === null) {
+      // (the machine asked, but a connect is under way or the limiter is closed)
+      if (this.sockets[shard] === null && !this.closed) this.#connect(shard)
+      return
+    }
+    clearTimeout(t)
+    this.#connect(shard) // (which counts it out of `sleeping`)
+  }
+
   #connect(shard) {
     if (this.closed) return
-    this.reconnectTimers[shard] = null
+    if (this.reconnectTimers[shard] !== null) {
+      this.reconnectTimers[shard] = null
+      this.sleeping--
+    }
     const { host, port } = this.native.address(shard)
     this.native.connecting(shard)
     const s = net.connect({ host, port, noDelay: true })
@@ -156,6 +205,7 @@ class HostTransport {
     const t = setTimeout(() => this.#connect(shard), b / 2 + Math.random() * (b / 2))
     t.unref()
     this.reconnectTimers[shard] = t
+    this.sleeping++
   }
 
   /**
@@ -180,6 +230,7 @@ class HostTransport {
     for (let shard = 0; shard < this.sockets.length; shard++) {
       const t = this.reconnectTimers[shard]
       if (t !== null) clearTimeout(t)
+      this.reconnectTimers[shard] = null
       const s = this.sockets[shard]
       this.sockets[shard] = null
       if (s !== null) s.destroy()

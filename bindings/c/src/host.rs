@@ -1,16 +1,25 @@
-//! The host transport (issue 16): the core's sans-I/O check path
-//! (`shardlimit::HostChecks`) behind a handle, for a host that moves the bytes on its own
-//! event loop (Go's netpoller, a C event loop): one socket per shard that the host opens,
-//! writes and reads; the library builds the script calls, packs a burst's checks into one
-//! batch call, frames and checks every reply, keeps the deadlines and decides (on_error,
-//! metrics, events, circuits). No I/O thread, no thread hop per decision.
+//! The host transport: the core's sans-I/O check path (`shardlimit::HostChecks`) behind
+//! a handle, for a host that moves the bytes on its own event loop (Go's netpoller, a C
+//! event loop): one socket per shard that the host opens, writes and reads; the library
+//! builds the script calls, packs a burst's checks into one batch call, frames and checks
+//! every reply, keeps the deadlines and decides (on_error, metrics, events, circuits). No
+//! I/O thread, no thread hop per decision.
 //!
 //! The host's part, per shard: `shardlimit_host_connecting()` when it starts to connect,
 //! `shardlimit_host_connected()` once the socket is open, then after any check
-//! `shardlimit_host_transmit()` to get the bytes to write, `shardlimit_host_input()` with
-//! every chunk read, `shardlimit_host_closed()` when the socket closed or failed, and
+//! `shardlimit_host_transmit()` to get the bytes to write (written at once: the shard's
+//! silence is counted from there), `shardlimit_host_input()` with every chunk read,
+//! `shardlimit_host_closed()` when the socket closed or failed, and
 //! `shardlimit_host_timeout()` when `shardlimit_host_next_deadline_us()` is due. When
 //! `shardlimit_host_is_down()` the host closes its socket and connects again.
+//!
+//! A deadline is the shard's silence, never the host's own delay: before
+//! `shardlimit_host_timeout()` the host hands in every byte its sockets already hold (a
+//! process that was slow wakes with its timer and the replies both due: the replies go
+//! first; Go's binding asks FIONREAD and waits for its reader). A check that comes back
+//! `SHARDLIMIT_HOST_PENDING` on a shard whose socket the host is neither holding nor
+//! opening (it waits out a reconnect back-off) means the shard's circuit is closed and the
+//! library is connecting: the host connects now, and the check waits for that connect.
 
 use super::*;
 use parking_lot::Mutex;

@@ -1,4 +1,4 @@
-//! The host transport (issue 16): the core's sans-I/O check path (`shardlimit::HostChecks`)
+//! The host transport: the core's sans-I/O check path (`shardlimit::HostChecks`)
 //! with the bytes moved by `host.js` on Node's own event loop, one `net.Socket` per shard.
 //! A check creates its Promise here and it is settled here, on the JS thread, by the call
 //! that hands in the bytes of its reply: no I/O thread, no threadsafe function.
@@ -133,6 +133,31 @@ impl NativeHostChecks {
     #[napi(getter)]
     pub fn in_flight(&self) -> u32 {
         self.inner.in_flight() as u32
+    }
+
+    /// How many bytes the socket `fd` holds unread (FIONREAD); 0 when it cannot say.
+    /// `host.js` asks before a deadline: a shard whose socket holds bytes is not silent.
+    #[napi]
+    pub fn unread(&self, fd: i32) -> u32 {
+        #[cfg(unix)]
+        {
+            let mut n: libc::c_int = 0;
+            // SAFETY: FIONREAD writes one c_int; a bad fd is an error, not UB.
+            let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+            if rc == 0 && n > 0 {
+                return n as u32;
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = fd;
+        0
+    }
+
+    /// A shard a check found down with its circuit closed, or null: `host.js` connects it
+    /// now instead of waiting out its reconnect back-off (the check waits for that connect).
+    #[napi(getter)]
+    pub fn wanted_connect(&self) -> Option<u32> {
+        self.inner.wanted_connect().map(|s| s as u32)
     }
 
     /// The socket of shard `shard` starts to connect.

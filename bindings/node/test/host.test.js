@@ -136,21 +136,39 @@ test('a stopped Redis gives the on_error fallback within the deadline; a killed 
       assert.ok(Date.now() < deadline, 'never reconnected after SIGCONT')
       await new Promise((r) => setTimeout(r, 20))
     }
-    // killed: the fallback; restarted on its port: reconnected
+    // killed: the fallback, for an outage long enough (1.5 s, a check every 10 ms) that the
+    // circuit is open and every back-off at its longest
     await own.stop()
-    assert.equal((await limiter.check('k', 'fw')).source, 'fallback')
-    restarted = await startRedis(['--port', String(own.port)])
-    assert.equal(restarted.port !== undefined, true)
-    const until = Date.now() + 5000
-    for (;;) {
-      const d = await limiter.check('fresh', 'fw')
-      if (d.source === 'redis') {
-        assert.equal(d.remaining, 6)
-        break
-      }
-      assert.ok(Date.now() < until, 'never reconnected after a restart')
-      await new Promise((r) => setTimeout(r, 20))
+    const outage = Date.now() + 1500
+    while (Date.now() < outage) {
+      assert.equal((await limiter.check('k', 'fw')).source, 'fallback')
+      await new Promise((r) => setTimeout(r, 10))
     }
+    // restarted on its port: the checks use Redis again within 500 ms of its start (counted
+    // from before the spawn, so Redis's own start-up is in it too)
+    let stop = false
+    let firstRedis = null
+    const checking = (async () => {
+      while (!stop) {
+        const d = await limiter.check('fresh', 'fw')
+        if (d.source === 'redis') {
+          firstRedis = { at: Date.now(), remaining: d.remaining }
+          return
+        }
+        await new Promise((r) => setTimeout(r, 5))
+      }
+    })()
+    const spawned = Date.now()
+    restarted = await startRedis(['--port', String(own.port)])
+    const until = Date.now() + 5000
+    while (firstRedis === null && Date.now() < until) await new Promise((r) => setTimeout(r, 5))
+    stop = true
+    await checking
+    assert.notEqual(firstRedis, null, 'never reconnected after a restart')
+    assert.equal(firstRedis.remaining, 6)
+    const reconnect = firstRedis.at - spawned
+    if (process.env.SHARDLIMIT_TEST_SAY) console.log(`reconnect ${reconnect} ms`)
+    assert.ok(reconnect < 500, `Redis was used again ${reconnect} ms after its restart (the promise: under 500 ms)`)
   } finally {
     limiter.close()
     await own.stop()
@@ -361,4 +379,30 @@ test("'thread' and 'default' keep checks on the I/O thread, 'host' moves them he
   }
   assert.equal(Limiter.memory().transport, 'thread')
   assert.throws(() => Limiter.fromJson(config, { transport: 'event loop' }), /'default', 'thread' or 'host'/)
+})
+
+test('a timer late on a busy event loop does not fail checks whose replies wait in the socket', async () => {
+  // the deadline (50 ms, the default) is the shard's silence: the loop is blocked for
+  // 300 ms right after the checks are written, Redis answers meanwhile; the timer is due
+  // when the loop wakes, and the replies in the socket are read before it is looked at
+  const limiter = Limiter.fromJson(redis.config(POLICIES, { timeout_ms: 50, key_prefix: 'busy:' }), { transport: 'host' })
+  try {
+    assert.equal((await limiter.check('warm', 'fw')).source, 'redis')
+    for (let round = 0; round < 3; round++) {
+      // 32 checks: written at once (every 16 go out without waiting for the turn's end)
+      const ps = Array.from({ length: 32 }, (_, i) => limiter.check(`busy-${round}-${i}`, 'fw'))
+      const until = Date.now() + 300
+      while (Date.now() < until) {
+        // a busy loop: this process is slow, Redis is not
+      }
+      const ds = await Promise.all(ps)
+      assert.deepEqual(
+        ds.map((d) => d.source),
+        ds.map(() => 'redis'),
+        `round ${round}: ${ds.filter((d) => d.source !== 'redis').length} of 32 fell back`
+      )
+    }
+  } finally {
+    limiter.close()
+  }
 })

@@ -209,30 +209,55 @@ test('Express: a custom 429 handler answers, the headers are set once', async (t
   assert.equal(r.headers['retry-after'], '40')
 })
 
-test('leaky bucket: the request is held for its delay, or answered 429 when the caller prefers not to wait', async (t) => {
-  // 10 per second: each queued request waits 100 ms more; the clock stands still, so the
-  // delays are exactly 0, 100, ..., 400 and the sixth does not fit
-  const limiter = limiterFor({ shaper: { algorithm: 'leaky_bucket', capacity: 5, leak_per_sec: 10 } })
-  const port = await serveExpress(t, (app) => {
-    app.get('/wait', expressMiddleware(limiter, { policy: 'shaper', key: () => 'wait' }), (req, res) => res.json({ delay: req.rateLimit.delay }))
-    app.get('/reject', expressMiddleware(limiter, { policy: 'shaper', key: () => 'reject', delay: 'reject' }), (req, res) => res.json({ delay: req.rateLimit.delay }))
-    app.get('/bounded', expressMiddleware(limiter, { policy: 'shaper', key: () => 'bounded', maxDelayMs: 150 }), (req, res) => res.json({ delay: req.rateLimit.delay }))
+for (const transport of ['default', 'host']) {
+  test(`leaky bucket (${transport} transport): the request is held for its delay, or answered 429 when the caller prefers not to wait`, async (t) => {
+    // 10 per second: each queued request waits 100 ms more; the clock stands still, so the
+    // delays are exactly 0, 100, ..., 400 and the sixth does not fit. Every decision must
+    // come from Redis (on_error: error): a check that fell back would be a 503, never the
+    // 200 or 429 asserted here (on a loaded machine, the default on_error: open once
+    // answered 200 where the 429 was due).
+    const clock = new ManualClock(T0 + 20_000_000)
+    const limiter = Limiter.fromJson(
+      redis.config(
+        { shaper: { algorithm: 'leaky_bucket', capacity: 5, leak_per_sec: 10 } },
+        { key_prefix: `t${++prefix}:`, on_error: 'error' }
+      ),
+      { clock, transport }
+    )
+    t.after(() => limiter.close())
+    const sources = []
+    const port = await serveExpress(t, (app) => {
+      const reply = (req, res) => res.json({ delay: req.rateLimit.delay })
+      const mw = (key, opts = {}) => {
+        const inner = expressMiddleware(limiter, { policy: 'shaper', key: () => key, ...opts })
+        return (req, res, next) => inner(req, res, (err) => {
+          if (req.rateLimit !== undefined) sources.push(req.rateLimit.source)
+          next(err)
+        })
+      }
+      app.get('/wait', mw('wait'), reply)
+      app.get('/reject', mw('reject', { delay: 'reject' }), reply)
+      app.get('/bounded', mw('bounded', { maxDelayMs: 150 }), reply)
+    })
+    const rs = await Promise.all([0, 1, 2, 3, 4, 5].map(() => request(port, '/wait')))
+    assert.deepEqual(rs.map((r) => r.status).sort(), [200, 200, 200, 200, 200, 429], rs.map((r) => r.text).join(' | '))
+    const served = rs.filter((r) => r.status === 200).map((r) => ({ delay: JSON.parse(r.text).delay, ms: r.ms }))
+    assert.deepEqual(served.map((s) => s.delay).sort((a, b) => a - b), [0, 100, 200, 300, 400])
+    for (const s of served) assert.ok(s.ms >= s.delay - 1, `held ${s.ms} ms for a delay of ${s.delay} ms`)
+    // delay: 'reject': the first is served at once, the next (delay 100 ms) is a 429
+    const first = await request(port, '/reject')
+    assert.deepEqual(JSON.parse(first.text), { delay: 0 })
+    const second = await request(port, '/reject')
+    assert.equal(second.status, 429, second.text)
+    assert.equal(second.headers['retry-after'], '1')
+    assert.match(JSON.parse(second.text).message, /would wait 100 ms/)
+    // maxDelayMs: 150: delays of 0 and 100 ms are waited, 200 ms is a 429
+    assert.deepEqual(await statuses(port, '/bounded', 3), [200, 200, 429])
+    // the admitted requests' decisions came from Redis
+    assert.ok(sources.length >= 8, `${sources.length} admitted requests seen`)
+    for (const s of sources) assert.equal(s, 'redis')
   })
-  const rs = await Promise.all([0, 1, 2, 3, 4, 5].map(() => request(port, '/wait')))
-  const served = rs.filter((r) => r.status === 200).map((r) => ({ delay: JSON.parse(r.text).delay, ms: r.ms }))
-  assert.deepEqual(served.map((s) => s.delay).sort((a, b) => a - b), [0, 100, 200, 300, 400])
-  for (const s of served) assert.ok(s.ms >= s.delay - 1, `held ${s.ms} ms for a delay of ${s.delay} ms`)
-  assert.equal(rs.filter((r) => r.status === 429).length, 1)
-  // delay: 'reject': the first is served at once, the next (delay 100 ms) is a 429
-  const first = await request(port, '/reject')
-  assert.deepEqual(JSON.parse(first.text), { delay: 0 })
-  const second = await request(port, '/reject')
-  assert.equal(second.status, 429)
-  assert.equal(second.headers['retry-after'], '1')
-  assert.match(JSON.parse(second.text).message, /would wait 100 ms/)
-  // maxDelayMs: 150: delays of 0 and 100 ms are waited, 200 ms is a 429
-  assert.deepEqual(await statuses(port, '/bounded', 3), [200, 200, 429])
-})
+}
 
 test('concurrency: the lease is given back when the response ends, on error and on client abort', async (t) => {
   const limiter = limiterFor({ slots: { algorithm: 'concurrency', max: 2, lease_ttl: '30s' } })

@@ -1,4 +1,4 @@
-//! The host transport (`transport="host"`, issue 16): the core's sans-I/O check path
+//! The host transport (`transport="host"`): the core's sans-I/O check path
 //! (`shardlimit::HostChecks`) with the bytes moved by `shardlimit/_host.py` on the asyncio
 //! loop itself, one `asyncio.Protocol` per shard. A check's future is made here and
 //! resolved here, on the loop thread, by the call that hands in the bytes of its reply
@@ -31,6 +31,11 @@ pub struct HostChecks {
     transports: Vec<Option<Py<PyAny>>>,
     /// the driver's `_flush`: scheduled with `call_soon` once per burst of checks
     flush: Option<Py<PyAny>>,
+    /// the driver's `_connect_now`: called with a shard a check found down with its
+    /// circuit closed (the check waits for that connect, not for the back-off)
+    connect_now: Option<Py<PyAny>>,
+    /// shards whose `connect_now` is scheduled (until the driver's `connecting`)
+    connect_asked: Vec<bool>,
     flush_scheduled: bool,
     /// checks queued since the last write
     unsent: usize,
@@ -106,8 +111,17 @@ impl HostChecks {
             .bind(py)
             .call_method0(intern!(py, "create_future"))?;
         match step {
-            Ok(shardlimit::HostStep::Pending { id, .. }) => {
+            Ok(shardlimit::HostStep::Pending { id, shard }) => {
                 self.waiting.insert(id, fut.clone().unbind());
+                if self.inner.wants_connect(shard) && !self.connect_asked[shard] {
+                    if let Some(c) = &self.connect_now {
+                        self.connect_asked[shard] = true;
+                        // (not called here: it calls back into this object)
+                        self.event_loop
+                            .bind(py)
+                            .call_method1(intern!(py, "call_soon"), (c, shard))?;
+                    }
+                }
                 self.unsent += 1;
                 if self.unsent >= PIPELINE_CHUNK {
                     // (the flush already scheduled writes the rest)
@@ -147,14 +161,18 @@ impl HostChecks {
             waiting: HashMap::new(),
             transports: (0..n).map(|_| None).collect(),
             flush: None,
+            connect_now: None,
+            connect_asked: vec![false; n],
             flush_scheduled: false,
             unsent: 0,
         })
     }
 
-    /// The driver's flush callback (scheduled once per burst of checks).
-    fn _bind(&mut self, flush: Py<PyAny>) {
+    /// The driver's flush callback (scheduled once per burst of checks) and its
+    /// connect-now callback (a check found a shard down with its circuit closed).
+    fn _bind(&mut self, flush: Py<PyAny>, connect_now: Py<PyAny>) {
         self.flush = Some(flush);
+        self.connect_now = Some(connect_now);
     }
 
     #[getter]
@@ -181,6 +199,8 @@ impl HostChecks {
 
     /// Shard `shard`'s socket starts to connect.
     fn connecting(&mut self, shard: usize) -> PyResult<()> {
+        let shard = self.shard(shard)?;
+        self.connect_asked[shard] = false;
         self.inner.connecting(shard).map_err(core_err)
     }
 
@@ -248,6 +268,7 @@ impl HostChecks {
     /// Every check in flight fails with the limiter closed (following `on_error`).
     fn close(&mut self, py: Python<'_>) {
         self.flush = None;
+        self.connect_now = None;
         for shard in 0..self.transports.len() {
             self.transports[shard] = None;
             let done = self.inner.handle_closed(shard, "the limiter was closed");

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
@@ -287,3 +288,87 @@ def test_uvloop(redis: RedisServer, counted: type[Counted]) -> None:
     run: Callable[[Any], list[int]] = uvloop.run
     assert run(main()) == [0, 0, 1, 2]
     assert counted.made[0].chunks > 0
+
+
+def test_redis_is_used_again_within_500_ms_of_a_restart(counted: type[Counted]) -> None:
+    """Killed, then restarted on its port after an outage long enough (1.5 s, a check every
+    10 ms) that the circuit is open and every back-off at its longest: the checks decide on
+    Redis again within 500 ms, counted from before the new server is spawned (its own
+    start-up is in it)."""
+    first = RedisServer()
+    port = first.port
+    limiter = Limiter.from_json(config([first], POLICIES, timeout_ms=300), transport="host")
+    restarted: Optional[Any] = None
+
+    async def main() -> float:
+        nonlocal restarted
+        assert (await limiter.acheck("k", "open")).source == "redis"
+        assert first.proc is not None
+        first.proc.kill()
+        first.proc.wait(timeout=10)
+        first.proc = None
+        outage = time.monotonic() + 1.5
+        while time.monotonic() < outage:
+            assert (await limiter.acheck("k", "open")).source == "fallback"
+            await asyncio.sleep(0.01)
+        spawned = time.monotonic()
+        restarted = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        until = spawned + 5
+        while True:
+            d = await limiter.acheck("fresh", "open")
+            if d.source == "redis":
+                assert d.remaining == 2
+                return time.monotonic() - spawned
+            assert time.monotonic() < until, "never reconnected after a restart"
+            await asyncio.sleep(0.005)
+
+    try:
+        took = asyncio.run(main())
+        assert took < 0.5, f"Redis was used again {took * 1000:.0f} ms after its restart"
+    finally:
+        limiter.close()
+        if restarted is not None:
+            restarted.terminate()
+            restarted.wait(timeout=10)
+        first.stop()
+
+
+def test_a_late_timer_on_a_busy_loop_does_not_fail_replies_in_the_socket(
+        redis: RedisServer) -> None:
+    """The deadline (50 ms, the default) is the shard's silence: the loop is blocked for
+    300 ms right after the checks are written and Redis answers meanwhile; the timer is due
+    when the loop wakes, and the replies in the socket are read before it is looked at."""
+    limiter = Limiter.from_json(config([redis], POLICIES, timeout_ms=50, key_prefix="busy:"),
+                                transport="host")
+
+    async def main() -> list[str]:
+        assert (await limiter.acheck("warm", "open")).source == "redis"
+        sources: list[str] = []
+        for round in range(3):
+            calls = [asyncio.ensure_future(limiter.acheck(f"b{round}-{i}", "open"))
+                     for i in range(32)]
+            await asyncio.sleep(0)  # the checks are made and written
+            await asyncio.sleep(0)
+            time.sleep(0.3)  # this process is slow, Redis is not
+            sources += [d.source for d in await asyncio.gather(*calls)]
+        return sources
+
+    try:
+        sources = asyncio.run(main())
+    finally:
+        limiter.close()
+    assert sources == ["redis"] * 96, f"{sources.count('fallback')} of 96 fell back"
+
+
+@pytest.mark.parametrize("transport", ["default", "host"])
+def test_20000_concurrent_achecks_admit_exactly_the_limit(redis: RedisServer,
+                                                         transport: str) -> None:
+    """Redis healthy, the default timeout (50 ms) and on_error (open): the time a check
+    waits in this process (the loop working through 20,000 tasks) is not Redis being
+    slow, so none falls back and exactly the limit is admitted."""
+    import overload_shapes
+
+    r = overload_shapes.concurrent_achecks(redis.url, transport, n=20_000, limit=1000)
+    assert (r["admitted"], r["fallbacks"], r["errors"]) == (1000, 0, 0), r

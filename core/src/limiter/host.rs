@@ -1,5 +1,5 @@
 //! Checks whose bytes the host moves on its own event loop (Node's `net.Socket` on
-//! libuv): no I/O thread, no thread hop per decision (issue 16). [`HostChecks`] owns one
+//! libuv, Python's asyncio, Go's netpoller): no I/O thread, no thread hop per decision. [`HostChecks`] owns one
 //! sans-I/O connection per shard (`transport/sansio.rs`) and turns each completion into a
 //! [`Decision`] through the code every Redis check goes through (the engine's reply
 //! checks, circuit and latency accounting, then `on_error`, metrics and events).
@@ -51,6 +51,8 @@ pub struct HostChecks {
     pending: HashMap<u64, Pending>,
     next_id: u64,
     done: Vec<Completion>,
+    /// shards whose connect a check started (see [`HostChecks::wants_connect`])
+    wanted: Vec<bool>,
 }
 
 impl std::fmt::Debug for HostChecks {
@@ -81,6 +83,7 @@ impl HostChecks {
                 Ok(SansIo::new(handshake, engine.timeout, engine.max_queue()))
             })
             .collect::<Result<Vec<_>>>()?;
+        let wanted = vec![false; conns.len()];
         Ok(HostChecks {
             limiter: limiter.clone(),
             engine,
@@ -88,6 +91,7 @@ impl HostChecks {
             pending: HashMap::new(),
             next_id: 1,
             done: Vec::new(),
+            wanted,
         })
     }
 
@@ -151,7 +155,17 @@ impl HostChecks {
         let id = self.next_id;
         self.next_id += 1;
         let start = Instant::now();
-        if let Err(e) = self.conns[shard as usize].submit(id, call) {
+        let conn = &mut self.conns[shard as usize];
+        if conn.is_down() {
+            // The circuit lets checks through and the host is waiting out its reconnect
+            // back-off: the check waits for a connect made now (the host sees
+            // `wants_connect`) instead of failing. A shard that answers again after an
+            // outage is used as soon as its circuit's probe closes the circuit, not a
+            // back-off later; one that still refuses fails the check at once.
+            conn.connecting(start);
+            self.wanted[shard as usize] = true;
+        }
+        if let Err(e) = conn.submit(id, call) {
             let raw = r
                 .host_finish(shard as usize, start, Err(e), eff.limit, cost)
                 .and_then(|c| decided(&r.shards[shard as usize].name, c));
@@ -175,11 +189,25 @@ impl HostChecks {
     }
 
     /// The host starts to connect to shard `shard` (a connect and log-in that is not done
-    /// within the config's `timeout` fails).
+    /// within the config's `timeout` fails). Called again before the socket is open (the
+    /// host's connect only starts then), the connect's clock starts again.
     pub fn connecting(&mut self, shard: usize) -> Result<()> {
         self.shard_ok(shard)?;
+        self.wanted[shard] = false;
         self.conns[shard].connecting(Instant::now());
         Ok(())
+    }
+
+    /// True when a check found shard `shard` down with its circuit closed and now waits
+    /// for a connect: the host connects at once (cutting its reconnect back-off short)
+    /// and calls [`HostChecks::connecting`], which clears it.
+    pub fn wants_connect(&self, shard: usize) -> bool {
+        self.wanted.get(shard).copied().unwrap_or(false)
+    }
+
+    /// The first shard that [`HostChecks::wants_connect`], if any.
+    pub fn wanted_connect(&self) -> Option<usize> {
+        self.wanted.iter().position(|w| *w)
     }
 
     /// The host's socket to shard `shard` is open.

@@ -206,6 +206,10 @@ impl SansIo {
             self.framer = Framer::default();
             self.out.clear();
             self.last_input = None;
+        } else if self.state == State::Connecting {
+            // again before the socket is open: the host's connect starts only now (its
+            // task waited for a busy event loop), and the connect's clock with it
+            self.connect_deadline = Some(now + self.timeout);
         }
     }
 

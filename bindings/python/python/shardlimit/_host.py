@@ -1,24 +1,56 @@
-"""The host transport (``transport="host"``, issue 16): ``acheck``'s bytes move on this
-asyncio loop, one :class:`asyncio.Protocol` per shard, instead of crossing to the
-limiter's I/O thread and back through a wake-up socket.
+"""The host transport (``transport="host"``): ``acheck``'s bytes move on this asyncio
+loop, one :class:`asyncio.Protocol` per shard, instead of crossing to the limiter's I/O
+thread and back through a wake-up socket.
 
 The core's state machine (``_HostChecks`` over ``shardlimit::HostChecks``) builds the
 script calls, packs a loop iteration's checks into one batch call, frames and checks
 every reply, keeps the deadlines and decides (``on_error``, metrics, events, circuits),
 and resolves each check's future in the same call that hands it the reply's bytes. This
-file only moves bytes: it connects (and reconnects with backoff), writes what ``flush``
-gives once per burst (``loop.call_soon``), hands every chunk read to ``on_data``, and
-keeps one timer for the next deadline.
+file only moves bytes: it connects (and reconnects with backoff, or at once when a check
+finds the shard's circuit closed), writes what ``flush`` gives once per burst
+(``loop.call_soon``), hands every chunk read to ``on_data``, and keeps one timer for the
+next deadline.
+
+A deadline is a shard's silence, never this loop's business: a loop busy with thousands
+of tasks runs the timer late, possibly with the replies it waits for already in the
+socket (uvloop even runs timers before it polls). Before the deadlines are looked at, the
+sockets are asked how many bytes they hold (``FIONREAD``): a shard whose socket holds
+any is not silent, and the timer waits for the loop to read them (``call_soon``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import struct
 from typing import Any, Optional
 
+try:
+    import fcntl
+    import termios
+
+    _FIONREAD: Optional[int] = termios.FIONREAD
+except ImportError:  # (Windows: the timer defers one loop iteration instead)
+    _FIONREAD = None
+
 BACKOFF_MIN = 0.02
-BACKOFF_MAX = 1.0
+# as the core's circuit probe (250 ms): a shard back from a restart is connected again
+# within it, or sooner when a check comes once its circuit has closed
+BACKOFF_MAX = 0.25
+
+
+def _unread(transport: Optional[asyncio.BaseTransport]) -> bool:
+    """True when the socket under ``transport`` holds bytes this loop has not read."""
+    if transport is None or _FIONREAD is None:
+        return False
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        n = struct.unpack("i", fcntl.ioctl(sock.fileno(), _FIONREAD, b"\0\0\0\0"))[0]
+    except (OSError, ValueError):
+        return False
+    return bool(n > 0)
 
 
 class _Shard(asyncio.Protocol):
@@ -57,8 +89,9 @@ class HostTransport:
         self._backoff = [0.0] * n
         self._reconnects: list[Optional[asyncio.TimerHandle]] = [None] * n
         self._timer: Optional[asyncio.TimerHandle] = None
+        self._deferred: Optional[asyncio.Handle] = None  # the timer, waiting for a read
         self._closed = False
-        native._bind(self._flush)
+        native._bind(self._flush, self._connect_now)
         for shard in range(n):
             self._connect(shard)
 
@@ -67,18 +100,40 @@ class HostTransport:
 
     def _arm(self, delay: Optional[float]) -> None:
         """One timer for the earliest deadline, while anything waits."""
-        if self._timer is None and delay is not None and not self._closed:
+        if self._timer is None and self._deferred is None and delay is not None \
+                and not self._closed:
             # (a millisecond late rather than early: a deadline is due when it has passed)
             self._timer = self._loop.call_later(delay + 0.001, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
+        self._deferred = None
+        if self._closed:
+            return
+        if any(p is not None and _unread(p.transport) for p in self._shards):
+            # replies wait in a socket: the loop reads them (on_data) before the deadlines
+            # are looked at
+            self._deferred = self._loop.call_soon(self._on_timer)
+            return
         delay = self._native.on_timer()
         for shard in range(len(self._shards)):
             if (self._shards[shard] is not None or self._connects[shard] is not None) \
                     and self._native.is_down(shard):
                 self._drop(shard, "the connection to Redis timed out")
         self._arm(delay)
+
+    def _connect_now(self, shard: int) -> None:
+        """A check found ``shard`` down with its circuit closed and waits for a connect:
+        made now, not after the back-off."""
+        if self._closed:
+            return
+        r, self._reconnects[shard] = self._reconnects[shard], None
+        if r is not None:
+            r.cancel()
+        if self._shards[shard] is None and self._connects[shard] is None:
+            self._connect(shard)
+        else:
+            self._native.connecting(shard)  # (one is under way: the request is answered)
 
     def _connect(self, shard: int) -> None:
         if self._closed:
@@ -92,6 +147,11 @@ class HostTransport:
 
     async def _open(self, shard: int, host: str, port: int) -> None:
         me = asyncio.current_task()
+        if self._connects[shard] is not me or self._closed:
+            return
+        # the connect starts now, not when its task was made (a busy loop runs it late):
+        # the connect's clock starts with it
+        self._native.connecting(shard)
         try:
             await self._loop.create_connection(
                 lambda: _Shard(self, shard, self._connects[shard]), host, port)
@@ -166,6 +226,9 @@ class HostTransport:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._deferred is not None:
+            self._deferred.cancel()
+            self._deferred = None
         for shard in range(len(self._shards)):
             r = self._reconnects[shard]
             if r is not None:
