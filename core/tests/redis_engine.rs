@@ -783,6 +783,26 @@ fn a_check_of_a_concurrency_policy_is_an_error_naming_acquire() {
     }
 }
 
+#[test]
+fn an_acquire_of_a_policy_that_is_not_a_concurrency_limit_is_an_error_taking_nothing() {
+    let server = RedisServer::start();
+    let fw = Policy::new("fw", Limit::fixed_window(2, Duration::from_secs(60))).unwrap();
+    let rt = rt();
+    for limiter in [Limiter::memory(), redis_limiter(&server)] {
+        let errors = [
+            limiter.acquire_blocking("k", &fw, 1).unwrap_err(),
+            rt.block_on(limiter.acquire("k", &fw, 1)).unwrap_err(),
+        ];
+        for e in &errors {
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+            let m = e.to_string();
+            assert!(m.contains("fw") && m.contains("concurrency"), "{m}");
+        }
+        // nothing was taken: both units are there
+        assert_eq!(limiter.peek_blocking("k", &fw).unwrap().remaining, 2);
+    }
+}
+
 fn clients(server: &RedisServer) -> usize {
     let list: String = redis::cmd("CLIENT")
         .arg("LIST")

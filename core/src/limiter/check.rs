@@ -52,12 +52,16 @@ impl Limiter {
 
     /// Acquires `units` of a concurrency policy. Returns the decision and, when allowed,
     /// the lease to release.
+    ///
+    /// Any other policy is an `invalid_argument` error that takes nothing: its units would
+    /// be consumed with a lease that no release could give back.
     pub async fn acquire(
         &self,
         key: &str,
         policy: &Policy,
         units: u64,
     ) -> Result<(Decision, Option<Lease>)> {
+        leased(policy)?;
         let id = self.lease_id();
         let d = self.run(key, policy, units, false, Some(&id)).await?;
         let lease =
@@ -336,6 +340,25 @@ impl PolicyKey {
     pub(super) fn key_name(&self) -> &str {
         &self.key
     }
+}
+
+/// An acquire of a policy that is not a concurrency limit would consume units with a lease
+/// no release could give back: an error that names the operation to use instead.
+pub(super) fn leased(policy: &Policy) -> Result<()> {
+    if policy.algorithm() != Algorithm::Concurrency {
+        let what = match policy.parts() {
+            Some(parts) => format!("a multi-limit policy of {} limits", parts.len()),
+            None => policy.algorithm().to_string(),
+        };
+        return Err(Error::invalid(
+            "policy",
+            format!(
+                "{} is not a concurrency policy (it is {what}): acquire takes leases of a concurrency limit; use check",
+                policy.name(),
+            ),
+        ));
+    }
+    Ok(())
 }
 
 pub(super) fn validate_key(key: &str) -> Result<()> {
