@@ -23,6 +23,7 @@ mod check_redis;
 mod fallback;
 mod handoff;
 mod host;
+mod late_leases;
 mod layered;
 mod layered_overrides;
 mod local_admission;
@@ -115,6 +116,8 @@ struct Inner {
     id: u64,
     /// How many reloads were applied (`Limiter::config_generation`).
     generation: AtomicU64,
+    /// Leases an acquire may have been granted after it fell back, to release.
+    late: late_leases::LateLeases,
 }
 
 impl std::fmt::Debug for Inner {
@@ -173,6 +176,7 @@ impl Limiter {
                     NEXT.fetch_add(1, Ordering::Relaxed)
                 },
                 generation: AtomicU64::new(0),
+                late: Default::default(),
             }),
         })
     }
