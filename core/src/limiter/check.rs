@@ -215,6 +215,9 @@ impl Limiter {
     #[inline]
     pub(super) fn prepare(&self, key: &str, policy: &Policy, cost: u64) -> Result<(Compiled, u64)> {
         validate_key(key)?;
+        if policy.0.adhoc {
+            self.own_name(policy)?;
+        }
         if cost == 0 {
             return Err(Error::invalid("cost", "must be at least 1"));
         }
@@ -316,6 +319,24 @@ impl Limiter {
             self.on_denied(p, key, &d);
         }
         d
+    }
+}
+
+impl Limiter {
+    /// An ad-hoc policy named like a configured one would share its state and counters
+    /// with limits of its own: an error naming the way out.
+    #[cold]
+    pub(super) fn own_name(&self, policy: &Policy) -> Result<()> {
+        let name = policy.name();
+        if self.view().config.policies.contains_key(name) {
+            return Err(Error::invalid(
+                "policy",
+                format!(
+                    "an ad-hoc policy named `{name}` has the name of a configured policy, whose state and counters it would share: give it another name, or use the configured policy (limiter.policy(\"{name}\"))"
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
