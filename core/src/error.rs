@@ -126,7 +126,10 @@ pub enum Error {
     InvalidArgument { what: String, message: String },
     #[error("unknown policy `{0}`")]
     UnknownPolicy(String),
-    #[error("shard `{shard}`: connection failed: {message}")]
+    #[error(
+        "shard `{shard}`: connection failed: {message}{}",
+        crate::tls::explain(message)
+    )]
     Connection { shard: String, message: String },
     #[error("shard `{shard}`: no answer within {timeout_ms} ms")]
     Timeout { shard: String, timeout_ms: u64 },
