@@ -44,7 +44,7 @@ const STRIPES: usize = 4;
 
 /// A counter every check adds to, split over [`STRIPES`] cache lines: each thread adds to
 /// the stripe of its own slot, so threads checking at once do not pull one line from core
-/// to core on every check (issue 16: one shared counter cost the two-thread bench more
+/// to core on every check (one shared counter cost the two-thread bench more
 /// than the decision). A read sums the stripes.
 #[derive(Debug, Default)]
 pub(crate) struct Striped([Padded; STRIPES]);

@@ -1,4 +1,4 @@
-//! Costs up to the limit on every algorithm and both engines (issue 13, defects 1 and 11):
+//! Costs up to the limit on every algorithm and both engines:
 //! weighted sliding-log entries, weighted leases, bounded script time, validated leases.
 
 mod support;

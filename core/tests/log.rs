@@ -1,4 +1,4 @@
-//! Rate-limited warning lines (issue 17, item 3): every fallback is logged, at most one
+//! Rate-limited warning lines: every fallback is logged, at most one
 //! line per (reason, subject) per `log_interval`, with the count of the ones suppressed,
 //! on the limiter's clock (injected here), to `tracing` and to the log sink the bindings
 //! install.

@@ -104,7 +104,7 @@ fn an_ad_hoc_policy_named_like_a_config_policy_is_refused() {
     assert_eq!(allowed(&l, "api"), 1.0);
 }
 
-/// Issue 16: a policy keeps the counters of the first limiter that counts it, and the two
+/// A policy keeps the counters of the first limiter that counts it, and the two
 /// counters every check adds to are striped per thread. Counts stay exact from many
 /// threads at once, a second limiter (and one made after the first is gone) still counts
 /// apart, and denials count too.

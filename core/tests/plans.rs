@@ -1,4 +1,4 @@
-//! Multi-limit policies, rate strings in the config, and plans (issue 18, items 1-2): the
+//! Multi-limit policies, rate strings in the config, and plans: the
 //! config's forms and errors, exactness under 64 concurrent callers on both engines, and
 //! how a multi-limit policy behaves in every path besides a plain check (headers, metrics,
 //! fallback, leases, local admission, layered checks, reload). The decisions themselves are

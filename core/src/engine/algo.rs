@@ -131,7 +131,7 @@ impl State {
 /// Runs one check. `state` is `None` for a key never seen (or evicted); it is replaced when
 /// the algorithm writes. `cost` has already been clamped to at most `limit + 1`.
 /// (Inline, with the two most common algorithms: a check then makes no call and copies no
-/// outcome from the algorithm to the engine; issue 16.)
+/// outcome from the algorithm to the engine.)
 #[inline(always)]
 pub(crate) fn decide(
     c: &Compiled,
@@ -154,7 +154,7 @@ pub(crate) fn decide(
 }
 
 /// Writes window counters, in place when the state holds counters already (replacing it
-/// would run the state's drop glue on every check; issue 16).
+/// would run the state's drop glue on every check).
 #[inline]
 fn set_window(state: &mut Option<State>, idx: u64, cur: u64, prev: u64) {
     match state {

@@ -274,7 +274,7 @@ impl Limiter {
         );
         if raw.outcome.allowed && !raw.blocked.is_blocked() {
             // the common case, with nothing to tell anyone: counted from the outcome, and
-            // the decision built once, where it is returned (issue 16: building it in
+            // the decision built once, where it is returned (building it in
             // `finish` and moving it out cost two copies of it per check)
             if !peek {
                 self.with_policy_counters(p, |c| {
@@ -405,8 +405,8 @@ pub(super) fn validate_key(key: &str) -> Result<()> {
 }
 
 /// Whether `b` holds a zero byte: eight bytes at a time (a zero byte is one whose
-/// `byte - 1` borrows while its top bit was clear), then the few left one by one. (Issue 16:
-/// the byte loop was about a tenth of the instructions of a memory check.)
+/// `byte - 1` borrows while its top bit was clear), then the few left one by one (the byte
+/// loop was about a tenth of the instructions of a memory check).
 #[inline]
 fn has_nul(b: &[u8]) -> bool {
     const LO: u64 = u64::from_ne_bytes([0x01; 8]);

@@ -349,43 +349,6 @@ impl Limiter {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config(spin_wait: &str) -> Config {
-        // never connected: the engine connects lazily
-        Config::from_json(&format!(
-            r#"{{"shards":[{{"name":"a","url":"redis://127.0.0.1:1"}}],
-                "spin_wait":"{spin_wait}","policies":{{}}}}"#
-        ))
-        .unwrap()
-    }
-
-    fn redis(l: &Limiter) -> Arc<RedisEngine> {
-        match &l.view().engine {
-            Engine::Redis(r) => Arc::clone(r),
-            Engine::Memory(_) => panic!("a Redis config made an in-memory engine"),
-        }
-    }
-
-    #[test]
-    fn a_reload_that_keeps_the_connections_applies_the_new_spin_wait() {
-        let l = Limiter::new(config("100us")).unwrap();
-        let before = redis(&l);
-        assert_eq!(before.spin_wait(), Duration::from_micros(100));
-        l.reload(config("2ms")).unwrap();
-        let after = redis(&l);
-        assert!(
-            Arc::ptr_eq(&before, &after),
-            "same shards: the engine is kept"
-        );
-        assert_eq!(after.spin_wait(), Duration::from_millis(2));
-        l.reload(config("0")).unwrap();
-        assert_eq!(redis(&l).spin_wait(), Duration::ZERO);
-    }
-}
-
 /// File descriptors a process keeps for everything but shardlimit's connections.
 #[cfg(unix)]
 const FD_HEADROOM: libc::rlim_t = 64;
@@ -421,4 +384,41 @@ fn fd_budget(n: usize, field: &str) -> Result<()> {
     #[cfg(not(unix))]
     let _ = (n, field);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(spin_wait: &str) -> Config {
+        // never connected: the engine connects lazily
+        Config::from_json(&format!(
+            r#"{{"shards":[{{"name":"a","url":"redis://127.0.0.1:1"}}],
+                "spin_wait":"{spin_wait}","policies":{{}}}}"#
+        ))
+        .unwrap()
+    }
+
+    fn redis(l: &Limiter) -> Arc<RedisEngine> {
+        match &l.view().engine {
+            Engine::Redis(r) => Arc::clone(r),
+            Engine::Memory(_) => panic!("a Redis config made an in-memory engine"),
+        }
+    }
+
+    #[test]
+    fn a_reload_that_keeps_the_connections_applies_the_new_spin_wait() {
+        let l = Limiter::new(config("100us")).unwrap();
+        let before = redis(&l);
+        assert_eq!(before.spin_wait(), Duration::from_micros(100));
+        l.reload(config("2ms")).unwrap();
+        let after = redis(&l);
+        assert!(
+            Arc::ptr_eq(&before, &after),
+            "same shards: the engine is kept"
+        );
+        assert_eq!(after.spin_wait(), Duration::from_millis(2));
+        l.reload(config("0")).unwrap();
+        assert_eq!(redis(&l).spin_wait(), Duration::ZERO);
+    }
 }
