@@ -345,6 +345,15 @@ func TestPeekResetAcquireRelease(t *testing.T) {
 	if _, _, err := l.Acquire(ctx, "tenant:7", "jobs", 0); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("zero units: %v", err)
 	}
+	// a lease of a policy that is not a concurrency limit could never be released: refused,
+	// taking nothing
+	if d, lease, err := l.Acquire(ctx, "u:1", "api", 1); !errors.Is(err, ErrInvalidArgument) ||
+		lease != nil || !strings.Contains(err.Error(), "not a concurrency policy") {
+		t.Fatalf("acquire of a fixed window: %+v %v %v", d, lease, err)
+	}
+	if d, err := l.Peek(ctx, "u:1", "api"); err != nil || d.Remaining != 5 {
+		t.Fatalf("after a refused acquire: %+v %v", d, err)
+	}
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	if _, err := l.Peek(cancelled, "u:1", "api"); !errors.Is(err, context.Canceled) {

@@ -124,7 +124,7 @@ export interface Lease {
   units: number
 }
 
-/** Units reserved by `reserve`: plain data, settle it once with `settle`. */
+/** Units reserved by `reserve`, frozen: settle it once with `settle`, which takes only the object `reserve` returned (a copy or a literal is refused). */
 export interface Reservation {
   /** The key the units were reserved for. */
   key: string

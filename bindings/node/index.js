@@ -76,6 +76,21 @@ function typeName(v) {
   return typeof v
 }
 
+// The reservations reserve() handed out, each with the values it was made of and whether
+// it was settled: settle() takes only these, once, as Python's and Go's Reservation do. A
+// plain object would let anyone give units back to any key, and settling one reservation
+// again would give its units back again.
+const issued = new WeakMap()
+
+/** Registers the reservation of a reserve() result (frozen: its fields are what it settles). */
+function issue(r) {
+  const v = r.reservation
+  if (v !== null && typeof v === 'object') {
+    issued.set(Object.freeze(v), { key: v.key, policy: v.policy, units: v.units, atUs: v.atUs, settled: false })
+  }
+  return r
+}
+
 function argError(name, expected, got) {
   const e = new TypeError(`The "${name}" argument must be ${expected}. Received ${typeName(got)}`)
   e.code = 'ERR_INVALID_ARG_TYPE'
@@ -366,8 +381,10 @@ class Limiter {
     try {
       checkString('key', key)
       const adhoc = adhocOf(opts)
-      if (adhoc !== null) return this[kNative].reserveLimit(key, adhoc[kNative], countOf(opts, 'cost'))
-      return this[kNative].reserve(key, policyOf(opts, 'reserve'), countOf(opts, 'cost'))
+      const reserved = adhoc !== null
+        ? this[kNative].reserveLimit(key, adhoc[kNative], countOf(opts, 'cost'))
+        : this[kNative].reserve(key, policyOf(opts, 'reserve'), countOf(opts, 'cost'))
+      return reserved.then(issue)
     } catch (e) {
       return Promise.reject(e)
     }
@@ -380,18 +397,22 @@ class Limiter {
    */
   settle(reservation, actual, opts) {
     try {
-      if (reservation === null || typeof reservation !== 'object') {
-        throw argError('reservation', 'a reservation object (from reserve)', reservation)
+      const held = reservation !== null && typeof reservation === 'object' ? issued.get(reservation) : undefined
+      if (held === undefined) {
+        throw argError('reservation', 'a reservation returned by reserve() (a copy or an object literal is refused: its fields could give units back to any key)', reservation)
       }
-      checkString('reservation.key', reservation.key)
-      checkString('reservation.policy', reservation.policy)
-      checkUnits('reservation.units', reservation.units)
-      checkUnits('reservation.atUs', reservation.atUs)
       checkUnits('actual', actual)
-      const plain = { key: reservation.key, policy: reservation.policy, units: reservation.units, atUs: reservation.atUs }
       const adhoc = adhocOf(opts)
-      if (adhoc !== null) return this[kNative].settleLimit(plain, adhoc[kNative], actual)
-      return this[kNative].settle(plain, actual)
+      if (held.settled) throw new InvalidArgumentError('invalid argument `reservation`: was settled already', 'invalid_argument')
+      held.settled = true
+      const plain = { key: held.key, policy: held.policy, units: held.units, atUs: held.atUs }
+      const settled = adhoc !== null ? this[kNative].settleLimit(plain, adhoc[kNative], actual) : this[kNative].settle(plain, actual)
+      return settled.catch((e) => {
+        // refused before anything was sent: it may be settled again (after a backend
+        // failure it may have been applied, and a second settle would give back twice)
+        if (!(e instanceof ShardlimitError && e.isBackend)) held.settled = false
+        throw e
+      })
     } catch (e) {
       return Promise.reject(e)
     }

@@ -132,7 +132,10 @@ pub enum Error {
     InvalidArgument { what: String, message: String },
     #[error("unknown policy `{0}`")]
     UnknownPolicy(String),
-    #[error("shard `{shard}`: connection failed: {message}")]
+    #[error(
+        "shard `{shard}`: connection failed: {message}{}",
+        crate::tls::explain(message)
+    )]
     Connection { shard: String, message: String },
     #[error("shard `{shard}`: no answer within {timeout_ms} ms")]
     Timeout { shard: String, timeout_ms: u64 },
@@ -186,6 +189,26 @@ impl Error {
     /// True when the backend (Redis) failed rather than the caller.
     pub fn is_backend(&self) -> bool {
         self.kind().is_backend()
+    }
+
+    /// This error with user keys taken out of the text that came from outside (a Redis
+    /// error reply, a connection failure): `key` wherever it appears (when at least 4
+    /// bytes long: a shorter one would blank common letters), and every word holding a
+    /// brace (the Redis keys shardlimit builds hold the key's hash tag in braces, and the
+    /// key itself after it), each written `<key>`. User keys are API keys and e-mail
+    /// addresses: they belong in no log line.
+    pub fn without_keys(self, key: Option<&str>) -> Error {
+        match self {
+            Error::Script { shard, message } => Error::Script {
+                shard,
+                message: scrub_keys(&message, key),
+            },
+            Error::Connection { shard, message } => Error::Connection {
+                shard,
+                message: scrub_keys(&message, key),
+            },
+            e => e,
+        }
     }
 
     /// A config error. Its field path and message are bounded ([`bounded`]): a config
@@ -265,5 +288,60 @@ mod bounded_tests {
         assert!(Error::unknown_policy(&big).to_string().len() < 400);
         // short ones are left alone
         assert_eq!(Error::config("a", "b").to_string(), "a: b",);
+    }
+}
+
+/// `message` with `key` (4 bytes or more) and every word holding a brace written `<key>`.
+fn scrub_keys(message: &str, key: Option<&str>) -> String {
+    let mut m = message.to_string();
+    if m.contains(['{', '}']) {
+        m = m
+            .split(' ')
+            .map(|w| if w.contains(['{', '}']) { "<key>" } else { w })
+            .collect::<Vec<_>>()
+            .join(" ");
+    }
+    match key {
+        Some(k) if k.len() >= 4 => m.replace(k, "<key>"),
+        _ => m,
+    }
+}
+
+#[cfg(test)]
+mod scrub_tests {
+    use super::*;
+
+    #[test]
+    fn keys_leave_redis_error_text() {
+        let e = Error::Script {
+            shard: "s0".into(),
+            message: "ERR user_script:76: unreadable state in sl:s:api:tq:{a b}=5:{a b} script: 07, on @user_script:76.".into(),
+        };
+        assert_eq!(
+            e.without_keys(Some("{a b}")).to_string(),
+            "shard `s0`: redis error: ERR user_script:76: unreadable state in <key> <key> <key> script: 07, on @user_script:76."
+        );
+        let e = Error::Connection {
+            shard: "s0".into(),
+            message: "refused: alice@example.com".into(),
+        };
+        assert!(!e
+            .without_keys(Some("alice@example.com"))
+            .to_string()
+            .contains("alice"));
+        // short keys are not blanked out of words; other errors are unchanged
+        let e = Error::Script {
+            shard: "s0".into(),
+            message: "WRONGTYPE k".into(),
+        };
+        assert_eq!(
+            e.without_keys(Some("k")).to_string(),
+            "shard `s0`: redis error: WRONGTYPE k"
+        );
+        let e = Error::invalid("key", "{x}");
+        assert_eq!(
+            e.clone().without_keys(Some("{x}")).to_string(),
+            e.to_string()
+        );
     }
 }

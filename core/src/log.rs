@@ -165,6 +165,8 @@ impl Logs {
         allowed: Option<bool>,
     ) {
         let interval = self.interval_us.load(Ordering::Relaxed);
+        // (Redis's text may hold a Redis key, and so a user key: never in a log line)
+        let error = &error.clone().without_keys(None);
         let (subject, suppressed) = {
             let mut slots = self.slots.lock();
             let mut subject = subject;

@@ -216,6 +216,12 @@ pub struct MetricsSnapshot {
     pub redis_latency: LatencySnapshot,
     /// Events not written to the Redis stream because its queue was full.
     pub events_dropped: u64,
+    /// Leases granted in Redis after their acquire had fallen back (or failed), found held
+    /// and released by the limiter once the shard answered again.
+    pub late_leases_released: u64,
+    /// Releases of such leases dropped, oldest first, because their shard's list was full:
+    /// those leases expire by their `lease_ttl`.
+    pub late_lease_releases_dropped: u64,
 }
 
 impl MetricsSnapshot {
@@ -307,6 +313,23 @@ impl MetricsSnapshot {
         let _ = writeln!(s, "# HELP shardlimit_events_dropped_total Events not written to the Redis stream (queue full).");
         let _ = writeln!(s, "# TYPE shardlimit_events_dropped_total counter");
         let _ = writeln!(s, "shardlimit_events_dropped_total {}", self.events_dropped);
+        let _ = writeln!(s, "# HELP shardlimit_late_leases_released_total Leases granted after their acquire fell back, released once the shard answered.");
+        let _ = writeln!(s, "# TYPE shardlimit_late_leases_released_total counter");
+        let _ = writeln!(
+            s,
+            "shardlimit_late_leases_released_total {}",
+            self.late_leases_released
+        );
+        let _ = writeln!(s, "# HELP shardlimit_late_lease_releases_dropped_total Releases of late leases dropped (list full); those leases expire by their TTL.");
+        let _ = writeln!(
+            s,
+            "# TYPE shardlimit_late_lease_releases_dropped_total counter"
+        );
+        let _ = writeln!(
+            s,
+            "shardlimit_late_lease_releases_dropped_total {}",
+            self.late_lease_releases_dropped
+        );
         s
     }
 }

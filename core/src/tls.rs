@@ -150,7 +150,10 @@ impl TlsConfig {
                 roots.add(c).map_err(|e| {
                     Error::config(
                         format!("{field}.ca_file"),
-                        format!("{:?}: not a usable CA certificate: {e}", self.ca_file),
+                        format!(
+                            "{:?}: not a usable CA certificate: {e}",
+                            self.ca_file.as_deref().unwrap_or_default()
+                        ),
                     )
                 })?;
             }
@@ -160,7 +163,10 @@ impl TlsConfig {
             let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| {
                 Error::config(
                     format!("{field}.key_file"),
-                    format!("{:?}: no PEM private key: {e}", self.key_file),
+                    format!(
+                        "{:?}: no PEM private key: {e}",
+                        self.key_file.as_deref().unwrap_or_default()
+                    ),
                 )
             })?;
             // the same checks rustls makes when it connects: a supported key that matches
@@ -174,7 +180,11 @@ impl TlsConfig {
                 .map_err(|e| {
                     Error::config(
                         format!("{field}.key_file"),
-                        format!("{:?} does not fit {:?}: {e}", self.key_file, self.cert_file),
+                        format!(
+                            "the private key {:?} does not fit the certificate {:?} (it is another certificate's key; give the key the certificate was issued for): {e}",
+                            self.key_file.as_deref().unwrap_or_default(),
+                            self.cert_file.as_deref().unwrap_or_default()
+                        ),
                     )
                 })?;
         }
@@ -257,4 +267,46 @@ pub(crate) fn ensure_crypto_provider() {
         // Err: another thread installed one first, which is as good
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
+}
+
+/// What a TLS verification failure named in `message` means and what to do about it, as
+/// text to append to the message (empty when there is nothing to add). rustls names its
+/// errors after the rule that failed (`CaUsedAsEndEntity`), which says little to whoever
+/// made the certificate.
+pub(crate) fn explain(message: &str) -> &'static str {
+    const HINTS: [(&str, &str); 5] = [
+        (
+            "CaUsedAsEndEntity",
+            " (the server presented a CA certificate as its own: a certificate with \
+             basicConstraints CA:TRUE, which is what `openssl req -x509` makes by default. \
+             TLS accepts only a leaf certificate there: issue the server a certificate \
+             signed by a CA, with the server's name or address in its subjectAltName, and \
+             give that CA as `ca_file`; tests/tls/gen-certs.sh shows the openssl commands)",
+        ),
+        (
+            "UnknownIssuer",
+            " (the server's certificate is not signed by a CA this client trusts: set \
+             `ca_file` to the CA that signed it, or check that the server sends its \
+             intermediate certificates)",
+        ),
+        (
+            "NotValidForName",
+            " (the server's certificate does not hold the host of the shard URL in its \
+             subjectAltName: connect by a name or address it holds, or reissue it with \
+             this one)",
+        ),
+        (
+            "Expired",
+            " (the server's certificate has expired, or this machine's clock is wrong)",
+        ),
+        (
+            "NotValidYet",
+            " (the server's certificate is not valid yet: this machine's clock, or the \
+             certificate's notBefore, is wrong)",
+        ),
+    ];
+    HINTS
+        .iter()
+        .find(|(name, _)| message.contains(name))
+        .map_or("", |(_, hint)| hint)
 }

@@ -190,10 +190,12 @@ fn every_cost_up_to_the_limit_on_every_algorithm_engines_agree() {
                             .as_ref()
                             .map(|l| release_with(limiter, &p, l).unwrap());
                         got.push(format!("released {r:?}"));
-                    } else {
+                    } else if p.algorithm() == Algorithm::Concurrency {
                         let (d, lease) = limiter.acquire_blocking(key, &p, cost).unwrap();
                         got_leases.push(lease);
                         got.push(fields(&d));
+                    } else {
+                        got.push(fields(&limiter.check_blocking(key, &p, cost).unwrap()));
                     }
                     let cpu = server.main_thread_cpu_us().saturating_sub(before);
                     if got.len() == 1 {

@@ -33,15 +33,13 @@ const LAYERS: &[&[&str]] = &[
 
 /// Imports that point up today, each with the reason it is still here. An entry that no
 /// longer exists fails the test: drop it.
-const ALLOWED: &[(&str, &str, &str)] = &[
-    (
-        "config",
-        "transport",
-        // `transport/cpus.rs` is a leaf (the CPUs this process may use) that belongs below
-        // config, which reads it for `default_spin_wait`; it moves with the transport work.
-        "config::default_spin_wait reads transport::cpus::usable",
-    ),
-];
+const ALLOWED: &[(&str, &str, &str)] = &[(
+    "config",
+    "transport",
+    // `transport/cpus.rs` is a leaf (the CPUs this process may use) that belongs below
+    // config, which reads it for `default_spin_wait`; it moves with the transport work.
+    "config::default_spin_wait reads transport::cpus::usable",
+)];
 
 fn layer_of(module: &str) -> Option<usize> {
     LAYERS.iter().position(|l| l.contains(&module))

@@ -196,3 +196,52 @@ fn a_sink_removed_gets_nothing_more() {
     l.check_by_name_blocking("k", "api", 1).unwrap();
     assert_eq!(of(&got, LogReason::Fallback, "api").len(), 1);
 }
+
+/// A Redis error whose text holds the Redis key (a script that finds a state it cannot
+/// read names the key it read) reaches no log line with the user's key in it: user keys
+/// are API keys and e-mail addresses.
+#[test]
+fn user_keys_are_scrubbed_from_redis_error_text_in_log_lines() {
+    let server = RedisServer::start();
+    let l = Limiter::from_json(&format!(
+        r#"{{"shards": [{{"name": "s0", "url": "{}"}}], "log_interval": "1ms",
+            "policies": {{"open": {{"algorithm": "token_bucket", "capacity": 10, "refill_per_sec": 0.003, "on_error": "open"}}}}}}"#,
+        server.url()
+    ))
+    .unwrap();
+    let clock = ManualClock::new(T0);
+    let l = l.with_clock(clock.clone()).unwrap();
+    let got = collect(&l);
+    for key in ["alice@example.com", "{acme}:sk_live_51Hsecret"] {
+        assert!(l.check_by_name_blocking(key, "open", 1).unwrap().allowed);
+        // the state becomes one the script cannot read
+        let mut c = server.conn();
+        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+        assert!(!keys.is_empty());
+        for k in keys {
+            let _: () = redis::cmd("SET")
+                .arg(&k)
+                .arg("not:a:state")
+                .query(&mut c)
+                .unwrap();
+        }
+        let d = l.check_by_name_blocking(key, "open", 1).unwrap();
+        assert_eq!(d.source, shardlimit::Source::Fallback, "{d:?}");
+        clock.advance_us(1_000_000); // past log_interval: the next fallback is a line
+    }
+    let lines = of(&got, LogReason::Fallback, "open");
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for r in lines {
+        assert_eq!(r.error_kind, ErrorKind::Script);
+        for text in [&r.message, &r.error] {
+            assert!(
+                text.contains("unreadable") && text.contains("<key>"),
+                "{text}"
+            );
+            assert!(
+                !text.contains("alice") && !text.contains("sk_live") && !text.contains("acme"),
+                "{text}"
+            );
+        }
+    }
+}

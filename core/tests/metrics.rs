@@ -92,13 +92,16 @@ fn a_reload_keeps_the_counts() {
     assert_eq!(allowed(&l, "api"), 6.0);
 }
 
+/// An ad-hoc policy named like a configured one would count in (and spend) that policy's
+/// series and state: refused, and nothing is counted.
 #[test]
-fn an_ad_hoc_policy_named_like_a_config_policy_counts_in_its_series() {
+fn an_ad_hoc_policy_named_like_a_config_policy_is_refused() {
     let l = Limiter::from_json(CONFIG).unwrap();
     let adhoc = Policy::new("api", Limit::fixed_window(5, Duration::from_secs(60))).unwrap();
-    l.check_blocking("k", &adhoc, 1).unwrap();
+    let e = l.check_blocking("k", &adhoc, 1).unwrap_err();
+    assert!(e.is_invalid_argument(), "{e}");
     l.check_by_name_blocking("k", "api", 1).unwrap();
-    assert_eq!(allowed(&l, "api"), 2.0);
+    assert_eq!(allowed(&l, "api"), 1.0);
 }
 
 /// A policy keeps the counters of the first limiter that counts it, and the two

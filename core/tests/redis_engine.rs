@@ -783,6 +783,71 @@ fn a_check_of_a_concurrency_policy_is_an_error_naming_acquire() {
     }
 }
 
+#[test]
+fn an_acquire_of_a_policy_that_is_not_a_concurrency_limit_is_an_error_taking_nothing() {
+    let server = RedisServer::start();
+    let fw = Policy::new("fw", Limit::fixed_window(2, Duration::from_secs(60))).unwrap();
+    let rt = rt();
+    for limiter in [Limiter::memory(), redis_limiter(&server)] {
+        let errors = [
+            limiter.acquire_blocking("k", &fw, 1).unwrap_err(),
+            rt.block_on(limiter.acquire("k", &fw, 1)).unwrap_err(),
+        ];
+        for e in &errors {
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+            let m = e.to_string();
+            assert!(m.contains("fw") && m.contains("concurrency"), "{m}");
+        }
+        // nothing was taken: both units are there
+        assert_eq!(limiter.peek_blocking("k", &fw).unwrap().remaining, 2);
+    }
+}
+
+/// An ad-hoc policy named like a configured one would read and spend that policy's state
+/// (and count in its metrics) with limits of its own: refused, naming the way out. So is
+/// an anonymous limit whose id a configured policy's name spells.
+#[test]
+fn an_ad_hoc_policy_may_not_take_a_configured_policy_name() {
+    let server = RedisServer::start();
+    let policies = r#"{"login": {"rate": "2/minute"},
+        "fixed_window-1000-60000ms": {"rate": "2/minute"}}"#;
+    let rt = rt();
+    for limiter in [
+        Limiter::from_json(&format!(r#"{{"policies": {policies}}}"#)).unwrap(),
+        Limiter::from_json(&support::config(&[&server], policies)).unwrap(),
+    ] {
+        let big = Limit::fixed_window(1000, Duration::from_secs(60));
+        let named = Policy::new("login", big.clone()).unwrap();
+        let anonymous = Policy::try_from(big.clone()).unwrap();
+        assert_eq!(anonymous.name(), "fixed_window-1000-60000ms");
+        for p in [&named, &anonymous] {
+            for e in [
+                limiter.check_blocking("k", p, 1).unwrap_err(),
+                rt.block_on(limiter.check("k", p, 1)).unwrap_err(),
+                limiter.peek_blocking("k", p).unwrap_err(),
+            ] {
+                assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+                assert!(e.to_string().contains("configured policy"), "{e}");
+            }
+        }
+        // the configured policies' budgets are untouched; other names are fine
+        for name in ["login", "fixed_window-1000-60000ms"] {
+            assert_eq!(
+                limiter
+                    .peek_blocking("k", &limiter.policy(name).unwrap())
+                    .unwrap()
+                    .remaining,
+                2
+            );
+        }
+        let other = Policy::new("login-burst", big).unwrap();
+        assert_eq!(
+            limiter.check_blocking("k", &other, 1).unwrap().remaining,
+            999
+        );
+    }
+}
+
 fn clients(server: &RedisServer) -> usize {
     let list: String = redis::cmd("CLIENT")
         .arg("LIST")

@@ -133,6 +133,41 @@ fn a_wrong_ca_is_rejected() {
     assert_rejected(&limiter, "UnknownIssuer");
 }
 
+/// OpenSSL's default self-signed certificate (`openssl req -x509`) is a CA certificate:
+/// used as the server's own, TLS refuses it as `CaUsedAsEndEntity`. The error says what
+/// that means and what to do.
+#[test]
+fn a_ca_certificate_as_the_server_certificate_is_explained() {
+    let certs = TestCerts::generate(DEFAULT_SAN);
+    let server = RedisServer::start_tls_with(
+        &certs,
+        false,
+        &[
+            "--tls-cert-file",
+            &certs.path("ca.crt"),
+            "--tls-key-file",
+            &certs.path("ca.key"),
+        ],
+    );
+    let cfg = config(
+        &server,
+        &format!(r#"{{"ca_file": "{}"}}"#, certs.path("ca.crt")),
+    );
+    let limiter = Limiter::from_json(&cfg).unwrap();
+    let e = limiter
+        .check_by_name_blocking("user:1", "strict", 1)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    let e = e.to_string();
+    assert!(
+        e.contains("CaUsedAsEndEntity")
+            && e.contains("a CA certificate")
+            && e.contains("openssl req -x509")
+            && e.contains("leaf"),
+        "{e}"
+    );
+}
+
 #[test]
 fn a_wrong_hostname_is_rejected() {
     // signed by the trusted CA, but for another name than the 127.0.0.1 of the URL
@@ -254,6 +289,7 @@ fn config_errors_name_the_tls_field() {
     assert!(e.starts_with("shards[1].tls.key_file: "), "{e}");
     assert!(e.contains("does not fit"), "{e}");
     assert!(!e.contains("PRIVATE KEY"), "{e}");
+    assert!(!e.contains("Some("), "{e}");
     // a CA file that holds no certificate
     let e = err(
         &format!(r#"{{"ca_file": "{}"}}"#, certs.path("client.key")),

@@ -10,28 +10,23 @@ impl Limiter {
     /// `shard`, `state`). Callbacks run on one thread per subscription, never on the I/O
     /// thread; at most 1024 events wait for a slow callback, later ones are dropped.
     /// An exception in the callback is reported as unraisable and the next event delivered.
-    /// Not inherited by a forked child: subscribe again there.
+    /// Not inherited by a forked child: subscribe again there. Once the interpreter exits
+    /// (its `atexit` hooks), no callback is called again.
     fn subscribe(&self, callback: Py<PyAny>) -> PyResult<()> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<(&'static str, String)>>(1024);
-        std::thread::Builder::new()
-            .name("shardlimit-events".into())
-            .spawn(move || {
-                for fields in rx {
-                    Python::attach(|py| {
-                        let call = || -> PyResult<()> {
-                            let d = PyDict::new(py);
-                            for (k, v) in fields {
-                                d.set_item(k, v)?;
-                            }
-                            callback.call1(py, (d,))?;
-                            Ok(())
-                        };
-                        if let Err(e) = call() {
-                            e.write_unraisable(py, Some(callback.bind(py)));
-                        }
-                    });
+        delivery::spawn("shardlimit-events", rx, move |py, fields| {
+            let call = || -> PyResult<()> {
+                let d = PyDict::new(py);
+                for (k, v) in fields {
+                    d.set_item(k, v)?;
                 }
-            })?;
+                callback.call1(py, (d,))?;
+                Ok(())
+            };
+            if let Err(e) = call() {
+                e.write_unraisable(py, Some(callback.bind(py)));
+            }
+        })?;
         self.inner()?
             .subscribe(Arc::new(move |e: &shardlimit::Event| {
                 let _ = tx.try_send(e.fields());

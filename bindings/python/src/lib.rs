@@ -13,6 +13,7 @@ mod clock;
 mod completion;
 mod convert;
 mod decision;
+mod delivery;
 mod events;
 mod host;
 mod ip;
@@ -76,6 +77,7 @@ fn _shardlimit(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ConfigWatcher>()?;
     m.add_class::<Limiter>()?;
     m.add_class::<host::HostChecks>()?;
+    delivery::register(m)?;
     Ok(())
 }
 

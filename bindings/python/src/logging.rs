@@ -2,7 +2,8 @@
 //! `logging.getLogger("shardlimit")`, or a callback the user sets
 //! (`Limiter.set_log_sink`). The core's sink only queues the line; one thread per
 //! process (started on first use, and again in a forked child) takes the GIL and calls
-//! Python, so the I/O thread never waits for the GIL.
+//! Python, so the I/O thread never waits for the GIL; it stops when the interpreter exits
+//! (`crate::delivery`).
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -33,15 +34,14 @@ fn sender() -> Option<SyncSender<Item>> {
         }
     }
     // first use, or a forked child (the parent's thread does not exist here)
+    if crate::delivery::stopping() {
+        return None; // the interpreter is exiting: no thread to call it
+    }
     let (tx, rx) = sync_channel::<Item>(QUEUE);
-    std::thread::Builder::new()
-        .name("shardlimit-log".into())
-        .spawn(move || {
-            for (target, r) in rx {
-                Python::attach(|py| deliver(py, &target, &r));
-            }
-        })
-        .ok()?;
+    crate::delivery::spawn("shardlimit-log", rx, |py, (target, r): Item| {
+        deliver(py, &target, &r)
+    })
+    .ok()?;
     *w = Some((pid, tx.clone()));
     Some(tx)
 }

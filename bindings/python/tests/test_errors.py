@@ -89,7 +89,8 @@ def test_an_unknown_kind_still_raises_an_error() -> None:
 
 
 LIMITER = Limiter.from_json(
-    '{"policies": {"api": {"algorithm": "token_bucket", "capacity": 5, "refill_per_sec": 1}}}'
+    '{"policies": {"api": {"algorithm": "token_bucket", "capacity": 5, "refill_per_sec": 1},'
+    ' "pool": {"algorithm": "concurrency", "max": 5, "lease_ttl": "1m"}}}'
 )
 
 
@@ -103,7 +104,7 @@ LIMITER = Limiter.from_json(
         lambda: LIMITER.check("k", "api", "1"),  # type: ignore[arg-type]
         lambda: LIMITER.check("k", "api", 1.0),  # type: ignore[arg-type]
         lambda: LIMITER.check("k", "api", True),
-        lambda: LIMITER.acquire("k", "api", 2.5),  # type: ignore[arg-type]
+        lambda: LIMITER.acquire("k", "pool", 2.5),  # type: ignore[arg-type]
         lambda: LIMITER.release("lease"),  # type: ignore[arg-type]
         lambda: Limit.fixed_window("5", 1.0),  # type: ignore[arg-type]
         lambda: Limiter.from_json(5),  # type: ignore[arg-type]
@@ -119,7 +120,7 @@ def test_bad_costs_are_invalid_arguments(cost: int) -> None:
     with pytest.raises(shardlimit.InvalidArgumentError, match="cost"):
         LIMITER.check("k", "api", cost)
     with pytest.raises(shardlimit.InvalidArgumentError, match="cost"):
-        LIMITER.acquire("k", "api", cost)
+        LIMITER.acquire("k", "pool", cost)
 
 
 def test_bad_keys_are_invalid_arguments() -> None:
@@ -227,6 +228,32 @@ def test_bad_policies_are_config_errors(make: object, message: str) -> None:
 
 
 POLICIES = {"api": {"algorithm": "fixed_window", "limit": 5, "window": "1m"}}
+
+
+@pytest.mark.parametrize("engine", ["memory", "redis"])
+def test_acquire_of_a_policy_that_is_not_a_concurrency_limit_is_invalid(
+    redis: RedisServer, engine: str
+) -> None:
+    # it would take a unit with a lease no release could give back: refused, taking nothing
+    limiter = Limiter.from_json(json.dumps({"policies": POLICIES})) if engine == "memory" \
+        else Limiter.from_json(config([redis], POLICIES))
+    match = "api is not a concurrency policy"
+    with pytest.raises(shardlimit.InvalidArgumentError, match=match) as e:
+        limiter.acquire("k", "api")
+    assert e.value.kind == "invalid_argument"
+    with pytest.raises(shardlimit.InvalidArgumentError, match=match):
+        with limiter.lease("k", "api"):
+            pass
+
+    async def main() -> None:
+        with pytest.raises(shardlimit.InvalidArgumentError, match=match):
+            await limiter.aacquire("k", "api")
+        with pytest.raises(shardlimit.InvalidArgumentError, match=match):
+            async with limiter.lease("k", "api"):
+                pass
+
+    asyncio.run(main())
+    assert limiter.peek("k", "api").remaining == 5
 
 
 def test_unreachable_redis_is_a_connection_error() -> None:

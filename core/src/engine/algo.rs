@@ -165,7 +165,14 @@ fn fixed_window(
 ) -> Outcome {
     let (limit, w) = (c.limit, c.period_us);
     let idx = now / w;
-    let (used, prev) = window_counts(state, idx);
+    // A clock gone back into the window before the key's newest: Redis keeps a counter
+    // per window, so that window's counter decides, and the newest keeps its own. Here
+    // the earlier window's counter is the one kept as `prev`.
+    let back = matches!(state, Some(State::Window { idx: i, .. }) if idx + 1 == *i);
+    let (used, prev) = match (back, &*state) {
+        (true, Some(State::Window { prev, .. })) => (*prev, 0),
+        _ => window_counts(state, idx),
+    };
     let reset = (idx + 1) * w - now;
     if cost > limit {
         return Outcome::deny(limit.saturating_sub(used), reset, None);
@@ -176,7 +183,10 @@ fn fixed_window(
     if peek {
         return Outcome::allow(limit - used, reset, 0);
     }
-    set_window(state, idx, used + cost, prev);
+    match state {
+        Some(State::Window { prev: p, .. }) if back => *p = used + cost,
+        _ => set_window(state, idx, used + cost, prev),
+    }
     Outcome::allow(limit - used - cost, reset, 0)
 }
 

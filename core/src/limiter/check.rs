@@ -54,12 +54,16 @@ impl Limiter {
 
     /// Acquires `units` of a concurrency policy. Returns the decision and, when allowed,
     /// the lease to release.
+    ///
+    /// Any other policy is an `invalid_argument` error that takes nothing: its units would
+    /// be consumed with a lease that no release could give back.
     pub async fn acquire(
         &self,
         key: &str,
         policy: &Policy,
         units: u64,
     ) -> Result<(Decision, Option<Lease>)> {
+        leased(policy)?;
         let id = self.lease_id();
         let d = self.run(key, policy, units, false, Some(&id)).await?;
         let lease =
@@ -213,6 +217,9 @@ impl Limiter {
     #[inline]
     pub(super) fn prepare(&self, key: &str, policy: &Policy, cost: u64) -> Result<(Compiled, u64)> {
         validate_key(key)?;
+        if policy.0.adhoc {
+            self.own_name(policy)?;
+        }
         if cost == 0 {
             return Err(Error::invalid("cost", "must be at least 1"));
         }
@@ -317,6 +324,24 @@ impl Limiter {
     }
 }
 
+impl Limiter {
+    /// An ad-hoc policy named like a configured one would share its state and counters
+    /// with limits of its own: an error naming the way out.
+    #[cold]
+    pub(super) fn own_name(&self, policy: &Policy) -> Result<()> {
+        let name = policy.name();
+        if self.view().config.policies.contains_key(name) {
+            return Err(Error::invalid(
+                "policy",
+                format!(
+                    "an ad-hoc policy named `{name}` has the name of a configured policy, whose state and counters it would share: give it another name, or use the configured policy (limiter.policy(\"{name}\"))"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A key under one policy: what in-process state per (policy, key) is kept by (local
 /// admission batches, keys a reshard handoff carried over).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -338,6 +363,25 @@ impl PolicyKey {
     pub(super) fn key_name(&self) -> &str {
         &self.key
     }
+}
+
+/// An acquire of a policy that is not a concurrency limit would consume units with a lease
+/// no release could give back: an error that names the operation to use instead.
+pub(super) fn leased(policy: &Policy) -> Result<()> {
+    if policy.algorithm() != Algorithm::Concurrency {
+        let what = match policy.parts() {
+            Some(parts) => format!("a multi-limit policy of {} limits", parts.len()),
+            None => policy.algorithm().to_string(),
+        };
+        return Err(Error::invalid(
+            "policy",
+            format!(
+                "{} is not a concurrency policy (it is {what}): acquire takes leases of a concurrency limit; use check",
+                policy.name(),
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A lease comes back from the caller (a binding's object, a JS literal, a C struct), so

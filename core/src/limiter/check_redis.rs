@@ -51,6 +51,8 @@ impl Limiter {
             Engine::Redis(r) => r,
         };
         let base = policy;
+        // (an acquire's lease holds these units)
+        let units = cost;
         // the policy's shadow mode (or the call's) holds for the key's override too
         let shadow = base.0.shadow && !peek && lease.is_none();
         if let (Some(parts), false) = (base.parts(), base.0.overrides) {
@@ -126,6 +128,11 @@ impl Limiter {
             };
             if shadow {
                 return self.after_shadow(p, &eff, key, cost, shard, raw);
+            }
+            if let (Some(id), Err(e)) = (lease, &raw) {
+                // the script may run (or have run) after this gave up: its lease is
+                // released once the shard answers
+                self.late_lease(base, key, id, units, shard, e);
             }
             return self.after_script(p, &eff, key, cost, peek, shard, raw);
         }

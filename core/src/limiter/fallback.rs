@@ -29,8 +29,11 @@ impl Limiter {
             });
         }
         if p.on_error == OnError::Error {
-            return Err(e);
+            return Err(e); // (the caller's own key may be named: the caller has it)
         }
+        // the error's text may name the key (a Redis key, or the core's own words), which
+        // no log line holds
+        let e = e.without_keys(Some(key));
         let o = match p.on_error {
             // nothing was measured: no invented budget (Decision::measured)
             OnError::Open => Outcome {

@@ -61,6 +61,8 @@ impl Limiter {
             policies,
             redis_latency,
             events_dropped,
+            late_leases_released: self.inner.late.released.load(Ordering::Relaxed),
+            late_lease_releases_dropped: self.inner.late.dropped.load(Ordering::Relaxed),
         }
     }
 

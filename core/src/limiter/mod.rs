@@ -23,6 +23,7 @@ mod check_redis;
 mod fallback;
 mod handoff;
 mod host;
+mod late_leases;
 mod layered;
 mod layered_calls;
 mod layered_overrides;
@@ -115,6 +116,8 @@ struct Inner {
     id: u64,
     /// How many reloads were applied (`Limiter::config_generation`).
     generation: AtomicU64,
+    /// Leases an acquire may have been granted after it fell back, to release.
+    late: late_leases::LateLeases,
 }
 
 impl std::fmt::Debug for Inner {
@@ -173,6 +176,7 @@ impl Limiter {
                     NEXT.fetch_add(1, Ordering::Relaxed)
                 },
                 generation: AtomicU64::new(0),
+                late: Default::default(),
             }),
         })
     }
@@ -183,6 +187,11 @@ impl Limiter {
             config.timeout,
             config.events_stream_maxlen,
         );
+        match (&config.shards, &config.cluster) {
+            (Some(shards), _) => fd_budget(shards.len(), "shards")?,
+            (None, Some(nodes)) => fd_budget(nodes.len(), "cluster.nodes")?,
+            (None, None) => {}
+        }
         let e = match (&config.shards, &config.cluster) {
             (Some(shards), _) => {
                 RedisEngine::new(shards.clone(), prefix, timeout, subscribers, maxlen)?
@@ -339,6 +348,43 @@ impl Limiter {
     fn global_scale(&self) -> f64 {
         f64::from_bits(self.inner.global_scale.load(Ordering::Relaxed))
     }
+}
+
+/// File descriptors a process keeps for everything but shardlimit's connections.
+#[cfg(unix)]
+const FD_HEADROOM: libc::rlim_t = 64;
+
+/// Refuses a config of `n` shards (or Cluster nodes) that the process's file descriptor
+/// limit cannot hold: a limiter keeps one connection per shard (more while blocking calls
+/// use their own), so beyond `RLIMIT_NOFILE` connections fail and checks fall back (3000
+/// shards under 1024 sent two checks in three to `on_error`).
+fn fd_budget(n: usize, field: &str) -> Result<()> {
+    #[cfg(unix)]
+    {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the struct it is given.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+            return Ok(()); // unknown: nothing to say
+        }
+        let soft = lim.rlim_cur;
+        let need = (n as libc::rlim_t).saturating_add(FD_HEADROOM);
+        if lim.rlim_cur != libc::RLIM_INFINITY && need > soft {
+            return Err(Error::config(
+                field,
+                format!(
+                    "{n} shards need at least {n} connections per process (one per shard, more while blocking calls use their own), plus ~{FD_HEADROOM} file descriptors for the rest of the process, but this process's RLIMIT_NOFILE is {soft} (hard limit {}): raise it (`ulimit -n {}`, systemd's LimitNOFILE=) or configure fewer shards",
+                    if lim.rlim_max == libc::RLIM_INFINITY { "unlimited".to_string() } else { lim.rlim_max.to_string() },
+                    need.next_power_of_two().max(4096),
+                ),
+            ));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (n, field);
+    Ok(())
 }
 
 #[cfg(test)]

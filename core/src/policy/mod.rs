@@ -188,6 +188,9 @@ pub(crate) struct PolicyInner {
     /// first, resolved once (a check does not look its series up by name), and the name
     /// copied per thread stripe (`crate::metrics::Hot`).
     pub hot: crate::metrics::Hot,
+    /// Made by the caller (`Policy::new`, an ad-hoc limit), not by a config: it may not
+    /// take the name of a configured policy, whose state and counters it would share.
+    pub adhoc: bool,
 }
 
 impl PolicyInner {
@@ -202,8 +205,32 @@ impl PolicyInner {
 impl Policy {
     /// A policy named `name` enforcing `limit`. Names may use letters, digits and
     /// `_ - .`; they appear in Redis key names and in headers.
+    ///
+    /// The name may not be one of a limiter's configured policies when checked on it (an
+    /// `invalid_argument` error): the two would share state and counters.
     pub fn new(name: &str, limit: Limit) -> Result<Policy> {
         Policy::build(name, limit, OnError::default(), &format!("policies.{name}"))
+            .map(Policy::ad_hoc)
+    }
+
+    /// This policy, marked as made by the caller rather than by a config (and its limits).
+    pub(crate) fn ad_hoc(mut self) -> Policy {
+        if let Some(inner) = Arc::get_mut(&mut self.0) {
+            inner.adhoc = true;
+            if let Some(parts) = inner.parts.as_mut().and_then(Arc::get_mut) {
+                for part in parts.iter_mut() {
+                    if let Some(p) = Arc::get_mut(&mut part.0) {
+                        p.adhoc = true;
+                    }
+                }
+            }
+        }
+        self
+    }
+
+    /// Whether this policy was made by the caller (`Policy::new`, an ad-hoc limit).
+    pub fn is_ad_hoc(&self) -> bool {
+        self.0.adhoc
     }
 
     fn derive(
@@ -233,6 +260,7 @@ impl Policy {
             near_limit: p.near_limit,
             overrides: p.overrides,
             hot: Default::default(),
+            adhoc: p.adhoc,
         }))
     }
 
@@ -330,6 +358,7 @@ impl Policy {
             near_limit: Some(DEFAULT_NEAR_LIMIT),
             overrides: false,
             hot: Default::default(),
+            adhoc: false,
         })))
     }
 
@@ -458,7 +487,7 @@ impl TryFrom<Limit> for Policy {
     /// An anonymous policy named after the limit's parameters ([`Limit::id`]).
     fn try_from(limit: Limit) -> Result<Policy> {
         let id = limit.id();
-        Policy::build(&id, limit, OnError::default(), "limit")
+        Policy::build(&id, limit, OnError::default(), "limit").map(Policy::ad_hoc)
     }
 }
 

@@ -31,6 +31,7 @@ impl Policy {
             OnError::default(),
             &format!("policies.{name}"),
         )
+        .map(Policy::ad_hoc)
     }
 
     pub(crate) fn build_multi(
@@ -83,6 +84,7 @@ impl Policy {
             overrides: false,
             parts: Some(parts.into()),
             hot: Default::default(),
+            adhoc: false,
         })))
     }
 
@@ -100,7 +102,7 @@ impl Policy {
             h.write(id.as_bytes());
             id = format!("multi-{:016x}", h.finish());
         }
-        Policy::build_multi(&id, limits, OnError::default(), "limit")
+        Policy::build_multi(&id, limits, OnError::default(), "limit").map(Policy::ad_hoc)
     }
 
     /// An anonymous policy of a rate string (`"10/second; 1000/day"`) of `algorithm`:
@@ -135,6 +137,7 @@ impl Policy {
             near_limit: p.near_limit,
             overrides: false,
             hot: Default::default(),
+            adhoc: p.adhoc,
         }))
     }
 
@@ -151,8 +154,9 @@ impl Policy {
         self.0.parts.is_some()
     }
 
-    /// The limits of a multi-limit policy as policies of its name; `None` for a plain one.
-    pub(crate) fn parts(&self) -> Option<&[Policy]> {
+    /// The limits of a multi-limit policy as policies of its name, each with its own state
+    /// (a peek of one reads that limit alone); `None` for a plain one.
+    pub fn parts(&self) -> Option<&[Policy]> {
         self.0.parts.as_deref()
     }
 }
