@@ -221,6 +221,9 @@ impl Config {
                 "default_algorithm",
                 "plans",
                 "log_interval",
+                // read by `shardlimit serve` (serve/src/gateway.rs), ignored here: one file
+                // configures the libraries and the gateway
+                "gateway",
             ],
         )?;
         let mut cfg = Config::default();
