@@ -69,7 +69,7 @@ pub struct Options {
     #[arg(long, default_value_t = 403)]
     pub auth_deny_status: u16,
     /// Time kept back from a gRPC deadline to answer Envoy in time, milliseconds.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 5)]
     pub deadline_margin_ms: u64,
     /// How long to wait for the shards at start-up (connect and load the scripts); the
     /// service starts anyway and the policies' on_error modes decide until they answer.
