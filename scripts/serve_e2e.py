@@ -167,37 +167,40 @@ def main():
             assert [get(ports["ENVOY_PORT"])[0] for _ in range(3)] == [200] * 3
         envoy_limits()
 
-        @case("one budget: Envoy and a Python service checking the same key admit exactly 20 of 60")
+        @case("one budget: Envoy and a Python service checking the same key admit exactly 40 of 80")
         def shared_budget():
             import shardlimit
             lim = shardlimit.Limiter.from_config(cfg)
             lim.connect(5.0)
-            barrier = threading.Barrier(2)
             results = {"envoy": 0, "python": 0}
             sources = set()
 
-            def via_envoy():
-                barrier.wait()
-                for _ in range(30):
+            def via_envoy(n):
+                for _ in range(n):
                     if get(ports["ENVOY_PORT"], headers={"x-api-key": "shared-1"})[0] == 200:
                         results["envoy"] += 1
 
-            def via_python():
-                barrier.wait()
-                for _ in range(30):
+            def via_python(n):
+                for _ in range(n):
                     dec = lim.check("key:shared-1", "shared")
                     sources.add(str(dec.source))
                     if dec.allowed:
                         results["python"] += 1
 
-            ts = [threading.Thread(target=via_envoy), threading.Thread(target=via_python)]
+            # in turn: 10 each, all admitted
+            for _ in range(10):
+                via_envoy(1)
+                via_python(1)
+            assert results == {"envoy": 10, "python": 10}, results
+            # at once: 30 each for the 20 units left
+            barrier = threading.Barrier(2)
+            ts = [threading.Thread(target=lambda f=f: (barrier.wait(), f(30))) for f in (via_envoy, via_python)]
             for t in ts:
                 t.start()
             for t in ts:
                 t.join()
-            assert results["envoy"] + results["python"] == 20, results
+            assert results["envoy"] + results["python"] == 40, results
             assert sources == {"redis"}, sources
-            assert results["envoy"] > 0 and results["python"] > 0, results
             print(f"     admitted: {results}")
         shared_budget()
 
