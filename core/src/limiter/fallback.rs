@@ -100,11 +100,7 @@ impl Limiter {
     /// describes the first layer that denies, else the one with the fewest units left, and
     /// `layer` is its index when there are several. An `on_error: error` layer returns
     /// `error`.
-    pub fn fallback_decision(
-        &self,
-        layers: &[super::Layer],
-        error: Error,
-    ) -> Result<Decision> {
+    pub fn fallback_decision(&self, layers: &[super::Layer], error: Error) -> Result<Decision> {
         let global = self.global_scale();
         let mut best: Option<(usize, Decision)> = None;
         for (i, l) in layers.iter().enumerate() {
@@ -122,7 +118,10 @@ impl Limiter {
             }
             let better = match &best {
                 None => true,
-                Some((_, b)) => (b.allowed && !d.allowed) || (b.allowed == d.allowed && d.allowed && d.remaining < b.remaining),
+                Some((_, b)) => {
+                    (b.allowed && !d.allowed)
+                        || (b.allowed == d.allowed && d.allowed && d.remaining < b.remaining)
+                }
             };
             if better {
                 best = Some((i, d));
