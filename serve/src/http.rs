@@ -393,11 +393,21 @@ endpoint!(override_delete, "/overrides/delete", |state, o| {
 /// the headers and the JSON body of a 429.
 async fn auth(
     St(state): St<S>,
-    Query(q): Query<HashMap<String, String>>,
+    Query(pairs): Query<Vec<(String, String)>>,
     headers: HeaderMap,
 ) -> Response {
     let r: Result<Response, ApiError> = async {
         let _p = permit(&state)?;
+        // a parameter given twice is refused: a key spliced unescaped into the URL (say
+        // "a&policy=free") must not choose another policy
+        let mut q: HashMap<String, String> = HashMap::new();
+        for (k, v) in pairs {
+            if q.insert(k.clone(), v).is_some() {
+                return Err(ApiError::bad(format!(
+                    "\"{k}\" is given twice in the query (pass the key in X-Shardlimit-Key, or escape it)"
+                )));
+            }
+        }
         let get = |name: &str| -> Option<String> {
             q.get(name).cloned().or_else(|| {
                 headers
