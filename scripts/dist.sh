@@ -49,7 +49,9 @@ echo "== dist/bin: shardlimit and shardlimit-serve, static (x86_64-unknown-linux
 # container (examples/serve/Containerfile)
 musl=x86_64-unknown-linux-musl
 rustup target list --installed 2>/dev/null | grep -qx "$musl" || rustup target add "$musl"
-cargo build --quiet --locked --profile dist --target "$musl" -p shardlimit-serve -p shardlimit-cli
+# zig (cargo-zigbuild) is the C compiler and linker for musl: ring's C needs one, and no
+# x86_64-linux-musl-gcc is needed on the machine
+cargo zigbuild --quiet --locked --profile dist --target "$musl" -p shardlimit-serve -p shardlimit-cli
 for b in shardlimit shardlimit-serve; do
   cp "$target/$musl/dist/$b" "$DIST/bin/"
   # static: no dynamic section, so no NEEDED libraries and no interpreter

@@ -39,7 +39,7 @@ HTTP (--http), JSON in and out: POST /check, /peek, /check_all, /charge, /refund
 ForwardAuth, HAProxy) with policy, key and cost in the query or in X-Shardlimit-* headers; \
 GET /healthz, /readyz, /metrics (Prometheus). Decisions answer 200 allowed, 429 denied, 503 when a \
 policy's on_error mode refused; /auth denies with --auth-deny-status (403 for nginx).\n\n\
-Signals: SIGHUP reloads the config file (policies, shards with the resharding handoff, gateway); \
+Signals: SIGHUP (and, with --watch, a change of the file) reloads the config file (policies, shards with the resharding handoff, gateway); \
 SIGTERM and SIGINT stop accepting, finish the requests in flight (up to --shutdown-grace) and exit 0.\n\n\
 Listen on loopback or a private interface: the API has no authentication of its own.\n\n\
 Guide: docs/serve.md.",
@@ -78,6 +78,10 @@ pub struct Options {
     /// How long requests in flight may take to finish after SIGTERM/SIGINT.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+    /// Also reload when the config file changes (its modification time or size), looked
+    /// at this often, e.g. 2s. Default: only on SIGHUP.
+    #[arg(long, value_parser = parse_duration)]
+    pub watch: Option<Duration>,
     /// Log format on stderr: text or json (one object a line).
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
@@ -215,6 +219,9 @@ pub async fn run(opts: Options) -> Result<(), String> {
             stop_rx.clone(),
         )));
     }
+    if let Some(every) = opts.watch {
+        tokio::spawn(watch_file(state.clone(), every, stop_rx.clone()));
+    }
     signals(&state).await?;
     tracing::info!(grace = ?opts.shutdown_grace, "stopping: finishing the requests in flight");
     let _ = stop_tx.send(true);
@@ -247,6 +254,39 @@ async fn signals(state: &State) -> Result<(), String> {
                 Ok(what) => tracing::info!(config = %state.config_path.display(), changes = %what, "reloaded"),
                 Err(e) => tracing::error!(config = %state.config_path.display(), error = %e, "reload refused: the previous config stays in force"),
             },
+        }
+    }
+}
+
+/// Reloads the config whenever its file's modification time or size changes, looked at
+/// every `every`, until `stop`. A file that does not validate is logged and skipped (the
+/// config in force stays) until it changes again.
+pub async fn watch_file(state: Arc<State>, every: Duration, mut stop: watch::Receiver<bool>) {
+    let stamp = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()))
+    };
+    let mut last = stamp(&state.config_path);
+    let mut tick = tokio::time::interval(every.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let now = stamp(&state.config_path);
+        if now == last {
+            continue;
+        }
+        last = now;
+        match state.reload() {
+            Ok(what) => {
+                tracing::info!(config = %state.config_path.display(), changes = %what, "reloaded (file changed)")
+            }
+            Err(e) => {
+                tracing::error!(config = %state.config_path.display(), error = %e, "reload refused: the previous config stays in force")
+            }
         }
     }
 }

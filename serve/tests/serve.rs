@@ -106,6 +106,7 @@ struct Server {
     http: u16,
     grpc: u16,
     stop: tokio::sync::watch::Sender<bool>,
+    state: Arc<State>,
     #[allow(dead_code)]
     file: tempfile::NamedTempFile,
 }
@@ -125,6 +126,7 @@ async fn start(cfg: &Value) -> Server {
         shutdown_grace: Duration::from_secs(5),
         log_format: "text".into(),
         log_level: tracing::Level::INFO,
+        watch: None,
     };
     let state = Arc::new(State::new(&opts).unwrap());
     state.limiter.connect(Duration::from_secs(5)).await.unwrap();
@@ -136,11 +138,12 @@ async fn start(cfg: &Value) -> Server {
         g.local_addr().unwrap().port(),
     );
     tokio::spawn(shardlimit_serve::http::serve(state.clone(), h, rx.clone()));
-    tokio::spawn(shardlimit_serve::grpc::serve(state, g, rx));
+    tokio::spawn(shardlimit_serve::grpc::serve(state.clone(), g, rx));
     Server {
         http,
         grpc,
         stop,
+        state,
         file,
     }
 }
@@ -584,5 +587,54 @@ async fn the_grpc_deadline_bounds_the_redis_call_and_on_error_decides() {
     let _ = Command::new("kill")
         .args(["-CONT", &r.0.id().to_string()])
         .status();
+    let _ = s.stop.send(true);
+}
+
+/// A change of the file reloads the policies and the gateway together; a broken file is
+/// refused and the config in force stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_file_reloads_policies_and_gateway() {
+    let r = redis();
+    let mut cfg = config(r.1, "error");
+    let s = start(&cfg).await;
+    // (the watcher stops when its sender goes: keep it)
+    let (_keep, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(shardlimit_serve::watch_file(
+        s.state.clone(),
+        Duration::from_millis(20),
+        rx,
+    ));
+    let path = s.file.path().to_path_buf();
+    let only_new = |entries: &[(&str, &str)]| desc(entries);
+    // no rule for "fresh" yet: not limited
+    let d = rls(s.grpc, vec![only_new(&[("generic_key", "fresh")])], None)
+        .await
+        .unwrap();
+    assert_eq!(d.statuses[0].current_limit, None);
+    cfg["policies"]["small"]["limit"] = json!(3);
+    cfg["gateway"]["domains"]["edge"]["rules"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "fresh", "match": [{"key": "generic_key", "value": "fresh"}], "policy": "small", "key": "f"}));
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let d = rls(s.grpc, vec![only_new(&[("generic_key", "fresh")])], None)
+            .await
+            .unwrap();
+        if let Some(l) = &d.statuses[0].current_limit {
+            assert_eq!(l.name, "fresh");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the change was not picked up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, _, b) = post(s.http, "/peek", json!({"policy": "small", "key": "w"})).await;
+    assert_eq!(b["limit"], 3, "{b}");
+    // broken: refused, the config in force stays
+    std::fs::write(&path, "{\"policies\": {\"small\": \"nope\"}}").unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (_, _, b) = post(s.http, "/peek", json!({"policy": "small", "key": "w"})).await;
+    assert_eq!(b["limit"], 3, "{b}");
     let _ = s.stop.send(true);
 }
