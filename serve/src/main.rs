@@ -19,8 +19,8 @@ fn main() -> ExitCode {
     match rt.block_on(shardlimit_serve::run(opts)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // logged once, in the chosen format (stderr)
             tracing::error!(error = %e, "cannot serve");
-            eprintln!("shardlimit serve: {e}");
             ExitCode::from(2)
         }
     }
