@@ -320,6 +320,12 @@ fn parse_rule(field: &str, i: usize, v: &Value, config: &Config) -> Result<Rule,
                     ),
                 ));
             }
+            if config.policies[p].algorithm() == shardlimit::Algorithm::Concurrency {
+                return Err(err(
+                    &format!("{field}.policy"),
+                    format!("\"{p}\" is a concurrency policy: a gateway check holds no lease to release"),
+                ));
+            }
             Some(p.clone())
         }
         Some(v) => {
@@ -487,6 +493,16 @@ mod tests {
         );
         assert!(bad(json!({"domains": {"e": {"rules": [{"match": [{"key": "a"}], "policy": "api", "bogus": 1}]}}})).contains("unknown field \"bogus\""));
         assert!(bad(json!({"domains": {"e": {"rules": [{"match": [{"key": "a", "value": "*x*"}], "policy": "api"}]}}})).contains("at most one"));
+        let conc = Config::from_value(
+            &json!({"policies": {"c": {"algorithm": "concurrency", "max": 1, "lease_ttl": "1s"}}}),
+        )
+        .unwrap();
+        let e = Gateway::from_value(
+            &json!({"domains": {"e": {"rules": [{"match": [{"key": "a"}], "policy": "c"}]}}}),
+            &conc,
+        )
+        .unwrap_err();
+        assert!(e.contains("concurrency"), "{e}");
     }
 
     #[test]
