@@ -9,7 +9,7 @@
 #   make bench  - shardlimit against the latest peers of each language (bench/peers.lock),
 #                 written to docs/benchmarks.md (make bench-quick: one short round)
 # Every script honours CARGO_TARGET_DIR.
-.PHONY: demo test test-fast dist test-dist build bench bench-quick bench-redis fmt lint
+.PHONY: demo test test-fast dist test-dist test-serve build bench bench-quick bench-redis fmt lint
 
 demo:
 	bash scripts/demo.sh
@@ -26,6 +26,10 @@ dist:
 # the install tests alone, on an existing dist/
 test-dist:
 	bash scripts/test-dist.sh
+
+# shardlimit serve behind real Envoy, nginx and HAProxy (on dist/; SERVE_DEV=1: debug builds)
+test-serve:
+	bash scripts/test-serve.sh
 
 build:
 	cargo build --release -p shardlimit-cli

@@ -7,6 +7,7 @@
 #   dist/c/       shardlimit-<v>-x86_64-unknown-linux-gnu.tar.gz (the C/C++ SDK)
 #   dist/go/      the Go module as a module proxy serves it (GOPROXY=file://$PWD/dist/go)
 #   dist/crates/  `cargo package` of shardlimit, shardlimit-tower, shardlimit-cli (verified)
+#   dist/bin/     shardlimit and shardlimit-serve, static executables (x86_64 musl)
 #
 # The build: `cargo zigbuild --profile dist --target x86_64-unknown-linux-gnu.2.28` of the
 # C ABI, the Node addon and the Python extension in one invocation, so the core and its
@@ -41,7 +42,25 @@ PYO3_PYTHON=$(command -v python3) cargo zigbuild --quiet --profile dist --target
   -p shardlimit-c -p shardlimit-node -p shardlimit-python
 
 rm -rf "$DIST" "$stage"
-mkdir -p "$DIST"/{python,npm,c,go,crates} "$stage"
+mkdir -p "$DIST"/{python,npm,c,go,crates,bin} "$stage"
+
+echo "== dist/bin: shardlimit and shardlimit-serve, static (x86_64-unknown-linux-musl)"
+# musl's libc is linked in: one file that runs on any x86_64 Linux, and in a FROM scratch
+# container (examples/serve/Containerfile)
+musl=x86_64-unknown-linux-musl
+rustup target list --installed 2>/dev/null | grep -qx "$musl" || rustup target add "$musl"
+# zig (cargo-zigbuild) is the C compiler and linker for musl: ring's C needs one, and no
+# x86_64-linux-musl-gcc is needed on the machine
+cargo zigbuild --quiet --locked --profile dist --target "$musl" -p shardlimit-serve -p shardlimit-cli
+for b in shardlimit shardlimit-serve; do
+  cp "$target/$musl/dist/$b" "$DIST/bin/"
+  # static: no dynamic section, so no NEEDED libraries and no interpreter
+  if readelf -d "$DIST/bin/$b" 2>/dev/null | grep -q NEEDED; then
+    echo "dist/bin/$b is not static: $(readelf -d "$DIST/bin/$b" | grep NEEDED)" >&2
+    exit 1
+  fi
+done
+"$DIST/bin/shardlimit-serve" --version >/dev/null
 
 echo "== dist/c: the C/C++ SDK"
 sdk="shardlimit-$version-$triple"

@@ -162,6 +162,16 @@ enum Command {
         /// concurrency, layered, refund, reset, or an algorithm's settle script (fixed_window_settle, ...).
         name: String,
     },
+    /// Run the service: Envoy's rate limit service (gRPC) and the HTTP check/auth API for
+    /// nginx, Traefik, HAProxy and sidecar callers. Runs the `shardlimit-serve` binary
+    /// found beside this one (else on PATH) with the same arguments; `shardlimit serve
+    /// --help` shows them. Guide: docs/serve.md.
+    #[command(disable_help_flag = true)]
+    Serve {
+        /// The arguments of shardlimit-serve (--config, --http, --grpc, ...).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Measure decisions per second and latency.
     Bench {
         #[command(flatten)]
@@ -482,6 +492,24 @@ fn human(d: Duration) -> String {
     }
 }
 
+/// `shardlimit serve ARGS`: replaces this process with `shardlimit-serve ARGS` (its own
+/// crate, so that this command stays small), from beside this binary or on PATH.
+fn serve(args: &[String]) -> shardlimit::Result<ExitCode> {
+    use std::os::unix::process::CommandExt;
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("shardlimit-serve")))
+        .filter(|p| p.is_file());
+    let program = beside.unwrap_or_else(|| "shardlimit-serve".into());
+    let err = std::process::Command::new(&program).args(args).exec();
+    Err(shardlimit::Error::Io {
+        path: program.display().to_string(),
+        message: format!(
+            "cannot run it ({err}): install shardlimit-serve beside shardlimit or on PATH (make dist puts both in dist/bin)"
+        ),
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -624,6 +652,7 @@ fn run(cli: Cli) -> shardlimit::Result<ExitCode> {
         }
         Command::Override { command } => override_command(command),
         Command::Blocked { target, key } => blocked(target, key),
+        Command::Serve { args } => serve(&args),
         Command::Script { name } => script(name),
         Command::ClientIp {
             peer,

@@ -82,6 +82,9 @@ const TOP_LEVEL_FIELDS: &[&str] = &[
     "plans",
     "log_interval",
     "max_queue",
+    // read by `shardlimit serve` (serve/src/gateway.rs), ignored here: one file configures
+    // the libraries and the gateway
+    "gateway",
 ];
 
 /// A validated configuration. Its `Debug` shows URLs without their credentials.

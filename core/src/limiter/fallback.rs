@@ -98,3 +98,44 @@ impl Limiter {
         Ok(d)
     }
 }
+
+impl Limiter {
+    /// The decision `layers` get from their policies' `on_error` modes, without asking the
+    /// backend, after a failure the caller observed itself: for a caller whose own deadline
+    /// is shorter than the config's `timeout_ms` (a gateway answering Envoy within the gRPC
+    /// deadline gives up on the call and decides with this). Each layer is decided as a
+    /// failed layer of [`Limiter::check_all`] is (a cost of 0 is a peek); the decision
+    /// describes the first layer that denies, else the one with the fewest units left, and
+    /// `layer` is its index when there are several. An `on_error: error` layer returns
+    /// `error`.
+    pub fn fallback_decision(&self, layers: &[super::Layer], error: Error) -> Result<Decision> {
+        let global = self.global_scale();
+        let mut best: Option<(usize, Decision)> = None;
+        for (i, l) in layers.iter().enumerate() {
+            let eff = l.policy.0.effective(global);
+            let mut d = self.fallback(
+                &l.policy.0,
+                &eff,
+                &l.key,
+                l.cost.max(1),
+                l.cost == 0,
+                error.clone(),
+            )?;
+            if layers.len() > 1 {
+                d.layer = Some(i);
+            }
+            let better = match &best {
+                None => true,
+                Some((_, b)) => {
+                    (b.allowed && !d.allowed)
+                        || (b.allowed == d.allowed && d.allowed && d.remaining < b.remaining)
+                }
+            };
+            if better {
+                best = Some((i, d));
+            }
+        }
+        best.map(|(_, d)| d)
+            .ok_or_else(|| Error::invalid("layers", "must not be empty"))
+    }
+}

@@ -293,8 +293,12 @@ pub(crate) fn is_current(t: &std::thread::JoinHandle<()>) -> bool {
     #[cfg(unix)]
     {
         use std::os::unix::thread::JoinHandleExt;
+        // (std's RawPthread is an integer; libc's pthread_t is a pointer on musl: the cast
+        // is the identity on glibc, and lets the static musl build of `make dist` compile)
+        #[allow(clippy::unnecessary_cast)]
+        let own = t.as_pthread_t() as libc::pthread_t;
         // SAFETY: pthread_self has no preconditions
-        unsafe { libc::pthread_equal(t.as_pthread_t(), libc::pthread_self()) != 0 }
+        unsafe { libc::pthread_equal(own, libc::pthread_self()) != 0 }
     }
     #[cfg(not(unix))]
     {

@@ -1,0 +1,292 @@
+//! `shardlimit serve`: the limits of a shardlimit config as a service, for what cannot
+//! embed the library: Envoy's rate limit service over gRPC (`grpc`), and an HTTP API on
+//! loopback for sidecar callers and for nginx `auth_request`, Traefik ForwardAuth and
+//! HAProxy (`http`). It uses only the `shardlimit` crate's public API, so a key limited
+//! here and the same key checked by a library (Python, Go, Node, Rust, C) spend one budget.
+//!
+//! The guide is `docs/serve.md`.
+
+pub mod gateway;
+pub mod grpc;
+pub mod http;
+pub mod metrics;
+pub mod proto;
+pub mod rls;
+
+use arc_swap::ArcSwap;
+use clap::Parser;
+use gateway::Gateway;
+use shardlimit::{Config, Limiter};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Semaphore};
+
+/// The command line of `shardlimit serve` (and of the `shardlimit-serve` binary).
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "shardlimit-serve",
+    version,
+    about = "Serve a shardlimit config: Envoy's rate limit service (gRPC) and an HTTP check/auth API.",
+    long_about = "Serve a shardlimit config as a service.\n\n\
+gRPC (--grpc): envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit and grpc.health.v1.Health. \
+The config's \"gateway\" section maps domains and descriptors to policies and keys; the descriptors \
+of one request are one layered check (a denial consumes nothing). The Redis deadline follows the \
+call's gRPC deadline (Envoy sends 20 ms), so the policies' on_error modes decide, not Envoy's timeout.\n\n\
+HTTP (--http), JSON in and out: POST /check, /peek, /check_all, /charge, /refund, /acquire, /release, \
+/reserve, /settle, /overrides/{set,get,delete}; any method on /auth (nginx auth_request, Traefik \
+ForwardAuth, HAProxy) with policy, key and cost in the query or in X-Shardlimit-* headers; \
+GET /healthz, /readyz, /metrics (Prometheus). Decisions answer 200 allowed, 429 denied, 503 when a \
+policy's on_error mode refused; /auth denies with --auth-deny-status (403 for nginx).\n\n\
+Signals: SIGHUP (and, with --watch, a change of the file) reloads the config file (policies, shards with the resharding handoff, gateway); \
+SIGTERM and SIGINT stop accepting, finish the requests in flight (up to --shutdown-grace) and exit 0.\n\n\
+Listen on loopback or a private interface: the API has no authentication of its own.\n\n\
+Guide: docs/serve.md.",
+    after_help = "Examples:\n  shardlimit serve --config shard-config.json\n  shardlimit serve --config /etc/shardlimit/config.json --http 127.0.0.1:8080 --grpc 127.0.0.1:8081 --log-format json"
+)]
+pub struct Options {
+    /// The config file (default: $SHARDLIMIT_CONFIG). Its "gateway" section maps Envoy's
+    /// descriptors to policies.
+    #[arg(long, env = "SHARDLIMIT_CONFIG")]
+    pub config: PathBuf,
+    /// HTTP address ("off" to disable).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub http: String,
+    /// gRPC address for Envoy's rate limit service ("off" to disable).
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub grpc: String,
+    /// Largest HTTP request body accepted, bytes (larger: 413).
+    #[arg(long, default_value_t = 65_536)]
+    pub max_body: usize,
+    /// Requests (HTTP and gRPC together) handled at once; more are answered at once with
+    /// 503 / RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = 1024)]
+    pub max_concurrency: usize,
+    /// The status /auth answers when a request is denied: 403 for nginx auth_request (which
+    /// turns any other status into a 500; map it back with `error_page 403 =429`), 429 for
+    /// Traefik ForwardAuth and HAProxy. A request may set `deny_status` in its query.
+    #[arg(long, default_value_t = 403)]
+    pub auth_deny_status: u16,
+    /// Time kept back from a gRPC deadline to answer Envoy in time, milliseconds.
+    #[arg(long, default_value_t = 5)]
+    pub deadline_margin_ms: u64,
+    /// How long to wait for the shards at start-up (connect and load the scripts); the
+    /// service starts anyway and the policies' on_error modes decide until they answer.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+    /// How long requests in flight may take to finish after SIGTERM/SIGINT.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+    /// Also reload when the config file changes (its modification time or size), looked
+    /// at this often, e.g. 2s. Default: only on SIGHUP.
+    #[arg(long, value_parser = parse_duration)]
+    pub watch: Option<Duration>,
+    /// Log format on stderr: text or json (one object a line).
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+    /// Log level: error, warn, info, debug, trace.
+    #[arg(long, default_value = "info")]
+    pub log_level: tracing::Level,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    shardlimit::parse_duration_us("duration", s)
+        .map(Duration::from_micros)
+        .map_err(|e| e.to_string())
+}
+
+/// What a reload swaps: the limiter's config is reloaded in place; the gateway mapping
+/// is swapped here.
+pub struct State {
+    pub limiter: Limiter,
+    pub gateway: ArcSwap<Gateway>,
+    pub config_path: PathBuf,
+    pub permits: Arc<Semaphore>,
+    pub max_body: usize,
+    pub auth_deny_status: u16,
+    pub deadline_margin: Duration,
+    pub metrics: metrics::ServeMetrics,
+}
+
+impl State {
+    /// Reads and validates the config file: the core's config and the gateway section.
+    pub fn load(path: &std::path::Path) -> Result<(Config, Gateway), String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let config = Config::from_json(&text).map_err(|e| e.to_string())?;
+        let root: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        let gw = Gateway::from_config_json(&root, &config)?;
+        Ok((config, gw))
+    }
+
+    pub fn new(opts: &Options) -> Result<State, String> {
+        let (config, gw) = State::load(&opts.config)?;
+        let limiter = Limiter::new(config).map_err(|e| e.to_string())?;
+        Ok(State::with_limiter(limiter, gw, opts))
+    }
+
+    pub fn with_limiter(limiter: Limiter, gw: Gateway, opts: &Options) -> State {
+        State {
+            limiter,
+            gateway: ArcSwap::from_pointee(gw),
+            config_path: opts.config.clone(),
+            permits: Arc::new(Semaphore::new(opts.max_concurrency.max(1))),
+            max_body: opts.max_body,
+            auth_deny_status: opts.auth_deny_status,
+            deadline_margin: Duration::from_millis(opts.deadline_margin_ms),
+            metrics: metrics::ServeMetrics::default(),
+        }
+    }
+
+    /// SIGHUP: the config file again. Nothing changes unless all of it is valid.
+    pub fn reload(&self) -> Result<String, String> {
+        let (config, gw) = State::load(&self.config_path)?;
+        let report = self.limiter.reload(config).map_err(|e| e.to_string())?;
+        let domains = gw.domains.len();
+        self.gateway.store(Arc::new(gw));
+        Ok(format!(
+            "policies added {:?}, removed {:?}, changed {:?}; shards changed: {}; handoff: {}; gateway domains: {domains}",
+            report.policies_added,
+            report.policies_removed,
+            report.policies_changed,
+            report.engine_changed,
+            report.handoff
+        ))
+    }
+}
+
+/// Parses "off" or an address.
+fn addr(s: &str, what: &str) -> Result<Option<SocketAddr>, String> {
+    if s == "off" {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .map_err(|e| format!("--{what} {s}: {e} (expected host:port or off)"))
+}
+
+pub fn init_logging(opts: &Options) {
+    let b = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(opts.log_level)
+        .with_target(false);
+    let _ = if opts.log_format == "json" {
+        b.json().flatten_event(true).try_init()
+    } else {
+        b.with_ansi(false).try_init()
+    };
+}
+
+/// Runs the service until SIGTERM or SIGINT. Returns an error message for a bad config or
+/// an address that cannot be bound.
+pub async fn run(opts: Options) -> Result<(), String> {
+    let http_addr = addr(&opts.http, "http")?;
+    let grpc_addr = addr(&opts.grpc, "grpc")?;
+    if http_addr.is_none() && grpc_addr.is_none() {
+        return Err("--http and --grpc are both off: nothing to serve".into());
+    }
+    let state = Arc::new(State::new(&opts)?);
+    if state.limiter.is_redis() {
+        match state.limiter.connect(opts.connect_timeout).await {
+            Ok(()) => tracing::info!("connected to the shards"),
+            Err(e) => {
+                tracing::warn!(error = %e, "shards not reachable yet: on_error decides until they answer")
+            }
+        }
+    }
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+    if let Some(a) = http_addr {
+        let listener = tokio::net::TcpListener::bind(a)
+            .await
+            .map_err(|e| format!("--http {a}: {e}"))?;
+        tracing::info!(addr = %listener.local_addr().map_err(|e| e.to_string())?, "HTTP listening");
+        tasks.push(tokio::spawn(http::serve(
+            state.clone(),
+            listener,
+            stop_rx.clone(),
+        )));
+    }
+    if let Some(a) = grpc_addr {
+        let listener = tokio::net::TcpListener::bind(a)
+            .await
+            .map_err(|e| format!("--grpc {a}: {e}"))?;
+        tracing::info!(addr = %listener.local_addr().map_err(|e| e.to_string())?, "gRPC listening");
+        tasks.push(tokio::spawn(grpc::serve(
+            state.clone(),
+            listener,
+            stop_rx.clone(),
+        )));
+    }
+    if let Some(every) = opts.watch {
+        tokio::spawn(watch_file(state.clone(), every, stop_rx.clone()));
+    }
+    signals(&state).await?;
+    tracing::info!(grace = ?opts.shutdown_grace, "stopping: finishing the requests in flight");
+    let _ = stop_tx.send(true);
+    let all = async {
+        for t in tasks {
+            let _ = t.await;
+        }
+    };
+    if tokio::time::timeout(opts.shutdown_grace, all)
+        .await
+        .is_err()
+    {
+        tracing::warn!("requests still in flight after the grace period: exiting");
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Waits for SIGTERM or SIGINT; reloads on each SIGHUP meanwhile.
+async fn signals(state: &State) -> Result<(), String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let mut hup = signal(SignalKind::hangup()).map_err(|e| e.to_string())?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => return Ok(()),
+            _ = int.recv() => return Ok(()),
+            _ = hup.recv() => match state.reload() {
+                Ok(what) => tracing::info!(config = %state.config_path.display(), changes = %what, "reloaded"),
+                Err(e) => tracing::error!(config = %state.config_path.display(), error = %e, "reload refused: the previous config stays in force"),
+            },
+        }
+    }
+}
+
+/// Reloads the config whenever its file's modification time or size changes, looked at
+/// every `every`, until `stop`. A file that does not validate is logged and skipped (the
+/// config in force stays) until it changes again.
+pub async fn watch_file(state: Arc<State>, every: Duration, mut stop: watch::Receiver<bool>) {
+    let stamp = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()))
+    };
+    let mut last = stamp(&state.config_path);
+    let mut tick = tokio::time::interval(every.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let now = stamp(&state.config_path);
+        if now == last {
+            continue;
+        }
+        last = now;
+        match state.reload() {
+            Ok(what) => {
+                tracing::info!(config = %state.config_path.display(), changes = %what, "reloaded (file changed)")
+            }
+            Err(e) => {
+                tracing::error!(config = %state.config_path.display(), error = %e, "reload refused: the previous config stays in force")
+            }
+        }
+    }
+}
