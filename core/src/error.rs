@@ -132,10 +132,7 @@ pub enum Error {
     InvalidArgument { what: String, message: String },
     #[error("unknown policy `{0}`")]
     UnknownPolicy(String),
-    #[error(
-        "shard `{shard}`: connection failed: {message}{}",
-        crate::tls::explain(message)
-    )]
+    #[error("shard `{shard}`: connection failed: {message}{}", tls_hint(message))]
     Connection { shard: String, message: String },
     #[error("shard `{shard}`: no answer within {timeout_ms} ms")]
     Timeout { shard: String, timeout_ms: u64 },
@@ -344,4 +341,46 @@ mod scrub_tests {
             e.to_string()
         );
     }
+}
+
+/// What a TLS verification failure named in `message` means and what to do about it, as
+/// text to append to the message (empty when there is nothing to add). rustls names its
+/// errors after the rule that failed (`CaUsedAsEndEntity`), which says little to whoever
+/// made the certificate.
+fn tls_hint(message: &str) -> &'static str {
+    const HINTS: [(&str, &str); 5] = [
+        (
+            "CaUsedAsEndEntity",
+            " (the server presented a CA certificate as its own: a certificate with \
+             basicConstraints CA:TRUE, which is what `openssl req -x509` makes by default. \
+             TLS accepts only a leaf certificate there: issue the server a certificate \
+             signed by a CA, with the server's name or address in its subjectAltName, and \
+             give that CA as `ca_file`; tests/tls/gen-certs.sh shows the openssl commands)",
+        ),
+        (
+            "UnknownIssuer",
+            " (the server's certificate is not signed by a CA this client trusts: set \
+             `ca_file` to the CA that signed it, or check that the server sends its \
+             intermediate certificates)",
+        ),
+        (
+            "NotValidForName",
+            " (the server's certificate does not hold the host of the shard URL in its \
+             subjectAltName: connect by a name or address it holds, or reissue it with \
+             this one)",
+        ),
+        (
+            "Expired",
+            " (the server's certificate has expired, or this machine's clock is wrong)",
+        ),
+        (
+            "NotValidYet",
+            " (the server's certificate is not valid yet: this machine's clock, or the \
+             certificate's notBefore, is wrong)",
+        ),
+    ];
+    HINTS
+        .iter()
+        .find(|(name, _)| message.contains(name))
+        .map_or("", |(_, hint)| hint)
 }
