@@ -12,6 +12,7 @@
 # Every policy has limits far above the traffic: every decision is an admission (the hot
 # path), and a decision that did not come from Redis fails the run.
 #   bash scripts/bench-redis-cost.sh [decisions per round] [rounds] [callgrind decisions]
+#   (SHARDLIMIT_BIN=path: that build of the CLI instead of a debug build of this tree)
 # (make bench-redis-cost; not part of make test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,8 +22,9 @@ N=${1:-20000}
 ROUNDS=${2:-3}
 NCG=${3:-2000}
 KEYS=1000
-cargo build --quiet -p shardlimit-cli
-SL=$(target_dir)/debug/shardlimit
+# SHARDLIMIT_BIN: another build of the CLI (its scripts are embedded), to compare two
+if [ -z "${SHARDLIMIT_BIN:-}" ]; then cargo build --quiet -p shardlimit-cli; fi
+SL=${SHARDLIMIT_BIN:-$(target_dir)/debug/shardlimit}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 DIR=$(mktemp -d)
 PIDS=()
@@ -101,6 +103,8 @@ run_min() { # port name decisions
   echo "$3"
 }
 one() { # port kind(sl|min) name decisions -> "usec_per_call usec_per_decision"
+  # warm up (the scripts' first EVAL compiles them), then count from zero
+  if [ "$2" = sl ]; then run_sl "$1" "$3" 100 >/dev/null; else run_min "$1" "$3" 100 >/dev/null; fi
   redis-cli -p "$1" CONFIG RESETSTAT >/dev/null
   if [ "$2" = sl ]; then run_sl "$1" "$3" "$4" >/dev/null; else run_min "$1" "$3" "$4" >/dev/null; fi
   read -r calls usec <<<"$(script_stats "$1")"
