@@ -25,13 +25,6 @@
 --          (The 0 keeps an integer before the tag the main appends, so that a reply of
 --          this shape is only ever taken with its call's tag: see `untag`.)
 local server_now
--- the reply of a check of a blocked key, nil when `entry` does not exist
-local function blocked(entry)
-  local ttl = redis.call('PTTL', entry)
-  if ttl == -2 then return nil end
-  if ttl == -1 then return {0, 0, 0, -1, 0, 1, 0} end
-  return {0, 0, ttl * 1000, ttl * 1000, 0, 1, 0}
-end
 local function check(state, entry, denials, now, cost, lease, need, code, limit, period, mode,
                      after, within, dur, reason, okey, ov)
   if ov ~= '-' then
@@ -44,25 +37,17 @@ local function check(state, entry, denials, now, cost, lease, need, code, limit,
   else
     now = tonumber(now)
   end
+  local ttl = redis.call('PTTL', entry)
+  if ttl ~= -2 then
+    if ttl == -1 then return {0, 0, 0, -1, 0, 1, 0} end
+    return {0, 0, ttl * 1000, ttl * 1000, 0, 1, 0}
+  end
   local fn = ALGO[code]
   limit, period, cost = tonumber(limit), tonumber(period), tonumber(cost)
-  -- the block-list entry: read with the state by the algorithms kept in strings (one
-  -- call fewer, see get in prelude.lua), else on its own
-  local e = entry
-  if code == 'sl' or code == 'cc' then -- sorted sets
-    local b = blocked(entry)
-    if b then return b end
-    e = nil
-  end
   local r
   if mode == 'grant' then
     need = tonumber(need)
-    r = fn(state, now, limit, period, need, true, lease, e)
-    if r == nil then
-      r = blocked(entry)
-      if r then return r end
-      r = fn(state, now, limit, period, need, true, lease)
-    end
+    r = fn(state, now, limit, period, need, true, lease)
     if r[1] == 1 then
       -- r[2] is what is available now; take up to `cost` of it, at least `need`
       local g = math.max(need, math.min(cost, r[2]))
@@ -70,12 +55,7 @@ local function check(state, entry, denials, now, cost, lease, need, code, limit,
       if r[1] == 1 then r[7] = g end
     end
   else
-    r = fn(state, now, limit, period, cost, mode == 'peek', lease, e)
-    if r == nil then
-      r = blocked(entry)
-      if r then return r end
-      r = fn(state, now, limit, period, cost, mode == 'peek', lease)
-    end
+    r = fn(state, now, limit, period, cost, mode == 'peek', lease)
     if r[1] == 1 and mode ~= 'peek' then r[7] = cost end
   end
   r[6] = 0

@@ -2,13 +2,11 @@
 -- State: an integer counter in key..':'..window_index, expiring at the window's end.
 -- `shift` (the 7th argument, "" for none) is added to `now` so that the key's windows are
 -- offset per key (`"window_offset": "per_key"`, core/src/policy/offset.rs).
-ALGO.fw = function(key, now, limit, window, cost, peek, shift, entry)
+ALGO.fw = function(key, now, limit, window, cost, peek, shift)
   if shift ~= '' then now = now + tonumber(shift) end
   local idx = math.floor(now / window)
   local ckey = key .. ':' .. int(idx)
-  local used = get(ckey, entry) -- (prelude.lua: nil when the key is blocked)
-  if used == nil then return nil end
-  used = tonumber(used or '0')
+  local used = tonumber(redis.call('GET', ckey) or '0')
   local reset = (idx + 1) * window - now
   if cost > limit then
     return {0, math.max(limit - used, 0), reset, -1, 0}

@@ -3,7 +3,7 @@
 -- how long to wait (delay) for its slot; one that would overflow the queue is denied.
 -- `limit` is the queue size in units, `period` the leak interval (µs per unit); or, when
 -- `q` (the 7th argument) is not "", interval/q µs per unit exactly (as in token_bucket.lua).
-ALGO.lb = function(key, now, capacity, interval, cost, peek, q, entry)
+ALGO.lb = function(key, now, capacity, interval, cost, peek, q)
   if q ~= '' then
     -- an exact interval of interval/q µs (core/src/policy/precision.rs), step for step as
     -- core/src/engine/exact.rs: the state is "T:f", the TAT T + f/q µs; the arithmetic runs
@@ -21,8 +21,7 @@ ALGO.lb = function(key, now, capacity, interval, cost, peek, q, entry)
       return x
     end
     local d = 0
-    local v = get(key, entry) -- (prelude.lua: nil when the key is blocked)
-    if v == nil then return nil end
+    local v = redis.call('GET', key)
     if v then
       local t, f = string.match(v, '^(%d+):(%d+)$')
       t, f = tonumber(t), tonumber(f)
@@ -41,9 +40,7 @@ ALGO.lb = function(key, now, capacity, interval, cost, peek, q, entry)
     redis.call('SET', key, int(now + t) .. ':' .. int(f), 'PX', int(math.ceil(up(nd) / 1000)))
     return {1, div(burst - nd, interval), up(nd), -1, up(d)}
   end
-  local drain = get(key, entry)
-  if drain == nil then return nil end
-  drain = tonumber(drain or '0')
+  local drain = tonumber(redis.call('GET', key) or '0')
   if drain < now then drain = now end
   local queue = capacity * interval
   -- (a drain time more than `queue` ahead, after the clock went back: no room)

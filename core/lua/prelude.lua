@@ -28,14 +28,3 @@ end
 local function int(x)
   return string.format('%d', x)
 end
-
--- A check reads the key's block-list entry in the algorithm's own read: an algorithm
--- whose state is strings takes the entry as its 8th argument (nil: none to read) and
--- returns nil, deciding nothing, when the entry exists (check.lua then reads its TTL).
--- get(key, entry): the value at key (false when absent), or nil when `entry` exists.
-local function get(key, entry)
-  if not entry then return redis.call('GET', key) end
-  local v = redis.call('MGET', entry, key)
-  if v[1] then return nil end
-  return v[2]
-end

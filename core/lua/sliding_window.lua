@@ -3,20 +3,14 @@
 -- State: integer counters in key..':'..window_index for this and the previous window.
 -- The Rust in-memory engine evaluates the very same floating-point expression.
 -- `shift` (the 7th argument, "" for none): added to `now`, as in fixed_window.lua.
-ALGO.sw = function(key, now, limit, window, cost, peek, shift, entry)
+ALGO.sw = function(key, now, limit, window, cost, peek, shift)
   if shift ~= '' then now = now + tonumber(shift) end
   local idx = math.floor(now / window)
   local elapsed = now - idx * window
   local ckey = key .. ':' .. int(idx)
-  local cur, prev
-  if entry then -- the block-list entry in the same read (see get, prelude.lua)
-    local v = redis.call('MGET', entry, ckey, key .. ':' .. int(idx - 1))
-    if v[1] then return nil end
-    cur, prev = tonumber(v[2] or '0'), tonumber(v[3] or '0')
-  else
-    local both = redis.call('MGET', ckey, key .. ':' .. int(idx - 1))
-    cur, prev = tonumber(both[1] or '0'), tonumber(both[2] or '0')
-  end
+  local both = redis.call('MGET', ckey, key .. ':' .. int(idx - 1))
+  local cur = tonumber(both[1] or '0')
+  local prev = tonumber(both[2] or '0')
   local function fits(p, c, e)
     return p * (window - e) / window + c + cost <= limit
   end

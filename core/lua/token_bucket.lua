@@ -2,7 +2,7 @@
 -- (TAT, µs): the bucket is full again at TAT. Starts full, refills continuously.
 -- `period` is the emission interval: µs per token; or, when `q` (the 7th argument) is not
 -- "", interval/q µs per token exactly.
-ALGO.tb = function(key, now, capacity, interval, cost, peek, q, entry)
+ALGO.tb = function(key, now, capacity, interval, cost, peek, q)
   if q ~= '' then
     -- an exact interval of interval/q µs (core/src/policy/precision.rs), step for step as
     -- core/src/engine/exact.rs: the state is "T:f", the TAT T + f/q µs; the arithmetic runs
@@ -20,8 +20,7 @@ ALGO.tb = function(key, now, capacity, interval, cost, peek, q, entry)
       return x
     end
     local d = 0
-    local v = get(key, entry) -- (prelude.lua: nil when the key is blocked)
-    if v == nil then return nil end
+    local v = redis.call('GET', key)
     if v then
       local t, f = string.match(v, '^(%d+):(%d+)$')
       t, f = tonumber(t), tonumber(f)
@@ -40,9 +39,7 @@ ALGO.tb = function(key, now, capacity, interval, cost, peek, q, entry)
     redis.call('SET', key, int(now + t) .. ':' .. int(f), 'PX', int(math.ceil(up(nd) / 1000)))
     return {1, div(burst - nd, interval), up(nd), -1, 0}
   end
-  local tat = get(key, entry)
-  if tat == nil then return nil end
-  tat = tonumber(tat or '0')
+  local tat = tonumber(redis.call('GET', key) or '0')
   if tat < now then tat = now end
   local burst = capacity * interval
   -- (a TAT more than `burst` ahead, after the clock went back: nothing is available)
