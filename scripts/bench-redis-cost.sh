@@ -6,9 +6,12 @@
 # runs per consume (bench/fixed_window_rlf.lua). Two figures, both read from Redis:
 #   usec/dec  INFO commandstats: the script commands' total usec / decisions (alternating
 #             rounds, the median; wall-clock time, so noisy on a loaded machine)
+#             (shardlimit bench runs 16 concurrent callers: the client sends the checks
+#             that queue up in one batch script call, as a service's would)
 #   Ir/dec    instructions Redis executes per decision, counted by callgrind on a second
-#             redis-server (only inside EVALSHA and argument parsing: deterministic, the
-#             figure to compare on a shared machine)
+#             redis-server (only inside EVALSHA and argument parsing), one caller, so one
+#             decision per script call on both sides: deterministic, the figure to compare
+#             on a shared machine
 # Every policy has limits far above the traffic: every decision is an admission (the hot
 # path), and a decision that did not come from Redis fails the run.
 #   bash scripts/bench-redis-cost.sh [decisions per round] [rounds] [callgrind decisions]
@@ -83,9 +86,9 @@ for l in sys.stdin:
     if m: calls += int(m.group(2)); usec += int(m.group(3))
 print(calls, usec)'
 }
-run_sl() { # port algorithm decisions -> "decisions"
+run_sl() { # port algorithm decisions [concurrency] -> "decisions"
   local out
-  out=$($SL bench --config "$(config "$1" "$2")" --policy p --concurrency 16 --requests "$3" \
+  out=$($SL bench --config "$(config "$1" "$2")" --policy p --concurrency "${4:-16}" --requests "$3" \
     --keys $KEYS --json)
   python3 -c '
 import json, sys
@@ -142,9 +145,9 @@ if command -v valgrind >/dev/null && command -v callgrind_control >/dev/null && 
   CGPID=${PIDS[-1]}
   ir() { # kind name
     redis-cli -p "$CGP" FLUSHALL >/dev/null
-    if [ "$1" = sl ]; then run_sl "$CGP" "$2" 50 >/dev/null; else run_min "$CGP" "$2" 50 >/dev/null; fi
+    if [ "$1" = sl ]; then run_sl "$CGP" "$2" 50 1 >/dev/null; else run_min "$CGP" "$2" 50 >/dev/null; fi
     callgrind_control -z "$CGPID" >/dev/null 2>&1
-    if [ "$1" = sl ]; then run_sl "$CGP" "$2" "$NCG" >/dev/null; else run_min "$CGP" "$2" "$NCG" >/dev/null; fi
+    if [ "$1" = sl ]; then run_sl "$CGP" "$2" "$NCG" 1 >/dev/null; else run_min "$CGP" "$2" "$NCG" >/dev/null; fi
     rm -f "$DIR"/cg.*.[0-9]*
     callgrind_control -d "$CGPID" >/dev/null 2>&1
     local f
