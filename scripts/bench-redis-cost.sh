@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 ensure_redis
 N=${1:-20000}
 ROUNDS=${2:-3}
-NCG=${3:-2000}
+NCG=${3:-300}
 KEYS=1000
 # SHARDLIMIT_BIN: another build of the CLI (its scripts are embedded), to compare two
 if [ -z "${SHARDLIMIT_BIN:-}" ]; then cargo build --quiet -p shardlimit-cli; fi
