@@ -9,7 +9,7 @@
 #   make bench  - shardlimit against the latest peers of each language (bench/peers.lock),
 #                 written to docs/benchmarks.md (make bench-quick: one short round)
 # Every script honours CARGO_TARGET_DIR.
-.PHONY: demo test test-fast dist test-dist test-serve build bench bench-quick bench-redis fmt lint
+.PHONY: demo test test-fast dist test-dist test-serve build bench bench-quick bench-redis bench-redis-cost fmt lint
 
 demo:
 	bash scripts/demo.sh
@@ -43,6 +43,11 @@ bench-quick:
 # the CLI against redis-benchmark running shardlimit's own token bucket script
 bench-redis:
 	bash scripts/bench-redis.sh
+
+# Redis's own time and instructions per decision, per algorithm: shardlimit's scripts
+# against minimal single-purpose scripts and rate-limiter-flexible's commands
+bench-redis-cost:
+	bash scripts/bench-redis-cost.sh
 
 fmt:
 	cargo fmt --all

@@ -15,6 +15,6 @@ if tokens >= 1 then
   tokens = tokens - 1
   allowed = 1
 end
-redis.call('HSET', KEYS[1], 't', tokens, 'ts', now)
+redis.call('HSET', KEYS[1], 't', tokens, 'ts', string.format('%d', now))
 redis.call('PEXPIRE', KEYS[1], math.ceil(capacity / rate * 1000))
 return {allowed, math.floor(tokens)}

@@ -954,11 +954,18 @@ async fn bench_task(
         ..Default::default()
     };
     let mut i = start;
+    let cc = p.algorithm() == shardlimit::Algorithm::Concurrency;
     for _ in 0..count {
         let key = &keys[(i % keys.len() as u64) as usize];
         i += step;
         let t = Instant::now();
-        match l.check(key, &p, 1).await {
+        // a concurrency policy takes leases: acquire one (never released: they expire)
+        let d = if cc {
+            l.acquire(key, &p, 1).await.map(|(d, _)| d)
+        } else {
+            l.check(key, &p, 1).await
+        };
+        match d {
             Ok(d) if d.allowed => r.allowed += 1,
             Ok(_) => r.denied += 1,
             Err(_) => r.errors += 1,
@@ -1000,7 +1007,13 @@ fn bench(
     // warm up: connect and load the script
     let warm = {
         let (l, p) = (l.clone(), p.clone());
-        handle.block_on(async move { l.check("bench:warmup", &p, 1).await })
+        handle.block_on(async move {
+            if p.algorithm() == shardlimit::Algorithm::Concurrency {
+                l.acquire("bench:warmup", &p, 1).await.map(|(d, _)| d)
+            } else {
+                l.check("bench:warmup", &p, 1).await
+            }
+        })
     };
     warm?;
     let per_task = requests / concurrency as u64;

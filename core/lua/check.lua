@@ -32,10 +32,11 @@ local function check(state, entry, denials, now, cost, extra, need, code, limit,
     local changed = override_changed(okey, ov, 0) -- (override.lua)
     if changed then return changed end
   end
-  now = tonumber(now)
-  if now == 0 then
+  if now == '0' then
     if server_now == nil then server_now = clock('0') end
     now = server_now
+  else
+    now = tonumber(now)
   end
   local ttl = redis.call('PTTL', entry)
   if ttl ~= -2 then
@@ -60,8 +61,9 @@ local function check(state, entry, denials, now, cost, extra, need, code, limit,
   end
   r[6] = 0
   if r[7] == nil then r[7] = 0 end
-  after = tonumber(after)
-  if r[1] == 0 and mode ~= 'peek' and after > 0 then
+  -- (after is a decimal integer: "0" when the policy blocks nothing)
+  if r[1] == 0 and mode ~= 'peek' and after ~= '0' then
+    after = tonumber(after)
     local n = redis.call('INCR', denials)
     if n == 1 then redis.call('PEXPIRE', denials, within) end
     if n >= after then

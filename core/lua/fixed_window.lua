@@ -16,10 +16,10 @@ ALGO.fw = function(key, now, limit, window, cost, peek, shift)
     return {0, math.max(limit - used, 0), reset, reset, 0}
   end
   if not peek then
-    redis.call('INCRBY', ckey, cost)
+    redis.call('INCRBY', ckey, int(cost))
     -- a counter gets its expiry when the window's first units create it; later increments
     -- keep it (one call fewer per admitted check)
-    if used == 0 then redis.call('PEXPIRE', ckey, math.ceil(reset / 1000)) end
+    if used == 0 then redis.call('PEXPIRE', ckey, int(math.ceil(reset / 1000))) end
     used = used + cost
   end
   return {1, limit - used, reset, -1, 0}

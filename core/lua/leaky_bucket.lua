@@ -37,7 +37,7 @@ ALGO.lb = function(key, now, capacity, interval, cost, peek, q)
     if nd > burst then return {0, available, up(d), up(nd - burst), 0} end
     if peek then return {1, available, up(d), -1, up(d)} end
     local t, f = div(nd, q)
-    redis.call('SET', key, int(now + t) .. ':' .. int(f), 'PX', math.ceil(up(nd) / 1000))
+    redis.call('SET', key, int(now + t) .. ':' .. int(f), 'PX', int(math.ceil(up(nd) / 1000)))
     return {1, div(burst - nd, interval), up(nd), -1, up(d)}
   end
   local drain = tonumber(redis.call('GET', key) or '0')
@@ -55,7 +55,7 @@ ALGO.lb = function(key, now, capacity, interval, cost, peek, q)
   if peek then
     return {1, free, drain - now, -1, drain - now}
   end
-  redis.call('SET', key, int(new_drain), 'PX', math.ceil((new_drain - now) / 1000))
+  redis.call('SET', key, int(new_drain), 'PX', int(math.ceil((new_drain - now) / 1000)))
   return {1, math.floor((queue - (new_drain - now)) / interval), new_drain - now, -1, drain - now}
 end
 

@@ -27,9 +27,9 @@ ALGO.sw = function(key, now, limit, window, cost, peek, shift)
   end
   if fits(prev, cur, elapsed) then
     if not peek then
-      redis.call('INCRBY', ckey, cost)
+      redis.call('INCRBY', ckey, int(cost))
       -- the counter expires at the end of the next window, set once when it is created
-      if cur == 0 then redis.call('PEXPIRE', ckey, math.ceil((2 * window - elapsed) / 1000)) end
+      if cur == 0 then redis.call('PEXPIRE', ckey, int(math.ceil((2 * window - elapsed) / 1000))) end
       cur = cur + cost
       reset = 2 * window - elapsed
     end

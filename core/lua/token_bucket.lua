@@ -36,7 +36,7 @@ ALGO.tb = function(key, now, capacity, interval, cost, peek, q)
     if nd > burst then return {0, available, up(d), up(nd - burst), 0} end
     if peek then return {1, available, up(d), -1, 0} end
     local t, f = div(nd, q)
-    redis.call('SET', key, int(now + t) .. ':' .. int(f), 'PX', math.ceil(up(nd) / 1000))
+    redis.call('SET', key, int(now + t) .. ':' .. int(f), 'PX', int(math.ceil(up(nd) / 1000)))
     return {1, div(burst - nd, interval), up(nd), -1, 0}
   end
   local tat = tonumber(redis.call('GET', key) or '0')
@@ -54,7 +54,7 @@ ALGO.tb = function(key, now, capacity, interval, cost, peek, q)
   if peek then
     return {1, available, tat - now, -1, 0}
   end
-  redis.call('SET', key, int(new_tat), 'PX', math.ceil((new_tat - now) / 1000))
+  redis.call('SET', key, int(new_tat), 'PX', int(math.ceil((new_tat - now) / 1000)))
   return {1, math.floor((burst - (new_tat - now)) / interval), new_tat - now, -1, 0}
 end
 

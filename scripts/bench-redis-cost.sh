@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# Redis's own work per decision, per algorithm: shardlimit's scripts (driven by
+# `shardlimit bench`, the real client and its real arguments) against a minimal
+# single-purpose script for each algorithm (bench/*_min.lua, driven by redis-benchmark),
+# and for the fixed window also the Redis commands rate-limiter-flexible's RateLimiterRedis
+# runs per consume (bench/fixed_window_rlf.lua). Two figures, both read from Redis:
+#   usec/dec  INFO commandstats: the script commands' total usec / decisions (alternating
+#             rounds, the median; wall-clock time, so noisy on a loaded machine)
+#             (shardlimit bench runs 16 concurrent callers: the client sends the checks
+#             that queue up in one batch script call, as a service's would)
+#   Ir/dec    instructions Redis executes per decision, counted by callgrind on a second
+#             redis-server (only inside EVALSHA and argument parsing), one caller, so one
+#             decision per script call on both sides: deterministic, the figure to compare
+#             on a shared machine
+# Every policy has limits far above the traffic: every decision is an admission (the hot
+# path), and a decision that did not come from Redis fails the run.
+#   bash scripts/bench-redis-cost.sh [decisions per round] [rounds] [callgrind decisions]
+#   (SHARDLIMIT_BIN=path: that build of the CLI instead of a debug build of this tree)
+# (make bench-redis-cost; not part of make test)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+ensure_redis
+N=${1:-20000}
+ROUNDS=${2:-3}
+NCG=${3:-300}
+KEYS=1000
+# SHARDLIMIT_BIN: another build of the CLI (its scripts are embedded), to compare two
+if [ -z "${SHARDLIMIT_BIN:-}" ]; then cargo build --quiet -p shardlimit-cli; fi
+SL=${SHARDLIMIT_BIN:-$(target_dir)/debug/shardlimit}
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+DIR=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+start_redis() { # port [wrapper...]
+  local port=$1
+  shift
+  "$@" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$DIR" \
+    >"$DIR/redis-$port.log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 600); do redis-cli -p "$port" ping >/dev/null 2>&1 && return 0; sleep 0.1; done
+  echo "redis-server on $port did not start" >&2
+  return 1
+}
+
+ALGOS="fixed_window sliding_window sliding_log token_bucket leaky_bucket concurrency"
+policy() {
+  case $1 in
+    fixed_window | sliding_window) echo '{"algorithm":"'"$1"'","limit":1000000000,"window":"1m","on_error":"error"}' ;;
+    sliding_log) echo '{"algorithm":"sliding_log","limit":1000000,"window":"1m","on_error":"error"}' ;;
+    token_bucket) echo '{"algorithm":"token_bucket","capacity":1000000000,"refill_per_sec":1000000,"on_error":"error"}' ;;
+    leaky_bucket) echo '{"algorithm":"leaky_bucket","capacity":1000000000,"leak_per_sec":1000000,"on_error":"error"}' ;;
+    concurrency) echo '{"algorithm":"concurrency","max":1000000,"lease_ttl":"1m","on_error":"error"}' ;;
+  esac
+}
+# the minimal script of each and its arguments after the key (redis-benchmark fills
+# __rand_int__: the key, and a unique member for the sorted sets)
+min_script() {
+  case $1 in
+    fixed_window) echo "fixed_window_min 1000000000 60000" ;;
+    fixed_window_rlf) echo "fixed_window_rlf 1 60" ;;
+    sliding_window) echo "sliding_window_min 1000000000 60000" ;;
+    sliding_log) echo "sliding_log_min 1000000 60000000 m:__rand_int__" ;;
+    token_bucket) echo "token_bucket_min 1000000000 1000000" ;;
+    leaky_bucket) echo "leaky_bucket_min 1000000000 1" ;;
+    concurrency) echo "concurrency_min 1000000 60000000 l:__rand_int__" ;;
+  esac
+}
+config() { # port algorithm
+  echo '{"shards":[{"name":"b","url":"redis://127.0.0.1:'"$1"'"}],"timeout_ms":60000,
+   "policies":{"p":'"$(policy "$2")"'}}' >"$DIR/$2-$1.json"
+  echo "$DIR/$2-$1.json"
+}
+# script commands' calls and usec since the last CONFIG RESETSTAT
+script_stats() { # port
+  redis-cli -p "$1" INFO commandstats | tr -d '\r' | python3 -c '
+import sys, re
+calls = usec = 0
+for l in sys.stdin:
+    m = re.match(r"cmdstat_(evalsha|eval|evalsha_ro|eval_ro):calls=(\d+),usec=(\d+)", l)
+    if m: calls += int(m.group(2)); usec += int(m.group(3))
+print(calls, usec)'
+}
+run_sl() { # port algorithm decisions [concurrency] -> "decisions"
+  local out
+  out=$($SL bench --config "$(config "$1" "$2")" --policy p --concurrency "${4:-16}" --requests "$3" \
+    --keys $KEYS --json)
+  python3 -c '
+import json, sys
+d = json.loads(sys.argv[1]); n = int(sys.argv[2])
+if d["allowed"] != n or d.get("errors", 0):
+    sys.exit("shardlimit bench: %d of %d decisions were Redis admissions (%s)" % (d["allowed"], n, sys.argv[1]))
+print(n)' "$out" "$3"
+}
+run_min() { # port name decisions
+  local m sha
+  m=($(min_script "$2"))
+  sha=$(redis-cli -p "$1" -x SCRIPT LOAD <"bench/${m[0]}.lua")
+  redis-benchmark -p "$1" -c 16 -n "$3" -r $KEYS -q EVALSHA "$sha" 1 "k:${m[0]}:__rand_int__" \
+    "${m[@]:1}" >/dev/null
+  echo "$3"
+}
+one() { # port kind(sl|min) name decisions -> "usec_per_call usec_per_decision"
+  # warm up (the scripts' first EVAL compiles them), then count from zero
+  if [ "$2" = sl ]; then run_sl "$1" "$3" 100 >/dev/null; else run_min "$1" "$3" 100 >/dev/null; fi
+  redis-cli -p "$1" CONFIG RESETSTAT >/dev/null
+  if [ "$2" = sl ]; then run_sl "$1" "$3" "$4" >/dev/null; else run_min "$1" "$3" "$4" >/dev/null; fi
+  read -r calls usec <<<"$(script_stats "$1")"
+  python3 -c 'import sys; c,u,n=map(int,sys.argv[1:]); print("%.2f %.2f" % (u/max(c,1), u/n))' \
+    "$calls" "$usec" "$4"
+}
+median() { python3 -c 'import sys,statistics; print("%.2f" % statistics.median(map(float, sys.argv[1:])))' "$@"; }
+
+PORT=$(free_port)
+start_redis "$PORT"
+echo "Redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'): $N decisions per round over $KEYS keys, $ROUNDS alternating rounds, median"
+declare -A SLU SLP MNU MNP
+for algo in $ALGOS fixed_window_rlf; do SLU[$algo]=""; SLP[$algo]=""; MNU[$algo]=""; MNP[$algo]=""; done
+for r in $(seq "$ROUNDS"); do
+  for algo in $ALGOS; do
+    redis-cli -p "$PORT" FLUSHALL >/dev/null
+    read -r a b <<<"$(one "$PORT" sl "$algo" "$N")"
+    SLU[$algo]+=" $a"; SLP[$algo]+=" $b"
+    redis-cli -p "$PORT" FLUSHALL >/dev/null
+    read -r a b <<<"$(one "$PORT" min "$algo" "$N")"
+    MNU[$algo]+=" $a"; MNP[$algo]+=" $b"
+  done
+  redis-cli -p "$PORT" FLUSHALL >/dev/null
+  read -r a b <<<"$(one "$PORT" min fixed_window_rlf "$N")"
+  MNU[fixed_window_rlf]+=" $a"; MNP[fixed_window_rlf]+=" $b"
+done
+
+# instructions: a second redis-server under callgrind, collecting only inside EVALSHA and
+# the parsing of its arguments; zeroed after a warm-up round, dumped after NCG decisions
+IR=()
+if command -v valgrind >/dev/null && command -v callgrind_control >/dev/null && [ "$NCG" -gt 0 ]; then
+  CGP=$(free_port)
+  start_redis "$CGP" valgrind --tool=callgrind --callgrind-out-file="$DIR/cg.%p" \
+    --toggle-collect=evalShaCommand --toggle-collect=processMultibulkBuffer
+  CGPID=${PIDS[-1]}
+  ir() { # kind name
+    redis-cli -p "$CGP" FLUSHALL >/dev/null
+    if [ "$1" = sl ]; then run_sl "$CGP" "$2" 50 1 >/dev/null; else run_min "$CGP" "$2" 50 >/dev/null; fi
+    callgrind_control -z "$CGPID" >/dev/null 2>&1
+    if [ "$1" = sl ]; then run_sl "$CGP" "$2" "$NCG" 1 >/dev/null; else run_min "$CGP" "$2" "$NCG" >/dev/null; fi
+    rm -f "$DIR"/cg.*.[0-9]*
+    callgrind_control -d "$CGPID" >/dev/null 2>&1
+    local f
+    f=$(ls -t "$DIR"/cg.*.[0-9]* | head -1)
+    python3 -c '
+import sys, re
+t = None
+for l in open(sys.argv[1]):
+    if l.startswith("summary:"): t = int(l.split()[1])
+print(int(t / int(sys.argv[2])))' "$f" "$NCG"
+  }
+  declare -A IRS IRM
+  for algo in $ALGOS; do IRS[$algo]=$(ir sl "$algo"); IRM[$algo]=$(ir min "$algo"); done
+  IRM[fixed_window_rlf]=$(ir min fixed_window_rlf)
+fi
+
+row() { # label sl_usec_per_call sl_usec min_usec_per_call min_usec sl_ir min_ir
+  python3 -c '
+import sys
+l, a, b, c, d, e, f = sys.argv[1:]
+ir = "| %s | %s | %.2fx" % (e, f, int(e) / int(f)) if e else "| | |"
+print("| %s | %s | %s | %s | %s | %.2fx %s |" % (l, a, b, c, d, float(b) / float(d), ir))' "$@"
+}
+echo
+echo "| algorithm | shardlimit µs/call | shardlimit µs/decision | yardstick µs/call | yardstick µs/decision | ratio | shardlimit Ir/decision | yardstick Ir/decision | Ir ratio |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+for algo in $ALGOS; do
+  # shellcheck disable=SC2086
+  row "$algo (minimal script)" "$(median ${SLU[$algo]})" "$(median ${SLP[$algo]})" \
+    "$(median ${MNU[$algo]})" "$(median ${MNP[$algo]})" "${IRS[$algo]:-}" "${IRM[$algo]:-}"
+done
+# shellcheck disable=SC2086
+row "fixed_window (rate-limiter-flexible's commands)" "$(median ${SLU[fixed_window]})" \
+  "$(median ${SLP[fixed_window]})" "$(median ${MNU[fixed_window_rlf]})" \
+  "$(median ${MNP[fixed_window_rlf]})" "${IRS[fixed_window]:-}" "${IRM[fixed_window_rlf]:-}"
