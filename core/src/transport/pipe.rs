@@ -348,8 +348,6 @@ async fn read_loop<R: AsyncRead + Unpin>(mut r: R, shared: Arc<Shared>) {
                         if !shared.drive(|c, done| c.handle_input(now, &buf, done)) {
                             return;
                         }
-                        // a NOSCRIPT reply queued its check again, as EVAL
-                        shared.write.notify_one();
                     }
                     Err(e) => {
                         let why = format!("reading from Redis failed: {e}");
@@ -392,7 +390,6 @@ async fn read_loop<R: AsyncRead + Unpin>(mut r: R, shared: Arc<Shared>) {
                 if !alive {
                     return;
                 }
-                shared.write.notify_one();
             }
             _ = shared.timer.notified() => {
                 armed = None;
