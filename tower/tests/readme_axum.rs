@@ -1,16 +1,16 @@
-//! The README's axum example ("HTTP services in Rust"), as written, compiled against this
+//! The axum example of docs/features.md ("HTTP services in Rust"), as written, compiled against this
 //! crate with its default features (as a user's `shardlimit-tower = "..."` gets it) and
 //! served over loopback: `IpKey` must find the client address in axum's `ConnectInfo`, so
 //! the login route answers 200 five times and then 429, never 500.
 //!
-//! `readme_block_is_this_one` holds the copy below equal to the README's block, so the
-//! README cannot change without this test running the new text.
+//! `readme_block_is_this_one` holds the copy below equal to the block in docs/features.md, so the
+//! example cannot change without this test running the new text.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-/// The README's block, byte for byte between the fences (checked below).
+/// The block in docs/features.md, byte for byte between the fences (checked below).
 macro_rules! readme_example {
     ($listener:ident) => {{
 use axum::extract::Request;
@@ -43,7 +43,7 @@ axum::serve($listener, app.into_make_service_with_connect_info::<SocketAddr>()).
 }
 
 const THIS_FILE: &str = include_str!("readme_axum.rs");
-const README: &str = include_str!("../../README.md");
+const README: &str = include_str!("../../docs/features.md");
 
 /// The first ```rust block after `heading` in `text`.
 fn block_after<'a>(text: &'a str, heading: &str) -> &'a str {
@@ -64,7 +64,7 @@ fn readme_block_is_this_one() {
     let copy = THIS_FILE[start..end].replace("$listener", "listener");
     assert_eq!(
         copy, readme,
-        "the README's axum example changed: copy it into tests/readme_axum.rs"
+        "the axum example of docs/features.md changed: copy it into tests/readme_axum.rs"
     );
 }
 
