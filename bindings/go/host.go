@@ -62,7 +62,7 @@ const (
 // takes the thread path for a limiter it cannot serve (memory, TLS, Cluster, Sentinel,
 // Unix sockets): measured pinned to one CPU against the thread path, the host transport
 // had 0.67-0.88x its single-goroutine p50 and 0.97-1.03x its decisions/s at 64
-// goroutines (docs/DESIGN.md, The transport).
+// goroutines (docs/notes/2026-12-measurements.md).
 var defaultTransport = TransportDefault
 
 // hostTo starts the host transport of a limiter just made with opts, when they ask.

@@ -157,7 +157,7 @@ const kHost = Symbol('shardlimit.host')
 
 /**
  * `options.transport`: 'host' (a check's bytes move on this event loop: host.js) or
- * 'thread' (the limiter's I/O thread), which 'default' is (see DESIGN: the host transport
+ * 'thread' (the limiter's I/O thread), which 'default' is (see docs/notes/2026-12-measurements.md: the host transport
  * is cheaper for bursts of checks, not yet behind an HTTP server's one check per request).
  * Only `check` of a named policy uses the host transport.
  */
