@@ -120,12 +120,17 @@ def test_interpreters_exit_cleanly_in_every_shape(tmp_path: Path) -> None:
     jobs += [("multiprocess", scripts["multiprocess"])] * parents
     started = time.monotonic()
     deadline = started + DEADLINE_S
+
+    def job(j: tuple[str, Path]) -> tuple[str, int, str, str]:
+        code, out, err = _run(j[1], deadline)
+        return j[0], code, out, err
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=4 * (os.cpu_count() or 2)) as pool:
-        results = list(pool.map(lambda j: (j[0], *_run(j[1], deadline)), jobs))
+        results = list(pool.map(job, jobs))
     took = time.monotonic() - started
     failures = []
     counts = {name: 0 for name in shapes}
-    for name, code, out, err in results:
+    for name, rc, out, err in results:
         if name == "multiprocess":
             line = next((x for x in out.splitlines() if x.startswith("CHILD_EXIT_CODES")), None)
             child_codes = [int(c) for c in line.split()[1:]] if line else []
@@ -133,9 +138,9 @@ def test_interpreters_exit_cleanly_in_every_shape(tmp_path: Path) -> None:
             if len(child_codes) != CHILDREN or any(child_codes):
                 failures.append((name, f"children exited {child_codes}", err[-2000:]))
         else:
-            counts[name] += code == 0 and not err
-        if code != 0 or err:
-            failures.append((name, f"exit {code}", err[-2000:]))
+            counts[name] += rc == 0 and not err
+        if rc != 0 or err:
+            failures.append((name, f"exit {rc}", err[-2000:]))
     assert not failures, f"{len(failures)} unclean exits, the first: {failures[0]}"
     assert counts == {"readme": RUNS, "dead_shard": RUNS, "after_close": RUNS, "multiprocess": RUNS}
     assert took < DEADLINE_S, f"{len(jobs)} interpreters took {took:.1f} s"

@@ -287,11 +287,11 @@ def test_the_readme_s_deduct_when_and_override_defaults_snippet_runs_as_written(
 
 def test_cost_none_is_an_error_not_one(limiter: Limiter) -> None:
     calls: list[Callable[[], Any]] = [
-        lambda: limiter.check("k", "api", None),
-        lambda: limiter.check("k", "api", cost=None),
-        lambda: limiter.charge("k", "api", None),
-        lambda: limiter.check_all([("k", "api", None)]),
-        lambda: asyncio.run(limiter.acheck("k", "api", None)),
+        lambda: limiter.check("k", "api", None),  # type: ignore[arg-type]
+        lambda: limiter.check("k", "api", cost=None),  # type: ignore[arg-type]
+        lambda: limiter.charge("k", "api", None),  # type: ignore[arg-type]
+        lambda: limiter.check_all([("k", "api", None)]),  # type: ignore[list-item]
+        lambda: asyncio.run(limiter.acheck("k", "api", None)),  # type: ignore[arg-type]
     ]
     for call in calls:
         with pytest.raises(shardlimit.InvalidArgumentError, match="`cost`: None"):
