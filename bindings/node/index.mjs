@@ -17,6 +17,7 @@ export const {
   IoError,
   InternalError,
   UnavailableError,
+  OverloadedError,
   ERROR_CLASSES,
   ERROR_CODES,
   TrustedProxies,

@@ -32,7 +32,7 @@ events: queue.Queue = queue.Queue()
 limiter.subscribe(events.put)
 for _ in range(8):
     limiter.check("tenant:7", "free")
-while (e := events.get(timeout=5))["event"] != "near_limit":
+while (e := events.get(timeout=5))["kind"] != "near_limit":
     pass
 assert (e["key"], e["remaining"]) == ("tenant:7", "2")
 for _ in range(50):
