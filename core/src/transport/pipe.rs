@@ -20,9 +20,9 @@
 use crate::transport::blocking::Target;
 use crate::transport::resp::{protocol, Reply};
 use crate::transport::sansio::{Completion, SansIo};
-use futures_util::FutureExt;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -128,19 +128,32 @@ impl Pipe {
         let timed_out = || io::Error::new(io::ErrorKind::TimedOut, "connect timed out");
         match target.tcp() {
             Some((host, port)) => {
-                let s = tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, port)))
+                // the TCP connect and, for a TLS shard, the handshake, within the timeout
+                let open = async {
+                    let s = tokio::net::TcpStream::connect((host, port)).await?;
+                    s.set_nodelay(true)?;
+                    let peek = Peek::of(&s);
+                    #[cfg(feature = "tls")]
+                    if let Some(tls) = target.tls() {
+                        let s = tls.handshake(s).await?;
+                        // (a lock shared by the halves, held only for one poll)
+                        let (r, w) = tokio::io::split(s);
+                        return io::Result::Ok(Pipe::start_with(r, w, conn, peek));
+                    }
+                    let (r, w) = s.into_split();
+                    Ok(Pipe::start_with(r, w, conn, peek))
+                };
+                tokio::time::timeout(timeout, open)
                     .await
-                    .map_err(|_| timed_out())??;
-                s.set_nodelay(true)?;
-                let (r, w) = s.into_split();
-                Ok(Pipe::start(r, w, conn))
+                    .map_err(|_| timed_out())?
             }
             None => {
                 let s = tokio::time::timeout(timeout, Pipe::connect_unix(target))
                     .await
                     .map_err(|_| timed_out())??;
+                let peek = Peek::of(&s);
                 let (r, w) = tokio::io::split(s);
-                Ok(Pipe::start(r, w, conn))
+                Ok(Pipe::start_with(r, w, conn, peek))
             }
         }
     }
@@ -159,7 +172,18 @@ impl Pipe {
     }
 
     /// The connection over an open stream (plain or TLS): `conn` is connecting.
-    pub(crate) fn start<R, W>(r: R, w: W, mut conn: SansIo) -> Pipe
+    #[cfg(test)]
+    pub(crate) fn start<R, W>(r: R, w: W, conn: SansIo) -> Pipe
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        Pipe::start_with(r, w, conn, None)
+    }
+
+    /// [`Pipe::start`], with `peek` on the socket under the stream (it must stay open as
+    /// long as `r` lives), which a silence verdict consults.
+    pub(crate) fn start_with<R, W>(r: R, w: W, mut conn: SansIo, peek: Option<Peek>) -> Pipe
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
@@ -179,7 +203,7 @@ impl Pipe {
         // the log-in's bytes
         shared.write.notify_one();
         let writer = tokio::spawn(write_loop(w, Arc::clone(&shared)));
-        let reader = tokio::spawn(read_loop(r, Arc::clone(&shared)));
+        let reader = tokio::spawn(read_loop(r, Arc::clone(&shared), peek));
         shared
             .tasks
             .lock()
@@ -308,7 +332,12 @@ async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, shared: Arc<Shared>) {
             let Some(bytes) = bytes else { break };
             // unconstrained: a write put off because this task spent its cooperative
             // budget would leave requests counted as written that are not
-            if let Err(e) = tokio::task::unconstrained(w.write_all(&bytes)).await {
+            // (and flushed: a TLS stream may keep the last record in its buffer until then)
+            let written = async {
+                w.write_all(&bytes).await?;
+                w.flush().await
+            };
+            if let Err(e) = tokio::task::unconstrained(written).await {
                 let why = format!("writing to Redis failed: {e}");
                 shared.drive(|c, done| c.handle_closed(&why, done));
                 return;
@@ -319,7 +348,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, shared: Arc<Shared>) {
     }
 }
 
-async fn read_loop<R: AsyncRead + Unpin>(mut r: R, shared: Arc<Shared>) {
+async fn read_loop<R: AsyncRead + Unpin>(mut r: R, shared: Arc<Shared>, peek: Option<Peek>) {
     let mut buf = Vec::with_capacity(16 * 1024);
     // the machine's timer, armed lazily: it may fire before the machine's deadline (which
     // moves later with every byte read), and is then armed again
@@ -327,6 +356,9 @@ async fn read_loop<R: AsyncRead + Unpin>(mut r: R, shared: Arc<Shared>) {
     let sleep = tokio::time::sleep_until(far());
     tokio::pin!(sleep);
     let mut armed: Option<Instant> = None;
+    // the last verdict was put off for bytes the socket held and the stream did not read
+    // (once: bytes that stay unread after that are no answer)
+    let mut put_off = false;
     loop {
         if armed.is_none() {
             armed = shared.inner.lock().conn.next_deadline();
@@ -345,6 +377,7 @@ async fn read_loop<R: AsyncRead + Unpin>(mut r: R, shared: Arc<Shared>) {
                         return;
                     }
                     Ok(_) => {
+                        put_off = false;
                         if !shared.drive(|c, done| c.handle_input(now, &buf, done)) {
                             return;
                         }
@@ -364,26 +397,38 @@ async fn read_loop<R: AsyncRead + Unpin>(mut r: R, shared: Arc<Shared>) {
                 sleep.as_mut().reset(far());
                 // what the socket holds already came before now: it goes first
                 let now = Instant::now();
-                let closed = loop {
-                    if buf.len() >= 1 << 20 {
-                        break None;
-                    }
+                let mut closed = None;
+                while buf.len() < 1 << 20 {
                     if buf.capacity() - buf.len() < 4096 {
                         buf.reserve(16 * 1024);
                     }
-                    // (unconstrained: a task that spent its cooperative budget would be
-                    // told "not ready" with the bytes sitting in the socket)
-                    match tokio::task::unconstrained(r.read_buf(&mut buf)).now_or_never() {
-                        None => break None,
-                        Some(Ok(0)) => break Some("Redis closed the connection".to_string()),
-                        Some(Ok(_)) => continue,
-                        Some(Err(e)) => break Some(format!("reading from Redis failed: {e}")),
+                    match read_now(&mut r, &mut buf) {
+                        None => break,
+                        Some(Ok(0)) => {
+                            closed = Some("Redis closed the connection".to_string());
+                            break;
+                        }
+                        Some(Ok(_)) => put_off = false,
+                        Some(Err(e)) => {
+                            closed = Some(format!("reading from Redis failed: {e}"));
+                            break;
+                        }
                     }
-                };
+                }
+                // Bytes in the socket that the stream said were not there: the runtime
+                // has not seen the socket ready since they came (it looked, then this
+                // thread was preempted or ran other tasks, then the timer was due). They
+                // came before now: the shard is not silent. Read at the next turn.
+                let unread = buf.is_empty()
+                    && closed.is_none()
+                    && !put_off
+                    && peek.as_ref().is_some_and(Peek::holds_bytes);
+                put_off |= unread;
                 let alive = shared.drive(|c, done| {
                     c.handle_input(now, &buf, done);
                     match &closed {
                         Some(why) => c.handle_closed(why, done),
+                        None if unread => c.heard(now),
                         None => c.handle_timeout(now, done),
                     }
                 });
@@ -395,5 +440,78 @@ async fn read_loop<R: AsyncRead + Unpin>(mut r: R, shared: Arc<Shared>) {
                 armed = None;
             }
         }
+    }
+}
+
+/// Reads what `r` holds now into `buf`, without waiting: `None` when it holds nothing.
+/// Unconstrained by tokio's cooperative budget (a task that spent it would be told "not
+/// ready" with the bytes there). A stream that answers "not ready" and wakes its task at
+/// once is asked again: that answer meant "ask again" (the other half of a split stream
+/// held their shared lock for a moment, tokio-rustls had more to process).
+fn read_now<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> Option<io::Result<usize>> {
+    struct Woken(AtomicBool);
+    impl std::task::Wake for Woken {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::Release);
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+    for _ in 0..64 {
+        let woken = Arc::new(Woken(AtomicBool::new(false)));
+        let waker = std::task::Waker::from(Arc::clone(&woken));
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut read = std::pin::pin!(tokio::task::unconstrained(r.read_buf(buf)));
+        match read.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(r) => return Some(r),
+            std::task::Poll::Pending if woken.0.load(Ordering::Acquire) => {
+                std::thread::yield_now();
+            }
+            std::task::Poll::Pending => return None,
+        }
+    }
+    None
+}
+
+/// The socket under a pipe's stream, looked at without reading from it: whether the kernel
+/// holds bytes for it (which the stream reports only once its runtime saw the socket ready).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peek {
+    #[cfg(unix)]
+    fd: std::os::unix::io::RawFd,
+}
+
+impl Peek {
+    /// The peek of `s`'s socket (`None` where it cannot be done).
+    #[cfg(unix)]
+    pub(crate) fn of<S: std::os::unix::io::AsRawFd>(s: &S) -> Option<Peek> {
+        Some(Peek { fd: s.as_raw_fd() })
+    }
+
+    #[cfg(not(unix))]
+    pub(crate) fn of<S>(_: &S) -> Option<Peek> {
+        None
+    }
+
+    /// True when the socket holds bytes not read yet, or its end (read at the next turn).
+    fn holds_bytes(&self) -> bool {
+        #[cfg(unix)]
+        {
+            let mut probe = [0u8; 1];
+            // SAFETY: `probe` is valid for one byte; the fd is open while the stream whose
+            // socket it is lives (the caller holds its read half).
+            let n = unsafe {
+                libc::recv(
+                    self.fd,
+                    probe.as_mut_ptr().cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            n >= 0
+        }
+        #[cfg(not(unix))]
+        false
     }
 }

@@ -511,6 +511,15 @@ impl SansIo {
         self.calls = 0;
     }
 
+    /// The host's socket holds bytes it could not read yet (its runtime has not seen the
+    /// socket ready since they came), `now`: they came before now, so the shard is not
+    /// silent; they go to [`SansIo::handle_input`] once read.
+    pub fn heard(&mut self, now: Instant) {
+        if matches!(self.state, State::LoggingIn | State::Ready) {
+            self.last_input = Some(now);
+        }
+    }
+
     /// The host's socket closed or failed (`why`): every call fails.
     pub fn handle_closed(&mut self, why: &str, done: &mut Vec<Completion>) {
         if self.state != State::Down || !self.queued.is_empty() {

@@ -155,7 +155,7 @@ impl RedisEngine {
     /// resets, dump and restore). It fails fast while the circuit is open, sends the call
     /// as EVALSHA over the shard's transport (the pipelined connection, where a check may
     /// go in a batch call with its burst's others, or the redis crate's connection for
-    /// TLS, Sentinel and Cluster shards) and, when the server lost the script (restart,
+    /// Sentinel and Cluster shards) and, when the server lost the script (restart,
     /// SCRIPT FLUSH), once more as EVAL; it maps errors, takes
     /// the reply's tag off (a reply with another call's tag is refused), records latency,
     /// feeds the circuit, and reads the reply as the call's [`ScriptCall::read`] says.
@@ -232,9 +232,8 @@ impl RedisEngine {
     /// One attempt of `wire` on shard `shard`'s async transport (`eval`: as EVAL).
     async fn send(&self, st: &RtState, shard: usize, wire: &Wire<'_>, eval: bool) -> Result<Reply> {
         let Some(target) = &self.targets[shard] else {
-            // Cluster (and a Sentinel shard whose primary is not reached over our own
-            // connection): the redis crate's connection, under its connect and response
-            // timeouts
+            // Cluster and Sentinel shards: the redis crate's connection, under its connect
+            // and response timeouts
             let mut conn = self.connection(st, shard).await?;
             let cmd = wire.cmd(&self.prefix, eval);
             let reply = match redis::aio::ConnectionLike::req_packed_command(&mut conn, &cmd).await
@@ -292,7 +291,7 @@ impl RedisEngine {
         wire: &Wire<'_>,
         eval: bool,
     ) -> Result<Reply> {
-        let Some(target) = &self.targets[shard] else {
+        let Some(target) = self.targets[shard].as_ref().filter(|t| !t.is_tls()) else {
             return Err(Error::Internal(format!(
                 "shard {} has no blocking connections (Cluster, Sentinel or TLS)",
                 self.shards[shard].name
@@ -385,7 +384,9 @@ impl RedisEngine {
     /// True when blocking callers can talk to every shard on their own thread (each is one
     /// Redis server without TLS; Cluster, Sentinel and TLS shards use the I/O runtime).
     pub fn blocking_capable(&self) -> bool {
-        self.targets.iter().all(Option::is_some)
+        self.targets
+            .iter()
+            .all(|t| t.as_ref().is_some_and(|t| !t.is_tls()))
     }
 
     pub(super) fn io_error(&self, shard: usize, e: std::io::Error) -> Error {
@@ -438,7 +439,7 @@ fn lost_scripts(r: &Result<Reply>) -> bool {
     matches!(r, Ok(r) if r.is_noscript())
 }
 
-/// A reply the redis crate parsed, as [`Reply`] (Cluster, Sentinel and TLS shards).
+/// A reply the redis crate parsed, as [`Reply`] (Cluster and Sentinel shards).
 fn value_reply(v: redis::Value) -> Reply {
     match v {
         redis::Value::Nil => Reply::Nil,

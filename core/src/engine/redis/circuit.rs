@@ -384,6 +384,19 @@ impl RedisEngine {
         let ping = |mut c: redis::aio::MultiplexedConnection| async move {
             redis::cmd("PING").query_async::<String>(&mut c).await
         };
+        if let Some(target) = &self.targets[shard] {
+            // a standalone shard: a new pipe (TCP, TLS, Unix socket), under its bounds
+            let pong = async {
+                let pipe = Pipe::connect(target, self.timeout, 1).await?;
+                let frame = pipe.command(redis::cmd("PING").get_packed_command()).await;
+                pipe.close("the probe is done");
+                frame
+            };
+            return matches!(
+                tokio::time::timeout(self.timeout, pong).await,
+                Ok(Ok(frame)) if frame == b"+PONG\r\n"
+            );
+        }
         let work = async {
             match &self.clients[shard] {
                 Client::Single(client) => {

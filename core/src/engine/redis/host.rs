@@ -23,9 +23,10 @@ impl RedisEngine {
             return refuse("a Redis Cluster");
         }
         match &self.targets[shard] {
+            Some(t) if t.is_tls() => refuse("behind TLS"),
             Some(t) if t.tcp().is_some() => Ok(t),
             Some(_) => refuse("a Unix socket"),
-            None => refuse("behind TLS or Sentinel"),
+            None => refuse("behind Sentinel"),
         }
     }
 
