@@ -11,7 +11,16 @@
 //! the machine's one timer (the connect's deadline, or the moment the shard will have been
 //! silent for the timeout). When that timer fires, the reader first takes what the socket
 //! already holds, without waiting: a runtime that woke late must not call a shard silent
-//! whose replies are sitting in the socket.
+//! whose replies are sitting in the socket. The stream may say "nothing" although the
+//! socket holds bytes: tokio reads a socket only once its driver saw it ready, and bytes
+//! that came after the driver last looked (the thread was preempted, or ran other tasks,
+//! between that look and the timer) are not seen yet. So before the verdict the reader
+//! also peeks at the socket itself, and bytes there put the verdict off (once: bytes that
+//! stay unread are no answer).
+//!
+//! The stream is a TCP or Unix socket, or a tokio-rustls stream over TCP for a `rediss://`
+//! shard (split into halves that share a lock, held only for one poll): the same bounds
+//! and rule hold on each, since the machine sees only the plaintext.
 //!
 //! When the machine closes the connection (bytes it cannot trust, a silent shard, an I/O
 //! error, a closed socket), every caller waiting on it fails, both tasks stop (which closes

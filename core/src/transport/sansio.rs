@@ -42,7 +42,9 @@
 //! **Before [`SansIo::handle_timeout`], the host hands the machine every byte its socket
 //! already holds** (a non-blocking read until it would block). A process starved of CPU
 //! wakes late: its timer and the replies that came meanwhile are both due, and the replies
-//! must win, or a healthy shard is declared silent because this process was slow.
+//! must win, or a healthy shard is declared silent because this process was slow. A host
+//! that knows its socket holds bytes it cannot read yet says so with [`SansIo::heard`]
+//! instead.
 
 use crate::transport::batch::{pack_calls, split_batch, untag, CheckCall, MAX_BATCH, NOT_THEIRS};
 use crate::transport::resp::{parse_frame, protocol, Framer, Reply, MAX_CHECK_REPLY, MAX_REPLY};
