@@ -107,11 +107,8 @@ impl RedisEngine {
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let map = |e| map_redis_error(&self.shards[shard], self.timeout, e);
-        let conn = match &self.targets[shard] {
-            Some(target) => Conn::Pipe(PipeConn {
-                pipe: self.pipe(st, shard, target).await?,
-                db: target.db(),
-            }),
+        let conn = match self.any_pipe(st, shard).await? {
+            Some(p) => Conn::Pipe(p),
             None => self.connection(st, shard).await?,
         };
         f(conn).await.map_err(map)
@@ -154,8 +151,8 @@ impl RedisEngine {
     /// every script (checks, shadow checks, layered checks, refunds, settles, releases,
     /// resets, dump and restore). It fails fast while the circuit is open, sends the call
     /// as EVALSHA over the shard's transport (the pipelined connection, where a check may
-    /// go in a batch call with its burst's others, or the redis crate's connection for
-    /// Sentinel and Cluster shards) and, when the server lost the script (restart,
+    /// go in a batch call with its burst's others, or the redis crate's connection for a
+    /// Cluster) and, when the server lost the script (restart,
     /// SCRIPT FLUSH), once more as EVAL; it maps errors, takes
     /// the reply's tag off (a reply with another call's tag is refused), records latency,
     /// feeds the circuit, and reads the reply as the call's [`ScriptCall::read`] says.
@@ -231,9 +228,9 @@ impl RedisEngine {
 
     /// One attempt of `wire` on shard `shard`'s async transport (`eval`: as EVAL).
     async fn send(&self, st: &RtState, shard: usize, wire: &Wire<'_>, eval: bool) -> Result<Reply> {
-        let Some(target) = &self.targets[shard] else {
-            // Cluster and Sentinel shards: the redis crate's connection, under its connect
-            // and response timeouts
+        let Some(PipeConn { pipe, .. }) = self.any_pipe(st, shard).await? else {
+            // Cluster: the redis crate's connection, under its connect and response
+            // timeouts
             let mut conn = self.connection(st, shard).await?;
             let cmd = wire.cmd(&self.prefix, eval);
             let reply = match redis::aio::ConnectionLike::req_packed_command(&mut conn, &cmd).await
@@ -250,7 +247,6 @@ impl RedisEngine {
             return self.untagged(shard, wire, reply);
         };
         let io = |e| self.io_error(shard, e);
-        let pipe = self.pipe(st, shard, target).await?;
         match wire {
             Wire::Check(req) => {
                 // the hot path: the pipe sends a burst's checks together and takes a reply
@@ -439,7 +435,7 @@ fn lost_scripts(r: &Result<Reply>) -> bool {
     matches!(r, Ok(r) if r.is_noscript())
 }
 
-/// A reply the redis crate parsed, as [`Reply`] (Cluster and Sentinel shards).
+/// A reply the redis crate parsed, as [`Reply`] (Cluster shards).
 fn value_reply(v: redis::Value) -> Reply {
     match v {
         redis::Value::Nil => Reply::Nil,

@@ -134,6 +134,8 @@ pub(crate) struct Slot {
 pub(crate) struct PipeSlot {
     pub(crate) pipe: ArcSwapOption<Pipe>,
     pub(crate) connecting: tokio::sync::Mutex<()>,
+    /// The database the pipe selected (a Sentinel shard's: its primary's target's).
+    pub(crate) db: std::sync::atomic::AtomicI64,
 }
 
 /// The runtime and connections of one process: made on first use, and again in a forked
