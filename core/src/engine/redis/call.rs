@@ -217,7 +217,7 @@ impl RedisEngine {
         self.account(st, shard, b, start, &r);
         match &r {
             Err(e) if e.is_backend() => {
-                self.forget_connection(st, shard);
+                self.forget_connection(st, shard, e);
                 self.refresh_topology_soon(st);
             }
             Err(_) => {}

@@ -214,11 +214,18 @@ impl RedisEngine {
         Ok(conn)
     }
 
-    /// After a failure on a Sentinel shard, forget the connection: the next call asks the
-    /// Sentinels for the primary again (it may have failed over).
-    pub(super) fn forget_connection(&self, st: &RtState, shard: usize) {
-        if matches!(self.clients[shard], Client::Sentinel(_)) {
-            st.conns[shard].conn.store(None);
+    /// After failure `e` on a Sentinel shard, forget the connection: the next call asks the
+    /// Sentinels for the primary again (it may have failed over). A script's error says
+    /// nothing of the primary: the pipe stays (closing it would fail the calls on it).
+    pub(super) fn forget_connection(&self, st: &RtState, shard: usize, e: &Error) {
+        if !matches!(self.clients[shard], Client::Sentinel(_)) {
+            return;
+        }
+        st.conns[shard].conn.store(None);
+        if matches!(
+            e.kind(),
+            crate::error::ErrorKind::Connection | crate::error::ErrorKind::Timeout
+        ) {
             if let Some(p) = st.pipes[shard].pipe.swap(None) {
                 p.close("the primary may have changed");
             }
