@@ -59,7 +59,7 @@ impl Limiter {
             true,
             &effs,
             raw,
-            crate::decision::Source::Memory,
+            &vec![crate::decision::Source::Memory; layers.len()],
             &shards,
             shadow,
         );

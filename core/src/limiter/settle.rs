@@ -476,10 +476,10 @@ impl Limiter {
         let reqs = layer_reqs(&layers, &effs);
         let view = self.view();
         let n = layers.len();
-        let (raw, source, shards) = match &view.engine {
+        let (raw, sources, shards) = match &view.engine {
             Engine::Memory(m) => (
                 m.check_layers(&reqs, self.now()),
-                Source::Memory,
+                vec![Source::Memory; n],
                 vec![None; n],
             ),
             Engine::Redis(r) => {
@@ -490,11 +490,11 @@ impl Limiter {
                     }
                 }
                 let shard_of = vec![shard as usize; n];
-                let (raw, src) = match self
+                let (raw, sources) = match self
                     .layered_redis(r, &layers, &reqs, &shard_of, tail)
                     .await?
                 {
-                    LayeredOut::Raw(raw, src) => (raw, src),
+                    LayeredOut::Raw(raw, sources) => (raw, sources),
                     LayeredOut::Override(v) if tail.is_some() => return Ok(Multi::Override(v)),
                     LayeredOut::Override(_) => {
                         return Err(Error::Internal(
@@ -502,12 +502,12 @@ impl Limiter {
                         ))
                     }
                 };
-                (raw, src, vec![Some(shard); n])
+                (raw, sources, vec![Some(shard); n])
             }
         };
         let at = raw.now;
         let d = self.conclude(
-            &layers, &origin, &originals, true, &effs, raw, source, &shards, false,
+            &layers, &origin, &originals, true, &effs, raw, &sources, &shards, false,
         );
         // (every limit admitted `estimate` units at `at`: each settles into its window of
         // `at`; a sliding-log limit gives back to its entry of `at`, when it recorded it
