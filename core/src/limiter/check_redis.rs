@@ -4,31 +4,17 @@
 
 use super::check::Plan;
 use super::layered::Layered;
+use super::override_retry::{Answered, OverrideRetry};
 use super::Engine;
 use super::Limiter;
 use crate::decision::{Decision, Source};
 use crate::engine::outcome::{blocked_outcome, Raw};
-use crate::engine::redis::{CheckRequest, Checked, LayeredTail, Mode, OverrideArg, RedisEngine};
+use crate::engine::redis::{CheckRequest, LayeredTail, Mode, OverrideArg, RedisEngine};
 use crate::error::{Error, Result};
 use crate::events::Event;
 use crate::policy::{Compiled, Policy, PolicyInner};
 use crate::routing::shard_index;
 use crate::transport::batch::next_tag;
-
-/// A key's override as learnt from Redis: the next script call's override argument, and
-/// the policy it makes (`None`: the key's own policy).
-pub(super) type Learnt = (
-    OverrideArg,
-    Option<std::sync::Arc<super::overrides::Active>>,
-);
-
-/// What a check's script call answered, an override found on the way already learnt.
-enum Answer {
-    /// decide from this (or from `on_error`)
-    Outcome(Result<Raw>),
-    /// the key's override changed: try again with it
-    Retry(Learnt),
-}
 
 impl Limiter {
     pub(super) async fn run(
@@ -68,15 +54,15 @@ impl Limiter {
                 .await?
                 .decided();
         }
-        let (mut ov, mut active) = self.override_arg(&base.0, key);
-        for tries in 0.. {
-            let policy = active.as_ref().map_or(base, |a| &a.policy);
-            policy.follow_scale(base);
+        let mut in_force = self.override_arg(&base.0, key);
+        let mut retry = OverrideRetry::default();
+        loop {
+            let policy = in_force.policy(base);
             if let Some(parts) = policy.parts() {
                 // several limits in force (the policy's, or the key's override): one
                 // layered script call, which compares the override version first
                 let tail = LayeredTail {
-                    ov,
+                    ov: in_force.ov,
                     policy: &base.0.name,
                     key,
                     shadow,
@@ -89,7 +75,7 @@ impl Limiter {
                     Layered::Decided(d) => return Ok(d),
                     Layered::Override(shard, v) => {
                         let name = &r.shards[shard as usize].name;
-                        (ov, active) = self.found_override(base, key, name, tries, &v)?;
+                        in_force = retry.learn(self, (base, key), name, &v)?;
                         continue;
                     }
                     Layered::Overridden { shard, .. } => {
@@ -105,7 +91,7 @@ impl Limiter {
                 Plan::Redis { eff, cost, shard } => (eff, cost, shard),
             };
             let p = &*policy.0;
-            if let (Some(h), 0) = (&view.handoff, tries) {
+            if let (Some(h), true) = (&view.handoff, retry.first()) {
                 self.carry_over(h, r, p, key, shard as usize).await;
             }
             if let (Some(la), false, None, false) = (p.local_admission, peek, lease, shadow) {
@@ -113,18 +99,18 @@ impl Limiter {
             }
             let mode = if peek { Mode::Peek } else { Mode::Check };
             let mut req = self.request(p, &eff, key, cost, mode, lease);
-            req.ov = ov;
+            req.ov = in_force.ov;
             let checked = if shadow {
                 r.check_shadow(shard as usize, &req).await
             } else {
                 r.check(shard as usize, &req).await
             };
-            let raw = match self.answered(r, base, key, shard, tries, checked) {
-                Answer::Retry(next) => {
-                    (ov, active) = next;
+            let raw = match retry.answered(self, (base, key), r, shard, checked) {
+                Answered::Retry(next) => {
+                    in_force = next;
                     continue;
                 }
-                Answer::Outcome(raw) => raw,
+                Answered::Outcome(raw) => raw,
             };
             if shadow {
                 return self.after_shadow(p, &eff, key, cost, shard, raw);
@@ -136,7 +122,6 @@ impl Limiter {
             }
             return self.after_script(p, &eff, key, cost, peek, shard, raw);
         }
-        unreachable!("the loop returns")
     }
 
     /// [`Limiter::run`] (without a lease) on the calling thread: the script is sent and
@@ -167,10 +152,10 @@ impl Limiter {
         let _slot = crate::transport::blocking::OWN_IO.take()?;
         (|| {
             let base = policy;
-            let (mut ov, mut active) = self.override_arg(p, key);
-            for tries in 0.. {
-                let policy = active.as_ref().map_or(base, |a| &a.policy);
-                policy.follow_scale(base);
+            let mut in_force = self.override_arg(p, key);
+            let mut retry = OverrideRetry::default();
+            loop {
+                let policy = in_force.policy(base);
                 if policy.is_multi() {
                     return None; // nothing decided yet: the async path checks
                 }
@@ -182,59 +167,18 @@ impl Limiter {
                 let p = &*policy.0;
                 let mode = if peek { Mode::Peek } else { Mode::Check };
                 let mut req = self.request(p, &eff, key, cost, mode, None);
-                req.ov = ov;
+                req.ov = in_force.ov;
                 let checked = r.check_blocking(shard as usize, &req);
-                let raw = match self.answered(r, base, key, shard, tries, checked) {
-                    Answer::Retry(next) => {
-                        (ov, active) = next;
+                let raw = match retry.answered(self, (base, key), r, shard, checked) {
+                    Answered::Retry(next) => {
+                        in_force = next;
                         continue;
                     }
-                    Answer::Outcome(raw) => raw,
+                    Answered::Outcome(raw) => raw,
                 };
                 return Some(self.after_script(p, &eff, key, cost, peek, shard, raw));
             }
-            unreachable!("the loop returns")
         })()
-    }
-
-    /// What a check's script call answered on try `tries` (from 0), on both paths: the
-    /// outcome to decide from, or the key's override the script found instead, learnt for
-    /// the next try.
-    fn answered(
-        &self,
-        r: &RedisEngine,
-        base: &Policy,
-        key: &str,
-        shard: u32,
-        tries: usize,
-        checked: Result<Checked>,
-    ) -> Answer {
-        match checked {
-            Ok(Checked::Override(v)) => {
-                let name = &r.shards[shard as usize].name;
-                match self.found_override(base, key, name, tries, &v) {
-                    Ok(next) => Answer::Retry(next),
-                    Err(e) => Answer::Outcome(Err(e)),
-                }
-            }
-            Ok(Checked::Decided(raw)) => Answer::Outcome(Ok(raw)),
-            Err(e) => Answer::Outcome(Err(e)),
-        }
-    }
-
-    /// The override `entry` of `key` that a script call on shard `shard` found at try `tries`
-    /// (from 0), learnt: the next try's override argument and policy. An error once the
-    /// override changed too often during one check ([`Limiter::override_churn`]).
-    pub(super) fn found_override(
-        &self,
-        base: &Policy,
-        key: &str,
-        shard: &str,
-        tries: usize,
-        entry: &[u8],
-    ) -> Result<Learnt> {
-        Limiter::override_churn(tries + 1, shard, key)?;
-        self.learn_override(base, key, shard, entry)
     }
 
     /// The script call of a check, with the injected clock and a fresh tag.
