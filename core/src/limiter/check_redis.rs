@@ -10,6 +10,7 @@ use super::Limiter;
 use crate::decision::{Decision, Source};
 use crate::engine::outcome::{blocked_outcome, Raw};
 use crate::engine::redis::{CheckRequest, LayeredTail, Mode, OverrideArg, RedisEngine};
+use crate::engine::CallMode;
 use crate::error::{Error, Result};
 use crate::events::Event;
 use crate::policy::{Compiled, Policy, PolicyInner};
@@ -22,8 +23,7 @@ impl Limiter {
         key: &str,
         policy: &Policy,
         cost: u64,
-        peek: bool,
-        lease: Option<&str>,
+        call: CallMode<'_>,
     ) -> Result<Decision> {
         // A check can answer at once (in memory, from the block cache, or failing fast
         // while a shard's circuit is open), so a caller's loop of checks might never give
@@ -33,14 +33,15 @@ impl Limiter {
         tokio::task::consume_budget().await;
         let view = self.view();
         let r = match &view.engine {
-            Engine::Memory(m) => return self.check_memory(m, key, policy, cost, peek, lease),
+            Engine::Memory(m) => return self.check_memory(m, key, policy, cost, call),
             Engine::Redis(r) => r,
         };
         let base = policy;
         // (an acquire's lease holds these units)
         let units = cost;
+        let (peek, lease) = (call.is_peek(), call.lease());
         // the policy's shadow mode (or the call's) holds for the key's override too
-        let shadow = base.0.shadow && !peek && lease.is_none();
+        let shadow = base.0.shadow && call == CallMode::Check;
         if let (Some(parts), false) = (base.parts(), base.0.overrides) {
             let tail = shadow.then(|| LayeredTail {
                 ov: OverrideArg::Off,
@@ -50,7 +51,7 @@ impl Limiter {
                 more: &[],
             });
             return self
-                .multi_redis(key, base, parts, cost, peek, lease, tail.as_ref())
+                .multi_redis(key, base, parts, cost, call, tail.as_ref())
                 .await?
                 .decided();
         }
@@ -69,7 +70,7 @@ impl Limiter {
                     more: &[],
                 };
                 match self
-                    .multi_redis(key, policy, parts, cost, peek, lease, Some(&tail))
+                    .multi_redis(key, policy, parts, cost, call, Some(&tail))
                     .await?
                 {
                     Layered::Decided(d) => return Ok(d),
@@ -120,7 +121,7 @@ impl Limiter {
                 // released once the shard answers
                 self.late_lease(base, key, id, units, shard, e);
             }
-            return self.after_script(p, &eff, key, cost, peek, shard, raw);
+            return self.after_script(p, &eff, key, cost, call, shard, raw);
         }
     }
 
@@ -134,8 +135,10 @@ impl Limiter {
         key: &str,
         policy: &Policy,
         cost: u64,
-        peek: bool,
+        call: CallMode<'_>,
     ) -> Option<Result<Decision>> {
+        let peek = call.is_peek();
+        debug_assert!(call.lease().is_none(), "an acquire needs the runtime");
         let view = self.inner.view.load();
         let Engine::Redis(r) = &view.engine else {
             return None;
@@ -176,7 +179,7 @@ impl Limiter {
                     }
                     Answered::Outcome(raw) => raw,
                 };
-                return Some(self.after_script(p, &eff, key, cost, peek, shard, raw));
+                return Some(self.after_script(p, &eff, key, cost, call, shard, raw));
             }
         })()
     }
@@ -243,16 +246,16 @@ impl Limiter {
         eff: &Compiled,
         key: &str,
         cost: u64,
-        peek: bool,
+        call: CallMode<'_>,
         shard: u32,
         raw: Result<Raw>,
     ) -> Result<Decision> {
         let d = match raw {
             Ok(raw) => self.finish(p, eff, key, raw, Source::Redis, Some(shard)),
-            Err(e) if e.is_backend() => self.fallback(p, eff, key, cost, peek, e)?,
+            Err(e) if e.is_backend() => self.fallback(p, eff, key, cost, call, e)?,
             Err(e) => return Err(e),
         };
-        if !peek {
+        if !call.is_peek() {
             self.count_policy(p, &d);
             self.near(p, key, cost, &d);
         }

@@ -6,6 +6,7 @@ use super::layered::{Layer, OverrideCheck};
 use super::Limiter;
 use crate::engine::outcome::{LayerReq, LayeredRaw, Outcome};
 use crate::engine::redis::RedisEngine;
+use crate::engine::CallMode;
 use crate::error::Error;
 use std::sync::Arc;
 
@@ -27,7 +28,7 @@ impl Limiter {
                 &reqs[*i].compiled,
                 &layers[*i].key,
                 reqs[*i].cost,
-                false,
+                CallMode::Check,
                 e.clone(),
             );
             let d = match fallback {

@@ -9,6 +9,7 @@ use crate::decision::{Decision, Source};
 use crate::engine::outcome::Outcome;
 use crate::engine::redis::{LayeredTail, MultiSettled, SettleCall, Settled};
 use crate::engine::settle::SettleOp;
+use crate::engine::CallMode;
 use crate::error::{Error, Result};
 use crate::key::validate_key;
 use crate::policy::{Algorithm, Compiled, Policy};
@@ -123,8 +124,7 @@ impl Limiter {
                     key,
                     now,
                     cost,
-                    false,
-                    None,
+                    CallMode::Check,
                     p.auto_block.as_ref(),
                 );
                 let d = self.finish(p, &eff, key, raw, Source::Memory, None);
@@ -178,7 +178,7 @@ impl Limiter {
                             in_force = retry.learn(self, (base, key), name, &v)?;
                         }
                         Err(e) if e.is_backend() => {
-                            let d = self.fallback(p, &eff, key, cost, false, e)?;
+                            let d = self.fallback(p, &eff, key, cost, CallMode::Check, e)?;
                             self.count(&p.name, &d);
                             return Ok((d, None));
                         }
