@@ -36,6 +36,15 @@ async function get(port, path, headers = {}) {
   return { status: res.status, headers: res.headers, text: await res.text() }
 }
 
+/** A loopback port nothing listens on (a shard that is down). */
+async function deadPort() {
+  const dead = http.createServer()
+  await new Promise((resolve) => dead.listen(0, '127.0.0.1', resolve))
+  const port = dead.address().port
+  await new Promise((resolve) => dead.close(resolve))
+  return port
+}
+
 function appWith(mw) {
   const app = express()
   app.use(mw)
@@ -170,10 +179,7 @@ test('a key longer than 1,024 bytes from a client header is hashed, never a 500'
 })
 
 test('on_error local: a denial by this process share is a 429 with its own headers, not a 503', async (t) => {
-  const dead = http.createServer()
-  await new Promise((resolve) => dead.listen(0, '127.0.0.1', resolve))
-  const port = dead.address().port
-  await new Promise((resolve) => dead.close(resolve)) // nothing listens there now
+  const port = await deadPort()
   const limiter = Limiter.fromJson({
     timeout_ms: 200,
     on_error: 'local',
@@ -199,10 +205,7 @@ test('on_error local: a denial by this process share is a 429 with its own heade
 })
 
 test('on_error local in a layered check: a denial by that layer is a 429 as for one limit, not a 503', async (t) => {
-  const dead = http.createServer()
-  await new Promise((resolve) => dead.listen(0, '127.0.0.1', resolve))
-  const port = dead.address().port
-  await new Promise((resolve) => dead.close(resolve)) // nothing listens there now
+  const port = await deadPort()
   const limiter = Limiter.fromJson({
     timeout_ms: 200,
     instances: 1,
