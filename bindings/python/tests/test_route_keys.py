@@ -1,8 +1,9 @@
 """Route decorators as users of Flask-Limiter and slowapi expect them, against a real Redis:
 keys that do not depend on how the app was started, one budget per route made by a
 factory, overrides on a decorated route, deduct_when per limit, a default relaxed for one
-route, Blueprint and WebSocket limits enforced, a decorator without a middleware refused,
-and argument errors that name the argument."""
+route, Blueprint and WebSocket limits enforced, a decorator without a middleware refused
+(at start-up when the app has a middleware that was not given its limits), and argument
+errors that name the argument."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from flask import Blueprint, Flask
 from redis_support import RedisServer, config
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 import shardlimit
@@ -229,6 +230,59 @@ def test_a_decorator_without_a_middleware_refuses_to_run_unlimited(limiter: Limi
     limited = RateLimitMiddleware(Starlette(routes=[Route("/login", login)]), limiter,
                                   routes=limits, warm_up=0)
     assert get(limited, "/login").status_code == 200
+
+
+def lifespan_start_up(app: Any) -> list[dict[str, Any]]:
+    """Runs the ASGI lifespan start-up of ``app`` as a server does: what the app sent."""
+    sent: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        messages = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+
+        async def receive() -> dict[str, Any]:
+            return messages.pop(0)
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        await app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, receive, send)
+
+    asyncio.run(main())
+    return sent
+
+
+def test_route_limits_that_no_middleware_enforces_fail_the_app_at_start_up(limiter: Limiter) -> None:
+    limits = RouteLimits(limiter)
+
+    @limits.limit("5/minute")
+    async def login(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    # a middleware for the app's default limit, but the decorators' RouteLimits not given to
+    # it: the app does not start, and says which middleware argument is missing
+    app = Starlette(routes=[Route("/login", login)])
+    app.add_middleware(RateLimitMiddleware, limiter=limiter, policy="default", warm_up=0)
+    sent = lifespan_start_up(app)
+    assert sent[0]["type"] == "lifespan.startup.failed", sent
+    assert "login (/login)" in sent[0]["message"]
+    assert "RateLimitMiddleware(routes=...)" in sent[0]["message"]
+    # given to the middleware, the app starts
+    app = Starlette(routes=[Route("/login", login)])
+    app.add_middleware(RateLimitMiddleware, limiter=limiter, routes=limits, warm_up=0)
+    assert lifespan_start_up(app)[0]["type"] == "lifespan.startup.complete"
+    # a mounted app that has its own middleware for its limits starts too (Starlette makes
+    # that middleware on the mounted app's first request, after the start-up)
+    mounted_limits = RouteLimits(limiter)
+
+    @mounted_limits.limit("5/minute")
+    async def feed(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    inner = Starlette(routes=[Route("/feed", feed)])
+    inner.add_middleware(RateLimitMiddleware, limiter=limiter, routes=mounted_limits, warm_up=0)
+    outer = Starlette(routes=[Mount("/in", app=inner)])
+    outer.add_middleware(RateLimitMiddleware, limiter=limiter, policy="default", warm_up=0)
+    assert lifespan_start_up(outer)[0]["type"] == "lifespan.startup.complete"
 
 
 @pytest.mark.parametrize("kwargs, named", [

@@ -14,6 +14,7 @@ use crate::decision::{Decision, Source};
 use crate::engine::memory::MemoryEngine;
 use crate::engine::outcome::Raw;
 use crate::engine::redis::{SHADOW_MAX_KEYS, SHADOW_TTL};
+use crate::engine::CallMode;
 use crate::error::{Error, Result};
 use crate::events::Event;
 use crate::policy::{Compiled, Policy, PolicyInner};
@@ -188,7 +189,7 @@ impl Limiter {
         let p = &*policy.0;
         let now = self.now();
         // no automatic blocking: a shadow denial must not enforce anything
-        let raw = m.check(scope, &eff, key, now, cost, false, None, None);
+        let raw = m.check(scope, &eff, key, now, cost, CallMode::Check, None);
         let d = self.finish_shadow(p, &eff, key, raw, Source::Memory, None);
         if d.shadow_denied {
             self.inner.shadow.add(&p.name, key, now);
@@ -212,7 +213,7 @@ impl Limiter {
         let d = match raw {
             Ok(raw) => self.finish_shadow(p, eff, key, raw, Source::Redis, Some(shard)),
             // on_error decides, unshadowed: a fallback measured nothing to shadow
-            Err(e) if e.is_backend() => self.fallback(p, eff, key, cost, false, e)?,
+            Err(e) if e.is_backend() => self.fallback(p, eff, key, cost, CallMode::Check, e)?,
             Err(e) => return Err(e),
         };
         self.count(&p.name, &d);

@@ -43,7 +43,7 @@ pub(crate) use protocol::{MultiSettled, SettleCall, Settled};
 mod stream;
 
 use crate::transport::runtime::{fork_generation, mono_us, start_runtime, IoRuntime};
-use call::*;
+use call::map_redis_error;
 use circuit::*;
 use connect::*;
 use protocol::*;
