@@ -177,6 +177,44 @@ public final class Json {
         return Double.parseDouble(n);
     }
 
+    /** JSON text of a value made of maps, lists, strings, numbers, booleans and null. */
+    public static String write(Object v) {
+        StringBuilder b = new StringBuilder();
+        write(b, v);
+        return b.toString();
+    }
+
+    private static void write(StringBuilder b, Object v) {
+        if (v == null) {
+            b.append("null");
+        } else if (v instanceof String str) {
+            b.append(quote(str));
+        } else if (v instanceof Map<?, ?> m) {
+            b.append('{');
+            boolean first = true;
+            for (Map.Entry<?, ?> e : m.entrySet()) {
+                if (!first) {
+                    b.append(',');
+                }
+                first = false;
+                b.append(quote(String.valueOf(e.getKey()))).append(':');
+                write(b, e.getValue());
+            }
+            b.append('}');
+        } else if (v instanceof List<?> l) {
+            b.append('[');
+            for (int k = 0; k < l.size(); k++) {
+                if (k > 0) {
+                    b.append(',');
+                }
+                write(b, l.get(k));
+            }
+            b.append(']');
+        } else {
+            b.append(v);
+        }
+    }
+
     /** JSON text of a string (quoted, escaped). */
     public static String quote(String v) {
         StringBuilder b = new StringBuilder("\"");

@@ -180,6 +180,30 @@ public final class Limiter implements AutoCloseable {
         }
     }
 
+    // test hooks (package-private): raw native calls on this limiter's handle
+    private Call<?> last;
+
+    Call<?> newCall() {
+        last = new Call<>(executor, o -> o);
+        return last;
+    }
+
+    void withHandle(java.util.function.LongConsumer f) {
+        sync(h -> {
+            f.accept(h);
+            return null;
+        });
+    }
+
+    Call<?> lastCall(Runnable r) {
+        try {
+            r.run();
+        } catch (RuntimeException e) {
+            last.completeExceptionally(e);
+        }
+        return last;
+    }
+
     private static Decision decision(Object o) {
         return (Decision) o;
     }
