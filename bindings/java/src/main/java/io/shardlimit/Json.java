@@ -32,8 +32,9 @@ public final class Json {
         return v;
     }
 
+    /** Parses a JSON object. */
     @SuppressWarnings("unchecked")
-    static Map<String, Object> object(String text) {
+    public static Map<String, Object> object(String text) {
         return (Map<String, Object>) parse(text);
     }
 
