@@ -82,9 +82,11 @@ pub unsafe extern "system" fn JNI_OnLoad(vm: *mut jni::sys::JavaVM, _: *mut u8) 
 }
 
 fn globals() -> Result<&'static Globals, Fail> {
-    GLOBALS
-        .get()
-        .ok_or_else(|| Fail::Core(internal("the library was not loaded by io.shardlimit.Native")))
+    GLOBALS.get().ok_or_else(|| {
+        Fail::Core(internal(
+            "the library was not loaded by io.shardlimit.Native",
+        ))
+    })
 }
 
 fn class(g: &GlobalRef) -> &JClass<'static> {
@@ -345,7 +347,10 @@ fn json_text<'l>(env: &mut JNIEnv<'l>, v: Value) -> jni::errors::Result<JObject<
 }
 
 /// `Object[]{decision, json-or-null}`: acquire's and reserve's results.
-fn pair<'l>(env: &mut JNIEnv<'l>, (d, extra): (Decision, Option<Value>)) -> jni::errors::Result<JObject<'l>> {
+fn pair<'l>(
+    env: &mut JNIEnv<'l>,
+    (d, extra): (Decision, Option<Value>),
+) -> jni::errors::Result<JObject<'l>> {
     let g = GLOBALS
         .get()
         .ok_or(jni::errors::Error::NullPtr("shardlimit: not loaded"))?;
@@ -469,7 +474,9 @@ pub extern "system" fn Java_io_shardlimit_Native_memory(
     _: JClass,
     clock: jlong,
 ) -> jlong {
-    run(&mut env, 0, |_| Ok(boxed(with_clock(Limiter::memory(), clock)?)))
+    run(&mut env, 0, |_| {
+        Ok(boxed(with_clock(Limiter::memory(), clock)?))
+    })
 }
 
 #[no_mangle]
@@ -504,7 +511,9 @@ pub extern "system" fn Java_io_shardlimit_Native_fromEnv(
     _: JClass,
     clock: jlong,
 ) -> jlong {
-    run(&mut env, 0, |_| Ok(boxed(with_clock(Limiter::from_env()?, clock)?)))
+    run(&mut env, 0, |_| {
+        Ok(boxed(with_clock(Limiter::from_env()?, clock)?))
+    })
 }
 
 /// Frees a limiter handle. Its I/O thread is joined when the last reference goes, which
@@ -563,7 +572,8 @@ pub extern "system" fn Java_io_shardlimit_Native_clockSet(
 pub extern "system" fn Java_io_shardlimit_Native_clockFree(_: JNIEnv, _: JClass, c: jlong) {
     if c != 0 {
         // SAFETY: called once by the Java clock's Cleaner.
-        let _ = catch_unwind(|| drop(unsafe { Box::from_raw(c as *mut Arc<shardlimit::ManualClock>) }));
+        let _ =
+            catch_unwind(|| drop(unsafe { Box::from_raw(c as *mut Arc<shardlimit::ManualClock>) }));
     }
 }
 
@@ -689,7 +699,9 @@ pub extern "system" fn Java_io_shardlimit_Native_acquire(
             let (d, lease) = me.acquire(&key, &p, units("units", n)?).await?;
             Ok((
                 d,
-                lease.map(|l| json!({"key": l.key, "policy": l.policy, "id": l.id, "units": l.units})),
+                lease.map(
+                    |l| json!({"key": l.key, "policy": l.policy, "id": l.id, "units": l.units}),
+                ),
             ))
         };
         (l, fut, pair as Convert<(Decision, Option<Value>)>)
@@ -847,7 +859,8 @@ pub extern "system" fn Java_io_shardlimit_Native_admin(
                 },
                 2 => Value::Bool(me.delete_override(&need(key)?, &policy).await?),
                 3 => {
-                    let size = usize::try_from(n).map_err(|_| invalid("limit", "must not be negative"))?;
+                    let size =
+                        usize::try_from(n).map_err(|_| invalid("limit", "must not be negative"))?;
                     me.list_overrides(&policy, key.as_deref(), size)
                         .await?
                         .to_json()
@@ -855,7 +868,10 @@ pub extern "system" fn Java_io_shardlimit_Native_admin(
                 _ => {
                     let top = match n {
                         -1 => None,
-                        n => Some(usize::try_from(n).map_err(|_| invalid("top", "must not be negative"))?),
+                        n => Some(
+                            usize::try_from(n)
+                                .map_err(|_| invalid("top", "must not be negative"))?,
+                        ),
                     };
                     me.shadow_report(&policy, top).await?.to_json()
                 }
@@ -901,7 +917,9 @@ fn limit_json(l: &shardlimit::Limit) -> Value {
     let params = match l {
         Limit::FixedWindow { limit, window }
         | Limit::SlidingWindow { limit, window }
-        | Limit::SlidingLog { limit, window } => json!({ "limit": limit, "window_ms": ms(*window) }),
+        | Limit::SlidingLog { limit, window } => {
+            json!({ "limit": limit, "window_ms": ms(*window) })
+        }
         Limit::TokenBucket {
             capacity,
             refill_per_sec,
@@ -1324,7 +1342,8 @@ pub extern "system" fn Java_io_shardlimit_Native_clientIpKey(
                 cidrs.push(text(env, &c, "trusted_proxies")?);
             }
         }
-        let prefix = u8::try_from(ipv6_prefix).map_err(|_| invalid("ipv6_prefix", "must be 1 to 128"))?;
+        let prefix =
+            u8::try_from(ipv6_prefix).map_err(|_| invalid("ipv6_prefix", "must be 1 to 128"))?;
         let key = shardlimit::client_ip_key(&peer, xff.as_deref(), &cidrs, prefix)?;
         jstr(env, key)
     })
@@ -1338,12 +1357,17 @@ pub extern "system" fn Java_io_shardlimit_Native_errorKinds(mut env: JNIEnv, _: 
             .iter()
             .map(|k| json!({"name": k.name(), "code": k.code()}))
             .collect();
-        jstr(env, json!({"kinds": kinds, "version": shardlimit::VERSION}).to_string())
+        jstr(
+            env,
+            json!({"kinds": kinds, "version": shardlimit::VERSION}).to_string(),
+        )
     })
 }
 
 /// A test hook: a panic inside a native method, which must arrive as an internal error.
 #[no_mangle]
 pub extern "system" fn Java_io_shardlimit_Native_panicForTest(mut env: JNIEnv, _: JClass) {
-    run(&mut env, (), |_| -> Result<(), Fail> { panic!("a test panic") })
+    run(&mut env, (), |_| -> Result<(), Fail> {
+        panic!("a test panic")
+    })
 }
