@@ -145,7 +145,8 @@ public final class RateLimitFilter implements Filter {
         }
     }
 
-    static Function<HttpServletRequest, String> clientAddress(List<String> trustedProxies) {
+    /** The key {@code ip:<client address>}, X-Forwarded-For believed from {@code trustedProxies} only. */
+    public static Function<HttpServletRequest, String> clientAddress(List<String> trustedProxies) {
         // the CIDRs are checked once, here (a bad one is an invalid_argument error)
         Limiter.clientIpKey("127.0.0.1", null, trustedProxies, 64);
         return req -> "ip:" + Limiter.clientIpKey(req.getRemoteAddr(), req.getHeader("X-Forwarded-For"),
@@ -246,8 +247,16 @@ public final class RateLimitFilter implements Filter {
         }
     }
 
-    /** The answer to a denial: 429, or 503 when the limit could not be checked. */
     private void deny(HttpServletResponse res, Decision d) throws IOException {
+        deny(res, d, outageRetryAfter);
+    }
+
+    /**
+     * The answer to a denial, as every middleware of shardlimit gives it: 429 with the core's
+     * headers and JSON body, or 503 with {@code Retry-After: outageRetryAfter} and
+     * {@code "error": "rate_limit_unavailable"} when the limit could not be checked.
+     */
+    public static void deny(HttpServletResponse res, Decision d, int outageRetryAfter) throws IOException {
         boolean outage = "fallback".equals(d.source());
         String body = d.body();
         if (outage) {
