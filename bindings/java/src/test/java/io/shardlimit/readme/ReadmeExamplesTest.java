@@ -75,8 +75,9 @@ class ReadmeExamplesTest {
     void theReadmeShowsTheseExamples() throws Exception {
         String readme = Files.readString(Path.of(System.getProperty("shardlimit.root", "../.."),
                 "bindings/java/README.md"));
-        String me = Files.readString(Path.of(System.getProperty("shardlimit.root", "../.."),
-                "bindings/java/src/test/java/io/shardlimit/readme/ReadmeExamplesTest.java"));
+        Path tests = Path.of(System.getProperty("shardlimit.root", "../.."), "bindings/java/src/test/java/io/shardlimit");
+        String me = Files.readString(tests.resolve("readme/ReadmeExamplesTest.java"))
+                + Files.readString(tests.resolve("spring/SpringBootStarterTest.java"));
         List<String> blocks = new ArrayList<>();
         String marker = "// READ" + "ME: "; // (split: this line is no marker)
         int at = 0;
@@ -98,7 +99,7 @@ class ReadmeExamplesTest {
             blocks.add(out.toString().stripTrailing());
             at = end;
         }
-        assertEquals(2, blocks.size());
+        assertEquals(4, blocks.size());
         for (String b : blocks) {
             assertTrue(readme.contains(b), "README.md does not show:\n" + b);
         }

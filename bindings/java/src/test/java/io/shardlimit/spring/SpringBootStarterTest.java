@@ -28,6 +28,7 @@ class SpringBootStarterTest {
     static final String POLICIES = "{\"api\":{\"algorithm\":\"fixed_window\",\"limit\":2,\"window\":\"1m\"},"
             + "\"method\":{\"algorithm\":\"fixed_window\",\"limit\":1,\"window\":\"1m\"}}";
 
+    // README: spring
     @SpringBootApplication
     @RestController
     static class App {
@@ -47,6 +48,7 @@ class SpringBootStarterTest {
             return "free";
         }
     }
+    // README: end
 
     final HttpClient http = HttpClient.newHttpClient();
 
@@ -56,8 +58,11 @@ class SpringBootStarterTest {
                 "logging.level.root=WARN",
                 "management.endpoints.web.exposure.include=health,metrics",
                 "management.endpoint.health.show-details=always",
-                "shardlimit.config-json=" + configJson,
-                "shardlimit.rules[0].pattern=/api/*", "shardlimit.rules[0].policy=api").run();
+                // README: properties
+                "shardlimit.config-json=" + configJson,            // or shardlimit.config=<file>
+                "shardlimit.rules[0].pattern=/api/*", "shardlimit.rules[0].policy=api"
+                // README: end
+                ).run();
     }
 
     HttpResponse<String> get(ConfigurableApplicationContext ctx, String path, String... headers) throws Exception {
