@@ -53,9 +53,11 @@ cp bindings/java/pom.xml "$out/$name.pom"
 
 echo "dist-java: sources and javadoc jars"
 jar --create --file "$out/$name-sources.jar" -C bindings/java/src/main/java .
-servlet=$(find "${HOME}/.m2/repository/jakarta/servlet/jakarta.servlet-api" -name 'jakarta.servlet-api-*.jar' 2>/dev/null | sort | tail -1)
+# the optional APIs the Servlet filter and the Spring Boot integration compile against
+mvn -B -q -f bindings/java/pom.xml dependency:build-classpath -Dmdep.includeScope=compile \
+  -Dmdep.outputFile="$stage/classpath.txt" -Dshardlimit.build.dir="$stage/build"
 javadoc -quiet -Xdoclint:none --release 17 -encoding UTF-8 -d "$stage/javadoc" \
-  -sourcepath bindings/java/src/main/java ${servlet:+-classpath "$servlet"} -subpackages io.shardlimit \
+  -sourcepath bindings/java/src/main/java -classpath "$(cat "$stage/classpath.txt")" -subpackages io.shardlimit \
   >"$stage/javadoc.log" 2>&1 || { cat "$stage/javadoc.log" >&2; exit 1; }
 jar --create --file "$out/$name-javadoc.jar" -C "$stage/javadoc" .
 
