@@ -84,6 +84,7 @@ redis_pid=$!
 trap 'kill $redis_pid 2>/dev/null || true; cleanup' EXIT
 for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 for jdk in "${jdks[@]}"; do
+  redis-cli -p "$port" FLUSHALL >/dev/null # the consumer's counts start from nothing on each JDK
   (
     cd "$work/consumer"
     export PATH=/usr/bin:/bin JAVA_HOME="$jdk"

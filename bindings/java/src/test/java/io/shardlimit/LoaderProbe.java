@@ -6,7 +6,10 @@ public final class LoaderProbe {
 
     public static void main(String[] args) {
         try {
-            System.out.println("allowed=" + Limiter.memory().checkAsync("k", "p").handle((d, e) -> e == null).join());
+            String cfg = "{\"policies\":{\"p\":{\"algorithm\":\"fixed_window\",\"limit\":1,\"window\":\"1s\"}}}";
+            try (Limiter l = Limiter.fromJson(cfg)) {
+                System.out.println("allowed=" + l.check("k", "p").allowed());
+            }
             System.out.println("loaded=" + NativeLoader.loadedFrom());
         } catch (Throwable t) {
             System.out.println("error=" + t);
