@@ -5,11 +5,11 @@
 #   make test-fast - formatting, lints, unit tests and the tests that need no Redis, in a
 #                 few minutes (see CONTRIBUTING.md); make test is what CI runs
 #   make dist   - the release artifacts in dist/ (wheel + sdist, npm tarballs, C/C++ SDK,
-#                 Go module proxy, .crate files), from one release build
+#                 Go module proxy, Java jar + POM, .crate files), from one release build
 #   make bench  - shardlimit against the latest peers of each language (bench/peers.lock),
 #                 written to docs/benchmarks.md (make bench-quick: one short round)
 # Every script honours CARGO_TARGET_DIR.
-.PHONY: demo test test-fast dist test-dist test-serve build bench bench-quick bench-redis bench-redis-cost fmt lint
+.PHONY: demo test test-fast dist test-dist test-serve test-java build bench bench-quick bench-redis bench-redis-cost fmt lint
 
 demo:
 	bash scripts/demo.sh
@@ -30,6 +30,11 @@ test-dist:
 # shardlimit serve behind real Envoy, nginx and HAProxy (on dist/; SERVE_DEV=1: debug builds)
 test-serve:
 	bash scripts/test-serve.sh
+
+# the Java package on dist/java: JUnit suites on Java 17 and the newest JDK, and the
+# install test of the jar into an empty local Maven repository
+test-java:
+	bash scripts/test-java.sh
 
 build:
 	cargo build --release -p shardlimit-cli
