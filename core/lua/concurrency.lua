@@ -9,6 +9,7 @@
 -- time, never earlier). core/src/engine/algo.rs mirrors every step. `period` is the lease TTL.
 local CC_WALK = 64
 local CC_EXPIRE = 128
+local CC_EXPIRE_1 = '129' -- CC_EXPIRE + 1, as the argument (a number is formatted per call)
 
 -- units of a lease member ("id*units"; a member of an older version held one unit)
 local function cc_units(m)
@@ -28,8 +29,8 @@ end
 -- units held after reclaiming expired leases, and whether "#" was there. One read gives
 -- both: "#" (scored below 0) comes before every lease that expired (scored by expiry > 0)
 local function cc_held(key, now)
-  local r = redis.call('ZRANGEBYSCORE', key, '-inf', int(now), 'WITHSCORES', 'LIMIT', 0,
-    CC_EXPIRE + 1)
+  local r = redis.call('ZRANGEBYSCORE', key, '-inf', int(now), 'WITHSCORES', 'LIMIT', '0',
+    CC_EXPIRE_1)
   local held, from, sum = nil, 1, r[1] == '#'
   if sum then
     held = -tonumber(r[2]) - 1
@@ -54,7 +55,7 @@ end
 ALGO.cc = function(key, now, max, ttl, cost, peek, lease)
   local n, sum = cc_held(key, now)
   local function reset_after()
-    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    local last = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
     if last[2] == nil or tonumber(last[2]) <= now then return 0 end
     return tonumber(last[2]) - now
   end
@@ -81,7 +82,7 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease)
     if n + cost > 0 then
       -- the lease and the sum in one ZADD, the lease taken as new; its count says if it
       -- was (a lease acquired again keeps the units it holds: "#" is written again)
-      local added = redis.call('ZADD', key, int(now + ttl), member, -(n + cost + 1), '#')
+      local added = redis.call('ZADD', key, int(now + ttl), member, int(-(n + cost + 1)), '#')
       if sum then added = added + 1 end
       if added < 2 then redis.call('ZADD', key, -(math.max(n, 0) + 1), '#') else n = n + cost end
     else
@@ -89,7 +90,7 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease)
       redis.call('ZADD', key, int(now + ttl), member)
       cc_store(key, n)
     end
-    redis.call('PEXPIRE', key, math.ceil(ttl / 1000))
+    redis.call('PEXPIRE', key, int(math.ceil(ttl / 1000)))
   end
   return {1, max - n, reset_after(), -1, 0}
 end

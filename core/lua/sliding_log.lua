@@ -30,7 +30,7 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
   -- the oldest entry first: when it is live, none expired, and it is the base (the common
   -- case reads two entries); only when it expired are the entries counted. `total` nil:
   -- not counted (some, none expired)
-  local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  local oldest = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
   local total, expired = 0, 0
   local n, top, newest, nb, nc, base = 0, 0, nil, 0, 0, 0
   if oldest[1] ~= nil then
@@ -39,7 +39,7 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
       total = redis.call('ZCARD', key)
       expired = redis.call('ZCOUNT', key, '-inf', horizon)
     end
-    newest, nb, nc = sl_entry(key, -1)
+    newest, nb, nc = sl_entry(key, '-1')
     local ok = newest ~= nil
     if ok and (total == nil or expired < total) then
       local _
@@ -88,7 +88,7 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
   if newest ~= nil and newest > at then at = newest end
   if newest ~= nil and top < nb and at == newest then at = at + 1 end
   redis.call('ZADD', key, int(at), string.format('%016d:%d', top, cost))
-  redis.call('PEXPIRE', key, math.ceil((at + window - now) / 1000))
+  redis.call('PEXPIRE', key, int(math.ceil((at + window - now) / 1000)))
   return {1, limit - n - cost, at + window - now, -1, 0}
 end
 

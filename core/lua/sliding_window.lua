@@ -27,7 +27,7 @@ ALGO.sw = function(key, now, limit, window, cost, peek, shift)
   end
   if fits(prev, cur, elapsed) then
     if not peek then
-      redis.call('INCRBY', ckey, int(cost))
+      if cost == 1 then redis.call('INCR', ckey) else redis.call('INCRBY', ckey, int(cost)) end
       -- the counter expires at the end of the next window, set once when it is created
       if cur == 0 then redis.call('PEXPIRE', ckey, int(math.ceil((2 * window - elapsed) / 1000))) end
       cur = cur + cost
