@@ -52,22 +52,24 @@ local function cc_held(key, now)
   return math.max(held, 0), sum
 end
 
+-- time until the last lease expires (a function per script, not a closure per call)
+local function cc_reset_after(key, now)
+  local last = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+  if last[2] == nil or tonumber(last[2]) <= now then return 0 end
+  return tonumber(last[2]) - now
+end
+
 ALGO.cc = function(key, now, max, ttl, cost, peek, lease)
   local n, sum = cc_held(key, now)
-  local function reset_after()
-    local last = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
-    if last[2] == nil or tonumber(last[2]) <= now then return 0 end
-    return tonumber(last[2]) - now
-  end
   if cost > max then
-    return {0, math.max(max - n, 0), reset_after(), -1, 0}
+    return {0, math.max(max - n, 0), cc_reset_after(key, now), -1, 0}
   end
   if n + cost > max then
     -- with no releases, the k-th earliest expiring unit frees enough
     local k = n + cost - max
     local first = redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES',
       'LIMIT', 0, CC_WALK)
-    local at = reset_after() + now
+    local at = cc_reset_after(key, now) + now
     for i = 1, #first, 2 do
       k = k - cc_units(first[i])
       if k <= 0 then
@@ -75,10 +77,10 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease)
         break
       end
     end
-    return {0, math.max(max - n, 0), reset_after(), at - now, 0}
+    return {0, math.max(max - n, 0), cc_reset_after(key, now), at - now, 0}
   end
   if not peek then
-    local member = lease .. '*' .. int(cost)
+    local member = lease .. '*' .. (cost == 1 and '1' or int(cost))
     if n + cost > 0 then
       -- the lease and the sum in one ZADD, the lease taken as new; its count says if it
       -- was (a lease acquired again keeps the units it holds: "#" is written again)
@@ -92,7 +94,7 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease)
     end
     redis.call('PEXPIRE', key, int(math.ceil(ttl / 1000)))
   end
-  return {1, max - n, reset_after(), -1, 0}
+  return {1, max - n, cc_reset_after(key, now), -1, 0}
 end
 
 if REFUND then -- only the layered, refund and release scripts give units back

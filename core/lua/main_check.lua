@@ -18,9 +18,9 @@
 -- ARGV[n+2]   the hash's TTL in ms, renewed by every count
 -- ARGV[n+3]   the most keys the hash holds; the denials of further keys count in field ""
 --             (no user key is empty)
+local n = #ARGV
 local k, _, state, entry, denials, now, cost, extra, need, code, limit, period, mode, after,
   within, dur, reason, okey, ov = parse(1, 1, nil, next(ALGO))
-local n = #ARGV
 if SHADOW then
   n = n - 3
   after = '0'

@@ -25,6 +25,15 @@ local function sl_entry(key, rank)
   return sl_parse(redis.call('ZRANGE', key, rank, rank, 'WITHSCORES'))
 end
 
+-- time until the entry recorded at `t` expires (0 for none): a function per script, not
+-- a closure per call
+local function sl_reset_after(t, window, now)
+  if t == nil then return 0 end
+  local r = t + window - now
+  if r < 0 then r = 0 end
+  return r
+end
+
 ALGO.sl = function(key, now, limit, window, cost, peek)
   local horizon = int(now - window)
   -- the oldest entry first: when it is live, none expired, and it is the base (the common
@@ -55,14 +64,8 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
       if total == nil or expired < total then n = (top - base) % SL_MOD end
     end
   end
-  local function reset_after(t)
-    if t == nil then return 0 end
-    local r = t + window - now
-    if r < 0 then r = 0 end
-    return r
-  end
   if cost > limit then
-    return {0, math.max(limit - n, 0), reset_after(newest), -1, 0}
+    return {0, math.max(limit - n, 0), sl_reset_after(newest, window, now), -1, 0}
   end
   if n + cost > limit then
     -- the k-th oldest live unit must expire first: the first live entry whose units
@@ -76,10 +79,10 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
       if b ~= nil and (b + c - base) % SL_MOD >= k then hi = mid else lo = mid + 1 end
     end
     local t = sl_entry(key, lo) or newest
-    return {0, math.max(limit - n, 0), reset_after(newest), t + window - now, 0}
+    return {0, math.max(limit - n, 0), sl_reset_after(newest, window, now), t + window - now, 0}
   end
   if peek then
-    return {1, limit - n, reset_after(newest), -1, 0}
+    return {1, limit - n, sl_reset_after(newest, window, now), -1, 0}
   end
   if expired > 0 then
     redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, SL_EXPIRE) - 1)
