@@ -919,7 +919,10 @@ fn bench_command(
             println!("errors:        {}", r.errors);
         }
         if r.fallbacks > 0 {
-            println!("fallbacks:     {} (not decided by Redis: not counted)", r.fallbacks);
+            println!(
+                "fallbacks:     {} (not decided by Redis: not counted)",
+                r.fallbacks
+            );
         }
     }
     if metrics {

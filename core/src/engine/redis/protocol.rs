@@ -241,7 +241,9 @@ impl CheckRequest<'_> {
         // none otherwise (an acquire on another algorithm has a lease id that its script
         // must not see)
         let extra = match (eff.algorithm, eff.extra_arg(self.key)) {
-            (Algorithm::Concurrency, _) => self.lease.filter(|l| !l.is_empty()).map(CheckExtra::Lease),
+            (Algorithm::Concurrency, _) => {
+                self.lease.filter(|l| !l.is_empty()).map(CheckExtra::Lease)
+            }
             (_, Some(x)) => Some(CheckExtra::Int(x)),
             (_, None) => None,
         };
