@@ -641,7 +641,16 @@ fn mistyped_and_out_of_range_replies_are_script_errors() {
             "more units than asked for",
             "*8\r\n:1\r\n:1\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:9\r\n:{tag}\r\n",
         ),
-        ("too few values", "*3\r\n:1\r\n:1\r\n:{tag}\r\n"),
+        ("too few values", "*2\r\n:1\r\n:{tag}\r\n"),
+        // an admission in short ({remaining, reset_after}) is checked as the whole reply
+        (
+            "a short admission above the limit",
+            "*3\r\n:1001\r\n:1\r\n:{tag}\r\n",
+        ),
+        (
+            "a short admission with a negative reset",
+            "*3\r\n:1\r\n:-5\r\n:{tag}\r\n",
+        ),
         ("an integer for an array", ":1\r\n"),
         ("nil", "$-1\r\n"),
     ];

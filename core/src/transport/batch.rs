@@ -66,8 +66,10 @@ pub(crate) const NOT_THEIRS: &str = "a reply carrying another call's tag";
 
 /// What becomes of a check's reply, given the tag of its call: the tag is taken off a
 /// reply that carries it (`Ok`); a reply that carries another call's tag is `Err` (the
-/// stream it came on is in doubt). Replies without a tag at the end (error replies,
-/// malformed ones) pass as they are, for the caller's checks of the reply to reject.
+/// stream it came on is in doubt). The tag comes back as an integer, or as the decimal
+/// string it was sent as (a plain check echoes its argument: no number to parse).
+/// Replies without a tag at the end (error replies, malformed ones) pass as they are, for
+/// the caller's checks of the reply to reject.
 pub(crate) fn untag(reply: Reply, tag: u64) -> Result<Reply, Reply> {
     match reply {
         Reply::Array(mut items) => match items.last() {
@@ -75,7 +77,11 @@ pub(crate) fn untag(reply: Reply, tag: u64) -> Result<Reply, Reply> {
                 items.pop();
                 Ok(Reply::Array(items))
             }
-            Some(Reply::Int(_)) => Err(Reply::Array(items)),
+            Some(Reply::Str(t)) if t.as_slice() == itoa::Buffer::new().format(tag).as_bytes() => {
+                items.pop();
+                Ok(Reply::Array(items))
+            }
+            Some(Reply::Int(_) | Reply::Str(_)) => Err(Reply::Array(items)),
             _ => Ok(Reply::Array(items)),
         },
         other => Ok(other),
@@ -303,6 +309,19 @@ mod tests {
         buf.chunks(8)
             .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
             .collect()
+    }
+
+    #[test]
+    fn a_tag_is_taken_as_an_integer_or_as_the_string_it_was_sent_as() {
+        let r = |last: Reply| Reply::Array(vec![Reply::Int(1), last]);
+        let own = Reply::Array(vec![Reply::Int(1)]);
+        assert_eq!(untag(r(Reply::Int(42)), 42), Ok(own.clone()));
+        assert_eq!(untag(r(Reply::Str(b"42".to_vec())), 42), Ok(own));
+        assert!(untag(r(Reply::Int(43)), 42).is_err());
+        assert!(untag(r(Reply::Str(b"43".to_vec())), 42).is_err());
+        assert!(untag(r(Reply::Str(b"042".to_vec())), 42).is_err());
+        // no tag at the end: passed on as it is, for the reader to reject
+        assert_eq!(untag(r(Reply::Nil), 42), Ok(r(Reply::Nil)));
     }
 
     #[test]

@@ -403,11 +403,15 @@ pub(super) fn ints(sc: &ShardConfig, what: &str, reply: &Reply) -> Result<Vec<i6
 }
 
 /// A check script's reply (its tag taken off): a decision, or the key's override entry.
+/// `short`: the call may be answered in short (a check in mode check:
+/// `core/lua/check_plain.lua`'s `{remaining, reset_after}` for an admission with no
+/// retry, no delay and no block, of all `cost` units).
 pub(super) fn check_script_reply(
     sc: &ShardConfig,
     reply: Reply,
     limit: u64,
     cost: u64,
+    short: bool,
 ) -> Result<Checked> {
     // {'o', entry, 0} after its tag came off (core/lua/check.lua): without the tag the 0
     // would have been compared as one, so this shape is always the call's own
@@ -415,6 +419,11 @@ pub(super) fn check_script_reply(
         return Ok(Checked::Override(v));
     }
     let r = ints(sc, "script", &reply)?;
+    if short && r.len() == 2 {
+        // checked as the whole reply it stands for
+        let whole = [1, r[0], r[1], -1, 0, 0, cost.min(i64::MAX as u64) as i64];
+        return check_reply(sc, &whole, limit, cost).map(Checked::Decided);
+    }
     check_reply(sc, &r, limit, cost).map(Checked::Decided)
 }
 
@@ -557,7 +566,13 @@ impl ScriptCall for CheckRequest<'_> {
         Wire::Check(self)
     }
     fn read(&self, sc: &ShardConfig, reply: Reply) -> Result<Checked> {
-        check_script_reply(sc, reply, self.eff.limit, self.cost)
+        check_script_reply(
+            sc,
+            reply,
+            self.eff.limit,
+            self.cost,
+            self.mode == Mode::Check,
+        )
     }
 }
 
@@ -590,6 +605,6 @@ impl ScriptCall for ShadowRequest<'_> {
     }
 
     fn read(&self, sc: &ShardConfig, reply: Reply) -> Result<Checked> {
-        check_script_reply(sc, reply, self.req.eff.limit, self.req.cost)
+        check_script_reply(sc, reply, self.req.eff.limit, self.req.cost, false)
     }
 }
