@@ -183,21 +183,43 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                 .unwrap_or("?");
                 let nkeys: usize = String::from_utf8_lossy(&args[2]).parse().unwrap_or(0);
                 let keys = &args[3..3 + nkeys];
-                // keys per check: 3 a layer, 4 a check (core/lua/main_check.lua)
-                let per = if script.contains("layered") { 3 } else { 4 };
-                let whos: Vec<u64> = keys.iter().step_by(per).filter_map(|k| who(k)).collect();
-                let argv = &args[3 + nkeys..];
-                // each check's tag: the last argument of a single call, the last of each
-                // check's seven in a batch call (core/lua/main_batch.lua)
-                let tags: Vec<String> = if script.contains("batch") {
-                    let s: usize = String::from_utf8_lossy(&argv[0]).parse().unwrap_or(0);
-                    argv[1 + 8 * s..]
-                        .chunks(7)
-                        .map(|c| String::from_utf8_lossy(&c[6]).to_string())
+                // keys per check: 3 a layer; a check's are as many as its policy uses
+                // (core/lua/check.lua), the first its state key (namespace `s:`)
+                let whos: Vec<u64> = if script.contains("layered") {
+                    keys.iter().step_by(3).filter_map(|k| who(k)).collect()
+                } else {
+                    keys.iter()
+                        .filter(|k| k.starts_with(b"sl:s:"))
+                        .filter_map(|k| who(k))
                         .collect()
+                };
+                let argv = &args[3 + nkeys..];
+                // each check's tag: the last argument of a single call; in a batch call
+                // (core/lua/main_batch.lua) after each check's shape, cost, and its flags
+                // and the values they name (n, x, g, o name one each)
+                let tags: Vec<String> = if script.contains("batch") {
+                    let text = |i: usize| String::from_utf8_lossy(&argv[i]).to_string();
+                    let s: usize = text(0).parse().unwrap_or(0);
+                    let mut i = 1;
+                    for _ in 0..s {
+                        i += 1 + text(i).parse::<usize>().unwrap_or(0);
+                    }
+                    let mut tags = Vec::new();
+                    while i < argv.len() {
+                        i += 2; // its shape and cost
+                        let f = text(i);
+                        if f.starts_with(|c: char| c.is_ascii_alphabetic()) {
+                            i += 1 + f.chars().filter(|c| "nxgo".contains(*c)).count();
+                        }
+                        tags.push(text(i));
+                        i += 1;
+                    }
+                    tags
                 } else if script.contains("shadow") {
-                    // main_check.lua in shadow mode: the tag is ARGV[14], the shadow arguments follow
-                    argv.get(13)
+                    // main_check.lua in shadow mode: the tag, then the shadow's three arguments
+                    argv.len()
+                        .checked_sub(4)
+                        .and_then(|i| argv.get(i))
                         .map(|t| String::from_utf8_lossy(t).to_string())
                         .into_iter()
                         .collect()
@@ -622,7 +644,16 @@ fn mistyped_and_out_of_range_replies_are_script_errors() {
             "more units than asked for",
             "*8\r\n:1\r\n:1\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:9\r\n:{tag}\r\n",
         ),
-        ("too few values", "*3\r\n:1\r\n:1\r\n:{tag}\r\n"),
+        ("too few values", "*2\r\n:1\r\n:{tag}\r\n"),
+        // an admission in short ({remaining, reset_after}) is checked as the whole reply
+        (
+            "a short admission above the limit",
+            "*3\r\n:1001\r\n:1\r\n:{tag}\r\n",
+        ),
+        (
+            "a short admission with a negative reset",
+            "*3\r\n:1\r\n:-5\r\n:{tag}\r\n",
+        ),
         ("an integer for an array", ":1\r\n"),
         ("nil", "$-1\r\n"),
     ];

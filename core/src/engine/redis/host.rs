@@ -65,6 +65,7 @@ impl RedisEngine {
             Err(e) => Err(self.io_error(shard, e)),
         };
         self.account(&st, shard, &Breaker::Shard, start, &r);
-        check_script_reply(&self.shards[shard], r?, limit, cost)
+        // (the host transport carries checks in mode check only, as `host_call` writes them)
+        check_script_reply(&self.shards[shard], r?, limit, cost, true)
     }
 }
