@@ -70,6 +70,8 @@ struct Shared {
     broken: AtomicBool,
     /// The writer and reader tasks, aborted when the connection breaks.
     tasks: Mutex<Vec<AbortHandle>>,
+    /// The socket under the stream, for [`Pipe::is_broken`]'s look at an idle connection.
+    peek: Option<Peek>,
 }
 
 fn wake(wake: &mut Vec<(Sender, io::Result<Reply>)>) {
@@ -199,6 +201,7 @@ impl Pipe {
             timer: Notify::new(),
             broken: AtomicBool::new(false),
             tasks: Mutex::new(Vec::with_capacity(2)),
+            peek,
         });
         // the log-in's bytes
         shared.write.notify_one();
@@ -222,9 +225,26 @@ impl Pipe {
         self.shared.drive(|c, done| c.close(why, done));
     }
 
-    /// True once the connection closed: make a new one.
+    /// True once the connection closed: make a new one. An idle connection (no call
+    /// waiting on it) whose socket already holds the server's end counts as closed too: a
+    /// server that drops idle clients (its `timeout`, a proxy's, a restart) closes it
+    /// between calls, and the reader task may not have run since (a busy runtime), so the
+    /// next call would be written to a closed connection and fail. Nothing was sent on it
+    /// since, so making a new one is safe. (A TLS server's end comes after its close
+    /// alert's bytes, so on TLS this look does not see it.)
     pub fn is_broken(&self) -> bool {
-        self.shared.broken.load(Ordering::Acquire)
+        if self.shared.broken.load(Ordering::Acquire) {
+            return true;
+        }
+        let Some(peek) = self.shared.peek else {
+            return false;
+        };
+        let idle = self.shared.inner.lock().callers.is_empty();
+        if idle && peek.at_end() {
+            self.close("Redis closed the connection while it was idle");
+            return true;
+        }
+        false
     }
 
     /// Runs one check script call and waits for its reply (see the machine for when a
@@ -247,7 +267,7 @@ impl Pipe {
         &self,
         submit: impl FnOnce(&mut SansIo, u64) -> io::Result<()>,
     ) -> io::Result<Reply> {
-        if self.is_broken() {
+        if self.shared.broken.load(Ordering::Acquire) {
             return Err(broken());
         }
         let (tx, rx) = oneshot::channel();
@@ -494,6 +514,29 @@ impl Peek {
         None
     }
 
+    /// True when the socket's next read is its end: the peer closed it and nothing it
+    /// sent is left unread.
+    fn at_end(&self) -> bool {
+        #[cfg(unix)]
+        {
+            let mut probe = [0u8; 1];
+            // SAFETY: `probe` is valid for one byte. The fd is open while the connection is
+            // not broken (the caller checked; if it broke since and the number was reused,
+            // a peek consumes nothing and at worst closes a broken connection again).
+            let n = unsafe {
+                libc::recv(
+                    self.fd,
+                    probe.as_mut_ptr().cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            n == 0
+        }
+        #[cfg(not(unix))]
+        false
+    }
+
     /// True when the socket holds bytes not read yet, or its end (read at the next turn).
     fn holds_bytes(&self) -> bool {
         #[cfg(unix)]
@@ -648,5 +691,64 @@ mod tests {
             until: None,
         };
         assert!(read_now(&mut r, &mut buf).is_none());
+    }
+
+    #[test]
+    fn an_idle_connection_the_server_closed_is_broken_before_its_reader_sees_it() {
+        // a server that answers one PING, then closes the connection when told to
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (close, closing) = std::sync::mpsc::channel::<()>();
+        let (closed, was_closed) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 64];
+            let _ = s.read(&mut buf);
+            s.write_all(b"+PONG\r\n").unwrap();
+            closing.recv().unwrap();
+            drop(s);
+            closed.send(()).unwrap();
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            let p = Peek::of(&s);
+            let (r, w) = s.into_split();
+            // one thread, which this test holds from the server's close on: the reader
+            // task does not run again, as on a busy runtime
+            let start = Instant::now();
+            let mut conn = SansIo::new(Vec::new(), Duration::from_secs(5), 16);
+            conn.connecting(start);
+            let pipe = Pipe::start(r, w, conn, p);
+            assert_eq!(
+                pipe.command(b"*1\r\n$4\r\nPING\r\n".to_vec())
+                    .await
+                    .unwrap(),
+                b"+PONG\r\n"
+            );
+            assert!(!pipe.is_broken(), "open and idle: whole");
+            close.send(()).unwrap();
+            was_closed.recv().unwrap();
+            // the FIN reaches the socket within a moment; the reader task never ran since
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !pipe.is_broken() {
+                assert!(
+                    Instant::now() < deadline,
+                    "an idle closed connection looked whole"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // and a call on it fails at once instead of being written to a closed socket
+            let e = pipe
+                .command(b"*1\r\n$4\r\nPING\r\n".to_vec())
+                .await
+                .unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+        });
     }
 }
