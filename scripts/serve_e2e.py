@@ -286,6 +286,35 @@ def main():
             finally:
                 stop(e2)
         deny_mode()
+
+        @case("Envoy to serve over a Unix socket (a pipe cluster): 5 of 8 pass; the socket is 0660 and removed at exit")
+        def over_unix_socket():
+            sock = os.path.join(d, "rls.sock")
+            s2_log = open(os.path.join(d, "serve-uds.log"), "w")
+            s2 = start([SERVE_BIN, "--config", cfg, "--http", "off", "--grpc", f"unix:{sock}"], s2_log)
+            p3 = {**ports, "ENVOY_PORT": free_port(), "ENVOY_ADMIN": free_port(), "FAILURE_MODE_DENY": "true", "RLS_TIMEOUT": "1s"}
+            d3 = os.path.join(d, "uds")
+            os.makedirs(d3)
+            path = fill("envoy.yaml", d3, p3)
+            text = open(path).read()
+            tcp = "{address: {socket_address: {address: 127.0.0.1, port_value: %d}}}" % ports["SERVE_GRPC"]
+            assert text.count(tcp) == 1, "the shardlimit cluster's endpoint"
+            with open(path, "w") as f:
+                f.write(text.replace(tcp, "{address: {pipe: {path: %s}}}" % sock))
+            e3 = start([ENVOY_BIN, "-c", path, "--concurrency", "1", "--disable-hot-restart",
+                        "--base-id", "8", "--log-level", "warn"], log)
+            try:
+                wait_for("serve on a Unix socket", lambda: os.path.exists(sock))
+                assert oct(os.stat(sock).st_mode & 0o777) == "0o660", oct(os.stat(sock).st_mode)
+                wait_for("envoy (uds)", lambda: get(p3["ENVOY_ADMIN"], "/ready")[0] == 200, timeout=60)
+                # failure_mode_deny: true, so a pass can only be serve's answer
+                limited_run(p3["ENVOY_PORT"], "u1", 8, 5)
+            finally:
+                stop(e3)
+                rc = stop(s2)
+            assert rc == 0, f"exit {rc}"
+            assert not os.path.exists(sock), "the socket was left behind"
+        over_unix_socket()
         up.shutdown()
     finally:
         for p in reversed(PROCS):
