@@ -807,3 +807,49 @@ async fn unix_sockets_mode_stale_live_and_cleanup() {
     assert_eq!(status.code(), Some(0));
     assert!(!g.exists() && !h.exists(), "the sockets were left behind");
 }
+
+/// Two shards: a call whose descriptors' keys live on different shards is denied by one;
+/// the other shard's part was admitted and given back, and its status says what it still
+/// has (not what it had while its units were taken).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_across_shards_after_a_denial() {
+    let (ra, rb) = (redis(), redis());
+    let mut cfg = config(ra.1, "error");
+    cfg["shards"] = json!([
+        {"name": "a", "url": format!("redis://127.0.0.1:{}", ra.1)},
+        {"name": "b", "url": format!("redis://127.0.0.1:{}", rb.1)}
+    ]);
+    let s = start(&cfg).await;
+    let g = s.grpc;
+    let user_on = |shard: u32| {
+        (0..1000)
+            .map(|i| format!("s{i}"))
+            .find(|u| shardlimit::routing::shard_index(&format!("u:{u}"), 2) == shard)
+            .unwrap()
+    };
+    let (ua, ub) = (user_on(0), user_on(1));
+    let call = || {
+        vec![
+            desc(&[("generic_key", "big"), ("user", &ua)]),
+            desc(&[("generic_key", "small"), ("user", &ub)]),
+        ]
+    };
+    for left in [9, 8] {
+        let r = rls(g, call(), None).await.unwrap();
+        assert_eq!(r.overall_code, 1);
+        assert_eq!(r.statuses[0].limit_remaining, left);
+    }
+    let d = rls(g, call(), None).await.unwrap();
+    assert_eq!(d.overall_code, 2, "small (shard b) denies");
+    assert_eq!((d.statuses[1].code, d.statuses[1].limit_remaining), (2, 0));
+    assert_eq!(
+        (d.statuses[0].code, d.statuses[0].limit_remaining),
+        (1, 8),
+        "big (shard a): admitted, given back, and reported as it is"
+    );
+    let mut peek = desc(&[("generic_key", "big"), ("user", &ua)]);
+    peek.hits_addend = Some(0);
+    let p = rls(g, vec![peek], None).await.unwrap();
+    assert_eq!(p.statuses[0].limit_remaining, 8, "the unit was given back");
+    let _ = s.stop.send(true);
+}
