@@ -317,12 +317,14 @@ def main():
 
         @case("Envoy to serve over a Unix socket (a pipe cluster): 5 of 8 pass; the socket is 0660 and removed at exit")
         def over_unix_socket():
-            sock = os.path.join(d, "rls.sock")
-            s2_log = open(os.path.join(d, "serve-uds.log"), "w")
-            s2 = start([SERVE_BIN, "--config", cfg, "--http", "off", "--grpc", f"unix:{sock}"], s2_log)
             p3 = {**ports, "ENVOY_PORT": free_port(), "ENVOY_ADMIN": free_port(), "FAILURE_MODE_DENY": "true", "RLS_TIMEOUT": "1s"}
             d3 = os.path.join(d, "uds")
             os.makedirs(d3)
+            sock = os.path.join(d3, "rls.sock")
+            # the example config as it is (the reload case left the shared copy invalid)
+            s2_log = open(os.path.join(d, "serve-uds.log"), "w")
+            s2 = start([SERVE_BIN, "--config", fill("shard-config.json", d3, ports), "--http", "off",
+                        "--grpc", f"unix:{sock}"], s2_log)
             path = fill("envoy.yaml", d3, p3)
             text = open(path).read()
             tcp = "{address: {socket_address: {address: 127.0.0.1, port_value: %d}}}" % ports["SERVE_GRPC"]
@@ -332,7 +334,7 @@ def main():
             e3 = start([ENVOY_BIN, "-c", path, "--concurrency", "1", "--disable-hot-restart",
                         "--base-id", "8", "--log-level", "warn"], log)
             try:
-                wait_for("serve on a Unix socket", lambda: os.path.exists(sock))
+                wait_for("serve on a Unix socket", lambda: s2.poll() is None and os.path.exists(sock))
                 assert oct(os.stat(sock).st_mode & 0o777) == "0o660", oct(os.stat(sock).st_mode)
                 wait_for("envoy (uds)", lambda: get(p3["ENVOY_ADMIN"], "/ready")[0] == 200, timeout=60)
                 # failure_mode_deny: true, so a pass can only be serve's answer
