@@ -210,19 +210,24 @@ med = lambda xs: statistics.median(xs)
 print()
 print("Lyft's ratelimit at %s; median of %d rounds; load average before/after each run in the log above" % (sys.argv[2][:12], max(r["round"] for r in rows)))
 print()
-print("| service | descriptors | decisions/s | p50 µs | p99 µs | service CPU µs/decision | Redis CPU µs/decision | Redis commands/decision | errors |")
-print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+print("| service | descriptors | decisions/s | p50 µs | p99 µs | service CPU µs/decision | Redis CPU µs/decision | calls/decision | Redis commands/decision | errors |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for descs in (1, 3):
     for svc in ("lyft", "shardlimit"):
         rs = [r for r in rows if r["service"] == svc and r["descriptors"] == descs]
         if not rs:
             continue
         name = "Lyft ratelimit " + sys.argv[2][:7] if svc == "lyft" else "shardlimit serve"
-        print("| %s | %d | %.0f | %.0f | %.0f | %.1f | %.1f | %.2f | %d |" % (
+        print("| %s | %d | %.0f | %.0f | %.0f | %.1f | %.1f | %s %.2f | %.2f | %d |" % (
             name, descs, med([r["decisions_per_sec"] for r in rs]), med([r["p50_us"] for r in rs]),
             med([r["p99_us"] for r in rs]), med([r["service_cpu_us"] for r in rs]),
-            med([r["redis_cpu_us"] for r in rs]), med([r["redis_commands"] for r in rs]),
+            med([r["redis_cpu_us"] for r in rs]), "INCRBY" if svc == "lyft" else "EVALSHA",
+            med([r["redis_calls"] for r in rs]), med([r["redis_commands"] for r in rs]),
             sum(r["errors"] for r in rs)))
+print()
+print("calls/decision: the command each service decides with (Lyft: INCRBY, one per descriptor,")
+print("pipelined with an EXPIRE each; shardlimit: one EVALSHA); Redis commands/decision: every")
+print("command Redis ran, those inside the scripts included (INFO commandstats).")
 if bad:
     print("\nFAILED: runs with errors, no decisions, or fewer Redis calls than decisions need:", file=sys.stderr)
     for r in bad:

@@ -314,10 +314,12 @@ pub async fn should_rate_limit(
         })
         .collect();
     let work = async {
-        let checked = if layers.is_empty() {
-            None
-        } else {
-            Some(state.limiter.check_all(&layers).await)
+        let checked = match layers.as_slice() {
+            [] => None,
+            // one layer: the single check (the same decision, and its script does less
+            // than the layered one: no second read of the state)
+            [l] => Some(state.limiter.check(&l.key, &l.policy, l.cost).await),
+            _ => Some(state.limiter.check_all(&layers).await),
         };
         let mut peeked = Vec::with_capacity(peeks.len());
         for (i, key, policy) in &peeks {
