@@ -155,7 +155,7 @@ func main() {
 		"keys": *keys, "seconds": elapsed, "decisions": n, "ok": ok.Load(),
 		"over_limit": over.Load(), "errors": errs.Load(),
 		"decisions_per_sec": float64(n) / elapsed,
-		"p50_us": pct(0.50), "p99_us": pct(0.99), "max_us": pct(1.0),
+		"p50_us":            pct(0.50), "p99_us": pct(0.99), "max_us": pct(1.0),
 		"client_cpu_us": cpu,
 	}
 	if e := firstErr.Load(); e != nil {
