@@ -9,7 +9,7 @@
 #   make bench  - shardlimit against the latest peers of each language (bench/peers.lock),
 #                 written to docs/benchmarks.md (make bench-quick: one short round)
 # Every script honours CARGO_TARGET_DIR.
-.PHONY: demo test test-fast dist test-dist test-serve test-java build bench bench-quick bench-redis bench-redis-cost fmt lint
+.PHONY: demo test test-fast dist test-dist test-serve test-java build bench bench-quick bench-redis bench-redis-cost bench-serve fmt lint
 
 demo:
 	bash scripts/demo.sh
@@ -53,6 +53,10 @@ bench-redis:
 # against minimal single-purpose scripts and rate-limiter-flexible's commands
 bench-redis-cost:
 	bash scripts/bench-redis-cost.sh
+
+# shardlimit serve against Lyft's ratelimit, Envoy's rate limit service over gRPC, one Redis
+bench-serve:
+	bash scripts/bench-serve.sh
 
 fmt:
 	cargo fmt --all

@@ -172,6 +172,7 @@ impl Limiter {
             limit_index: None,
             quotas: Vec::new(),
             shadow_denied: false,
+            layers: Vec::new(),
         }
     }
 

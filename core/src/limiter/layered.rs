@@ -267,6 +267,10 @@ impl Limiter {
             let delay = mine.map(|i| raw.outcomes[i].delay_us).max().unwrap_or(0);
             d.delay = std::time::Duration::from_micros(delay);
         }
+        // a layered check's caller gets each layer's own decision, unless a block (no
+        // layer was measured) decided
+        let each_layer = !single && !blocked;
+        let mut each = Vec::with_capacity(if each_layer { originals.len() } else { 0 });
         for (j, l) in originals.iter().enumerate() {
             // each layer the caller asked for is counted once: by the limit that decided
             // for it, else its tightest
@@ -287,12 +291,20 @@ impl Limiter {
                     shards[i],
                 )
             };
-            let ld = Decision {
+            // counted with the check's verdict; kept with its own
+            let own = ld.allowed;
+            let mut ld = Decision {
                 allowed: d.allowed,
                 ..ld
             };
             self.count(&l.policy.0.name, &ld);
+            if each_layer {
+                ld.allowed = own;
+                ld.layer = Some(j);
+                each.push(ld);
+            }
         }
+        d.layers = each;
         if blocked {
             self.on_blocked(
                 &layers[idx].policy.0,
@@ -431,6 +443,13 @@ impl Limiter {
         }
         if out.deciding.is_some() || first_error.is_some() || overridden.is_some() {
             self.give_back(r, layers, reqs, &groups, &committed).await;
+            // what a given-back group's layers have left is what they had before
+            for (g, _) in &committed {
+                for i in &groups[*g].1 {
+                    let o = &mut out.outcomes[*i];
+                    o.remaining = o.remaining.saturating_add(reqs[*i].cost);
+                }
+            }
         }
         if let Some((check, shard, v)) = overridden {
             return Ok(GroupsOut::Override(check, shard, v));

@@ -312,12 +312,22 @@ impl Limiter {
         let (shadow, enforced): (Vec<usize>, Vec<usize>) =
             (0..layers.len()).partition(|i| layers[*i].policy.0.shadow);
         let mut best: Option<Decision> = None;
+        // each layer's own decision (see Decision::layers), in the caller's order
+        let mut each: Vec<Option<Decision>> = vec![None; layers.len()];
         if !enforced.is_empty() {
             let sub: Vec<Layer> = enforced.iter().map(|i| layers[*i].clone()).collect();
             let mut d = self.check_all_enforced(&sub).await?;
             d.layer = d.layer.map(|i| enforced[i]);
             if !d.allowed {
+                // the shadow layers were not asked: no layer-by-layer answer
+                d.layers.clear();
                 return Ok(d);
+            }
+            for (k, mut ld) in std::mem::take(&mut d.layers).into_iter().enumerate() {
+                if let Some(&i) = enforced.get(k) {
+                    ld.layer = Some(i);
+                    each[i] = Some(ld);
+                }
             }
             best = Some(d);
         }
@@ -333,13 +343,19 @@ impl Limiter {
                     e => e,
                 })?;
             d.layer = Some(i);
+            each[i] = Some(d.clone());
             if d.shadow_denied {
                 denied.get_or_insert(d);
             } else if best.as_ref().is_none_or(|b| d.remaining < b.remaining) {
                 best = Some(d);
             }
         }
-        Ok(denied.or(best).expect("at least one layer"))
+        let mut d = denied.or(best).expect("at least one layer");
+        d.layers = each
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .unwrap_or_default();
+        Ok(d)
     }
 }
 
