@@ -299,15 +299,17 @@ def main() -> None:
     w("What was measured on the way to the current design (profiles, alternating A/B runs, "
       "choices and their reasons), one file per period: [notes/](notes/).")
     w("")
-    # sections other tools measure (`make bench-redis-cost`): kept as the file has them
+    # sections other tools measure (`make bench-redis-cost`, `make bench-serve`): kept as the
+    # file has them
     for section in kept_sections(Path(a.out)):
         out.extend(section)
     Path(a.out).write_text("\n".join(out))
 
 
 # the headings of the sections of docs/benchmarks.md that this script does not write (and
-# keeps, whole, at the end): the Redis cost per algorithm (scripts/bench-redis-cost.sh)
-KEPT = ("## Redis's own work per decision",)
+# keeps, whole, at the end): the Redis cost per algorithm (scripts/bench-redis-cost.sh) and
+# `shardlimit serve` against Lyft's ratelimit (scripts/bench-serve.sh)
+KEPT = ("## Redis's own work per decision", "## shardlimit serve against Lyft's ratelimit")
 
 
 def kept_sections(path: Path) -> list[list[str]]:
