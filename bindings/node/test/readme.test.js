@@ -1,8 +1,8 @@
 'use strict'
 // The JavaScript blocks of the READMEs, read from the files and run as written against a
-// real Redis: the top-level README's first check, bindings/node/README.md's Express /
-// Connect block and docs/features.md's Node block. Names a block leaves to the reader
-// (`app`, `res`, `isPro`, `planOf`, `upload`) are given; `require('shardlimit')` is this
+// real Redis: the top-level README's first check, bindings/node/README.md's Check and
+// Express / Connect blocks and docs/features.md's Node block. Names a block leaves to the reader
+// (`app`, `res`, `req`, `isPro`, `planOf`, `upload`, `userId`, `work`, ...) are given; `require('shardlimit')` is this
 // package; the config file the blocks load is written to a temporary working directory.
 
 const test = require('node:test')
@@ -124,4 +124,27 @@ test("docs/features.md's Node block", async (t) => {
   for (let i = 0; i < 3; i++) codes.push((await get('/other'))[0])
   assert.deepEqual(codes, [200, 200, 200])
   assert.equal((await get('/other'))[1], '100')
+})
+
+test("bindings/node/README.md's Check block", async (t) => {
+  const policies = {
+    ...POLICIES,
+    api: { ...POLICIES.api, overrides: true },
+    jobs: { algorithm: 'concurrency', max: 2, lease_ttl: '1m', on_error: 'error' },
+    tokens: { algorithm: 'token_bucket', capacity: 10000, refill_per_sec: 100, on_error: 'error' },
+  }
+  fs.writeFileSync(path.join(dir, 'shard-config.json'),
+    JSON.stringify(redis.config(policies, { plans: { pro: { api: '1000/minute' } } })))
+  t.after(() => writeConfig(POLICIES))
+  const worked = []
+  const names = {
+    userId: 42, key: 'k:1', ip: '203.0.113.9', tenant: 't1',
+    work: async () => worked.push(true),
+    log: () => {},
+    newConfig: JSON.parse(fs.readFileSync(path.join(dir, 'shard-config.json'), 'utf8')),
+    req: { socket: { remoteAddress: '10.0.0.5' }, headers: { 'x-forwarded-for': '198.51.100.7' } },
+  }
+  const limiter = await run(t, block('bindings/node/README.md', '### Check'), names)
+  assert.deepEqual(worked, [true]) // the lease was taken, the work ran
+  assert.throws(() => limiter.policy('api'), /closed/) // the block ends with limiter.close()
 })
