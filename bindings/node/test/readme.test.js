@@ -1,7 +1,7 @@
 'use strict'
 // The JavaScript blocks of the READMEs, read from the files and run as written against a
-// real Redis: the top-level README's first check, bindings/node/README.md's Check and
-// Express / Connect blocks and docs/features.md's Node block. Names a block leaves to the reader
+// real Redis: the top-level README's first check, bindings/node/README.md's Check, Express /
+// Connect and Fastify blocks and docs/features.md's Node block. Names a block leaves to the reader
 // (`app`, `res`, `req`, `isPro`, `planOf`, `upload`, `userId`, `work`, ...) are given; `require('shardlimit')` is this
 // package; the config file the blocks load is written to a temporary working directory.
 
@@ -147,4 +147,24 @@ test("bindings/node/README.md's Check block", async (t) => {
   const limiter = await run(t, block('bindings/node/README.md', '### Check'), names)
   assert.deepEqual(worked, [true]) // the lease was taken, the work ran
   assert.throws(() => limiter.policy('api'), /closed/) // the block ends with limiter.close()
+})
+
+test("bindings/node/README.md's Fastify block", async (t) => {
+  const Fastify = require('fastify')
+  const app = Fastify()
+  t.after(() => app.close())
+  const { Limiter } = require('..')
+  const limiter = Limiter.fromConfigFile('shard-config.json')
+  t.after(() => limiter.close())
+  const names = { app, limiter, handler: async () => 'ok', health: async () => 'ok' }
+  const code = block('bindings/node/README.md', '### Fastify')
+  const fn = new Function(...Object.keys(names), 'require', `return (async () => {\n${code}\n})()`)
+  await fn(...Object.values(names), (id) => (id === 'shardlimit' ? require('..') : require(id)))
+  await app.ready()
+  const codes = []
+  for (let i = 0; i < 6; i++) codes.push((await app.inject({ url: '/login' })).statusCode)
+  assert.deepEqual(codes, [200, 200, 200, 200, 200, 429])
+  const health = await app.inject({ url: '/health' })
+  assert.equal(health.statusCode, 200)
+  assert.equal(health.headers['x-ratelimit-limit'], undefined) // never limited
 })
