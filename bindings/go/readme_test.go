@@ -72,7 +72,7 @@ func main() {}
 	block := regexp.MustCompile("(?s)```go\n(.*?)```")
 	n := 0
 	for _, readme := range readmeSnippets {
-		if strings.HasPrefix(readme, "../../") && !inRepository() {
+		if strings.HasPrefix(readme, "../") && !inRepository() {
 			continue // the top-level and the C SDK's READMEs are not part of the Go module
 		}
 		text, err := os.ReadFile(readme)
