@@ -54,7 +54,10 @@ fn the_readmes_rust_first_check_runs() -> shardlimit::Result<()> {
         r#"{"login": {"algorithm": "fixed_window", "limit": 5, "window": "1m", "on_error": "error"}}"#,
     );
     let limiter = Limiter::from_json(&config)?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         // the copy, with the limiter above
         limiter.connect(Duration::from_secs(2)).await?; // at start-up: connections and scripts
