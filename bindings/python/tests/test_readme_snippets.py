@@ -1,9 +1,10 @@
 """The Python blocks of the READMEs, read from the files and run as written against a real
-Redis: the top-level README's first check, and the binding README's Check, asyncio,
-Metrics, FastAPI and Flask blocks (the Django and deduct_when blocks: test_django.py and
-test_route_keys.py; docs/features.md's business blocks: test_readme_business.py). Names a
-block leaves to the reader (``run_report``, ``serve``, ``new_config_dict``) are given; the
-config file the blocks load is written to a temporary working directory."""
+Redis: the top-level README's first check, the binding README's Check, asyncio, Metrics,
+FastAPI and Flask blocks, and docs/features.md's FastAPI block (the binding README's Django
+and deduct_when blocks: test_django.py and test_route_keys.py; docs/features.md's business
+blocks: test_readme_business.py). Names a block leaves to the reader (``run_report``,
+``serve``, ``new_config_dict``) are given; the config file the blocks load is written to a
+temporary working directory."""
 
 from __future__ import annotations
 
@@ -100,10 +101,13 @@ def test_the_binding_readme_s_metrics_block(config_file: dict[str, Any]) -> None
         ns["limiter"].check("k", "api")
 
 
-def test_the_binding_readme_s_fastapi_block(config_file: dict[str, Any]) -> None:
+@pytest.mark.parametrize("path, heading", [
+    ("bindings/python/README.md", "## FastAPI / Starlette: route limits"),
+    ("docs/features.md", "## Python"),
+])
+def test_the_fastapi_blocks(config_file: dict[str, Any], path: str, heading: str) -> None:
     ns: dict[str, Any] = {"__name__": "readme", "limiter": Limiter.from_config_file("shard-config.json")}
-    code = block("bindings/python/README.md", "## FastAPI / Starlette: route limits")
-    exec(compile(code, "bindings/python/README.md (FastAPI)", "exec"), ns)
+    exec(compile(block(path, heading), f"{path} (FastAPI)", "exec"), ns)
 
     async def main() -> list[int]:
         transport = httpx.ASGITransport(app=ns["app"], client=("198.51.100.7", 40000))
