@@ -20,6 +20,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 import shardlimit
+import shardlimit.flask
 from shardlimit import Limiter
 from shardlimit.asgi import RateLimitMiddleware, RouteLimits
 from shardlimit.flask import FlaskLimits
@@ -283,6 +284,46 @@ def test_route_limits_that_no_middleware_enforces_fail_the_app_at_start_up(limit
     outer = Starlette(routes=[Mount("/in", app=inner)])
     outer.add_middleware(RateLimitMiddleware, limiter=limiter, policy="default", warm_up=0)
     assert lifespan_start_up(outer)[0]["type"] == "lifespan.startup.complete"
+
+
+def test_flask_route_limits_that_no_bound_flasklimits_enforces_fail_the_first_request(
+        limiter: Limiter) -> None:
+    # a FlaskLimits bound to another app, used on this app's view and Blueprint: before,
+    # they ran unlimited, silently (the decorator's FlaskLimits counted as installed)
+    other = FlaskLimits(limiter, Flask("other"), key=user, warm_up=0)
+
+    def make_app(bind_other: bool) -> Flask:
+        app = Flask(__name__)
+        app.testing = True  # (the RuntimeError reaches the test instead of a 500)
+        FlaskLimits(limiter, app, key=user, warm_up=0)  # this app's, for other limits
+        if bind_other:
+            other.init_app(app)
+
+        @app.get("/login")
+        @other.limit("1/hour")
+        def login() -> str:
+            return "ok"
+
+        bp = Blueprint("admin", __name__)
+        other.limit("1/hour")(bp)
+        bp.add_url_rule("/a", "a", lambda: "a")
+        app.register_blueprint(bp, url_prefix="/admin")
+        app.add_url_rule("/health", "health", lambda: "ok")
+        return app
+
+    app = make_app(bind_other=False)
+    assert shardlimit.flask.unenforced_routes(app) == ["login (/login)", "Blueprint 'admin'"]
+    client = app.test_client()
+    for path in ("/health", "/login", "/health"):  # every request: the app is misconfigured
+        with pytest.raises(RuntimeError, match="no FlaskLimits bound to this app enforces") as e:
+            client.get(path)
+        assert "login (/login)" in str(e.value) and "Blueprint 'admin'" in str(e.value)
+    # bound to the app too, its limits are enforced there, and the app serves
+    app = make_app(bind_other=True)
+    assert shardlimit.flask.unenforced_routes(app) == []
+    client = app.test_client()
+    assert [client.get(p).status_code for p in ("/health", "/login", "/login", "/admin/a", "/admin/a")] == [
+        200, 200, 429, 200, 429]
 
 
 @pytest.mark.parametrize("kwargs, named", [
