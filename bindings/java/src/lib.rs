@@ -1262,6 +1262,7 @@ fn rebuild(
         layer: None,
         shadow_denied: shadow_denied != 0,
         limit_index: (limit_index >= 0).then_some(limit_index as usize),
+        layers: Vec::new(),
         quotas: if limit_index >= 0 { q } else { Vec::new() },
     })
 }
