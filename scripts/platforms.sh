@@ -51,7 +51,12 @@ platform() {
 }
 
 # platform_out TRIPLE: the directory cargo writes that target's artifacts to
-platform_out() { echo "$(target_dir)/$1/$DIST_PROFILE"; }
+# (the dev profile's directory is debug)
+platform_out() {
+  local dir=$DIST_PROFILE
+  [ "$dir" = dev ] && dir=debug
+  echo "$(target_dir)/$1/$dir"
+}
 
 platform_build() {
   local triple=$1
