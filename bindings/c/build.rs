@@ -9,7 +9,9 @@ fn main() {
     if os == "linux" {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libshardlimit.so.{major}");
     } else if os == "macos" {
-        println!("cargo:rustc-cdylib-link-arg=-Wl,-install_name,@rpath/libshardlimit.{major}.dylib");
+        println!(
+            "cargo:rustc-cdylib-link-arg=-Wl,-install_name,@rpath/libshardlimit.{major}.dylib"
+        );
     }
     println!("cargo:rerun-if-changed=build.rs");
 }
