@@ -45,7 +45,7 @@ PLATFORMS = {
     "x86_64-unknown-linux-musl": ("elf", "x86_64", None),
     "aarch64-unknown-linux-musl": ("elf", "aarch64", None),
     "x86_64-apple-darwin": ("macho", "x86_64", "10.12"),
-    "aarch64-apple-darwin": ("macho", "arm64", "11.0"),
+    "aarch64-apple-darwin": ("macho", "aarch64", "11.0"),
 }
 WHEEL_TAGS = {
     "manylinux_2_28_x86_64": "x86_64-unknown-linux-gnu",
@@ -66,6 +66,7 @@ NPM_TAGS = {
 SYSTEM_DYLIBS = {
     "/usr/lib/libSystem.B.dylib",
     "/usr/lib/libiconv.2.dylib",
+    "/usr/lib/libcharset.1.dylib",
     "/System/Library/Frameworks/Security.framework/Versions/A/Security",
     "/System/Library/Frameworks/CoreFoundation.framework/Versions/A/CoreFoundation",
 }
@@ -97,7 +98,9 @@ def exported(path: Path, fmt: str) -> set[str]:
     if fmt == "elf" and not path.name.endswith(".a"):
         out = run("llvm-nm", "-D", "--defined-only", str(path))
     else:
-        out = run("llvm-nm", "-g", "--defined-only", str(path))
+        # (an archive's LLVM bitcode-free members with no symbols make llvm-nm exit 1 after
+        # listing everything: its output is what counts)
+        out = subprocess.run(["llvm-nm", "-g", "--defined-only", str(path)], capture_output=True, text=True).stdout
     names = {line.split()[-1] for line in out.splitlines() if line.strip() and not line.endswith(":")}
     return {n[1:] if fmt == "macho" and n.startswith("_") else n for n in names}
 
@@ -139,7 +142,8 @@ def check_binary(path: Path, triple: str, what: str, symbols: list[str]) -> dict
     got = arch_of(path)
     if got != (fmt, arch):
         fail(f"{what}: {got}, expected {(fmt, arch)}")
-    missing = [s for s in symbols if s not in exported(path, fmt)]
+    have = exported(path, fmt)
+    missing = [s for s in symbols if s not in have]
     if missing:
         fail(f"{what}: does not export {missing[:5]} ({len(missing)} missing)")
     info = {}
@@ -157,7 +161,10 @@ def check_sdk(tgz: Path, tmp: Path) -> str:
         fail(f"{tgz.name}: unknown platform {triple}")
     fmt = PLATFORMS[triple][0]
     with tarfile.open(tgz) as t:
-        t.extractall(tmp, filter="tar")
+        if hasattr(tarfile, "tar_filter"):
+            t.extractall(tmp, filter="tar")
+        else:  # Python < 3.11.4 (our own tarball)
+            t.extractall(tmp)
     sdk = tmp / f"shardlimit-{VERSION}-{triple}"
     lib = sdk / "lib"
     shared = lib / (f"libshardlimit.{MAJOR}.dylib" if fmt == "macho" else f"libshardlimit.so.{VERSION}")
@@ -191,7 +198,7 @@ def link_macos(sdk: Path, triple: str, tmp: Path) -> None:
         fail("MACOS_STUBS: the directory scripts/macos-stubs.py wrote")
     subprocess.run([sys.executable, "-m", "ziglang", "cc", "-target", f"{arch}-macos.{minos}", "-std=c11",
                     "-Wall", "-Werror", str(ROOT / "scripts/dist-tests/check.c"), "-o", str(exe),
-                    f"-F{stubs}", *flags], check=True)
+                    f"-F{stubs}", f"-L{stubs}", *flags], check=True)
     macho_checks(exe, minos, f"{exe.name} (linked against the {triple} SDK)")
     if arch_of(exe) != ("macho", PLATFORMS[triple][1]):
         fail(f"{exe.name}: {arch_of(exe)}")

@@ -5,7 +5,7 @@ link the macOS targets on Linux without a macOS SDK (none can be fetched here):
     scripts/macos-stubs.py OUTDIR
 
 OUTDIR/Security.framework/Security.tbd and OUTDIR/CoreFoundation.framework/CoreFoundation.tbd
-(scripts/platforms.sh passes -F OUTDIR to the linker). The TLS of the core goes through
+(scripts/platforms.sh passes -F OUTDIR to the linker), and OUTDIR/libiconv.tbd. The TLS of the core goes through
 redis' rustls-native-certs, whose security-framework crate declares its C functions in
 security-framework-sys (Security.framework) and core-foundation-sys (CoreFoundation);
 each stub exports every function and static those crates declare in their `extern` blocks
@@ -76,6 +76,20 @@ def main() -> None:
             "...\n"
         )
         print(f"{d / framework}.tbd: {len(names)} symbols of {pkg['name']} {pkg['version']}")
+    # and libiconv, which rustc names for every macOS staticlib (native-static-libs) and
+    # cargo-zigbuild stubs for the Rust links only: scripts/check-platforms.py links a C
+    # program against the SDK's archive with -L OUTDIR
+    targets = "[ x86_64-macos, arm64-macos ]"
+    (out / "libiconv.tbd").write_text(
+        "--- !tapi-tbd\n"
+        "tbd-version:     4\n"
+        f"targets:         {targets}\n"
+        "install-name:    '/usr/lib/libiconv.2.dylib'\n"
+        "exports:\n"
+        f"  - targets:         {targets}\n"
+        "    symbols:         [ _iconv, _iconv_close, _iconv_open, _iconvctl, _libiconv, _libiconv_close, _libiconv_open ]\n"
+        "...\n"
+    )
 
 
 if __name__ == "__main__":
