@@ -132,9 +132,12 @@ def elf_checks(path: Path, triple: str, what: str) -> None:
         if any("musl" in n for n in needed):
             fail(f"{what}: needs musl {needed}")
     else:
+        # zig names musl's libc "libc.so", which musl's loader takes as itself (as it does
+        # libc.musl-<arch>.so.1); glibc's names (libc.so.6, libpthread.so.0, ...) it has not
         arch = triple.split("-")[0]
-        if f"libc.musl-{arch}.so.1" not in needed or any(n.startswith("libc.so") for n in needed):
-            fail(f"{what}: needs {sorted(needed)}, not musl's libc.musl-{arch}.so.1")
+        musl = {"libc.so", f"libc.musl-{arch}.so.1"}
+        if not needed & musl or any(re.search(r"\.so\.\d", n) and n not in musl for n in needed):
+            fail(f"{what}: needs {sorted(needed)}, not musl's libc alone")
 
 
 def check_binary(path: Path, triple: str, what: str, symbols: list[str]) -> dict:

@@ -6,7 +6,12 @@
 #   linux-x64 musl       a C program linked statically against the x86_64-musl SDK's
 #                        libshardlimit.a (no loader, no libc.so: it runs on any x86_64
 #                        Linux), and one linked against its libshardlimit.so, run by
-#                        musl's loader (Debian's musl)
+#                        musl's loader; both built by zig cc for x86_64-linux-musl with
+#                        the SDK's pkg-config flags (the static one names the archive
+#                        itself, as shardlimit-static.pc's -l:libshardlimit.a is GNU ld's
+#                        and lld's, not zig's driver's; Debian's musl-gcc would add glibc's
+#                        libgcc_eh; -lunwind is zig's unwinder where gcc -static adds
+#                        libgcc_eh itself)
 # Each makes 8 checks of one key against a redis-server on a free 127.0.0.1 port, under a
 # fixed window of 5 per hour with on_error "error" (a failing Redis is an error, never a
 # fallback decision), and fails unless exactly the first 5 were admitted, each decided
@@ -74,12 +79,15 @@ sdk() {
   echo "$home/sdk/shardlimit-$version-$triple"
 }
 
-# zigcc TARGET SDK OUT PCMODULE [FLAGS...]: check.c built for TARGET with the SDK's pkg-config flags
-zigcc() {
-  local target=$1 sdk=$2 out=$3 module=$4
-  shift 4
+# cc_with COMPILER... -- SDK OUT PCMODULE [FLAGS...]: check.c built with the SDK's pkg-config flags
+cc_with() {
+  local cc=()
+  while [ "$1" != -- ]; do cc+=("$1"); shift; done
+  shift
+  local sdk=$1 out=$2 module=$3
+  shift 3
   # shellcheck disable=SC2046
-  "$TOOLS_PY" -m ziglang cc -target "$target" -std=c11 -Wall -Wextra -Werror "$@" scripts/dist-tests/check.c -o "$out" \
+  "${cc[@]}" -std=c11 -Wall -Wextra -Werror "$@" scripts/dist-tests/check.c -o "$out" \
     $(PKG_CONFIG_PATH="$sdk/lib/pkgconfig" pkg-config --cflags --libs "$module")
 }
 
@@ -91,7 +99,8 @@ expect_limit() {
 echo "== linux-arm64 (aarch64-unknown-linux-gnu): the C SDK under qemu-aarch64"
 port=$(start_redis)
 sdk_arm=$(sdk aarch64-unknown-linux-gnu)
-zigcc aarch64-linux-gnu.2.28 "$sdk_arm" "$home/check-arm64" shardlimit
+# zig: a C compiler for aarch64 with glibc 2.28 (the one that linked the SDK)
+cc_with "$TOOLS_PY" -m ziglang cc -target aarch64-linux-gnu.2.28 -- "$sdk_arm" "$home/check-arm64" shardlimit
 readelf -h "$home/check-arm64" | grep -q 'Machine:.*AArch64' || { echo "check-arm64 is not AArch64" >&2; exit 1; }
 readelf -d "$home/check-arm64" | grep -q "NEEDED.*\[libshardlimit.so.${version%%.*}\]"
 out=$(qemu-aarch64-static -L /usr/aarch64-linux-gnu -E LD_LIBRARY_PATH="$sdk_arm/lib" "$home/check-arm64" "$port" "$version")
@@ -102,7 +111,10 @@ passed=$((passed + 1))
 echo "== linux-x64 musl (x86_64-unknown-linux-musl): the C SDK, static and dynamic"
 redis-cli -p "$port" FLUSHALL >/dev/null
 sdk_musl=$(sdk x86_64-unknown-linux-musl)
-zigcc x86_64-linux-musl "$sdk_musl" "$home/check-musl-static" shardlimit-static -static
+# shellcheck disable=SC2046
+"$TOOLS_PY" -m ziglang cc -target x86_64-linux-musl -static -std=c11 -Wall -Wextra -Werror scripts/dist-tests/check.c \
+  -o "$home/check-musl-static" -I"$sdk_musl/include" "$sdk_musl/lib/libshardlimit.a" \
+  $(PKG_CONFIG_PATH="$sdk_musl/lib/pkgconfig" pkg-config --static --libs-only-l shardlimit | sed 's/-lshardlimit//') -lunwind
 if readelf -l "$home/check-musl-static" | grep -q INTERP || readelf -d "$home/check-musl-static" | grep -q NEEDED; then
   echo "check-musl-static is not static" >&2; exit 1
 fi
@@ -111,7 +123,7 @@ expect_limit "$out"
 echo "ok: $out (static musl executable, libshardlimit.a of the SDK)"
 passed=$((passed + 1))
 redis-cli -p "$port" FLUSHALL >/dev/null
-zigcc x86_64-linux-musl "$sdk_musl" "$home/check-musl-dynamic" shardlimit
+cc_with "$TOOLS_PY" -m ziglang cc -target x86_64-linux-musl -- "$sdk_musl" "$home/check-musl-dynamic" shardlimit
 readelf -l "$home/check-musl-dynamic" | grep -q 'interpreter: /lib/ld-musl-x86_64.so.1' ||
   { echo "check-musl-dynamic is not loaded by musl's loader" >&2; exit 1; }
 out=$(env -i LD_LIBRARY_PATH="$sdk_musl/lib" "$home/check-musl-dynamic" "$port" "$version")
