@@ -50,7 +50,9 @@ done
 echo "== dist/npm: the main package, naming ${tags[*]}"
 node scripts/npm-packages.js main "$stage" "$DIST/npm" "${tags[@]}" >/dev/null
 echo "== scripts/check-platforms.py"
-"$TOOLS_PY" scripts/check-platforms.py "$DIST"
+# the macOS link check links against the same stubs as the macOS builds
+"$TOOLS_PY" scripts/macos-stubs.py "$(target_dir)/macos-stubs" >/dev/null
+MACOS_STUBS="$(target_dir)/macos-stubs" "$TOOLS_PY" scripts/check-platforms.py "$DIST"
 
 echo "== dist/ ($(($(date +%s) - t0)) s)"
 (cd "$DIST" && find . -type f | sort | while read -r f; do printf "%8s  %s\n" "$(numfmt --to=iec --suffix=B "$(stat -c %s "$f")")" "${f#./}"; done)
