@@ -6,10 +6,12 @@
 #                 few minutes (see CONTRIBUTING.md); make test is what CI runs
 #   make dist   - the release artifacts in dist/ (wheel + sdist, npm tarballs, C/C++ SDK,
 #                 Go module proxy, Java jar + POM, .crate files), from one release build
+#   make dist-all - make dist plus every other platform that builds here (linux arm64,
+#                 musl, macOS): wheels, npm platform packages, C SDKs (RELEASING.md)
 #   make bench  - shardlimit against the latest peers of each language (bench/peers.lock),
 #                 written to docs/benchmarks.md (make bench-quick: one short round)
 # Every script honours CARGO_TARGET_DIR.
-.PHONY: demo test test-fast dist test-dist test-serve test-java build bench bench-quick bench-redis bench-redis-cost bench-serve fmt lint
+.PHONY: demo test test-fast dist dist-all test-dist test-serve test-java build bench bench-quick bench-redis bench-redis-cost bench-serve fmt lint
 
 demo:
 	bash scripts/demo.sh
@@ -22,6 +24,9 @@ test-fast:
 
 dist:
 	bash scripts/dist.sh
+
+dist-all:
+	bash scripts/dist-all.sh
 
 # the install tests alone, on an existing dist/
 test-dist:

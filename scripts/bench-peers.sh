@@ -73,10 +73,11 @@ PYO3_PYTHON=$(command -v python3) cargo build --release --quiet -p shardlimit-cl
 SL_CLI=$target/release/shardlimit
 if [ -d dist/npm ] && [ -d dist/python ] && [ -d dist/c ]; then
   ARTIFACTS="dist/ (make dist)"
-  NODE_TGZ=$(ls "$root"/dist/npm/*.tgz)
-  WHEEL=$(ls "$root"/dist/python/*.whl)
+  # the host's files (make dist-all adds other platforms' beside them)
+  NODE_TGZ="$root/dist/npm/shardlimit-$(workspace_version).tgz $root/dist/npm/shardlimit-binding-linux-x64-gnu-$(workspace_version).tgz"
+  WHEEL=$(ls "$root"/dist/python/*manylinux_2_28_x86_64.whl)
   rm -rf "$SCRATCH/sdk" && mkdir -p "$SCRATCH/sdk"
-  tar -C "$SCRATCH/sdk" -xzf "$(ls "$root"/dist/c/*.tar.gz)"
+  tar -C "$SCRATCH/sdk" -xzf "$(ls "$root"/dist/c/*-x86_64-unknown-linux-gnu.tar.gz)"
   PC_DIR=$(ls -d "$SCRATCH"/sdk/*/lib/pkgconfig)
 else
   ARTIFACTS="the release build of this tree (cargo build --release)"
