@@ -8,9 +8,11 @@
 #   dist/go/      the Go module as a module proxy serves it (GOPROXY=file://$PWD/dist/go)
 #   dist/crates/  `cargo package` of shardlimit, shardlimit-tower, shardlimit-cli (verified)
 #   dist/bin/     shardlimit and shardlimit-serve, static executables (x86_64 musl)
+#   dist/java/    shardlimit-<v>.jar (natives/linux-x86_64 inside), -sources, -javadoc, .pom
+#                 (scripts/dist-java.sh)
 #
 # The build: `cargo zigbuild --profile dist --target x86_64-unknown-linux-gnu.2.28` of the
-# C ABI, the Node addon and the Python extension in one invocation, so the core and its
+# C ABI, the Node addon, the Python extension and the JNI library in one invocation, so the core and its
 # dependencies compile once; zig (ziglang from PyPI, through cargo-zigbuild) links them
 # against glibc 2.28's symbols, the floor of manylinux_2_28 (Debian 10+, Ubuntu 18.10+,
 # RHEL 8+). The wheel is packed from that build (scripts/build-wheel.py) rather than by
@@ -35,7 +37,8 @@ DIST=${DIST_DIR:-$root/dist}
 stage="$target/dist-stage"
 t0=$(date +%s)
 
-platform_build "$triple"
+# the C ABI, the Node addon, the Python extension and the JNI library, in one build
+platform_build "$triple" shardlimit-c shardlimit-node shardlimit-python shardlimit-java
 
 rm -rf "$DIST" "$stage"
 mkdir -p "$DIST"/{python,npm,c,go,crates,bin} "$stage"
@@ -65,6 +68,9 @@ platform_pack "$triple" "$DIST"
 # the main npm package names exactly the platform packages in dist/npm
 platform "$triple"
 node scripts/npm-packages.js main "$stage" "$DIST/npm" "$P_NPM" >/dev/null
+
+echo "== dist/java: the jar (natives/linux-x86_64 inside), sources, javadoc, POM"
+DIST_DIR="$DIST" scripts/dist-java.sh "$(platform_out "$triple")/libshardlimit_jni.so"
 
 echo "== dist/go: the Go module for GOPROXY=file://"
 "$TOOLS_PY" scripts/go-proxy.py "$version" "$(git log -1 --format=%cI 2>/dev/null || date -u +%FT%TZ)" "$DIST/go" >/dev/null
