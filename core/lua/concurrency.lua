@@ -59,8 +59,15 @@ local function cc_reset_after(key, now)
   return tonumber(last[2]) - now
 end
 
-ALGO.cc = function(key, now, max, ttl, cost, peek, lease)
-  local n, sum = cc_held(key, now)
+ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st)
+  -- (a peek reclaims the expired leases: a call after it would find none to reclaim)
+  local n, sum
+  if st and st[1] then
+    n, sum = st[1], st[2]
+  else
+    n, sum = cc_held(key, now)
+    if st then st[1], st[2] = n, sum end
+  end
   if cost > max then
     return {0, math.max(max - n, 0), cc_reset_after(key, now), -1, 0}
   end
