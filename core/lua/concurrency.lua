@@ -104,7 +104,7 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st)
   return {1, max - n, cc_reset_after(key, now), -1, 0}
 end
 
-if REFUND then -- only the layered, refund and release scripts give units back
+if REFUND then -- only the refund and release scripts give units back
   -- gives back lease `lease` of `cost` units; 1 when it was held at `now`
   REFUND.cc = function(key, now, ttl, cost, lease)
     local member = lease .. '*' .. int(cost)

@@ -32,7 +32,7 @@ ALGO.fw = function(key, now, limit, window, cost, peek, shift, st)
   return {1, limit - used, reset, -1, 0}
 end
 
-if REFUND then -- only the layered and refund scripts give units back
+if REFUND then -- only the refund scripts give units back
   REFUND.fw = function(key, now, window, cost, shift)
     if shift ~= '' then now = now + tonumber(shift) end
     local ckey = key .. ':' .. int(math.floor(now / window))

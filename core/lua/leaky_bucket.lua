@@ -72,4 +72,4 @@ ALGO.lb = function(key, now, capacity, interval, cost, peek, q, st)
 end
 
 -- Its refund is the buckets' one (bucket_refund.lua).
-if REFUND then REFUND.lb = bucket_refund end -- only the layered and refund scripts give units back
+if REFUND then REFUND.lb = bucket_refund end -- only the refund scripts give units back

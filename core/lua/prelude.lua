@@ -16,10 +16,10 @@
 -- formatted with %d, never tostring, so that values up to 2^53 survive exactly.
 local ALGO = {}
 -- REFUND.<code>(key, now, period, cost, extra) gives back `cost` units admitted at `now`
--- (layered checks across shards, when another shard denied). Only the layered and refund
--- scripts have the table (`local REFUND = {}` comes before this prelude); in a check script
--- REFUND is nil and the algorithm files skip defining those functions: a closure made on
--- every call costs Redis about 2 us.
+-- (layered checks across shards, when another shard denied). Only the refund and release
+-- scripts have the table (`local REFUND = {}` comes before this prelude); in a check or
+-- layered script REFUND is nil and the algorithm files skip defining those functions: a
+-- closure made on every call costs Redis about 2 us.
 
 local function clock(arg)
   local now = tonumber(arg)

@@ -68,7 +68,7 @@ ALGO.sw = function(key, now, limit, window, cost, peek, shift, st)
   return {0, sw_remaining(prev, cur, elapsed, window, limit), reset, retry, 0}
 end
 
-if REFUND then -- only the layered and refund scripts give units back
+if REFUND then -- only the refund scripts give units back
   REFUND.sw = function(key, now, window, cost, shift)
     if shift ~= '' then now = now + tonumber(shift) end
     local ckey = key .. ':' .. int(math.floor(now / window))

@@ -71,4 +71,4 @@ ALGO.tb = function(key, now, capacity, interval, cost, peek, q, st)
 end
 
 -- Its refund is the buckets' one (bucket_refund.lua).
-if REFUND then REFUND.tb = bucket_refund end -- only the layered and refund scripts give units back
+if REFUND then REFUND.tb = bucket_refund end -- only the refund scripts give units back
