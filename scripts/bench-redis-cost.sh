@@ -12,6 +12,10 @@
 #             redis-server (only inside EVALSHA and argument parsing), one caller, so one
 #             decision per script call on both sides: deterministic, the figure to compare
 #             on a shared machine
+# The last row: a layered check of 3 fixed-window layers (the script check_all and serve's
+# multi-descriptor calls run, driven by redis-benchmark with the client's argument layout,
+# one EVALSHA per decision) against a minimal all-or-nothing script of 3 counters
+# (bench/fixed_window_layered_min.lua).
 # Every policy has limits far above the traffic: every decision is an admission (the hot
 # path), and a decision that did not come from Redis fails the run.
 #   bash scripts/bench-redis-cost.sh [decisions per round] [rounds] [callgrind decisions]
@@ -69,6 +73,7 @@ min_script() {
     token_bucket) echo "token_bucket_min 1000000000 1000000" ;;
     leaky_bucket) echo "leaky_bucket_min 1000000000 1" ;;
     concurrency) echo "concurrency_min 1000000 60000000 l:__rand_int__" ;;
+    fixed_window_layered) echo "fixed_window_layered_min 1000000000 60000" ;;
   esac
 }
 config() { # port algorithm
@@ -97,19 +102,46 @@ if d["allowed"] != n or d.get("errors", 0):
     sys.exit("shardlimit bench: %d of %d decisions were Redis admissions (%s)" % (d["allowed"], n, sys.argv[1]))
 print(n)' "$out" "$3"
 }
-run_min() { # port name decisions
+run_min() { # port name decisions [concurrency]
   local m sha
   m=($(min_script "$2"))
   sha=$(redis-cli -p "$1" -x SCRIPT LOAD <"bench/${m[0]}.lua")
-  redis-benchmark -p "$1" -c 16 -n "$3" -r $KEYS -q EVALSHA "$sha" 1 "k:${m[0]}:__rand_int__" \
-    "${m[@]:1}" >/dev/null
+  if [ "$2" = fixed_window_layered ]; then
+    redis-benchmark -p "$1" -c "${4:-16}" -n "$3" -r $KEYS -q EVALSHA "$sha" 3 "k1:__rand_int__" \
+      "k2:__rand_int__" "k3:__rand_int__" "${m[@]:1}" >/dev/null
+  else
+    redis-benchmark -p "$1" -c "${4:-16}" -n "$3" -r $KEYS -q EVALSHA "$sha" 1 "k:${m[0]}:__rand_int__" \
+      "${m[@]:1}" >/dev/null
+  fi
   echo "$3"
 }
-one() { # port kind(sl|min) name decisions -> "usec_per_call usec_per_decision"
+# shardlimit's layered script (its code as the CLI embeds it) with 3 fixed-window layers,
+# the argument layout of core/src/engine/redis/protocol/layered.rs: per layer its state,
+# block-list and denial keys, then code, limit, period (µs), cost, extra, block-after,
+# within, for, reason
+run_lay() { # port decisions [concurrency]
+  local sha
+  sha=$($SL script layered 2>/dev/null | redis-cli -p "$1" -x SCRIPT LOAD)
+  # shellcheck disable=SC2086
+  redis-benchmark -p "$1" -c "${3:-16}" -n "$2" -r $KEYS -q EVALSHA "$sha" 9 \
+    "s1:__rand_int__" "b1:__rand_int__" "d1:__rand_int__" "s2:__rand_int__" "b2:__rand_int__" \
+    "d2:__rand_int__" "s3:__rand_int__" "b3:__rand_int__" "d3:__rand_int__" 0 3 \
+    fw 1000000000 60000000 1 "" 0 0 0 "" fw 1000000000 60000000 1 "" 0 0 0 "" \
+    fw 1000000000 60000000 1 "" 0 0 0 "" >/dev/null
+  echo "$2"
+}
+drive() { # port kind(sl|min|lay) name decisions [concurrency]
+  case $2 in
+    sl) run_sl "$1" "$3" "$4" ${5:+"$5"} >/dev/null ;;
+    min) run_min "$1" "$3" "$4" ${5:+"$5"} >/dev/null ;;
+    lay) run_lay "$1" "$4" ${5:+"$5"} >/dev/null ;;
+  esac
+}
+one() { # port kind(sl|min|lay) name decisions -> "usec_per_call usec_per_decision"
   # warm up (the scripts' first EVAL compiles them), then count from zero
-  if [ "$2" = sl ]; then run_sl "$1" "$3" 100 >/dev/null; else run_min "$1" "$3" 100 >/dev/null; fi
+  drive "$1" "$2" "$3" 100
   redis-cli -p "$1" CONFIG RESETSTAT >/dev/null
-  if [ "$2" = sl ]; then run_sl "$1" "$3" "$4" >/dev/null; else run_min "$1" "$3" "$4" >/dev/null; fi
+  drive "$1" "$2" "$3" "$4"
   read -r calls usec <<<"$(script_stats "$1")"
   python3 -c 'import sys; c,u,n=map(int,sys.argv[1:]); print("%.2f %.2f" % (u/max(c,1), u/n))' \
     "$calls" "$usec" "$4"
@@ -120,7 +152,7 @@ PORT=$(free_port)
 start_redis "$PORT"
 echo "Redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'): $N decisions per round over $KEYS keys, $ROUNDS alternating rounds, median"
 declare -A SLU SLP MNU MNP
-for algo in $ALGOS fixed_window_rlf; do SLU[$algo]=""; SLP[$algo]=""; MNU[$algo]=""; MNP[$algo]=""; done
+for algo in $ALGOS fixed_window_rlf fixed_window_layered; do SLU[$algo]=""; SLP[$algo]=""; MNU[$algo]=""; MNP[$algo]=""; done
 for r in $(seq "$ROUNDS"); do
   for algo in $ALGOS; do
     redis-cli -p "$PORT" FLUSHALL >/dev/null
@@ -133,6 +165,12 @@ for r in $(seq "$ROUNDS"); do
   redis-cli -p "$PORT" FLUSHALL >/dev/null
   read -r a b <<<"$(one "$PORT" min fixed_window_rlf "$N")"
   MNU[fixed_window_rlf]+=" $a"; MNP[fixed_window_rlf]+=" $b"
+  redis-cli -p "$PORT" FLUSHALL >/dev/null
+  read -r a b <<<"$(one "$PORT" lay fixed_window_layered "$N")"
+  SLU[fixed_window_layered]+=" $a"; SLP[fixed_window_layered]+=" $b"
+  redis-cli -p "$PORT" FLUSHALL >/dev/null
+  read -r a b <<<"$(one "$PORT" min fixed_window_layered "$N")"
+  MNU[fixed_window_layered]+=" $a"; MNP[fixed_window_layered]+=" $b"
 done
 
 # instructions: a second redis-server under callgrind, collecting only inside EVALSHA and
@@ -145,9 +183,9 @@ if command -v valgrind >/dev/null && command -v callgrind_control >/dev/null && 
   CGPID=${PIDS[-1]}
   ir() { # kind name
     redis-cli -p "$CGP" FLUSHALL >/dev/null
-    if [ "$1" = sl ]; then run_sl "$CGP" "$2" 50 1 >/dev/null; else run_min "$CGP" "$2" 50 >/dev/null; fi
+    drive "$CGP" "$1" "$2" 50 1
     callgrind_control -z "$CGPID" >/dev/null 2>&1
-    if [ "$1" = sl ]; then run_sl "$CGP" "$2" "$NCG" 1 >/dev/null; else run_min "$CGP" "$2" "$NCG" >/dev/null; fi
+    drive "$CGP" "$1" "$2" "$NCG" 1
     rm -f "$DIR"/cg.*.[0-9]*
     callgrind_control -d "$CGPID" >/dev/null 2>&1
     local f
@@ -162,6 +200,8 @@ print(int(t / int(sys.argv[2])))' "$f" "$NCG"
   declare -A IRS IRM
   for algo in $ALGOS; do IRS[$algo]=$(ir sl "$algo"); IRM[$algo]=$(ir min "$algo"); done
   IRM[fixed_window_rlf]=$(ir min fixed_window_rlf)
+  IRS[fixed_window_layered]=$(ir lay fixed_window_layered)
+  IRM[fixed_window_layered]=$(ir min fixed_window_layered)
 fi
 
 row() { # label sl_usec_per_call sl_usec min_usec_per_call min_usec sl_ir min_ir
@@ -183,3 +223,8 @@ done
 row "fixed_window (rate-limiter-flexible's commands)" "$(median ${SLU[fixed_window]})" \
   "$(median ${SLP[fixed_window]})" "$(median ${MNU[fixed_window_rlf]})" \
   "$(median ${MNP[fixed_window_rlf]})" "${IRS[fixed_window]:-}" "${IRM[fixed_window_rlf]:-}"
+# shellcheck disable=SC2086
+row "layered, 3 fixed_window layers (minimal all-or-nothing script)" \
+  "$(median ${SLU[fixed_window_layered]})" "$(median ${SLP[fixed_window_layered]})" \
+  "$(median ${MNU[fixed_window_layered]})" "$(median ${MNP[fixed_window_layered]})" \
+  "${IRS[fixed_window_layered]:-}" "${IRM[fixed_window_layered]:-}"

@@ -1,6 +1,6 @@
 -- shardlimit: the refund of both buckets (token_bucket.lua's REFUND.tb and
 -- leaky_bucket.lua's REFUND.lb are this one function: the same GCRA state). Assembled
--- before the algorithm files in the scripts that take every algorithm (layered, refund,
+-- before the algorithm files in the scripts that take every algorithm (refund,
 -- settle_multi); only where REFUND is a table is the function made.
 -- bucket_refund(key, now, interval, cost, q): move the bucket's time (the token bucket's
 -- TAT, the leaky bucket's drain time) back by the refunded units.

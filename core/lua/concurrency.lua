@@ -59,8 +59,15 @@ local function cc_reset_after(key, now)
   return tonumber(last[2]) - now
 end
 
-ALGO.cc = function(key, now, max, ttl, cost, peek, lease)
-  local n, sum = cc_held(key, now)
+ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st)
+  -- (a peek reclaims the expired leases: a call after it would find none to reclaim)
+  local n, sum
+  if st and st[1] then
+    n, sum = st[1], st[2]
+  else
+    n, sum = cc_held(key, now)
+    if st then st[1], st[2] = n, sum end
+  end
   if cost > max then
     return {0, math.max(max - n, 0), cc_reset_after(key, now), -1, 0}
   end
@@ -97,7 +104,7 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease)
   return {1, max - n, cc_reset_after(key, now), -1, 0}
 end
 
-if REFUND then -- only the layered, refund and release scripts give units back
+if REFUND then -- only the refund and release scripts give units back
   -- gives back lease `lease` of `cost` units; 1 when it was held at `now`
   REFUND.cc = function(key, now, ttl, cost, lease)
     local member = lease .. '*' .. int(cost)

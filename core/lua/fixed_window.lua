@@ -2,12 +2,18 @@
 -- State: an integer counter in key..':'..window_index, expiring at the window's end.
 -- `shift` (the 7th argument, "" for none) is added to `now` so that the key's windows are
 -- offset per key (`"window_offset": "per_key"`, core/src/policy/offset.rs).
-ALGO.fw = function(key, now, limit, window, cost, peek, shift)
-  if shift ~= '' then now = now + tonumber(shift) end
-  local idx = math.floor(now / window)
-  local ckey = key .. ':' .. int(idx)
-  local used = tonumber(redis.call('GET', ckey) or '0')
-  local reset = (idx + 1) * window - now
+ALGO.fw = function(key, now, limit, window, cost, peek, shift, st)
+  local used, ckey, reset
+  if st and st[1] then
+    used, ckey, reset = st[1], st[2], st[3]
+  else
+    if shift ~= '' then now = now + tonumber(shift) end
+    local idx = math.floor(now / window)
+    ckey = key .. ':' .. int(idx)
+    used = tonumber(redis.call('GET', ckey) or '0')
+    reset = (idx + 1) * window - now
+    if st then st[1], st[2], st[3] = used, ckey, reset end
+  end
   if cost > limit then
     return {0, math.max(limit - used, 0), reset, -1, 0}
   end
@@ -26,7 +32,7 @@ ALGO.fw = function(key, now, limit, window, cost, peek, shift)
   return {1, limit - used, reset, -1, 0}
 end
 
-if REFUND then -- only the layered and refund scripts give units back
+if REFUND then -- only the refund scripts give units back
   REFUND.fw = function(key, now, window, cost, shift)
     if shift ~= '' then now = now + tonumber(shift) end
     local ckey = key .. ':' .. int(math.floor(now / window))

@@ -3,7 +3,7 @@
 -- how long to wait (delay) for its slot; one that would overflow the queue is denied.
 -- `limit` is the queue size in units, `period` the leak interval (µs per unit); or, when
 -- `q` (the 7th argument) is not "", interval/q µs per unit exactly (as in token_bucket.lua).
-ALGO.lb = function(key, now, capacity, interval, cost, peek, q)
+ALGO.lb = function(key, now, capacity, interval, cost, peek, q, st)
   if q ~= '' then
     -- an exact interval of interval/q µs (core/src/policy/precision.rs), step for step as
     -- core/src/engine/exact.rs: the state is "T:f", the TAT T + f/q µs; the arithmetic runs
@@ -21,7 +21,13 @@ ALGO.lb = function(key, now, capacity, interval, cost, peek, q)
       return x
     end
     local d = 0
-    local v = redis.call('GET', key)
+    local v
+    if st and st[1] ~= nil then
+      v = st[1]
+    else
+      v = redis.call('GET', key)
+      if st then st[1] = v end
+    end
     if v then
       local t, f = string.match(v, '^(%d+):(%d+)$')
       t, f = tonumber(t), tonumber(f)
@@ -40,7 +46,13 @@ ALGO.lb = function(key, now, capacity, interval, cost, peek, q)
     redis.call('SET', key, int(now + t) .. ':' .. int(f), 'PX', int(math.ceil(up(nd) / 1000)))
     return {1, div(burst - nd, interval), up(nd), -1, up(d)}
   end
-  local drain = tonumber(redis.call('GET', key) or '0')
+  local drain
+  if st and st[1] ~= nil then
+    drain = st[1]
+  else
+    drain = tonumber(redis.call('GET', key) or '0')
+    if st then st[1] = drain end
+  end
   if drain < now then drain = now end
   local queue = capacity * interval
   -- (a drain time more than `queue` ahead, after the clock went back: no room)
@@ -60,4 +72,4 @@ ALGO.lb = function(key, now, capacity, interval, cost, peek, q)
 end
 
 -- Its refund is the buckets' one (bucket_refund.lua).
-if REFUND then REFUND.lb = bucket_refund end -- only the layered and refund scripts give units back
+if REFUND then REFUND.lb = bucket_refund end -- only the refund scripts give units back

@@ -50,10 +50,24 @@ for i = 1, n do
     return out
   end
 end
--- phase 1: would every layer allow? (no writes)
-local results = {}
+-- phase 1: would every layer allow? (no writes). Each layer's algorithm keeps what it read
+-- in `st[i]`, and phase 2 consumes from that instead of reading the state again: the
+-- script is atomic, so nothing changed in between, unless an earlier layer of phase 2
+-- wrote the same state key (two layers of one key and scope): such a layer reads again.
+-- (each layer's numbers are converted once, in `v`: a tonumber costs Redis about as much
+-- as a GET)
+local results, st, seen, v = {}, {}, {}, {}
 for i = 1, n do
-  local r = ALGO[arg(i, 1)](KEYS[3 * i - 2], now, tonumber(arg(i, 2)), tonumber(arg(i, 3)), tonumber(arg(i, 4)), true, arg(i, 5))
+  local key = KEYS[3 * i - 2]
+  local s = {}
+  if seen[key] then s = nil else seen[key] = true end
+  st[i] = s
+  local b = 2 + 9 * (i - 1)
+  local cost = ARGV[b + 4]
+  if cost == '1' then cost = 1 else cost = tonumber(cost) end
+  local limit, period = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  v[3 * i - 2], v[3 * i - 1], v[3 * i] = limit, period, cost
+  local r = ALGO[ARGV[b + 1]](key, now, limit, period, cost, true, ARGV[b + 5], s)
   results[i] = r
   if r[1] == 0 and out[2] == 0 then out[2] = i end
 end
@@ -72,12 +86,12 @@ if out[2] ~= 0 then
 else
   -- phase 2: every layer allows, so every layer consumes
   for i = 1, n do
-    results[i] = ALGO[arg(i, 1)](KEYS[3 * i - 2], now, tonumber(arg(i, 2)), tonumber(arg(i, 3)), tonumber(arg(i, 4)), false, arg(i, 5))
+    results[i] = ALGO[arg(i, 1)](KEYS[3 * i - 2], now, v[3 * i - 2], v[3 * i - 1], v[3 * i], false, arg(i, 5), st[i])
   end
 end
 for i = 1, n do
-  local r = results[i]
-  for j = 1, 5 do out[#out + 1] = r[j] end
+  local r, b = results[i], 5 * i - 1
+  out[b], out[b + 1], out[b + 2], out[b + 3], out[b + 4] = r[1], r[2], r[3], r[4], r[5]
 end
 local h = nil
 if #KEYS - m >= 3 * n + 2 then h = KEYS[3 * n + 2] end

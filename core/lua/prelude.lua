@@ -8,14 +8,18 @@
 -- emission interval (µs per unit) of a bucket. `extra` is what the algorithm needs beyond
 -- those, "" when unused: the lease id of a concurrency limit, the per-key window shift
 -- (fixed and sliding window, named `shift` there) or the exact interval's denominator
--- (buckets, named `q` there). Integers are
+-- (buckets, named `q` there). `st` (the 8th argument, nil outside layered checks) is a
+-- table for what the function read of the state: a call with an empty table fills it, a
+-- later call with the filled table takes its reads from there instead of Redis (the
+-- layered script's consuming pass after its peeking one: one read per layer, not two; only
+-- valid when nothing wrote the state in between). Integers are
 -- formatted with %d, never tostring, so that values up to 2^53 survive exactly.
 local ALGO = {}
 -- REFUND.<code>(key, now, period, cost, extra) gives back `cost` units admitted at `now`
--- (layered checks across shards, when another shard denied). Only the layered and refund
--- scripts have the table (`local REFUND = {}` comes before this prelude); in a check script
--- REFUND is nil and the algorithm files skip defining those functions: a closure made on
--- every call costs Redis about 2 us.
+-- (layered checks across shards, when another shard denied). Only the refund and release
+-- scripts have the table (`local REFUND = {}` comes before this prelude); in a check or
+-- layered script REFUND is nil and the algorithm files skip defining those functions: a
+-- closure made on every call costs Redis about 2 us.
 
 local function clock(arg)
   local now = tonumber(arg)

@@ -95,7 +95,7 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
   return {1, limit - n - cost, at + window - now, -1, 0}
 end
 
-if REFUND then -- only the layered and refund scripts give units back
+if REFUND then -- only the refund scripts give units back
   -- The check being refunded is the newest entry recorded at or after `now` with this
   -- cost (the refund follows its admission by one round trip). Removing the newest entry
   -- is exact; an entry with newer ones after it keeps being counted in theirs (`before`),

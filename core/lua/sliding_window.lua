@@ -15,14 +15,20 @@ local function sw_remaining(p, c, e, window, limit)
   return r
 end
 
-ALGO.sw = function(key, now, limit, window, cost, peek, shift)
+ALGO.sw = function(key, now, limit, window, cost, peek, shift, st)
   if shift ~= '' then now = now + tonumber(shift) end
   local idx = math.floor(now / window)
   local elapsed = now - idx * window
   local ckey = key .. ':' .. int(idx)
-  local both = redis.call('MGET', ckey, key .. ':' .. int(idx - 1))
-  local cur = tonumber(both[1] or '0')
-  local prev = tonumber(both[2] or '0')
+  local cur, prev
+  if st and st[1] then
+    cur, prev = st[1], st[2]
+  else
+    local both = redis.call('MGET', ckey, key .. ':' .. int(idx - 1))
+    cur = tonumber(both[1] or '0')
+    prev = tonumber(both[2] or '0')
+    if st then st[1], st[2] = cur, prev end
+  end
   -- time until both counters have aged out
   local reset
   if cur > 0 then reset = 2 * window - elapsed elseif prev > 0 then reset = window - elapsed else reset = 0 end
@@ -62,7 +68,7 @@ ALGO.sw = function(key, now, limit, window, cost, peek, shift)
   return {0, sw_remaining(prev, cur, elapsed, window, limit), reset, retry, 0}
 end
 
-if REFUND then -- only the layered and refund scripts give units back
+if REFUND then -- only the refund scripts give units back
   REFUND.sw = function(key, now, window, cost, shift)
     if shift ~= '' then now = now + tonumber(shift) end
     local ckey = key .. ':' .. int(math.floor(now / window))

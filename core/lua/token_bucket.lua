@@ -2,7 +2,7 @@
 -- (TAT, µs): the bucket is full again at TAT. Starts full, refills continuously.
 -- `period` is the emission interval: µs per token; or, when `q` (the 7th argument) is not
 -- "", interval/q µs per token exactly.
-ALGO.tb = function(key, now, capacity, interval, cost, peek, q)
+ALGO.tb = function(key, now, capacity, interval, cost, peek, q, st)
   if q ~= '' then
     -- an exact interval of interval/q µs (core/src/policy/precision.rs), step for step as
     -- core/src/engine/exact.rs: the state is "T:f", the TAT T + f/q µs; the arithmetic runs
@@ -20,7 +20,13 @@ ALGO.tb = function(key, now, capacity, interval, cost, peek, q)
       return x
     end
     local d = 0
-    local v = redis.call('GET', key)
+    local v
+    if st and st[1] ~= nil then
+      v = st[1]
+    else
+      v = redis.call('GET', key)
+      if st then st[1] = v end
+    end
     if v then
       local t, f = string.match(v, '^(%d+):(%d+)$')
       t, f = tonumber(t), tonumber(f)
@@ -39,7 +45,13 @@ ALGO.tb = function(key, now, capacity, interval, cost, peek, q)
     redis.call('SET', key, int(now + t) .. ':' .. int(f), 'PX', int(math.ceil(up(nd) / 1000)))
     return {1, div(burst - nd, interval), up(nd), -1, 0}
   end
-  local tat = tonumber(redis.call('GET', key) or '0')
+  local tat
+  if st and st[1] ~= nil then
+    tat = st[1]
+  else
+    tat = tonumber(redis.call('GET', key) or '0')
+    if st then st[1] = tat end
+  end
   if tat < now then tat = now end
   local burst = capacity * interval
   -- (a TAT more than `burst` ahead, after the clock went back: nothing is available)
@@ -59,4 +71,4 @@ ALGO.tb = function(key, now, capacity, interval, cost, peek, q)
 end
 
 -- Its refund is the buckets' one (bucket_refund.lua).
-if REFUND then REFUND.tb = bucket_refund end -- only the layered and refund scripts give units back
+if REFUND then REFUND.tb = bucket_refund end -- only the refund scripts give units back

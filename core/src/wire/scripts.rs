@@ -107,11 +107,28 @@ check_script!(
     "leaky_bucket.lua",
     "local SHADOW = true\n"
 );
+/// The layered script holds every algorithm but defines only those its call's layers use
+/// (a definition runs on every call: the five unused ones cost Redis more than a layer's
+/// GET), and no refunds (a layered check gives nothing back; `main_refund.lua` does).
 const LAYERED_SRC: &str = concat!(
-    "local REFUND = {}\n",
+    "local REFUND\n",
     lua!("prelude.lua"),
     lua!("override.lua"),
-    all_algorithms!(),
+    "local NEED = {}\n",
+    "for i = 1, tonumber(ARGV[2]) do NEED[ARGV[3 + 9 * (i - 1)]] = true end\n",
+    "if NEED.fw then\n",
+    lua!("fixed_window.lua"),
+    "end\nif NEED.sw then\n",
+    lua!("sliding_window.lua"),
+    "end\nif NEED.sl then\n",
+    lua!("sliding_log.lua"),
+    "end\nif NEED.tb then\n",
+    lua!("token_bucket.lua"),
+    "end\nif NEED.lb then\n",
+    lua!("leaky_bucket.lua"),
+    "end\nif NEED.cc then\n",
+    lua!("concurrency.lua"),
+    "end\n",
     lua!("main_layered.lua")
 );
 const REFUND_SRC: &str = concat!(
