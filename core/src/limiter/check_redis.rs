@@ -47,7 +47,9 @@ impl Limiter {
         tokio::task::consume_budget().await;
         let view = self.view();
         let r = match &view.engine {
-            Engine::Memory(m) => return self.check_memory(m, key, policy, cost, peek, lease),
+            Engine::Memory(m) => {
+                return self.check_memory(&view.config, m, key, policy, cost, peek, lease)
+            }
             Engine::Redis(r) => r,
         };
         let base = policy;

@@ -26,6 +26,7 @@ impl Limiter {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn multi_memory(
         &self,
+        config: &crate::config::Config,
         m: &MemoryEngine,
         key: &str,
         policy: &Policy,
@@ -39,7 +40,7 @@ impl Limiter {
         if peek {
             let ds = parts
                 .iter()
-                .map(|p| self.check_memory(m, key, p, 1, true, None))
+                .map(|p| self.check_memory(config, m, key, p, 1, true, None))
                 .collect::<Result<Vec<_>>>()?;
             return Ok(combine_peeks(ds));
         }
