@@ -245,6 +245,7 @@ impl Limiter {
     }
 
     /// A check (or peek) on the in-memory engine: synchronous, it never waits.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
     pub(super) fn check_memory(
         &self,
