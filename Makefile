@@ -5,11 +5,13 @@
 #   make test-fast - formatting, lints, unit tests and the tests that need no Redis, in a
 #                 few minutes (see CONTRIBUTING.md); make test is what CI runs
 #   make dist   - the release artifacts in dist/ (wheel + sdist, npm tarballs, C/C++ SDK,
-#                 Go module proxy, .crate files), from one release build
+#                 Go module proxy, Java jar + POM, .crate files), from one release build
+#   make dist-all - make dist plus every other platform that builds here (linux arm64,
+#                 musl, macOS): wheels, npm platform packages, C SDKs (RELEASING.md)
 #   make bench  - shardlimit against the latest peers of each language (bench/peers.lock),
 #                 written to docs/benchmarks.md (make bench-quick: one short round)
 # Every script honours CARGO_TARGET_DIR.
-.PHONY: demo test test-fast dist test-dist test-serve build bench bench-quick bench-redis bench-redis-cost fmt lint
+.PHONY: demo test test-fast dist dist-all test-dist test-serve test-java build bench bench-quick bench-redis bench-redis-cost bench-serve fmt lint
 
 demo:
 	bash scripts/demo.sh
@@ -23,6 +25,9 @@ test-fast:
 dist:
 	bash scripts/dist.sh
 
+dist-all:
+	bash scripts/dist-all.sh
+
 # the install tests alone, on an existing dist/
 test-dist:
 	bash scripts/test-dist.sh
@@ -30,6 +35,11 @@ test-dist:
 # shardlimit serve behind real Envoy, nginx and HAProxy (on dist/; SERVE_DEV=1: debug builds)
 test-serve:
 	bash scripts/test-serve.sh
+
+# the Java package on dist/java: JUnit suites on Java 17 and the newest JDK, and the
+# install test of the jar into an empty local Maven repository
+test-java:
+	bash scripts/test-java.sh
 
 build:
 	cargo build --release -p shardlimit-cli
@@ -48,6 +58,10 @@ bench-redis:
 # against minimal single-purpose scripts and rate-limiter-flexible's commands
 bench-redis-cost:
 	bash scripts/bench-redis-cost.sh
+
+# shardlimit serve against Lyft's ratelimit, Envoy's rate limit service over gRPC, one Redis
+bench-serve:
+	bash scripts/bench-serve.sh
 
 fmt:
 	cargo fmt --all

@@ -163,6 +163,12 @@ def main() -> None:
           + f"; built: redis_rate {meta.get('redis_rate')}, go-redis {meta.get('go_redis')}.")
     w("")
 
+    fallbacks = sum(r.get("fallbacks", 0) + r.get("non_2xx", 0) for r in rows)
+    w(f"- Only decisions that came from Redis are measured: a fallback (`on_error`) is not a "
+      f"decision, each run counts them (and the HTTP apps answer one with 503), and a run "
+      f"that had any fails. This run: {fallbacks} fallbacks in {len(rows)} runs.")
+    w("")
+
     targets: list[tuple[str, str, Optional[float], str, Optional[bool]]] = []
 
     for shape, (title, base, peers) in SHAPES.items():
@@ -243,8 +249,8 @@ def main() -> None:
           "(median over rounds). Every limiter keys by client address on Redis, a fixed "
           "window of 10^9 per hour (never denied).")
         w("")
-        w("| framework | limiter | requests/s (min–max) | server CPU µs/request | added CPU µs/request | added CPU ÷ shardlimit's |")
-        w("| --- | --- | ---: | ---: | ---: | ---: |")
+        w("| framework | limiter | requests/s (min–max) | server CPU µs/request | added CPU µs/request | added CPU ÷ shardlimit's | Redis command µs/request |")
+        w("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
         for fw, (title, peer_names) in HTTP.items():
             shape = "http-" + fw
             if (shape, "none") not in by:
@@ -265,7 +271,8 @@ def main() -> None:
                 bad = sum(r.get("non_2xx", 0) for r in rs)
                 w(f"| {title} | {name}{f' ({bad} non-2xx)' if bad else ''} | "
                   f"{fmt(med([r['req_per_sec'] for r in rs]))}{span([r['req_per_sec'] for r in rs])} | "
-                  f"{fmt(med([r['cpu_us_per_req'] for r in rs]))} | {fmt(ad)} | {rr} |")
+                  f"{fmt(med([r['cpu_us_per_req'] for r in rs]))} | {fmt(ad)} | {rr} | "
+                  f"{fmt(med([r.get('redis_script_us') for r in rs]), 2)} |")
             for label, name in peer_names.items():
                 ad = added(label)
                 if fw == "express":
@@ -292,7 +299,37 @@ def main() -> None:
     w("What was measured on the way to the current design (profiles, alternating A/B runs, "
       "choices and their reasons), one file per period: [notes/](notes/).")
     w("")
+    # sections other tools measure (`make bench-redis-cost`, `make bench-serve`): kept as the
+    # file has them
+    for section in kept_sections(Path(a.out)):
+        out.extend(section)
     Path(a.out).write_text("\n".join(out))
+
+
+# the headings of the sections of docs/benchmarks.md that this script does not write (and
+# keeps, whole, at the end): the Redis cost per algorithm (scripts/bench-redis-cost.sh) and
+# `shardlimit serve` against Lyft's ratelimit (scripts/bench-serve.sh)
+KEPT = ("## Redis's own work per decision", "## shardlimit serve against Lyft's ratelimit")
+
+
+def kept_sections(path: Path) -> list[list[str]]:
+    """The KEPT sections of the existing `path`, each from its heading to the next `## `."""
+    if not path.exists():
+        return []
+    sections: list[list[str]] = []
+    cur: Optional[list[str]] = None
+    for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            cur = [line] if line.startswith(KEPT) else None
+            if cur is not None:
+                sections.append(cur)
+        elif cur is not None:
+            cur.append(line)
+    for s in sections:
+        while s and not s[-1].strip():
+            s.pop()
+        s.append("")
+    return sections
 
 
 if __name__ == "__main__":

@@ -73,10 +73,11 @@ PYO3_PYTHON=$(command -v python3) cargo build --release --quiet -p shardlimit-cl
 SL_CLI=$target/release/shardlimit
 if [ -d dist/npm ] && [ -d dist/python ] && [ -d dist/c ]; then
   ARTIFACTS="dist/ (make dist)"
-  NODE_TGZ=$(ls "$root"/dist/npm/*.tgz)
-  WHEEL=$(ls "$root"/dist/python/*.whl)
+  # the host's files (make dist-all adds other platforms' beside them)
+  NODE_TGZ="$root/dist/npm/shardlimit-$(workspace_version).tgz $root/dist/npm/shardlimit-binding-linux-x64-gnu-$(workspace_version).tgz"
+  WHEEL=$(ls "$root"/dist/python/*manylinux_2_28_x86_64.whl)
   rm -rf "$SCRATCH/sdk" && mkdir -p "$SCRATCH/sdk"
-  tar -C "$SCRATCH/sdk" -xzf "$(ls "$root"/dist/c/*.tar.gz)"
+  tar -C "$SCRATCH/sdk" -xzf "$(ls "$root"/dist/c/*-x86_64-unknown-linux-gnu.tar.gz)"
   PC_DIR=$(ls -d "$SCRATCH"/sdk/*/lib/pkgconfig)
 else
   ARTIFACTS="the release build of this tree (cargo build --release)"
@@ -205,8 +206,18 @@ import json, sys
 d = json.loads(sys.argv[1].strip().splitlines()[-1])
 d.update(shape=sys.argv[2], round=int(sys.argv[3]), label=sys.argv[4],
          redis_script_us=int(sys.argv[5]) / d["decisions"])
+d.setdefault("fallbacks", 0)  # (the peers have none: they fail instead)
 print(json.dumps(d))' "$line" "$shape" "$round" "$label" "$usec" >>"$RESULTS"
-  echo "   $shape round $round $label: $(tail -1 "$RESULTS" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.0f/s p50 %.0f us, client %.1f us/decision" % (d["decisions_per_sec"], d["p50_us"], d["client_cpu_us"]))')"
+  echo "   $shape round $round $label: $(tail -1 "$RESULTS" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.0f/s p50 %.0f us, client %.1f us/decision, Redis %.2f us/decision, %d fallbacks" % (d["decisions_per_sec"], d["p50_us"], d["client_cpu_us"], d["redis_script_us"], d["fallbacks"]))')"
+  no_fallbacks "$shape/$label"
+}
+
+# a fallback is not a decision: a run that had any fails (every figure is of decisions
+# that came from Redis)
+no_fallbacks() {
+  local n
+  n=$(tail -1 "$RESULTS" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("fallbacks", 0) + d.get("non_2xx", 0))')
+  [ "$n" = 0 ] || { echo "$1: $n decisions did not come from Redis (fallbacks or non-2xx answers): the run fails" >&2; exit 1; }
 }
 
 # cpu_child CMD...: runs CMD pinned to CPU 0, prints its stdout, then "CPU_US n": the CPU
@@ -258,10 +269,14 @@ JSON
 import json, sys
 lines = sys.argv[1].strip().splitlines()
 d = json.loads(lines[0]); n = int(sys.argv[2])
+if d["allowed"] != n:
+    sys.exit("shardlimit bench: %d of %d decisions were Redis admissions (%s)" % (d["allowed"], n, lines[0]))
 print(json.dumps({"shape": "rust", "round": int(sys.argv[3]), "label": "shardlimit bench",
+  "fallbacks": d.get("fallbacks", 0) + d.get("errors", 0),
   "decisions_per_sec": d["decisions_per_sec"], "p50_us": d.get("p50_us"), "p99_us": d.get("p99_us"),
   "client_cpu_us": int(lines[-1].split()[1]) / n, "redis_cpu_us": (float(sys.argv[5]) - float(sys.argv[4])) / n,
   "redis_script_us": int(sys.argv[6]) / n, "decisions": n}))' "$out" "$RUST_N" "$round" "$r0" "$r1" "$(script_usec)" >>"$RESULTS"
+  no_fallbacks "rust/shardlimit bench"
   fresh
   SHA=$(redis-cli -p "$PORT" -x SCRIPT LOAD <bench/token_bucket_min.lua)
   r0=$(redis_cpu)
@@ -303,10 +318,12 @@ http() { # http FRAMEWORK MODE ROUND CMD...
   done
   [ -n "$ok" ] || { cat "$RUN/server.log" >&2; echo "$fw/$mode did not start" >&2; exit 1; }
   taskset -c 1 wrk -t1 -c64 -d1s "http://127.0.0.1:$HPORT/" >/dev/null # warm-up
-  local c0 c1 out
+  redis-cli -p "$PORT" CONFIG RESETSTAT >/dev/null # (Redis time of the measured requests)
+  local c0 c1 out usec
   c0=$(tree_cpu "$SERVER_PID")
   out=$(taskset -c 1 wrk -t1 -c64 -d"${HTTP_SECS}s" "http://127.0.0.1:$HPORT/")
   c1=$(tree_cpu "$SERVER_PID")
+  usec=$(script_usec)
   kill "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true
   SERVER_PID=
   python3 -c '
@@ -318,9 +335,12 @@ non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
 errors = re.search(r"Socket errors: (.*)", out)
 print(json.dumps({"shape": "http-" + sys.argv[2], "label": sys.argv[3], "round": int(sys.argv[4]),
   "req_per_sec": rps, "requests": reqs, "cpu_us_per_req": (int(sys.argv[6]) - int(sys.argv[5])) / reqs,
-  "non_2xx": int(non2xx.group(1)) if non2xx else 0, "socket_errors": errors.group(1) if errors else ""}))' \
-    "$out" "$fw" "$mode" "$round" "$c0" "$c1" >>"$RESULTS"
-  echo "   $fw $mode round $round: $(tail -1 "$RESULTS" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.0f req/s, %.0f us CPU/req%s" % (d["req_per_sec"], d["cpu_us_per_req"], ", %d non-2xx" % d["non_2xx"] if d["non_2xx"] else ""))')"
+  "non_2xx": int(non2xx.group(1)) if non2xx else 0, "socket_errors": errors.group(1) if errors else "",
+  "redis_script_us": int(sys.argv[7]) / reqs}))' \
+    "$out" "$fw" "$mode" "$round" "$c0" "$c1" "$usec" >>"$RESULTS"
+  # (shardlimit's apps answer a fallback with 503: on_error closed)
+  no_fallbacks "http-$fw/$mode"
+  echo "   $fw $mode round $round: $(tail -1 "$RESULTS" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.0f req/s, %.0f us CPU/req, Redis %.2f us/req%s" % (d["req_per_sec"], d["cpu_us_per_req"], d["redis_script_us"], ", %d non-2xx" % d["non_2xx"] if d["non_2xx"] else ""))')"
 }
 APPS=$root/bindings/python/bench
 for round in $(seq "$ROUNDS"); do

@@ -24,13 +24,11 @@ SHA=$(redis-cli -p "$PORT" -x SCRIPT LOAD <"$DIR/tb.lua")
 [ "$SHA" = "$(cat "$DIR/sha")" ] || { echo "SHA mismatch" >&2; exit 1; }
 echo "redis-benchmark -P 16 -c 50, EVALSHA of the token bucket script ($N requests, 1000 keys):"
 # the check's arguments as core/src/engine/redis/protocol.rs (CheckRequest::write) writes
-# them: KEYS state, block entry, denial counter, override entry (the block entry stands in:
-# the policy takes no overrides); ARGV now (0: TIME), cost, "" (no 7th argument), need,
-# "-" (no overrides), then the policy's code, limit, period, mode, auto-block after,
-# within, duration, reason, and the call's tag
+# them for this policy (a plain check, core/lua/check.lua): KEYS state, block entry; ARGV
+# cost, then the policy's limit and period (the emission interval, µs), and the call's tag
 RB=$(redis-benchmark -p "$PORT" -P 16 -c 50 -n "$N" -r 1000 --csv \
-  EVALSHA "$SHA" 4 'sl:s:api:tb:{bench:__rand_int__}' 'sl:b:{bench:__rand_int__}' 'sl:d:api:tb:{bench:__rand_int__}' \
-  'sl:b:{bench:__rand_int__}' 0 1 '' 0 - tb 100 100000 check 0 0 0 '' 7 | tail -1 | cut -d, -f2 | tr -d '"')
+  EVALSHA "$SHA" 2 'sl:s:api:tb:{bench:__rand_int__}' 'sl:b:{bench:__rand_int__}' \
+  1 100 100000 7 | tail -1 | cut -d, -f2 | tr -d '"')
 echo "  $RB requests/s"
 redis-cli -p "$PORT" FLUSHALL >/dev/null
 for c in 64 256; do

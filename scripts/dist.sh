@@ -8,38 +8,37 @@
 #   dist/go/      the Go module as a module proxy serves it (GOPROXY=file://$PWD/dist/go)
 #   dist/crates/  `cargo package` of shardlimit, shardlimit-tower, shardlimit-cli (verified)
 #   dist/bin/     shardlimit and shardlimit-serve, static executables (x86_64 musl)
+#   dist/java/    shardlimit-<v>.jar (natives/linux-x86_64 inside), -sources, -javadoc, .pom
+#                 (scripts/dist-java.sh)
 #
 # The build: `cargo zigbuild --profile dist --target x86_64-unknown-linux-gnu.2.28` of the
-# C ABI, the Node addon and the Python extension in one invocation, so the core and its
+# C ABI, the Node addon, the Python extension and the JNI library in one invocation, so the core and its
 # dependencies compile once; zig (ziglang from PyPI, through cargo-zigbuild) links them
 # against glibc 2.28's symbols, the floor of manylinux_2_28 (Debian 10+, Ubuntu 18.10+,
 # RHEL 8+). The wheel is packed from that build (scripts/build-wheel.py) rather than by
 # `maturin build`, which would compile everything again. The suites (scripts/test-c.sh,
 # test-python.sh, test-node.sh) and scripts/test-dist.sh test these files.
+# The build and the packing of one platform's artifacts are scripts/platforms.sh's
+# (platform_build, platform_pack), which `make dist-all` (scripts/dist-all.sh) runs for
+# every other platform too; this script builds the host's (linux-x64 glibc) only.
 # Honours CARGO_TARGET_DIR; the tools go to $CARGO_TARGET_DIR/tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 . scripts/lib.sh
+. scripts/platforms.sh
 
 ensure_rust
 ensure_dist_tools
 target=$(target_dir)
 triple=x86_64-unknown-linux-gnu
-glibc=2.28
-plat=manylinux_2_28_x86_64
-out="$target/$triple/dist"
 version=$(workspace_version)
-major=${version%%.*}
-minor=${version#*.}; minor=${minor%%.*}
 DIST=${DIST_DIR:-$root/dist}
 stage="$target/dist-stage"
 t0=$(date +%s)
 
-echo "== cargo zigbuild --profile dist --target $triple.$glibc (C ABI, Node addon, Python extension)"
-# PYO3_PYTHON: any CPython >= 3.9 (the extension is abi3); no libpython is linked
-PYO3_PYTHON=$(command -v python3) cargo zigbuild --quiet --profile dist --target "$triple.$glibc" \
-  -p shardlimit-c -p shardlimit-node -p shardlimit-python
+# the C ABI, the Node addon, the Python extension and the JNI library, in one build
+platform_build "$triple" shardlimit-c shardlimit-node shardlimit-python shardlimit-java
 
 rm -rf "$DIST" "$stage"
 mkdir -p "$DIST"/{python,npm,c,go,crates,bin} "$stage"
@@ -62,40 +61,16 @@ for b in shardlimit shardlimit-serve; do
 done
 "$DIST/bin/shardlimit-serve" --version >/dev/null
 
-echo "== dist/c: the C/C++ SDK"
-sdk="shardlimit-$version-$triple"
-s="$stage/$sdk"
-mkdir -p "$s/include" "$s/lib/pkgconfig" "$s/lib/cmake/shardlimit"
-cp include/shardlimit.h include/shardlimit.hpp "$s/include/"
-cp "$out/libshardlimit.so" "$s/lib/libshardlimit.so.$version"
-ln -s "libshardlimit.so.$version" "$s/lib/libshardlimit.so.$major"
-ln -s "libshardlimit.so.$major" "$s/lib/libshardlimit.so"
-cp "$out/libshardlimit.a" "$s/lib/"
-# the archive keeps debug info of the Rust std it bundles; users link what they need
-strip --strip-debug "$s/lib/libshardlimit.a"
-bindings/c/gen-pkgconfig.sh '${pcfiledir}/..' '${pcfiledir}/../../include' "$s/lib/pkgconfig" >/dev/null
-for f in shardlimitConfig shardlimitConfigVersion; do
-  sed -e "s|@VERSION@|$version|g" -e "s|@MAJOR@|$major|g" -e "s|@MINOR@|$minor|g" \
-    "bindings/c/cmake/$f.cmake.in" > "$s/lib/cmake/shardlimit/$f.cmake"
-done
-cp LICENSE CHANGELOG.md "$s/"
-cp bindings/c/README.md "$s/README.md"
-soname=$(readelf -d "$s/lib/libshardlimit.so.$version" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
-[ "$soname" = "libshardlimit.so.$major" ] || { echo "libshardlimit.so has SONAME '$soname', not libshardlimit.so.$major" >&2; exit 1; }
-tar -C "$stage" --owner=0 --group=0 --numeric-owner --sort=name -czf "$DIST/c/$sdk.tar.gz" "$sdk"
-
-echo "== dist/python: the wheel and the sdist"
-"$TOOLS_PY" scripts/build-wheel.py "$out/lib_shardlimit.so" "$plat" "$DIST/python" >/dev/null
-wheel=$(ls "$DIST/python"/*.whl)
-"$TOOLS_BIN/auditwheel" show "$wheel" >"$stage/auditwheel.txt"
-# (auditwheel wraps its lines)
-tr -s ' \n' '  ' <"$stage/auditwheel.txt" | grep -q "is consistent with the following platform tag: \"$plat\"" ||
-  { echo "auditwheel: $(basename "$wheel") is not $plat" >&2; exit 1; }
+echo "== dist/c, dist/python, dist/npm: the SDK, the wheel and the platform package of $triple"
+platform_pack "$triple" "$DIST"
 "$TOOLS_BIN/maturin" sdist -m bindings/python/Cargo.toml -o "$DIST/python" >"$stage/sdist.log" 2>&1 ||
   { cat "$stage/sdist.log" >&2; exit 1; }
+# the main npm package names exactly the platform packages in dist/npm
+platform "$triple"
+node scripts/npm-packages.js main "$stage" "$DIST/npm" "$P_NPM" >/dev/null
 
-echo "== dist/npm: the main package and the linux-x64-gnu platform package"
-node scripts/npm-packages.js "$out/libshardlimit_node.so" "$stage/npm" "$DIST/npm"
+echo "== dist/java: the jar (natives/linux-x86_64 inside), sources, javadoc, POM"
+DIST_DIR="$DIST" scripts/dist-java.sh "$(platform_out "$triple")/libshardlimit_jni.so"
 
 echo "== dist/go: the Go module for GOPROXY=file://"
 "$TOOLS_PY" scripts/go-proxy.py "$version" "$(git log -1 --format=%cI 2>/dev/null || date -u +%FT%TZ)" "$DIST/go" >/dev/null

@@ -1,10 +1,10 @@
 """`shardlimit serve` behind real proxies: Envoy (its rate limit filter), nginx
-(auth_request) and HAProxy (a Lua action), in front of a trivial upstream, with the
+(auth_request), Traefik (ForwardAuth) and HAProxy (a Lua action), in front of a trivial upstream, with the
 files of examples/serve/ as they are (placeholders replaced by free loopback ports).
 Also: one budget spent exactly by Envoy and a Python service at once, SIGHUP reload,
 SIGTERM, and Envoy's failure_mode_deny with serve gone.
 
-Run by scripts/test-serve.sh:  python serve_e2e.py SERVE_BIN ENVOY_BIN
+Run by scripts/test-serve.sh:  python serve_e2e.py SERVE_BIN ENVOY_BIN TRAEFIK_BIN
 Every process it starts listens on 127.0.0.1 and is stopped by PID at the end.
 """
 
@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EX = os.path.join(ROOT, "examples", "serve")
-SERVE_BIN, ENVOY_BIN = sys.argv[1], sys.argv[2]
+SERVE_BIN, ENVOY_BIN, TRAEFIK_BIN = sys.argv[1], sys.argv[2], sys.argv[3]
 PROCS = []
 PASSED = 0
 FAILED = 0
@@ -107,6 +107,10 @@ class Upstream(BaseHTTPRequestHandler):
     def do_GET(self):
         body = b"upstream\n"
         self.send_response(200)
+        # what a proxy passed on from the auth answer (Traefik's authResponseHeadersRegex)
+        seen = self.headers.get("x-ratelimit-remaining")
+        if seen is not None:
+            self.send_header("x-upstream-saw-remaining", seen)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -127,7 +131,8 @@ def main():
     d = tempfile.mkdtemp(prefix="shardlimit-serve-e2e-")
     log = open(os.path.join(d, "processes.log"), "w")
     ports = {k: free_port() for k in ["REDIS_PORT", "SERVE_HTTP", "SERVE_GRPC", "UPSTREAM_PORT",
-                                        "ENVOY_PORT", "ENVOY_ADMIN", "NGINX_PORT", "HAPROXY_PORT"]}
+                                        "ENVOY_PORT", "ENVOY_ADMIN", "NGINX_PORT", "HAPROXY_PORT",
+                                        "TRAEFIK_PORT", "TRAEFIK_PING"]}
     ports["DIR"] = d
     try:
         redis = start(["redis-server", "--port", str(ports["REDIS_PORT"]), "--bind", "127.0.0.1",
@@ -235,6 +240,27 @@ def main():
             assert int(h["retry-after"]) > 0 and h.get("x-ratelimit-remaining") == "0", h
         haproxy_limits()
 
+        fill("traefik-dynamic.yml", d, ports)
+        traefik = start([TRAEFIK_BIN, "--configFile=" + fill("traefik.yml", d, ports)], log)
+        wait_for("traefik", lambda: get(ports["TRAEFIK_PING"], "/ping")[0] == 200, timeout=60)
+        # the file provider's router comes up a moment after /ping
+        wait_for("traefik's router", lambda: get(
+            ports["TRAEFIK_PORT"], headers={"x-shardlimit-key": "key:probe-t"})[0] == 200, timeout=30)
+
+        @case("traefik ForwardAuth: 5 of 8 pass, the 429s carry serve's headers and JSON body, the upstream gets the headers")
+        def traefik_limits():
+            got = [get(ports["TRAEFIK_PORT"], headers={"x-shardlimit-key": "key:t1"}) for _ in range(8)]
+            codes = [g[0] for g in got]
+            assert codes == [200] * 5 + [429] * 3, codes
+            s, h, b = got[0]
+            assert b == "upstream\n", b
+            assert h.get("x-upstream-saw-remaining") == "4", h
+            s, h, b = got[-1]
+            assert int(h["retry-after"]) > 0 and h.get("x-ratelimit-remaining") == "0", h
+            body = json.loads(b)
+            assert body["error"] == "rate_limited" and body["policy"] == "edge_api", body
+        traefik_limits()
+
         @case("SIGHUP reloads the config: edge_api 5 -> 7, the same key gets 2 more")
         def reload():
             with open(cfg) as f:
@@ -254,7 +280,7 @@ def main():
             assert get(ports["ENVOY_PORT"], headers={"x-api-key": "e1"})[0] == 429
         reload()
 
-        @case("SIGTERM: serve exits 0; Envoy then fails open (failure_mode_deny: false), nginx answers 500")
+        @case("SIGTERM: serve exits 0; Envoy then fails open (failure_mode_deny: false), nginx and Traefik answer 500")
         def serve_gone():
             def allowed_on_failure():
                 stats = get(ports["ENVOY_ADMIN"], "/stats?filter=ratelimit.failure_mode_allowed")[2]
@@ -268,6 +294,8 @@ def main():
             assert s == 200, (s, h, b)
             assert allowed_on_failure() == 1
             assert get(ports["NGINX_PORT"], headers={"x-api-key": "n9"})[0] == 500
+            # ForwardAuth cannot reach its auth server: Traefik answers 500 (fails closed)
+            assert get(ports["TRAEFIK_PORT"], headers={"x-shardlimit-key": "key:t9"})[0] == 500
             # the Lua action sets no status when serve is unreachable: HAProxy lets it pass
             assert get(ports["HAPROXY_PORT"], headers={"x-api-key": "h9"})[0] == 200
         serve_gone()
@@ -286,6 +314,37 @@ def main():
             finally:
                 stop(e2)
         deny_mode()
+
+        @case("Envoy to serve over a Unix socket (a pipe cluster): 5 of 8 pass; the socket is 0660 and removed at exit")
+        def over_unix_socket():
+            p3 = {**ports, "ENVOY_PORT": free_port(), "ENVOY_ADMIN": free_port(), "FAILURE_MODE_DENY": "true", "RLS_TIMEOUT": "1s"}
+            d3 = os.path.join(d, "uds")
+            os.makedirs(d3)
+            sock = os.path.join(d3, "rls.sock")
+            # the example config as it is (the reload case left the shared copy invalid)
+            s2_log = open(os.path.join(d, "serve-uds.log"), "w")
+            s2 = start([SERVE_BIN, "--config", fill("shard-config.json", d3, ports), "--http", "off",
+                        "--grpc", f"unix:{sock}"], s2_log)
+            path = fill("envoy.yaml", d3, p3)
+            text = open(path).read()
+            tcp = "{address: {socket_address: {address: 127.0.0.1, port_value: %d}}}" % ports["SERVE_GRPC"]
+            assert text.count(tcp) == 1, "the shardlimit cluster's endpoint"
+            with open(path, "w") as f:
+                f.write(text.replace(tcp, "{address: {pipe: {path: %s}}}" % sock))
+            e3 = start([ENVOY_BIN, "-c", path, "--concurrency", "1", "--disable-hot-restart",
+                        "--base-id", "8", "--log-level", "warn"], log)
+            try:
+                wait_for("serve on a Unix socket", lambda: s2.poll() is None and os.path.exists(sock))
+                assert oct(os.stat(sock).st_mode & 0o777) == "0o660", oct(os.stat(sock).st_mode)
+                wait_for("envoy (uds)", lambda: get(p3["ENVOY_ADMIN"], "/ready")[0] == 200, timeout=60)
+                # failure_mode_deny: true, so a pass can only be serve's answer
+                limited_run(p3["ENVOY_PORT"], "u1", 8, 5)
+            finally:
+                stop(e3)
+                rc = stop(s2)
+            assert rc == 0, f"exit {rc}"
+            assert not os.path.exists(sock), "the socket was left behind"
+        over_unix_socket()
         up.shutdown()
     finally:
         for p in reversed(PROCS):

@@ -107,6 +107,9 @@ if ldd "$work/test_shardlimit_static" | grep -q libshardlimit; then
 fi
 "$work/test_shardlimit_static"
 
+step "the READMEs' C and C++ blocks (README.md, bindings/c/README.md)"
+bindings/c/readme-snippets.sh "$work" "$lib"
+
 step "Go (bindings/go)"
 (
   cd bindings/go

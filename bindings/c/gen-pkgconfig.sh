@@ -15,10 +15,13 @@ url="$(sed -n 's/^repository = "\(.*\)"$/\1/p' "$root/Cargo.toml")"
 # What libshardlimit.a needs from the system: the C library's math, threads and dynamic
 # loading (separate libraries before glibc 2.34). Not -lgcc_s: the compiler driver adds
 # the unwinder itself (libgcc_s when linking dynamically, libgcc_eh with -static).
-native="-lpthread -lm -ldl"
+# Another platform's SDK (scripts/platforms.sh) sets both: PC_NATIVE_LIBS (macOS: its
+# frameworks) and PC_STATIC_LIB (Apple's ld has no -l:FILE).
+native="${PC_NATIVE_LIBS:--lpthread -lm -ldl}"
+static_lib="${PC_STATIC_LIB:--l:libshardlimit.a}"
 mkdir -p "$outdir"
 for name in shardlimit shardlimit-static; do
   sed -e "s|@LIBDIR@|$libdir|" -e "s|@INCLUDEDIR@|$includedir|" -e "s|@VERSION@|$version|" \
-    -e "s|@URL@|$url|" -e "s|@NATIVE_LIBS@|$native|" "$here/$name.pc.in" > "$outdir/$name.pc"
+    -e "s|@URL@|$url|" -e "s|@NATIVE_LIBS@|$native|" -e "s|@STATIC_LIB@|$static_lib|" "$here/$name.pc.in" > "$outdir/$name.pc"
   echo "$outdir/$name.pc"
 done

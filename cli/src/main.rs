@@ -1,7 +1,7 @@
 //! `shardlimit`: validate a config, route keys, check limits and benchmark, from a shell.
 
 use clap::{Args, Parser, Subcommand};
-use shardlimit::{Config, Decision, Limiter, Policy};
+use shardlimit::{Config, Decision, Limiter, Policy, Source};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -896,6 +896,7 @@ fn bench_command(
                 "allowed": r.allowed,
                 "denied": r.denied,
                 "errors": r.errors,
+                "fallbacks": r.fallbacks,
                 "requests": requests,
                 "concurrency": concurrency,
                 "keys": keys,
@@ -917,6 +918,12 @@ fn bench_command(
         if r.errors > 0 {
             println!("errors:        {}", r.errors);
         }
+        if r.fallbacks > 0 {
+            println!(
+                "fallbacks:     {} (not decided by Redis: not counted)",
+                r.fallbacks
+            );
+        }
     }
     if metrics {
         print!("{}", l.metrics().to_prometheus());
@@ -931,6 +938,8 @@ struct BenchResult {
     allowed: u64,
     denied: u64,
     errors: u64,
+    /// decisions of `on_error` (the shard failed): neither allowed nor denied
+    fallbacks: u64,
 }
 
 #[derive(Default)]
@@ -939,6 +948,8 @@ struct TaskResult {
     allowed: u64,
     denied: u64,
     errors: u64,
+    /// decisions of `on_error` (the shard failed): neither allowed nor denied
+    fallbacks: u64,
 }
 
 async fn bench_task(
@@ -966,6 +977,10 @@ async fn bench_task(
             l.check(key, &p, 1).await
         };
         match d {
+            // a fallback is not a decision: counted apart, never as an admission
+            Ok(d) if matches!(d.source, Source::Fallback | Source::LocalFallback) => {
+                r.fallbacks += 1
+            }
             Ok(d) if d.allowed => r.allowed += 1,
             Ok(_) => r.denied += 1,
             Err(_) => r.errors += 1,
@@ -1040,12 +1055,13 @@ fn bench(
     });
     let elapsed = started.elapsed();
     let mut lat: Vec<u32> = Vec::with_capacity(requests as usize);
-    let (mut allowed, mut denied, mut errors) = (0, 0, 0);
+    let (mut allowed, mut denied, mut errors, mut fallbacks) = (0, 0, 0, 0);
     for r in results {
         lat.extend_from_slice(&r.lat_ns);
         allowed += r.allowed;
         denied += r.denied;
         errors += r.errors;
+        fallbacks += r.fallbacks;
     }
     lat.sort_unstable();
     let pct = |q: f64| -> f64 {
@@ -1062,5 +1078,6 @@ fn bench(
         allowed,
         denied,
         errors,
+        fallbacks,
     })
 }

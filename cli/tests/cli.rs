@@ -1,9 +1,10 @@
 //! The `shardlimit` command end to end: outputs, exit codes and errors. Redis-backed cases
 //! run against a redis-server the test starts on a loopback port.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+#[path = "../../core/tests/support/mod.rs"]
+mod support;
+
+use std::process::{Command, Output};
 
 fn sl(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_shardlimit"))
@@ -17,73 +18,10 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-/// A redis-server child, its port, and its data directory (kept until the server stops).
-struct Redis(Child, u16, #[allow(dead_code)] tempfile::TempDir);
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-fn redis() -> Redis {
-    // The machine is shared: between the free-port probe and redis-server's bind another
-    // process (or a test running in parallel) may take the port, and then a connect would
-    // reach that server instead of ours. So the server is ours only when it reports our
-    // child's pid; otherwise (our child failed to bind) try another port.
-    for _ in 0..10 {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-            ])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if child.try_wait().unwrap().is_some() {
-                break; // it could not bind: another port
-            }
-            if server_pid(port) == Some(child.id()) {
-                return Redis(child, port, dir);
-            }
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    panic!("no free port for redis-server after 10 tries");
-}
-
-/// The `process_id` that the server on `port` reports (INFO server), if one answers.
-fn server_pid(port: u16) -> Option<u32> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n").ok()?;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    while !String::from_utf8_lossy(&buf).contains("process_id:") || !buf.ends_with(b"\r\n") {
-        let n = s.read(&mut chunk).ok()?;
-        if n == 0 || buf.len() > 1 << 20 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    let text = String::from_utf8_lossy(&buf);
-    let line = text.lines().find(|l| l.starts_with("process_id:"))?;
-    line["process_id:".len()..].trim().parse().ok()
+/// A redis-server on a free loopback port (the core's test support: a port another
+/// process takes before the server binds it is retried on another).
+fn redis() -> support::RedisServer {
+    support::RedisServer::start()
 }
 
 #[test]
@@ -275,7 +213,7 @@ fn check_exit_codes_and_json_on_redis() {
             r#"{{"timeout_ms":2000,"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}],
             "policies":{{"login":{{"algorithm":"fixed_window","limit":2,"window":"1h"}},
                          "ip":{{"algorithm":"token_bucket","capacity":10,"refill_per_sec":1}}}}}}"#,
-            r.1
+            r.port
         ),
     )
     .unwrap();
@@ -473,7 +411,7 @@ fn multi_limit_policies_plans_and_rate_strings() {
             r#"{{"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}],
             "policies":{{"api":"2/hour; 3/day", "login":{{"algorithm":"sliding_log","rate":"5/minute"}}}},
             "plans":{{"pro":{{"api":"100/hour"}}}}}}"#,
-            r.1
+            r.port
         ),
     )
     .unwrap();
@@ -572,7 +510,7 @@ fn shadow_checks_exit_0_and_shadow_report_reads_redis() {
             r#"{{"shards":[{{"name":"a","url":"redis://127.0.0.1:{}"}},{{"name":"b","url":"redis://127.0.0.1:{}"}}],
             "policies":{{"new":{{"algorithm":"fixed_window","limit":1,"window":"1h","shadow":true}},
                          "old":{{"algorithm":"fixed_window","limit":1,"window":"1h"}}}}}}"#,
-            a.1, b.1
+            a.port, b.port
         ),
     )
     .unwrap();
@@ -662,7 +600,7 @@ fn charge_and_refund_on_redis_and_in_memory() {
         format!(
             r#"{{"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}], "timeout_ms": 5000,
             "policies":{{"tokens":{{"algorithm":"fixed_window","limit":10,"window":"1h"}}}}}}"#,
-            r.1
+            r.port
         ),
     )
     .unwrap();
@@ -731,7 +669,7 @@ fn override_set_get_list_delete_on_redis() {
             r#"{{"timeout_ms":2000,"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}],
             "policies":{{"api":{{"algorithm":"fixed_window","limit":2,"window":"1h","overrides":true}},
                          "login":{{"algorithm":"fixed_window","limit":2,"window":"1h"}}}}}}"#,
-            r.1
+            r.port
         ),
     )
     .unwrap();
@@ -898,7 +836,7 @@ fn charge_and_refund_on_multi_limit_and_exact_rate_policies() {
             r#"{{"shards":[{{"name":"only","url":"redis://127.0.0.1:{}"}}], "timeout_ms": 5000,
             "policies":{{"plan":"5/hour; 100/day",
               "llm":{{"algorithm":"token_bucket","capacity":30000000,"refill_per_sec":300000}}}}}}"#,
-            r.1
+            r.port
         ),
     )
     .unwrap();
@@ -980,11 +918,7 @@ fn check_all_refuses_a_concurrency_layer_and_exits_2() {
 #[test]
 fn fallbacks_are_one_warning_line_on_stderr() {
     // nothing listens on the port: every check falls back to on_error
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = support::free_port();
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("c.json");
     std::fs::write(

@@ -3,8 +3,9 @@
 -- check(state, entry, denials, now, cost, extra, need, code, limit, period, mode, after,
 --       within, dur, reason, okey, ov):
 -- state    the algorithm's state key
--- entry    the key's block-list entry (any value; PTTL -1 = permanent)
--- denials  the policy's denial counter for this key (automatic blocking)
+-- entry    the key's block-list entry (any value; PTTL -1 = permanent), or nil: the
+--          policy reads no block list (then `after` is "0")
+-- denials  the policy's denial counter for this key (automatic blocking; nil without)
 -- now      now in µs, or "0" for the server clock (TIME, read once per script call)
 -- cost     units asked for
 -- extra    the algorithm's extra argument (prelude.lua): a concurrency lease id, a
@@ -38,10 +39,12 @@ local function check(state, entry, denials, now, cost, extra, need, code, limit,
   else
     now = tonumber(now)
   end
-  local ttl = redis.call('PTTL', entry)
-  if ttl ~= -2 then
-    if ttl == -1 then return {0, 0, 0, -1, 0, 1, 0} end
-    return {0, 0, ttl * 1000, ttl * 1000, 0, 1, 0}
+  if entry then
+    local ttl = redis.call('PTTL', entry)
+    if ttl ~= -2 then
+      if ttl == -1 then return {0, 0, 0, -1, 0, 1, 0} end
+      return {0, 0, ttl * 1000, ttl * 1000, 0, 1, 0}
+    end
   end
   local fn = ALGO[code]
   limit, period, cost = tonumber(limit), tonumber(period), tonumber(cost)
@@ -73,4 +76,53 @@ local function check(state, entry, denials, now, cost, extra, need, code, limit,
     end
   end
   return r
+end
+
+-- The layout of a check call (main_check, main_batch; written by CheckRequest::write in
+-- core/src/engine/redis/protocol.rs): a check sends only what its policy uses, so a
+-- feature the policy does not use costs no key, no argument and no call.
+-- Keys, from KEYS[k]: the state key; the block-list entry (unless flag `u`); the denial
+-- counter (flag `a`); the override entry (flag `o`).
+-- Its own values, from ARGV[i]: cost; then, only when it has flags (a string of letters,
+-- never a number), the flags and the values they name, in this order:
+--   n now (µs; without it the server clock), x the algorithm's extra argument (without
+--   it ""), g need (grant mode), p (peek mode, no value), o the override version; and
+--   u (no block list), a (automatic blocking), which name no item value.
+-- Its policy's values, from ARGV[s] (s nil: right after its own values): limit, period,
+--   then with flag `a` after, within, dur, reason.
+-- parse(k, i, s, code) returns the next key index, the next item index, then check()'s
+-- arguments from `state` to `ov` (`code`: the script's algorithm).
+local find = string.find
+local function parse(k, i, s, code)
+  local cost = ARGV[i]
+  local flags = ARGV[i + 1]
+  local state = KEYS[k]
+  if string.byte(flags) <= 57 then -- a number: no flags (limit, or a batch's shape index)
+    if s == nil then s = i + 1 end
+    return k + 2, i + 1, state, KEYS[k + 1], nil, '0', cost, '', 0, code, ARGV[s],
+      ARGV[s + 1], 'check', '0', nil, nil, nil, nil, '-'
+  end
+  k, i = k + 1, i + 2
+  local entry, denials, okey
+  if not find(flags, 'u', 1, true) then entry = KEYS[k]; k = k + 1 end
+  local now, extra, need, mode, ov = '0', '', 0, 'check', '-'
+  if find(flags, 'n', 1, true) then now = ARGV[i]; i = i + 1 end
+  if find(flags, 'x', 1, true) then extra = ARGV[i]; i = i + 1 end
+  if find(flags, 'g', 1, true) then
+    mode, need = 'grant', ARGV[i]
+    i = i + 1
+  elseif find(flags, 'p', 1, true) then
+    mode = 'peek'
+  end
+  if find(flags, 'o', 1, true) then ov = ARGV[i]; i = i + 1 end
+  if s == nil then s = i end
+  local after, within, dur, reason = '0'
+  if find(flags, 'a', 1, true) then
+    denials = KEYS[k]
+    k = k + 1
+    after, within, dur, reason = ARGV[s + 2], ARGV[s + 3], ARGV[s + 4], ARGV[s + 5]
+  end
+  if ov ~= '-' then okey = KEYS[k]; k = k + 1 end
+  return k, i, state, entry, denials, now, cost, extra, need, code, ARGV[s], ARGV[s + 1],
+    mode, after, within, dur, reason, okey, ov
 end

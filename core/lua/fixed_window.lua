@@ -16,7 +16,8 @@ ALGO.fw = function(key, now, limit, window, cost, peek, shift)
     return {0, math.max(limit - used, 0), reset, reset, 0}
   end
   if not peek then
-    redis.call('INCRBY', ckey, int(cost))
+    -- (numbers handed to redis.call are formatted, which costs more than the call's INCR)
+    if cost == 1 then redis.call('INCR', ckey) else redis.call('INCRBY', ckey, int(cost)) end
     -- a counter gets its expiry when the window's first units create it; later increments
     -- keep it (one call fewer per admitted check)
     if used == 0 then redis.call('PEXPIRE', ckey, int(math.ceil(reset / 1000))) end

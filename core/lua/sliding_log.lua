@@ -14,25 +14,45 @@ local SL_EXPIRE = 64
 
 -- entry at `rank`: time, before, cost; nil when there is none or it is not ours (a member
 -- of another format: state written by an older version)
-local function sl_entry(key, rank)
-  local e = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+local function sl_parse(e)
   if e[1] == nil then return nil end
   local b, c = string.match(e[1], '^(%d+):(%d+)$')
   if b == nil then return nil end
   return tonumber(e[2]), tonumber(b), tonumber(c)
 end
 
+local function sl_entry(key, rank)
+  return sl_parse(redis.call('ZRANGE', key, rank, rank, 'WITHSCORES'))
+end
+
+-- time until the entry recorded at `t` expires (0 for none): a function per script, not
+-- a closure per call
+local function sl_reset_after(t, window, now)
+  if t == nil then return 0 end
+  local r = t + window - now
+  if r < 0 then r = 0 end
+  return r
+end
+
 ALGO.sl = function(key, now, limit, window, cost, peek)
   local horizon = int(now - window)
-  local total = redis.call('ZCARD', key)
-  local expired = redis.call('ZCOUNT', key, '-inf', horizon)
+  -- the oldest entry first: when it is live, none expired, and it is the base (the common
+  -- case reads two entries); only when it expired are the entries counted. `total` nil:
+  -- not counted (some, none expired)
+  local oldest = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+  local total, expired = 0, 0
   local n, top, newest, nb, nc, base = 0, 0, nil, 0, 0, 0
-  if total > 0 then
-    newest, nb, nc = sl_entry(key, -1)
+  if oldest[1] ~= nil then
+    total = nil
+    if tonumber(oldest[2]) <= now - window then
+      total = redis.call('ZCARD', key)
+      expired = redis.call('ZCOUNT', key, '-inf', horizon)
+    end
+    newest, nb, nc = sl_entry(key, '-1')
     local ok = newest ~= nil
-    if ok and expired < total then
+    if ok and (total == nil or expired < total) then
       local _
-      _, base = sl_entry(key, expired)
+      if expired == 0 then _, base = sl_parse(oldest) else _, base = sl_entry(key, expired) end
       ok = base ~= nil
     end
     if not ok then
@@ -41,22 +61,17 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
       total, expired, newest = 0, 0, nil
     else
       top = (nb + nc) % SL_MOD
-      if expired < total then n = (top - base) % SL_MOD end
+      if total == nil or expired < total then n = (top - base) % SL_MOD end
     end
   end
-  local function reset_after(t)
-    if t == nil then return 0 end
-    local r = t + window - now
-    if r < 0 then r = 0 end
-    return r
-  end
   if cost > limit then
-    return {0, math.max(limit - n, 0), reset_after(newest), -1, 0}
+    return {0, math.max(limit - n, 0), sl_reset_after(newest, window, now), -1, 0}
   end
   if n + cost > limit then
     -- the k-th oldest live unit must expire first: the first live entry whose units
     -- bring the count from `base` to k (binary search over ranks; the newest qualifies)
     local k = n + cost - limit
+    if total == nil then total = redis.call('ZCARD', key) end
     local lo, hi = expired, total - 1
     while lo < hi do
       local mid = math.floor((lo + hi) / 2)
@@ -64,10 +79,10 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
       if b ~= nil and (b + c - base) % SL_MOD >= k then hi = mid else lo = mid + 1 end
     end
     local t = sl_entry(key, lo) or newest
-    return {0, math.max(limit - n, 0), reset_after(newest), t + window - now, 0}
+    return {0, math.max(limit - n, 0), sl_reset_after(newest, window, now), t + window - now, 0}
   end
   if peek then
-    return {1, limit - n, reset_after(newest), -1, 0}
+    return {1, limit - n, sl_reset_after(newest, window, now), -1, 0}
   end
   if expired > 0 then
     redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, SL_EXPIRE) - 1)
@@ -76,7 +91,7 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
   if newest ~= nil and newest > at then at = newest end
   if newest ~= nil and top < nb and at == newest then at = at + 1 end
   redis.call('ZADD', key, int(at), string.format('%016d:%d', top, cost))
-  redis.call('PEXPIRE', key, math.ceil((at + window - now) / 1000))
+  redis.call('PEXPIRE', key, int(math.ceil((at + window - now) / 1000)))
   return {1, limit - n - cost, at + window - now, -1, 0}
 end
 

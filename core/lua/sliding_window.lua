@@ -3,6 +3,18 @@
 -- State: integer counters in key..':'..window_index for this and the previous window.
 -- The Rust in-memory engine evaluates the very same floating-point expression.
 -- `shift` (the 7th argument, "" for none): added to `now`, as in fixed_window.lua.
+-- (defined once per script, not per call: a closure made on every call costs Redis more
+-- than passing the policy's values)
+local function sw_fits(p, c, e, window, limit, cost)
+  return p * (window - e) / window + c + cost <= limit
+end
+
+local function sw_remaining(p, c, e, window, limit)
+  local r = math.floor(limit - (p * (window - e) / window + c))
+  if r < 0 then r = 0 end
+  return r
+end
+
 ALGO.sw = function(key, now, limit, window, cost, peek, shift)
   if shift ~= '' then now = now + tonumber(shift) end
   local idx = math.floor(now / window)
@@ -11,29 +23,21 @@ ALGO.sw = function(key, now, limit, window, cost, peek, shift)
   local both = redis.call('MGET', ckey, key .. ':' .. int(idx - 1))
   local cur = tonumber(both[1] or '0')
   local prev = tonumber(both[2] or '0')
-  local function fits(p, c, e)
-    return p * (window - e) / window + c + cost <= limit
-  end
-  local function remaining(p, c, e)
-    local r = math.floor(limit - (p * (window - e) / window + c))
-    if r < 0 then r = 0 end
-    return r
-  end
   -- time until both counters have aged out
   local reset
   if cur > 0 then reset = 2 * window - elapsed elseif prev > 0 then reset = window - elapsed else reset = 0 end
   if cost > limit then
-    return {0, remaining(prev, cur, elapsed), reset, -1, 0}
+    return {0, sw_remaining(prev, cur, elapsed, window, limit), reset, -1, 0}
   end
-  if fits(prev, cur, elapsed) then
+  if sw_fits(prev, cur, elapsed, window, limit, cost) then
     if not peek then
-      redis.call('INCRBY', ckey, int(cost))
+      if cost == 1 then redis.call('INCR', ckey) else redis.call('INCRBY', ckey, int(cost)) end
       -- the counter expires at the end of the next window, set once when it is created
       if cur == 0 then redis.call('PEXPIRE', ckey, int(math.ceil((2 * window - elapsed) / 1000))) end
       cur = cur + cost
       reset = 2 * window - elapsed
     end
-    return {1, remaining(prev, cur, elapsed), reset, -1, 0}
+    return {1, sw_remaining(prev, cur, elapsed, window, limit), reset, -1, 0}
   end
   -- Denied: the earliest offset where the same cost fits with no other traffic. `fits` only
   -- grows with the offset (every operation in it is monotone, rounding too), so the first
@@ -43,7 +47,7 @@ ALGO.sw = function(key, now, limit, window, cost, peek, shift)
     -- the smallest e in [lo, hi] with fits(p, c, e); hi when none is smaller
     while lo < hi do
       local mid = math.floor((lo + hi) / 2)
-      if fits(p, c, mid) then hi = mid else lo = mid + 1 end
+      if sw_fits(p, c, mid, window, limit, cost) then hi = mid else lo = mid + 1 end
     end
     return lo
   end
@@ -55,7 +59,7 @@ ALGO.sw = function(key, now, limit, window, cost, peek, shift)
     -- in the next window, where this window's count becomes the previous one
     retry = window - elapsed + first_fit(cur, 0, 0, window)
   end
-  return {0, remaining(prev, cur, elapsed), reset, retry, 0}
+  return {0, sw_remaining(prev, cur, elapsed, window, limit), reset, retry, 0}
 end
 
 if REFUND then -- only the layered and refund scripts give units back

@@ -82,6 +82,12 @@ pub struct Decision {
     /// A multi-limit policy: every limit in force (effective limit and window), in the
     /// policy's order, for `RateLimit-Policy`. Empty for a policy of one limit.
     pub quotas: Vec<Quota>,
+    /// A layered check ([`crate::Limiter::check_all`]): each layer's own decision, in the
+    /// caller's order (`allowed` is that layer's own verdict; when the check was denied,
+    /// nothing was consumed and an admitting layer's `remaining` is what it still has).
+    /// Empty for single checks, and when the layers were not decided one by one (a block,
+    /// a fallback of `on_error`).
+    pub layers: Vec<Decision>,
 }
 
 /// One limit of a multi-limit policy as the headers describe it.
@@ -294,6 +300,7 @@ mod tests {
             limit_index: None,
             quotas: Vec::new(),
             shadow_denied: false,
+            layers: Vec::new(),
         }
     }
     #[test]

@@ -348,7 +348,12 @@ mod scrub_tests {
 /// errors after the rule that failed (`CaUsedAsEndEntity`), which says little to whoever
 /// made the certificate.
 fn tls_hint(message: &str) -> &'static str {
-    const HINTS: [(&str, &str); 5] = [
+    const HINTS: [(&str, &str); 6] = [
+        (
+            "InvalidContentType",
+            " (the server did not answer in TLS: is this a plain `redis://` port? A \
+             `rediss://` URL needs the server's `tls-port`)",
+        ),
         (
             "CaUsedAsEndEntity",
             " (the server presented a CA certificate as its own: a certificate with \

@@ -237,6 +237,152 @@ impl TlsConfig {
     }
 }
 
+/// How the core's own connections to a `rediss://` shard speak TLS: the rustls client
+/// settings built from the shard's `tls` object once, and the name the server's
+/// certificate must hold (sent as SNI). The same settings the redis crate used for these
+/// shards before: the CAs of `ca_file` only, or else webpki-roots; the client certificate
+/// when set; `insecure_skip_verify` verifies nothing and sends no SNI (as the redis crate's
+/// insecure mode); the process's crypto provider ([`ensure_crypto_provider`]).
+#[cfg(feature = "tls")]
+#[derive(Clone)]
+pub(crate) struct TlsConnect {
+    config: std::sync::Arc<rustls::ClientConfig>,
+    name: rustls::pki_types::ServerName<'static>,
+}
+
+#[cfg(feature = "tls")]
+impl std::fmt::Debug for TlsConnect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConnect")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+#[cfg(feature = "tls")]
+impl TlsConnect {
+    /// The settings for a connection to `host` with `tls` (`None`: verified against the
+    /// built-in roots); `insecure` also when the URL asked for it. `Err` says what is wrong.
+    pub(crate) fn new(
+        host: &str,
+        tls: Option<&TlsConfig>,
+        insecure: bool,
+    ) -> std::result::Result<TlsConnect, String> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+        ensure_crypto_provider();
+        let provider = rustls::crypto::CryptoProvider::get_default()
+            .cloned()
+            .unwrap_or_else(provider);
+        let none = TlsConfig::default();
+        let t = tls.unwrap_or(&none);
+        let insecure = insecure || t.insecure_skip_verify;
+        let mut roots = rustls::RootCertStore::empty();
+        match &t.ca_pem {
+            Some(pem) => {
+                for c in CertificateDer::pem_slice_iter(pem) {
+                    let c = c.map_err(|e| format!("ca_file {:?}: {e}", t.ca_file))?;
+                    roots
+                        .add(c)
+                        .map_err(|e| format!("ca_file {:?}: {e}", t.ca_file))?;
+                }
+            }
+            None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("the crypto provider: {e}"))?
+            .with_root_certificates(roots);
+        let mut config = match (&t.cert_pem, &t.key_pem) {
+            (Some(cert), Some(key)) => {
+                let (cert_file, key_file) = (
+                    t.cert_file.as_deref().unwrap_or_default(),
+                    t.key_file.as_deref().unwrap_or_default(),
+                );
+                let chain = CertificateDer::pem_slice_iter(cert)
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|e| format!("cert_file {cert_file:?}: {e}"))?;
+                let key = PrivateKeyDer::from_pem_slice(key)
+                    .map_err(|e| format!("key_file {key_file:?}: no PEM private key: {e}"))?;
+                builder.with_client_auth_cert(chain, key).map_err(|e| {
+                    format!(
+                        "the private key {key_file:?} does not fit the certificate {cert_file:?}: {e}"
+                    )
+                })?
+            }
+            _ => builder.with_no_client_auth(),
+        };
+        if insecure {
+            config.enable_sni = false;
+            config
+                .dangerous()
+                .set_certificate_verifier(std::sync::Arc::new(NoVerification(
+                    provider.signature_verification_algorithms,
+                )));
+        }
+        let name = ServerName::try_from(host.to_string())
+            .map_err(|e| format!("{host:?} is not a host name TLS can verify: {e}"))?;
+        Ok(TlsConnect {
+            config: std::sync::Arc::new(config),
+            name,
+        })
+    }
+
+    /// The TLS handshake over `tcp` (the caller bounds it in time). Its error says what
+    /// failed (rustls' name for it, which [`crate::Error`] explains).
+    pub(crate) async fn handshake(
+        &self,
+        tcp: tokio::net::TcpStream,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        tokio_rustls::TlsConnector::from(std::sync::Arc::clone(&self.config))
+            .connect(self.name.clone(), tcp)
+            .await
+            .map_err(|e| std::io::Error::new(e.kind(), format!("TLS handshake failed: {e}")))
+    }
+}
+
+/// `insecure_skip_verify`: any certificate for any name, no signature checked (the redis
+/// crate's insecure mode did the same).
+#[cfg(feature = "tls")]
+#[derive(Debug)]
+struct NoVerification(rustls::crypto::WebPkiSupportedAlgorithms);
+
+#[cfg(feature = "tls")]
+impl rustls::client::danger::ServerCertVerifier for NoVerification {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> std::result::Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_schemes()
+    }
+}
+
 /// What `config validate` prints for a connection with `tls` (the effective settings) that
 /// is or is not encrypted.
 pub fn describe(encrypted: bool, tls: Option<&TlsConfig>) -> String {

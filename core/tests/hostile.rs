@@ -5,6 +5,9 @@
 //! with a typed error (or its policy's fallback), nothing may panic or grow without bound,
 //! and no caller may ever get a decision computed for another caller's key.
 
+#[cfg(feature = "tls")]
+mod support;
+
 use shardlimit::{ErrorKind, Layer, Limiter, Policy, Source};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -180,21 +183,43 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                 .unwrap_or("?");
                 let nkeys: usize = String::from_utf8_lossy(&args[2]).parse().unwrap_or(0);
                 let keys = &args[3..3 + nkeys];
-                // keys per check: 3 a layer, 4 a check (core/lua/main_check.lua)
-                let per = if script.contains("layered") { 3 } else { 4 };
-                let whos: Vec<u64> = keys.iter().step_by(per).filter_map(|k| who(k)).collect();
-                let argv = &args[3 + nkeys..];
-                // each check's tag: the last argument of a single call, the last of each
-                // check's seven in a batch call (core/lua/main_batch.lua)
-                let tags: Vec<String> = if script.contains("batch") {
-                    let s: usize = String::from_utf8_lossy(&argv[0]).parse().unwrap_or(0);
-                    argv[1 + 8 * s..]
-                        .chunks(7)
-                        .map(|c| String::from_utf8_lossy(&c[6]).to_string())
+                // keys per check: 3 a layer; a check's are as many as its policy uses
+                // (core/lua/check.lua), the first its state key (namespace `s:`)
+                let whos: Vec<u64> = if script.contains("layered") {
+                    keys.iter().step_by(3).filter_map(|k| who(k)).collect()
+                } else {
+                    keys.iter()
+                        .filter(|k| k.starts_with(b"sl:s:"))
+                        .filter_map(|k| who(k))
                         .collect()
+                };
+                let argv = &args[3 + nkeys..];
+                // each check's tag: the last argument of a single call; in a batch call
+                // (core/lua/main_batch.lua) after each check's shape, cost, and its flags
+                // and the values they name (n, x, g, o name one each)
+                let tags: Vec<String> = if script.contains("batch") {
+                    let text = |i: usize| String::from_utf8_lossy(&argv[i]).to_string();
+                    let s: usize = text(0).parse().unwrap_or(0);
+                    let mut i = 1;
+                    for _ in 0..s {
+                        i += 1 + text(i).parse::<usize>().unwrap_or(0);
+                    }
+                    let mut tags = Vec::new();
+                    while i < argv.len() {
+                        i += 2; // its shape and cost
+                        let f = text(i);
+                        if f.starts_with(|c: char| c.is_ascii_alphabetic()) {
+                            i += 1 + f.chars().filter(|c| "nxgo".contains(*c)).count();
+                        }
+                        tags.push(text(i));
+                        i += 1;
+                    }
+                    tags
                 } else if script.contains("shadow") {
-                    // main_check.lua in shadow mode: the tag is ARGV[14], the shadow arguments follow
-                    argv.get(13)
+                    // main_check.lua in shadow mode: the tag, then the shadow's three arguments
+                    argv.len()
+                        .checked_sub(4)
+                        .and_then(|i| argv.get(i))
                         .map(|t| String::from_utf8_lossy(t).to_string())
                         .into_iter()
                         .collect()
@@ -619,7 +644,16 @@ fn mistyped_and_out_of_range_replies_are_script_errors() {
             "more units than asked for",
             "*8\r\n:1\r\n:1\r\n:1\r\n:-1\r\n:0\r\n:0\r\n:9\r\n:{tag}\r\n",
         ),
-        ("too few values", "*3\r\n:1\r\n:1\r\n:{tag}\r\n"),
+        ("too few values", "*2\r\n:1\r\n:{tag}\r\n"),
+        // an admission in short ({remaining, reset_after}) is checked as the whole reply
+        (
+            "a short admission above the limit",
+            "*3\r\n:1001\r\n:1\r\n:{tag}\r\n",
+        ),
+        (
+            "a short admission with a negative reset",
+            "*3\r\n:1\r\n:-5\r\n:{tag}\r\n",
+        ),
         ("an integer for an array", ":1\r\n"),
         ("nil", "$-1\r\n"),
     ];
@@ -1036,4 +1070,200 @@ fn implausible_override_answers_of_the_multi_limit_settle_script_are_script_erro
         assert_eq!(e.kind(), ErrorKind::Script, "{reply:?}: {e}");
         assert!(e.to_string().contains("fake"), "names the shard: {e}");
     }
+}
+
+/// The fake behind TLS: a TLS server on loopback (the test CA's server certificate) that
+/// passes every connection's bytes through to the fake Redis, and the fake's bytes back.
+/// What the fake sends, the client reads over TLS; what the client closes, the fake sees
+/// closed (the proxy drops both sides together).
+#[cfg(feature = "tls")]
+struct TlsFront {
+    port: u16,
+    certs: support::TestCerts,
+    _runtime: tokio::runtime::Runtime,
+}
+
+#[cfg(feature = "tls")]
+impl TlsFront {
+    fn start(fake: &Fake) -> TlsFront {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs = support::TestCerts::generate("DNS:localhost,IP:127.0.0.1");
+        let chain = CertificateDer::pem_file_iter(certs.path("server.crt"))
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(certs.path("server.key")).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let upstream = fake.port;
+        runtime.spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let Ok(mut plain) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                    else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+                });
+            }
+        });
+        TlsFront {
+            port,
+            certs,
+            _runtime: runtime,
+        }
+    }
+
+    fn limiter(&self, on_error: &str, timeout_ms: u64) -> Limiter {
+        tls_limiter(self.port, &self.certs.path("ca.crt"), on_error, timeout_ms)
+    }
+}
+
+/// A limiter on a `rediss://` shard at `port` that trusts the CA `ca`.
+#[cfg(feature = "tls")]
+fn tls_limiter(port: u16, ca: &str, on_error: &str, timeout_ms: u64) -> Limiter {
+    Limiter::from_json(&format!(
+        r#"{{"timeout_ms": {timeout_ms}, "on_error": "{on_error}",
+            "shards": [{{"name": "fake", "url": "rediss://127.0.0.1:{port}", "tls": {{"ca_file": "{ca}"}}}}],
+            "policies": {{"p": {{"algorithm": "fixed_window", "limit": 1000, "window": "1h"}}}}}}"#
+    ))
+    .unwrap()
+}
+
+#[cfg(feature = "tls")]
+#[test]
+fn tls_replies_have_the_same_bounds_and_deadline() {
+    let fake = Fake::start(Mode::Honest);
+    let front = TlsFront::start(&fake);
+    let rt = rt();
+    // the harness: honest replies over TLS, on the blocking and the async path
+    let l = front.limiter("error", 500);
+    let p = l.policy("p").unwrap();
+    assert!(own_or_backend_error(1, l.check_blocking(&key(1), &p, 1)));
+    assert!(own_or_backend_error(
+        2,
+        rt.block_on(l.check(&key(2), &p, 1))
+    ));
+
+    // an oversized bulk length, and an endless array: cut off at the reply bound (over
+    // TLS, the redis crate's connection took the process to 3 GB in 4 s)
+    for mode in [Mode::EndlessBulk, Mode::EndlessArray] {
+        fake.set(mode.clone());
+        let (made, closed) = (
+            fake.connections.load(Ordering::Acquire),
+            fake.closed.load(Ordering::Acquire),
+        );
+        fake.sent.store(0, Ordering::Release);
+        let l = front.limiter("error", 300);
+        let p = l.policy("p").unwrap();
+        let started = Instant::now();
+        let e = l.check_blocking(&key(1), &p, 1).unwrap_err();
+        assert!(e.is_backend(), "{mode:?}: {e}");
+        let e = rt.block_on(l.check(&key(2), &p, 1)).unwrap_err();
+        assert!(e.is_backend(), "{mode:?}: {e}");
+        assert!(started.elapsed() < Duration::from_millis(1500), "{mode:?}");
+        eventually(
+            "the client closes its TLS connections",
+            Duration::from_secs(5),
+            || {
+                let made = fake.connections.load(Ordering::Acquire) - made;
+                made >= 1 && fake.closed.load(Ordering::Acquire) - closed >= made
+            },
+        );
+        let sent = fake.sent.load(Ordering::Acquire);
+        assert!(
+            sent < 16 << 20,
+            "{mode:?}: {sent} bytes were sent before the close"
+        );
+    }
+
+    // garbage: a connection error, or the fallback
+    fake.set(Mode::Fixed("garbage\r\n"));
+    let l = front.limiter("error", 300);
+    let p = l.policy("p").unwrap();
+    let e = rt.block_on(l.check(&key(3), &p, 1)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    let open = front.limiter("open", 300);
+    let po = open.policy("p").unwrap();
+    let d = open.check_blocking(&key(3), &po, 1).unwrap();
+    assert_eq!(d.source, Source::Fallback);
+
+    // silence after the write: a timeout after timeout_ms (not before), or the fallback
+    fake.set(Mode::Lose(4));
+    let l = front.limiter("error", 200);
+    let p = l.policy("p").unwrap();
+    let started = Instant::now();
+    let e = rt.block_on(l.check(&key(4), &p, 1)).unwrap_err();
+    let waited = started.elapsed();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_millis(1500),
+        "{waited:?}"
+    );
+    let open = front.limiter("open", 200);
+    let d = open
+        .check_blocking(&key(4), &open.policy("p").unwrap(), 1)
+        .unwrap();
+    assert_eq!(d.source, Source::Fallback);
+    // the others' replies on that connection were their own
+    assert!(own_or_backend_error(
+        5,
+        rt.block_on(l.check(&key(5), &p, 1))
+    ));
+}
+
+#[cfg(feature = "tls")]
+#[test]
+fn a_tls_handshake_with_garbage_or_silence_fails_within_the_deadline() {
+    let certs = support::TestCerts::generate("DNS:localhost,IP:127.0.0.1");
+    let ca = certs.path("ca.crt");
+    let rt = rt();
+    // a server that speaks plain RESP where TLS was expected: its bytes are no TLS record
+    let plain = Fake::start(Mode::Refuse);
+    let l = tls_limiter(plain.port, &ca, "error", 300);
+    let p = l.policy("p").unwrap();
+    let e = rt.block_on(l.check(&key(1), &p, 1)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+    assert!(e.to_string().contains("TLS handshake failed"), "{e}");
+    assert!(e.to_string().contains("not answer in TLS"), "{e}");
+    // a server that takes the connection and never answers the handshake
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let l = tls_limiter(port, &ca, "error", 200);
+    let p = l.policy("p").unwrap();
+    let started = Instant::now();
+    let e = rt.block_on(l.check(&key(2), &p, 1)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(started.elapsed() < Duration::from_millis(1500));
+    let open = tls_limiter(port, &ca, "open", 200);
+    let d = open
+        .check_blocking(&key(3), &open.policy("p").unwrap(), 1)
+        .unwrap();
+    assert_eq!(d.source, Source::Fallback);
+    drop(silent);
 }

@@ -723,3 +723,83 @@ fn policy_options_validate() {
     assert!(e.to_string().starts_with("policies.a.on_error"), "{e}");
     assert_eq!(p.with_on_error(OnError::Closed).on_error(), OnError::Closed);
 }
+
+/// A layered check decides a layer whose shard is down by that layer's `on_error`: an
+/// `on_error: local` layer is decided locally (its share of the limit), so a denial by it
+/// is a local rate-limit decision, as a check of its policy alone is; a denial by a layer
+/// Redis decided is Redis's even when another layer's shard is down.
+#[test]
+fn a_layered_check_follows_each_failed_layers_on_error() {
+    let up = RedisServer::start();
+    let down = support::free_port(); // nothing listens there
+    let l = Limiter::from_json(&format!(
+        r#"{{"timeout_ms": 150, "instances": 4, "shards":[
+            {{"name":"up","url":"{}"}}, {{"name":"down","url":"redis://127.0.0.1:{down}"}}],
+        "policies": {{
+          "local": {{"algorithm":"fixed_window","limit":8,"window":"1h","on_error":"local"}},
+          "open":  {{"algorithm":"fixed_window","limit":8,"window":"1h","on_error":"open"}},
+          "one":   {{"algorithm":"fixed_window","limit":1,"window":"1h","on_error":"error"}}
+        }}}}"#,
+        up.url()
+    ))
+    .unwrap();
+    let (mut on_up, mut on_down) = (Vec::new(), Vec::new());
+    for i in 0..200 {
+        let k = format!("k{i}");
+        match l.route(&k).unwrap().1.as_str() {
+            "up" => on_up.push(k),
+            _ => on_down.push(k),
+        }
+    }
+    let (local, open, one) = (
+        l.policy("local").unwrap(),
+        l.policy("open").unwrap(),
+        l.policy("one").unwrap(),
+    );
+    let rt = rt();
+    let check = |layers: &[Layer]| rt.block_on(l.check_all(layers)).unwrap();
+    // one layer, its shard down: limit 8 shared by 4 instances, 2 locally
+    let alone = [Layer::new(&on_down[0], &local, 1)];
+    for i in 0..3 {
+        let d = check(&alone);
+        assert_eq!(
+            (d.allowed, d.source),
+            (i < 2, Source::LocalFallback),
+            "#{i}: {d:?}"
+        );
+        assert_eq!(d.limit, 2, "{d:?}");
+        assert!(d.measured());
+        if !d.allowed {
+            assert!(d.retry_after.is_some(), "{d:?}");
+        }
+    }
+    // the local layer denies beside a layer Redis admits: a local decision, not "unchecked"
+    let beside = [
+        Layer::new(&on_up[0], &one, 1),
+        Layer::new(&on_down[0], &local, 1),
+    ];
+    let d = check(&beside);
+    assert_eq!(
+        (d.allowed, d.source, d.layer),
+        (false, Source::LocalFallback, Some(1))
+    );
+    assert!(d.retry_after.is_some(), "{d:?}");
+    // Redis denies while another layer's shard is down (and falls back open): Redis's denial
+    let d = check(&[Layer::new(&on_up[1], &one, 1)]);
+    assert!(d.allowed);
+    let d = check(&[
+        Layer::new(&on_up[1], &one, 1),
+        Layer::new(&on_down[1], &open, 1),
+    ]);
+    assert_eq!(
+        (d.allowed, d.source, d.layer),
+        (false, Source::Redis, Some(0)),
+        "{d:?}"
+    );
+    // all admit, one layer unmeasured: a fallback decision
+    let d = check(&[
+        Layer::new(&on_up[2], &one, 1),
+        Layer::new(&on_down[2], &open, 1),
+    ]);
+    assert_eq!((d.allowed, d.source), (true, Source::Fallback), "{d:?}");
+}

@@ -205,3 +205,23 @@ fn sixty_four_checks_racing_an_override_change_in_memory_stay_exact() {
         assert_eq!(l.check_blocking(&key, &p, 1).unwrap().limit, *to);
     }
 }
+
+/// A key's override follows its policy's scale in reserve and charge as in a check: the
+/// override learnt before the scale changed is scaled with the policy after it.
+#[test]
+fn reserve_and_charge_under_an_override_follow_the_policys_scale() {
+    let server = RedisServer::start();
+    let l = redis(&server);
+    let one = l.policy("one").unwrap();
+    l.set_override_blocking("k", "one", "10/hour", None)
+        .unwrap();
+    let (d, _) = l.reserve_blocking("k", &one, 1).unwrap();
+    assert_eq!((d.limit, d.remaining), (10, 9), "{d:?}");
+    l.set_scale(0.5, &["one"]).unwrap();
+    let (d, _) = l.reserve_blocking("k", &one, 1).unwrap();
+    assert_eq!(d.limit, 5, "{d:?}");
+    let d = l.charge_blocking("k", &one, 1).unwrap();
+    assert_eq!(d.limit, 5, "{d:?}");
+    let d = l.check_blocking("k", &one, 1).unwrap();
+    assert_eq!(d.limit, 5, "{d:?}");
+}

@@ -1,4 +1,5 @@
-/* Install test of the C SDK through pkg-config (scripts/test-dist.sh): check PORT VERSION */
+/* Install test of the C SDK through pkg-config (scripts/test-dist.sh, test-platforms.sh):
+ * check PORT VERSION. on_error "error": a failing Redis fails the check, never a fallback. */
 #include <shardlimit.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +14,8 @@ int main(int argc, char **argv) {
   char config[512];
   int n = snprintf(config, sizeof config,
                    "{\"shards\":[{\"name\":\"a\",\"url\":\"redis://127.0.0.1:%s\"}],\"timeout_ms\":2000,"
-                   "\"policies\":{\"p\":{\"algorithm\":\"fixed_window\",\"limit\":5,\"window\":\"1h\"}}}",
+                   "\"policies\":{\"p\":{\"algorithm\":\"fixed_window\",\"limit\":5,\"window\":\"1h\","
+                   "\"on_error\":\"error\"}}}",
                    argv[1]);
   shardlimit_limiter *lim = NULL;
   shardlimit_error *err = NULL;

@@ -5,7 +5,7 @@ use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
 use crate::State;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
@@ -52,13 +52,37 @@ fn code_name(c: tonic::Code) -> &'static str {
 
 /// Serves until `stop` turns true; then the health service says NOT_SERVING and the
 /// calls in flight finish.
-pub async fn serve(state: Arc<State>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+pub async fn serve(state: Arc<State>, listener: TcpListener, stop: watch::Receiver<bool>) {
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    serve_incoming(state, incoming, stop).await
+}
+
+/// [`serve`] on a Unix domain socket.
+pub async fn serve_unix(state: Arc<State>, listener: UnixListener, stop: watch::Receiver<bool>) {
+    let incoming = futures_util::stream::unfold(listener, |l| async move {
+        let next = l.accept().await.map(|(s, _)| s);
+        Some((next, l))
+    });
+    serve_incoming(state, incoming, stop).await
+}
+
+async fn serve_incoming<I, IO, IE>(state: Arc<State>, incoming: I, mut stop: watch::Receiver<bool>)
+where
+    I: futures_util::Stream<Item = Result<IO, IE>>,
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected
+        + Unpin
+        + Send
+        + 'static,
+    IO::ConnectInfo: Clone + Send + Sync + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<RateLimitServiceServer<Rls>>().await;
     let svc = RateLimitServiceServer::new(Rls { state })
         // a request is a few descriptors: 1 MiB is far more than any real one
         .max_decoding_message_size(1 << 20);
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let shutdown = async move {
         let _ = stop.wait_for(|s| *s).await;
         reporter

@@ -16,7 +16,6 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 type S = Arc<State>;
@@ -529,7 +528,11 @@ pub fn router(state: S) -> Router {
 }
 
 /// Serves until `stop` turns true, then finishes the requests in flight.
-pub async fn serve(state: S, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+pub async fn serve<L>(state: S, listener: L, mut stop: watch::Receiver<bool>)
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     let app = router(state);
     let shutdown = async move {
         let _ = stop.wait_for(|s| *s).await;

@@ -50,12 +50,20 @@ pub struct Options {
     /// descriptors to policies.
     #[arg(long, env = "SHARDLIMIT_CONFIG")]
     pub config: PathBuf,
-    /// HTTP address ("off" to disable).
+    /// HTTP address: host:port, unix:/path (a Unix domain socket) or "off".
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub http: String,
-    /// gRPC address for Envoy's rate limit service ("off" to disable).
+    /// gRPC address for Envoy's rate limit service: host:port, unix:/path (a Unix domain
+    /// socket; Envoy's cluster then has a `pipe` address) or "off".
     #[arg(long, default_value = "127.0.0.1:8081")]
     pub grpc: String,
+    /// Permissions of the Unix sockets, octal: 660 lets the owner and the group connect
+    /// (put the proxy's user in the service's group). The socket is made with the
+    /// process's umask and changed to this before the service accepts a connection; a
+    /// stale socket left at the path by a service that died is replaced, a live one or a
+    /// file that is not a socket is an error; the socket is removed at exit.
+    #[arg(long, default_value = "660", value_parser = parse_mode)]
+    pub socket_mode: u32,
     /// Largest HTTP request body accepted, bytes (larger: 413).
     #[arg(long, default_value_t = 65_536)]
     pub max_body: usize,
@@ -88,6 +96,15 @@ pub struct Options {
     /// Log level: error, warn, info, debug, trace.
     #[arg(long, default_value = "info")]
     pub log_level: tracing::Level,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
+        Ok(m) if m <= 0o777 => Ok(m),
+        _ => Err(format!(
+            "{s}: expected octal permissions up to 777, e.g. 660"
+        )),
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -156,14 +173,131 @@ impl State {
     }
 }
 
-/// Parses "off" or an address.
-fn addr(s: &str, what: &str) -> Result<Option<SocketAddr>, String> {
+/// Where a server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    Tcp(SocketAddr),
+    /// A Unix domain socket at this path.
+    Unix(PathBuf),
+}
+
+/// Parses "off", "unix:/path" or host:port.
+pub fn listen_addr(s: &str, what: &str) -> Result<Option<Listen>, String> {
     if s == "off" {
         return Ok(None);
     }
+    if let Some(path) = s.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err(format!(
+                "--{what} {s}: the socket's path is missing (unix:/path)"
+            ));
+        }
+        // sockaddr_un holds 108 bytes, the last one a NUL
+        if path.len() > 107 {
+            return Err(format!(
+                "--{what} {s}: a Unix socket's path is at most 107 bytes, this one has {}",
+                path.len()
+            ));
+        }
+        return Ok(Some(Listen::Unix(PathBuf::from(path))));
+    }
     s.parse()
-        .map(Some)
-        .map_err(|e| format!("--{what} {s}: {e} (expected host:port or off)"))
+        .map(|a| Some(Listen::Tcp(a)))
+        .map_err(|e| format!("--{what} {s}: {e} (expected host:port, unix:/path or off)"))
+}
+
+/// A bound listener. A Unix socket's file is removed when this is dropped, unless another
+/// service has replaced it meanwhile.
+pub enum Bound {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener, SocketFile),
+}
+
+/// The file of a Unix socket this service made: removed on drop if it is still the same
+/// file (same device and inode).
+pub struct SocketFile {
+    path: PathBuf,
+    id: (u64, u64),
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(m) = std::fs::symlink_metadata(&self.path) {
+            if (m.dev(), m.ino()) == self.id {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+/// Binds `l`. A Unix socket: a stale socket at the path (nothing accepts on it) is
+/// removed first; a live one, or anything that is not a socket, is an error and is left
+/// alone; the new socket gets `mode` before anything is accepted.
+pub async fn bind(l: &Listen, mode: u32, what: &str) -> Result<Bound, String> {
+    match l {
+        Listen::Tcp(a) => tokio::net::TcpListener::bind(a)
+            .await
+            .map(Bound::Tcp)
+            .map_err(|e| format!("--{what} {a}: {e}")),
+        Listen::Unix(path) => {
+            use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+            let shown = path.display();
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if m.file_type().is_socket() => {
+                    match std::os::unix::net::UnixStream::connect(path) {
+                        Ok(_) => {
+                            return Err(format!(
+                                "--{what} unix:{shown}: another process is listening on this socket"
+                            ))
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                            std::fs::remove_file(path).map_err(|e| {
+                                format!("--{what} unix:{shown}: cannot remove the stale socket: {e}")
+                            })?;
+                            tracing::info!(path = %shown, "removed a stale socket (nothing listened on it)");
+                        }
+                        Err(e) => {
+                            return Err(format!(
+                                "--{what} unix:{shown}: a socket is there and cannot be probed ({e}): not removed"
+                            ))
+                        }
+                    }
+                }
+                Ok(_) => {
+                    return Err(format!(
+                        "--{what} unix:{shown}: the path exists and is not a socket: not removed"
+                    ))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("--{what} unix:{shown}: {e}")),
+            }
+            let listener = tokio::net::UnixListener::bind(path)
+                .map_err(|e| format!("--{what} unix:{shown}: {e}"))?;
+            let m = std::fs::symlink_metadata(path)
+                .map_err(|e| format!("--{what} unix:{shown}: {e}"))?;
+            let file = SocketFile {
+                path: path.clone(),
+                id: (m.dev(), m.ino()),
+            };
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| format!("--{what} unix:{shown}: cannot set its mode {mode:o}: {e}"))?;
+            Ok(Bound::Unix(listener, file))
+        }
+    }
+}
+
+impl Bound {
+    /// What to log: the bound address or socket path.
+    pub fn describe(&self) -> String {
+        match self {
+            Bound::Tcp(l) => l
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|e| e.to_string()),
+            Bound::Unix(_, f) => format!("unix:{}", f.path.display()),
+        }
+    }
 }
 
 pub fn init_logging(opts: &Options) {
@@ -181,10 +315,13 @@ pub fn init_logging(opts: &Options) {
 /// Runs the service until SIGTERM or SIGINT. Returns an error message for a bad config or
 /// an address that cannot be bound.
 pub async fn run(opts: Options) -> Result<(), String> {
-    let http_addr = addr(&opts.http, "http")?;
-    let grpc_addr = addr(&opts.grpc, "grpc")?;
+    let http_addr = listen_addr(&opts.http, "http")?;
+    let grpc_addr = listen_addr(&opts.grpc, "grpc")?;
     if http_addr.is_none() && grpc_addr.is_none() {
         return Err("--http and --grpc are both off: nothing to serve".into());
+    }
+    if http_addr.is_some() && http_addr == grpc_addr {
+        return Err("--http and --grpc are the same address".into());
     }
     let state = Arc::new(State::new(&opts)?);
     if state.limiter.is_redis() {
@@ -197,27 +334,42 @@ pub async fn run(opts: Options) -> Result<(), String> {
     }
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
-    if let Some(a) = http_addr {
-        let listener = tokio::net::TcpListener::bind(a)
-            .await
-            .map_err(|e| format!("--http {a}: {e}"))?;
-        tracing::info!(addr = %listener.local_addr().map_err(|e| e.to_string())?, "HTTP listening");
-        tasks.push(tokio::spawn(http::serve(
-            state.clone(),
-            listener,
-            stop_rx.clone(),
-        )));
+    // bound before serving either, so that a bad address leaves nothing behind
+    let http_bound = match &http_addr {
+        Some(a) => Some(bind(a, opts.socket_mode, "http").await?),
+        None => None,
+    };
+    let grpc_bound = match &grpc_addr {
+        Some(a) => Some(bind(a, opts.socket_mode, "grpc").await?),
+        None => None,
+    };
+    if let Some(b) = http_bound {
+        tracing::info!(addr = %b.describe(), "HTTP listening");
+        tasks.push(tokio::spawn(match b {
+            Bound::Tcp(l) => Box::pin(http::serve(state.clone(), l, stop_rx.clone()))
+                as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+            Bound::Unix(l, file) => {
+                let (state, stop) = (state.clone(), stop_rx.clone());
+                Box::pin(async move {
+                    http::serve(state, l, stop).await;
+                    drop(file);
+                })
+            }
+        }));
     }
-    if let Some(a) = grpc_addr {
-        let listener = tokio::net::TcpListener::bind(a)
-            .await
-            .map_err(|e| format!("--grpc {a}: {e}"))?;
-        tracing::info!(addr = %listener.local_addr().map_err(|e| e.to_string())?, "gRPC listening");
-        tasks.push(tokio::spawn(grpc::serve(
-            state.clone(),
-            listener,
-            stop_rx.clone(),
-        )));
+    if let Some(b) = grpc_bound {
+        tracing::info!(addr = %b.describe(), "gRPC listening");
+        tasks.push(tokio::spawn(match b {
+            Bound::Tcp(l) => Box::pin(grpc::serve(state.clone(), l, stop_rx.clone()))
+                as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+            Bound::Unix(l, file) => {
+                let (state, stop) = (state.clone(), stop_rx.clone());
+                Box::pin(async move {
+                    grpc::serve_unix(state, l, stop).await;
+                    drop(file);
+                })
+            }
+        }));
     }
     if let Some(every) = opts.watch {
         tokio::spawn(watch_file(state.clone(), every, stop_rx.clone()));

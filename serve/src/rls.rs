@@ -314,10 +314,12 @@ pub async fn should_rate_limit(
         })
         .collect();
     let work = async {
-        let checked = if layers.is_empty() {
-            None
-        } else {
-            Some(state.limiter.check_all(&layers).await)
+        let checked = match layers.as_slice() {
+            [] => None,
+            // one layer: the single check (the same decision, and its script does less
+            // than the layered one: no second read of the state)
+            [l] => Some(state.limiter.check(&l.key, &l.policy, l.cost).await),
+            _ => Some(state.limiter.check_all(&layers).await),
         };
         let mut peeked = Vec::with_capacity(peeks.len());
         for (i, key, policy) in &peeks {
@@ -366,11 +368,32 @@ pub async fn should_rate_limit(
                         "deadline passed: on_error decided"
                     );
                     let mut resp = response_for(&d, None);
+                    let code = if d.allowed { Code::Ok } else { Code::OverLimit } as i32;
                     resp.statuses = asks
                         .iter()
-                        .map(|_| DescriptorStatus {
-                            code: if d.allowed { Code::Ok } else { Code::OverLimit } as i32,
-                            ..Default::default()
+                        .map(|a| {
+                            // not measured: the code and the limit, nothing left or reset
+                            let (rule, limit) = match a {
+                                Ask::Check { rule, layer } => {
+                                    (*rule, Some(layers[*layer].policy.limit()))
+                                }
+                                Ask::Peek { rule, policy, .. }
+                                | Ask::Refund { rule, policy, .. } => (*rule, Some(policy.limit())),
+                                Ask::Unlimited(_) | Ask::NoRule => {
+                                    return DescriptorStatus {
+                                        code: Code::Ok as i32,
+                                        ..Default::default()
+                                    }
+                                }
+                            };
+                            DescriptorStatus {
+                                code,
+                                current_limit: limit.map(|l| {
+                                    let (l, w) = limit_window(l);
+                                    rate_limit_of(&domain.rules[rule].name, l, w)
+                                }),
+                                ..Default::default()
+                            }
                         })
                         .collect();
                     return Ok(resp);
@@ -425,12 +448,26 @@ pub async fn should_rate_limit(
             Ask::Check { rule, layer } => {
                 let rname = &domain.rules[*rule].name;
                 let d = checked.as_ref().expect("layers were checked");
-                if Some(*layer) == deciding_layer {
+                if let Some(own) = d
+                    .layers
+                    .get(*layer)
+                    .filter(|_| d.layers.len() == layers.len())
+                {
+                    // the layer's own state: its code, limit, what it has left (a denied
+                    // check consumed nothing) and when it resets
+                    if d.allowed || !own.allowed {
+                        note(state, domain_name, rname, own);
+                    } else {
+                        state.metrics.rule(domain_name, rname, "over_limit_other");
+                    }
+                    status_of(own, rname)
+                } else if Some(*layer) == deciding_layer {
                     note(state, domain_name, rname, d);
                     status_of(d, rname)
                 } else {
-                    // not the deciding layer: its own state is not known from one layered
-                    // call; its code is OK (it did not decide) and its limit is the policy's
+                    // not the deciding layer, and the check was not decided layer by layer
+                    // (a block, a fallback): its code is OK (it did not decide) and its
+                    // limit is the policy's
                     state.metrics.rule(
                         domain_name,
                         rname,

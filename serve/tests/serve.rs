@@ -127,6 +127,7 @@ async fn start(cfg: &Value) -> Server {
         log_format: "text".into(),
         log_level: tracing::Level::INFO,
         watch: None,
+        socket_mode: 0o660,
     };
     let state = Arc::new(State::new(&opts).unwrap());
     state.limiter.connect(Duration::from_secs(5)).await.unwrap();
@@ -447,11 +448,45 @@ async fn envoy_rls_layered_peek_refund_plans_shadow_unlimited() {
         Some("1"),
         "the tightest layer"
     );
+    // every descriptor's status is its own layer's: code, limit, remaining, reset
+    let own = |r: &RateLimitResponse, i: usize| {
+        let s = &r.statuses[i];
+        let l = s.current_limit.as_ref().expect("current_limit");
+        let reset = s.duration_until_reset.expect("duration_until_reset");
+        (
+            s.code,
+            l.requests_per_unit,
+            l.unit,
+            s.limit_remaining,
+            reset.seconds,
+        )
+    };
+    let hour = 3; // rate_limit::Unit::Hour
+    let (code, per, unit, left, reset) = own(&a, 0);
+    assert_eq!(
+        (code, per, unit, left),
+        (1, 10, hour, 9),
+        "big: 1 of 10 spent"
+    );
+    assert!(reset > 0 && reset <= 3600, "{reset}");
+    let (code, per, unit, left, _) = own(&a, 1);
+    assert_eq!(
+        (code, per, unit, left),
+        (1, 2, hour, 1),
+        "small: 1 of 2 spent"
+    );
     rls(g, vec![big("u1"), small("u1")], None).await.unwrap();
     let d = rls(g, vec![big("u1"), small("u1")], None).await.unwrap();
     assert_eq!(d.overall_code, 2, "the small layer denies");
-    assert_eq!(d.statuses[1].code, 2);
-    assert_eq!(d.statuses[0].code, 1);
+    let (code, per, _, left, _) = own(&d, 1);
+    assert_eq!((code, per, left), (2, 2, 0), "small: over the limit");
+    let (code, per, _, left, reset) = own(&d, 0);
+    assert_eq!(
+        (code, per, left),
+        (1, 10, 8),
+        "big: its own OK, and what it still has (the denial consumed nothing)"
+    );
+    assert!(reset > 0 && reset <= 3600, "{reset}");
     assert!(resp_header(&d, "retry-after").is_some());
     let body: Value = serde_json::from_slice(&d.raw_body).unwrap();
     assert_eq!(body["error"], "rate_limited");
@@ -636,5 +671,185 @@ async fn a_changed_file_reloads_policies_and_gateway() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (_, _, b) = post(s.http, "/peek", json!({"policy": "small", "key": "w"})).await;
     assert_eq!(b["limit"], 3, "{b}");
+    let _ = s.stop.send(true);
+}
+
+/// One HTTP/1.1 request over a Unix socket: (status, body).
+fn unix_http(path: &std::path::Path, method: &str, target: &str, body: &str) -> (u16, String) {
+    let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let head = format!(
+        "{method} {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, body.to_string())
+}
+
+async fn rls_unix(
+    path: &std::path::Path,
+    descriptors: Vec<RateLimitDescriptor>,
+) -> Result<RateLimitResponse, tonic::Status> {
+    let path = path.to_path_buf();
+    let ch = tonic::transport::Endpoint::from_static("http://uds")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+        .unwrap();
+    let mut c = RateLimitServiceClient::new(ch);
+    c.should_rate_limit(RateLimitRequest {
+        domain: "edge".into(),
+        descriptors,
+        hits_addend: 0,
+    })
+    .await
+    .map(|r| r.into_inner())
+}
+
+/// The service binary with its gRPC and HTTP servers on Unix sockets: their mode, one
+/// budget over both, a stale socket replaced, a live socket or a file that is not a socket
+/// refused (and left alone), the sockets removed at SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_sockets_mode_stale_live_and_cleanup() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let r = redis();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.json");
+    std::fs::write(&cfg, config(r.1, "error").to_string()).unwrap();
+    let (g, h) = (dir.path().join("rls.sock"), dir.path().join("http.sock"));
+    let serve = |grpc: &std::path::Path, http: &str| {
+        Command::new(env!("CARGO_BIN_EXE_shardlimit-serve"))
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--grpc")
+            .arg(format!("unix:{}", grpc.display()))
+            .args(["--http", http, "--socket-mode", "600"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let refused = |child: Child| {
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    // a socket left by a service that died (nothing listens on it)
+    drop(std::os::unix::net::UnixListener::bind(&g).unwrap());
+    assert!(std::fs::symlink_metadata(&g)
+        .unwrap()
+        .file_type()
+        .is_socket());
+    let mut a = serve(&g, &format!("unix:{}", h.display()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(&g).is_err()
+        || std::os::unix::net::UnixStream::connect(&h).is_err()
+    {
+        assert!(a.try_wait().unwrap().is_none(), "the service exited");
+        assert!(Instant::now() < deadline, "the sockets did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for p in [&g, &h] {
+        let m = std::fs::symlink_metadata(p).unwrap();
+        assert!(m.file_type().is_socket());
+        assert_eq!(m.permissions().mode() & 0o777, 0o600, "{}", p.display());
+    }
+    // one budget over both sockets: small allows 2 for u:x1
+    let hp = h.clone();
+    let (st, body) = tokio::task::spawn_blocking(move || {
+        unix_http(&hp, "POST", "/check", r#"{"policy":"small","key":"u:x1"}"#)
+    })
+    .await
+    .unwrap();
+    assert_eq!(st, 200, "{body}");
+    let one = desc(&[("generic_key", "small"), ("user", "x1")]);
+    let d = rls_unix(&g, vec![one.clone()]).await.unwrap();
+    assert_eq!((d.overall_code, d.statuses[0].limit_remaining), (1, 0));
+    assert_eq!(rls_unix(&g, vec![one]).await.unwrap().overall_code, 2);
+
+    // a second service on the live sockets: refused, the first one unharmed
+    let (code, err) = refused(serve(&g, "off"));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("another process is listening"), "{err}");
+    assert!(std::os::unix::net::UnixStream::connect(&g).is_ok());
+    // a path that is not a socket: refused and kept
+    let file = dir.path().join("not-a-socket");
+    std::fs::write(&file, "keep").unwrap();
+    let (code, err) = refused(serve(&file, "off"));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not a socket"), "{err}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep");
+
+    // SIGTERM: exits 0 and removes its sockets
+    Command::new("kill")
+        .args(["-TERM", &a.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = a.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+    assert!(!g.exists() && !h.exists(), "the sockets were left behind");
+}
+
+/// Two shards: a call whose descriptors' keys live on different shards is denied by one;
+/// the other shard's part was admitted and given back, and its status says what it still
+/// has (not what it had while its units were taken).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_across_shards_after_a_denial() {
+    let (ra, rb) = (redis(), redis());
+    let mut cfg = config(ra.1, "error");
+    cfg["shards"] = json!([
+        {"name": "a", "url": format!("redis://127.0.0.1:{}", ra.1)},
+        {"name": "b", "url": format!("redis://127.0.0.1:{}", rb.1)}
+    ]);
+    let s = start(&cfg).await;
+    let g = s.grpc;
+    let user_on = |shard: u32| {
+        (0..1000)
+            .map(|i| format!("s{i}"))
+            .find(|u| shardlimit::routing::shard_index(&format!("u:{u}"), 2) == shard)
+            .unwrap()
+    };
+    let (ua, ub) = (user_on(0), user_on(1));
+    let call = || {
+        vec![
+            desc(&[("generic_key", "big"), ("user", &ua)]),
+            desc(&[("generic_key", "small"), ("user", &ub)]),
+        ]
+    };
+    for left in [9, 8] {
+        let r = rls(g, call(), None).await.unwrap();
+        assert_eq!(r.overall_code, 1);
+        assert_eq!(r.statuses[0].limit_remaining, left);
+    }
+    let d = rls(g, call(), None).await.unwrap();
+    assert_eq!(d.overall_code, 2, "small (shard b) denies");
+    assert_eq!((d.statuses[1].code, d.statuses[1].limit_remaining), (2, 0));
+    assert_eq!(
+        (d.statuses[0].code, d.statuses[0].limit_remaining),
+        (1, 8),
+        "big (shard a): admitted, given back, and reported as it is"
+    );
+    let mut peek = desc(&[("generic_key", "big"), ("user", &ua)]);
+    peek.hits_addend = Some(0);
+    let p = rls(g, vec![peek], None).await.unwrap();
+    assert_eq!(p.statuses[0].limit_remaining, 8, "the unit was given back");
     let _ = s.stop.send(true);
 }

@@ -221,6 +221,7 @@ pub(crate) fn decision_from_c(p: *const shardlimit_decision) -> Result<Decision,
         shadow_denied: d.shadow_denied,
         limit_index: d.has_limit_index.then_some(d.limit_index as usize),
         quotas,
+        layers: Vec::new(),
     })
 }
 

@@ -243,6 +243,32 @@ where
     })
 }
 
+/// A `_start` call on one key and no policy (`key` checked and copied here), whose outcome
+/// `call` makes: one body for the key-only calls (`unblock`, `blocked`).
+fn start_key<F, Fut>(
+    limiter: *const shardlimit_limiter,
+    key: *const c_char,
+    key_len: usize,
+    (callback, user, out_pending): (
+        shardlimit_callback,
+        *mut c_void,
+        *mut *mut shardlimit_pending,
+    ),
+    err: *mut *mut shardlimit_error,
+    call: F,
+) -> shardlimit_result
+where
+    F: FnOnce(Limiter, String) -> Fut,
+    Fut: Future<Output = Result<Outcome, Error>> + Send + 'static,
+{
+    guard(err, || {
+        let l = start_limiter(limiter)?;
+        let key = owned_key(key_arg(key, key_len)?);
+        let fut = call(l.clone(), key);
+        start(l, callback, user, out_pending, fut)
+    })
+}
+
 fn owned_key(key: &str) -> String {
     key.to_string()
 }

@@ -33,7 +33,9 @@ if (MODE === 'shardlimit') {
   const limiter = Limiter.fromJson({
     timeout_ms: 1000,
     shards: [{ name: 'bench', url: URL }],
-    policies: { api: { algorithm: 'fixed_window', limit: LIMIT, window: '1h' } },
+    // on_error closed: a fallback answers 503, which fails the run (only decisions that
+    // came from Redis are measured; scripts/bench-peers.sh counts non-2xx)
+    policies: { api: { algorithm: 'fixed_window', limit: LIMIT, window: '1h', on_error: 'closed' } },
   }, { transport: arg('transport', 'default') })
   app.use(expressMiddleware(limiter, { policy: 'api' }))
 } else if (MODE === 'rlf') {

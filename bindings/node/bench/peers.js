@@ -8,7 +8,8 @@
 // script call per check in both libraries). Prints one JSON line: decisions/s at
 // `concurrency` requests in flight, p50/p99 of sequential requests, and the CPU per
 // decision of this process (every thread, /proc/self/stat) and of redis-server
-// (/proc/PID/stat) during the concurrent phase. Peers come from $BENCH_PEERS (the scratch
+// (/proc/PID/stat) during the concurrent phase, and how many of shardlimit's decisions did
+// not come from Redis (`fallbacks`: the run fails if any did). Peers come from $BENCH_PEERS (the scratch
 // directory they were installed in), never from bindings/node/node_modules.
 
 const fs = require('node:fs')
@@ -33,6 +34,8 @@ const SPIN_WAIT = arg('spin-wait', null)
 // event loop) or 'thread' (the limiter's I/O thread)
 const TRANSPORT = arg('transport', 'default')
 const KEYS = 1000
+// shardlimit decisions whose source was not Redis: scripts/bench-peers.sh fails the run
+let fallbacks = 0
 const LIMIT = 1_000_000_000
 if (!URL) throw new Error('--redis URL is required')
 
@@ -60,7 +63,12 @@ function shardlimit() {
   const opts = { policy: 'api' }
   return {
     version: `shardlimit ${require(path.join(pkg, 'package.json')).version}`,
-    check: async (key) => (await limiter.check(key, opts)).allowed,
+    // a decision that did not come from Redis (a fallback) is counted, not measured
+    check: async (key) => {
+      const d = await limiter.check(key, opts)
+      if (d.source !== 'redis') fallbacks++
+      return d.allowed
+    },
     close: () => {},
   }
 }
@@ -122,6 +130,7 @@ async function main() {
       client_cpu_us: (c1.self - c0.self) / TOTAL,
       redis_cpu_us: REDIS_PID ? (c1.redis - c0.redis) / TOTAL : null,
       decisions: made,
+      fallbacks,
     })
   )
 }

@@ -200,6 +200,7 @@ fn rebuild(f: DecisionFields, window_ms: f64) -> shardlimit::Decision {
                 })
                 .collect(),
         },
+        layers: Vec::new(),
     }
 }
 

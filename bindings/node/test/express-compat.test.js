@@ -36,6 +36,15 @@ async function get(port, path, headers = {}) {
   return { status: res.status, headers: res.headers, text: await res.text() }
 }
 
+/** A loopback port nothing listens on (a shard that is down). */
+async function deadPort() {
+  const dead = http.createServer()
+  await new Promise((resolve) => dead.listen(0, '127.0.0.1', resolve))
+  const port = dead.address().port
+  await new Promise((resolve) => dead.close(resolve))
+  return port
+}
+
 function appWith(mw) {
   const app = express()
   app.use(mw)
@@ -170,10 +179,7 @@ test('a key longer than 1,024 bytes from a client header is hashed, never a 500'
 })
 
 test('on_error local: a denial by this process share is a 429 with its own headers, not a 503', async (t) => {
-  const dead = http.createServer()
-  await new Promise((resolve) => dead.listen(0, '127.0.0.1', resolve))
-  const port = dead.address().port
-  await new Promise((resolve) => dead.close(resolve)) // nothing listens there now
+  const port = await deadPort()
   const limiter = Limiter.fromJson({
     timeout_ms: 200,
     on_error: 'local',
@@ -195,6 +201,32 @@ test('on_error local: a denial by this process share is a 429 with its own heade
   assert.ok(retry >= 1 && retry <= 60, `${retry}`)
   assert.equal(r.headers.get('x-ratelimit-remaining'), '0')
   assert.equal(r.headers.get('x-ratelimit-status'), null)
+  assert.equal(JSON.parse(r.text).error, 'rate_limited')
+})
+
+test('on_error local in a layered check: a denial by that layer is a 429 as for one limit, not a 503', async (t) => {
+  const port = await deadPort()
+  const limiter = Limiter.fromJson({
+    timeout_ms: 200,
+    instances: 1,
+    shards: [{ name: 's0', url: `redis://127.0.0.1:${port}` }],
+    policies: {
+      ip: { algorithm: 'fixed_window', limit: 2, window: '1m', on_error: 'local' },
+      tenant: { algorithm: 'fixed_window', limit: 100, window: '1m', on_error: 'local' },
+    },
+  })
+  t.after(() => limiter.close())
+  const layers = () => [{ key: 'ip:1', policy: 'ip' }, { key: 'tenant:a', policy: 'tenant' }]
+  const direct = await limiter.checkAll(layers())
+  assert.equal(direct.source, 'local_fallback')
+  const app = appWith(expressMiddleware(limiter, { key: layers, warmUpMs: 0 }))
+  const p = await serve(t, app)
+  assert.equal((await get(p, '/')).status, 200)
+  const r = await get(p, '/')
+  assert.equal(r.status, 429)
+  const retry = Number(r.headers.get('retry-after'))
+  assert.ok(retry >= 1 && retry <= 60, `${retry}`)
+  assert.equal(r.headers.get('x-ratelimit-limit'), '2')
   assert.equal(JSON.parse(r.text).error, 'rate_limited')
 })
 

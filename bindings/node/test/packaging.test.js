@@ -52,6 +52,32 @@ test('a release that built more platforms names them (NPM_PLATFORM_TAGS), and on
   assert.throws(() => packs(t, { NPM_PLATFORM_TAGS: 'plan9-mips' }), /plan9-mips is not one of/)
 })
 
+test('make dist-all packs each platform package alone, then the main package naming exactly those', (t) => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'shardlimit-npm-all-'))
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }))
+  const script = path.join(root, 'scripts', 'npm-packages.js')
+  const addon = path.join(dir, 'addon.node')
+  fs.writeFileSync(addon, 'not a real addon')
+  const run = (...args) => execFileSync(process.execPath, [script, ...args], { encoding: 'utf8', stdio: 'pipe' }).trim()
+  const name = run('platform', 'aarch64-unknown-linux-musl', addon, path.join(dir, 'stage-arm64-musl'), path.join(dir, 'out'))
+  const plat = JSON.parse(fs.readFileSync(path.join(dir, 'stage-arm64-musl', 'package.json'), 'utf8'))
+  assert.equal(plat.name, '@shardlimit/binding-linux-arm64-musl')
+  assert.deepEqual([plat.os, plat.cpu, plat.libc], [['linux'], ['arm64'], ['musl']])
+  assert.equal(plat.main, 'shardlimit.linux-arm64-musl.node')
+  assert.equal(name, `shardlimit-binding-linux-arm64-musl-${plat.version}.tgz`)
+  const mac = run('platform', 'aarch64-apple-darwin', addon, path.join(dir, 'stage-darwin'), path.join(dir, 'out'))
+  const darwin = JSON.parse(fs.readFileSync(path.join(dir, 'stage-darwin', 'package.json'), 'utf8'))
+  assert.deepEqual([darwin.os, darwin.cpu, darwin.libc], [['darwin'], ['arm64'], undefined])
+  assert.ok(fs.existsSync(path.join(dir, 'out', mac)))
+  run('main', path.join(dir, 'stage'), path.join(dir, 'out'), 'linux-arm64-musl', 'darwin-arm64')
+  const pkg = JSON.parse(fs.readFileSync(path.join(dir, 'stage', 'shardlimit', 'package.json'), 'utf8'))
+  assert.deepEqual(pkg.optionalDependencies, {
+    '@shardlimit/binding-linux-arm64-musl': pkg.version,
+    '@shardlimit/binding-darwin-arm64': pkg.version,
+  })
+  assert.throws(() => run('platform', 'mips-unknown-linux-gnu', addon, path.join(dir, 's'), path.join(dir, 'out')), /not one of/)
+})
+
 test('a missing addon in node_modules does not advise `npm run build`', (t) => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'shardlimit-missing-'))
   t.after(() => fs.rmSync(dir, { recursive: true, force: true }))

@@ -1,8 +1,9 @@
 """Route decorators as users of Flask-Limiter and slowapi expect them, against a real Redis:
 keys that do not depend on how the app was started, one budget per route made by a
 factory, overrides on a decorated route, deduct_when per limit, a default relaxed for one
-route, Blueprint and WebSocket limits enforced, a decorator without a middleware refused,
-and argument errors that name the argument."""
+route, Blueprint and WebSocket limits enforced, a decorator without a middleware refused
+(at start-up when the app has a middleware that was not given its limits), and argument
+errors that name the argument."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from flask import Blueprint, Flask
 from redis_support import RedisServer, config
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 import shardlimit
+import shardlimit.flask
 from shardlimit import Limiter
 from shardlimit.asgi import RateLimitMiddleware, RouteLimits
 from shardlimit.flask import FlaskLimits
@@ -229,6 +231,99 @@ def test_a_decorator_without_a_middleware_refuses_to_run_unlimited(limiter: Limi
     limited = RateLimitMiddleware(Starlette(routes=[Route("/login", login)]), limiter,
                                   routes=limits, warm_up=0)
     assert get(limited, "/login").status_code == 200
+
+
+def lifespan_start_up(app: Any) -> list[dict[str, Any]]:
+    """Runs the ASGI lifespan start-up of ``app`` as a server does: what the app sent."""
+    sent: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        messages = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+
+        async def receive() -> dict[str, Any]:
+            return messages.pop(0)
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        await app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, receive, send)
+
+    asyncio.run(main())
+    return sent
+
+
+def test_route_limits_that_no_middleware_enforces_fail_the_app_at_start_up(limiter: Limiter) -> None:
+    limits = RouteLimits(limiter)
+
+    @limits.limit("5/minute")
+    async def login(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    # a middleware for the app's default limit, but the decorators' RouteLimits not given to
+    # it: the app does not start, and says which middleware argument is missing
+    app = Starlette(routes=[Route("/login", login)])
+    app.add_middleware(RateLimitMiddleware, limiter=limiter, policy="default", warm_up=0)
+    sent = lifespan_start_up(app)
+    assert sent[0]["type"] == "lifespan.startup.failed", sent
+    assert "login (/login)" in sent[0]["message"]
+    assert "RateLimitMiddleware(routes=...)" in sent[0]["message"]
+    # given to the middleware, the app starts
+    app = Starlette(routes=[Route("/login", login)])
+    app.add_middleware(RateLimitMiddleware, limiter=limiter, routes=limits, warm_up=0)
+    assert lifespan_start_up(app)[0]["type"] == "lifespan.startup.complete"
+    # a mounted app that has its own middleware for its limits starts too (Starlette makes
+    # that middleware on the mounted app's first request, after the start-up)
+    mounted_limits = RouteLimits(limiter)
+
+    @mounted_limits.limit("5/minute")
+    async def feed(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    inner = Starlette(routes=[Route("/feed", feed)])
+    inner.add_middleware(RateLimitMiddleware, limiter=limiter, routes=mounted_limits, warm_up=0)
+    outer = Starlette(routes=[Mount("/in", app=inner)])
+    outer.add_middleware(RateLimitMiddleware, limiter=limiter, policy="default", warm_up=0)
+    assert lifespan_start_up(outer)[0]["type"] == "lifespan.startup.complete"
+
+
+def test_flask_route_limits_that_no_bound_flasklimits_enforces_fail_the_first_request(
+        limiter: Limiter) -> None:
+    # a FlaskLimits bound to another app, used on this app's view and Blueprint: before,
+    # they ran unlimited, silently (the decorator's FlaskLimits counted as installed)
+    other = FlaskLimits(limiter, Flask("other"), key=user, warm_up=0)
+
+    def make_app(bind_other: bool) -> Flask:
+        app = Flask(__name__)
+        app.testing = True  # (the RuntimeError reaches the test instead of a 500)
+        FlaskLimits(limiter, app, key=user, warm_up=0)  # this app's, for other limits
+        if bind_other:
+            other.init_app(app)
+
+        @app.get("/login")
+        @other.limit("1/hour")
+        def login() -> str:
+            return "ok"
+
+        bp = Blueprint("admin", __name__)
+        other.limit("1/hour")(bp)
+        bp.add_url_rule("/a", "a", lambda: "a")
+        app.register_blueprint(bp, url_prefix="/admin")
+        app.add_url_rule("/health", "health", lambda: "ok")
+        return app
+
+    app = make_app(bind_other=False)
+    assert shardlimit.flask.unenforced_routes(app) == ["login (/login)", "Blueprint 'admin'"]
+    client = app.test_client()
+    for path in ("/health", "/login", "/health"):  # every request: the app is misconfigured
+        with pytest.raises(RuntimeError, match="no FlaskLimits bound to this app enforces") as e:
+            client.get(path)
+        assert "login (/login)" in str(e.value) and "Blueprint 'admin'" in str(e.value)
+    # bound to the app too, its limits are enforced there, and the app serves
+    app = make_app(bind_other=True)
+    assert shardlimit.flask.unenforced_routes(app) == []
+    client = app.test_client()
+    assert [client.get(p).status_code for p in ("/health", "/login", "/login", "/admin/a", "/admin/a")] == [
+        200, 200, 429, 200, 429]
 
 
 @pytest.mark.parametrize("kwargs, named", [

@@ -1,6 +1,7 @@
 """One coroutine of an async call awaited in two event loops (one after the other, or at
 once from two threads): the second gets a RuntimeError saying it was awaited already,
-never a SystemError, on the in-memory engine and on Redis (the host transport's path)."""
+never a SystemError, on the in-memory engine and on Redis (the default transport and the
+host one)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from shardlimit import Limiter
 POLICIES = {"api": {"rate": "5/minute"}}
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "redis-host"])
 def limiter(request: pytest.FixtureRequest, redis: RedisServer) -> Limiter:
     if request.param == "memory":
         return Limiter.from_json('{"policies": {"api": {"rate": "5/minute"}}}')
+    if request.param == "redis-host":  # the bytes on the awaiting loop itself
+        return Limiter.from_json(config([redis], POLICIES), transport="host")
     return Limiter.from_json(config([redis], POLICIES))
 
 

@@ -32,7 +32,7 @@ pub struct ReloadReport {
 #[cfg(test)]
 mod tests;
 
-use policies::*;
+use policies::{on_error, policy};
 pub(crate) use sentinel::SentinelSpec;
 pub use shard::ShardConfig;
 use shard::*;

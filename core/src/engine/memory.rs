@@ -6,6 +6,7 @@
 use crate::engine::algo::{self, State};
 use crate::engine::expiry::{ExpiringMap, NEVER};
 use crate::engine::outcome::{blocked_outcome, BlockVerdict, LayerReq, LayeredRaw, Outcome, Raw};
+use crate::engine::CallMode;
 use crate::policy::{Algorithm, AutoBlock, Compiled, WindowOffset};
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
@@ -248,10 +249,10 @@ impl MemoryEngine {
         key: &str,
         now: u64,
         cost: u64,
-        peek: bool,
-        lease: Option<&str>,
+        mode: CallMode<'_>,
         auto_block: Option<&AutoBlock>,
     ) -> Raw {
+        let peek = mode.is_peek();
         if let Some(ttl) = self.block_ttl(key, now) {
             return Raw {
                 outcome: blocked_outcome(ttl),
@@ -265,7 +266,7 @@ impl MemoryEngine {
             .with_state(hash, scope, key, c, now, |s| {
                 // (windows placed per key run on the key's shifted clock; their expiry is
                 // then up to one window late, never early)
-                algo::decide(c, s, now + c.shift_us(key), cost, peek, lease)
+                algo::decide(c, s, now + c.shift_us(key), cost, peek, mode.lease())
             });
         let mut blocked = BlockVerdict::Clear;
         if !outcome.allowed && !peek {

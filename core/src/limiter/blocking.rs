@@ -4,6 +4,7 @@ use super::{BlockInfo, Layer};
 use super::{Engine, Lease, Limiter, Reservation};
 use super::{OverrideInfo, OverridePage};
 use crate::decision::Decision;
+use crate::engine::CallMode;
 use crate::error::{Error, Result};
 use crate::policy::{Algorithm, Policy};
 use std::future::Future;
@@ -77,10 +78,10 @@ impl Limiter {
         // the in-memory engine never waits: decide right here, no future, no runtime
         let view = self.inner.view.load();
         if let Engine::Memory(m) = &view.engine {
-            return self.check_memory(&view.config, m, key, policy, cost, false, None);
+            return self.check_memory(&view.config, m, key, policy, cost, CallMode::Check);
         }
         drop(view);
-        if let Some(r) = self.run_blocking(key, policy, cost, false) {
+        if let Some(r) = self.run_blocking(key, policy, cost, CallMode::Check) {
             return r;
         }
         let (me, key, policy) = (self.clone(), key.to_string(), policy.clone());
@@ -95,7 +96,7 @@ impl Limiter {
 
     /// Blocking [`Limiter::peek`].
     pub fn peek_blocking(&self, key: &str, policy: &Policy) -> Result<Decision> {
-        if let Some(r) = self.run_blocking(key, policy, 1, true) {
+        if let Some(r) = self.run_blocking(key, policy, 1, CallMode::Peek) {
             return r;
         }
         let (me, key, policy) = (self.clone(), key.to_string(), policy.clone());

@@ -8,6 +8,7 @@ use crate::decision::{Decision, Source};
 use crate::engine::memory::MemoryEngine;
 use crate::engine::outcome::Outcome;
 use crate::engine::outcome::{BlockVerdict, Raw};
+use crate::engine::CallMode;
 use crate::error::{Error, Result};
 use crate::events::Event;
 use crate::key::validate_key;
@@ -37,7 +38,7 @@ impl Limiter {
     /// anywhere else use [`Limiter::check_blocking`].
     pub async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision> {
         unleased(policy, "check")?;
-        self.run(key, policy, cost, false, None).await
+        self.run(key, policy, cost, CallMode::Check).await
     }
 
     /// [`Limiter::check`] of the config's policy named `policy`: key first, as everywhere.
@@ -50,7 +51,7 @@ impl Limiter {
     /// of one unit would pass now, `remaining` how many units are available.
     /// On a concurrency policy: the units free now (it takes none, so needs no lease).
     pub async fn peek(&self, key: &str, policy: &Policy) -> Result<Decision> {
-        self.run(key, policy, 1, true, None).await
+        self.run(key, policy, 1, CallMode::Peek).await
     }
 
     /// Acquires `units` of a concurrency policy. Returns the decision and, when allowed,
@@ -66,7 +67,7 @@ impl Limiter {
     ) -> Result<(Decision, Option<Lease>)> {
         leased(policy)?;
         let id = self.lease_id();
-        let d = self.run(key, policy, units, false, Some(&id)).await?;
+        let d = self.run(key, policy, units, CallMode::Acquire(&id)).await?;
         let lease =
             (d.allowed && matches!(d.source, Source::Redis | Source::Memory)).then(|| Lease {
                 key: key.to_string(),
@@ -172,6 +173,7 @@ impl Limiter {
             limit_index: None,
             quotas: Vec::new(),
             shadow_denied: false,
+            layers: Vec::new(),
         }
     }
 
@@ -254,11 +256,11 @@ impl Limiter {
         key: &str,
         policy: &Policy,
         cost: u64,
-        peek: bool,
-        lease: Option<&str>,
+        mode: CallMode<'_>,
     ) -> Result<Decision> {
+        let peek = mode.is_peek();
         // the policy's shadow mode (or the call's) holds for the key's override too
-        let shadow = policy.0.shadow && !peek && lease.is_none();
+        let shadow = policy.0.shadow && mode == CallMode::Check;
         // one clock read per check (a read costs about as much as the decision itself):
         // the override lookup and the check see the same instant
         let now = self.now();
@@ -276,23 +278,14 @@ impl Limiter {
             None => (policy, &policy.0.scope),
         };
         if let Some(parts) = policy.parts() {
-            return self.multi_memory(config, m, key, policy, parts, cost, peek, lease, shadow);
+            return self.multi_memory(config, m, key, policy, parts, cost, mode, shadow);
         }
         if shadow {
             return self.shadow_memory(m, key, policy, scope, cost);
         }
         let (eff, cost) = self.prepare_in(Some(config), key, policy, cost)?;
         let p = &*policy.0;
-        let raw = m.check(
-            scope,
-            &eff,
-            key,
-            now,
-            cost,
-            peek,
-            lease,
-            p.auto_block.as_ref(),
-        );
+        let raw = m.check(scope, &eff, key, now, cost, mode, p.auto_block.as_ref());
         if raw.outcome.allowed && !raw.blocked.is_blocked() {
             // the common case, with nothing to tell anyone: counted from the outcome, and
             // the decision built once, where it is returned (building it in `finish` and

@@ -4,31 +4,18 @@
 
 use super::check::Plan;
 use super::layered::Layered;
+use super::override_retry::{Answered, OverrideRetry};
 use super::Engine;
 use super::Limiter;
 use crate::decision::{Decision, Source};
 use crate::engine::outcome::{blocked_outcome, Raw};
-use crate::engine::redis::{CheckRequest, Checked, LayeredTail, Mode, OverrideArg, RedisEngine};
+use crate::engine::redis::{CheckRequest, LayeredTail, Mode, OverrideArg, RedisEngine};
+use crate::engine::CallMode;
 use crate::error::{Error, Result};
 use crate::events::Event;
 use crate::policy::{Compiled, Policy, PolicyInner};
 use crate::routing::shard_index;
 use crate::transport::batch::next_tag;
-
-/// A key's override as learnt from Redis: the next script call's override argument, and
-/// the policy it makes (`None`: the key's own policy).
-pub(super) type Learnt = (
-    OverrideArg,
-    Option<std::sync::Arc<super::overrides::Active>>,
-);
-
-/// What a check's script call answered, an override found on the way already learnt.
-enum Answer {
-    /// decide from this (or from `on_error`)
-    Outcome(Result<Raw>),
-    /// the key's override changed: try again with it
-    Retry(Learnt),
-}
 
 impl Limiter {
     pub(super) async fn run(
@@ -36,8 +23,7 @@ impl Limiter {
         key: &str,
         policy: &Policy,
         cost: u64,
-        peek: bool,
-        lease: Option<&str>,
+        call: CallMode<'_>,
     ) -> Result<Decision> {
         // A check can answer at once (in memory, from the block cache, or failing fast
         // while a shard's circuit is open), so a caller's loop of checks might never give
@@ -48,15 +34,16 @@ impl Limiter {
         let view = self.view();
         let r = match &view.engine {
             Engine::Memory(m) => {
-                return self.check_memory(&view.config, m, key, policy, cost, peek, lease)
+                return self.check_memory(&view.config, m, key, policy, cost, call)
             }
             Engine::Redis(r) => r,
         };
         let base = policy;
         // (an acquire's lease holds these units)
         let units = cost;
+        let (peek, lease) = (call.is_peek(), call.lease());
         // the policy's shadow mode (or the call's) holds for the key's override too
-        let shadow = base.0.shadow && !peek && lease.is_none();
+        let shadow = base.0.shadow && call == CallMode::Check;
         if let (Some(parts), false) = (base.parts(), base.0.overrides) {
             let tail = shadow.then(|| LayeredTail {
                 ov: OverrideArg::Off,
@@ -66,32 +53,32 @@ impl Limiter {
                 more: &[],
             });
             return self
-                .multi_redis(key, base, parts, cost, peek, lease, tail.as_ref())
+                .multi_redis(key, base, parts, cost, call, tail.as_ref())
                 .await?
                 .decided();
         }
-        let (mut ov, mut active) = self.override_arg(&base.0, key);
-        for tries in 0.. {
-            let policy = active.as_ref().map_or(base, |a| &a.policy);
-            policy.follow_scale(base);
+        let mut in_force = self.override_arg(&base.0, key);
+        let mut retry = OverrideRetry::default();
+        loop {
+            let policy = in_force.policy(base);
             if let Some(parts) = policy.parts() {
                 // several limits in force (the policy's, or the key's override): one
                 // layered script call, which compares the override version first
                 let tail = LayeredTail {
-                    ov,
+                    ov: in_force.ov,
                     policy: &base.0.name,
                     key,
                     shadow,
                     more: &[],
                 };
                 match self
-                    .multi_redis(key, policy, parts, cost, peek, lease, Some(&tail))
+                    .multi_redis(key, policy, parts, cost, call, Some(&tail))
                     .await?
                 {
                     Layered::Decided(d) => return Ok(d),
                     Layered::Override(shard, v) => {
                         let name = &r.shards[shard as usize].name;
-                        (ov, active) = self.found_override(base, key, name, tries, &v)?;
+                        in_force = retry.learn(self, (base, key), name, &v)?;
                         continue;
                     }
                     Layered::Overridden { shard, .. } => {
@@ -107,7 +94,7 @@ impl Limiter {
                 Plan::Redis { eff, cost, shard } => (eff, cost, shard),
             };
             let p = &*policy.0;
-            if let (Some(h), 0) = (&view.handoff, tries) {
+            if let (Some(h), true) = (&view.handoff, retry.first()) {
                 self.carry_over(h, r, p, key, shard as usize).await;
             }
             if let (Some(la), false, None, false) = (p.local_admission, peek, lease, shadow) {
@@ -115,18 +102,18 @@ impl Limiter {
             }
             let mode = if peek { Mode::Peek } else { Mode::Check };
             let mut req = self.request(p, &eff, key, cost, mode, lease);
-            req.ov = ov;
+            req.ov = in_force.ov;
             let checked = if shadow {
                 r.check_shadow(shard as usize, &req).await
             } else {
                 r.check(shard as usize, &req).await
             };
-            let raw = match self.answered(r, base, key, shard, tries, checked) {
-                Answer::Retry(next) => {
-                    (ov, active) = next;
+            let raw = match retry.answered(self, (base, key), r, shard, checked) {
+                Answered::Retry(next) => {
+                    in_force = next;
                     continue;
                 }
-                Answer::Outcome(raw) => raw,
+                Answered::Outcome(raw) => raw,
             };
             if shadow {
                 return self.after_shadow(p, &eff, key, cost, shard, raw);
@@ -136,9 +123,8 @@ impl Limiter {
                 // released once the shard answers
                 self.late_lease(base, key, id, units, shard, e);
             }
-            return self.after_script(p, &eff, key, cost, peek, shard, raw);
+            return self.after_script(p, &eff, key, cost, call, shard, raw);
         }
-        unreachable!("the loop returns")
     }
 
     /// [`Limiter::run`] (without a lease) on the calling thread: the script is sent and
@@ -151,8 +137,10 @@ impl Limiter {
         key: &str,
         policy: &Policy,
         cost: u64,
-        peek: bool,
+        call: CallMode<'_>,
     ) -> Option<Result<Decision>> {
+        let peek = call.is_peek();
+        debug_assert!(call.lease().is_none(), "an acquire needs the runtime");
         let view = self.inner.view.load();
         let Engine::Redis(r) = &view.engine else {
             return None;
@@ -169,10 +157,10 @@ impl Limiter {
         let _slot = crate::transport::blocking::OWN_IO.take()?;
         (|| {
             let base = policy;
-            let (mut ov, mut active) = self.override_arg(p, key);
-            for tries in 0.. {
-                let policy = active.as_ref().map_or(base, |a| &a.policy);
-                policy.follow_scale(base);
+            let mut in_force = self.override_arg(p, key);
+            let mut retry = OverrideRetry::default();
+            loop {
+                let policy = in_force.policy(base);
                 if policy.is_multi() {
                     return None; // nothing decided yet: the async path checks
                 }
@@ -184,59 +172,18 @@ impl Limiter {
                 let p = &*policy.0;
                 let mode = if peek { Mode::Peek } else { Mode::Check };
                 let mut req = self.request(p, &eff, key, cost, mode, None);
-                req.ov = ov;
+                req.ov = in_force.ov;
                 let checked = r.check_blocking(shard as usize, &req);
-                let raw = match self.answered(r, base, key, shard, tries, checked) {
-                    Answer::Retry(next) => {
-                        (ov, active) = next;
+                let raw = match retry.answered(self, (base, key), r, shard, checked) {
+                    Answered::Retry(next) => {
+                        in_force = next;
                         continue;
                     }
-                    Answer::Outcome(raw) => raw,
+                    Answered::Outcome(raw) => raw,
                 };
-                return Some(self.after_script(p, &eff, key, cost, peek, shard, raw));
+                return Some(self.after_script(p, &eff, key, cost, call, shard, raw));
             }
-            unreachable!("the loop returns")
         })()
-    }
-
-    /// What a check's script call answered on try `tries` (from 0), on both paths: the
-    /// outcome to decide from, or the key's override the script found instead, learnt for
-    /// the next try.
-    fn answered(
-        &self,
-        r: &RedisEngine,
-        base: &Policy,
-        key: &str,
-        shard: u32,
-        tries: usize,
-        checked: Result<Checked>,
-    ) -> Answer {
-        match checked {
-            Ok(Checked::Override(v)) => {
-                let name = &r.shards[shard as usize].name;
-                match self.found_override(base, key, name, tries, &v) {
-                    Ok(next) => Answer::Retry(next),
-                    Err(e) => Answer::Outcome(Err(e)),
-                }
-            }
-            Ok(Checked::Decided(raw)) => Answer::Outcome(Ok(raw)),
-            Err(e) => Answer::Outcome(Err(e)),
-        }
-    }
-
-    /// The override `entry` of `key` that a script call on shard `shard` found at try `tries`
-    /// (from 0), learnt: the next try's override argument and policy. An error once the
-    /// override changed too often during one check ([`Limiter::override_churn`]).
-    pub(super) fn found_override(
-        &self,
-        base: &Policy,
-        key: &str,
-        shard: &str,
-        tries: usize,
-        entry: &[u8],
-    ) -> Result<Learnt> {
-        Limiter::override_churn(tries + 1, shard, key)?;
-        self.learn_override(base, key, shard, entry)
     }
 
     /// The script call of a check, with the injected clock and a fresh tag.
@@ -301,16 +248,16 @@ impl Limiter {
         eff: &Compiled,
         key: &str,
         cost: u64,
-        peek: bool,
+        call: CallMode<'_>,
         shard: u32,
         raw: Result<Raw>,
     ) -> Result<Decision> {
         let d = match raw {
             Ok(raw) => self.finish(p, eff, key, raw, Source::Redis, Some(shard)),
-            Err(e) if e.is_backend() => self.fallback(p, eff, key, cost, peek, e)?,
+            Err(e) if e.is_backend() => self.fallback(p, eff, key, cost, call, e)?,
             Err(e) => return Err(e),
         };
-        if !peek {
+        if !call.is_peek() {
             self.count_policy(p, &d);
             self.near(p, key, cost, &d);
         }

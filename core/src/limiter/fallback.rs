@@ -3,6 +3,7 @@
 use super::{Limiter, CLOSED_RETRY_AFTER};
 use crate::decision::{Decision, Source};
 use crate::engine::outcome::Outcome;
+use crate::engine::CallMode;
 use crate::error::{Error, Result};
 use crate::events::Event;
 use crate::log::LogReason;
@@ -17,7 +18,7 @@ impl Limiter {
         eff: &Compiled,
         key: &str,
         cost: u64,
-        peek: bool,
+        call: CallMode<'_>,
         e: Error,
     ) -> Result<Decision> {
         // the limits after the first of a multi-limit policy (scoped `name#i`) fall back
@@ -60,8 +61,12 @@ impl Limiter {
                         key,
                         self.now(),
                         cost.min(share.limit + 1),
-                        peek,
-                        None,
+                        // (a local decision takes no lease: the units are the share's)
+                        if call.is_peek() {
+                            CallMode::Peek
+                        } else {
+                            CallMode::Check
+                        },
                         None,
                     )
                     .outcome
@@ -118,7 +123,11 @@ impl Limiter {
                 &eff,
                 &l.key,
                 l.cost.max(1),
-                l.cost == 0,
+                if l.cost == 0 {
+                    CallMode::Peek
+                } else {
+                    CallMode::Check
+                },
                 error.clone(),
             )?;
             if layers.len() > 1 {

@@ -14,6 +14,7 @@ use super::check::Plan;
 use super::{Engine, Limiter};
 use crate::decision::Decision;
 use crate::engine::redis::{Checked, Mode, RedisEngine};
+use crate::engine::CallMode;
 use crate::error::{Error, Result};
 use crate::policy::{Compiled, Policy};
 use crate::transport::sansio::{Completion, SansIo};
@@ -146,7 +147,8 @@ impl HostChecks {
             Plan::Decided(d) => return Ok(HostStep::Decided(d)),
             Plan::Redis { eff, cost, shard } => (eff, cost, shard),
         };
-        let finish = |l: &Limiter, raw| l.after_script(p, &eff, key, cost, false, shard, raw);
+        let finish =
+            |l: &Limiter, raw| l.after_script(p, &eff, key, cost, CallMode::Check, shard, raw);
         if let Err(e) = r.host_gate(shard as usize) {
             return finish(&self.limiter, Err(e)).map(HostStep::Decided);
         }
@@ -280,9 +282,15 @@ impl HostChecks {
                 .host_finish(shard, p.start, c.reply, p.eff.limit, p.cost)
                 .and_then(|c| decided(&self.engine.shards[shard].name, c));
             let policy = &*p.policy.0;
-            let d = self
-                .limiter
-                .after_script(policy, &p.eff, &p.key, p.cost, false, p.shard, raw);
+            let d = self.limiter.after_script(
+                policy,
+                &p.eff,
+                &p.key,
+                p.cost,
+                CallMode::Check,
+                p.shard,
+                raw,
+            );
             out.push((c.id, d));
         }
         self.done = done;

@@ -1,6 +1,6 @@
 //! Layered checks: several (key, policy) pairs decided together; none consumes when one denies.
 
-use super::layered_calls::{call_groups, checks_by_group};
+use super::layered_calls::{call_groups, checks_by_group, FellBack};
 use super::{validate_key, Engine, Limiter};
 use crate::decision::{Decision, Quota, Source};
 use crate::engine::outcome::Outcome;
@@ -132,10 +132,10 @@ impl Limiter {
             reqs.iter_mut().for_each(|r| r.auto_block = None);
         }
         let view = self.view();
-        let (raw, source, shards) = match &view.engine {
+        let (raw, sources, shards) = match &view.engine {
             Engine::Memory(m) => (
                 m.check_layers(&reqs, self.now()),
-                Source::Memory,
+                vec![Source::Memory; layers.len()],
                 vec![None; layers.len()],
             ),
             Engine::Redis(r) => {
@@ -164,11 +164,11 @@ impl Limiter {
                             .await;
                     }
                 }
-                let (raw, src) = match self
+                let (raw, sources) = match self
                     .layered_groups(r, layers, &reqs, &shard_of, tail, checks)
                     .await?
                 {
-                    GroupsOut::Raw(raw, src) => (raw, src),
+                    GroupsOut::Raw(raw, sources) => (raw, sources),
                     GroupsOut::Override(None, shard, v) => {
                         return Ok(Layered::Override(shard as u32, v))
                     }
@@ -180,11 +180,15 @@ impl Limiter {
                         })
                     }
                 };
-                (raw, src, shard_of.iter().map(|s| Some(*s as u32)).collect())
+                (
+                    raw,
+                    sources,
+                    shard_of.iter().map(|s| Some(*s as u32)).collect(),
+                )
             }
         };
         Ok(Layered::Decided(self.conclude(
-            layers, origin, originals, single, &effs, raw, source, &shards, shadow,
+            layers, origin, originals, single, &effs, raw, &sources, &shards, shadow,
         )))
     }
 
@@ -198,9 +202,13 @@ impl Limiter {
             .collect()
     }
 
-    /// The decision of a layered check from the engines' answer: it describes the layer
+    /// The decision of a layered check from the engines' answer (`sources`: what decided
+    /// each layer, its engine or its policy's `on_error` mode): it describes the layer
     /// that denied (with the longest `retry_after` of all denying layers) or the tightest;
     /// each of the caller's layers is counted once, and a denial or block is reported.
+    /// A denial has the source of the layer that denied (a layer decided locally by
+    /// `on_error: local` is a local decision, with its share as the limit, as a check of
+    /// its policy alone is); an admission is a fallback when any layer's was.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn conclude(
         &self,
@@ -210,7 +218,7 @@ impl Limiter {
         single: bool,
         effs: &[Compiled],
         raw: LayeredRaw,
-        source: Source,
+        sources: &[Source],
         shards: &[Option<u32>],
         shadow: bool,
     ) -> Decision {
@@ -222,10 +230,16 @@ impl Limiter {
         });
         let blocked = raw.blocked.is_blocked();
         let mut o = raw.outcomes[idx];
-        let source = if blocked && raw.deciding.is_some() {
-            Source::Block
-        } else {
-            source
+        let fell_back = |s: &Source| matches!(s, Source::Fallback | Source::LocalFallback);
+        let source = match raw.deciding {
+            Some(_) if blocked => Source::Block,
+            Some(_) => sources[idx],
+            None => sources
+                .iter()
+                .copied()
+                .find(|s| *s == Source::Fallback)
+                .or_else(|| sources.iter().copied().find(fell_back))
+                .unwrap_or(sources[idx]),
         };
         if raw.deciding.is_some() && !blocked {
             // every denying layer must pass before the request can: wait for the slowest
@@ -238,8 +252,11 @@ impl Limiter {
             o.allowed = false;
         }
         let mut d = self.decision(&layers[idx].policy.0, &effs[idx], o, source, shards[idx]);
+        if sources[idx] == Source::LocalFallback {
+            d.limit = effs[idx].share(self.view().config.instances).limit;
+        }
         describe(&mut d, idx, origin, effs, single);
-        if shadow && !d.allowed && !blocked && source != Source::Fallback {
+        if shadow && !d.allowed && !blocked && !fell_back(&sources[idx]) {
             // one check of a multi-limit policy in shadow mode: reported as for one limit
             self.shadow_denial(&layers[idx].policy.0, &layers[idx].key, &mut d);
         }
@@ -250,6 +267,10 @@ impl Limiter {
             let delay = mine.map(|i| raw.outcomes[i].delay_us).max().unwrap_or(0);
             d.delay = std::time::Duration::from_micros(delay);
         }
+        // a layered check's caller gets each layer's own decision, unless a block (no
+        // layer was measured) decided
+        let each_layer = !single && !blocked;
+        let mut each = Vec::with_capacity(if each_layer { originals.len() } else { 0 });
         for (j, l) in originals.iter().enumerate() {
             // each layer the caller asked for is counted once: by the limit that decided
             // for it, else its tightest
@@ -266,16 +287,24 @@ impl Limiter {
                     &layers[i].policy.0,
                     &effs[i],
                     raw.outcomes[i],
-                    source,
+                    if blocked { source } else { sources[i] },
                     shards[i],
                 )
             };
-            let ld = Decision {
+            // counted with the check's verdict; kept with its own
+            let own = ld.allowed;
+            let mut ld = Decision {
                 allowed: d.allowed,
                 ..ld
             };
             self.count(&l.policy.0.name, &ld);
+            if each_layer {
+                ld.allowed = own;
+                ld.layer = Some(j);
+                each.push(ld);
+            }
         }
+        d.layers = each;
         if blocked {
             self.on_blocked(
                 &layers[idx].policy.0,
@@ -301,7 +330,7 @@ impl Limiter {
             .layered_groups(r, layers, reqs, shard_of, tail, &[])
             .await?
         {
-            GroupsOut::Raw(raw, src) => Ok(LayeredOut::Raw(raw, src)),
+            GroupsOut::Raw(raw, sources) => Ok(LayeredOut::Raw(raw, sources)),
             GroupsOut::Override(None, _, v) => Ok(LayeredOut::Override(v)),
             GroupsOut::Override(Some(_), shard, _) => Err(Error::Script {
                 shard: r.shards[shard].name.clone(),
@@ -359,7 +388,7 @@ impl Limiter {
             blocked: BlockVerdict::Clear,
             outcomes: vec![blocked_outcome(None); layers.len()],
         };
-        let mut source = Source::Redis;
+        let mut sources = vec![Source::Redis; layers.len()];
         let mut committed: Vec<(usize, u64)> = Vec::new(); // (group, now)
         let mut first_error = None;
         let mut overridden = None;
@@ -402,14 +431,25 @@ impl Limiter {
                     }
                 }
                 Err(e) if e.is_backend() => {
-                    source = Source::Fallback;
-                    self.fall_back_group(layers, reqs, idx, &e, &mut out, &mut first_error);
+                    let mut fb = FellBack {
+                        out: &mut out,
+                        sources: &mut sources,
+                        first_error: &mut first_error,
+                    };
+                    self.fall_back_group(layers, reqs, idx, &e, &mut fb);
                 }
                 Err(e) => return Err(e),
             }
         }
         if out.deciding.is_some() || first_error.is_some() || overridden.is_some() {
             self.give_back(r, layers, reqs, &groups, &committed).await;
+            // what a given-back group's layers have left is what they had before
+            for (g, _) in &committed {
+                for i in &groups[*g].1 {
+                    let o = &mut out.outcomes[*i];
+                    o.remaining = o.remaining.saturating_add(reqs[*i].cost);
+                }
+            }
         }
         if let Some((check, shard, v)) = overridden {
             return Ok(GroupsOut::Override(check, shard, v));
@@ -417,14 +457,14 @@ impl Limiter {
         if let Some(e) = first_error {
             return Err(e);
         }
-        Ok(GroupsOut::Raw(out, source))
+        Ok(GroupsOut::Raw(out, sources))
     }
 }
 
 /// What [`Limiter::layered_groups`] found: the engines' answer, or (which of the checks,
 /// `None` for the tail's; shard; the override entry found), nothing decided.
 enum GroupsOut {
-    Raw(LayeredRaw, Source),
+    Raw(LayeredRaw, Vec<Source>),
     Override(Option<usize>, usize, Vec<u8>),
 }
 
@@ -441,7 +481,8 @@ pub(super) struct OverrideCheck<'a> {
 /// What [`Limiter::layered_redis`] found: the engines' answer, or the key's override entry
 /// when it is not the one the call was made with (nothing decided).
 pub(super) enum LayeredOut {
-    Raw(LayeredRaw, Source),
+    /// the answer, and what decided each layer
+    Raw(LayeredRaw, Vec<Source>),
     #[allow(dead_code)] // (its one caller, settle.rs, sends no override to compare)
     Override(Vec<u8>),
 }

@@ -6,20 +6,20 @@ use super::layered::{Layer, OverrideCheck};
 use super::Limiter;
 use crate::engine::outcome::{LayerReq, LayeredRaw, Outcome};
 use crate::engine::redis::RedisEngine;
+use crate::engine::CallMode;
 use crate::error::Error;
 use std::sync::Arc;
 
 impl Limiter {
     /// A group whose shard failed: each of its layers decided by its policy's on_error
-    /// mode into `out` (an `on_error: error` layer's error into `first_error`).
+    /// mode into `fb` (an `on_error: error` layer's error into its `first_error`).
     pub(super) fn fall_back_group(
         &self,
         layers: &[Layer],
         reqs: &[LayerReq<'_>],
         idx: &[usize],
         e: &Error,
-        out: &mut LayeredRaw,
-        first_error: &mut Option<Error>,
+        fb: &mut FellBack<'_>,
     ) {
         for i in idx {
             let p = &layers[*i].policy.0;
@@ -28,17 +28,20 @@ impl Limiter {
                 &reqs[*i].compiled,
                 &layers[*i].key,
                 reqs[*i].cost,
-                false,
+                CallMode::Check,
                 e.clone(),
             );
             let d = match fallback {
                 Ok(d) => d,
                 // on_error: error
                 Err(e) => {
-                    first_error.get_or_insert(e);
+                    fb.first_error.get_or_insert(e);
                     continue;
                 }
             };
+            // (a local decision stays one: `conclude` describes it as its policy's check)
+            fb.sources[*i] = d.source;
+            let out = &mut *fb.out;
             out.outcomes[*i] = Outcome {
                 allowed: d.allowed,
                 remaining: d.remaining,
@@ -83,6 +86,14 @@ impl Limiter {
         });
         futures_util::future::join_all(refunds).await;
     }
+}
+
+/// Where [`Limiter::fall_back_group`] writes: each layer's outcome, what decided it (its
+/// policy's `on_error` mode), and the first `on_error: error` layer's error.
+pub(super) struct FellBack<'a> {
+    pub(super) out: &'a mut LayeredRaw,
+    pub(super) sources: &'a mut [crate::decision::Source],
+    pub(super) first_error: &'a mut Option<Error>,
 }
 
 /// The script calls of a layered check: (shard, the indexes of its layers), one per shard;

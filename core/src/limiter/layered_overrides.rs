@@ -6,38 +6,38 @@
 //! [`Limiter::override_churn`]), what other shards admitted meanwhile given back.
 
 use super::layered::{Layered, OverrideCheck};
-use super::overrides::Active;
+use super::override_retry::{InForce, OverrideRetry};
 use super::{Engine, Layer, Limiter};
 use crate::decision::Decision;
 use crate::engine::redis::OverrideArg;
 use crate::error::Result;
-use std::sync::Arc;
 
 impl Limiter {
     /// [`Limiter::check_all_enforced`] of layers some of whose policies take overrides.
     pub(super) async fn check_all_overridden(&self, layers: &[Layer]) -> Result<Decision> {
         let memory = matches!(self.view().engine, Engine::Memory(_));
         // per caller layer: the override version sent (Redis) and the override in force
-        let mut ovs: Vec<(OverrideArg, Option<Arc<Active>>)> = layers
+        let mut ovs: Vec<InForce> = layers
             .iter()
             .map(|l| {
                 if memory {
                     let a = self.memory_override(&l.policy.0, &l.key, self.now());
-                    (OverrideArg::Off, a.map(|(a, _)| a))
+                    InForce {
+                        ov: OverrideArg::Off,
+                        active: a.map(|(a, _)| a),
+                    }
                 } else {
                     self.override_arg(&l.policy.0, &l.key)
                 }
             })
             .collect();
-        for tries in 0.. {
+        let mut retry = OverrideRetry::default();
+        loop {
             let in_force: Vec<Layer> = layers
                 .iter()
                 .zip(&ovs)
-                .map(|(l, (_, a))| match a {
-                    Some(a) => {
-                        a.policy.follow_scale(&l.policy);
-                        Layer::new(l.key.clone(), &a.policy, l.cost)
-                    }
+                .map(|(l, f)| match f.active {
+                    Some(_) => Layer::new(l.key.clone(), f.policy(&l.policy), l.cost),
                     None => l.clone(),
                 })
                 .collect();
@@ -51,7 +51,7 @@ impl Limiter {
                     .filter(|(_, l)| l.policy.0.overrides)
                     .map(|(j, l)| OverrideCheck {
                         at: origin.iter().position(|o| o.0 == j).unwrap_or(0),
-                        ov: ovs[j].0,
+                        ov: ovs[j].ov,
                         policy: &l.policy.0.name,
                         key: &l.key,
                     })
@@ -72,11 +72,10 @@ impl Limiter {
                         Engine::Memory(_) => String::new(),
                     };
                     let l = &layers[j];
-                    ovs[j] = self.found_override(&l.policy, &l.key, &name, tries, &entry)?;
+                    ovs[j] = retry.learn(self, (&l.policy, &l.key), &name, &entry)?;
                 }
                 other => return other.decided(),
             }
         }
-        unreachable!("the loop returns")
     }
 }

@@ -5,6 +5,7 @@ use crate::decision::{Decision, Source};
 use crate::engine::outcome::Outcome;
 use crate::engine::outcome::Raw;
 use crate::engine::redis::{Checked, Mode, RedisEngine};
+use crate::engine::CallMode;
 use crate::error::{Error, Result};
 use crate::policy::{Algorithm, Compiled, PolicyInner};
 use std::sync::Arc;
@@ -104,7 +105,7 @@ impl Limiter {
                 if !e.is_backend() {
                     return Err(e);
                 }
-                let d = self.fallback(p, eff, key, cost, false, e)?;
+                let d = self.fallback(p, eff, key, cost, CallMode::Check, e)?;
                 self.count(&p.name, &d);
                 return Ok(d);
             }

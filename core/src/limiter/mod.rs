@@ -30,6 +30,7 @@ mod layered_overrides;
 mod local_admission;
 mod metrics;
 mod multi;
+mod override_retry;
 mod override_value;
 mod overrides;
 mod reload;

@@ -8,6 +8,7 @@ use super::{validate_key, Layer, Limiter};
 use crate::decision::{Decision, Quota};
 use crate::engine::memory::MemoryEngine;
 use crate::engine::redis::LayeredTail;
+use crate::engine::CallMode;
 use crate::error::{Error, Result};
 use crate::policy::{Policy, MAX_LIMITS};
 
@@ -32,15 +33,14 @@ impl Limiter {
         policy: &Policy,
         parts: &[Policy],
         cost: u64,
-        peek: bool,
-        lease: Option<&str>,
+        call: CallMode<'_>,
         shadow: bool,
     ) -> Result<Decision> {
-        validate(key, cost, lease)?;
-        if peek {
+        validate(key, cost, call)?;
+        if call.is_peek() {
             let ds = parts
                 .iter()
-                .map(|p| self.check_memory(config, m, key, p, 1, true, None))
+                .map(|p| self.check_memory(config, m, key, p, 1, CallMode::Peek))
                 .collect::<Result<Vec<_>>>()?;
             return Ok(combine_peeks(ds));
         }
@@ -60,7 +60,7 @@ impl Limiter {
             true,
             &effs,
             raw,
-            crate::decision::Source::Memory,
+            &vec![crate::decision::Source::Memory; layers.len()],
             &shards,
             shadow,
         );
@@ -80,15 +80,14 @@ impl Limiter {
         policy: &Policy,
         parts: &[Policy],
         cost: u64,
-        peek: bool,
-        lease: Option<&str>,
+        call: CallMode<'_>,
         tail: Option<&LayeredTail<'_>>,
     ) -> Result<Layered> {
-        validate(key, cost, lease)?;
-        if peek {
+        validate(key, cost, call)?;
+        if call.is_peek() {
             let peeks = parts
                 .iter()
-                .map(|p| Box::pin(self.run(key, p, 1, true, None)));
+                .map(|p| Box::pin(self.run(key, p, 1, CallMode::Peek)));
             let ds = futures_util::future::join_all(peeks)
                 .await
                 .into_iter()
@@ -144,12 +143,12 @@ fn as_layers(key: &str, policy: &Policy, parts: &[Policy], cost: u64) -> Expande
     (layers, origin, vec![Layer::new(key, policy, cost)])
 }
 
-fn validate(key: &str, cost: u64, lease: Option<&str>) -> Result<()> {
+fn validate(key: &str, cost: u64, call: CallMode<'_>) -> Result<()> {
     validate_key(key)?;
     if cost == 0 {
         return Err(Error::invalid("cost", "must be at least 1"));
     }
-    if lease.is_some() {
+    if call.lease().is_some() {
         return Err(Error::invalid(
             "policy",
             "a multi-limit policy holds no concurrency limit, so it has no leases: use check",

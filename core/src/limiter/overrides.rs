@@ -17,6 +17,7 @@
 //! policy takes them.
 
 use super::check::PolicyKey;
+use super::override_retry::InForce;
 use super::override_value::{limit_to_json, limits_from_json, limits_to_json, resolve_override};
 use super::{Engine, Limiter};
 use crate::engine::expiry::{ExpiringMap, NEVER};
@@ -458,17 +459,16 @@ impl Limiter {
 
     /// What a Redis check of `policy` tells its script, and the override it decides with.
     #[inline]
-    pub(super) fn override_arg(
-        &self,
-        p: &PolicyInner,
-        key: &str,
-    ) -> (OverrideArg, Option<Arc<Active>>) {
+    pub(super) fn override_arg(&self, p: &PolicyInner, key: &str) -> InForce {
         if !p.overrides {
-            return (OverrideArg::Off, None);
+            return InForce {
+                ov: OverrideArg::Off,
+                active: None,
+            };
         }
         let st = &self.inner.overrides;
         if st.cache_len.load(Ordering::Acquire) == 0 {
-            return (OverrideArg::None, None);
+            return InForce::NONE;
         }
         let now = self.now();
         let mut c = st.cache.lock();
@@ -479,8 +479,11 @@ impl Limiter {
             .map(|(a, _)| a.clone());
         st.cache_len.store(c.len(), Ordering::Release);
         match hit {
-            Some(a) => (OverrideArg::Cached(a.version), Some(a)),
-            None => (OverrideArg::None, None),
+            Some(a) => InForce {
+                ov: OverrideArg::Cached(a.version),
+                active: Some(a),
+            },
+            None => InForce::NONE,
         }
     }
 
@@ -492,17 +495,20 @@ impl Limiter {
         key: &str,
         shard: &str,
         bytes: &[u8],
-    ) -> Result<(OverrideArg, Option<Arc<Active>>)> {
+    ) -> Result<InForce> {
         let pk = PolicyKey::new(&base.0.name, key);
         if bytes.is_empty() {
             self.cache_override(pk, None);
-            return Ok((OverrideArg::None, None));
+            return Ok(InForce::NONE);
         }
         let (version, policy) = decode(base, bytes)
             .map_err(|why| self.malformed(shard.to_string(), base, key, &why))?;
         let a = Arc::new(Active::new(version, base, policy));
         self.cache_override(pk, Some(a.clone()));
-        Ok((OverrideArg::Cached(version), Some(a)))
+        Ok(InForce {
+            ov: OverrideArg::Cached(version),
+            active: Some(a),
+        })
     }
 
     fn cache_override(&self, pk: PolicyKey, a: Option<Arc<Active>>) {

@@ -3,11 +3,13 @@
 //! (`engine/settle.rs`, `core/lua/settle.lua`).
 
 use super::layered::{describe, layer_reqs, LayeredOut};
+use super::override_retry::OverrideRetry;
 use super::{Engine, Layer, Limiter};
 use crate::decision::{Decision, Source};
 use crate::engine::outcome::Outcome;
 use crate::engine::redis::{LayeredTail, MultiSettled, SettleCall, Settled};
 use crate::engine::settle::SettleOp;
+use crate::engine::CallMode;
 use crate::error::{Error, Result};
 use crate::key::validate_key;
 use crate::policy::{Algorithm, Compiled, Policy};
@@ -122,8 +124,7 @@ impl Limiter {
                     key,
                     now,
                     cost,
-                    false,
-                    None,
+                    CallMode::Check,
                     p.auto_block.as_ref(),
                 );
                 let d = self.finish(p, &eff, key, raw, Source::Memory, None);
@@ -135,16 +136,16 @@ impl Limiter {
                     self.carry_over(h, r, &base.0, key, shard as usize).await;
                 }
                 let now = self.now_override();
-                let (mut ov, mut active) = self.override_arg(&base.0, key);
-                let mut tries = 0;
+                let mut in_force = self.override_arg(&base.0, key);
+                let mut retry = OverrideRetry::default();
+                let name = &r.shards[shard as usize].name;
                 loop {
-                    let policy = active.as_ref().map_or(base, |a| &a.policy);
+                    let policy = in_force.policy(base);
                     if let Some(parts) = policy.parts() {
                         // several limits in force (the policy's, or the key's override):
                         // their all-or-nothing check, the override version compared first
-                        policy.follow_scale(base);
                         let tail = LayeredTail {
-                            ov,
+                            ov: in_force.ov,
                             policy: &base.0.name,
                             key,
                             shadow: false,
@@ -156,9 +157,7 @@ impl Limiter {
                         {
                             Multi::Done(out) => return Ok(out),
                             Multi::Override(v) => {
-                                let name = &r.shards[shard as usize].name;
-                                (ov, active) = self.found_override(base, key, name, tries, &v)?;
-                                tries += 1;
+                                in_force = retry.learn(self, (base, key), name, &v)?;
                                 continue;
                             }
                         }
@@ -168,7 +167,7 @@ impl Limiter {
                     let cost = estimate.min(eff.limit + 1);
                     let call = SettleCall::Reserve(cost);
                     match r
-                        .settle_call(shard as usize, p, &eff, key, call, now, ov)
+                        .settle_call(shard as usize, p, &eff, key, call, now, in_force.ov)
                         .await
                     {
                         Ok(Settled::Done(raw, now)) => {
@@ -176,12 +175,10 @@ impl Limiter {
                             break (d, now, eff, cost);
                         }
                         Ok(Settled::Override(v)) => {
-                            let name = &r.shards[shard as usize].name;
-                            (ov, active) = self.found_override(base, key, name, tries, &v)?;
-                            tries += 1;
+                            in_force = retry.learn(self, (base, key), name, &v)?;
                         }
                         Err(e) if e.is_backend() => {
-                            let d = self.fallback(p, &eff, key, cost, false, e)?;
+                            let d = self.fallback(p, &eff, key, cost, CallMode::Check, e)?;
                             self.count(&p.name, &d);
                             return Ok((d, None));
                         }
@@ -329,16 +326,16 @@ impl Limiter {
                     self.carry_over(h, r, &base.0, key, shard as usize).await;
                 }
                 let now = self.now_override();
-                let (mut ov, mut active) = self.override_arg(&base.0, key);
-                let mut tries = 0;
+                let mut in_force = self.override_arg(&base.0, key);
+                let mut retry = OverrideRetry::default();
+                let name = &r.shards[shard as usize].name;
                 loop {
-                    let policy = active.as_ref().map_or(base, |a| &a.policy);
+                    let policy = in_force.policy(base);
                     if let Some(parts) = policy.parts() {
                         // several limits in force (the policy's, or the key's override):
                         // one multi-limit script call, the override version compared first
-                        policy.follow_scale(base);
                         let tail = LayeredTail {
-                            ov,
+                            ov: in_force.ov,
                             policy: &base.0.name,
                             key,
                             shadow: false,
@@ -347,9 +344,7 @@ impl Limiter {
                         match self.settle_multi(key, base, parts, mk, Some(&tail)).await? {
                             Multi::Done(out) => return Ok(out),
                             Multi::Override(v) => {
-                                let name = &r.shards[shard as usize].name;
-                                (ov, active) = self.found_override(base, key, name, tries, &v)?;
-                                tries += 1;
+                                in_force = retry.learn(self, (base, key), name, &v)?;
                                 continue;
                             }
                         }
@@ -359,7 +354,7 @@ impl Limiter {
                     let op = mk(&eff)?;
                     let call = SettleCall::Op(op);
                     match r
-                        .settle_call(shard as usize, p, &eff, key, call, now, ov)
+                        .settle_call(shard as usize, p, &eff, key, call, now, in_force.ov)
                         .await
                     {
                         Ok(Settled::Done(raw, _)) => {
@@ -367,9 +362,7 @@ impl Limiter {
                             return Ok((d, op));
                         }
                         Ok(Settled::Override(v)) => {
-                            let name = &r.shards[shard as usize].name;
-                            (ov, active) = self.found_override(base, key, name, tries, &v)?;
-                            tries += 1;
+                            in_force = retry.learn(self, (base, key), name, &v)?;
                         }
                         Err(e) => {
                             if e.is_backend() {
@@ -476,10 +469,10 @@ impl Limiter {
         let reqs = layer_reqs(&layers, &effs);
         let view = self.view();
         let n = layers.len();
-        let (raw, source, shards) = match &view.engine {
+        let (raw, sources, shards) = match &view.engine {
             Engine::Memory(m) => (
                 m.check_layers(&reqs, self.now()),
-                Source::Memory,
+                vec![Source::Memory; n],
                 vec![None; n],
             ),
             Engine::Redis(r) => {
@@ -490,11 +483,11 @@ impl Limiter {
                     }
                 }
                 let shard_of = vec![shard as usize; n];
-                let (raw, src) = match self
+                let (raw, sources) = match self
                     .layered_redis(r, &layers, &reqs, &shard_of, tail)
                     .await?
                 {
-                    LayeredOut::Raw(raw, src) => (raw, src),
+                    LayeredOut::Raw(raw, sources) => (raw, sources),
                     LayeredOut::Override(v) if tail.is_some() => return Ok(Multi::Override(v)),
                     LayeredOut::Override(_) => {
                         return Err(Error::Internal(
@@ -502,12 +495,12 @@ impl Limiter {
                         ))
                     }
                 };
-                (raw, src, vec![Some(shard); n])
+                (raw, sources, vec![Some(shard); n])
             }
         };
         let at = raw.now;
         let d = self.conclude(
-            &layers, &origin, &originals, true, &effs, raw, source, &shards, false,
+            &layers, &origin, &originals, true, &effs, raw, &sources, &shards, false,
         );
         // (every limit admitted `estimate` units at `at`: each settles into its window of
         // `at`; a sliding-log limit gives back to its entry of `at`, when it recorded it

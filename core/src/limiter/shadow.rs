@@ -14,6 +14,7 @@ use crate::decision::{Decision, Source};
 use crate::engine::memory::MemoryEngine;
 use crate::engine::outcome::Raw;
 use crate::engine::redis::{SHADOW_MAX_KEYS, SHADOW_TTL};
+use crate::engine::CallMode;
 use crate::error::{Error, Result};
 use crate::events::Event;
 use crate::policy::{Compiled, Policy, PolicyInner};
@@ -188,7 +189,7 @@ impl Limiter {
         let p = &*policy.0;
         let now = self.now();
         // no automatic blocking: a shadow denial must not enforce anything
-        let raw = m.check(scope, &eff, key, now, cost, false, None, None);
+        let raw = m.check(scope, &eff, key, now, cost, CallMode::Check, None);
         let d = self.finish_shadow(p, &eff, key, raw, Source::Memory, None);
         if d.shadow_denied {
             self.inner.shadow.add(&p.name, key, now);
@@ -212,7 +213,7 @@ impl Limiter {
         let d = match raw {
             Ok(raw) => self.finish_shadow(p, eff, key, raw, Source::Redis, Some(shard)),
             // on_error decides, unshadowed: a fallback measured nothing to shadow
-            Err(e) if e.is_backend() => self.fallback(p, eff, key, cost, false, e)?,
+            Err(e) if e.is_backend() => self.fallback(p, eff, key, cost, CallMode::Check, e)?,
             Err(e) => return Err(e),
         };
         self.count(&p.name, &d);
@@ -311,12 +312,22 @@ impl Limiter {
         let (shadow, enforced): (Vec<usize>, Vec<usize>) =
             (0..layers.len()).partition(|i| layers[*i].policy.0.shadow);
         let mut best: Option<Decision> = None;
+        // each layer's own decision (see Decision::layers), in the caller's order
+        let mut each: Vec<Option<Decision>> = vec![None; layers.len()];
         if !enforced.is_empty() {
             let sub: Vec<Layer> = enforced.iter().map(|i| layers[*i].clone()).collect();
             let mut d = self.check_all_enforced(&sub).await?;
             d.layer = d.layer.map(|i| enforced[i]);
             if !d.allowed {
+                // the shadow layers were not asked: no layer-by-layer answer
+                d.layers.clear();
                 return Ok(d);
+            }
+            for (k, mut ld) in std::mem::take(&mut d.layers).into_iter().enumerate() {
+                if let Some(&i) = enforced.get(k) {
+                    ld.layer = Some(i);
+                    each[i] = Some(ld);
+                }
             }
             best = Some(d);
         }
@@ -332,13 +343,19 @@ impl Limiter {
                     e => e,
                 })?;
             d.layer = Some(i);
+            each[i] = Some(d.clone());
             if d.shadow_denied {
                 denied.get_or_insert(d);
             } else if best.as_ref().is_none_or(|b| d.remaining < b.remaining) {
                 best = Some(d);
             }
         }
-        Ok(denied.or(best).expect("at least one layer"))
+        let mut d = denied.or(best).expect("at least one layer");
+        d.layers = each
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .unwrap_or_default();
+        Ok(d)
     }
 }
 

@@ -7,10 +7,7 @@
 
 use crate::transport::resp::Reply;
 use crate::wire::scripts::CheckScripts;
-use crate::wire::{
-    CheckPart, CheckSink, CHECK_ITEM_ARGS as ITEM_ARGS, CHECK_KEYS as KEYS,
-    CHECK_SHAPE_ARGS as SHAPE_ARGS, CHECK_TAG_ARGS as TAG_ARGS,
-};
+use crate::wire::{CheckPart, CheckSink};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -69,8 +66,10 @@ pub(crate) const NOT_THEIRS: &str = "a reply carrying another call's tag";
 
 /// What becomes of a check's reply, given the tag of its call: the tag is taken off a
 /// reply that carries it (`Ok`); a reply that carries another call's tag is `Err` (the
-/// stream it came on is in doubt). Replies without a tag at the end (error replies,
-/// malformed ones) pass as they are, for the caller's checks of the reply to reject.
+/// stream it came on is in doubt). The tag comes back as an integer, or as the decimal
+/// string it was sent as (a plain check echoes its argument: no number to parse).
+/// Replies without a tag at the end (error replies, malformed ones) pass as they are, for
+/// the caller's checks of the reply to reject.
 pub(crate) fn untag(reply: Reply, tag: u64) -> Result<Reply, Reply> {
     match reply {
         Reply::Array(mut items) => match items.last() {
@@ -78,7 +77,11 @@ pub(crate) fn untag(reply: Reply, tag: u64) -> Result<Reply, Reply> {
                 items.pop();
                 Ok(Reply::Array(items))
             }
-            Some(Reply::Int(_)) => Err(Reply::Array(items)),
+            Some(Reply::Str(t)) if t.as_slice() == itoa::Buffer::new().format(tag).as_bytes() => {
+                items.pop();
+                Ok(Reply::Array(items))
+            }
+            Some(Reply::Int(_) | Reply::Str(_)) => Err(Reply::Array(items)),
             _ => Ok(Reply::Array(items)),
         },
         other => Ok(other),
@@ -97,6 +100,12 @@ pub(crate) struct CheckCall {
     item_at: usize,
     shape_at: usize,
     tag_at: usize,
+    /// how many arguments were written, and how many before `item_at` (the keys),
+    /// `shape_at` and `tag_at`: each group's length is the policy's and the call's
+    args: usize,
+    keys: usize,
+    before_shape: usize,
+    before_tag: usize,
     /// the tag its reply must carry
     pub(crate) tag: u64,
 }
@@ -117,6 +126,10 @@ impl CheckCall {
             item_at: 0,
             shape_at: 0,
             tag_at: 0,
+            args: 0,
+            keys: 0,
+            before_shape: 0,
+            before_tag: 0,
             tag,
         };
         write(&mut call);
@@ -131,13 +144,14 @@ impl CheckCall {
 impl CheckSink for CheckCall {
     fn arg(&mut self, a: &[u8]) {
         bulk(&mut self.packed, a);
+        self.args += 1;
     }
     fn mark(&mut self, part: CheckPart) {
         let at = self.packed.len();
         match part {
-            CheckPart::Item => self.item_at = at,
-            CheckPart::Shape => self.shape_at = at,
-            CheckPart::Tag => self.tag_at = at,
+            CheckPart::Item => (self.item_at, self.keys) = (at, self.args),
+            CheckPart::Shape => (self.shape_at, self.before_shape) = (at, self.args),
+            CheckPart::Tag => (self.tag_at, self.before_tag) = (at, self.args),
         }
     }
 }
@@ -189,8 +203,8 @@ fn header(out: &mut Vec<u8>, items: usize) {
 
 /// Appends the script call of `calls` (all of one algorithm) to `out`: EVALSHA of the
 /// single script for one check, of the batch script for several, with each distinct
-/// policy argument set sent once (core/lua/main_batch.lua); EVAL of the source when one of them
-/// saw NOSCRIPT.
+/// policy argument set sent once, after its length (core/lua/main_batch.lua); EVAL of the
+/// source when one of them saw NOSCRIPT.
 pub(crate) fn pack_calls(
     out: &mut Vec<u8>,
     calls: &[CheckCall],
@@ -205,10 +219,10 @@ pub(crate) fn pack_calls(
         (true, true) => (b"EVAL", first.scripts.batch_src),
     };
     if calls.len() == 1 {
-        header(out, 3 + KEYS + ITEM_ARGS + SHAPE_ARGS + TAG_ARGS);
+        header(out, 3 + first.args);
         bulk(out, op);
         bulk(out, script.as_bytes());
-        bulk(out, itoa::Buffer::new().format(KEYS).as_bytes());
+        bulk(out, itoa::Buffer::new().format(first.keys).as_bytes());
         out.extend_from_slice(&first.packed);
         return;
     }
@@ -226,24 +240,37 @@ pub(crate) fn pack_calls(
         };
         shapes.push(k + 1);
     }
-    let n = calls.len();
-    header(
-        out,
-        3 + KEYS * n + 1 + SHAPE_ARGS * firsts.len() + (ITEM_ARGS + 1 + TAG_ARGS) * n,
-    );
+    let keys: usize = calls.iter().map(|c| c.keys).sum();
+    // per shape its length and its values; per call its shape, own values and tag
+    let shape_args: usize = firsts
+        .iter()
+        .map(|&j| 1 + calls[j].before_tag - calls[j].before_shape)
+        .sum();
+    let call_args: usize = calls
+        .iter()
+        .map(|c| 1 + (c.before_shape - c.keys) + (c.args - c.before_tag))
+        .sum();
+    header(out, 3 + keys + 1 + shape_args + call_args);
     bulk(out, op);
     bulk(out, script.as_bytes());
-    bulk(out, itoa::Buffer::new().format(KEYS * n).as_bytes());
+    bulk(out, itoa::Buffer::new().format(keys).as_bytes());
     for c in calls {
         out.extend_from_slice(&c.packed[..c.item_at]);
     }
     bulk(out, itoa::Buffer::new().format(firsts.len()).as_bytes());
     for &j in firsts.iter() {
-        out.extend_from_slice(calls[j].shape());
+        let c = &calls[j];
+        bulk(
+            out,
+            itoa::Buffer::new()
+                .format(c.before_tag - c.before_shape)
+                .as_bytes(),
+        );
+        out.extend_from_slice(c.shape());
     }
     for (c, shape) in calls.iter().zip(shapes.iter()) {
-        out.extend_from_slice(&c.packed[c.item_at..c.shape_at]);
         bulk(out, itoa::Buffer::new().format(*shape).as_bytes());
+        out.extend_from_slice(&c.packed[c.item_at..c.shape_at]);
         out.extend_from_slice(&c.packed[c.tag_at..]);
     }
 }
@@ -282,6 +309,19 @@ mod tests {
         buf.chunks(8)
             .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
             .collect()
+    }
+
+    #[test]
+    fn a_tag_is_taken_as_an_integer_or_as_the_string_it_was_sent_as() {
+        let r = |last: Reply| Reply::Array(vec![Reply::Int(1), last]);
+        let own = Reply::Array(vec![Reply::Int(1)]);
+        assert_eq!(untag(r(Reply::Int(42)), 42), Ok(own.clone()));
+        assert_eq!(untag(r(Reply::Str(b"42".to_vec())), 42), Ok(own));
+        assert!(untag(r(Reply::Int(43)), 42).is_err());
+        assert!(untag(r(Reply::Str(b"43".to_vec())), 42).is_err());
+        assert!(untag(r(Reply::Str(b"042".to_vec())), 42).is_err());
+        // no tag at the end: passed on as it is, for the reader to reject
+        assert_eq!(untag(r(Reply::Nil), 42), Ok(r(Reply::Nil)));
     }
 
     #[test]

@@ -14,7 +14,8 @@
 //! that drops the connection. So is every doubt about the reply stream: a timeout, bytes
 //! after a reply, or bytes (or EOF) that arrived while the connection sat idle in the pool
 //! (those are found before a command is written, and that connection is replaced, so a
-//! call never reads an answer meant for nobody). TLS shards use the I/O runtime.
+//! call never reads an answer meant for nobody). TLS shards use the I/O runtime (the pipe,
+//! over a tokio-rustls stream).
 
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -29,13 +30,17 @@ use crate::transport::expect_ok;
 use crate::transport::resp::{parse_frame, protocol, Framer, Reply, MAX_REPLY};
 use crate::transport::sansio::silent;
 
-/// Where a shard listens, and how to log in.
+/// Where a shard listens, how to log in, and over TLS how to speak it.
 #[derive(Debug, Clone)]
 pub(crate) struct Target {
     endpoint: Endpoint,
     db: i64,
     username: Option<String>,
     password: Option<String>,
+    /// `rediss://`: the pipe speaks TLS over the TCP connection (blocking connections
+    /// do not: a TLS shard's blocking callers go through the I/O runtime)
+    #[cfg(feature = "tls")]
+    tls: Option<crate::tls::TlsConnect>,
 }
 
 #[derive(Debug, Clone)]
@@ -46,22 +51,55 @@ enum Endpoint {
 }
 
 impl Target {
-    /// The target of a client; `None` for TLS (which goes through the I/O runtime).
-    pub fn of(client: &redis::Client) -> Option<Target> {
+    /// The target of a client (a standalone shard); `tls`: the shard's TLS settings, for a
+    /// `rediss://` URL. `Ok(None)` for an address the core does not connect to itself;
+    /// `Err` says what is wrong with the TLS settings.
+    pub fn of(
+        client: &redis::Client,
+        #[allow(unused_variables)] tls: Option<&crate::TlsConfig>,
+    ) -> Result<Option<Target>, String> {
         let info = client.get_connection_info();
+        #[cfg(feature = "tls")]
+        let mut secure = None;
         let endpoint = match info.addr() {
             redis::ConnectionAddr::Tcp(host, port) => Endpoint::Tcp(host.clone(), *port),
+            #[cfg(feature = "tls")]
+            redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure,
+                ..
+            } => {
+                secure = Some(crate::tls::TlsConnect::new(host, tls, *insecure)?);
+                Endpoint::Tcp(host.clone(), *port)
+            }
             #[cfg(unix)]
             redis::ConnectionAddr::Unix(path) => Endpoint::Unix(path.clone()),
-            _ => return None,
+            _ => return Ok(None),
         };
         let settings = info.redis_settings();
-        Some(Target {
+        Ok(Some(Target {
             endpoint,
             db: settings.db(),
             username: settings.username().map(str::to_string),
             password: settings.password().map(str::to_string),
-        })
+            #[cfg(feature = "tls")]
+            tls: secure,
+        }))
+    }
+
+    /// True for a `rediss://` shard: only the pipe connects to it (over TLS).
+    pub fn is_tls(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
+    /// How to speak TLS to the shard, for a `rediss://` one.
+    #[cfg(feature = "tls")]
+    pub fn tls(&self) -> Option<&crate::tls::TlsConnect> {
+        self.tls.as_ref()
     }
 
     /// The database the connection selects.
@@ -276,6 +314,11 @@ pub(crate) struct BlockingConn {
 impl BlockingConn {
     /// Connects, logs in and selects the database, all within `timeout`.
     pub fn connect(target: &Target, timeout: Duration) -> io::Result<BlockingConn> {
+        if target.is_tls() {
+            return Err(io::Error::other(
+                "a TLS shard has no blocking connections (its calls go through the I/O runtime)",
+            ));
+        }
         let deadline = Instant::now() + timeout;
         let stream = match &target.endpoint {
             Endpoint::Tcp(host, port) => {

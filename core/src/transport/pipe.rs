@@ -11,7 +11,16 @@
 //! the machine's one timer (the connect's deadline, or the moment the shard will have been
 //! silent for the timeout). When that timer fires, the reader first takes what the socket
 //! already holds, without waiting: a runtime that woke late must not call a shard silent
-//! whose replies are sitting in the socket.
+//! whose replies are sitting in the socket. The stream may say "nothing" although the
+//! socket holds bytes: tokio reads a socket only once its driver saw it ready, and bytes
+//! that came after the driver last looked (the thread was preempted, or ran other tasks,
+//! between that look and the timer) are not seen yet. So before the verdict the reader
+//! also peeks at the socket itself, and bytes there put the verdict off (once: bytes that
+//! stay unread are no answer).
+//!
+//! The stream is a TCP or Unix socket, or a tokio-rustls stream over TCP for a `rediss://`
+//! shard (split into halves that share a lock, held only for one poll): the same bounds
+//! and rule hold on each, since the machine sees only the plaintext.
 //!
 //! When the machine closes the connection (bytes it cannot trust, a silent shard, an I/O
 //! error, a closed socket), every caller waiting on it fails, both tasks stop (which closes
@@ -20,9 +29,9 @@
 use crate::transport::blocking::Target;
 use crate::transport::resp::{protocol, Reply};
 use crate::transport::sansio::{Completion, SansIo};
-use futures_util::FutureExt;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -61,6 +70,8 @@ struct Shared {
     broken: AtomicBool,
     /// The writer and reader tasks, aborted when the connection breaks.
     tasks: Mutex<Vec<AbortHandle>>,
+    /// The socket under the stream, for [`Pipe::is_broken`]'s look at an idle connection.
+    peek: Option<Peek>,
 }
 
 fn wake(wake: &mut Vec<(Sender, io::Result<Reply>)>) {
@@ -128,19 +139,32 @@ impl Pipe {
         let timed_out = || io::Error::new(io::ErrorKind::TimedOut, "connect timed out");
         match target.tcp() {
             Some((host, port)) => {
-                let s = tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, port)))
+                // the TCP connect and, for a TLS shard, the handshake, within the timeout
+                let open = async {
+                    let s = tokio::net::TcpStream::connect((host, port)).await?;
+                    s.set_nodelay(true)?;
+                    let peek = Peek::of(&s);
+                    #[cfg(feature = "tls")]
+                    if let Some(tls) = target.tls() {
+                        let s = tls.handshake(s).await?;
+                        // (a lock shared by the halves, held only for one poll)
+                        let (r, w) = tokio::io::split(s);
+                        return io::Result::Ok(Pipe::start(r, w, conn, peek));
+                    }
+                    let (r, w) = s.into_split();
+                    Ok(Pipe::start(r, w, conn, peek))
+                };
+                tokio::time::timeout(timeout, open)
                     .await
-                    .map_err(|_| timed_out())??;
-                s.set_nodelay(true)?;
-                let (r, w) = s.into_split();
-                Ok(Pipe::start(r, w, conn))
+                    .map_err(|_| timed_out())?
             }
             None => {
                 let s = tokio::time::timeout(timeout, Pipe::connect_unix(target))
                     .await
                     .map_err(|_| timed_out())??;
+                let peek = Peek::of(&s);
                 let (r, w) = tokio::io::split(s);
-                Ok(Pipe::start(r, w, conn))
+                Ok(Pipe::start(r, w, conn, peek))
             }
         }
     }
@@ -158,8 +182,10 @@ impl Pipe {
         Err(io::Error::other("no address"))
     }
 
-    /// The connection over an open stream (plain or TLS): `conn` is connecting.
-    pub(crate) fn start<R, W>(r: R, w: W, mut conn: SansIo) -> Pipe
+    /// The connection over an open stream (plain or TLS): `conn` is connecting. `peek`
+    /// looks at the socket under the stream (it must stay open as long as `r` lives),
+    /// which a silence verdict consults.
+    pub(crate) fn start<R, W>(r: R, w: W, mut conn: SansIo, peek: Option<Peek>) -> Pipe
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
@@ -175,11 +201,12 @@ impl Pipe {
             timer: Notify::new(),
             broken: AtomicBool::new(false),
             tasks: Mutex::new(Vec::with_capacity(2)),
+            peek,
         });
         // the log-in's bytes
         shared.write.notify_one();
         let writer = tokio::spawn(write_loop(w, Arc::clone(&shared)));
-        let reader = tokio::spawn(read_loop(r, Arc::clone(&shared)));
+        let reader = tokio::spawn(read_loop(r, Arc::clone(&shared), peek));
         shared
             .tasks
             .lock()
@@ -198,9 +225,26 @@ impl Pipe {
         self.shared.drive(|c, done| c.close(why, done));
     }
 
-    /// True once the connection closed: make a new one.
+    /// True once the connection closed: make a new one. An idle connection (no call
+    /// waiting on it) whose socket already holds the server's end counts as closed too: a
+    /// server that drops idle clients (its `timeout`, a proxy's, a restart) closes it
+    /// between calls, and the reader task may not have run since (a busy runtime), so the
+    /// next call would be written to a closed connection and fail. Nothing was sent on it
+    /// since, so making a new one is safe. (A TLS server's end comes after its close
+    /// alert's bytes, so on TLS this look does not see it.)
     pub fn is_broken(&self) -> bool {
-        self.shared.broken.load(Ordering::Acquire)
+        if self.shared.broken.load(Ordering::Acquire) {
+            return true;
+        }
+        let Some(peek) = self.shared.peek else {
+            return false;
+        };
+        let idle = self.shared.inner.lock().callers.is_empty();
+        if idle && peek.at_end() {
+            self.close("Redis closed the connection while it was idle");
+            return true;
+        }
+        false
     }
 
     /// Runs one check script call and waits for its reply (see the machine for when a
@@ -223,7 +267,7 @@ impl Pipe {
         &self,
         submit: impl FnOnce(&mut SansIo, u64) -> io::Result<()>,
     ) -> io::Result<Reply> {
-        if self.is_broken() {
+        if self.shared.broken.load(Ordering::Acquire) {
             return Err(broken());
         }
         let (tx, rx) = oneshot::channel();
@@ -308,7 +352,12 @@ async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, shared: Arc<Shared>) {
             let Some(bytes) = bytes else { break };
             // unconstrained: a write put off because this task spent its cooperative
             // budget would leave requests counted as written that are not
-            if let Err(e) = tokio::task::unconstrained(w.write_all(&bytes)).await {
+            // (and flushed: a TLS stream may keep the last record in its buffer until then)
+            let written = async {
+                w.write_all(&bytes).await?;
+                w.flush().await
+            };
+            if let Err(e) = tokio::task::unconstrained(written).await {
                 let why = format!("writing to Redis failed: {e}");
                 shared.drive(|c, done| c.handle_closed(&why, done));
                 return;
@@ -319,7 +368,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, shared: Arc<Shared>) {
     }
 }
 
-async fn read_loop<R: AsyncRead + Unpin>(mut r: R, shared: Arc<Shared>) {
+async fn read_loop<R: AsyncRead + Unpin>(mut r: R, shared: Arc<Shared>, peek: Option<Peek>) {
     let mut buf = Vec::with_capacity(16 * 1024);
     // the machine's timer, armed lazily: it may fire before the machine's deadline (which
     // moves later with every byte read), and is then armed again
@@ -327,6 +376,9 @@ async fn read_loop<R: AsyncRead + Unpin>(mut r: R, shared: Arc<Shared>) {
     let sleep = tokio::time::sleep_until(far());
     tokio::pin!(sleep);
     let mut armed: Option<Instant> = None;
+    // the last verdict was put off for bytes the socket held and the stream did not read
+    // (once: bytes that stay unread after that are no answer)
+    let mut put_off = false;
     loop {
         if armed.is_none() {
             armed = shared.inner.lock().conn.next_deadline();
@@ -345,6 +397,7 @@ async fn read_loop<R: AsyncRead + Unpin>(mut r: R, shared: Arc<Shared>) {
                         return;
                     }
                     Ok(_) => {
+                        put_off = false;
                         if !shared.drive(|c, done| c.handle_input(now, &buf, done)) {
                             return;
                         }
@@ -364,26 +417,38 @@ async fn read_loop<R: AsyncRead + Unpin>(mut r: R, shared: Arc<Shared>) {
                 sleep.as_mut().reset(far());
                 // what the socket holds already came before now: it goes first
                 let now = Instant::now();
-                let closed = loop {
-                    if buf.len() >= 1 << 20 {
-                        break None;
-                    }
+                let mut closed = None;
+                while buf.len() < 1 << 20 {
                     if buf.capacity() - buf.len() < 4096 {
                         buf.reserve(16 * 1024);
                     }
-                    // (unconstrained: a task that spent its cooperative budget would be
-                    // told "not ready" with the bytes sitting in the socket)
-                    match tokio::task::unconstrained(r.read_buf(&mut buf)).now_or_never() {
-                        None => break None,
-                        Some(Ok(0)) => break Some("Redis closed the connection".to_string()),
-                        Some(Ok(_)) => continue,
-                        Some(Err(e)) => break Some(format!("reading from Redis failed: {e}")),
+                    match read_now(&mut r, &mut buf) {
+                        None => break,
+                        Some(Ok(0)) => {
+                            closed = Some("Redis closed the connection".to_string());
+                            break;
+                        }
+                        Some(Ok(_)) => put_off = false,
+                        Some(Err(e)) => {
+                            closed = Some(format!("reading from Redis failed: {e}"));
+                            break;
+                        }
                     }
-                };
+                }
+                // Bytes in the socket that the stream said were not there: the runtime
+                // has not seen the socket ready since they came (it looked, then this
+                // thread was preempted or ran other tasks, then the timer was due). They
+                // came before now: the shard is not silent. Read at the next turn.
+                let unread = buf.is_empty()
+                    && closed.is_none()
+                    && !put_off
+                    && peek.as_ref().is_some_and(Peek::holds_bytes);
+                put_off |= unread;
                 let alive = shared.drive(|c, done| {
                     c.handle_input(now, &buf, done);
                     match &closed {
                         Some(why) => c.handle_closed(why, done),
+                        None if unread => c.heard(now),
                         None => c.handle_timeout(now, done),
                     }
                 });
@@ -395,5 +460,295 @@ async fn read_loop<R: AsyncRead + Unpin>(mut r: R, shared: Arc<Shared>) {
                 armed = None;
             }
         }
+    }
+}
+
+/// Reads what `r` holds now into `buf`, without waiting: `None` when it holds nothing.
+/// Unconstrained by tokio's cooperative budget (a task that spent it would be told "not
+/// ready" with the bytes there). A stream that answers "not ready" and wakes its task at
+/// once is asked again: that answer meant "ask again" (the other half of a split stream
+/// held their shared lock for a moment, tokio-rustls had more to process).
+fn read_now<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> Option<io::Result<usize>> {
+    struct Woken(AtomicBool);
+    impl std::task::Wake for Woken {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::Release);
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+    for _ in 0..64 {
+        let woken = Arc::new(Woken(AtomicBool::new(false)));
+        let waker = std::task::Waker::from(Arc::clone(&woken));
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut read = std::pin::pin!(tokio::task::unconstrained(r.read_buf(buf)));
+        match read.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(r) => return Some(r),
+            std::task::Poll::Pending if woken.0.load(Ordering::Acquire) => {
+                std::thread::yield_now();
+            }
+            std::task::Poll::Pending => return None,
+        }
+    }
+    None
+}
+
+/// The socket under a pipe's stream, looked at without reading from it: whether the kernel
+/// holds bytes for it (which the stream reports only once its runtime saw the socket ready).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peek {
+    #[cfg(unix)]
+    fd: std::os::unix::io::RawFd,
+}
+
+impl Peek {
+    /// The peek of `s`'s socket (`None` where it cannot be done).
+    #[cfg(unix)]
+    pub(crate) fn of<S: std::os::unix::io::AsRawFd>(s: &S) -> Option<Peek> {
+        Some(Peek { fd: s.as_raw_fd() })
+    }
+
+    #[cfg(not(unix))]
+    pub(crate) fn of<S>(_: &S) -> Option<Peek> {
+        None
+    }
+
+    /// True when the socket's next read is its end: the peer closed it and nothing it
+    /// sent is left unread.
+    fn at_end(&self) -> bool {
+        #[cfg(unix)]
+        {
+            let mut probe = [0u8; 1];
+            // SAFETY: `probe` is valid for one byte. The fd is open while the connection is
+            // not broken (the caller checked; if it broke since and the number was reused,
+            // a peek consumes nothing and at worst closes a broken connection again).
+            let n = unsafe {
+                libc::recv(
+                    self.fd,
+                    probe.as_mut_ptr().cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            n == 0
+        }
+        #[cfg(not(unix))]
+        false
+    }
+
+    /// True when the socket holds bytes not read yet, or its end (read at the next turn).
+    fn holds_bytes(&self) -> bool {
+        #[cfg(unix)]
+        {
+            let mut probe = [0u8; 1];
+            // SAFETY: `probe` is valid for one byte; the fd is open while the stream whose
+            // socket it is lives (the caller holds its read half).
+            let n = unsafe {
+                libc::recv(
+                    self.fd,
+                    probe.as_mut_ptr().cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            n >= 0
+        }
+        #[cfg(not(unix))]
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    use tokio::io::ReadBuf;
+
+    /// A read half whose runtime has not seen the socket ready: "not ready", with no
+    /// wake-up to come, until `until` (then the socket's bytes as they are). What tokio
+    /// answers when bytes came after its driver last looked at the socket.
+    struct Stale<R> {
+        inner: R,
+        until: Option<Instant>,
+    }
+
+    impl<R: AsyncRead + Unpin> AsyncRead for Stale<R> {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            if self.until.is_none_or(|t| Instant::now() < t) {
+                return Poll::Pending;
+            }
+            Pin::new(&mut self.inner).poll_read(cx, buf)
+        }
+    }
+
+    /// A server on loopback that answers the first command it reads with +PONG at once,
+    /// then holds the connection open until the client closes it.
+    fn ponger() -> u16 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 64];
+            let _ = s.read(&mut buf);
+            s.write_all(b"+PONG\r\n").unwrap();
+            while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+        });
+        port
+    }
+
+    /// A PING over a pipe whose reader is [`Stale`] until `hidden` after the start, with
+    /// or without a peek at the socket; its reply (the server's comes at once) and when.
+    fn ping_stale(hidden: Option<Duration>, peek: bool) -> (io::Result<Vec<u8>>, Duration) {
+        let port = ponger();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            let p = if peek { Peek::of(&s) } else { None };
+            let (r, w) = s.into_split();
+            let start = Instant::now();
+            let r = Stale {
+                inner: r,
+                until: hidden.map(|h| start + h),
+            };
+            let mut conn = SansIo::new(Vec::new(), Duration::from_millis(50), 16);
+            conn.connecting(start);
+            let pipe = Pipe::start(r, w, conn, p);
+            let reply = pipe.command(b"*1\r\n$4\r\nPING\r\n".to_vec()).await;
+            (reply, start.elapsed())
+        })
+    }
+
+    #[test]
+    fn a_verdict_waits_for_bytes_the_socket_holds_that_the_runtime_did_not_see() {
+        // The reply is in the socket within a millisecond; the reader is told "not ready"
+        // for 95 ms. The first verdict is due at 50 ms (later on a loaded machine, which
+        // only makes it later than that): without the look at the socket, the shard was
+        // called silent there. Put off, the next comes at 100 ms or later, after the 95.
+        let (r, _) = ping_stale(Some(Duration::from_millis(95)), true);
+        assert_eq!(r.unwrap(), b"+PONG\r\n");
+        // put off once only: bytes that stay unread are no answer
+        let (r, took) = ping_stale(None, true);
+        let e = r.unwrap_err();
+        assert!(e.to_string().contains("sent nothing"), "{e}");
+        assert!(took >= Duration::from_millis(100), "{took:?}");
+        // and without a peek (a stream with no socket under it), not put off at all
+        let (r, _) = ping_stale(None, false);
+        let e = r.unwrap_err();
+        assert!(e.to_string().contains("sent nothing"), "{e}");
+    }
+
+    /// A stream that answers "not ready" and wakes its task at once `busy` times (the
+    /// other half of a split stream holding their lock), then gives its bytes.
+    struct Busy {
+        busy: usize,
+        bytes: &'static [u8],
+    }
+
+    impl AsyncRead for Busy {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            if self.busy > 0 {
+                self.busy -= 1;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            buf.put_slice(self.bytes);
+            self.bytes = &[];
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[test]
+    fn reading_now_asks_again_a_stream_that_woke_itself() {
+        let mut buf = Vec::with_capacity(64);
+        let mut r = Busy {
+            busy: 3,
+            bytes: b"+PONG\r\n",
+        };
+        assert!(matches!(read_now(&mut r, &mut buf), Some(Ok(7))));
+        assert_eq!(buf, b"+PONG\r\n");
+        // "not ready" with no wake-up: nothing there
+        let mut r = Stale {
+            inner: Busy {
+                busy: 0,
+                bytes: b"x",
+            },
+            until: None,
+        };
+        assert!(read_now(&mut r, &mut buf).is_none());
+    }
+
+    #[test]
+    fn an_idle_connection_the_server_closed_is_broken_before_its_reader_sees_it() {
+        // a server that answers one PING, then closes the connection when told to
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (close, closing) = std::sync::mpsc::channel::<()>();
+        let (closed, was_closed) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 64];
+            let _ = s.read(&mut buf);
+            s.write_all(b"+PONG\r\n").unwrap();
+            closing.recv().unwrap();
+            drop(s);
+            closed.send(()).unwrap();
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            let p = Peek::of(&s);
+            let (r, w) = s.into_split();
+            // one thread, which this test holds from the server's close on: the reader
+            // task does not run again, as on a busy runtime
+            let start = Instant::now();
+            let mut conn = SansIo::new(Vec::new(), Duration::from_secs(5), 16);
+            conn.connecting(start);
+            let pipe = Pipe::start(r, w, conn, p);
+            assert_eq!(
+                pipe.command(b"*1\r\n$4\r\nPING\r\n".to_vec())
+                    .await
+                    .unwrap(),
+                b"+PONG\r\n"
+            );
+            assert!(!pipe.is_broken(), "open and idle: whole");
+            close.send(()).unwrap();
+            was_closed.recv().unwrap();
+            // the FIN reaches the socket within a moment; the reader task never ran since
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !pipe.is_broken() {
+                assert!(
+                    Instant::now() < deadline,
+                    "an idle closed connection looked whole"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // and a call on it fails at once instead of being written to a closed socket
+            let e = pipe
+                .command(b"*1\r\n$4\r\nPING\r\n".to_vec())
+                .await
+                .unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+        });
     }
 }

@@ -42,7 +42,9 @@
 //! **Before [`SansIo::handle_timeout`], the host hands the machine every byte its socket
 //! already holds** (a non-blocking read until it would block). A process starved of CPU
 //! wakes late: its timer and the replies that came meanwhile are both due, and the replies
-//! must win, or a healthy shard is declared silent because this process was slow.
+//! must win, or a healthy shard is declared silent because this process was slow. A host
+//! that knows its socket holds bytes it cannot read yet says so with [`SansIo::heard`]
+//! instead.
 
 use crate::transport::batch::{pack_calls, split_batch, untag, CheckCall, MAX_BATCH, NOT_THEIRS};
 use crate::transport::resp::{parse_frame, protocol, Framer, Reply, MAX_CHECK_REPLY, MAX_REPLY};
@@ -509,6 +511,15 @@ impl SansIo {
             }
         }
         self.calls = 0;
+    }
+
+    /// The host's socket holds bytes it could not read yet (its runtime has not seen the
+    /// socket ready since they came), `now`: they came before now, so the shard is not
+    /// silent; they go to [`SansIo::handle_input`] once read.
+    pub fn heard(&mut self, now: Instant) {
+        if matches!(self.state, State::LoggingIn | State::Ready) {
+            self.last_input = Some(now);
+        }
     }
 
     /// The host's socket closed or failed (`why`): every call fails.

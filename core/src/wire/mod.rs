@@ -6,15 +6,12 @@
 
 pub mod scripts;
 
-/// The layout of a check call (`core/lua/main_check.lua`): after `numkeys`, its keys, its
-/// own arguments, its policy's (which a batch call, `main_batch.lua`, sends once per
-/// distinct set) and its tag. The engine's `CheckRequest::write` is the one place that writes them;
-/// the pipe regroups a burst's calls by these counts.
-pub(crate) const CHECK_KEYS: usize = 4;
-pub(crate) const CHECK_ITEM_ARGS: usize = 5;
-pub(crate) const CHECK_SHAPE_ARGS: usize = 8;
-pub(crate) const CHECK_TAG_ARGS: usize = 1;
-
+/// The layout of a check call (`core/lua/check.lua`, `main_check.lua`): after `numkeys`,
+/// its keys, its own arguments, its policy's (which a batch call, `main_batch.lua`, sends
+/// once per distinct set) and its tag, each group as long as the policy and the call need
+/// (a feature the policy does not use costs no key and no argument). The engine's
+/// `CheckRequest::write` is the one place that writes them, marking where each group
+/// begins; the transports regroup a burst's calls by these marks.
 /// Where the groups of a check call's arguments begin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CheckPart {

@@ -30,20 +30,33 @@ macro_rules! all_algorithms {
 /// their refund functions (see prelude.lua).
 /// Each algorithm has three: one check per call (`main_check.lua`), the same in shadow mode
 /// (`main_check.lua` again, with `SHADOW` set: one source for both) and a batch of checks
-/// per call (`main_batch.lua`).
+/// per call (`main_batch.lua`). The single-check ones answer a plain check
+/// (`check_plain.lua`) before the rest of the check's functions are defined.
 macro_rules! check_script {
-    ($name:ident, $main:literal, $file:literal) => {
-        check_script!($name, $main, $file, "local SHADOW\n");
+    ($name:ident, "main_check.lua", $file:literal) => {
+        check_script!($name, "main_check.lua", $file, "local SHADOW\n");
     };
-    ($name:ident, $main:literal, $file:literal, $flag:literal) => {
+    ($name:ident, "main_batch.lua", $file:literal) => {
         const $name: &str = concat!(
             "local REFUND\n",
-            $flag,
+            "local SHADOW\n",
             lua!("prelude.lua"),
             lua!("override.lua"),
             lua!($file),
             lua!("check.lua"),
-            lua!($main)
+            lua!("main_batch.lua")
+        );
+    };
+    ($name:ident, "main_check.lua", $file:literal, $flag:literal) => {
+        const $name: &str = concat!(
+            "local REFUND\n",
+            $flag,
+            lua!("prelude.lua"),
+            lua!($file),
+            lua!("check_plain.lua"),
+            lua!("override.lua"),
+            lua!("check.lua"),
+            lua!("main_check.lua")
         );
     };
 }

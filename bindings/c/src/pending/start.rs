@@ -257,14 +257,14 @@ pub unsafe extern "C" fn shardlimit_unblock_start(
     out_pending: *mut *mut shardlimit_pending,
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
-    guard(err, || {
-        let l = start_limiter(limiter)?;
-        let key = owned_key(key_arg(key, key_len)?);
-        let me = l.clone();
-        start(l, callback, user, out_pending, async move {
-            Ok(Outcome::Bool(me.unblock(&key).await?))
-        })
-    })
+    start_key(
+        limiter,
+        key,
+        key_len,
+        (callback, user, out_pending),
+        err,
+        |me, key| async move { Ok(Outcome::Bool(me.unblock(&key).await?)) },
+    )
 }
 
 /// `shardlimit_blocked()` that returns at once (see `shardlimit_check_start()`); read the
@@ -280,12 +280,12 @@ pub unsafe extern "C" fn shardlimit_blocked_start(
     out_pending: *mut *mut shardlimit_pending,
     err: *mut *mut shardlimit_error,
 ) -> shardlimit_result {
-    guard(err, || {
-        let l = start_limiter(limiter)?;
-        let key = owned_key(key_arg(key, key_len)?);
-        let me = l.clone();
-        start(l, callback, user, out_pending, async move {
-            Ok(Outcome::Blocked(me.blocked(&key).await?))
-        })
-    })
+    start_key(
+        limiter,
+        key,
+        key_len,
+        (callback, user, out_pending),
+        err,
+        |me, key| async move { Ok(Outcome::Blocked(me.blocked(&key).await?)) },
+    )
 }

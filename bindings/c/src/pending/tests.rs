@@ -131,6 +131,83 @@ const MEMORY: &str = r#"{"policies":{"api":{"algorithm":"fixed_window","limit":2
     "conc":{"algorithm":"concurrency","max":1,"lease_ttl":"1h"}}}"#;
 
 #[test]
+fn in_memory_the_key_only_started_calls_read_and_lift_a_block() {
+    unsafe {
+        let lim = new_limiter(MEMORY);
+        let (key, reason) = ("k", "abuse");
+        let mut e = null_mut();
+        let rc = shardlimit_block(
+            lim,
+            key.as_ptr().cast(),
+            key.len(),
+            0,
+            reason.as_ptr().cast(),
+            reason.len(),
+            &mut e,
+        );
+        assert_eq!(rc, SHARDLIMIT_OK);
+        let mut started = |f: unsafe extern "C" fn(
+            *const shardlimit_limiter,
+            *const c_char,
+            usize,
+            shardlimit_callback,
+            *mut c_void,
+            *mut *mut shardlimit_pending,
+            *mut *mut shardlimit_error,
+        ) -> shardlimit_result,
+                           key: &str| {
+            let mut p = null_mut();
+            let rc = f(
+                lim,
+                key.as_ptr().cast(),
+                key.len(),
+                None,
+                null_mut(),
+                &mut p,
+                &mut e,
+            );
+            (rc, p)
+        };
+        // blocked: the entry, with its reason
+        let (rc, p) = started(shardlimit_blocked_start, key);
+        assert_eq!(rc, SHARDLIMIT_OK);
+        assert!(
+            shardlimit_pending_wait(p, 0),
+            "the in-memory engine never waits"
+        );
+        let mut info = std::mem::MaybeUninit::<shardlimit_block_info>::uninit();
+        assert_eq!(
+            shardlimit_pending_block_info(p, info.as_mut_ptr(), null_mut()),
+            SHARDLIMIT_OK
+        );
+        let mut info = info.assume_init();
+        assert!(info.blocked && info.permanent);
+        let text = std::slice::from_raw_parts(info.reason.ptr.cast::<u8>(), info.reason.len);
+        assert_eq!(text, reason.as_bytes());
+        shardlimit_string_free(&mut info.reason);
+        shardlimit_pending_free(p);
+        // unblock: it was blocked, and then it is not
+        for was in [true, false] {
+            let (rc, p) = started(shardlimit_unblock_start, key);
+            assert_eq!(rc, SHARDLIMIT_OK);
+            let mut b = !was;
+            assert_eq!(
+                shardlimit_pending_bool(p, &mut b, null_mut()),
+                SHARDLIMIT_OK
+            );
+            assert_eq!(b, was);
+            shardlimit_pending_free(p);
+        }
+        // a NULL key fails the start itself: no pending is made
+        let mut p = null_mut();
+        let rc = shardlimit_unblock_start(lim, null(), 3, None, null_mut(), &mut p, &mut e);
+        assert_eq!((rc, p.is_null()), (SHARDLIMIT_ERR_INVALID_ARGUMENT, true));
+        shardlimit_error_free(e);
+        shardlimit_limiter_free(lim);
+    }
+}
+
+#[test]
 fn in_memory_a_started_call_completes_before_start_returns() {
     unsafe {
         let lim = new_limiter(MEMORY);

@@ -1,12 +1,16 @@
 'use strict'
 // Test support: a real redis-server on a free 127.0.0.1 port, one per test file, stopped
 // by stop(). Readiness is read from the server's own log line, not guessed with a sleep.
+// SHARDLIMIT_REDIS_SERVER names another server binary to start instead (valkey-server:
+// scripts/test-valkey.sh), as the core's and the Python binding's test support do.
 
 const { spawn } = require('node:child_process')
 const net = require('node:net')
 const fs = require('node:fs')
 const os = require('node:os')
 const path = require('node:path')
+
+const SERVER = process.env.SHARDLIMIT_REDIS_SERVER || 'redis-server'
 
 function freePort() {
   return new Promise((resolve, reject) => {
@@ -27,7 +31,7 @@ async function spawnRedis(extraArgs) {
   const port = await freePort()
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'shardlimit-node-redis-'))
   const child = spawn(
-    'redis-server',
+    SERVER,
     ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir, ...extraArgs],
     { stdio: ['ignore', 'pipe', 'inherit'] }
   )
@@ -45,7 +49,7 @@ async function spawnRedis(extraArgs) {
     child.once('error', reject)
     child.once('exit', (code) => {
       if (/Address already in use/i.test(log)) resolve(false)
-      else reject(new Error(`redis-server exited with ${code} before it was ready:\n${log}`))
+      else reject(new Error(`${SERVER} exited with ${code} before it was ready:\n${log}`))
     })
   })
   if (!ready) fs.rmSync(dir, { recursive: true, force: true })
@@ -55,7 +59,7 @@ async function spawnRedis(extraArgs) {
 async function startRedis(extraArgs = []) {
   let started = null
   for (let i = 0; i < 10 && !started; i++) started = await spawnRedis(extraArgs)
-  if (!started) throw new Error('no free port for redis-server after 10 tries')
+  if (!started) throw new Error(`no free port for ${SERVER} after 10 tries`)
   const { port, dir, child } = started
   const url = `redis://127.0.0.1:${port}`
   return {
@@ -95,4 +99,4 @@ async function startRedis(extraArgs = []) {
   }
 }
 
-module.exports = { startRedis, freePort }
+module.exports = { startRedis, freePort, SERVER }

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar, Union
 
@@ -69,6 +70,18 @@ def _is_policy_name(limit: LimitLike) -> bool:
     return isinstance(limit, str) and not any(c in limit for c in "/ ;,|")
 
 
+#: every RouteLimits made, for the start-up checks that look for limits nobody enforces
+_ALL_ROUTE_LIMITS: "weakref.WeakSet[RouteLimits]" = weakref.WeakSet()
+
+
+def limited_by(obj: object) -> list["RouteLimits"]:
+    """The RouteLimits objects holding limits on ``obj`` (a view, an endpoint, a Blueprint)."""
+    try:
+        return [rl for rl in list(_ALL_ROUTE_LIMITS) if obj in rl._limits]
+    except TypeError:  # (unhashable: nothing decorated it)
+        return []
+
+
 class RouteLimits:
     """Limits declared on routes with decorators.
 
@@ -91,6 +104,7 @@ class RouteLimits:
         #: set once a middleware (``routes=``) or ``FlaskLimits.init_app`` enforces these
         #: limits: a decorated function called before that raises (never unlimited silently)
         self.installed = False
+        _ALL_ROUTE_LIMITS.add(self)
 
     def _validated(self, limit: LimitLike, cost: Cost, key: Optional[KeyFunc] = None,
                    scope: Optional[str] = None, deduct_when: Optional[DeductWhen] = None) -> None:

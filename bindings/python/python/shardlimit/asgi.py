@@ -13,7 +13,9 @@ included), not on the raw path. A denied request gets a 429 with the core's JSON
 503 when the limit could not be checked and the policy's fallback denied; checked responses
 carry one set of rate-limit headers. The decision is ``request.state.shardlimit``. Checks run
 on the limiter's own I/O runtime and never block the event loop; the lifespan start-up
-connects to every shard first (``warm_up`` seconds at most).
+connects to every shard first (``warm_up`` seconds at most), and fails (the server does not
+start) when a route carries limits of a ``RouteLimits`` that no ``RateLimitMiddleware``
+was given. A decorated route of an app with no such middleware at all raises when called.
 """
 
 from __future__ import annotations
@@ -63,6 +65,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: A custom answer to a denied request: returns an ASGI app (a Starlette ``Response``),
 #: or an awaitable of one.
 Handler = Callable[[Request, Decision], Any]
+
+
+class _Unenforced(RuntimeError):
+    """Route limits that no middleware enforces, found at the app's start-up."""
 
 
 #: How many (method, path, host) a middleware remembers the endpoint of.
@@ -127,6 +133,47 @@ async def _answer(app: Any, scope: Scope, receive: Receive, send: Send) -> None:
     await app(scope, receive, send)
 
 
+def unenforced_routes(app: Any) -> list[str]:
+    """The endpoints among ``app``'s routes (through mounts, hosts, included routers and the
+    middlewares wrapping it) that carry route limits no middleware enforces: decorated by a
+    :class:`RouteLimits` that was never given to ``RateLimitMiddleware(routes=...)``. A
+    mounted app's own middleware counts once declared (Starlette builds it on its first
+    request)."""
+    found: list[tuple[RouteLimits, str]] = []
+    declared: set[int] = set()
+    seen: set[int] = set()
+
+    def visit(node: Any, depth: int) -> None:
+        if node is None or depth > 64 or id(node) in seen:
+            return
+        seen.add(id(node))
+        for m in getattr(node, "user_middleware", None) or ():
+            cls = getattr(m, "cls", None)
+            routes = (getattr(m, "kwargs", None) or {}).get("routes")
+            if isinstance(cls, type) and issubclass(cls, RateLimitMiddleware) and routes is not None:
+                declared.add(id(routes))
+        endpoint = getattr(node, "endpoint", None)
+        owner = getattr(endpoint, "__shardlimit_routes__", None)
+        if isinstance(owner, RouteLimits) and not owner.installed:
+            path = getattr(node, "path", None)
+            name = getattr(endpoint, "__qualname__", repr(endpoint))
+            found.append((owner, f"{name} ({path})" if path else name))
+        try:
+            routes = getattr(node, "routes", None)
+        except Exception:  # (a property of a framework object that cannot answer yet)
+            routes = None
+        if routes is not None and not isinstance(routes, (str, bytes)):
+            for route in routes:
+                visit(route, depth + 1)
+        # a middleware wrapping the app that has the routes, a mount's app (its own
+        # middlewares), an included router of FastAPI's
+        for inner in ("app", "_base_app", "original_router", "router"):
+            visit(getattr(node, inner, None), depth + 1)
+
+    visit(app, 0)
+    return [name for owner, name in found if id(owner) not in declared]
+
+
 class RateLimitMiddleware:
     """Limits HTTP requests of an ASGI app.
 
@@ -178,13 +225,34 @@ class RateLimitMiddleware:
         async def receive_after_warm_up() -> Message:
             message = await receive()
             if message.get("type") == "lifespan.startup":
+                # a route whose limits nothing enforces would run unlimited: the app does
+                # not start (every middleware of the app exists by now)
+                missing = unenforced_routes(scope.get("app") or self.app)
+                if missing:
+                    raise _Unenforced(
+                        "shardlimit: route limits that no middleware enforces on "
+                        f"{', '.join(missing)}: pass their RouteLimits to "
+                        "RateLimitMiddleware(routes=...)")
                 failed = await awarm_up(self.checker.limiter, self.warm_up)
                 if failed:
                     log.warning("shardlimit: warm-up incomplete, the first checks may fall back: %s",
                                 failed)
             return message
 
-        await self.app(scope, receive_after_warm_up, send)
+        failed_sent = False
+
+        async def watch(message: Message) -> None:
+            nonlocal failed_sent
+            failed_sent = failed_sent or message.get("type") == "lifespan.startup.failed"
+            await send(message)
+
+        try:
+            await self.app(scope, receive_after_warm_up, watch)
+        except _Unenforced as e:
+            # (a server treats an exception before start-up as "no lifespan support" and
+            # serves anyway: the failure is said in the protocol's own words)
+            if not failed_sent:
+                await send({"type": "lifespan.startup.failed", "message": str(e)})
 
     def _request(self, scope: Scope) -> Request:
         client = scope.get("client")

@@ -11,6 +11,12 @@ prefixes included), so a policy with ``on_error: error`` raises inside Flask and
 ``@app.errorhandler(shardlimit.BackendError)``. A denial answers 429 with the core's JSON
 body, or 503 when the limit could not be checked and the fallback denied; every checked
 response carries one set of rate-limit headers; the decision is ``flask.g.shardlimit``.
+
+Route limits that no FlaskLimits bound to the app enforces (a view or Blueprint decorated by
+a FlaskLimits bound to another app, or by an ASGI ``RouteLimits``) would run unlimited:
+Flask has no start-up event, so the app's first request (when Flask closes its set-up)
+finds them, and that request and every later one raise a ``RuntimeError`` naming them.
+``unenforced_routes(app)`` lists them, for a check at the end of an app factory.
 """
 
 from __future__ import annotations
@@ -36,10 +42,10 @@ from ._http import (
     rate_headers,
     warm_up,
 )
-from ._routes import KeyFunc, RouteLimits, client_ip_key
+from ._routes import KeyFunc, RouteLimits, client_ip_key, limited_by
 from ._shardlimit import Decision, Limiter
 
-__all__ = ["FlaskLimits", "client_ip_key"]
+__all__ = ["FlaskLimits", "client_ip_key", "unenforced_routes"]
 
 log = logging.getLogger("shardlimit")
 #: A custom answer to a denied request: any Flask view return value.
@@ -48,6 +54,22 @@ Handler = Callable[[Request, Decision], Any]
 
 def _lower_headers(headers: Any) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items()}
+
+
+def unenforced_routes(app: Flask) -> list[str]:
+    """The views and Blueprints of ``app`` carrying route limits that no FlaskLimits bound to
+    ``app`` enforces: they would run unlimited."""
+    enforced = {id(x) for x in app.extensions.get("shardlimit", {}).get("limits", ())}
+    found: list[str] = []
+    for rule in app.url_map.iter_rules():
+        view = app.view_functions.get(rule.endpoint)
+        views = (view, getattr(view, "__wrapped__", None))
+        if any(id(rl) not in enforced for v in views if v is not None for rl in limited_by(v)):
+            found.append(f"{rule.endpoint} ({rule.rule})")
+    for name, bp in app.blueprints.items():
+        if any(id(rl) not in enforced for rl in limited_by(bp)):
+            found.append(f"Blueprint {name!r}")
+    return found
 
 
 class FlaskLimits(RouteLimits):
@@ -94,6 +116,9 @@ class FlaskLimits(RouteLimits):
     def init_app(self, app: Flask) -> None:
         """Installs the checks on ``app`` and connects to every shard."""
         self.installed = True
+        state = app.extensions.setdefault("shardlimit", {"limits": [], "unenforced": None})
+        state["limits"].append(self)
+        state["unenforced"] = None  # (checked again on the next request)
         app.before_request(self._before)
         app.after_request(self._after)
         app.teardown_request(self._teardown)
@@ -104,6 +129,14 @@ class FlaskLimits(RouteLimits):
     def _before(self) -> Any:
         from flask import current_app
 
+        state = current_app.extensions["shardlimit"]
+        if state["unenforced"] is None:
+            state["unenforced"] = unenforced_routes(current_app)
+        if state["unenforced"]:
+            raise RuntimeError(
+                "shardlimit: route limits that no FlaskLimits bound to this app enforces "
+                f"(they would run unlimited): {', '.join(state['unenforced'])}; decorate them "
+                "with a FlaskLimits bound to this app (FlaskLimits(limiter, app) or init_app(app))")
         endpoint = current_app.view_functions.get(request.endpoint or "")
         if self.is_exempt(endpoint):
             return None

@@ -23,7 +23,7 @@ fn auto_blocks_of_200k_keys_cost_bounded_work_per_call_and_are_reclaimed() {
         within: Duration::from_secs(10),
         duration: Duration::from_secs(60),
     };
-    let check = |key: &str, now: u64| m.check(&scope, &c, key, now, 1, false, None, Some(&a));
+    let check = |key: &str, now: u64| m.check(&scope, &c, key, now, 1, CallMode::Check, Some(&a));
     let keys: Vec<String> = (0..KEYS).map(|i| format!("user:{i}")).collect();
     let mut now = 1_000_000;
     for k in &keys {

@@ -107,11 +107,8 @@ impl RedisEngine {
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let map = |e| map_redis_error(&self.shards[shard], self.timeout, e);
-        let conn = match &self.targets[shard] {
-            Some(target) => Conn::Pipe(PipeConn {
-                pipe: self.pipe(st, shard, target).await?,
-                db: target.db(),
-            }),
+        let conn = match self.any_pipe(st, shard).await? {
+            Some(p) => Conn::Pipe(p),
             None => self.connection(st, shard).await?,
         };
         f(conn).await.map_err(map)
@@ -154,8 +151,8 @@ impl RedisEngine {
     /// every script (checks, shadow checks, layered checks, refunds, settles, releases,
     /// resets, dump and restore). It fails fast while the circuit is open, sends the call
     /// as EVALSHA over the shard's transport (the pipelined connection, where a check may
-    /// go in a batch call with its burst's others, or the redis crate's connection for
-    /// TLS, Sentinel and Cluster shards) and, when the server lost the script (restart,
+    /// go in a batch call with its burst's others, or the redis crate's connection for a
+    /// Cluster) and, when the server lost the script (restart,
     /// SCRIPT FLUSH), once more as EVAL; it maps errors, takes
     /// the reply's tag off (a reply with another call's tag is refused), records latency,
     /// feeds the circuit, and reads the reply as the call's [`ScriptCall::read`] says.
@@ -220,7 +217,7 @@ impl RedisEngine {
         self.account(st, shard, b, start, &r);
         match &r {
             Err(e) if e.is_backend() => {
-                self.forget_connection(st, shard);
+                self.forget_connection(st, shard, e);
                 self.refresh_topology_soon(st);
             }
             Err(_) => {}
@@ -231,9 +228,8 @@ impl RedisEngine {
 
     /// One attempt of `wire` on shard `shard`'s async transport (`eval`: as EVAL).
     async fn send(&self, st: &RtState, shard: usize, wire: &Wire<'_>, eval: bool) -> Result<Reply> {
-        let Some(target) = &self.targets[shard] else {
-            // Cluster (and a Sentinel shard whose primary is not reached over our own
-            // connection): the redis crate's connection, under its connect and response
+        let Some(PipeConn { pipe, .. }) = self.any_pipe(st, shard).await? else {
+            // Cluster: the redis crate's connection, under its connect and response
             // timeouts
             let mut conn = self.connection(st, shard).await?;
             let cmd = wire.cmd(&self.prefix, eval);
@@ -251,7 +247,6 @@ impl RedisEngine {
             return self.untagged(shard, wire, reply);
         };
         let io = |e| self.io_error(shard, e);
-        let pipe = self.pipe(st, shard, target).await?;
         match wire {
             Wire::Check(req) => {
                 // the hot path: the pipe sends a burst's checks together and takes a reply
@@ -292,7 +287,7 @@ impl RedisEngine {
         wire: &Wire<'_>,
         eval: bool,
     ) -> Result<Reply> {
-        let Some(target) = &self.targets[shard] else {
+        let Some(target) = self.targets[shard].as_ref().filter(|t| !t.is_tls()) else {
             return Err(Error::Internal(format!(
                 "shard {} has no blocking connections (Cluster, Sentinel or TLS)",
                 self.shards[shard].name
@@ -385,7 +380,9 @@ impl RedisEngine {
     /// True when blocking callers can talk to every shard on their own thread (each is one
     /// Redis server without TLS; Cluster, Sentinel and TLS shards use the I/O runtime).
     pub fn blocking_capable(&self) -> bool {
-        self.targets.iter().all(Option::is_some)
+        self.targets
+            .iter()
+            .all(|t| t.as_ref().is_some_and(|t| !t.is_tls()))
     }
 
     pub(super) fn io_error(&self, shard: usize, e: std::io::Error) -> Error {
@@ -438,7 +435,7 @@ fn lost_scripts(r: &Result<Reply>) -> bool {
     matches!(r, Ok(r) if r.is_noscript())
 }
 
-/// A reply the redis crate parsed, as [`Reply`] (Cluster, Sentinel and TLS shards).
+/// A reply the redis crate parsed, as [`Reply`] (Cluster shards).
 fn value_reply(v: redis::Value) -> Reply {
     match v {
         redis::Value::Nil => Reply::Nil,

@@ -384,6 +384,33 @@ impl RedisEngine {
         let ping = |mut c: redis::aio::MultiplexedConnection| async move {
             redis::cmd("PING").query_async::<String>(&mut c).await
         };
+        // a new pipe (TCP, TLS, Unix socket), under its bounds
+        let pong = |target: Target| async move {
+            let pipe = Pipe::connect(&target, self.timeout, 1).await?;
+            let frame = pipe.command(redis::cmd("PING").get_packed_command()).await;
+            pipe.close("the probe is done");
+            frame
+        };
+        if let Some(target) = &self.targets[shard] {
+            return matches!(
+                tokio::time::timeout(self.timeout, pong(target.clone())).await,
+                Ok(Ok(frame)) if frame == b"+PONG\r\n"
+            );
+        }
+        if matches!(self.clients[shard], Client::Sentinel(_)) {
+            // the primary the Sentinels name now (the resolution has its own timeout)
+            let Ok(target) = self.sentinel_target(shard).await else {
+                return false;
+            };
+            let ok = matches!(
+                tokio::time::timeout(self.timeout, pong(target)).await,
+                Ok(Ok(frame)) if frame == b"+PONG\r\n"
+            );
+            if ok {
+                self.forget_sentinel_pipe(shard);
+            }
+            return ok;
+        }
         let work = async {
             match &self.clients[shard] {
                 Client::Single(client) => {
@@ -396,25 +423,25 @@ impl RedisEngine {
                     let mut c = client.get_async_connection().await?;
                     redis::cmd("PING").query_async::<String>(&mut c).await
                 }
-                Client::Sentinel(sentinel) => {
-                    let primary = sentinel.lock().await.async_get_client().await?;
-                    let c = primary
-                        .get_multiplexed_async_connection_with_config(&cfg)
-                        .await?;
-                    ping(c).await
-                }
+                // (probed over a pipe above)
+                Client::Sentinel(_) => Err(std::io::Error::other("not probed here").into()),
             }
         };
-        let ok = matches!(
+        matches!(
             tokio::time::timeout(self.timeout, work).await,
             Ok(Ok(pong)) if pong == "PONG"
-        );
-        if ok && matches!(self.clients[shard], Client::Sentinel(_)) {
-            if let Ok(st) = self.state() {
-                st.conns[shard].conn.store(None);
+        )
+    }
+
+    /// Forgets the connection of Sentinel shard `shard`: the next call asks the Sentinels
+    /// for the primary again.
+    fn forget_sentinel_pipe(&self, shard: usize) {
+        if let Some(st) = self.state.load_full() {
+            st.conns[shard].conn.store(None);
+            if let Some(p) = st.pipes[shard].pipe.swap(None) {
+                p.close("the primary may have changed");
             }
         }
-        ok
     }
 
     /// True while shard `shard`'s circuit is open.

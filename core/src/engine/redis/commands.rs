@@ -58,7 +58,8 @@ impl RedisEngine {
                 Err(_) => Err(self.timeout_error(shard)),
             };
         let pooled = !st.blocking[shard].lock().is_empty();
-        if let (Ok(()), Some(target), false) = (&r, &self.targets[shard], pooled) {
+        let blocking = self.targets[shard].as_ref().filter(|t| !t.is_tls());
+        if let (Ok(()), Some(target), false) = (&r, blocking, pooled) {
             // a blocking caller's first call finds a connection in the pool
             let (target, left) = (target.clone(), connect_timeout(deadline));
             r = match tokio::task::spawn_blocking(move || BlockingConn::connect(&target, left))

@@ -147,7 +147,7 @@ pub(super) fn connect_panic_payload(shard: &ShardConfig, p: &(dyn std::any::Any 
 }
 
 impl RedisEngine {
-    /// Shard `shard`'s connection through the redis crate (Cluster, Sentinel), made when
+    /// Shard `shard`'s connection through the redis crate (Cluster), made when
     /// there is none. Its time limits are the crate's: a connect gets the config's
     /// timeout, and so does a command, counted by the crate from when the caller hands it
     /// over (which includes time queued in the crate's pipeline: it does not tell a busy
@@ -195,17 +195,8 @@ impl RedisEngine {
                     .map(Conn::Cluster)
                     .map_err(map)?
             }
-            Client::Sentinel(sentinel) => {
-                // ask the Sentinels which server is the primary now
-                let mut sentinel = sentinel.lock().await;
-                let ask = std::panic::AssertUnwindSafe(sentinel.async_get_client()).catch_unwind();
-                let primary = tokio::time::timeout(self.timeout, ask)
-                    .await
-                    .map_err(|_| self.timeout_error(shard))?
-                    .map_err(|p| connect_panic_payload(&self.shards[shard], p.as_ref()))?
-                    .map_err(map)?;
-                drop(sentinel);
-                tracing::debug!(shard = %self.shards[shard].name, primary = ?primary.get_connection_info().addr(), "shardlimit: sentinel resolved the primary");
+            Client::Sentinel(_) => {
+                let primary = self.sentinel_primary(shard).await?;
                 st.runtime()
                     .spawn(manager(primary))
                     .await
@@ -223,12 +214,105 @@ impl RedisEngine {
         Ok(conn)
     }
 
-    /// After a failure on a Sentinel shard, forget the connection: the next call asks the
-    /// Sentinels for the primary again (it may have failed over).
-    pub(super) fn forget_connection(&self, st: &RtState, shard: usize) {
-        if matches!(self.clients[shard], Client::Sentinel(_)) {
-            st.conns[shard].conn.store(None);
+    /// After failure `e` on a Sentinel shard, forget the connection: the next call asks the
+    /// Sentinels for the primary again (it may have failed over). A script's error says
+    /// nothing of the primary: the pipe stays (closing it would fail the calls on it).
+    pub(super) fn forget_connection(&self, st: &RtState, shard: usize, e: &Error) {
+        if !matches!(self.clients[shard], Client::Sentinel(_)) {
+            return;
         }
+        st.conns[shard].conn.store(None);
+        if matches!(
+            e.kind(),
+            crate::error::ErrorKind::Connection | crate::error::ErrorKind::Timeout
+        ) {
+            if let Some(p) = st.pipes[shard].pipe.swap(None) {
+                p.close("the primary may have changed");
+            }
+        }
+    }
+
+    /// The primary the Sentinels of shard `shard` name now (within the timeout).
+    pub(super) async fn sentinel_primary(&self, shard: usize) -> Result<redis::Client> {
+        let Client::Sentinel(sentinel) = &self.clients[shard] else {
+            return Err(Error::Internal(format!(
+                "shard {} is not behind Sentinels",
+                self.shards[shard].name
+            )));
+        };
+        let map = |e| map_redis_error(&self.shards[shard], self.timeout, e);
+        let mut sentinel = sentinel.lock().await;
+        let ask = std::panic::AssertUnwindSafe(sentinel.async_get_client()).catch_unwind();
+        let primary = tokio::time::timeout(self.timeout, ask)
+            .await
+            .map_err(|_| self.timeout_error(shard))?
+            .map_err(|p| connect_panic_payload(&self.shards[shard], p.as_ref()))?
+            .map_err(map)?;
+        drop(sentinel);
+        tracing::debug!(shard = %self.shards[shard].name, primary = ?primary.get_connection_info().addr(), "shardlimit: sentinel resolved the primary");
+        Ok(primary)
+    }
+
+    /// Where the primary of Sentinel shard `shard` is now, as the pipe connects to it (over
+    /// TLS with the shard's `tls`).
+    pub(super) async fn sentinel_target(&self, shard: usize) -> Result<Target> {
+        let primary = self.sentinel_primary(shard).await?;
+        let field = format!("shards[{shard}].tls");
+        match Target::of(&primary, self.shards[shard].tls.as_ref()) {
+            Ok(Some(t)) => Ok(t),
+            Ok(None) => Err(Error::Connection {
+                shard: self.shards[shard].name.clone(),
+                message: "the Sentinels named a primary at an address the client cannot use".into(),
+            }),
+            Err(e) => Err(Error::config(field, e)),
+        }
+    }
+
+    /// The pipelined connection of shard `shard` and the database it selected: a
+    /// standalone shard's ([`RedisEngine::pipe`]), or the one to the primary the Sentinels
+    /// name (asked again once it broke or was forgotten). `None` for a Cluster.
+    pub(super) async fn any_pipe(&self, st: &RtState, shard: usize) -> Result<Option<PipeConn>> {
+        if let Some(target) = &self.targets[shard] {
+            let pipe = self.pipe(st, shard, target).await?;
+            return Ok(Some(PipeConn {
+                pipe,
+                db: target.db(),
+            }));
+        }
+        if !matches!(self.clients[shard], Client::Sentinel(_)) {
+            return Ok(None);
+        }
+        let slot = &st.pipes[shard];
+        let found = |slot: &PipeSlot| {
+            slot.pipe
+                .load_full()
+                .filter(|p| !p.is_broken())
+                .map(|pipe| PipeConn {
+                    pipe,
+                    db: slot.db.load(Ordering::Acquire),
+                })
+        };
+        if let Some(p) = found(slot) {
+            return Ok(Some(p));
+        }
+        let _one_at_a_time = slot.connecting.lock().await;
+        if let Some(p) = found(slot) {
+            return Ok(Some(p));
+        }
+        self.may_connect(shard)?;
+        let target = self.sentinel_target(shard).await?;
+        let db = target.db();
+        let (timeout, max_queue) = (self.timeout, self.max_queue());
+        let pipe = st
+            .runtime()
+            .spawn(async move { Pipe::connect(&target, timeout, max_queue).await })
+            .await
+            .map_err(|e| connect_panic(&self.shards[shard], e))?
+            .map_err(|e| self.io_error(shard, e))?;
+        let pipe = Arc::new(pipe);
+        slot.db.store(db, Ordering::Release);
+        slot.pipe.store(Some(Arc::clone(&pipe)));
+        Ok(Some(PipeConn { pipe, db }))
     }
 
     /// Claims a connection attempt to shard `shard`: at once when no attempt failed
@@ -356,6 +440,9 @@ impl RedisEngine {
         tracing::info!(shard = %self.shards[shard].name, "shardlimit: sentinel switched the primary");
         if let Some(st) = self.state.load_full() {
             st.conns[shard].conn.store(None);
+            if let Some(p) = st.pipes[shard].pipe.swap(None) {
+                p.close("Sentinel switched the primary");
+            }
         }
         self.connect_ok(shard);
         let c = &self.circuits[shard];

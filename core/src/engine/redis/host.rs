@@ -23,9 +23,10 @@ impl RedisEngine {
             return refuse("a Redis Cluster");
         }
         match &self.targets[shard] {
+            Some(t) if t.is_tls() => refuse("behind TLS"),
             Some(t) if t.tcp().is_some() => Ok(t),
             Some(_) => refuse("a Unix socket"),
-            None => refuse("behind TLS or Sentinel"),
+            None => refuse("behind Sentinel"),
         }
     }
 
@@ -64,6 +65,7 @@ impl RedisEngine {
             Err(e) => Err(self.io_error(shard, e)),
         };
         self.account(&st, shard, &Breaker::Shard, start, &r);
-        check_script_reply(&self.shards[shard], r?, limit, cost)
+        // (the host transport carries checks in mode check only, as `host_call` writes them)
+        check_script_reply(&self.shards[shard], r?, limit, cost, true)
     }
 }

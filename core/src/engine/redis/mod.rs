@@ -43,7 +43,7 @@ pub(crate) use protocol::{MultiSettled, SettleCall, Settled};
 mod stream;
 
 use crate::transport::runtime::{fork_generation, mono_us, start_runtime, IoRuntime};
-use call::*;
+use call::map_redis_error;
 use circuit::*;
 use connect::*;
 use protocol::*;
@@ -76,9 +76,10 @@ const RECONNECT_WAIT: &str = "not connecting yet: the last attempt failed, backi
 /// whole Redis Cluster (the redis crate routes by slot and follows MOVED/ASK).
 #[derive(Clone)]
 pub(crate) enum Conn {
+    /// A primary found through Sentinels (the redis crate's connection).
     Single(ConnectionManager),
     Cluster(ClusterConnection),
-    /// A standalone shard without TLS: its pipelined connection.
+    /// A standalone shard (TCP, TLS or a Unix socket): its pipelined connection.
     Pipe(PipeConn),
 }
 
@@ -133,6 +134,8 @@ pub(crate) struct Slot {
 pub(crate) struct PipeSlot {
     pub(crate) pipe: ArcSwapOption<Pipe>,
     pub(crate) connecting: tokio::sync::Mutex<()>,
+    /// The database the pipe selected (a Sentinel shard's: its primary's target's).
+    pub(crate) db: std::sync::atomic::AtomicI64,
 }
 
 /// The runtime and connections of one process: made on first use, and again in a forked
@@ -158,8 +161,9 @@ impl std::ops::Deref for RtState {
 pub(crate) struct RedisEngine {
     pub shards: Vec<ShardConfig>,
     clients: Vec<Client>,
-    /// Per shard, where blocking callers connect themselves (`None`: TLS, Cluster or
-    /// Sentinel, which go through the I/O runtime).
+    /// Per standalone shard, where its pipe connects, and blocking callers (but to a TLS
+    /// shard) connect themselves (`None`: Cluster or Sentinel, which go through the redis
+    /// crate's connections on the I/O runtime).
     targets: Vec<Option<Target>>,
     /// How long a blocking caller may spin on its socket before sleeping, and the I/O
     /// thread after the last async check (config `spin_wait`, µs; a reload that keeps the
@@ -334,11 +338,20 @@ impl RedisEngine {
             .unwrap_or(0);
         let targets = clients
             .iter()
-            .map(|c| match c {
-                Client::Single(c) => Target::of(c),
-                _ => None,
+            .zip(&shards)
+            .enumerate()
+            .map(|(i, (c, s))| match c {
+                Client::Single(c) => Target::of(c, s.tls.as_ref()).map_err(|e| {
+                    let field = if s.tls.is_some() {
+                        format!("shards[{i}].tls")
+                    } else {
+                        format!("shards[{i}].url")
+                    };
+                    Error::config(field, e)
+                }),
+                _ => Ok(None),
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         let cluster_nodes = match (clients.first(), shards.first()) {
             (Some(Client::Cluster(_)), Some(shard)) => {
                 let first = shard.url.split(',').next().unwrap_or_default();

@@ -126,7 +126,7 @@ pub(super) fn auto_block_args(a: Option<&AutoBlock>) -> (u64, u64, u64) {
     }
 }
 
-pub(crate) use crate::wire::{CheckPart, CheckSink, CHECK_KEYS};
+pub(crate) use crate::wire::{CheckPart, CheckSink};
 
 /// One check script call, typed; strings exist only in [`CheckRequest::write`].
 pub(crate) struct CheckRequest<'a> {
@@ -221,62 +221,101 @@ pub(crate) enum Checked {
 }
 
 impl CheckRequest<'_> {
-    /// Writes the call's arguments after `numkeys`, in the order of `main_check.lua`.
+    /// Writes the call's keys and arguments after `numkeys`, in the layout of
+    /// `core/lua/check.lua`: only what the policy and the call use (a feature the policy
+    /// does not use costs no key and no argument), the tag last.
     pub fn write(&self, prefix: &str, out: &mut impl CheckSink) {
         let (p, eff) = (self.policy, self.eff);
-        out.arg(state_key(prefix, &p.key_scope, self.key).as_bytes());
-        let block = block_key(prefix, self.key);
-        out.arg(block.as_bytes());
-        out.arg(denial_key(prefix, &p.key_scope, self.key).as_bytes());
-        match self.ov {
-            // never read: any key of the call's slot will do
-            OverrideArg::Off => out.arg(block.as_bytes()),
-            _ => out.arg(override_key(prefix, &p.name, self.key).as_bytes()),
-        }
-        let (mode, need) = match self.mode {
-            Mode::Check => ("check", 0),
-            Mode::Peek => ("peek", 0),
-            Mode::Grant { need } => ("grant", need),
+        let (after, within, dur) = auto_block_args(p.auto_block.as_ref());
+        let mut flags = [0u8; 8];
+        let mut nf = 0;
+        let mut flag = |c: u8| {
+            flags[nf] = c;
+            nf += 1;
         };
-        out.mark(CheckPart::Item);
-        out.int(self.now_us.unwrap_or(0)); // 0: the script reads TIME
-        out.int(self.cost);
-        // the algorithm's 7th argument: a concurrency limit's lease id; for a per-key window
-        // offset the key's shift, for an exact bucket interval its denominator; "" otherwise
-        // (an acquire on another algorithm has a lease id that its script must not see)
-        match (eff.algorithm, eff.extra_arg(self.key)) {
-            (Algorithm::Concurrency, _) => out.arg(self.lease.unwrap_or("").as_bytes()),
-            (_, Some(extra)) => out.int(extra),
-            (_, None) => out.arg(b""),
+        if self.now_us.is_some() {
+            flag(b'n');
         }
-        out.int(need);
-        match self.ov {
-            OverrideArg::Off => out.arg(b"-"),
-            OverrideArg::None => out.arg(b""),
-            OverrideArg::Cached(v) => out.int(v),
+        // the algorithm's extra argument: a concurrency limit's lease id; for a per-key
+        // window offset the key's shift, for an exact bucket interval its denominator;
+        // none otherwise (an acquire on another algorithm has a lease id that its script
+        // must not see)
+        let extra = match (eff.algorithm, eff.extra_arg(self.key)) {
+            (Algorithm::Concurrency, _) => {
+                self.lease.filter(|l| !l.is_empty()).map(CheckExtra::Lease)
+            }
+            (_, Some(x)) => Some(CheckExtra::Int(x)),
+            (_, None) => None,
+        };
+        if extra.is_some() {
+            flag(b'x');
+        }
+        match self.mode {
+            Mode::Check => {}
+            Mode::Peek => flag(b'p'),
+            Mode::Grant { .. } => flag(b'g'),
+        }
+        if self.ov != OverrideArg::Off {
+            flag(b'o');
+        }
+        if after > 0 {
+            flag(b'a');
+        }
+        out.arg(state_key(prefix, &p.key_scope, self.key).as_bytes());
+        out.arg(block_key(prefix, self.key).as_bytes());
+        if after > 0 {
+            out.arg(denial_key(prefix, &p.key_scope, self.key).as_bytes());
+        }
+        if self.ov != OverrideArg::Off {
+            out.arg(override_key(prefix, &p.name, self.key).as_bytes());
+        }
+        out.mark(CheckPart::Item);
+        out.int(self.cost);
+        if nf > 0 {
+            out.arg(&flags[..nf]);
+            if let Some(now) = self.now_us {
+                out.int(now);
+            }
+            match extra {
+                Some(CheckExtra::Lease(l)) => out.arg(l.as_bytes()),
+                Some(CheckExtra::Int(x)) => out.int(x),
+                None => {}
+            }
+            if let Mode::Grant { need } = self.mode {
+                out.int(need);
+            }
+            match self.ov {
+                OverrideArg::Off => {}
+                OverrideArg::None => out.arg(b""),
+                OverrideArg::Cached(v) => out.int(v),
+            }
         }
         out.mark(CheckPart::Shape);
-        out.arg(eff.algorithm.code().as_bytes());
         out.int(eff.limit);
         out.int(eff.period_us);
-        out.arg(mode.as_bytes());
-        let (after, within, dur) = auto_block_args(p.auto_block.as_ref());
-        out.int(after);
-        out.int(within);
-        out.int(dur);
-        out.arg(auto_block_reason(after, &p.name).as_bytes());
+        if after > 0 {
+            out.int(after);
+            out.int(within);
+            out.int(dur);
+            out.arg(auto_block_reason(after, &p.name).as_bytes());
+        }
         out.mark(CheckPart::Tag);
         out.int(self.tag);
     }
 
-    /// The call as a command: `EVALSHA <sha1> 4 ...`, or with `eval` the whole source
-    /// (`EVAL <script> 4 ...`, after a NOSCRIPT reply).
+    /// The call as a command: `EVALSHA <sha1> <numkeys> ...`, or with `eval` the whole
+    /// source (`EVAL <script> <numkeys> ...`, after a NOSCRIPT reply).
     pub fn cmd(&self, prefix: &str, eval: bool) -> redis::Cmd {
-        let mut cmd = script_cmd(ScriptId::Check(self.eff.algorithm), eval);
-        cmd.arg(CHECK_KEYS);
-        self.write(prefix, &mut cmd);
-        cmd
+        let mut a = ScriptArgs::default();
+        self.write(prefix, &mut a);
+        a.cmd(ScriptId::Check(self.eff.algorithm), eval)
     }
+}
+
+/// The extra argument of a check ([`CheckRequest::write`]).
+enum CheckExtra<'a> {
+    Lease(&'a str),
+    Int(u64),
 }
 
 /// The [`Raw`] outcome of a check of `cost` units against `limit` in reply `r`.
@@ -364,11 +403,15 @@ pub(super) fn ints(sc: &ShardConfig, what: &str, reply: &Reply) -> Result<Vec<i6
 }
 
 /// A check script's reply (its tag taken off): a decision, or the key's override entry.
+/// `short`: the call may be answered in short (a check in mode check:
+/// `core/lua/check_plain.lua`'s `{remaining, reset_after}` for an admission with no
+/// retry, no delay and no block, of all `cost` units).
 pub(super) fn check_script_reply(
     sc: &ShardConfig,
     reply: Reply,
     limit: u64,
     cost: u64,
+    short: bool,
 ) -> Result<Checked> {
     // {'o', entry, 0} after its tag came off (core/lua/check.lua): without the tag the 0
     // would have been compared as one, so this shape is always the call's own
@@ -376,6 +419,11 @@ pub(super) fn check_script_reply(
         return Ok(Checked::Override(v));
     }
     let r = ints(sc, "script", &reply)?;
+    if short && r.len() == 2 {
+        // checked as the whole reply it stands for
+        let whole = [1, r[0], r[1], -1, 0, 0, cost.min(i64::MAX as u64) as i64];
+        return check_reply(sc, &whole, limit, cost).map(Checked::Decided);
+    }
     check_reply(sc, &r, limit, cost).map(Checked::Decided)
 }
 
@@ -518,7 +566,13 @@ impl ScriptCall for CheckRequest<'_> {
         Wire::Check(self)
     }
     fn read(&self, sc: &ShardConfig, reply: Reply) -> Result<Checked> {
-        check_script_reply(sc, reply, self.eff.limit, self.cost)
+        check_script_reply(
+            sc,
+            reply,
+            self.eff.limit,
+            self.cost,
+            self.mode == Mode::Check,
+        )
     }
 }
 
@@ -551,6 +605,6 @@ impl ScriptCall for ShadowRequest<'_> {
     }
 
     fn read(&self, sc: &ShardConfig, reply: Reply) -> Result<Checked> {
-        check_script_reply(sc, reply, self.req.eff.limit, self.req.cost)
+        check_script_reply(sc, reply, self.req.eff.limit, self.req.cost, false)
     }
 }

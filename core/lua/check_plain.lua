@@ -1,0 +1,31 @@
+-- shardlimit: the plain check of main_check.lua, before the rest of the check's code is
+-- even defined (a function defined is a closure made on every call): KEYS {state, block
+-- entry}, ARGV {cost, limit, period, tag} (check.lua's layout without flags), or with the
+-- flags "x" alone ARGV {cost, "x", extra, limit, period, tag} (a concurrency lease, a
+-- window's shift). What check() does for it, in short (mode check, the server clock, no
+-- override, no automatic blocking), its reply built once: an admission of all its units
+-- with no retry and no delay (the common answer) as {remaining, reset_after, tag}, the tag
+-- echoed as the string it came as. Assembled after the algorithm
+-- file in the single-check scripts only (the shadow build skips it: SHADOW is set).
+local plain = ARGV[2]
+if not SHADOW and (string.byte(plain) <= 57 or plain == 'x') then
+  local s, extra = 2, ''
+  if plain == 'x' then s, extra = 4, ARGV[3] end
+  local tag = ARGV[#ARGV] -- echoed as the string it came as (batch.rs, untag)
+  local ttl = redis.call('PTTL', KEYS[2])
+  if ttl ~= -2 then
+    if ttl == -1 then return {0, 0, 0, -1, 0, 1, 0, tag} end
+    return {0, 0, ttl * 1000, ttl * 1000, 0, 1, 0, tag}
+  end
+  local cost = ARGV[1]
+  if cost == '1' then cost = 1 else cost = tonumber(cost) end
+  local r = ALGO[next(ALGO)](KEYS[1], clock('0'), tonumber(ARGV[s]), tonumber(ARGV[s + 1]),
+    cost, false, extra)
+  if r[1] == 1 then
+    -- an admission of all `cost` units with no retry and no delay, in short:
+    -- {remaining, reset_after} (protocol.rs, check_script_reply)
+    if r[4] == -1 and r[5] == 0 then return {r[2], r[3], tag} end
+    return {1, r[2], r[3], r[4], r[5], 0, cost, tag}
+  end
+  return {0, r[2], r[3], r[4], r[5], 0, 0, tag}
+end

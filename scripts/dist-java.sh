@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# dist/java: the Maven artifact io.shardlimit:shardlimit:<version> as Maven Central takes it
+# (scripts/dist.sh calls this with the library it built; it can run alone):
+#   shardlimit-<v>.jar          the classes, and natives/linux-x86_64/libshardlimit_jni.so
+#   shardlimit-<v>-sources.jar  shardlimit-<v>-javadoc.jar  (Central requires both)
+#   shardlimit-<v>.pom          bindings/java/pom.xml (name, description, url, licenses,
+#                               developers, scm: Central's required metadata)
+#   and a .md5 and .sha1 of each (signing, .asc, is the release's step: RELEASING.md).
+#
+# Usage: scripts/dist-java.sh [path/to/libshardlimit_jni.so]
+# Without a path, the library is built here (`cargo build --profile dist -p shardlimit-java`,
+# for this machine's glibc; dist.sh passes its zigbuild for glibc 2.28 instead).
+# Needs a JDK >= 17 and Maven (installed from Debian when missing); Maven resolves the
+# build's plugins into ~/.m2 on the first run, and works from there after.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+. scripts/lib.sh
+
+ensure_java() {
+  command -v javac >/dev/null 2>&1 || apt_install openjdk-17-jdk-headless
+  command -v mvn >/dev/null 2>&1 || apt_install maven
+}
+ensure_java
+
+version=$(workspace_version)
+lib=${1:-}
+if [ -z "$lib" ]; then
+  ensure_rust
+  echo "dist-java: cargo build --profile dist -p shardlimit-java"
+  cargo build --quiet --locked --profile dist -p shardlimit-java
+  lib="$(target_dir)/dist/libshardlimit_jni.so"
+fi
+[ -f "$lib" ] || { echo "dist-java: no library at $lib" >&2; exit 1; }
+grep -q "<version>$version</version>" bindings/java/pom.xml ||
+  { echo "dist-java: bindings/java/pom.xml's version is not the workspace's $version" >&2; exit 1; }
+
+DIST=${DIST_DIR:-$root/dist}
+out="$DIST/java"
+stage="$(target_dir)/dist-java"
+rm -rf "$out" "$stage"
+mkdir -p "$out" "$stage/natives/linux-x86_64"
+cp "$lib" "$stage/natives/linux-x86_64/libshardlimit_jni.so"
+
+echo "dist-java: mvn package (jar with natives/linux-x86_64)"
+mvn -B -q -f bindings/java/pom.xml package -DskipTests \
+  -Dshardlimit.natives.dir="$stage/natives" -Dshardlimit.build.dir="$stage/build"
+name="shardlimit-$version"
+cp "$stage/build/$name.jar" "$out/$name.jar"
+unzip -l "$out/$name.jar" | grep -q "natives/linux-x86_64/libshardlimit_jni.so" ||
+  { echo "dist-java: the jar has no natives/linux-x86_64/libshardlimit_jni.so" >&2; exit 1; }
+cp bindings/java/pom.xml "$out/$name.pom"
+
+echo "dist-java: sources and javadoc jars"
+jar --create --file "$out/$name-sources.jar" -C bindings/java/src/main/java .
+# the optional APIs the Servlet filter and the Spring Boot integration compile against
+mvn -B -q -f bindings/java/pom.xml dependency:build-classpath -Dmdep.includeScope=compile \
+  -Dmdep.outputFile="$stage/classpath.txt" -Dshardlimit.build.dir="$stage/build"
+javadoc -quiet -Xdoclint:none --release 17 -encoding UTF-8 -d "$stage/javadoc" \
+  -sourcepath bindings/java/src/main/java -classpath "$(cat "$stage/classpath.txt")" -subpackages io.shardlimit \
+  >"$stage/javadoc.log" 2>&1 || { cat "$stage/javadoc.log" >&2; exit 1; }
+jar --create --file "$out/$name-javadoc.jar" -C "$stage/javadoc" .
+
+for f in "$out"/*.jar "$out"/*.pom; do
+  md5sum "$f" | cut -d' ' -f1 >"$f.md5"
+  sha1sum "$f" | cut -d' ' -f1 >"$f.sha1"
+done
+echo "dist-java: $(cd "$out" && ls *.jar *.pom | tr '\n' ' ')"
