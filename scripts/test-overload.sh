@@ -10,10 +10,10 @@
 #                    concurrent async checks, tasks of a multi-thread runtime
 #                    (core/tests/overload.rs, `#[ignore]`d in the plain `cargo test`)
 #   overload_python  8 processes x 32 threads on one key (sync check); 20,000 concurrent
-#                    acheck, default and host transport  (the wheel in $VENV, as
+#                    acheck, thread and host transport  (the wheel in $VENV, as
 #                    scripts/test-python.sh installs it)
 #   overload_node    20,000 concurrent check and an Express route hit 20,000 times over
-#                    200 connections, default and host transport  (the addon unpacked into
+#                    200 connections, thread and host transport  (the addon unpacked into
 #                    bindings/node/node_modules by scripts/test-node.sh)
 #   overload_go      2,000 goroutines x 10 checks on one key, host and thread transport
 #                    (the C SDK of dist/c, through pkg-config, as scripts/test-c.sh)

@@ -157,8 +157,11 @@ const kHost = Symbol('shardlimit.host')
 
 /**
  * `options.transport`: 'host' (a check's bytes move on this event loop: host.js) or
- * 'thread' (the limiter's I/O thread), which 'default' is (see docs/notes/2026-12-measurements.md: the host transport
- * is cheaper for bursts of checks, not yet behind an HTTP server's one check per request).
+ * 'thread' (the limiter's I/O thread), which 'default' is: measured again pinned to one
+ * CPU (docs/notes/2026-12-measurements.md, "The default transport"), the host transport is
+ * cheaper for 64 checks in flight (0.52-0.76x the client CPU per decision) but not behind
+ * Express's one check per request (more added CPU per request in 4 of 5 rounds), the
+ * shape most services have.
  * Only `check` of a named policy uses the host transport.
  */
 function withTransport(limiter, options) {

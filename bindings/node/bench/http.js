@@ -1,7 +1,7 @@
 'use strict'
 // A trivial Express route for scripts/bench-peers.sh, with one limiter in front of it:
 //   node bench/http.js --mode none|shardlimit|rlf|erl --redis redis://127.0.0.1:PORT --port P
-//        [--transport host]   (shardlimit's transport: the default one, or this event loop)
+//        [--transport host|thread]   (shardlimit's transport; the default: the I/O thread)
 // none: no limiter; shardlimit: its express middleware; rlf: rate-limiter-flexible's
 // RateLimiterRedis (ioredis) in a middleware, as its README shows; erl: express-rate-limit
 // with rate-limit-redis (ioredis). Every one by client IP, a fixed window of 10^9 per hour

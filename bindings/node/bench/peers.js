@@ -3,7 +3,7 @@
 // pins this process to one CPU):
 //   node bench/peers.js --lib shardlimit|rlf --redis redis://127.0.0.1:PORT [--redis-pid PID]
 //        [--total 200000] [--concurrency 64] [--sequential 20000] [--spin-wait 100us]
-//        [--transport host]
+//        [--transport host|thread]
 // The policy: a fixed window of 10^9 per hour over 1000 keys (every request admitted, one
 // script call per check in both libraries). Prints one JSON line: decisions/s at
 // `concurrency` requests in flight, p50/p99 of sequential requests, and the CPU per
@@ -30,7 +30,8 @@ const TOTAL = Number(arg('total', 200_000))
 const CONCURRENCY = Number(arg('concurrency', 64))
 const SEQUENTIAL = Number(arg('sequential', 20_000))
 const SPIN_WAIT = arg('spin-wait', null)
-// shardlimit's transport: the default (the I/O thread) or 'host' (this event loop)
+// shardlimit's transport: the default (the I/O thread), 'host' (this
+// event loop) or 'thread' (the limiter's I/O thread)
 const TRANSPORT = arg('transport', 'default')
 const KEYS = 1000
 // shardlimit decisions whose source was not Redis: scripts/bench-peers.sh fails the run

@@ -209,7 +209,7 @@ test('Express: a custom 429 handler answers, the headers are set once', async (t
   assert.equal(r.headers['retry-after'], '40')
 })
 
-for (const transport of ['default', 'host']) {
+for (const transport of ['thread', 'host']) {
   test(`leaky bucket (${transport} transport): the request is held for its delay, or answered 429 when the caller prefers not to wait`, async (t) => {
     // 10 per second: each queued request waits 100 ms more; the clock stands still, so the
     // delays are exactly 0, 100, ..., 400 and the sixth does not fit. Every decision must

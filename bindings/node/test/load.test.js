@@ -17,7 +17,7 @@ test.before(async () => {
 })
 test.after(() => redis.stop())
 
-for (const transport of ['default', 'host']) {
+for (const transport of ['thread', 'host']) {
   test(`20,000 concurrent checks of one key admit exactly the limit (${transport} transport)`, async () => {
     const r = await concurrentChecks(redis, { transport, n: 20_000, limit: 1000 })
     assert.deepEqual(

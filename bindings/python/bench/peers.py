@@ -3,7 +3,7 @@ this process to one CPU):
 
     python bench/peers.py --lib shardlimit|limits-redispy|limits-coredis --mode sync|async
         --redis redis://127.0.0.1:PORT [--redis-pid PID] [--n 20000] [--tasks 64]
-        [--spin-wait 100us] [--transport host]
+        [--spin-wait 100us] [--transport host|thread]
 
 The policy: a fixed window of 10^9 per hour over 1000 keys (every check admitted, one
 script call per check in both libraries). `sync`: one thread, one call after another;
@@ -61,7 +61,7 @@ def make(lib: str, url: str, mode: str, spin_wait: str | None,
             "timeout_ms": 1000,
             **({} if spin_wait is None else {"spin_wait": spin_wait}),
             "policies": {"fw": {"algorithm": "fixed_window", "limit": LIMIT, "window": "1h"}},
-        }), transport=cast(Literal["default", "host"], transport))
+        }), transport=cast(Literal["default", "host", "thread"], transport))
         version = f"shardlimit {shardlimit.__version__}"
         def counted(d: Any) -> bool:
             # a decision that did not come from Redis (a fallback) is counted, not measured
@@ -151,7 +151,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--tasks", type=int, default=64)
     ap.add_argument("--spin-wait", help="shardlimit's spin_wait (default: the core's)")
-    ap.add_argument("--transport", choices=("default", "host"), default="default",
+    ap.add_argument("--transport", choices=("default", "host", "thread"), default="default",
                     help="shardlimit's transport (host: acheck's bytes on the asyncio loop)")
     a = ap.parse_args()
     global REDIS_PID

@@ -399,18 +399,21 @@ pub(crate) fn acheck<'py>(
     let py = limiter.py();
     let me = limiter.clone().unbind();
     let policy = policies.pop().expect("one policy");
+    // a call made before `close` holds the limiter and finishes, as on the I/O thread's
+    // path: awaited after it, it takes that path with the limiter it was made on
+    let core = limiter.get().inner()?;
     crate::completion::Completers::call(
         py,
         Box::new(move |py| {
             let l = me.get();
-            if let Some(slot) = &l.host {
+            let closed = l.cell.read().unwrap_or_else(|e| e.into_inner()).is_none();
+            if let (Some(slot), false) = (&l.host, closed) {
                 if let Some(native) = slot.native(py, l)? {
                     if let Some(fut) = native.borrow_mut(py).check(py, &key, &policy, cost)? {
                         return Ok(fut);
                     }
                 }
             }
-            let core = l.inner()?;
             let spawned = core.clone();
             l.completers()
                 .spawn(

@@ -31,20 +31,33 @@ pub(crate) fn with_clock(
     })
 }
 
-/// `limiter` with the transport `transport` names: "default" (the limiter's I/O thread)
-/// or "host" (`acheck` of one policy on the asyncio loop itself, `host.rs`), which needs
-/// every shard to be a standalone Redis over plain TCP (a ConfigError says which is not).
+/// `limiter` with the transport `transport` names: "host" (`acheck` of one policy on the
+/// asyncio loop itself, `host.rs`), which needs every shard to be a standalone Redis over
+/// plain TCP (a ConfigError says which is not); "thread" (the limiter's I/O thread); or
+/// "default": the host transport where it serves the limiter's shards, else the I/O thread
+/// (measured: docs/notes/2026-12-measurements.md, "The default transport").
+/// Sync calls always take the calling thread's path: the transport is `acheck`'s.
 pub(crate) fn with_transport(mut limiter: Limiter, transport: &str) -> PyResult<Limiter> {
     match transport {
-        "default" => Ok(limiter),
+        "thread" => Ok(limiter),
         "host" => {
             shardlimit::HostChecks::new(&limiter.inner()?).map_err(core_err)?;
             limiter.host = Some(Default::default());
             Ok(limiter)
         }
+        "default" => {
+            // (not for in-memory, TLS, Sentinel, Cluster or Unix-socket limiters: a config
+            // error says so, and the I/O thread serves them)
+            match shardlimit::HostChecks::new(&limiter.inner()?) {
+                Ok(_) => limiter.host = Some(Default::default()),
+                Err(CoreError::Config { .. }) => {}
+                Err(e) => return Err(core_err(e)),
+            }
+            Ok(limiter)
+        }
         other => Err(core_err(CoreError::InvalidArgument {
             what: "transport".into(),
-            message: format!("must be \"default\" or \"host\", got {other:?}"),
+            message: format!("must be \"default\", \"host\" or \"thread\", got {other:?}"),
         })),
     }
 }
@@ -126,9 +139,22 @@ impl Limiter {
     }
     /// Uses `$SHARDLIMIT_CONFIG` (a path or inline JSON); the in-memory engine when unset.
     #[staticmethod]
-    #[pyo3(signature = (*, clock = None))]
-    fn from_env(clock: Option<&ManualClock>) -> PyResult<Limiter> {
-        with_clock(shardlimit::Limiter::from_env(), clock)
+    #[pyo3(signature = (*, clock = None, transport = "default"))]
+    fn from_env(clock: Option<&ManualClock>, transport: &str) -> PyResult<Limiter> {
+        with_transport(
+            with_clock(shardlimit::Limiter::from_env(), clock)?,
+            transport,
+        )
+    }
+    /// Which transport carries `acheck` of one policy: "host" (the running asyncio loop)
+    /// or "thread" (the limiter's I/O thread; also every in-memory limiter's answer).
+    #[getter]
+    fn transport(&self) -> &'static str {
+        if self.host.is_some() {
+            "host"
+        } else {
+            "thread"
+        }
     }
     /// True when Redis shards decide, False for the in-memory engine.
     #[getter]

@@ -1,6 +1,6 @@
 """The Python shapes of load under which the limit must hold exactly while Redis is
 healthy, with the default timeout (50 ms) and on_error (open), so that a fallback shows as
-an admission Redis did not grant: 20,000 concurrent ``acheck`` in one process (default and
+an admission Redis did not grant: 20,000 concurrent ``acheck`` in one process (thread and
 host transport), and 8 processes x 32 threads checking one key with the sync API.
 
 ``tests/test_host.py`` runs the first on an idle machine; scripts/test-overload.sh runs
@@ -52,7 +52,7 @@ def _tally(results: list[Any]) -> dict[str, Any]:
 def concurrent_achecks(url: str, transport: str, n: int, limit: int) -> dict[str, Any]:
     """``n`` checks of one key, all started at once on one asyncio loop."""
     limiter = Limiter.from_json(_config(url, limit),
-                                transport="host" if transport == "host" else "default")
+                                transport="host" if transport == "host" else "thread")
 
     async def main() -> list[Any]:
         calls = [limiter.acheck("one-key", "hourly") for _ in range(n)]
@@ -134,7 +134,7 @@ def main() -> int:
         t0 = time.monotonic()
         report("8 processes x 32 threads, one key, sync check", 100,
                processes_threads(redis.url, 8, 32, 20, 100), time.monotonic() - t0)
-        for transport in ("default", "host"):
+        for transport in ("thread", "host"):
             t0 = time.monotonic()
             report(f"20,000 concurrent acheck, {transport} transport", 100,
                    concurrent_achecks(redis.url, transport, 20_000, 100),

@@ -77,8 +77,8 @@ def test_the_vectors_replay_through_the_host_transport(redis: RedisServer,
     assert sum(d.chunks for d in counted.made) > 0, "no reply came through the host transport"
 
 
-def test_decisions_equal_the_default_path(redis: RedisServer, counted: type[Counted]) -> None:
-    default = Limiter.from_json(config([redis], POLICIES, key_prefix="d:"))
+def test_decisions_equal_the_thread_path(redis: RedisServer, counted: type[Counted]) -> None:
+    default = Limiter.from_json(config([redis], POLICIES, key_prefix="d:"), transport="thread")
     hosted = Limiter.from_json(config([redis], POLICIES, key_prefix="h:"), transport="host")
 
     async def main(limiter: Limiter) -> list[tuple[bool, int, str]]:
@@ -120,6 +120,22 @@ def test_bad_transport_and_non_tcp_engines_are_refused(redis: RedisServer) -> No
         Limiter.from_json(config([redis], POLICIES), transport="carrier-pigeon")  # type: ignore[arg-type]
     with pytest.raises(shardlimit.ConfigError, match="in memory"):
         Limiter.from_json(json.dumps({"policies": POLICIES}), transport="host")
+
+
+def test_the_default_is_the_host_transport_where_it_serves_the_shards(
+        redis: RedisServer) -> None:
+    """No option: the host transport on plain TCP shards, the I/O thread where it cannot
+    serve them (in memory here; TLS, Sentinel, Cluster, Unix sockets alike), never an
+    error; ``transport="thread"`` keeps the I/O thread."""
+    text = config([redis], POLICIES)
+    for made, want in [(Limiter.from_json(text), "host"),
+                       (Limiter.from_json(text, transport="default"), "host"),
+                       (Limiter.from_json(text, transport="thread"), "thread"),
+                       (Limiter.from_json(text, transport="host"), "host"),
+                       (Limiter.from_json(json.dumps({"policies": POLICIES})), "thread"),
+                       (Limiter.memory(), "thread")]:
+        assert made.transport == want
+        made.close()
 
 
 @pytest.fixture
@@ -362,7 +378,7 @@ def test_a_late_timer_on_a_busy_loop_does_not_fail_replies_in_the_socket(
     assert sources == ["redis"] * 96, f"{sources.count('fallback')} of 96 fell back"
 
 
-@pytest.mark.parametrize("transport", ["default", "host"])
+@pytest.mark.parametrize("transport", ["thread", "host"])
 def test_20000_concurrent_achecks_admit_exactly_the_limit(redis: RedisServer,
                                                          transport: str) -> None:
     """Redis healthy, the default timeout (50 ms) and on_error (open): the time a check

@@ -78,7 +78,7 @@ impl Limiter {
         // the in-memory engine never waits: decide right here, no future, no runtime
         let view = self.inner.view.load();
         if let Engine::Memory(m) = &view.engine {
-            return self.check_memory(m, key, policy, cost, CallMode::Check);
+            return self.check_memory(&view.config, m, key, policy, cost, CallMode::Check);
         }
         drop(view);
         if let Some(r) = self.run_blocking(key, policy, cost, CallMode::Check) {

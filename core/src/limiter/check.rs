@@ -3,6 +3,7 @@
 use super::blocking::unleased;
 use super::shadow::crosses_near;
 use super::{Engine, Lease, Limiter};
+use crate::config::Config;
 use crate::decision::{Decision, Source};
 use crate::engine::memory::MemoryEngine;
 use crate::engine::outcome::Outcome;
@@ -218,9 +219,25 @@ impl Limiter {
     /// sending at most `limit + 1` keeps every script quantity an exact integer.
     #[inline]
     pub(super) fn prepare(&self, key: &str, policy: &Policy, cost: u64) -> Result<(Compiled, u64)> {
+        self.prepare_in(None, key, policy, cost)
+    }
+
+    /// [`Limiter::prepare`] with the config in force when the caller holds it already
+    /// (the in-memory check: no second load of the limiter's view per check).
+    #[inline]
+    pub(super) fn prepare_in(
+        &self,
+        config: Option<&Config>,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<(Compiled, u64)> {
         validate_key(key)?;
         if policy.0.adhoc {
-            self.own_name(policy)?;
+            match config {
+                Some(config) => own_name_in(config, policy)?,
+                None => self.own_name(policy)?,
+            }
         }
         if cost == 0 {
             return Err(Error::invalid("cost", "must be at least 1"));
@@ -230,9 +247,11 @@ impl Limiter {
     }
 
     /// A check (or peek) on the in-memory engine: synchronous, it never waits.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
     pub(super) fn check_memory(
         &self,
+        config: &Config,
         m: &MemoryEngine,
         key: &str,
         policy: &Policy,
@@ -259,12 +278,12 @@ impl Limiter {
             None => (policy, &policy.0.scope),
         };
         if let Some(parts) = policy.parts() {
-            return self.multi_memory(m, key, policy, parts, cost, mode, shadow);
+            return self.multi_memory(config, m, key, policy, parts, cost, mode, shadow);
         }
         if shadow {
             return self.shadow_memory(m, key, policy, scope, cost);
         }
-        let (eff, cost) = self.prepare(key, policy, cost)?;
+        let (eff, cost) = self.prepare_in(Some(config), key, policy, cost)?;
         let p = &*policy.0;
         let raw = m.check(scope, &eff, key, now, cost, mode, p.auto_block.as_ref());
         if raw.outcome.allowed && !raw.blocked.is_blocked() {
@@ -322,17 +341,31 @@ impl Limiter {
     /// with limits of its own: an error naming the way out.
     #[cold]
     pub(super) fn own_name(&self, policy: &Policy) -> Result<()> {
-        let name = policy.name();
-        if self.view().config.policies.contains_key(name) {
-            return Err(Error::invalid(
-                "policy",
-                format!(
-                    "an ad-hoc policy named `{name}` has the name of a configured policy, whose state and counters it would share: give it another name, or use the configured policy (limiter.policy(\"{name}\"))"
-                ),
-            ));
-        }
-        Ok(())
+        own_name_in(&self.inner.view.load().config, policy)
     }
+}
+
+/// [`Limiter::own_name`] against `config`, the config in force.
+#[inline]
+fn own_name_in(config: &Config, policy: &Policy) -> Result<()> {
+    if config.policies.is_empty() {
+        return Ok(());
+    }
+    own_name_of(config, policy)
+}
+
+#[cold]
+fn own_name_of(config: &Config, policy: &Policy) -> Result<()> {
+    let name = policy.name();
+    if config.policies.contains_key(name) {
+        return Err(Error::invalid(
+            "policy",
+            format!(
+                "an ad-hoc policy named `{name}` has the name of a configured policy, whose state and counters it would share: give it another name, or use the configured policy (limiter.policy(\"{name}\"))"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A key under one policy: what in-process state per (policy, key) is kept by (local

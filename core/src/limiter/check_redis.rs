@@ -33,7 +33,9 @@ impl Limiter {
         tokio::task::consume_budget().await;
         let view = self.view();
         let r = match &view.engine {
-            Engine::Memory(m) => return self.check_memory(m, key, policy, cost, call),
+            Engine::Memory(m) => {
+                return self.check_memory(&view.config, m, key, policy, cost, call)
+            }
             Engine::Redis(r) => r,
         };
         let base = policy;

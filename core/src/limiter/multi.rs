@@ -27,6 +27,7 @@ impl Limiter {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn multi_memory(
         &self,
+        config: &crate::config::Config,
         m: &MemoryEngine,
         key: &str,
         policy: &Policy,
@@ -39,7 +40,7 @@ impl Limiter {
         if call.is_peek() {
             let ds = parts
                 .iter()
-                .map(|p| self.check_memory(m, key, p, 1, CallMode::Peek))
+                .map(|p| self.check_memory(config, m, key, p, 1, CallMode::Peek))
                 .collect::<Result<Vec<_>>>()?;
             return Ok(combine_peeks(ds));
         }

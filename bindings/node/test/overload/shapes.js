@@ -1,7 +1,7 @@
 'use strict'
 // The Node shapes of scripts/test-overload.sh (run while it keeps every CPU busy): 20,000
 // concurrent checks of one key in this process and an Express route hit 20,000 times over
-// 200 connections, on the default and the host transport, against a healthy Redis with the
+// 200 connections, on the thread and the host transport, against a healthy Redis with the
 // default timeout and on_error (open). Each must admit exactly its limit with no
 // fallback. Prints one line per shape; exits 1 when any is off.
 //
@@ -19,7 +19,7 @@ async function main() {
     console.log(`${ok ? 'ok  ' : 'FAIL'} node ${what}: admitted ${r.admitted} of limit ${limit}, fallbacks ${r.fallbacks}, ${JSON.stringify(r.statuses || r.kinds || {})}`)
   }
   try {
-    for (const transport of ['default', 'host']) {
+    for (const transport of ['thread', 'host']) {
       const t0 = Date.now()
       report(`20,000 concurrent check, ${transport} transport`, 100, await concurrentChecks(redis, { transport, n: 20_000, limit: 100 }))
       const t1 = Date.now()

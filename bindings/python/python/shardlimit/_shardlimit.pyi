@@ -317,19 +317,21 @@ class Limiter:
         text: str,
         *,
         clock: Optional[ManualClock] = None,
-        transport: Literal["default", "host"] = "default",
+        transport: Literal["default", "host", "thread"] = "default",
     ) -> Limiter:
         """Parses a JSON config. Does not connect: connections are made on first use.
-        ``transport="host"``: ``acheck`` of one policy moves its bytes on the running
-        asyncio loop itself (one connection per shard and loop, no I/O-thread hop); every
-        shard must be a standalone Redis over plain TCP (a ConfigError says which is not).
-        Close the limiter on that loop when done with it."""
+        ``transport``: how ``acheck`` of one policy reaches Redis. ``"host"``: its bytes
+        move on the running asyncio loop itself (one connection per shard and loop, no
+        I/O-thread hop); every shard must be a standalone Redis over plain TCP (a
+        ConfigError says which is not). ``"thread"``: the limiter's I/O thread.
+        ``"default"``: the host transport where it serves the shards, else the I/O thread.
+        Sync calls never use the loop. Close the limiter on its loop when done with it."""
     @staticmethod
     def from_config_file(
         path: Union[str, os.PathLike[str]],
         *,
         clock: Optional[ManualClock] = None,
-        transport: Literal["default", "host"] = "default",
+        transport: Literal["default", "host", "thread"] = "default",
     ) -> Limiter:
         """Loads a JSON config file (``transport``: see ``from_json``)."""
     @staticmethod
@@ -337,15 +339,24 @@ class Limiter:
         path: Union[str, os.PathLike[str]],
         *,
         clock: Optional[ManualClock] = None,
-        transport: Literal["default", "host"] = "default",
+        transport: Literal["default", "host", "thread"] = "default",
     ) -> Limiter:
         """The same as ``from_config_file`` (its earlier name)."""
     @staticmethod
-    def from_env(*, clock: Optional[ManualClock] = None) -> Limiter:
-        """Uses ``$SHARDLIMIT_CONFIG``; the in-memory engine when unset."""
+    def from_env(
+        *,
+        clock: Optional[ManualClock] = None,
+        transport: Literal["default", "host", "thread"] = "default",
+    ) -> Limiter:
+        """Uses ``$SHARDLIMIT_CONFIG``; the in-memory engine when unset (``transport``:
+        see ``from_json``)."""
     @property
     def is_redis(self) -> bool:
         """True when Redis shards decide, False for the in-memory engine."""
+    @property
+    def transport(self) -> Literal["host", "thread"]:
+        """Which transport carries ``acheck`` of one policy: ``"host"`` (the running
+        asyncio loop) or ``"thread"`` (the I/O thread; every in-memory limiter)."""
     @property
     def policies(self) -> list[str]:
         """The names of the configured policies."""
