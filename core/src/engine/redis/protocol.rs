@@ -2,7 +2,7 @@
 //! and checked (every value from Redis is untrusted).
 
 use crate::config::ShardConfig;
-use crate::engine::outcome::{BlockVerdict, LayeredRaw, Outcome, Raw};
+use crate::engine::outcome::{BlockVerdict, Outcome, Raw};
 use crate::engine::redis::keys::{block_key, denial_key, override_key, shadow_key, state_key};
 use crate::engine::redis::scripts::ScriptId;
 use crate::engine::redis::{SHADOW_MAX_KEYS, SHADOW_TTL};
@@ -14,7 +14,7 @@ mod admin;
 mod layered;
 mod settle;
 pub(crate) use admin::{DumpRequest, Dumped, ReleaseRequest, ResetRequest, RestoreRequest};
-pub(crate) use layered::{LayeredRequest, RefundRequest};
+pub(crate) use layered::{LayeredChecked, LayeredRequest, LayeredTail, RefundRequest};
 pub(crate) use settle::{MultiSettled, SettleCall, SettleMultiRequest, SettleRequest, Settled};
 
 /// How a check script runs.
@@ -174,42 +174,6 @@ impl OverrideArg {
             _ => OverrideArg::None,
         }
     }
-}
-
-/// The tail of a layered call of one key's layers (`core/lua/main_layered.lua`): the
-/// override version compared first, and shadow counting.
-pub(crate) struct LayeredTail<'a> {
-    pub ov: OverrideArg,
-    /// the policy whose override entry and shadow hash these are
-    pub policy: &'a str,
-    /// the user key
-    pub key: &'a str,
-    pub shadow: bool,
-    /// a layered check of layers whose policies take overrides: each such (policy, user
-    /// key)'s override version (never `Off`) compared in the same call; empty otherwise
-    pub more: &'a [(OverrideArg, &'a str, &'a str)],
-}
-
-impl LayeredTail<'_> {
-    /// The tail's override entry key and version argument, as the layered and the
-    /// multi-limit settle scripts read them: with `Off` the key is never read (the key's
-    /// block key, of the same slot, stands in). The entry shares the slot of the key's
-    /// state (its hash tag is the key's).
-    pub fn push_override(&self, prefix: &str, a: &mut ScriptArgs) {
-        match self.ov {
-            OverrideArg::Off => a.key(block_key(prefix, self.key)),
-            _ => a.key(override_key(prefix, self.policy, self.key)),
-        };
-        a.arg(self.ov);
-    }
-}
-
-/// What a layered script answered (as [`Checked`] for one check): the decision, or an
-/// override entry that is not the one sent, with its index (0: the tail's `ov`, `j`: the
-/// `j`-th of `more`).
-pub(crate) enum LayeredChecked {
-    Decided(LayeredRaw),
-    Override(Vec<u8>, usize),
 }
 
 /// What a check script answered: a decision, or the key's override entry when it is not

@@ -8,8 +8,8 @@ use crate::engine::redis::protocol::shadow_key;
 use crate::engine::redis::scripts::ScriptId;
 use crate::engine::redis::{
     auto_block_args, auto_block_reason, block_verdict, extra_arg, implausible, ints, outcome,
-    override_entry, unexpected, Extra, LayeredChecked, LayeredTail, ScriptArgs, ScriptCall, Wire,
-    SHADOW_MAX_KEYS, SHADOW_TTL,
+    override_entry, unexpected, Extra, OverrideArg, ScriptArgs, ScriptCall, Wire, SHADOW_MAX_KEYS,
+    SHADOW_TTL,
 };
 use crate::error::Result;
 use crate::transport::resp::Reply;
@@ -148,4 +148,40 @@ impl ScriptCall for RefundRequest<'_> {
 /// none takes a lease).
 fn layer_extra(l: &LayerReq<'_>) -> Extra {
     extra_arg(&l.compiled, l.key)
+}
+
+/// The tail of a layered call of one key's layers (`core/lua/main_layered.lua`): the
+/// override version compared first, and shadow counting.
+pub(crate) struct LayeredTail<'a> {
+    pub ov: OverrideArg,
+    /// the policy whose override entry and shadow hash these are
+    pub policy: &'a str,
+    /// the user key
+    pub key: &'a str,
+    pub shadow: bool,
+    /// a layered check of layers whose policies take overrides: each such (policy, user
+    /// key)'s override version (never `Off`) compared in the same call; empty otherwise
+    pub more: &'a [(OverrideArg, &'a str, &'a str)],
+}
+
+impl LayeredTail<'_> {
+    /// The tail's override entry key and version argument, as the layered and the
+    /// multi-limit settle scripts read them: with `Off` the key is never read (the key's
+    /// block key, of the same slot, stands in). The entry shares the slot of the key's
+    /// state (its hash tag is the key's).
+    pub fn push_override(&self, prefix: &str, a: &mut ScriptArgs) {
+        match self.ov {
+            OverrideArg::Off => a.key(block_key(prefix, self.key)),
+            _ => a.key(override_key(prefix, self.policy, self.key)),
+        };
+        a.arg(self.ov);
+    }
+}
+
+/// What a layered script answered (as [`Checked`] for one check): the decision, or an
+/// override entry that is not the one sent, with its index (0: the tail's `ov`, `j`: the
+/// `j`-th of `more`).
+pub(crate) enum LayeredChecked {
+    Decided(LayeredRaw),
+    Override(Vec<u8>, usize),
 }
