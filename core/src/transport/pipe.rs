@@ -122,10 +122,16 @@ pub(crate) struct Pipe {
 }
 
 fn broken() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::ConnectionReset,
-        "the connection to Redis broke",
-    )
+    broken_because(None)
+}
+
+/// The error of a call that found its connection closed, with the closing's cause.
+fn broken_because(why: Option<&str>) -> io::Error {
+    let msg = match why {
+        Some(why) => format!("the connection to Redis broke: {why}"),
+        None => "the connection to Redis broke".to_string(),
+    };
+    io::Error::new(io::ErrorKind::ConnectionReset, msg)
 }
 
 impl Pipe {
@@ -267,14 +273,11 @@ impl Pipe {
         &self,
         submit: impl FnOnce(&mut SansIo, u64) -> io::Result<()>,
     ) -> io::Result<Reply> {
-        if self.shared.broken.load(Ordering::Acquire) {
-            return Err(broken());
-        }
         let (tx, rx) = oneshot::channel();
         {
             let mut inner = self.shared.inner.lock();
-            if inner.conn.is_down() {
-                return Err(broken());
+            if self.shared.broken.load(Ordering::Acquire) || inner.conn.is_down() {
+                return Err(broken_because(inner.conn.down_why()));
             }
             let id = inner.next_id;
             inner.next_id += 1;

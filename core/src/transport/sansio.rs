@@ -127,6 +127,8 @@ pub(crate) struct SansIo {
     unwritten: usize,
     /// when the last byte came
     last_input: Option<Instant>,
+    /// Why the connection last closed ([`SansIo::down_why`]), until it connects again.
+    down_why: Option<String>,
     /// bytes read and not framed yet
     buf: Vec<u8>,
     framer: Framer,
@@ -185,6 +187,7 @@ impl SansIo {
             calls: 0,
             unwritten: 0,
             last_input: None,
+            down_why: None,
             buf: Vec::new(),
             framer: Framer::default(),
             out: Vec::new(),
@@ -198,6 +201,13 @@ impl SansIo {
         self.state == State::Down
     }
 
+    /// Why the connection closed, while it is down (`None` before it ever connected): a
+    /// call that finds it closed fails with the cause (a TLS alert the server sent after
+    /// the handshake, say), not only with the fact.
+    pub fn down_why(&self) -> Option<&str> {
+        self.down_why.as_deref()
+    }
+
     /// The host starts to connect, `now`: the connect and the log-in must be done within
     /// the timeout.
     pub fn connecting(&mut self, now: Instant) {
@@ -208,6 +218,7 @@ impl SansIo {
             self.framer = Framer::default();
             self.out.clear();
             self.last_input = None;
+            self.down_why = None;
         } else if self.state == State::Connecting {
             // again before the socket is open: the host's connect starts only now (its
             // task waited for a busy event loop), and the connect's clock with it
@@ -484,6 +495,7 @@ impl SansIo {
     fn fail(&mut self, e: &io::Error, done: &mut Vec<Completion>) {
         tracing::debug!(error = %e, "shardlimit: closing a connection");
         self.state = State::Down;
+        self.down_why = Some(e.to_string());
         self.unwritten = 0;
         self.connect_deadline = None;
         self.last_input = None;
