@@ -45,7 +45,8 @@ type Sender = oneshot::Sender<io::Result<Reply>>;
 /// The machine and the callers of its calls, by id.
 struct Inner {
     conn: SansIo,
-    callers: HashMap<u64, Sender>,
+    /// (ids are this pipe's own counter: a fast hash is enough)
+    callers: HashMap<u64, Sender, foldhash::fast::FixedState>,
     next_id: u64,
 }
 
@@ -200,7 +201,7 @@ impl Pipe {
         let shared = Arc::new(Shared {
             inner: Mutex::new(Inner {
                 conn,
-                callers: HashMap::new(),
+                callers: HashMap::default(),
                 next_id: 1,
             }),
             write: Notify::new(),
@@ -366,7 +367,9 @@ async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, shared: Arc<Shared>) {
                 return;
             }
             // (and a large burst takes a while to write: from when it is all written)
-            shared.inner.lock().conn.written(Instant::now());
+            let mut inner = shared.inner.lock();
+            inner.conn.written(Instant::now());
+            inner.conn.recycle(bytes);
         }
     }
 }

@@ -302,6 +302,16 @@ impl SansIo {
         }
     }
 
+    /// Gives back the buffer of a [`SansIo::poll_transmit`] once it is written, so that the
+    /// next hand-out reuses its memory instead of growing a new one. Optional.
+    pub fn recycle(&mut self, mut buf: Vec<u8>) {
+        // (a burst's large buffer is let go: the next may be one check)
+        if self.out.is_empty() && buf.capacity() <= 64 * 1024 {
+            buf.clear();
+            self.out = buf;
+        }
+    }
+
     /// The bytes of the last [`SansIo::poll_transmit`] that handed out requests are written
     /// (or being written), `now`: the silence of those requests counts from then, not from
     /// the hand-out (packing a large burst, and writing it, take time that is the host's).
@@ -317,6 +327,19 @@ impl SansIo {
     }
 
     fn pack(&mut self, now: Instant) {
+        // one check alone (sequential callers: every burst is one): no grouping to do
+        if self.queued.len() == 1 && matches!(self.queued.front(), Some(Queued::Check(_))) {
+            if let Some(Queued::Check(c)) = self.queued.pop_front() {
+                let (firsts, shapes) = &mut self.scratch;
+                pack_calls(
+                    &mut self.out,
+                    std::slice::from_ref(&c.call),
+                    (firsts, shapes),
+                );
+                self.waiting.push_back((now, Expect::One(c)));
+            }
+            return;
+        }
         // the burst's commands in their order; its checks by algorithm, in the order they
         // came
         let mut checks: Vec<Call> = Vec::with_capacity(self.queued.len());
