@@ -47,8 +47,14 @@ mvn -B -q -f bindings/java/pom.xml package -DskipTests \
   -Dshardlimit.natives.dir="$stage/natives" -Dshardlimit.build.dir="$stage/build"
 name="shardlimit-$version"
 cp "$stage/build/$name.jar" "$out/$name.jar"
-unzip -l "$out/$name.jar" | grep -q "natives/linux-x86_64/libshardlimit_jni.so" ||
-  { echo "dist-java: the jar has no natives/linux-x86_64/libshardlimit_jni.so" >&2; exit 1; }
+# (the listing read whole first: `grep -q` leaving a pipe early fails it under pipefail)
+listing=$(jar --list --file "$out/$name.jar")
+if ! grep -qx "natives/linux-x86_64/libshardlimit_jni.so" <<<"$listing"; then
+  echo "dist-java: the jar has no natives/linux-x86_64/libshardlimit_jni.so; it holds:" >&2
+  echo "$listing" >&2
+  ls -lR "$stage/natives" "$stage/build/classes" >&2 || true
+  exit 1
+fi
 cp bindings/java/pom.xml "$out/$name.pom"
 
 echo "dist-java: sources and javadoc jars"
