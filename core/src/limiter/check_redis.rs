@@ -64,13 +64,7 @@ impl Limiter {
             if let Some(parts) = policy.parts() {
                 // several limits in force (the policy's, or the key's override): one
                 // layered script call, which compares the override version first
-                let tail = LayeredTail {
-                    ov: in_force.ov,
-                    policy: &base.0.name,
-                    key,
-                    shadow,
-                    more: &[],
-                };
+                let tail = in_force.tail(base, key, shadow);
                 match self
                     .multi_redis(key, policy, parts, cost, call, Some(&tail))
                     .await?

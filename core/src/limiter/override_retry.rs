@@ -8,7 +8,7 @@
 use super::overrides::Active;
 use super::Limiter;
 use crate::engine::outcome::Raw;
-use crate::engine::redis::{Checked, OverrideArg, RedisEngine};
+use crate::engine::redis::{Checked, LayeredTail, OverrideArg, RedisEngine};
 use crate::error::Result;
 use crate::policy::Policy;
 use std::sync::Arc;
@@ -26,6 +26,18 @@ impl InForce {
         ov: OverrideArg::None,
         active: None,
     };
+
+    /// The tail of a multi-limit script call of `key` under this override (`base`'s
+    /// override entry compared first; shadow counting when `shadow`).
+    pub(super) fn tail<'a>(&self, base: &'a Policy, key: &'a str, shadow: bool) -> LayeredTail<'a> {
+        LayeredTail {
+            ov: self.ov,
+            policy: &base.0.name,
+            key,
+            shadow,
+            more: &[],
+        }
+    }
 
     /// The policy in force for a key of `base`: its override's, which follows `base`'s
     /// scale, else `base` itself.

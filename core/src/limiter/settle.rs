@@ -3,11 +3,11 @@
 //! (`engine/settle.rs`, `core/lua/settle.lua`).
 
 use super::layered::{describe, layer_reqs, LayeredOut};
-use super::override_retry::OverrideRetry;
-use super::{Engine, Layer, Limiter};
+use super::override_retry::{InForce, OverrideRetry};
+use super::{Engine, Layer, Limiter, View};
 use crate::decision::{Decision, Source};
 use crate::engine::outcome::Outcome;
-use crate::engine::redis::{LayeredTail, MultiSettled, SettleCall, Settled};
+use crate::engine::redis::{LayeredTail, MultiSettled, RedisEngine, SettleCall, Settled};
 use crate::engine::settle::SettleOp;
 use crate::engine::CallMode;
 use crate::error::{Error, Result};
@@ -15,6 +15,7 @@ use crate::key::validate_key;
 use crate::policy::{Algorithm, Compiled, Policy};
 use crate::routing::shard_index;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// The largest `at_us` a reservation may carry (Lua's doubles are exact below 2^53).
 const MAX_AT_US: u64 = 1 << 53;
@@ -131,26 +132,15 @@ impl Limiter {
                 (d, now, eff, cost)
             }
             Engine::Redis(r) => {
-                let shard = shard_index(key, r.shards.len() as u32);
-                if let Some(h) = &view.handoff {
-                    self.carry_over(h, r, &base.0, key, shard as usize).await;
-                }
-                let now = self.now_override();
-                let mut in_force = self.override_arg(&base.0, key);
-                let mut retry = OverrideRetry::default();
+                let (shard, now, mut in_force, mut retry) =
+                    self.redis_start(&view, r, base, key).await;
                 let name = &r.shards[shard as usize].name;
                 loop {
                     let policy = in_force.policy(base);
                     if let Some(parts) = policy.parts() {
                         // several limits in force (the policy's, or the key's override):
                         // their all-or-nothing check, the override version compared first
-                        let tail = LayeredTail {
-                            ov: in_force.ov,
-                            policy: &base.0.name,
-                            key,
-                            shadow: false,
-                            more: &[],
-                        };
+                        let tail = in_force.tail(base, key, false);
                         match self
                             .reserve_multi(key, base, policy, parts, estimate, Some(&tail))
                             .await?
@@ -289,6 +279,29 @@ impl Limiter {
         Ok(d)
     }
 
+    /// What a reserve or a settle on Redis starts from: the key's shard (its state carried
+    /// over first while a resharding hand-off runs), the injected clock, and the override
+    /// this process knows, with a fresh retry count.
+    async fn redis_start(
+        &self,
+        view: &View,
+        r: &Arc<RedisEngine>,
+        base: &Policy,
+        key: &str,
+    ) -> (u32, Option<u64>, InForce, OverrideRetry) {
+        let shard = shard_index(key, r.shards.len() as u32);
+        if let Some(h) = &view.handoff {
+            self.carry_over(h, r, &base.0, key, shard as usize).await;
+        }
+        let now = self.now_override();
+        (
+            shard,
+            now,
+            self.override_arg(&base.0, key),
+            OverrideRetry::default(),
+        )
+    }
+
     /// Runs a charge, refund or settle on the engine, the op built by `mk` for the limit
     /// in force (the key's override if it has one): a decision that always allows, and
     /// the op as it ran.
@@ -321,26 +334,15 @@ impl Limiter {
                 Ok((self.decision(&policy.0, &eff, o, Source::Memory, None), op))
             }
             Engine::Redis(r) => {
-                let shard = shard_index(key, r.shards.len() as u32);
-                if let Some(h) = &view.handoff {
-                    self.carry_over(h, r, &base.0, key, shard as usize).await;
-                }
-                let now = self.now_override();
-                let mut in_force = self.override_arg(&base.0, key);
-                let mut retry = OverrideRetry::default();
+                let (shard, now, mut in_force, mut retry) =
+                    self.redis_start(&view, r, base, key).await;
                 let name = &r.shards[shard as usize].name;
                 loop {
                     let policy = in_force.policy(base);
                     if let Some(parts) = policy.parts() {
                         // several limits in force (the policy's, or the key's override):
                         // one multi-limit script call, the override version compared first
-                        let tail = LayeredTail {
-                            ov: in_force.ov,
-                            policy: &base.0.name,
-                            key,
-                            shadow: false,
-                            more: &[],
-                        };
+                        let tail = in_force.tail(base, key, false);
                         match self.settle_multi(key, base, parts, mk, Some(&tail)).await? {
                             Multi::Done(out) => return Ok(out),
                             Multi::Override(v) => {
