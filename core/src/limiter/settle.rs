@@ -12,9 +12,10 @@ use crate::engine::settle::SettleOp;
 use crate::engine::CallMode;
 use crate::error::{Error, Result};
 use crate::key::validate_key;
+use crate::metrics::PolicyCounters;
 use crate::policy::{Algorithm, Compiled, Policy};
 use crate::routing::shard_index;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// The largest `at_us` a reservation may carry (Lua's doubles are exact below 2^53).
@@ -46,17 +47,8 @@ impl Limiter {
     /// policy with overrides, the key's limits in force are charged (its override's, one
     /// or several, else the policy's).
     pub async fn charge(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision> {
-        settle_checked(key, policy)?;
-        positive(cost)?;
-        let (d, op) = self
-            .settle_run(key, policy, &|eff| {
-                Ok(SettleOp::Charge(cost.min(2 * eff.limit)))
-            })
-            .await?;
-        self.with_counters(policy.name(), |c| {
-            c.charged_units.fetch_add(op.args().1, Ordering::Relaxed);
-        });
-        Ok(d)
+        self.units_call(key, policy, cost, SettleOp::Charge, |c| &c.charged_units)
+            .await
     }
 
     /// Gives `cost` units of `policy` back to `key`, never above its limit (a full budget
@@ -64,15 +56,27 @@ impl Limiter {
     /// units (sliding log, at most 64 entries), or the bucket's level; on a multi-limit
     /// policy, in every limit. The decision is as [`Limiter::charge`]'s.
     pub async fn refund(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision> {
+        self.units_call(key, policy, cost, SettleOp::Refund, |c| &c.refunded_units)
+            .await
+    }
+
+    /// A charge or a refund of `cost` units (`op`, bounded by twice the limit in force),
+    /// counted in the policy's `counter`.
+    async fn units_call(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        op: fn(u64) -> SettleOp,
+        counter: fn(&PolicyCounters) -> &AtomicU64,
+    ) -> Result<Decision> {
         settle_checked(key, policy)?;
         positive(cost)?;
-        let (d, op) = self
-            .settle_run(key, policy, &|eff| {
-                Ok(SettleOp::Refund(cost.min(2 * eff.limit)))
-            })
+        let (d, ran) = self
+            .settle_run(key, policy, &|eff| Ok(op(cost.min(2 * eff.limit))))
             .await?;
         self.with_counters(policy.name(), |c| {
-            c.refunded_units.fetch_add(op.args().1, Ordering::Relaxed);
+            counter(c).fetch_add(ran.args().1, Ordering::Relaxed);
         });
         Ok(d)
     }

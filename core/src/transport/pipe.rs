@@ -523,45 +523,36 @@ impl Peek {
     /// True when the socket's next read is its end: the peer closed it and nothing it
     /// sent is left unread.
     fn at_end(&self) -> bool {
-        #[cfg(unix)]
-        {
-            let mut probe = [0u8; 1];
-            // SAFETY: `probe` is valid for one byte. The fd is open while the connection is
-            // not broken (the caller checked; if it broke since and the number was reused,
-            // a peek consumes nothing and at worst closes a broken connection again).
-            let n = unsafe {
-                libc::recv(
-                    self.fd,
-                    probe.as_mut_ptr().cast(),
-                    1,
-                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
-                )
-            };
-            n == 0
-        }
-        #[cfg(not(unix))]
-        false
+        self.peek_one() == 0
     }
 
     /// True when the socket holds bytes not read yet, or its end (read at the next turn).
     fn holds_bytes(&self) -> bool {
+        self.peek_one() >= 0
+    }
+
+    /// `recv` of one byte without taking it or waiting: 1 a byte is there, 0 the end,
+    /// negative nothing yet (or an error, or no socket to look at).
+    fn peek_one(&self) -> isize {
         #[cfg(unix)]
         {
             let mut probe = [0u8; 1];
-            // SAFETY: `probe` is valid for one byte; the fd is open while the stream whose
-            // socket it is lives (the caller holds its read half).
-            let n = unsafe {
+            // SAFETY: `probe` is valid for one byte. The fd is open while the stream whose
+            // socket it is lives: the reader holds its read half, and `Pipe::is_broken`
+            // looks only while the connection is not broken (if it broke since and the
+            // number was reused, a peek consumes nothing: at worst a broken connection is
+            // closed again).
+            unsafe {
                 libc::recv(
                     self.fd,
                     probe.as_mut_ptr().cast(),
                     1,
                     libc::MSG_PEEK | libc::MSG_DONTWAIT,
                 )
-            };
-            n >= 0
+            }
         }
         #[cfg(not(unix))]
-        false
+        -1
     }
 }
 
