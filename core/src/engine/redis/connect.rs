@@ -302,14 +302,7 @@ impl RedisEngine {
         self.may_connect(shard)?;
         let target = self.sentinel_target(shard).await?;
         let db = target.db();
-        let (timeout, max_queue) = (self.timeout, self.max_queue());
-        let pipe = st
-            .runtime()
-            .spawn(async move { Pipe::connect(&target, timeout, max_queue).await })
-            .await
-            .map_err(|e| connect_panic(&self.shards[shard], e))?
-            .map_err(|e| self.io_error(shard, e))?;
-        let pipe = Arc::new(pipe);
+        let pipe = self.connect_pipe(st, shard, target).await?;
         slot.db.store(db, Ordering::Release);
         slot.pipe.store(Some(Arc::clone(&pipe)));
         Ok(Some(PipeConn { pipe, db }))
@@ -382,7 +375,14 @@ impl RedisEngine {
             return Ok(p);
         }
         self.may_connect(shard)?;
-        let target = target.clone();
+        let pipe = self.connect_pipe(st, shard, target.clone()).await?;
+        slot.pipe.store(Some(Arc::clone(&pipe)));
+        Ok(pipe)
+    }
+
+    /// A new pipelined connection to `target` for shard `shard`, made on the I/O runtime
+    /// (the pipe's tasks live there) within the config's timeout.
+    async fn connect_pipe(&self, st: &RtState, shard: usize, target: Target) -> Result<Arc<Pipe>> {
         let (timeout, max_queue) = (self.timeout, self.max_queue());
         let pipe = st
             .runtime()
@@ -390,9 +390,7 @@ impl RedisEngine {
             .await
             .map_err(|e| connect_panic(&self.shards[shard], e))?
             .map_err(|e| self.io_error(shard, e))?;
-        let pipe = Arc::new(pipe);
-        slot.pipe.store(Some(Arc::clone(&pipe)));
-        Ok(pipe)
+        Ok(Arc::new(pipe))
     }
 
     /// Follows failovers of a shard behind Sentinels as Sentinel reports them: subscribed
