@@ -12,6 +12,7 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.LinkedBlockingQueue;
@@ -52,9 +53,22 @@ class RedisTest {
             assertEquals("redis", d.source());
             assertEquals(99, d.remaining());
             assertEquals(0, d.shard().orElseThrow());
-            String thread = l.checkAsync("k", "api", 1).thenApply(x -> Thread.currentThread().getName())
-                    .get(10, TimeUnit.SECONDS);
-            assertEquals("test-callbacks", thread);
+            // the completion waits on the executor until the callback is attached: a future
+            // already complete when thenApply is called would run it on this thread
+            CountDownLatch attached = new CountDownLatch(1);
+            l.setExecutor(r -> exec.execute(() -> {
+                try {
+                    attached.await(10, TimeUnit.SECONDS);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                }
+                r.run();
+            }));
+            CompletableFuture<String> thread = l.checkAsync("k", "api", 1)
+                    .thenApply(x -> Thread.currentThread().getName());
+            attached.countDown();
+            assertEquals("test-callbacks", thread.get(10, TimeUnit.SECONDS));
+            l.setExecutor(exec);
             assertEquals("s0", l.route("k").orElseThrow().name());
             // the state is in this server, under the config's prefix
             assertFalse(redis.cli("--scan", "--pattern", "rt1:*").isEmpty());
