@@ -232,7 +232,10 @@ t_rust() {
   cp Cargo.lock "$proj/"
   port=$(start_redis)
   (cd "$proj" && CARGO_TARGET_DIR="$(target_dir)" cargo run --quiet -- "$port")
-  (cd "$proj" && cargo tree --quiet --depth 1 -e normal | grep -q "shardlimit v$version ($crate)") ||
+  # (the tree read whole first: `grep -q` leaving a pipe early fails it under pipefail)
+  local tree
+  tree=$(cd "$proj" && cargo tree --quiet --depth 1 -e normal)
+  grep -qF "shardlimit v$version ($crate)" <<<"$tree" ||
     { echo "shardlimit did not come from the unpacked crate" >&2; return 1; }
   ok "rust"
 }
