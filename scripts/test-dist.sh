@@ -32,10 +32,7 @@ ensure_go
 godir=$(dirname "$(command -v go)")
 home=$(mktemp -d)
 cleanup() {
-  # the redis-servers started (start_redis runs in $(...), so it records them in a file)
-  if [ -f "$home/redis.pids" ]; then
-    while read -r p; do kill "$p" 2>/dev/null || true; done <"$home/redis.pids"
-  fi
+  stop_started_redis
   wait 2>/dev/null || true
   rm -rf "$home"
 }
@@ -51,18 +48,6 @@ if clean sh -c 'command -v cargo || command -v rustc || command -v rustup'; then
   echo "the clean environment still has a Rust toolchain on PATH" >&2
   exit 1
 fi
-
-# redis PORTVAR: a fresh redis-server on a free 127.0.0.1 port
-start_redis() {
-  local port dir
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  dir=$(mktemp -d -p "$home")
-  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >"$dir/log" 2>&1 &
-  echo $! >>"$home/redis.pids"
-  for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
-  redis-cli -p "$port" ping >/dev/null || { cat "$dir/log" >&2; return 1; }
-  echo "$port"
-}
 
 ok() { echo "ok: $*"; passed=$((passed + 1)); }
 # flush PORT: forget the windows of the previous program (each checks the same key)

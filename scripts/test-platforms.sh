@@ -40,27 +40,13 @@ ensure_dist_tools
 apt_install qemu-user-static libc6-arm64-cross libgcc-s1-arm64-cross musl pkg-config binutils
 home=$(mktemp -d)
 cleanup() {
-  if [ -f "$home/redis.pids" ]; then
-    while read -r p; do kill "$p" 2>/dev/null || true; done <"$home/redis.pids"
-  fi
+  stop_started_redis
   wait 2>/dev/null || true
   rm -rf "$home"
 }
 trap cleanup EXIT
 passed=0
 t0=$(date +%s)
-
-# a fresh redis-server on a free 127.0.0.1 port
-start_redis() {
-  local port dir
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  dir=$(mktemp -d -p "$home")
-  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >"$dir/log" 2>&1 &
-  echo $! >>"$home/redis.pids"
-  for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
-  redis-cli -p "$port" ping >/dev/null || { cat "$dir/log" >&2; return 1; }
-  echo "$port"
-}
 
 # sdk TRIPLE: the unpacked SDK of TRIPLE (built and packed here, or from dist/c)
 sdk() {
