@@ -197,10 +197,7 @@ async function fakeRedis(answer) {
           sock.write('+PONG\r\n')
           continue
         }
-        // a single call: 21 arguments, the tag last; a batch: 7 per check at the end
-        const n = args.length === 21 ? 1 : Number(args[2]) / 4
-        const tags = args.length === 21 ? [args[20]] : Array.from({ length: n }, (_, i) => args[args.length - 7 * n + 7 * i + 6])
-        sock.write(answer(tags))
+        sock.write(answer(checkTags(args)))
       }
     })
   })
@@ -212,6 +209,27 @@ async function fakeRedis(answer) {
       return new Promise((r) => server.close(r))
     },
   }
+}
+
+/**
+ * The tag of each check of an EVALSHA: a single call (2 keys, core/lua/main_check.lua)
+ * has it last; a batch (core/lua/main_batch.lua) sends its shapes first, then per check
+ * its shape, its cost, its flags and the values they name (n, x, g, o one each), its tag.
+ */
+function checkTags(args) {
+  const nkeys = Number(args[2])
+  const argv = args.slice(3 + nkeys)
+  if (nkeys === 2) return [argv[argv.length - 1]]
+  let i = 1
+  for (let s = 0; s < Number(argv[0]); s++) i += 1 + Number(argv[i])
+  const tags = []
+  while (i < argv.length) {
+    i += 2 // its shape and cost
+    if (/^[a-z]/i.test(argv[i])) i += 1 + [...argv[i]].filter((c) => 'nxgo'.includes(c)).length
+    tags.push(argv[i])
+    i += 1
+  }
+  return tags
 }
 
 function parseCommand(buf) {
