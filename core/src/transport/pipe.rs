@@ -270,6 +270,54 @@ impl Pipe {
         }
     }
 
+    /// [`Pipe::command`] for a command whose reply may be at most `max_reply` bytes.
+    pub async fn command_bounded(&self, packed: Vec<u8>, max_reply: usize) -> io::Result<Vec<u8>> {
+        match self
+            .send(|c, id| c.submit_bounded(id, packed, max_reply))
+            .await?
+        {
+            Reply::Str(frame) => Ok(frame),
+            _ => Err(protocol("a command's reply is its frame")),
+        }
+    }
+
+    /// `ASKING` and then `packed` (a Redis Cluster's `ASK` redirect), next to each other on
+    /// the connection: the bytes of `packed`'s reply (at most `max_reply`), once `ASKING`
+    /// was answered `+OK`.
+    pub async fn command_asking(&self, packed: Vec<u8>, max_reply: usize) -> io::Result<Vec<u8>> {
+        let (asked_tx, asked_rx) = oneshot::channel();
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut inner = self.shared.inner.lock();
+            if self.shared.broken.load(Ordering::Acquire) || inner.conn.is_down() {
+                return Err(broken_because(inner.conn.down_why()));
+            }
+            let (asking, id) = (inner.next_id, inner.next_id + 1);
+            inner.next_id += 2;
+            // (under one lock: nothing is queued between the two)
+            inner
+                .conn
+                .submit_bounded(asking, b"*1\r\n$6\r\nASKING\r\n".to_vec(), 1024)?;
+            if let Err(e) = inner.conn.submit_bounded(id, packed, max_reply) {
+                // the ASKING goes alone; its answer is nobody's concern
+                inner.callers.insert(asking, asked_tx);
+                drop(inner);
+                self.shared.write.notify_one();
+                return Err(e);
+            }
+            inner.callers.insert(asking, asked_tx);
+            inner.callers.insert(id, tx);
+        }
+        self.shared.write.notify_one();
+        let asked = asked_rx.await.map_err(|_| broken())??;
+        let reply = rx.await.map_err(|_| broken())??;
+        match (asked, reply) {
+            (Reply::Str(ok), Reply::Str(frame)) if ok == b"+OK\r\n" => Ok(frame),
+            (Reply::Str(_), Reply::Str(_)) => Err(protocol("ASKING was not answered +OK")),
+            _ => Err(protocol("a command's reply is its frame")),
+        }
+    }
+
     async fn send(
         &self,
         submit: impl FnOnce(&mut SansIo, u64) -> io::Result<()>,

@@ -71,8 +71,8 @@ struct Call {
 /// A request submitted and not handed out yet.
 enum Queued {
     Check(Call),
-    /// any other command, packed
-    Command(u64, Vec<u8>),
+    /// any other command, packed, with the longest reply it may get
+    Command(u64, Vec<u8>, usize),
 }
 
 /// What the next reply answers.
@@ -81,15 +81,15 @@ enum Expect {
     Login(&'static str),
     One(Call),
     Batch(Vec<Call>),
-    /// a command's: its frame
-    Command(u64),
+    /// a command's: its frame, up to a length
+    Command(u64, usize),
 }
 
 impl Expect {
     /// The longest reply it may get.
     fn max_reply(&self) -> usize {
         match self {
-            Expect::Command(_) => MAX_REPLY,
+            Expect::Command(_, max) => *max,
             _ => MAX_CHECK_REPLY,
         }
     }
@@ -274,8 +274,15 @@ impl SansIo {
     /// reply is the command's frame (up to [`MAX_REPLY`] bytes). `Err` as
     /// [`SansIo::submit`].
     pub fn submit_command(&mut self, id: u64, packed: Vec<u8>) -> io::Result<()> {
+        self.submit_bounded(id, packed, MAX_REPLY)
+    }
+
+    /// [`SansIo::submit_command`] for a command whose reply may be at most `max_reply`
+    /// bytes (a script call sent as a command: a check's bound, [`MAX_CHECK_REPLY`]).
+    pub fn submit_bounded(&mut self, id: u64, packed: Vec<u8>, max_reply: usize) -> io::Result<()> {
         self.admit()?;
-        self.queued.push_back(Queued::Command(id, packed));
+        self.queued
+            .push_back(Queued::Command(id, packed, max_reply.min(MAX_REPLY)));
         Ok(())
     }
 
@@ -346,9 +353,9 @@ impl SansIo {
         for q in std::mem::take(&mut self.queued) {
             match q {
                 Queued::Check(c) => checks.push(c),
-                Queued::Command(id, packed) => {
+                Queued::Command(id, packed, max) => {
                     self.out.extend_from_slice(&packed);
-                    self.waiting.push_back((now, Expect::Command(id)));
+                    self.waiting.push_back((now, Expect::Command(id, max)));
                 }
             }
         }
@@ -437,7 +444,7 @@ impl SansIo {
         frame: &[u8],
         done: &mut Vec<Completion>,
     ) -> io::Result<()> {
-        if let Expect::Command(id) = expect {
+        if let Expect::Command(id, _) = expect {
             self.calls -= 1;
             done.push(Completion {
                 id,
@@ -489,7 +496,7 @@ impl SansIo {
                     }
                 }
             }
-            Expect::Command(_) => unreachable!("answered above"),
+            Expect::Command(..) => unreachable!("answered above"),
         }
         Ok(())
     }
@@ -536,13 +543,13 @@ impl SansIo {
                 Expect::Login(_) => {}
                 Expect::One(c) => failed(c.id),
                 Expect::Batch(cs) => cs.into_iter().for_each(|c| failed(c.id)),
-                Expect::Command(id) => failed(id),
+                Expect::Command(id, _) => failed(id),
             }
         }
         for q in self.queued.drain(..) {
             match q {
                 Queued::Check(c) => failed(c.id),
-                Queued::Command(id, _) => failed(id),
+                Queued::Command(id, ..) => failed(id),
             }
         }
         self.calls = 0;

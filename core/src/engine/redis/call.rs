@@ -4,6 +4,7 @@
 //! redis crate's connection); [`RedisEngine::with_conn`] for plain commands.
 
 use super::*;
+use crate::transport::resp::{MAX_CHECK_REPLY, MAX_REPLY};
 
 /// One script call on shard `$shard`, the same on the async and the blocking path: the
 /// circuit gate ([`RedisEngine::begin`]), one attempt as EVALSHA (`$send` with `$eval`
@@ -101,15 +102,25 @@ impl RedisEngine {
     /// Runs `f` on shard `shard`'s connection, connecting first when it has none. The
     /// time limits are the wire's: the pipe's (a connect, a silent shard: see
     /// `transport/sansio.rs`), or the redis crate's connect and response timeouts.
-    pub(super) async fn raw<T, F, Fut>(&self, st: &RtState, shard: usize, f: F) -> Result<T>
+    pub(super) async fn raw<T, F, Fut>(
+        self: &Arc<Self>,
+        st: &Arc<RtState>,
+        shard: usize,
+        redis_key: Option<&str>,
+        f: F,
+    ) -> Result<T>
     where
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let map = |e| map_redis_error(&self.shards[shard], self.timeout, e);
-        let conn = match self.any_pipe(st, shard).await? {
-            Some(p) => Conn::Pipe(p),
-            None => self.connection(st, shard).await?,
+        let conn = if self.cluster_nodes.is_some() {
+            Conn::Cluster(self.cluster_conn(st, redis_key))
+        } else {
+            match self.any_pipe(st, shard).await? {
+                Some(p) => Conn::Pipe(p),
+                None => self.connection(st, shard).await?,
+            }
         };
         f(conn).await.map_err(map)
     }
@@ -143,7 +154,7 @@ impl RedisEngine {
         let start = Instant::now();
         // boxed: keeps the futures of callers shallow (deeply nested async fns overflow
         // the compiler's layout query depth in downstream crates)
-        let r = Box::pin(self.raw(&st, shard, f)).await;
+        let r = Box::pin(self.raw(&st, shard, redis_key, f)).await;
         self.finish(&st, shard, &b, start, r)
     }
 
@@ -218,7 +229,7 @@ impl RedisEngine {
         match &r {
             Err(e) if e.is_backend() => {
                 self.forget_connection(st, shard, e);
-                self.refresh_topology_soon(st);
+                self.refresh_topology_soon();
             }
             Err(_) => {}
             Ok(_) => self.connect_ok(shard),
@@ -227,26 +238,40 @@ impl RedisEngine {
     }
 
     /// One attempt of `wire` on shard `shard`'s async transport (`eval`: as EVAL).
-    async fn send(&self, st: &RtState, shard: usize, wire: &Wire<'_>, eval: bool) -> Result<Reply> {
-        let Some(PipeConn { pipe, .. }) = self.any_pipe(st, shard).await? else {
-            // Cluster: the redis crate's connection, under its connect and response
-            // timeouts
-            let mut conn = self.connection(st, shard).await?;
-            let cmd = wire.cmd(&self.prefix, eval);
-            let reply = match redis::aio::ConnectionLike::req_packed_command(&mut conn, &cmd).await
-            {
-                Ok(v) => value_reply(v),
-                // an error reply stays a reply (NOSCRIPT, a script's error)
-                Err(e)
-                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    Reply::Error(format!("NOSCRIPT {e}"))
-                }
-                Err(e) => return Err(map_redis_error(&self.shards[shard], self.timeout, e)),
-            };
-            return self.untagged(shard, wire, reply);
-        };
+    async fn send(
+        self: &Arc<Self>,
+        st: &RtState,
+        shard: usize,
+        wire: &Wire<'_>,
+        eval: bool,
+    ) -> Result<Reply> {
         let io = |e| self.io_error(shard, e);
+        if self.cluster_nodes.is_some() {
+            // a Cluster: to the owner of the key's slot over its pipe, alone (a batch
+            // call's keys would span slots), under a check's reply bound
+            let slot = wire
+                .slot_key(&self.prefix)
+                .map(|k| crate::routing::cluster_slot(&k));
+            let max_reply = match wire {
+                Wire::Check(_) => MAX_CHECK_REPLY,
+                Wire::Script { .. } => MAX_REPLY,
+            };
+            let packed = wire.cmd(&self.prefix, eval).get_packed_command();
+            let (frame, pipe) = self
+                .cluster_command(st, slot, packed, max_reply)
+                .await
+                .map_err(io)?;
+            let reply = parse_frame(&frame).map_err(io)?;
+            return self
+                .untagged(shard, wire, reply)
+                .inspect_err(|_| pipe.close(NOT_THEIRS));
+        }
+        let Some(PipeConn { pipe, .. }) = self.any_pipe(st, shard).await? else {
+            return Err(Error::Internal(format!(
+                "shard {} has no connection",
+                self.shards[shard].name
+            )));
+        };
         match wire {
             Wire::Check(req) => {
                 // the hot path: the pipe sends a burst's checks together and takes a reply
@@ -433,24 +458,4 @@ fn served(e: &RedisEngine, shard: usize, r: Result<Reply>) -> Result<Reply> {
 /// FLUSH): the call goes once more as EVAL, which loads it again.
 fn lost_scripts(r: &Result<Reply>) -> bool {
     matches!(r, Ok(r) if r.is_noscript())
-}
-
-/// A reply the redis crate parsed, as [`Reply`] (Cluster shards).
-fn value_reply(v: redis::Value) -> Reply {
-    match v {
-        redis::Value::Nil => Reply::Nil,
-        redis::Value::Int(n) => Reply::Int(n),
-        redis::Value::BulkString(b) => Reply::Str(b),
-        redis::Value::SimpleString(s) => Reply::Str(s.into_bytes()),
-        redis::Value::Okay => Reply::Str(b"OK".to_vec()),
-        redis::Value::Array(items) | redis::Value::Set(items) => {
-            Reply::Array(items.into_iter().map(value_reply).collect())
-        }
-        // as the server wrote it: `CODE details` (NOSCRIPT, a script's ERR, ...)
-        redis::Value::ServerError(e) => Reply::Error(match e.details() {
-            Some(d) => format!("{} {d}", e.code()),
-            None => e.code().to_string(),
-        }),
-        other => Reply::Error(format!("unexpected reply {other:?}")),
-    }
 }

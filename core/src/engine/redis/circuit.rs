@@ -47,11 +47,14 @@ pub(super) struct Topology {
 pub(super) struct ClusterNodes {
     pub(super) topology: ArcSwapOption<Topology>,
     pub(super) circuits: Mutex<std::collections::HashMap<(String, u16), Arc<NodeCircuit>>>,
-    pub(super) refreshing: AtomicBool,
     /// monotonic µs of the last refresh
     pub(super) refreshed_at: AtomicU64,
     /// how to connect to a node (the first seed's login and TLS settings)
     pub(super) seed: redis::ConnectionInfo,
+    /// the TLS settings of the nodes (`rediss://`)
+    pub(super) tls: Option<crate::TlsConfig>,
+    /// the configured nodes, where the map is read when no node of it answers
+    pub(super) seeds: Vec<super::cluster::Node>,
 }
 
 /// Slots, primaries and reply items of a `CLUSTER SLOTS` reply accepted at most (its
@@ -62,7 +65,7 @@ pub(super) const CLUSTER_NODES_MAX: usize = 1000;
 
 impl ClusterNodes {
     /// The slot map of a `CLUSTER SLOTS` reply; `None` when it is malformed.
-    fn parse(&self, v: &redis::Value) -> Option<Topology> {
+    pub(super) fn parse(&self, v: &redis::Value) -> Option<Topology> {
         use redis::Value as V;
         let V::Array(ranges) = v else { return None };
         if ranges.len() > CLUSTER_SLOTS {
@@ -93,7 +96,7 @@ impl ClusterNodes {
                 Some(V::Int(p)) => u16::try_from(*p).ok().filter(|p| *p != 0)?,
                 _ => return None,
             };
-            if host.is_empty() || host.len() > 255 {
+            if !super::cluster::plausible_host(&host) {
                 continue; // an unknown endpoint: its slots keep the shard's circuit
             }
             let at = match nodes.iter().position(|n| n.host == host && n.port == port) {
@@ -167,55 +170,17 @@ impl ClusterNodes {
         };
         redis::Client::open(self.seed.clone().set_addr(addr))
     }
+
+    /// Where node `host:port` is, as a pipe connects to it (the seed's login, and its TLS
+    /// settings for `rediss://` nodes); `Err` says why it cannot be reached.
+    pub(super) fn target(&self, host: &str, port: u16) -> std::result::Result<Target, String> {
+        let client = self.node_client(host, port).map_err(|e| e.to_string())?;
+        Target::of(&client, self.tls.as_ref())?
+            .ok_or_else(|| format!("cannot connect to Cluster node {host}:{port}"))
+    }
 }
 
 impl RedisEngine {
-    /// Reads the Cluster's slot map (`CLUSTER SLOTS`) over `conn`, within the timeout.
-    pub(super) async fn refresh_topology(&self, mut conn: ClusterConnection) {
-        let Some(cn) = &self.cluster_nodes else {
-            return;
-        };
-        if cn.refreshing.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let r = tokio::time::timeout(
-            self.timeout,
-            redis::cmd("CLUSTER")
-                .arg("SLOTS")
-                .query_async::<redis::Value>(&mut conn),
-        )
-        .await;
-        match r {
-            Ok(Ok(v)) => match cn.parse(&v) {
-                Some(t) => cn.topology.store(Some(Arc::new(t))),
-                None => tracing::warn!("shardlimit: malformed CLUSTER SLOTS reply ignored"),
-            },
-            Ok(Err(e)) => tracing::debug!(error = %e, "shardlimit: CLUSTER SLOTS failed"),
-            Err(_) => tracing::debug!("shardlimit: CLUSTER SLOTS timed out"),
-        }
-        cn.refreshed_at.store(mono_us(), Ordering::Relaxed);
-        cn.refreshing.store(false, Ordering::Release);
-    }
-
-    /// After a failure in a Cluster: reads the slot map again in the background (at most
-    /// every 200 ms), so keys of slots that moved (a failover) follow their new owner.
-    pub(super) fn refresh_topology_soon(self: &Arc<Self>, st: &RtState) {
-        let Some(cn) = &self.cluster_nodes else {
-            return;
-        };
-        if mono_us().saturating_sub(cn.refreshed_at.load(Ordering::Relaxed)) < 200_000 {
-            return;
-        }
-        let Some(conn) = st.conns[0].conn.load_full() else {
-            return;
-        };
-        if let Conn::Cluster(c) = &*conn {
-            let (me, c) = (Arc::clone(self), c.clone());
-            st.runtime()
-                .spawn(async move { me.refresh_topology(c).await });
-        }
-    }
-
     /// The circuit a call on `shard` for Redis key `redis_key` goes through.
     pub(super) fn breaker(&self, redis_key: Option<&str>) -> Breaker {
         match (&self.cluster_nodes, redis_key) {
@@ -347,29 +312,12 @@ impl RedisEngine {
             return true;
         };
         if let Ok(st) = self.state() {
-            if let Some(conn) = st.conns[0].conn.load_full() {
-                if let Conn::Cluster(c) = &*conn {
-                    self.refresh_topology(c.clone()).await;
-                }
-            }
+            self.refresh_topology(&st).await;
         }
         if !cn.owns_slots(n) {
             return true;
         }
-        let cfg = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout));
-        let work = async {
-            let client = cn.node_client(&n.host, n.port)?;
-            let mut c = client
-                .get_multiplexed_async_connection_with_config(&cfg)
-                .await?;
-            redis::cmd("PING").query_async::<String>(&mut c).await
-        };
-        matches!(
-            tokio::time::timeout(self.timeout, work).await,
-            Ok(Ok(pong)) if pong == "PONG"
-        )
+        self.ping_node(&(n.host.clone(), n.port)).await
     }
 
     /// True when shard `shard` takes a new connection and answers PING within the
@@ -397,6 +345,18 @@ impl RedisEngine {
                 Ok(Ok(frame)) if frame == b"+PONG\r\n"
             );
         }
+        if let Some(cn) = &self.cluster_nodes {
+            // the map again, and a configured node that answers
+            if let Ok(st) = self.state() {
+                self.refresh_topology(&st).await;
+            }
+            for node in cn.seeds.iter().take(3) {
+                if self.ping_node(node).await {
+                    return true;
+                }
+            }
+            return false;
+        }
         if matches!(self.clients[shard], Client::Sentinel(_)) {
             // the primary the Sentinels name now (the resolution has its own timeout)
             let Ok(target) = self.sentinel_target(shard).await else {
@@ -419,12 +379,10 @@ impl RedisEngine {
                         .await?;
                     ping(c).await
                 }
-                Client::Cluster(client) => {
-                    let mut c = client.get_async_connection().await?;
-                    redis::cmd("PING").query_async::<String>(&mut c).await
-                }
                 // (probed over a pipe above)
-                Client::Sentinel(_) => Err(std::io::Error::other("not probed here").into()),
+                Client::Cluster | Client::Sentinel(_) => {
+                    Err(std::io::Error::other("not probed here").into())
+                }
             }
         };
         matches!(

@@ -50,13 +50,15 @@ impl RedisEngine {
             Ok(())
         };
         // (the warm-up's own deadline, which the caller chose)
-        let mut r =
-            match tokio::time::timeout_at(deadline.into(), Box::pin(self.raw(&st, shard, load)))
-                .await
-            {
-                Ok(r) => r,
-                Err(_) => Err(self.timeout_error(shard)),
-            };
+        let mut r = match tokio::time::timeout_at(
+            deadline.into(),
+            Box::pin(self.raw(&st, shard, None, load)),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(self.timeout_error(shard)),
+        };
         let pooled = !st.blocking[shard].lock().is_empty();
         let blocking = self.targets[shard].as_ref().filter(|t| !t.is_tls());
         if let (Ok(()), Some(target), false) = (&r, blocking, pooled) {

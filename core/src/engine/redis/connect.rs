@@ -147,8 +147,8 @@ pub(super) fn connect_panic_payload(shard: &ShardConfig, p: &(dyn std::any::Any 
 }
 
 impl RedisEngine {
-    /// Shard `shard`'s connection through the redis crate (Cluster), made when
-    /// there is none. Its time limits are the crate's: a connect gets the config's
+    /// Shard `shard`'s connection through the redis crate (a Sentinel shard's plain
+    /// commands), made when there is none. Its time limits are the crate's: a connect gets the config's
     /// timeout, and so does a command, counted by the crate from when the caller hands it
     /// over (which includes time queued in the crate's pipeline: it does not tell a busy
     /// process from a silent server as our own connections do).
@@ -186,14 +186,10 @@ impl RedisEngine {
                 .map_err(join)?
                 .map(Conn::Single)
                 .map_err(map)?,
-            Client::Cluster(client) => {
-                let client = client.clone();
-                st.runtime()
-                    .spawn(async move { client.get_async_connection().await })
-                    .await
-                    .map_err(join)?
-                    .map(Conn::Cluster)
-                    .map_err(map)?
+            Client::Cluster => {
+                return Err(Error::Internal(
+                    "a Cluster's connections are its nodes' pipes".into(),
+                ))
             }
             Client::Sentinel(_) => {
                 let primary = self.sentinel_primary(shard).await?;
@@ -206,11 +202,6 @@ impl RedisEngine {
             }
         };
         slot.conn.store(Some(Arc::new(conn.clone())));
-        if let Conn::Cluster(c) = &conn {
-            // which primary owns which slot, for their circuits (best effort: until it is
-            // known, the whole Cluster's circuit applies)
-            self.refresh_topology(c.clone()).await;
-        }
         Ok(conn)
     }
 

@@ -18,8 +18,6 @@ use arc_swap::ArcSwapOption;
 use futures_util::FutureExt;
 use parking_lot::Mutex;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -28,6 +26,7 @@ use std::time::{Duration, Instant};
 
 mod call;
 mod circuit;
+mod cluster;
 mod commands;
 mod connect;
 mod host;
@@ -72,13 +71,13 @@ const BLOCKING_IDLE_MAX: usize = 64;
 /// backing off after one failed (see [`RedisEngine::may_connect`]).
 const RECONNECT_WAIT: &str = "not connecting yet: the last attempt failed, backing off";
 
-/// A connection to one shard: a standalone Redis (multiplexed, auto-reconnecting) or a
-/// whole Redis Cluster (the redis crate routes by slot and follows MOVED/ASK).
+/// A connection to one shard: a primary found through Sentinels, a whole Redis Cluster
+/// (routed by slot over our pipes, see `cluster.rs`), or a standalone shard's pipe.
 #[derive(Clone)]
 pub(crate) enum Conn {
     /// A primary found through Sentinels (the redis crate's connection).
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(cluster::ClusterConn),
     /// A standalone shard (TCP, TLS or a Unix socket): its pipelined connection.
     Pipe(PipeConn),
 }
@@ -117,7 +116,8 @@ impl redis::aio::ConnectionLike for Conn {
 
 enum Client {
     Single(Box<redis::Client>),
-    Cluster(Box<ClusterClient>),
+    /// A Redis Cluster: its nodes are in [`RedisEngine::cluster_nodes`].
+    Cluster,
     /// A primary watched by Sentinels: resolved on connect, and again after a failure.
     Sentinel(Box<tokio::sync::Mutex<SentinelClient>>),
 }
@@ -148,6 +148,8 @@ pub(crate) struct RtState {
     pub(crate) blocking: Vec<Mutex<Vec<BlockingConn>>>,
     /// The pipelined connection of each shard, for async calls.
     pub(crate) pipes: Vec<PipeSlot>,
+    /// A Cluster's pipes, one per node.
+    pub(crate) nodes: cluster::NodePipes,
     pub(crate) stream_tx: Option<tokio::sync::mpsc::Sender<StreamItem>>,
 }
 
@@ -288,34 +290,15 @@ impl RedisEngine {
         subscribers: Arc<Subscribers>,
         stream_maxlen: Option<u64>,
     ) -> Result<RedisEngine> {
-        #[allow(unused_mut)]
-        let mut builder = ClusterClient::builder(nodes.iter().map(String::as_str))
-            .connection_timeout(timeout)
-            .response_timeout(timeout)
-            .retries(2)
-            .min_retry_wait(10)
-            .max_retry_wait(200);
         #[cfg(feature = "tls")]
         if nodes.iter().any(|n| n.starts_with("rediss://")) {
             crate::tls::ensure_crypto_provider();
-            if let Some(t) = &tls {
-                if let Some(c) = t.certificates() {
-                    builder = builder.certs(c);
-                }
-                builder = builder.tls(t.mode());
-            }
         }
-        let client = builder.build().map_err(|e| {
-            let e = nodes
-                .iter()
-                .fold(e.to_string(), |e, n| crate::config::scrub(&e, n));
-            Error::config("cluster.nodes", format!("invalid cluster: {e}"))
-        })?;
         let mut shard = ShardConfig::new("cluster", nodes.join(","));
         shard.tls = tls;
         RedisEngine::build(
             vec![shard],
-            vec![Client::Cluster(Box::new(client))],
+            vec![Client::Cluster],
             prefix,
             timeout,
             subscribers,
@@ -353,19 +336,7 @@ impl RedisEngine {
             })
             .collect::<Result<Vec<_>>>()?;
         let cluster_nodes = match (clients.first(), shards.first()) {
-            (Some(Client::Cluster(_)), Some(shard)) => {
-                let first = shard.url.split(',').next().unwrap_or_default();
-                let seed = redis::IntoConnectionInfo::into_connection_info(first).map_err(|e| {
-                    Error::config("cluster.nodes", format!("invalid node URL: {e}"))
-                })?;
-                Some(ClusterNodes {
-                    topology: ArcSwapOption::empty(),
-                    circuits: Mutex::default(),
-                    refreshing: AtomicBool::new(false),
-                    refreshed_at: AtomicU64::new(0),
-                    seed,
-                })
-            }
+            (Some(Client::Cluster), Some(shard)) => Some(cluster_nodes(shard)?),
             _ => None,
         };
         Ok(RedisEngine {
@@ -452,6 +423,7 @@ impl RedisEngine {
             conns: self.shards.iter().map(|_| Slot::default()).collect(),
             blocking: self.shards.iter().map(|_| Mutex::default()).collect(),
             pipes: self.shards.iter().map(|_| PipeSlot::default()).collect(),
+            nodes: cluster::NodePipes::default(),
             stream_tx,
         });
         self.state.store(Some(st.clone()));
@@ -460,8 +432,51 @@ impl RedisEngine {
 
     /// True when the one shard is a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
-        matches!(self.clients.first(), Some(Client::Cluster(_)))
+        matches!(self.clients.first(), Some(Client::Cluster))
     }
+}
+
+/// What a Cluster shard knows of its nodes before it reads the slot map: the configured
+/// nodes (`shard.url`, comma-separated), each a `redis://` or `rediss://` TCP address, and
+/// how to log in to every node (the first one's settings).
+fn cluster_nodes(shard: &ShardConfig) -> Result<ClusterNodes> {
+    let mut seeds = Vec::new();
+    let mut first = None;
+    for (i, url) in shard.url.split(',').enumerate() {
+        let field = format!("cluster.nodes[{i}]");
+        let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| {
+            let e = crate::config::scrub(&e.to_string(), url);
+            Error::config(&field, format!("invalid node URL: {e}"))
+        })?;
+        let node = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port)
+            | redis::ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
+            _ => {
+                return Err(Error::config(
+                    field,
+                    "a Cluster node is a redis:// or rediss:// TCP address",
+                ))
+            }
+        };
+        seeds.push(node);
+        first.get_or_insert(info);
+    }
+    let seed = first.ok_or_else(|| Error::config("cluster.nodes", "no nodes"))?;
+    let nodes = ClusterNodes {
+        topology: ArcSwapOption::empty(),
+        circuits: Mutex::default(),
+        refreshed_at: AtomicU64::new(0),
+        seed,
+        tls: shard.tls.clone(),
+        seeds,
+    };
+    // the TLS settings are checked now, not at the first call
+    if let Some((host, port)) = nodes.seeds.first() {
+        nodes
+            .target(host, *port)
+            .map_err(|e| Error::config("cluster.tls", e))?;
+    }
+    Ok(nodes)
 }
 
 #[cfg(test)]

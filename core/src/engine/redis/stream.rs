@@ -42,9 +42,10 @@ impl RedisEngine {
                 continue;
             }
             let Ok(st) = self.state() else { return };
+            let at = self.at(&key);
             let key = key.clone();
             let r = self
-                .raw(&st, shard, |mut conn| async move {
+                .raw(&st, shard, at.as_deref(), |mut conn| async move {
                     let mut cmd = redis::cmd("XADD");
                     cmd.arg(&key).arg("MAXLEN").arg("~").arg(maxlen).arg("*");
                     for (k, v) in fields {
