@@ -376,3 +376,170 @@ fn cluster_mode_overrides_are_exact_on_the_next_check() {
     let e = a.list_overrides_blocking("api", None, 10).unwrap_err();
     assert!(e.to_string().contains("Cluster"), "{e}");
 }
+
+fn node_id(n: &RedisServer) -> String {
+    redis::cmd("CLUSTER")
+        .arg("MYID")
+        .query(&mut n.conn())
+        .unwrap()
+}
+
+fn set_slot(n: &RedisServer, slot: u16, how: &str, id: &str) {
+    redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg(how)
+        .arg(id)
+        .exec(&mut n.conn())
+        .unwrap();
+}
+
+/// A slot migrated from one primary to another with `CLUSTER SETSLOT` and `MIGRATE`, as
+/// `redis-cli --cluster reshard` does, between calls. While it migrates, the old owner
+/// answers `ASK` for keys it does not hold, and a single-key command (an override) goes to
+/// the new owner behind `ASKING`; a check there (two keys, its block entry missing) is
+/// refused with `TRYAGAIN` by Redis itself, a backend error. Once the slot moved, the old
+/// owner answers `MOVED`, which is followed (and the map read again). Every check is
+/// decided by Redis (`on_error: error`) and counts on from where the key's state was.
+#[test]
+fn a_slot_migration_is_followed_through_ask_and_moved() {
+    let nodes = Cluster::start();
+    let l = Limiter::from_json(&nodes.config(
+        1000,
+        r#"{"api": {"algorithm":"fixed_window","limit":100,"window":"1h","on_error":"error","overrides":true}}"#,
+    ))
+    .unwrap();
+    let p = l.policy("api").unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (from, to) = (&nodes[0], &nodes[1]);
+    let old = key_owned_by(&nodes, 0, "mig");
+    // (a user key whose routing key is `old`: the same slot)
+    let fresh = format!("{{{old}}}:fresh");
+    let slot = shardlimit::routing::cluster_slot(&old);
+    let check = |k: &str| {
+        let d = l.check_blocking(k, &p, 1).unwrap();
+        assert_eq!(d.source, Source::Redis, "{k}");
+        (d.limit, d.remaining)
+    };
+    assert_eq!(check(&old), (100, 99));
+    assert_eq!(check(&old), (100, 98));
+
+    set_slot(to, slot, "IMPORTING", &node_id(from));
+    set_slot(from, slot, "MIGRATING", &node_id(to));
+    let on = |n: &RedisServer| -> u64 {
+        redis::cmd("CLUSTER")
+            .arg("COUNTKEYSINSLOT")
+            .arg(slot)
+            .query(&mut n.conn())
+            .unwrap()
+    };
+    let (on_from, on_to) = (on(from), on(to));
+    // none of `fresh`'s keys is on the old owner: ASK, and the new owner takes the write
+    l.set_override_blocking(&fresh, "api", "50/hour", None)
+        .unwrap();
+    assert_eq!((on(from), on(to)), (on_from, on_to + 1));
+    let got = rt.block_on(l.get_override(&fresh, "api")).unwrap().unwrap();
+    assert_eq!(
+        got.limit,
+        shardlimit::Limit::fixed_window(50, Duration::from_secs(3600))
+    );
+    // a check of two keys in a slot being migrated: Redis's TRYAGAIN, a backend error
+    let e = l.check_blocking(&fresh, &p, 1).unwrap_err();
+    assert!(e.is_backend() && e.to_string().contains("TRYAGAIN"), "{e}");
+    // `old`'s keys move
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100)
+        .query(&mut from.conn())
+        .unwrap();
+    assert!(!keys.is_empty());
+    redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(to.port)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(&keys)
+        .exec(&mut from.conn())
+        .unwrap();
+    assert_eq!(on(from), 0);
+
+    // the migration ends: every node names the new owner, the old one answers MOVED
+    for n in &nodes {
+        set_slot(n, slot, "NODE", &node_id(to));
+    }
+    assert_eq!(check(&old), (100, 97));
+    assert_eq!(rt.block_on(l.check(&old, &p, 1)).unwrap().remaining, 96);
+    assert_eq!(check(&fresh), (50, 49));
+    // (the old owner counts each script call it redirected as rejected)
+    let rejected = || -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut from.conn())
+            .unwrap();
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| l.split("rejected_calls=").nth(1))
+            .map(|v| v.split(',').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    };
+    assert!(rejected() >= 2, "the old owner redirected");
+    // the map is read again after a MOVED: from then on the new owner is asked first
+    wait("the map names the new owner", || {
+        let before = rejected();
+        check(&old);
+        rejected() == before
+    });
+    assert_eq!(on(from), 0);
+}
+
+/// 20,000 checks of one key at once from one thread, with the default deadline (50 ms)
+/// and `on_error: open`: the last of them wait in this process far longer than 50 ms
+/// before their turn on the connection, with Redis answering all the while. That is not
+/// Redis failing: every check is decided by Redis, exactly the limit is admitted. (On the
+/// redis crate's cluster client, whose response timeout counted from the hand-over, the
+/// later checks fell back and were admitted.)
+#[test]
+fn checks_queued_in_a_busy_client_are_decided_by_redis() {
+    let nodes = Cluster::start();
+    let l = Limiter::from_json(&nodes.config(
+        50,
+        r#"{"api": {"algorithm":"fixed_window","limit":100,"window":"1h"}}"#,
+    ))
+    .unwrap();
+    let p = l.policy("api").unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // connected and the map read before the burst
+    assert_eq!(
+        rt.block_on(l.check("warm", &p, 1)).unwrap().source,
+        Source::Redis
+    );
+    let n = 20_000;
+    let t0 = Instant::now();
+    let all = rt.block_on(futures_util::future::join_all(
+        (0..n).map(|_| l.check("one-key", &p, 1)),
+    ));
+    let took = t0.elapsed();
+    let (mut allowed, mut fallbacks, mut errors) = (0, 0, 0);
+    for r in all {
+        match r {
+            Ok(d) => {
+                allowed += u64::from(d.allowed);
+                fallbacks += u64::from(d.source == Source::Fallback);
+            }
+            Err(_) => errors += 1,
+        }
+    }
+    eprintln!("{n} checks in {took:?}: admitted {allowed}, fallbacks {fallbacks}, errors {errors}");
+    // (the last ones waited longer than the deadline, or the test shows nothing)
+    assert!(took > Duration::from_millis(100), "took {took:?}");
+    assert_eq!((allowed, fallbacks, errors), (100, 0, 0));
+}
