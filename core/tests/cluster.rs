@@ -517,11 +517,18 @@ fn checks_queued_in_a_busy_client_are_decided_by_redis() {
         .enable_all()
         .build()
         .unwrap();
-    // connected and the map read before the burst
-    assert_eq!(
-        rt.block_on(l.check("warm", &p, 1)).unwrap().source,
-        Source::Redis
-    );
+    // connected, the map read and every script loaded on every primary before the burst
+    rt.block_on(l.connect(Duration::from_secs(5))).unwrap();
+    for n in &nodes {
+        for (name, _, sha) in shardlimit::scripts::all() {
+            let there: Vec<bool> = redis::cmd("SCRIPT")
+                .arg("EXISTS")
+                .arg(&sha)
+                .query(&mut n.conn())
+                .unwrap();
+            assert_eq!(there, [true], "{name} on node {}", n.port);
+        }
+    }
     let n = 20_000;
     let t0 = Instant::now();
     let all = rt.block_on(futures_util::future::join_all(

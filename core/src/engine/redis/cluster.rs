@@ -361,6 +361,41 @@ impl RedisEngine {
         });
     }
 
+    /// Loads every script on every primary of the slot map (read first when none is
+    /// known; the first configured node when none can be read), so that the first checks
+    /// on each node find their scripts (a Cluster's `connect`).
+    pub(super) async fn cluster_warm_up(self: &Arc<Self>, st: &RtState) -> io::Result<()> {
+        let cn = self.nodes()?;
+        self.read_topology(st, true).await;
+        let nodes: Vec<Node> = match cn.topology.load_full() {
+            Some(t) if !t.nodes.is_empty() => {
+                t.nodes.iter().map(|n| (n.host.clone(), n.port)).collect()
+            }
+            _ => cn.seeds.iter().take(1).cloned().collect(),
+        };
+        for node in nodes {
+            let pipe = self.node_pipe(st, &node).await?;
+            for (_, src, _) in scripts::all() {
+                let load = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(src)
+                    .get_packed_command();
+                let frame = pipe.command_bounded(load, 1024).await?;
+                if !frame.starts_with(b"$40\r\n") {
+                    // (untrusted bytes: a short, lossy excerpt)
+                    let what = String::from_utf8_lossy(&frame[..frame.len().min(200)]);
+                    return Err(io::Error::other(format!(
+                        "SCRIPT LOAD on Cluster node {}:{} failed: {}",
+                        node.0,
+                        node.1,
+                        what.trim_end()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// True when `node` takes a new connection and answers PING within the timeout.
     pub(super) async fn ping_node(&self, node: &Node) -> bool {
         let Some(cn) = &self.cluster_nodes else {

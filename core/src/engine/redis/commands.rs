@@ -50,12 +50,17 @@ impl RedisEngine {
             Ok(())
         };
         // (the warm-up's own deadline, which the caller chose)
-        let mut r = match tokio::time::timeout_at(
-            deadline.into(),
-            Box::pin(self.raw(&st, shard, None, load)),
-        )
-        .await
-        {
+        let work = async {
+            if self.cluster_nodes.is_some() {
+                // every primary of the map loads them
+                self.cluster_warm_up(&st)
+                    .await
+                    .map_err(|e| self.io_error(shard, e))
+            } else {
+                self.raw(&st, shard, None, load).await
+            }
+        };
+        let mut r = match tokio::time::timeout_at(deadline.into(), Box::pin(work)).await {
             Ok(r) => r,
             Err(_) => Err(self.timeout_error(shard)),
         };
