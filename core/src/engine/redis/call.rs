@@ -1,7 +1,7 @@
 //! The call path to a shard: [`RedisEngine::call`] (and its blocking twin) for every script
 //! call: circuit gate, deadline, the NOSCRIPT retry, error mapping, latency and circuit
-//! accounting, once, over the transports under it (the pipe, a blocking connection, or the
-//! redis crate's connection); [`RedisEngine::with_conn`] for plain commands.
+//! accounting, once, over the transports under it (the pipe, a Cluster node's pipe, or a
+//! blocking connection); [`RedisEngine::with_conn`] for plain commands.
 
 use super::*;
 use crate::transport::resp::{MAX_CHECK_REPLY, MAX_REPLY};
@@ -101,7 +101,8 @@ pub(super) fn refused_kind(e: &redis::RedisError) -> bool {
 impl RedisEngine {
     /// Runs `f` on shard `shard`'s connection, connecting first when it has none. The
     /// time limits are the wire's: the pipe's (a connect, a silent shard: see
-    /// `transport/sansio.rs`), or the redis crate's connect and response timeouts.
+    /// `transport/sansio.rs`), a Cluster node's pipe's, or (a Sentinel shard's plain
+    /// commands) the redis crate's connect and response timeouts.
     pub(super) async fn raw<T, F, Fut>(
         self: &Arc<Self>,
         st: &Arc<RtState>,
@@ -162,8 +163,8 @@ impl RedisEngine {
     /// every script (checks, shadow checks, layered checks, refunds, settles, releases,
     /// resets, dump and restore). It fails fast while the circuit is open, sends the call
     /// as EVALSHA over the shard's transport (the pipelined connection, where a check may
-    /// go in a batch call with its burst's others, or the redis crate's connection for a
-    /// Cluster) and, when the server lost the script (restart,
+    /// go in a batch call with its burst's others, or in a Cluster the pipe of the primary
+    /// that owns the key's slot, alone) and, when the server lost the script (restart,
     /// SCRIPT FLUSH), once more as EVAL; it maps errors, takes
     /// the reply's tag off (a reply with another call's tag is refused), records latency,
     /// feeds the circuit, and reads the reply as the call's [`ScriptCall::read`] says.

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 impl RedisEngine {
     /// Connects to every shard and loads every script there, all within `timeout` (its
-    /// own deadline, not a call's): the pipelined connection (or the redis crate's), and
+    /// own deadline, not a call's): the pipelined connection (a Cluster's: one per primary), and
     /// one blocking connection per shard that takes them, so that no call's deadline is
     /// spent on a TCP connect. The first failure is returned; it counts for the shard's
     /// circuit like a call's.

@@ -1,4 +1,4 @@
-//! Clients and connections: standalone, Sentinel and Cluster clients, lazy connects with
+//! Clients and connections: standalone and Sentinel clients, lazy connects with
 //! back-off, the pipelined connection, Sentinel failover watching.
 
 use super::*;

@@ -164,8 +164,8 @@ pub(crate) struct RedisEngine {
     pub shards: Vec<ShardConfig>,
     clients: Vec<Client>,
     /// Per standalone shard, where its pipe connects, and blocking callers (but to a TLS
-    /// shard) connect themselves (`None`: Cluster or Sentinel, which go through the redis
-    /// crate's connections on the I/O runtime).
+    /// shard) connect themselves (`None`: Cluster or Sentinel, whose pipes connect to
+    /// the nodes the slot map or the Sentinels name, on the I/O runtime).
     targets: Vec<Option<Target>>,
     /// How long a blocking caller may spin on its socket before sleeping, and the I/O
     /// thread after the last async check (config `spin_wait`, µs; a reload that keeps the
