@@ -415,3 +415,96 @@ fn a_structured_sentinel_config_takes_any_master_name_and_password() {
     let d = l.check_by_name_blocking("user:1", "login", 1).unwrap();
     assert_eq!((d.allowed, d.source), (false, Source::Redis));
 }
+
+/// A hostile Sentinel: it answers the `+switch-master` watch's SUBSCRIBE, then sends a
+/// message whose payload is a bulk string of 2^40 bytes, streamed for as long as the
+/// client reads (the redis crate's subscription read it all into memory). The watch takes
+/// a message of at most 4 KiB: it closes the connection after at most that and what the
+/// sockets hold, and subscribes again after a back-off. The shard itself (no primary
+/// named) takes its failure mode within the deadline.
+#[test]
+fn a_hostile_sentinel_cannot_grow_the_switch_watch() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let most_sent = Arc::new(AtomicU64::new(0));
+    let (subscribed, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    {
+        let (most_sent, subscribed, closed) =
+            (most_sent.clone(), subscribed.clone(), closed.clone());
+        std::thread::spawn(move || {
+            for s in listener.incoming() {
+                let Ok(s) = s else { continue };
+                let (most_sent, subscribed, closed) =
+                    (most_sent.clone(), subscribed.clone(), closed.clone());
+                std::thread::spawn(move || {
+                    let mut w = s.try_clone().unwrap();
+                    let mut r = BufReader::new(s);
+                    let mut line = String::new();
+                    // (commands as RESP arrays; only their words matter here)
+                    while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+                        let word = line.trim_end().to_ascii_uppercase();
+                        line.clear();
+                        if word != "SUBSCRIBE" {
+                            if !word.starts_with(['*', '$']) && !word.contains("SWITCH") {
+                                // any other command (asking for the primary): not known
+                                if w.write_all(b"-ERR unknown command\r\n").is_err() {
+                                    return;
+                                }
+                            }
+                            continue;
+                        }
+                        r.read_line(&mut line).unwrap(); // the channel's length
+                        r.read_line(&mut line).unwrap(); // the channel
+                        line.clear();
+                        subscribed.fetch_add(1, Ordering::AcqRel);
+                        let head = "*3\r\n$9\r\nsubscribe\r\n$14\r\n+switch-master\r\n:1\r\n\
+                                    *3\r\n$7\r\nmessage\r\n$14\r\n+switch-master\r\n$1099511627776\r\n";
+                        let mut sent = head.len() as u64;
+                        if w.write_all(head.as_bytes()).is_ok() {
+                            let chunk = vec![b'x'; 64 << 10];
+                            while w.write_all(&chunk).is_ok() {
+                                sent += chunk.len() as u64;
+                            }
+                        }
+                        most_sent.fetch_max(sent, Ordering::AcqRel);
+                        closed.fetch_add(1, Ordering::AcqRel);
+                        return;
+                    }
+                });
+            }
+        });
+    }
+    let l = Limiter::from_json(&format!(
+        r#"{{"timeout_ms": 300, "shards": [{{"name": "ha", "sentinel": {{"nodes": ["127.0.0.1:{port}"], "master": "mymaster"}}}}],
+            "policies": {{"api": {{"algorithm": "fixed_window", "limit": 10, "window": "1h", "on_error": "open"}}}}}}"#
+    ))
+    .unwrap();
+    let t = Instant::now();
+    let d = l.check_by_name_blocking("k", "api", 1).unwrap();
+    assert_eq!((d.allowed, d.source), (true, Source::Fallback));
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
+    // the watch closed the endless message, and subscribed again
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while closed.load(Ordering::Acquire) < 2 || subscribed.load(Ordering::Acquire) < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the watch did not close the endless message ({} closed, {} subscribed, {} bytes)",
+            closed.load(Ordering::Acquire),
+            subscribed.load(Ordering::Acquire),
+            most_sent.load(Ordering::Acquire)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let sent = most_sent.load(Ordering::Acquire);
+    assert!(
+        sent < 16 << 20,
+        "{sent} bytes sent on one connection before its close"
+    );
+}

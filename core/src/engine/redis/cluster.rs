@@ -225,7 +225,7 @@ impl RedisEngine {
     async fn owner(self: &Arc<Self>, st: &RtState, slot: Option<u16>) -> io::Result<Node> {
         let cn = self.nodes()?;
         if cn.topology.load().is_none() {
-            self.read_topology(st, true).await;
+            Box::pin(self.read_topology(st, true)).await;
         }
         if let Some(t) = cn.topology.load_full() {
             let owner = slot

@@ -247,7 +247,12 @@ impl RedisEngine {
     /// Where the primary of Sentinel shard `shard` is now, as the pipe connects to it (over
     /// TLS with the shard's `tls`).
     pub(super) async fn sentinel_target(&self, shard: usize) -> Result<Target> {
-        let primary = self.sentinel_primary(shard).await?;
+        // boxed as a trait object: asking the Sentinels is a deep future (the redis
+        // crate's), and the type of a caller's future must stay shallow (downstream crates
+        // that check it for `Send` overflow the compiler's recursion limit otherwise)
+        let ask: std::pin::Pin<Box<dyn Future<Output = Result<redis::Client>> + Send + '_>> =
+            Box::pin(self.sentinel_primary(shard));
+        let primary = ask.await?;
         let field = format!("shards[{shard}].tls");
         match Target::of(&primary, self.shards[shard].tls.as_ref()) {
             Ok(Some(t)) => Ok(t),
@@ -391,26 +396,19 @@ impl RedisEngine {
     /// back-off: 0.9-1 s after the switch). An open circuit closes half-open. Runs on the
     /// limiter's runtime, until the limiter is gone.
     pub(super) async fn watch_sentinels(me: std::sync::Weak<Self>, shard: usize, w: SentinelWatch) {
-        use futures_util::StreamExt;
         let mut backoff = BACKOFF_MIN_US * 4;
         for node in w.nodes.iter().cycle() {
             let Some(timeout) = me.upgrade().map(|e| e.timeout) else {
                 return;
             };
-            let subscribed = async {
-                let client = redis::Client::open(node.clone())?;
-                let mut ps = client.get_async_pubsub().await?;
-                ps.subscribe("+switch-master").await?;
-                redis::RedisResult::Ok(ps)
-            };
-            if let Ok(Ok(ps)) = tokio::time::timeout(timeout, subscribed).await {
+            if let Ok(Ok(mut sub)) = tokio::time::timeout(timeout, Watch::open(node)).await {
                 backoff = BACKOFF_MIN_US * 4;
-                let mut messages = ps.into_on_message();
-                while let Some(m) = messages.next().await {
-                    // "<master name> <old ip> <old port> <new ip> <new port>"
-                    let Ok(payload) = m.get_payload::<String>() else {
+                // (until the Sentinel goes away or sends what a Sentinel does not)
+                while let Ok(m) = sub.next().await {
+                    let Some(payload) = switch_payload(&m) else {
                         continue;
                     };
+                    // "<master name> <old ip> <old port> <new ip> <new port>"
                     if payload.split(' ').next() != Some(w.master.as_str()) {
                         continue;
                     }
@@ -443,6 +441,106 @@ impl RedisEngine {
                 state: CircuitState::Closed,
             });
         }
+    }
+}
+
+/// The longest message the `+switch-master` watch takes: a switch names the primary and
+/// two addresses. A longer one closes the subscription (the next Sentinel is asked after a
+/// back-off), so a Sentinel cannot make the watch hold more than this and one read.
+pub(super) const WATCH_MAX_MESSAGE: usize = 4096;
+
+/// A subscription to `+switch-master` on one Sentinel over plain TCP, its messages framed
+/// under [`WATCH_MAX_MESSAGE`] (the bytes are untrusted as every reply).
+pub(super) struct Watch {
+    stream: tokio::net::TcpStream,
+    buf: Vec<u8>,
+    framer: crate::transport::resp::Framer,
+}
+
+impl Watch {
+    /// Connects to Sentinel `node`, logs in (its `sentinel_username`/`sentinel_password`)
+    /// and subscribes.
+    pub(super) async fn open(node: &redis::ConnectionInfo) -> std::io::Result<Watch> {
+        use crate::transport::resp::{protocol, Shown};
+        use tokio::io::AsyncWriteExt;
+        let redis::ConnectionAddr::Tcp(host, port) = node.addr() else {
+            return Err(std::io::Error::other(
+                "a Sentinel is watched over plain TCP only",
+            ));
+        };
+        let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+        stream.set_nodelay(true)?;
+        let mut w = Watch {
+            stream,
+            buf: Vec::with_capacity(512),
+            framer: Default::default(),
+        };
+        let settings = node.redis_settings();
+        let mut out = Vec::new();
+        if let Some(password) = settings.password() {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = settings.username() {
+                auth.arg(user);
+            }
+            auth.arg(password);
+            out.extend(auth.get_packed_command());
+        }
+        out.extend(
+            redis::cmd("SUBSCRIBE")
+                .arg("+switch-master")
+                .get_packed_command(),
+        );
+        w.stream.write_all(&out).await?;
+        if settings.password().is_some() {
+            crate::transport::expect_ok("AUTH", w.next().await?)?;
+        }
+        match w.next().await? {
+            Reply::Array(a) if matches!(a.first(), Some(Reply::Str(k)) if k == b"subscribe") => {
+                Ok(w)
+            }
+            other => Err(protocol(format!(
+                "SUBSCRIBE was answered {:?}",
+                Shown(&other)
+            ))),
+        }
+    }
+
+    /// The next message (or reply), at most [`WATCH_MAX_MESSAGE`] bytes; `Err` when the
+    /// Sentinel closed the connection or sent something that is not RESP within the bound.
+    pub(super) async fn next(&mut self) -> std::io::Result<Reply> {
+        use tokio::io::AsyncReadExt;
+        loop {
+            if !self.buf.is_empty() {
+                if let Some(n) = self.framer.next(&self.buf, WATCH_MAX_MESSAGE)? {
+                    let reply = parse_frame(&self.buf[..n]);
+                    self.buf.drain(..n);
+                    return reply;
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            let n = self.stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the Sentinel closed the connection",
+                ));
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// The payload of a `+switch-master` message (`message`, the channel, the payload), if
+/// `m` is one.
+pub(super) fn switch_payload(m: &Reply) -> Option<&str> {
+    let Reply::Array(m) = m else { return None };
+    match &m[..] {
+        [Reply::Str(kind), Reply::Str(channel), Reply::Str(payload)]
+            if kind == b"message" && channel == b"+switch-master" =>
+        {
+            std::str::from_utf8(payload).ok()
+        }
+        _ => None,
     }
 }
 
