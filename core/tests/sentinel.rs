@@ -416,12 +416,13 @@ fn a_structured_sentinel_config_takes_any_master_name_and_password() {
     assert_eq!((d.allowed, d.source), (false, Source::Redis));
 }
 
-/// A hostile Sentinel: it answers the `+switch-master` watch's SUBSCRIBE, then sends a
-/// message whose payload is a bulk string of 2^40 bytes, streamed for as long as the
-/// client reads (the redis crate's subscription read it all into memory). The watch takes
-/// a message of at most 4 KiB: it closes the connection after at most that and what the
-/// sockets hold, and subscribes again after a back-off. The shard itself (no primary
-/// named) takes its failure mode within the deadline.
+/// A hostile Sentinel: asked for the primary, it answers with a bulk string of 2^40 bytes;
+/// it answers the `+switch-master` watch's SUBSCRIBE, then sends a message whose payload
+/// is as long; both streamed for as long as the client reads (the redis crate read them
+/// into memory). An answer or a message takes at most 4 KiB: the client closes each
+/// connection after at most that and what the sockets hold, the shard (no primary named)
+/// takes its failure mode within the deadline, and the watch subscribes again after a
+/// back-off.
 #[test]
 fn a_hostile_sentinel_cannot_grow_the_switch_watch() {
     use std::io::{BufRead, BufReader, Write};
@@ -431,14 +432,23 @@ fn a_hostile_sentinel_cannot_grow_the_switch_watch() {
     let port = listener.local_addr().unwrap().port();
     let most_sent = Arc::new(AtomicU64::new(0));
     let (subscribed, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let asked = Arc::new(AtomicUsize::new(0));
     {
-        let (most_sent, subscribed, closed) =
-            (most_sent.clone(), subscribed.clone(), closed.clone());
+        let (most_sent, subscribed, closed, asked) = (
+            most_sent.clone(),
+            subscribed.clone(),
+            closed.clone(),
+            asked.clone(),
+        );
         std::thread::spawn(move || {
             for s in listener.incoming() {
                 let Ok(s) = s else { continue };
-                let (most_sent, subscribed, closed) =
-                    (most_sent.clone(), subscribed.clone(), closed.clone());
+                let (most_sent, subscribed, closed, asked) = (
+                    most_sent.clone(),
+                    subscribed.clone(),
+                    closed.clone(),
+                    asked.clone(),
+                );
                 std::thread::spawn(move || {
                     let mut w = s.try_clone().unwrap();
                     let mut r = BufReader::new(s);
@@ -447,13 +457,20 @@ fn a_hostile_sentinel_cannot_grow_the_switch_watch() {
                     while r.read_line(&mut line).is_ok_and(|n| n > 0) {
                         let word = line.trim_end().to_ascii_uppercase();
                         line.clear();
-                        if word != "SUBSCRIBE" {
-                            if !word.starts_with(['*', '$']) && !word.contains("SWITCH") {
-                                // any other command (asking for the primary): not known
-                                if w.write_all(b"-ERR unknown command\r\n").is_err() {
-                                    return;
+                        if word == "GET-MASTER-ADDR-BY-NAME" {
+                            asked.fetch_add(1, Ordering::AcqRel);
+                            let mut sent = 0u64;
+                            if w.write_all(b"*2\r\n$1099511627776\r\n").is_ok() {
+                                let chunk = vec![b'x'; 64 << 10];
+                                while w.write_all(&chunk).is_ok() {
+                                    sent += chunk.len() as u64;
                                 }
                             }
+                            most_sent.fetch_max(sent, Ordering::AcqRel);
+                            closed.fetch_add(1, Ordering::AcqRel);
+                            return;
+                        }
+                        if word != "SUBSCRIBE" {
                             continue;
                         }
                         r.read_line(&mut line).unwrap(); // the channel's length
@@ -492,7 +509,8 @@ fn a_hostile_sentinel_cannot_grow_the_switch_watch() {
     );
     // the watch closed the endless message, and subscribed again
     let deadline = Instant::now() + Duration::from_secs(5);
-    while closed.load(Ordering::Acquire) < 2 || subscribed.load(Ordering::Acquire) < 3 {
+    assert!(asked.load(Ordering::Acquire) >= 1);
+    while closed.load(Ordering::Acquire) < 3 || subscribed.load(Ordering::Acquire) < 3 {
         assert!(
             Instant::now() < deadline,
             "the watch did not close the endless message ({} closed, {} subscribed, {} bytes)",

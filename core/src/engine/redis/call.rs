@@ -260,9 +260,8 @@ impl RedisEngine {
             let packed = wire.cmd(&self.prefix, eval).get_packed_command();
             // boxed as a trait object: keeps the types of callers' futures shallow (see
             // `sentinel_target`)
-            let command: std::pin::Pin<
-                Box<dyn Future<Output = std::io::Result<(Vec<u8>, Arc<Pipe>)>> + Send + '_>,
-            > = Box::pin(self.cluster_command(st, slot, packed, max_reply));
+            let command: cluster::Routed<'_> =
+                Box::pin(self.cluster_command(st, slot, packed, max_reply));
             let (frame, pipe) = command.await.map_err(io)?;
             let reply = parse_frame(&frame).map_err(io)?;
             return self

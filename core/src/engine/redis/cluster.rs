@@ -21,6 +21,11 @@ use std::io;
 /// stale map's owner answers `ASK` or `MOVED`, the new owner serves).
 pub(super) const MAX_REDIRECTS: usize = 5;
 
+/// A command on its way through the Cluster ([`RedisEngine::cluster_command`]), boxed as a
+/// trait object (the types of callers' futures stay shallow).
+pub(super) type Routed<'a> =
+    std::pin::Pin<Box<dyn Future<Output = io::Result<(Vec<u8>, Arc<Pipe>)>> + Send + 'a>>;
+
 /// A node's address: host and port.
 pub(super) type Node = (String, u16);
 

@@ -3,6 +3,61 @@
 
 use super::*;
 
+/// The longest answer a Sentinel may give to `SENTINEL get-master-addr-by-name` (a host and
+/// a port).
+pub(super) const SENTINEL_MAX_REPLY: usize = 4096;
+
+/// How to ask a shard's Sentinels for its primary, and how to reach the primary.
+pub(crate) struct SentinelAsk {
+    /// (one caller asks at a time; the others wait for its answer)
+    pub(super) one_at_a_time: tokio::sync::Mutex<()>,
+    pub(super) spec: crate::config::SentinelSpec,
+    pub(super) sentinel_tls: Option<crate::TlsConfig>,
+    pub(super) tls: Option<crate::TlsConfig>,
+}
+
+impl SentinelAsk {
+    /// Where Sentinel `n` is, as a pipe connects to it (its login, and `sentinel_tls`).
+    fn sentinel(&self, n: usize) -> std::result::Result<Target, String> {
+        let mut info = self.spec.node_info(n).map_err(|e| e.to_string())?;
+        if let Some(t) = &self.sentinel_tls {
+            let (host, port) = self.spec.nodes[n].clone();
+            info = info.set_addr(redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: t.insecure_skip_verify,
+                tls_params: None,
+            });
+        }
+        let client = redis::Client::open(info).map_err(|e| e.to_string())?;
+        Target::of(&client, self.sentinel_tls.as_ref())?
+            .ok_or_else(|| "a Sentinel address the client cannot use".to_string())
+    }
+
+    /// The client of the primary at `host:port`: its login and database, over TLS with
+    /// the shard's `tls`.
+    fn primary(&self, host: &str, port: u16) -> redis::RedisResult<redis::Client> {
+        use redis::IntoConnectionInfo;
+        let addr = match &self.tls {
+            Some(t) => redis::ConnectionAddr::TcpTls {
+                host: host.to_string(),
+                port,
+                insecure: t.insecure_skip_verify,
+                tls_params: None,
+            },
+            None => redis::ConnectionAddr::Tcp(host.to_string(), port),
+        };
+        let mut login = redis::RedisConnectionInfo::default().set_db(self.spec.db);
+        if let Some(u) = &self.spec.username {
+            login = login.set_username(u);
+        }
+        if let Some(p) = &self.spec.password {
+            login = login.set_password(p);
+        }
+        redis::Client::open(addr.into_connection_info()?.set_redis_settings(login))
+    }
+}
+
 /// The Sentinels of a shard and the primary's name there, for [`RedisEngine::watch_sentinels`].
 #[derive(Clone)]
 pub(super) struct SentinelWatch {
@@ -223,25 +278,91 @@ impl RedisEngine {
         }
     }
 
-    /// The primary the Sentinels of shard `shard` name now (within the timeout).
+    /// The primary the Sentinels of shard `shard` name now (within the timeout): each
+    /// Sentinel in turn is asked `SENTINEL get-master-addr-by-name` over a pipe of ours
+    /// (its reply bounded to [`SENTINEL_MAX_REPLY`], every byte checked), until one names
+    /// it. (A Sentinel that names a primary that is a replica now: the calls there are
+    /// refused with `READONLY`, a connection failure, and the Sentinels are asked again.)
     pub(super) async fn sentinel_primary(&self, shard: usize) -> Result<redis::Client> {
-        let Client::Sentinel(sentinel) = &self.clients[shard] else {
+        let Client::Sentinel(ask) = &self.clients[shard] else {
             return Err(Error::Internal(format!(
                 "shard {} is not behind Sentinels",
                 self.shards[shard].name
             )));
         };
-        let map = |e| map_redis_error(&self.shards[shard], self.timeout, e);
-        let mut sentinel = sentinel.lock().await;
-        let ask = std::panic::AssertUnwindSafe(sentinel.async_get_client()).catch_unwind();
-        let primary = tokio::time::timeout(self.timeout, ask)
+        let _one_at_a_time = ask.one_at_a_time.lock().await;
+        let work = async {
+            let mut why = String::from("no Sentinel is configured");
+            for n in 0..ask.spec.nodes.len() {
+                match self.ask_sentinel(ask, n).await {
+                    Ok(primary) => return Ok(primary),
+                    Err(e) => {
+                        let (host, port) = &ask.spec.nodes[n];
+                        why = format!("Sentinel {host}:{port}: {e}");
+                    }
+                }
+            }
+            Err(why)
+        };
+        let (host, port) = tokio::time::timeout(self.timeout, work)
             .await
             .map_err(|_| self.timeout_error(shard))?
-            .map_err(|p| connect_panic_payload(&self.shards[shard], p.as_ref()))?
-            .map_err(map)?;
-        drop(sentinel);
-        tracing::debug!(shard = %self.shards[shard].name, primary = ?primary.get_connection_info().addr(), "shardlimit: sentinel resolved the primary");
+            .map_err(|why| Error::Connection {
+                shard: self.shards[shard].name.clone(),
+                message: format!("no Sentinel named the primary: {why}"),
+            })?;
+        let primary = ask.primary(&host, port).map_err(|e| Error::Connection {
+            shard: self.shards[shard].name.clone(),
+            message: format!("the Sentinels named a primary the client cannot use: {e}"),
+        })?;
+        tracing::debug!(shard = %self.shards[shard].name, primary = %format!("{host}:{port}"), "shardlimit: sentinel resolved the primary");
         Ok(primary)
+    }
+
+    /// Asks Sentinel `n` of `ask` where the primary is.
+    async fn ask_sentinel(
+        &self,
+        ask: &SentinelAsk,
+        n: usize,
+    ) -> std::result::Result<(String, u16), String> {
+        let target = ask.sentinel(n)?;
+        let pipe = Pipe::connect(&target, self.timeout, 2)
+            .await
+            .map_err(|e| e.to_string())?;
+        let question = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&ask.spec.master)
+            .get_packed_command();
+        let frame = pipe.command_bounded(question, SENTINEL_MAX_REPLY).await;
+        pipe.close("the Sentinel answered");
+        let reply = parse_frame(&frame.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+        let malformed = || "a malformed answer".to_string();
+        match reply {
+            RespReply::Array(a) => match &a[..] {
+                [RespReply::Str(host), RespReply::Str(port)] => {
+                    let host = std::str::from_utf8(host)
+                        .ok()
+                        .filter(|h| super::cluster::plausible_host(h))
+                        .ok_or_else(malformed)?;
+                    let port = std::str::from_utf8(port)
+                        .ok()
+                        .and_then(|p| p.parse::<u16>().ok())
+                        .filter(|p| *p != 0)
+                        .ok_or_else(malformed)?;
+                    Ok((host.to_string(), port))
+                }
+                _ => Err(malformed()),
+            },
+            RespReply::Nil => Err(format!(
+                "it does not know the primary {:?}",
+                ask.spec.master
+            )),
+            RespReply::Error(e) => Err(format!(
+                "it refused: {}",
+                e.chars().take(200).collect::<String>()
+            )),
+            _ => Err(malformed()),
+        }
     }
 
     /// Where the primary of Sentinel shard `shard` is now, as the pipe connects to it (over

@@ -13,9 +13,9 @@ use crate::metrics::Latency;
 use crate::transport::batch::{untag, CheckCall, NOT_THEIRS};
 use crate::transport::blocking::{BlockingConn, Target};
 use crate::transport::pipe::{Pipe, PipeConn};
+use crate::transport::resp::Reply as RespReply;
 use crate::transport::resp::{parse_frame, Reply};
 use arc_swap::ArcSwapOption;
-use futures_util::FutureExt;
 use parking_lot::Mutex;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelServerType};
@@ -119,7 +119,7 @@ enum Client {
     /// A Redis Cluster: its nodes are in [`RedisEngine::cluster_nodes`].
     Cluster,
     /// A primary watched by Sentinels: resolved on connect, and again after a failure.
-    Sentinel(Box<tokio::sync::Mutex<SentinelClient>>),
+    Sentinel(Box<SentinelAsk>),
 }
 
 /// One shard's connection, made lazily; dropped and made again (Sentinel) when the
@@ -251,7 +251,8 @@ impl RedisEngine {
             .map(|(i, s)| {
                 let field = format!("shards[{i}].url");
                 if let Some(su) = s.sentinel_spec(&field)? {
-                    let client = sentinel_client(&field, s, &su)?;
+                    // (the redis crate's builder checks the settings as it always did)
+                    sentinel_client(&field, s, &su)?;
                     // the watch of +switch-master (plain TCP to the Sentinels; with
                     // `sentinel_tls` the switch is followed when a call fails instead)
                     if s.sentinel_tls.is_none() {
@@ -263,7 +264,12 @@ impl RedisEngine {
                             master: su.master.clone(),
                         });
                     }
-                    return Ok(Client::Sentinel(Box::new(tokio::sync::Mutex::new(client))));
+                    return Ok(Client::Sentinel(Box::new(SentinelAsk {
+                        one_at_a_time: tokio::sync::Mutex::new(()),
+                        spec: su.into_owned(),
+                        sentinel_tls: s.sentinel_tls.clone(),
+                        tls: s.tls.clone(),
+                    })));
                 }
                 single_client(&field, s).map(|c| Client::Single(Box::new(c)))
             })
@@ -482,6 +488,7 @@ fn cluster_nodes(shard: &ShardConfig) -> Result<ClusterNodes> {
 #[cfg(test)]
 mod tls_tests {
     use super::*;
+    use futures_util::FutureExt;
 
     /// A connect that panics (in the redis crate or rustls) is a `connection` error, which
     /// follows the policy's `on_error`, and never an `internal` one, which would bypass it.
