@@ -61,12 +61,25 @@ SCRIPTS = {"evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro"}
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+def free_port(cluster: bool = False) -> int:
+    """A free loopback port; for a cluster node one whose bus port (+10000) is free too."""
+    while True:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        if not cluster:
+            return port
+        if port > 55535:
+            continue
+        b = socket.socket()
+        try:
+            b.bind(("127.0.0.1", port + 10000))
+            return port
+        except OSError:
+            continue
+        finally:
+            b.close()
 
 
 def cli(port: int, *args: str) -> str:
@@ -78,7 +91,7 @@ class Server:
     """One redis-server this script started; stopped by its PID."""
 
     def __init__(self, home: Path, pin: list[str], cluster: bool) -> None:
-        self.port = free_port()
+        self.port = free_port(cluster)
         self.dir = Path(tempfile.mkdtemp(dir=home))
         args = [*pin, "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
                 "--save", "", "--appendonly", "no", "--dir", str(self.dir)]
@@ -158,8 +171,15 @@ def start_set(n: int, cluster: bool, home: Path, pin: list[str]) -> list[Server]
     return servers
 
 
-def config(servers: list[Server], cluster: bool, algorithm: str, home: Path) -> Path:
-    policy = dict(ALGORITHMS[algorithm], on_error="error")
+# the memory phase's buckets refill slowly: a bucket's key lives as long as it takes to
+# refill (at 10^6 a second, a microsecond after a check)
+SLOW = {"token_bucket": {"capacity": 1000, "refill_per_sec": 0.001},
+        "leaky_bucket": {"capacity": 1000, "leak_per_sec": 0.001}}
+
+
+def config(servers: list[Server], cluster: bool, algorithm: str, home: Path,
+           slow: bool = False) -> Path:
+    policy = dict(ALGORITHMS[algorithm], on_error="error", **(SLOW.get(algorithm, {}) if slow else {}))
     urls = [f"redis://127.0.0.1:{s.port}" for s in servers]
     c: dict[str, Any] = {"timeout_ms": 5000, "policies": {"p": policy}}
     if cluster:
@@ -237,7 +257,7 @@ def memory_phase(cli_bin: str, pin_client: list[str], algos: list[str], home: Pa
     out = []
     try:
         for algo in algos:
-            cfg = config([s], False, algo, home)
+            cfg = config([s], False, algo, home, slow=True)
             # (the scripts loaded before the figures: the script cache is not a key's)
             run_cli([cli_bin, "bench", "--config", str(cfg), "--policy", "p", "--json",
                      "--requests", "10", "--keys", "1"])
@@ -251,6 +271,8 @@ def memory_phase(cli_bin: str, pin_client: list[str], algos: list[str], home: Pa
                     raise SystemExit(f"memory phase {algo}: {d}")
                 grown = used_memory(s) - before
                 m = memory_per_key(s, algo, sample=keys)
+                if not m:
+                    raise SystemExit(f"memory phase {algo}: no state key left to measure")
                 n = int(cli(s.port, "DBSIZE"))
                 out.append({"algorithm": algo, "keys": keys, "checks_per_key": per,
                             "redis_keys": n, "used_memory_per_key": grown / max(n, 1), **m})
@@ -346,7 +368,7 @@ def report(rows: list[dict[str, Any]], memory: list[dict[str, Any]], a: argparse
       f"{meta['redis']}, {meta['cpu']}; load average before `{meta['load_before']}`, after "
       f"`{meta['load_after']}`), {a.rounds} round(s), medians. The work grows with the "
       f"shards: n shards get {a.per_shard:,} decisions per shard ({a.per_shard * 8:,} at 8) "
-      f"from one `shardlimit bench` process ({conc}, release build) over "
+      f"from one `shardlimit bench` process ({conc}, {meta.get('build', 'release build')}) over "
       f"{a.keys_per_shard:,} keys per shard, so each shard sees the same load at every "
       "size. `shards`: n standalone redis-servers, routed by the client (jump hash); "
       "`cluster`: a Redis Cluster of n primaries (slots split evenly, no replicas), "

@@ -4,8 +4,8 @@
 #   bash scripts/bench-peers.sh [--quick] [--out FILE] [--only SHAPES]
 # --quick: one short round (checks that the script works; its numbers mean little).
 # --only: a comma list of the shapes to run, of criterion, node-64, py-async, py-sync, go-64,
-#   rust, http-express, http-fastapi, http-flask (for working on one; the report then has
-#   only their rows, so write it elsewhere with --out).
+#   rust, http-express, http-fastapi, http-flask, scale (for working on one; the report then
+#   has only their rows, so write it elsewhere with --out).
 #
 # - The peers are the versions of bench/peers.lock, installed into a scratch directory
 #   ($BENCH_SCRATCH, default $CARGO_TARGET_DIR/bench-peers), never into the repository's
@@ -246,6 +246,7 @@ for round in $(seq "$ROUNDS"); do
   client py-async "$round" limits-coredis "$PY" "$PY_BENCH" --mode async --lib limits-coredis "${pa[@]}"
   client py-async "$round" limits-redispy "$PY" "$PY_BENCH" --mode async --lib limits-redispy "${pa[@]}"
   client py-async "$round" "shardlimit host transport" "$PY" "$PY_BENCH" --mode async --lib shardlimit --transport host "${pa[@]}"
+  client py-async "$round" "shardlimit thread transport" "$PY" "$PY_BENCH" --mode async --lib shardlimit --transport thread "${pa[@]}"
   client py-sync "$round" shardlimit "$PY" "$PY_BENCH" --mode sync --lib shardlimit "${pa[@]}"
   client py-sync "$round" limits-redispy "$PY" "$PY_BENCH" --mode sync --lib limits-redispy "${pa[@]}"
   client py-sync "$round" "shardlimit spin_wait 100us" "$PY" "$PY_BENCH" --mode sync --lib shardlimit --spin-wait 100us "${pa[@]}"
@@ -357,6 +358,16 @@ for round in $(seq "$ROUNDS"); do
       -w 4 -b "127.0.0.1:$HPORT" --log-level warning http_apps:flask_app
   done
 done
+
+# ---- scale out over 1-8 shards and Cluster primaries (scripts/bench-scale.sh, its own
+# redis-servers): its section goes into $OUT, which bench/report.py keeps
+if want scale; then
+  echo "== scale out: 1, 2, 4, 8 shards and Cluster primaries ($(date -u +%T))"
+  cleanup # (this run's Redis and servers: the scale bench pins its own to CPU 1)
+  trap - EXIT
+  SHARDLIMIT_BIN=$SL_CLI bash scripts/bench-scale.sh $( [ "$QUICK" = 1 ] && echo --quick ) \
+    --rounds "$ROUNDS" --write "$OUT" | grep -E '^(round|memory|decisions not from Redis)'
+fi
 
 LOAD_AFTER=$(cat /proc/loadavg)
 echo "== load after: $LOAD_AFTER"
