@@ -295,6 +295,82 @@ def memory_phase(cli_bin: str, pin_client: list[str], algos: list[str], home: Pa
     return out
 
 
+def unbatched_phase(cli_bin: str, pin_client: list[str], algos: list[str], home: Path,
+                    pin_redis: list[str], a: argparse.Namespace) -> list[dict[str, Any]]:
+    """One decision per script call, as a shard of a large fleet sees it (each of many
+    processes sends a shard a few checks a second: they rarely share a call): one shard,
+    `--unbatched-processes` CLI processes with one caller each, at once."""
+    s = start_set(1, False, home, pin_redis)[0]
+    procs_n = a.unbatched_processes
+    per = max(1, a.per_shard // procs_n)
+    out = []
+    try:
+        for algo in algos:
+            cfg = config([s], False, algo, home)
+            argv = [*pin_client, cli_bin, "bench", "--config", str(cfg), "--policy", "p", "--json",
+                    "--concurrency", "1", "--keys", str(a.keys_per_shard)]
+            run_cli(argv + ["--requests", "100"])
+            cli(s.port, "FLUSHALL")
+            cli(s.port, "CONFIG", "RESETSTAT")
+            cpu0 = s.cpu_us()
+            procs = [subprocess.Popen(argv + ["--requests", str(per)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE) for _ in range(procs_n)]
+            ds = []
+            for p in procs:
+                o, e = p.communicate()
+                if p.returncode != 0:
+                    raise SystemExit(f"unbatched {algo}: {e.decode()[-2000:]}")
+                ds.append(json.loads(o.decode().strip().splitlines()[-1]))
+            n = per * procs_n
+            cpu = s.cpu_us() - cpu0
+            calls, usec, allcalls = s.script_stats()
+            not_redis = sum(d.get("fallbacks", 0) + d.get("errors", 0) for d in ds) + \
+                n - sum(d["allowed"] for d in ds)
+            if not_redis:
+                raise SystemExit(f"unbatched {algo}: {not_redis} of {n} decisions did not come "
+                                 "from Redis (fallbacks, errors or denials): the run fails")
+            r = {"algorithm": algo, "decisions": n, "processes": procs_n,
+                 "decisions_per_sec": sum(d["decisions_per_sec"] for d in ds),
+                 "redis_cpu_us": cpu / n, "command_us": usec / n, "calls": calls / n,
+                 "commands": allcalls / n, "not_from_redis": not_redis}
+            out.append(r)
+            print(f"unbatched {algo:14} {procs_n} processes x 1 caller: {r['decisions_per_sec']:,.0f}/s, "
+                  f"Redis CPU {r['redis_cpu_us']:.2f} µs/dec, commands {r['command_us']:.2f} µs/dec, "
+                  f"{r['calls']:.3f} calls/dec, not from Redis: {not_redis}", flush=True)
+    finally:
+        s.stop()
+    return out
+
+
+def connection_memory(home: Path, pin_redis: list[str], n: int = 500) -> dict[str, Any]:
+    """used_memory growth per idle client connection that has sent one command (the client
+    structure and its buffers), and what 1,000 of them cost."""
+    s = start_set(1, False, home, pin_redis)[0]
+    socks = []
+    try:
+        before = used_memory(s)
+        for _ in range(n):
+            c = socket.create_connection(("127.0.0.1", s.port))
+            c.sendall(b"*1\r\n$4\r\nPING\r\n")
+            socks.append(c)
+        for c in socks:
+            c.recv(16)
+        clients = int(re.search(r"^connected_clients:(\d+)", cli(s.port, "INFO", "clients"), re.M).group(1))
+        grown = used_memory(s) - before
+        # Redis shrinks an idle client's query buffer in its client cron (after 2 s idle)
+        time.sleep(4)
+        idle = used_memory(s) - before
+        r = {"connections": n, "connected_clients": clients, "bytes_per_connection": grown / n,
+             "bytes_per_idle_connection": idle / n}
+        print(f"connections: {n} clients: used_memory +{grown / n:.0f} B each just after a "
+              f"command, +{idle / n:.0f} B after 4 s idle", flush=True)
+        return r
+    finally:
+        for c in socks:
+            c.close()
+        s.stop()
+
+
 def one_run(cli_bin: str, pin_client: list[str], servers: list[Server], cluster: bool,
             algorithm: str, home: Path, a: argparse.Namespace) -> dict[str, Any]:
     n = len(servers)
@@ -356,7 +432,8 @@ def f(x: Optional[float], digits: int = 1) -> str:
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.{digits}f}"
 
 
-def report(rows: list[dict[str, Any]], memory: list[dict[str, Any]], a: argparse.Namespace,
+def report(rows: list[dict[str, Any]], memory: list[dict[str, Any]],
+           unbatched: list[dict[str, Any]], conn: dict[str, Any], a: argparse.Namespace,
            meta: dict[str, str]) -> list[str]:
     out: list[str] = []
     w = out.append
@@ -416,6 +493,21 @@ def report(rows: list[dict[str, Any]], memory: list[dict[str, Any]], a: argparse
                   f"| {f(med(rs, 'commands'), 2)} | {f(med(rs, 'busiest'), 2)} "
                   f"| {f(cpu / base if cpu and base else None, 2)}× |")
         w("")
+    if unbatched:
+        w(f"### One decision per script call ({a.unbatched_processes} processes, one caller each, one shard)")
+        w("")
+        w("What a shard of a large fleet sees: many processes each send it a few checks a "
+          "second, so their checks rarely share a script call. One redis-server, "
+          f"{a.unbatched_processes} `shardlimit bench --concurrency 1` processes at once "
+          "(one connection each).")
+        w("")
+        w("| algorithm | decisions | decisions/s (sum) | Redis CPU µs/decision | command µs/decision | calls/decision | Redis commands/decision |")
+        w("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for r in unbatched:
+            w(f"| {r['algorithm']} | {r['decisions']:,} | {f(r['decisions_per_sec'])} | "
+              f"{f(r['redis_cpu_us'], 2)} | {f(r['command_us'], 2)} | {f(r['calls'], 3)} | "
+              f"{f(r['commands'], 2)} |")
+        w("")
     if memory:
         w("### Memory per key")
         w("")
@@ -433,6 +525,13 @@ def report(rows: list[dict[str, Any]], memory: list[dict[str, Any]], a: argparse
             w(f"| {m['algorithm']} | {m['keys']:,} | {m['checks_per_key']:,} | "
               + (f(m['members'], 0) if m.get('members') is not None else "")
               + f" | {f(m['bytes'], 0)} | {f(m.get('used_memory_per_key'), 0)} | `{m['example']}` |")
+        w("")
+    if conn:
+        w(f"Connections: {conn['connections']} client connections that each sent one command grew "
+          f"`used_memory` by {f(conn['bytes_per_connection'], 0)} B each just after it "
+          f"({f(conn['bytes_per_connection'] * 1000 / 1e6, 1)} MB per 1,000 connections), and by "
+          f"{f(conn['bytes_per_idle_connection'], 0)} B each after 4 s idle (Redis shrinks idle "
+          "clients' query buffers in its client cron).")
         w("")
     return out
 
@@ -473,6 +572,8 @@ def main() -> None:
     ap.add_argument("--keys-per-shard", type=int, default=5000)
     ap.add_argument("--no-memory", dest="memory", action="store_false",
                     help="skip the memory phase")
+    ap.add_argument("--unbatched-processes", type=int, default=8,
+                    help="processes of the one-decision-per-call phase (0: skip it)")
     ap.add_argument("--results", help="append each run's JSON line to this file")
     ap.add_argument("--write", help="put the section into this markdown file")
     ap.add_argument("--meta", action="append", default=[])
@@ -493,10 +594,15 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="shardlimit-scale-"))
     rows: list[dict[str, Any]] = []
     memory: list[dict[str, Any]] = []
+    unbatched: list[dict[str, Any]] = []
+    conn: dict[str, Any] = {}
     servers: list[Server] = []
     try:
         if a.memory:
             memory = memory_phase(a.cli, pin_client, algos, home, pin_redis)
+            conn = connection_memory(home, pin_redis)
+        if a.unbatched_processes:
+            unbatched = unbatched_phase(a.cli, pin_client, algos, home, pin_redis, a)
         for rnd in range(1, a.rounds + 1):
             # alternate which mode goes first
             for mode in (modes if rnd % 2 else modes[::-1]):
@@ -525,7 +631,15 @@ def main() -> None:
         shutil.rmtree(home, ignore_errors=True)
     meta.setdefault("load_after", open("/proc/loadavg").read().strip())
     print(f"decisions not from Redis: {sum(r['not_from_redis'] for r in rows)} in {len(rows)} runs")
-    section = report(rows, memory, a, meta)
+    if a.results:
+        with open(a.results, "a") as fh:
+            for r in unbatched:
+                fh.write(json.dumps(dict(r, mode="unbatched")) + "\n")
+            for m in memory:
+                fh.write(json.dumps(dict(m, mode="memory")) + "\n")
+            if conn:
+                fh.write(json.dumps(dict(conn, mode="connections")) + "\n")
+    section = report(rows, memory, unbatched, conn, a, meta)
     print()
     print("\n".join(section))
     if a.write:
