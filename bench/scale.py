@@ -6,7 +6,7 @@ the same number of primaries (slots split evenly, no replicas), all on 127.0.0.1
 Run by scripts/bench-scale.sh (`make bench-scale`), which builds the CLI and passes it:
 
     python3 bench/scale.py --cli PATH [--sizes 1,2,4,8] [--algorithms a,b] [--rounds 3]
-        [--per-shard 20000] [--per-shard-concurrency 16] [--concurrency N] [--keys-per-shard 5000]
+        [--per-shard 15000] [--per-shard-concurrency 16] [--concurrency N] [--keys-per-shard 5000]
         [--write docs/benchmarks.md]
 
 The work grows with the shards: a run with n shards makes `per-shard × n` decisions from
@@ -566,7 +566,7 @@ def main() -> None:
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
     ap.add_argument("--modes", default="shards,cluster")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--per-shard", type=int, default=20000)
+    ap.add_argument("--per-shard", type=int, default=15000)
     ap.add_argument("--per-shard-concurrency", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=0)
     ap.add_argument("--keys-per-shard", type=int, default=5000)
