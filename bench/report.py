@@ -301,6 +301,10 @@ def main() -> None:
     w("What was measured on the way to the current design (profiles, alternating A/B runs, "
       "choices and their reasons), one file per period: [notes/](notes/).")
     w("")
+    w("Capacity planning from these figures (shards per million decisions/s for each "
+      "algorithm, memory per key, connections, 100 shards and 1,000 processes): "
+      "[capacity.md](capacity.md).")
+    w("")
     # sections other tools measure (`make bench-redis-cost`, `make bench-serve`,
     # `make bench-scale`): kept as the file has them
     for section in kept_sections(Path(a.out)):
