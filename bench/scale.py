@@ -213,7 +213,8 @@ def memory_per_key(s: Server, algorithm: str, sample: int = 200) -> dict[str, An
     while len(keys) < sample:
         out = cli(s.port, "SCAN", cursor, "MATCH", "sl:s:p:*", "COUNT", "1000").split("\n")
         cursor = out[0].strip()
-        keys += [k for k in out[1:] if k.strip()]
+        # (not the CLI's own warm-up check's key)
+        keys += [k for k in out[1:] if k.strip() and "{bench:warmup}" not in k]
         if cursor == "0":
             break
     keys = keys[:sample]
@@ -273,7 +274,8 @@ def memory_phase(cli_bin: str, pin_client: list[str], algos: list[str], home: Pa
                 m = memory_per_key(s, algo, sample=keys)
                 if not m:
                     raise SystemExit(f"memory phase {algo}: no state key left to measure")
-                n = int(cli(s.port, "DBSIZE"))
+                # (the keys the run made, less the CLI's own warm-up check's)
+                n = int(cli(s.port, "DBSIZE")) - len(cli(s.port, "KEYS", "*{bench:warmup}*").split())
                 out.append({"algorithm": algo, "keys": keys, "checks_per_key": per,
                             "redis_keys": n, "used_memory_per_key": grown / max(n, 1), **m})
                 print(f"memory {algo:14} {keys} keys x {per} checks: {m['bytes']:.0f} B per key "
