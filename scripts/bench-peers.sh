@@ -392,7 +392,7 @@ if want scale; then
   cleanup # (this run's Redis and servers: the scale bench pins its own to CPU 1)
   trap - EXIT
   SHARDLIMIT_BIN=$SL_CLI bash scripts/bench-scale.sh $( [ "$QUICK" = 1 ] && echo --quick ) \
-    --rounds "$ROUNDS" --write "$OUT" | grep -E '^(round|memory|decisions not from Redis)'
+    --rounds "$ROUNDS" --write "$OUT" | grep -E '^(round|memory|unbatched|connections|decisions not from Redis)'
 fi
 
 LOAD_AFTER=$(cat /proc/loadavg)
