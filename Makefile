@@ -11,7 +11,7 @@
 #   make bench  - shardlimit against the latest peers of each language (bench/peers.lock),
 #                 written to docs/benchmarks.md (make bench-quick: one short round)
 # Every script honours CARGO_TARGET_DIR.
-.PHONY: demo test test-fast dist dist-all test-dist test-serve test-java build bench bench-quick bench-redis bench-redis-cost bench-serve fmt lint
+.PHONY: demo test test-fast dist dist-all test-dist test-serve test-java build bench bench-quick bench-redis bench-redis-cost bench-serve bench-scale fmt lint
 
 demo:
 	bash scripts/demo.sh
@@ -58,6 +58,10 @@ bench-redis:
 # against minimal single-purpose scripts and rate-limiter-flexible's commands
 bench-redis-cost:
 	bash scripts/bench-redis-cost.sh
+
+# 1, 2, 4, 8 shards and Redis Cluster primaries: decisions/s, Redis time per decision, memory per key
+bench-scale:
+	bash scripts/bench-scale.sh --write docs/benchmarks.md
 
 # shardlimit serve against Lyft's ratelimit, Envoy's rate limit service over gRPC, one Redis
 bench-serve:

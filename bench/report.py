@@ -20,7 +20,8 @@ SHAPES = {
     "node-64": ("Node, 64 concurrent checks, 1000 keys, fixed window (node pinned to one CPU)",
                 "shardlimit", ["rlf", "shardlimit spin_wait 100us", "shardlimit host transport"]),
     "py-async": ("Python asyncio, 64 tasks, 1000 keys, fixed window (pinned to one CPU)",
-                 "shardlimit", ["limits-coredis", "limits-redispy", "shardlimit host transport"]),
+                 "shardlimit", ["limits-coredis", "limits-redispy", "shardlimit host transport",
+                                "shardlimit thread transport"]),
     "py-sync": ("Python sync, one thread, 1000 keys, fixed window (pinned to one CPU)",
                 "shardlimit", ["limits-redispy", "shardlimit spin_wait 100us"]),
     "go-64": ("Go, 64 goroutines, 1000 keys (shardlimit fixed window, redis_rate GCRA; pinned to one CPU)",
@@ -33,6 +34,7 @@ LABELS = {
     "rlf": "rate-limiter-flexible + ioredis",
     "shardlimit spin_wait 100us": "shardlimit, `spin_wait: 100us` forced",
     "shardlimit host transport": "shardlimit, host transport (bytes on the event loop: Node `transport: 'host'`, Python `transport=\"host\"`)",
+    "shardlimit thread transport": "shardlimit, `transport=\"thread\"` (the I/O thread: the opt-out of the asyncio default)",
     "limits-coredis": "limits (async, coredis)",
     "limits-redispy": "limits (redis-py)",
     "redis_rate": "redis_rate + go-redis",
@@ -299,17 +301,23 @@ def main() -> None:
     w("What was measured on the way to the current design (profiles, alternating A/B runs, "
       "choices and their reasons), one file per period: [notes/](notes/).")
     w("")
-    # sections other tools measure (`make bench-redis-cost`, `make bench-serve`): kept as the
-    # file has them
+    w("Capacity planning from these figures (shards per million decisions/s for each "
+      "algorithm, memory per key, connections, 100 shards and 1,000 processes): "
+      "[capacity.md](capacity.md).")
+    w("")
+    # sections other tools measure (`make bench-redis-cost`, `make bench-serve`,
+    # `make bench-scale`): kept as the file has them
     for section in kept_sections(Path(a.out)):
         out.extend(section)
     Path(a.out).write_text("\n".join(out))
 
 
 # the headings of the sections of docs/benchmarks.md that this script does not write (and
-# keeps, whole, at the end): the Redis cost per algorithm (scripts/bench-redis-cost.sh) and
-# `shardlimit serve` against Lyft's ratelimit (scripts/bench-serve.sh)
-KEPT = ("## Redis's own work per decision", "## shardlimit serve against Lyft's ratelimit")
+# keeps, whole, at the end): the Redis cost per algorithm (scripts/bench-redis-cost.sh),
+# `shardlimit serve` against Lyft's ratelimit (scripts/bench-serve.sh) and scale out over
+# 1-8 shards and Cluster primaries (scripts/bench-scale.sh, which `make bench` also runs)
+KEPT = ("## Redis's own work per decision", "## shardlimit serve against Lyft's ratelimit",
+        "## Scale out")
 
 
 def kept_sections(path: Path) -> list[list[str]]:

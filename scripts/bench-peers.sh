@@ -4,8 +4,8 @@
 #   bash scripts/bench-peers.sh [--quick] [--out FILE] [--only SHAPES]
 # --quick: one short round (checks that the script works; its numbers mean little).
 # --only: a comma list of the shapes to run, of criterion, node-64, py-async, py-sync, go-64,
-#   rust, http-express, http-fastapi, http-flask (for working on one; the report then has
-#   only their rows, so write it elsewhere with --out).
+#   rust, http-express, http-fastapi, http-flask, scale (for working on one; the report then
+#   has only their rows, so write it elsewhere with --out).
 #
 # - The peers are the versions of bench/peers.lock, installed into a scratch directory
 #   ($BENCH_SCRATCH, default $CARGO_TARGET_DIR/bench-peers), never into the repository's
@@ -68,8 +68,13 @@ echo "== load before: $LOAD_BEFORE"
 # ---- shardlimit: release artifacts
 target=$(target_dir)
 echo "== release build (cargo build --release)"
+# (with --only, the languages the chosen shapes need: Node, Python, Go over the C ABI)
+want_any() { local x; for x in "$@"; do want "$x" && return 0; done; return 1; }
+NEED_NODE=$(want_any node-64 http-express && echo 1 || true)
+NEED_PY=$(want_any py-async py-sync http-fastapi http-flask && echo 1 || true)
+NEED_GO=$(want_any go-64 && echo 1 || true)
 PYO3_PYTHON=$(command -v python3) cargo build --release --quiet -p shardlimit-cli \
-  $( [ -d dist/npm ] && [ -d dist/python ] && [ -d dist/c ] || echo -p shardlimit-node -p shardlimit-python -p shardlimit-c )
+  $( [ -d dist/npm ] && [ -d dist/python ] && [ -d dist/c ] || echo ${NEED_NODE:+-p shardlimit-node} ${NEED_PY:+-p shardlimit-python} ${NEED_GO:+-p shardlimit-c} )
 SL_CLI=$target/release/shardlimit
 if [ -d dist/npm ] && [ -d dist/python ] && [ -d dist/c ]; then
   ARTIFACTS="dist/ (make dist)"
@@ -81,22 +86,33 @@ if [ -d dist/npm ] && [ -d dist/python ] && [ -d dist/c ]; then
   PC_DIR=$(ls -d "$SCRATCH"/sdk/*/lib/pkgconfig)
 else
   ARTIFACTS="the release build of this tree (cargo build --release)"
-  pkg=$SCRATCH/node-pkg
-  rm -rf "$pkg" && mkdir -p "$pkg"
-  cp bindings/node/{index.js,index.mjs,index.d.ts,binding.js,host.js,middleware.js,package.json} "$pkg/"
-  cp "$target/release/libshardlimit_node.so" "$pkg/shardlimit.linux-x64-gnu.node"
-  NODE_TGZ=$pkg
-  rm -rf "$SCRATCH/wheel" && mkdir -p "$SCRATCH/wheel"
-  python3 scripts/build-wheel.py "$target/release/lib_shardlimit.so" linux_x86_64 "$SCRATCH/wheel" >/dev/null
-  WHEEL=$(ls "$SCRATCH"/wheel/*.whl)
-  PC_DIR=$SCRATCH/pkgconfig
-  bindings/c/gen-pkgconfig.sh "$target/release" "$root/include" "$PC_DIR" >/dev/null
+  if [ -n "$NEED_NODE" ]; then
+    pkg=$SCRATCH/node-pkg
+    rm -rf "$pkg" && mkdir -p "$pkg"
+    cp bindings/node/{index.js,index.mjs,index.d.ts,binding.js,host.js,middleware.js,package.json} "$pkg/"
+    cp "$target/release/libshardlimit_node.so" "$pkg/shardlimit.linux-x64-gnu.node"
+    NODE_TGZ=$pkg
+  fi
+  if [ -n "$NEED_PY" ]; then
+    rm -rf "$SCRATCH/wheel" && mkdir -p "$SCRATCH/wheel"
+    python3 scripts/build-wheel.py "$target/release/lib_shardlimit.so" linux_x86_64 "$SCRATCH/wheel" >/dev/null
+    WHEEL=$(ls "$SCRATCH"/wheel/*.whl)
+  fi
+  if [ -n "$NEED_GO" ]; then
+    PC_DIR=$SCRATCH/pkgconfig
+    bindings/c/gen-pkgconfig.sh "$target/release" "$root/include" "$PC_DIR" >/dev/null
+  fi
 fi
 echo "   shardlimit from $ARTIFACTS"
 
 # ---- peers, pinned, into the scratch directory
-echo "== Node peers"
 NODE_DIR=$SCRATCH/node
+VENV=$SCRATCH/venv
+PY=$VENV/bin/python
+GO_DIR=$SCRATCH/go
+GO_REDIS= REDIS_RATE=
+if [ -n "$NEED_NODE" ]; then
+echo "== Node peers"
 mkdir -p "$NODE_DIR"
 npm_pkgs=()
 for p in rate-limiter-flexible ioredis express-rate-limit rate-limit-redis express; do npm_pkgs+=("$p@$(pin npm "$p")"); done
@@ -109,18 +125,19 @@ else
 fi
 export BENCH_PEERS=$NODE_DIR
 export SHARDLIMIT_NODE_PACKAGE=$NODE_DIR/node_modules/shardlimit
+fi
 
+if [ -n "$NEED_PY" ]; then
 echo "== Python peers"
-VENV=$SCRATCH/venv
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 py_pkgs=()
 for p in limits redis coredis slowapi Flask-Limiter fastapi uvicorn flask gunicorn; do py_pkgs+=("$p==$(pin pypi "$p")"); done
 "$VENV/bin/pip" install -q --disable-pip-version-check "${py_pkgs[@]}"
 "$VENV/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps "$WHEEL"
-PY=$VENV/bin/python
+fi
 
+if [ -n "$NEED_GO" ]; then
 echo "== Go peers"
-GO_DIR=$SCRATCH/go
 mkdir -p "$GO_DIR"
 cp bindings/go/bench/peers/main.go "$GO_DIR/main.go"
 cat >"$GO_DIR/go.mod" <<EOF
@@ -147,6 +164,7 @@ GO_LIB_SHA=$(sha256sum "$(PKG_CONFIG_PATH=$PC_DIR pkg-config --variable=libdir s
 # tidy may raise the minimum go-redis that redis_rate needs: record what was built
 GO_REDIS=$(cd "$GO_DIR" && go list -m -f '{{.Version}}' github.com/redis/go-redis/v9)
 REDIS_RATE=$(cd "$GO_DIR" && go list -m -f '{{.Version}}' github.com/go-redis/redis_rate/v10)
+fi
 
 # ---- Rust in-memory engine against governor's keyed limiter (criterion, core/benches/
 # governor.rs), before Redis starts: one thread pinned to CPU 0, two threads on both CPUs;
@@ -180,13 +198,21 @@ REDIS_VERSION=$(redis-cli -p "$PORT" INFO server | sed -n 's/^redis_version:\(.*
 
 # the server time (µs) of the commands that decided since the last reset (INFO
 # commandstats: every command but the bench's own INFO, CONFIG, FLUSHALL, SCRIPT and the
-# clients' connection set-up)
+# clients' connection set-up). INFO commandstats also counts the commands a script runs,
+# whose time is inside the script's own: when scripts ran, their time alone (every client
+# measured here decides in scripts: shardlimit's, rate-limiter-flexible's rlflxIncr,
+# limits', redis_rate's, rate-limit-redis'), else the commands' (summing both counted the
+# scripts' inner commands twice).
 script_usec() {
   redis-cli -p "$PORT" INFO commandstats | python3 -c '
 import re, sys
 skip = {"info", "config", "flushall", "script", "ping", "client", "hello", "select", "command", "auth"}
-print(sum(int(u) for name, u in re.findall(r"^cmdstat_([^:]+):.*?,usec=(\d+),", sys.stdin.read(), re.M)
-          if name.split("|")[0] not in skip))'
+scripts = {"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"}
+rows = [(n.split("|")[0], int(c), int(u)) for n, c, u in
+        re.findall(r"^cmdstat_([^:]+):calls=(\d+),usec=(\d+),", sys.stdin.read(), re.M)]
+in_scripts = sum(u for n, c, u in rows if n in scripts)
+ran = sum(c for n, c, u in rows if n in scripts)
+print(in_scripts if ran else sum(u for n, c, u in rows if n not in skip))'
 }
 fresh() { redis-cli -p "$PORT" FLUSHALL >/dev/null; redis-cli -p "$PORT" CONFIG RESETSTAT >/dev/null; }
 
@@ -246,6 +272,7 @@ for round in $(seq "$ROUNDS"); do
   client py-async "$round" limits-coredis "$PY" "$PY_BENCH" --mode async --lib limits-coredis "${pa[@]}"
   client py-async "$round" limits-redispy "$PY" "$PY_BENCH" --mode async --lib limits-redispy "${pa[@]}"
   client py-async "$round" "shardlimit host transport" "$PY" "$PY_BENCH" --mode async --lib shardlimit --transport host "${pa[@]}"
+  client py-async "$round" "shardlimit thread transport" "$PY" "$PY_BENCH" --mode async --lib shardlimit --transport thread "${pa[@]}"
   client py-sync "$round" shardlimit "$PY" "$PY_BENCH" --mode sync --lib shardlimit "${pa[@]}"
   client py-sync "$round" limits-redispy "$PY" "$PY_BENCH" --mode sync --lib limits-redispy "${pa[@]}"
   client py-sync "$round" "shardlimit spin_wait 100us" "$PY" "$PY_BENCH" --mode sync --lib shardlimit --spin-wait 100us "${pa[@]}"
@@ -358,6 +385,16 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
+# ---- scale out over 1-8 shards and Cluster primaries (scripts/bench-scale.sh, its own
+# redis-servers): its section goes into $OUT, which bench/report.py keeps
+if want scale; then
+  echo "== scale out: 1, 2, 4, 8 shards and Cluster primaries ($(date -u +%T))"
+  cleanup # (this run's Redis and servers: the scale bench pins its own to CPU 1)
+  trap - EXIT
+  SHARDLIMIT_BIN=$SL_CLI bash scripts/bench-scale.sh $( [ "$QUICK" = 1 ] && echo --quick ) \
+    --rounds "$ROUNDS" --write "$OUT" | grep -E '^(round|memory|unbatched|connections|decisions not from Redis)'
+fi
+
 LOAD_AFTER=$(cat /proc/loadavg)
 echo "== load after: $LOAD_AFTER"
 python3 bench/report.py "$RESULTS" "$OUT" \
@@ -365,7 +402,7 @@ python3 bench/report.py "$RESULTS" "$OUT" \
   --meta "load_before=$LOAD_BEFORE" --meta "load_after=$LOAD_AFTER" \
   --meta "artifacts=$ARTIFACTS" --meta "commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- core bindings cli || echo +changes)" \
   --meta "cpu=$(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) CPUs" \
-  --meta "redis=$REDIS_VERSION" --meta "node=$(node --version)" --meta "python=$("$PY" -c 'import sys; print(sys.version.split()[0])')" \
+  --meta "redis=$REDIS_VERSION" --meta "node=$(node --version)" --meta "python=$( [ -x "$PY" ] && "$PY" -c 'import sys; print(sys.version.split()[0])')" \
   --meta "go=$(go env GOVERSION)" --meta "go_redis=$GO_REDIS" --meta "redis_rate=$REDIS_RATE" \
   --meta "total=$TOTAL" --meta "sequential=$SEQ" --meta "py_n=$PYN" --meta "http_secs=$HTTP_SECS" --meta "rust_n=$RUST_N" \
   --lock "$LOCK" --criterion "$CRIT"
