@@ -11,7 +11,7 @@ use crate::policy::{Compiled, PolicyInner};
 use crate::transport::resp::Reply;
 
 /// Releases `units` of concurrency lease `lease` of `key` under `policy` (`release.lua`);
-/// answers whether the lease was held.
+/// answers whether the lease was held. A lease not found is tombstoned for the lease TTL.
 pub(crate) struct ReleaseRequest<'a> {
     pub policy: &'a PolicyInner,
     pub key: &'a str,
@@ -28,7 +28,10 @@ impl ScriptCall for ReleaseRequest<'_> {
         a.key(state_key(prefix, &self.policy.key_scope, self.key))
             .arg(self.lease)
             .arg(self.units)
-            .arg(self.now_us.unwrap_or(0));
+            .arg(self.now_us.unwrap_or(0))
+            // a lease not found leaves a tombstone for the lease TTL: its acquire, if it
+            // reaches Redis after this release (it missed its deadline), grants nothing
+            .arg(self.policy.compiled.period_us);
         Wire::Script {
             id: ScriptId::Release,
             args: a,
