@@ -10,7 +10,7 @@
 --
 -- Tombstones: a release that finds no lease (its acquire has not run yet: an acquire that
 -- missed its deadline can reach Redis after the release the client sent for it) leaves the
--- lease's member scored CC_TOMB + (its expiry, µs), one lease TTL after the release: below
+-- lease's member scored -2^53 + (its expiry, µs), one lease TTL after the release: below
 -- every score the calls read ("#" is at least -(1 + 10^12), CC_BAND is below it), so only
 -- the acquire of that very lease meets it. That acquire's ZADD (LT: a lower score is kept)
 -- leaves the tombstone in place and counts the member as not new, the rare path that
@@ -21,9 +21,7 @@
 local CC_WALK = 64
 local CC_EXPIRE = 128
 local CC_EXPIRE_1 = '129' -- CC_EXPIRE + 1, as the argument (a number is formatted per call)
-local CC_TOMB = -9007199254740992 -- -2^53: a tombstone's score is this plus its expiry
-local CC_BAND = -4503599627370496 -- -2^52: every tombstone is below, "#" above
-local CC_BAND_S = '-4503599627370496'
+local CC_BAND = -4503599627370496 -- -2^52: every tombstone (CC_TOMB) is below, "#" above
 
 -- units of a lease member ("id*units"; a member of an older version held one unit)
 local function cc_units(m)
@@ -43,7 +41,7 @@ end
 -- units held after reclaiming expired leases, and whether "#" was there. One read gives
 -- both: "#" (scored below 0) comes before every lease that expired (scored by expiry > 0)
 local function cc_held(key, now)
-  local r = redis.call('ZRANGEBYSCORE', key, CC_BAND_S, int(now), 'WITHSCORES', 'LIMIT', '0',
+  local r = redis.call('ZRANGEBYSCORE', key, '-4503599627370496', int(now), 'WITHSCORES', 'LIMIT', '0',
     CC_EXPIRE_1)
   local held, from, sum = nil, 1, r[1] == '#'
   if sum then
@@ -71,18 +69,6 @@ local function cc_reset_after(key, now)
   local last = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
   if last[2] == nil or tonumber(last[2]) <= now then return 0 end
   return tonumber(last[2]) - now
-end
-
--- whether a member's score (a ZSCORE reply) is a tombstone's
-local function cc_tomb(e)
-  return e and tonumber(e) < CC_BAND
-end
-
--- the acquire of `member`, released before it ran: nothing granted, its tombstone gone
-local function cc_refused(key, member, n, max)
-  redis.call('ZREM', key, member)
-  cc_store(key, n)
-  return {0, math.max(max - n, 0), 0, -2, 0}
 end
 
 ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st)
@@ -123,8 +109,13 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st)
         '#')
       if sum then added = added + 1 end
       if added < 2 then
-        if cc_tomb(redis.call('ZSCORE', key, member)) then
-          return cc_refused(key, member, n, max)
+        -- (inline, as below: a local function is a closure made on every call)
+        local e = redis.call('ZSCORE', key, member)
+        if e and tonumber(e) < CC_BAND then
+          -- released before it ran: nothing granted, the tombstone gone
+          redis.call('ZREM', key, member)
+          cc_store(key, n)
+          return {0, math.max(max - n, 0), 0, -2, 0}
         end
         redis.call('ZADD', key, int(now + ttl), member, -(math.max(n, 0) + 1), '#')
       else
@@ -132,7 +123,11 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st)
       end
     else
       local e = redis.call('ZSCORE', key, member)
-      if cc_tomb(e) then return cc_refused(key, member, n, max) end
+      if e and tonumber(e) < CC_BAND then
+        redis.call('ZREM', key, member)
+        cc_store(key, n)
+        return {0, math.max(max - n, 0), 0, -2, 0}
+      end
       if e == false then n = n + cost end
       redis.call('ZADD', key, int(now + ttl), member)
       cc_store(key, n)
@@ -143,27 +138,25 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st)
 end
 
 if REFUND then -- only the refund and release scripts give units back
-  -- leaves `member`'s tombstone until `ttl` µs after `now`
-  local function cc_tombstone(key, member, now, ttl)
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(CC_TOMB + now)) -- the expired ones
-    if redis.call('ZSCORE', key, '#') == false then
-      -- no sum yet (no key, or an older version's members, a unit each): one is written,
-      -- so that no call counts the tombstone as a lease
-      redis.call('ZADD', key, -(redis.call('ZCARD', key) + 1), '#')
-    end
-    local expiry = math.min(now + ttl, -CC_BAND - 1)
-    redis.call('ZADD', key, int(CC_TOMB + expiry), member)
-    local ms = math.ceil(ttl / 1000)
-    if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
-  end
-
+  local CC_TOMB = -9007199254740992 -- -2^53: a tombstone's score is this plus its expiry
   -- gives back lease `lease` of `cost` units; 1 when it was held at `now`. A lease not
   -- found leaves a tombstone for `ttl` µs (none when ttl is 0): its acquire may yet run.
   REFUND.cc = function(key, now, ttl, cost, lease)
     local member = lease .. '*' .. int(cost)
     local e = redis.call('ZSCORE', key, member)
     if e == false then
-      if ttl > 0 then cc_tombstone(key, member, now, ttl) end
+      if ttl > 0 then
+        -- (inline: a local function is a closure made on every call)
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(CC_TOMB + now)) -- the expired ones
+        if redis.call('ZSCORE', key, '#') == false then
+          -- no sum yet (no key, or an older version's members, a unit each): one is
+          -- written, so that no call counts the tombstone as a lease
+          redis.call('ZADD', key, -(redis.call('ZCARD', key) + 1), '#')
+        end
+        redis.call('ZADD', key, int(CC_TOMB + math.min(now + ttl, -CC_BAND - 1)), member)
+        local ms = math.ceil(ttl / 1000)
+        if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+      end
       return 0
     end
     if tonumber(e) < CC_BAND then return 0 end -- released before: its tombstone stays
