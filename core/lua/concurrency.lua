@@ -8,8 +8,8 @@
 -- have to expire, it is the time every current lease has expired: later than the exact
 -- time, never earlier). core/src/engine/algo.rs mirrors every step. `period` is the lease TTL.
 --
--- Tombstones: a release that finds no lease (its acquire has not run yet: an acquire that
--- missed its deadline can reach Redis after the release the client sent for it) leaves the
+-- Tombstones: the release of a late lease (an acquire that missed its deadline, released by
+-- the client: the acquire can reach Redis after that release) that finds no lease leaves the
 -- lease's member scored -2^53 + (its expiry, µs), one lease TTL after the release: below
 -- every score the calls read ("#" is at least -(1 + 10^12), CC_BAND is below it), so only
 -- the acquire of that very lease meets it. That acquire's ZADD (LT: a lower score is kept)
@@ -140,7 +140,8 @@ end
 if REFUND then -- only the refund and release scripts give units back
   local CC_TOMB = -9007199254740992 -- -2^53: a tombstone's score is this plus its expiry
   -- gives back lease `lease` of `cost` units; 1 when it was held at `now`. A lease not
-  -- found leaves a tombstone for `ttl` µs (none when ttl is 0): its acquire may yet run.
+  -- found leaves a tombstone for `ttl` µs (none when ttl is 0, as every release but that
+  -- of a late lease has it): its acquire may yet run.
   REFUND.cc = function(key, now, ttl, cost, lease)
     local member = lease .. '*' .. int(cost)
     local e = redis.call('ZSCORE', key, member)

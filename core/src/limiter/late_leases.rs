@@ -185,7 +185,7 @@ async fn drain(inner: Weak<Inner>, shard: usize) {
         let Some(o) = l.inner.late.next(shard) else {
             return;
         };
-        match l.release_with(&o.policy, &o.lease).await {
+        match l.release_lease(&o.policy, &o.lease, true).await {
             Ok(held) => {
                 if held {
                     l.inner.late.released.fetch_add(1, Ordering::Relaxed);

@@ -11,13 +11,17 @@ use crate::policy::{Compiled, PolicyInner};
 use crate::transport::resp::Reply;
 
 /// Releases `units` of concurrency lease `lease` of `key` under `policy` (`release.lua`);
-/// answers whether the lease was held. A lease not found is tombstoned for the lease TTL.
+/// answers whether the lease was held.
 pub(crate) struct ReleaseRequest<'a> {
     pub policy: &'a PolicyInner,
     pub key: &'a str,
     pub lease: &'a str,
     pub units: u64,
     pub now_us: Option<u64>,
+    /// the lease of an acquire that gave up at its deadline: when it is not found (its
+    /// acquire has not run yet), a tombstone is left for the lease TTL, and that acquire,
+    /// if it runs later, grants nothing
+    pub late: bool,
 }
 
 impl ScriptCall for ReleaseRequest<'_> {
@@ -29,9 +33,12 @@ impl ScriptCall for ReleaseRequest<'_> {
             .arg(self.lease)
             .arg(self.units)
             .arg(self.now_us.unwrap_or(0))
-            // a lease not found leaves a tombstone for the lease TTL: its acquire, if it
-            // reaches Redis after this release (it missed its deadline), grants nothing
-            .arg(self.policy.compiled.period_us);
+            // how long a tombstone lives (0: none)
+            .arg(if self.late {
+                self.policy.compiled.period_us
+            } else {
+                0
+            });
         Wire::Script {
             id: ScriptId::Release,
             args: a,
