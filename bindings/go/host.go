@@ -564,6 +564,9 @@ func (t *hostTransport) read(s *hostShard, conn net.Conn) (worked bool, err erro
 			s.reading.Store(false)
 		}
 		if r > 0 {
+			if h := hostReadHook.Load(); h != nil {
+				(*h)(hookBeforeInput)
+			}
 			var n C.size_t
 			var e *C.shardlimit_error
 			t.mu.Lock()

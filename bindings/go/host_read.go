@@ -16,6 +16,9 @@ func rawRead(raw syscall.RawConn, buf []byte, reading *atomic.Bool) (int, error)
 	var n int
 	var rerr error
 	err := raw.Read(func(fd uintptr) bool {
+		if h := hostReadHook.Load(); h != nil {
+			(*h)(hookBeforeRead)
+		}
 		reading.Store(true)
 		for {
 			n, rerr = syscall.Read(int(fd), buf)
@@ -40,6 +43,17 @@ func rawRead(raw syscall.RawConn, buf []byte, reading *atomic.Bool) (int, error)
 	}
 	return n, nil
 }
+
+// hostReadHook, set by tests only, is called by a shard's reader at hookBeforeRead (the
+// poller said the socket is readable; nothing taken from it yet) and hookBeforeInput (bytes
+// taken, not handed to the library yet): a test holds the reader there to put a deadline
+// timer between a reply's arrival and its reading, as a process short of CPU does.
+var hostReadHook atomic.Pointer[func(stage int)]
+
+const (
+	hookBeforeRead = iota
+	hookBeforeInput
+)
 
 // errNoUnread: the socket cannot say how many bytes it holds.
 var errNoUnread = errors.New("no FIONREAD")

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -391,3 +392,171 @@ func TestHostHostileReply(t *testing.T) {
 }
 
 // (Close with checks in flight: close_inflight_test.go, for both transports.)
+
+// A deadline is the shard's silence, never this process's slowness: a process short of
+// CPU runs its deadline timer late, with the replies it waits for already come. The reader
+// is held (hostReadHook) where such a process would be slow, past the deadline (50 ms)
+// three times over, then let go: every check is decided by Redis. Held before it reads,
+// the replies wait in the socket (the timer asks it, FIONREAD); held after it read them,
+// they wait in the reader (its reading flag says so).
+func TestHostLateTimerDoesNotFailRepliesWaitingToBeRead(t *testing.T) {
+	for _, stage := range []int{hookBeforeRead, hookBeforeInput} {
+		name := map[int]string{hookBeforeRead: "in the socket", hookBeforeInput: "in the reader"}[stage]
+		t.Run(name, func(t *testing.T) {
+			r := startRedis(t)
+			l := hostLimiter(t, r, 50, `"open":{"algorithm":"fixed_window","limit":1000,"window":"1h","on_error":"open"}`)
+			untilRedisDecides(t, l, "warm", "open")
+			ht := l.host.Load()
+
+			var hold sync.Once
+			held := make(chan struct{})
+			gate := make(chan struct{})
+			hook := func(s int) {
+				if s == stage {
+					hold.Do(func() { close(held); <-gate })
+				}
+			}
+			hostReadHook.Store(&hook)
+			defer hostReadHook.Store(nil)
+			released := false
+			defer func() {
+				if !released {
+					close(gate)
+				}
+			}()
+
+			// (one check in the reader's case: its one reply is all the reader takes, and
+			// the socket is left empty)
+			n := 32
+			if stage == hookBeforeInput {
+				n = 1
+			}
+			results := make(chan error, n)
+			for i := 0; i < n; i++ {
+				go func(i int) {
+					d, err := l.Check(context.Background(), fmt.Sprintf("late-%d", i), "open", 1)
+					if err == nil && d.Source != SourceRedis {
+						err = fmt.Errorf("check %d: source %v", i, d.Source)
+					}
+					results <- err
+				}(i)
+			}
+			select {
+			case <-held:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the reader never saw a reply")
+			}
+			ht.mu.Lock()
+			conn := ht.shards[0].conn
+			ht.mu.Unlock()
+			if stage == hookBeforeRead {
+				waitFor(t, "the replies in the socket", func() bool { return unread(conn) })
+			} else if unread(conn) {
+				t.Fatal("bytes in the socket: the reader's own flag is not what is tested")
+			}
+			// the timer is due 50 ms after the checks were written; the reader is held
+			// for three deadlines
+			time.Sleep(150 * time.Millisecond)
+			select {
+			case err := <-results:
+				t.Fatalf("a check ended while its reply waited to be read: %v", err)
+			default:
+			}
+			released = true
+			close(gate)
+			for i := 0; i < n; i++ {
+				if err := <-results; err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// The reply bounds hold on the host transport: a server whose reply never ends (past the
+// 1 MiB a check's reply may take) fails the check and is dropped, having sent a bounded
+// amount; the process reads it into a fixed buffer and the
+// library keeps at most the bound.
+func TestHostEndlessReplyIsBounded(t *testing.T) {
+	for _, c := range []struct{ name, head, unit string }{
+		{"a line that never ends", "+", "x"},
+		{"an array of a billion integers", "*1000000000\r\n", ":1\r\n"},
+		{"a string of a billion bytes", "$1000000000\r\n", "x"},
+		// announced within the bound, past it once its elements are read
+		{"an array that grows past 1 MiB", "*200000\r\n", ":1111111\r\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) { endlessReply(t, c.head, c.unit) })
+	}
+}
+
+func endlessReply(t *testing.T, head, unit string) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	sent := make(chan int64, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 4096)
+				if _, err := c.Read(buf); err != nil {
+					return
+				}
+				chunk := []byte(strings.Repeat(unit, (64<<10)/len(unit)))
+				var total int64
+				if _, err := c.Write([]byte(head)); err != nil {
+					return
+				}
+				_ = c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+				// at most 1 GiB: the client closes long before, or the test fails
+				for total < 1<<30 {
+					w, err := c.Write(chunk)
+					total += int64(w)
+					if err != nil {
+						break
+					}
+				}
+				sent <- total
+			}()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	cfg := fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":5000,"policies":{
+		"strict":{"algorithm":"fixed_window","limit":10,"window":"1h","on_error":"error"}}}`, port)
+	l, err := NewFromJSON(cfg, WithTransport(TransportHost))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ht := l.host.Load()
+	waitFor(t, "connected", func() bool {
+		ht.mu.Lock()
+		defer ht.mu.Unlock()
+		return ht.shards[0].conn != nil
+	})
+	start := time.Now()
+	d, err := l.Check(context.Background(), "k", "strict", 1)
+	if err == nil || d.Allowed {
+		t.Fatalf("a decision from an endless reply: %+v %v", d, err)
+	}
+	if errors.Is(err, ErrTimeout) || time.Since(start) > 4*time.Second {
+		t.Fatalf("failed by the clock, not the bound: %v after %v", err, time.Since(start))
+	}
+	select {
+	case total := <-sent:
+		// the client stopped reading at the bound (1 MiB), plus what the sockets' buffers
+		// hold on both sides
+		if total > 32<<20 {
+			t.Fatalf("the server wrote %d MiB before the client dropped it", total>>20)
+		}
+		t.Logf("the server wrote %.1f MiB before the drop: %v", float64(total)/(1<<20), err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client never dropped the endless reply")
+	}
+}

@@ -7,9 +7,21 @@
 -- retry_after walks at most CC_WALK live leases, earliest expiry first (when more would
 -- have to expire, it is the time every current lease has expired: later than the exact
 -- time, never earlier). core/src/engine/algo.rs mirrors every step. `period` is the lease TTL.
+--
+-- Tombstones: the release of a late lease (an acquire that missed its deadline, released by
+-- the client: the acquire can reach Redis after that release) that finds no lease leaves the
+-- lease's member scored -2^53 + (its expiry, µs), one lease TTL after the release: below
+-- every score the calls read ("#" is at least -(1 + 10^12), CC_BAND is below it), so only
+-- the acquire of that very lease meets it. That acquire's ZADD (LT: a lower score is kept)
+-- leaves the tombstone in place and counts the member as not new, the rare path that
+-- already reads the member: it is refused (retry_after -2, "released already"), grants
+-- nothing and removes the tombstone. A normal acquire makes no extra call. The release that
+-- leaves one first removes the tombstones that expired (each lives one lease TTL) and keeps
+-- the key alive as long as the new one.
 local CC_WALK = 64
 local CC_EXPIRE = 128
 local CC_EXPIRE_1 = '129' -- CC_EXPIRE + 1, as the argument (a number is formatted per call)
+local CC_BAND = -4503599627370496 -- -2^52: every tombstone (CC_TOMB) is below, "#" above
 
 -- units of a lease member ("id*units"; a member of an older version held one unit)
 local function cc_units(m)
@@ -29,7 +41,7 @@ end
 -- units held after reclaiming expired leases, and whether "#" was there. One read gives
 -- both: "#" (scored below 0) comes before every lease that expired (scored by expiry > 0)
 local function cc_held(key, now)
-  local r = redis.call('ZRANGEBYSCORE', key, '-inf', int(now), 'WITHSCORES', 'LIMIT', '0',
+  local r = redis.call('ZRANGEBYSCORE', key, '-4503599627370496', int(now), 'WITHSCORES', 'LIMIT', '0',
     CC_EXPIRE_1)
   local held, from, sum = nil, 1, r[1] == '#'
   if sum then
@@ -90,12 +102,33 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st)
     local member = lease .. '*' .. (cost == 1 and '1' or int(cost))
     if n + cost > 0 then
       -- the lease and the sum in one ZADD, the lease taken as new; its count says if it
-      -- was (a lease acquired again keeps the units it holds: "#" is written again)
-      local added = redis.call('ZADD', key, int(now + ttl), member, int(-(n + cost + 1)), '#')
+      -- was (a lease acquired again keeps the units it holds: "#" is written again, and
+      -- its expiry, which LT kept if later). LT writes "#" (its score only goes down here)
+      -- and keeps a tombstone (scored below any expiry).
+      local added = redis.call('ZADD', key, 'LT', int(now + ttl), member, int(-(n + cost + 1)),
+        '#')
       if sum then added = added + 1 end
-      if added < 2 then redis.call('ZADD', key, -(math.max(n, 0) + 1), '#') else n = n + cost end
+      if added < 2 then
+        -- (inline, as below: a local function is a closure made on every call)
+        local e = redis.call('ZSCORE', key, member)
+        if e and tonumber(e) < CC_BAND then
+          -- released before it ran: nothing granted, the tombstone gone
+          redis.call('ZREM', key, member)
+          cc_store(key, n)
+          return {0, math.max(max - n, 0), 0, -2, 0}
+        end
+        redis.call('ZADD', key, int(now + ttl), member, -(math.max(n, 0) + 1), '#')
+      else
+        n = n + cost
+      end
     else
-      if redis.call('ZSCORE', key, member) == false then n = n + cost end
+      local e = redis.call('ZSCORE', key, member)
+      if e and tonumber(e) < CC_BAND then
+        redis.call('ZREM', key, member)
+        cc_store(key, n)
+        return {0, math.max(max - n, 0), 0, -2, 0}
+      end
+      if e == false then n = n + cost end
       redis.call('ZADD', key, int(now + ttl), member)
       cc_store(key, n)
     end
@@ -105,11 +138,29 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st)
 end
 
 if REFUND then -- only the refund and release scripts give units back
-  -- gives back lease `lease` of `cost` units; 1 when it was held at `now`
+  local CC_TOMB = -9007199254740992 -- -2^53: a tombstone's score is this plus its expiry
+  -- gives back lease `lease` of `cost` units; 1 when it was held at `now`. A lease not
+  -- found leaves a tombstone for `ttl` µs (none when ttl is 0, as every release but that
+  -- of a late lease has it): its acquire may yet run.
   REFUND.cc = function(key, now, ttl, cost, lease)
     local member = lease .. '*' .. int(cost)
     local e = redis.call('ZSCORE', key, member)
-    if e == false then return 0 end
+    if e == false then
+      if ttl > 0 then
+        -- (inline: a local function is a closure made on every call)
+        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(CC_TOMB + now)) -- the expired ones
+        if redis.call('ZSCORE', key, '#') == false then
+          -- no sum yet (no key, or an older version's members, a unit each): one is
+          -- written, so that no call counts the tombstone as a lease
+          redis.call('ZADD', key, -(redis.call('ZCARD', key) + 1), '#')
+        end
+        redis.call('ZADD', key, int(CC_TOMB + math.min(now + ttl, -CC_BAND - 1)), member)
+        local ms = math.ceil(ttl / 1000)
+        if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+      end
+      return 0
+    end
+    if tonumber(e) < CC_BAND then return 0 end -- released before: its tombstone stays
     redis.call('ZREM', key, member)
     local t = redis.call('ZSCORE', key, '#')
     local held

@@ -3,6 +3,9 @@
 -- KEYS[1]  the policy's state key for the key
 -- ARGV[1]  the lease id;  ARGV[2] its units (the core has checked both)
 -- ARGV[3]  now in µs, or "0" for the server clock (TIME)
+-- ARGV[4]  0, or for the lease of an acquire that missed its deadline the lease TTL in µs:
+--          a lease not found then leaves a tombstone that long, so that its acquire, if it
+--          runs later, grants nothing (only those: a lease released twice leaves none)
 -- Returns 1 when the lease was held at `now`, 0 when it was not (released before, or
--- expired).
-return REFUND.cc(KEYS[1], clock(ARGV[3]), 0, tonumber(ARGV[2]), ARGV[1])
+-- expired, or not acquired yet).
+return REFUND.cc(KEYS[1], clock(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[2]), ARGV[1])

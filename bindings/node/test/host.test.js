@@ -314,6 +314,58 @@ test('a hostile reply fails the checks in flight with a clear error, and no chec
   }
 })
 
+test('an endless reply fails its check at the reply bound (1 MiB), not at the deadline, and is dropped', async () => {
+  // a line that never ends; an array announced within the bound that grows past it
+  for (const [head, unit] of [['+', 'x'], ['*200000\r\n', ':1111111\r\n']]) {
+    let sent = 0
+    let closed
+    const dropped = new Promise((resolve) => {
+      closed = resolve
+    })
+    const server = net.createServer((s) => {
+      s.on('error', () => {})
+      s.on('close', () => closed(sent))
+      s.once('data', () => {
+        const chunk = Buffer.from(unit.repeat(Math.floor(65536 / unit.length)))
+        s.write(head)
+        const pump = () => {
+          // at most 1 GiB: the client drops it long before, or the test fails
+          while (sent < 2 ** 30 && !s.destroyed) {
+            sent += chunk.length
+            if (!s.write(chunk)) return s.once('drain', pump)
+          }
+        }
+        pump()
+      })
+    })
+    await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
+    const limiter = Limiter.fromJson(
+      {
+        timeout_ms: 5000,
+        on_error: 'error',
+        shards: [{ name: 'fake', url: `redis://127.0.0.1:${server.address().port}` }],
+        policies: POLICIES,
+      },
+      { transport: 'host' }
+    )
+    try {
+      const t0 = Date.now()
+      const r = await limiter.check('k', 'fw').then(
+        (d) => d,
+        (e) => e
+      )
+      assert.ok(r instanceof ConnectionError, `${JSON.stringify(head)}: ${r}`)
+      assert.match(r.message, /longer than|over the bound/)
+      assert.ok(Date.now() - t0 < 4000, 'failed at the bound, not the deadline')
+      const total = await dropped
+      assert.ok(total < 32 * 2 ** 20, `the server wrote ${total >> 20} MiB before the drop`)
+    } finally {
+      limiter.close()
+      await new Promise((resolve) => server.close(resolve))
+    }
+  }
+})
+
 /** A native half that only counts the writes: the machine's own batching is tested in sansio.rs. */
 async function countingHost() {
   const { HostTransport } = require('../host.js')

@@ -378,6 +378,87 @@ def test_a_late_timer_on_a_busy_loop_does_not_fail_replies_in_the_socket(
     assert sources == ["redis"] * 96, f"{sources.count('fallback')} of 96 fell back"
 
 
+def test_a_deadline_waits_for_replies_the_loop_has_not_read(redis: RedisServer,
+                                                            counted: type[Counted]) -> None:
+    """The test above cannot fail on asyncio's own loop, which reads the sockets before it
+    runs the timers that are due (uvloop runs them first). Here the loop does not read the
+    shard's socket (``pause_reading``) while the replies come and three deadlines (50 ms)
+    pass: the timer asks the socket (FIONREAD) and waits; once the loop reads again, Redis
+    decides every check. Without that question every check would fall back at 50 ms."""
+    limiter = Limiter.from_json(config([redis], POLICIES, timeout_ms=50, key_prefix="unread:"),
+                                transport="host")
+
+    async def main() -> list[str]:
+        assert (await limiter.acheck("warm", "open")).source == "redis"
+        proto = counted.made[0]._shards[0]
+        assert proto is not None and proto.transport is not None
+        transport: Any = proto.transport
+        transport.pause_reading()
+        calls = [asyncio.ensure_future(limiter.acheck(f"u{i}", "open")) for i in range(32)]
+        until = time.monotonic() + 5
+        while not host_module._unread(transport):
+            assert time.monotonic() < until, "no reply came"
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.15)
+        assert not any(c.done() for c in calls), "a check ended while its reply was unread"
+        transport.resume_reading()
+        return [d.source for d in await asyncio.gather(*calls)]
+
+    try:
+        sources = asyncio.run(main())
+    finally:
+        limiter.close()
+    assert sources == ["redis"] * 32, f"{sources.count('fallback')} of 32 fell back"
+
+
+@pytest.mark.parametrize("head,unit", [(b"+", b"x"), (b"*200000\r\n", b":1111111\r\n")],
+                         ids=["a line that never ends", "an array that grows past 1 MiB"])
+def test_an_endless_reply_is_dropped_at_the_bound(head: bytes, unit: bytes) -> None:
+    """The reply bounds hold on the host transport: a server whose reply never ends fails
+    the check at the bound (1 MiB a check reply), not at the deadline, and is dropped
+    having sent a bounded amount (what the sockets' buffers hold besides)."""
+    async def main() -> tuple[Any, list[int]]:
+        sent: list[int] = []
+
+        async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            if await r.read(65536):
+                chunk = unit * (65536 // len(unit))
+                total = 0
+                try:
+                    w.write(head)
+                    while total < 1 << 30:  # the client drops it long before
+                        w.write(chunk)
+                        total += len(chunk)
+                        await w.drain()
+                except (ConnectionError, OSError):
+                    pass
+                sent.append(total)
+            w.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        text = json.dumps({"shards": [{"name": "fake", "url": f"redis://127.0.0.1:{port}"}],
+                           "timeout_ms": 5000, "policies": POLICIES})
+        limiter = Limiter.from_json(text, transport="host")
+        try:
+            r = await asyncio.gather(limiter.acheck("k", "raising"), return_exceptions=True)
+            deadline = time.monotonic() + 5
+            while not sent:
+                assert time.monotonic() < deadline, "the endless reply was never dropped"
+                await asyncio.sleep(0.005)
+            return r[0], sent
+        finally:
+            limiter.close()
+            server.close()
+
+    started = time.monotonic()
+    raised, sent = asyncio.run(asyncio.wait_for(main(), 15))
+    assert isinstance(raised, shardlimit.BackendError), raised
+    assert not isinstance(raised, shardlimit.TimeoutError), "failed on the clock, not the bound"
+    assert time.monotonic() - started < 4
+    assert sent[0] < 32 << 20, f"the server wrote {sent[0] >> 20} MiB before the drop"
+
+
 @pytest.mark.parametrize("transport", ["thread", "host"])
 def test_20000_concurrent_achecks_admit_exactly_the_limit(redis: RedisServer,
                                                          transport: str) -> None:

@@ -87,6 +87,20 @@ impl Limiter {
 
     /// Releases a lease of an ad-hoc concurrency policy.
     pub async fn release_with(&self, policy: &Policy, lease: &Lease) -> Result<bool> {
+        self.release_lease(policy, lease, false).await
+    }
+
+    /// Releases `lease`; `late`: it is the lease of an acquire that gave up at its deadline
+    /// (`late_leases.rs`), whose script may not have run yet: a release that finds nothing
+    /// then leaves a tombstone for the lease TTL, so that the acquire, when it runs, grants
+    /// nothing. Only those leave one (a release of a lease released before, or a forged
+    /// one, leaves nothing: tombstones stay as few as the late leases).
+    pub(super) async fn release_lease(
+        &self,
+        policy: &Policy,
+        lease: &Lease,
+        late: bool,
+    ) -> Result<bool> {
         validate_key(&lease.key)?;
         validate_lease(policy, lease)?;
         match &self.view().engine {
@@ -100,8 +114,16 @@ impl Limiter {
             Engine::Redis(r) => {
                 let shard = shard_index(&lease.key, r.shards.len() as u32) as usize;
                 let now = self.now_override();
-                r.release(&policy.0, &lease.key, shard, &lease.id, lease.units, now)
-                    .await
+                r.release(
+                    &policy.0,
+                    &lease.key,
+                    shard,
+                    &lease.id,
+                    lease.units,
+                    now,
+                    late,
+                )
+                .await
             }
         }
     }

@@ -7,6 +7,11 @@
 //! lease itself, as soon as the shard answers again: a bounded list per shard, drained
 //! by one task per shard on the I/O runtime, retried while the shard still fails, dropped
 //! oldest-first (counted) when full, and forgotten once the lease would have expired.
+//!
+//! The release may reach Redis before the acquire it releases (it goes over whatever
+//! connection answers, the acquire may still wait in the old one's socket): the release
+//! script then finds no lease and leaves a tombstone for the lease TTL, and the acquire
+//! that meets it grants nothing (`core/lua/concurrency.lua`).
 
 use super::{Inner, Lease, Limiter};
 use crate::error::Error;
@@ -180,7 +185,7 @@ async fn drain(inner: Weak<Inner>, shard: usize) {
         let Some(o) = l.inner.late.next(shard) else {
             return;
         };
-        match l.release_with(&o.policy, &o.lease).await {
+        match l.release_lease(&o.policy, &o.lease, true).await {
             Ok(held) => {
                 if held {
                     l.inner.late.released.fetch_add(1, Ordering::Relaxed);

@@ -144,7 +144,10 @@ impl RedisEngine {
         self.call(shard, &req).await
     }
 
-    /// Releases `units` of concurrency lease `lease_id`; true when it was held.
+    /// Releases `units` of concurrency lease `lease_id`; true when it was held. `late`: the
+    /// lease of an acquire that gave up at its deadline (a release that finds nothing leaves
+    /// a tombstone, see [`ReleaseRequest`]).
+    #[allow(clippy::too_many_arguments)]
     pub async fn release(
         self: &Arc<Self>,
         policy: &PolicyInner,
@@ -153,6 +156,7 @@ impl RedisEngine {
         lease_id: &str,
         units: u64,
         now_us: Option<u64>,
+        late: bool,
     ) -> Result<bool> {
         let req = ReleaseRequest {
             policy,
@@ -160,6 +164,7 @@ impl RedisEngine {
             lease: lease_id,
             units,
             now_us,
+            late,
         };
         self.call(shard, &req).await
     }

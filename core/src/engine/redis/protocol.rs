@@ -45,6 +45,20 @@ pub(super) fn implausible(shard: &ShardConfig, r: &[i64], why: &str) -> Error {
     }
 }
 
+/// The retry_after of an acquire refused because its lease was released before it ran
+/// (`concurrency.lua`'s tombstones): nothing was granted.
+pub(super) const RELEASED_ALREADY: i64 = -2;
+
+/// What an acquire refused by its lease's tombstone is to its caller. Only an acquire that
+/// gave up at its deadline (its late lease released by the client) meets one, and nobody
+/// waits for its reply; an id sent again after its release would be answered this way.
+pub(super) fn released_already() -> Error {
+    Error::InvalidArgument {
+        what: "lease".into(),
+        message: "the lease was released before its acquire ran; nothing was granted".into(),
+    }
+}
+
 /// The outcome in `r` (allowed, remaining, reset_after, retry_after, delay), checked
 /// against the limit it was computed for.
 pub(super) fn outcome(r: &[i64], shard: &ShardConfig, limit: u64) -> Result<Outcome> {
@@ -60,6 +74,9 @@ pub(super) fn outcome(r: &[i64], shard: &ShardConfig, limit: u64) -> Result<Outc
             r,
             &format!("remaining outside 0..={limit}"),
         ));
+    }
+    if r[0] == 0 && r[3] == RELEASED_ALREADY {
+        return Err(released_already());
     }
     let span = |v: i64| (0..=MAX_REPLY_US).contains(&v);
     if !span(r[2]) || !span(r[4]) || !(r[3] == -1 || span(r[3])) {
@@ -570,5 +587,26 @@ impl ScriptCall for ShadowRequest<'_> {
 
     fn read(&self, sc: &ShardConfig, reply: Reply) -> Result<Checked> {
         check_script_reply(sc, reply, self.req.eff.limit, self.req.cost, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_acquire_refused_by_its_tombstone_is_an_error_naming_the_lease() {
+        let sc = ShardConfig::new("s0", "redis://127.0.0.1:1");
+        let e = check_reply(&sc, &[0, 5, 0, RELEASED_ALREADY, 0, 0, 0], 5, 1).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument { what, .. } if what == "lease"),
+            "{e:?}"
+        );
+        assert!(!e.is_backend(), "not a failure of the shard");
+        // anything else below -1 is still no reply of ours, and granted with it neither
+        for r in [[0, 5, 0, -3, 0, 0, 0], [1, 5, 0, RELEASED_ALREADY, 0, 0, 1]] {
+            let e = check_reply(&sc, &r, 5, 1).unwrap_err();
+            assert!(matches!(e, Error::Script { .. }), "{r:?}: {e:?}");
+        }
     }
 }

@@ -18,6 +18,10 @@ pub(crate) struct ReleaseRequest<'a> {
     pub lease: &'a str,
     pub units: u64,
     pub now_us: Option<u64>,
+    /// the lease of an acquire that gave up at its deadline: when it is not found (its
+    /// acquire has not run yet), a tombstone is left for the lease TTL, and that acquire,
+    /// if it runs later, grants nothing
+    pub late: bool,
 }
 
 impl ScriptCall for ReleaseRequest<'_> {
@@ -28,7 +32,13 @@ impl ScriptCall for ReleaseRequest<'_> {
         a.key(state_key(prefix, &self.policy.key_scope, self.key))
             .arg(self.lease)
             .arg(self.units)
-            .arg(self.now_us.unwrap_or(0));
+            .arg(self.now_us.unwrap_or(0))
+            // how long a tombstone lives (0: none)
+            .arg(if self.late {
+                self.policy.compiled.period_us
+            } else {
+                0
+            });
         Wire::Script {
             id: ScriptId::Release,
             args: a,
