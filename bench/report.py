@@ -307,9 +307,10 @@ def main() -> None:
 
 
 # the headings of the sections of docs/benchmarks.md that this script does not write (and
-# keeps, whole, at the end): the Redis cost per algorithm (scripts/bench-redis-cost.sh) and
-# `shardlimit serve` against Lyft's ratelimit (scripts/bench-serve.sh)
-KEPT = ("## Redis's own work per decision", "## shardlimit serve against Lyft's ratelimit")
+# keeps, whole, at the end): the Redis cost per algorithm (scripts/bench-redis-cost.sh),
+# `shardlimit serve` against Lyft's ratelimit (scripts/bench-serve.sh) and Java against
+# Bucket4j (scripts/bench-java.sh)
+KEPT = ("## Redis's own work per decision", "## shardlimit serve against Lyft's ratelimit", "## Java: ")
 
 
 def kept_sections(path: Path) -> list[list[str]]:

@@ -126,8 +126,7 @@ public final class Bench {
             }
 
             public String version() {
-                return "Bucket4j " + pkgVersion(BucketConfiguration.class, "8.19.0") + " + Lettuce "
-                        + pkgVersion(RedisClient.class, "?");
+                return "Bucket4j " + jarVersion(BucketConfiguration.class) + " + Lettuce " + jarVersion(RedisClient.class);
             }
 
             public void close() {
@@ -137,9 +136,11 @@ public final class Bench {
         };
     }
 
-    static String pkgVersion(Class<?> c, String dflt) {
-        String v = c.getPackage().getImplementationVersion();
-        return v != null ? v : System.getProperty("bench.version." + c.getSimpleName(), dflt);
+    /** The version in the name of the jar a class came from (artifact-VERSION.jar, as Maven names it). */
+    static String jarVersion(Class<?> c) {
+        String jar = Path.of(c.getProtectionDomain().getCodeSource().getLocation().getPath()).getFileName().toString();
+        Matcher m = Pattern.compile("-(\\d[^-]*)\\.jar$").matcher(jar);
+        return m.find() ? m.group(1) : jar;
     }
 
     /** Runs `n` checks (or until `deadlineNanos`) with `inFlight` at once; answers how many were admitted. */
