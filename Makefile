@@ -11,7 +11,7 @@
 #   make bench  - shardlimit against the latest peers of each language (bench/peers.lock),
 #                 written to docs/benchmarks.md (make bench-quick: one short round)
 # Every script honours CARGO_TARGET_DIR.
-.PHONY: demo test test-fast dist dist-all test-dist test-serve test-java build bench bench-quick bench-redis bench-redis-cost bench-serve bench-scale fmt lint
+.PHONY: demo test test-fast dist dist-all test-dist test-serve test-java build bench bench-quick bench-redis bench-redis-cost bench-serve bench-scale bench-java fmt lint
 
 demo:
 	bash scripts/demo.sh
@@ -66,6 +66,10 @@ bench-scale:
 # shardlimit serve against Lyft's ratelimit, Envoy's rate limit service over gRPC, one Redis
 bench-serve:
 	bash scripts/bench-serve.sh
+
+# the Java package against Bucket4j over Lettuce: the Java section of docs/benchmarks.md
+bench-java:
+	bash scripts/bench-java.sh
 
 fmt:
 	cargo fmt --all

@@ -314,10 +314,11 @@ def main() -> None:
 
 # the headings of the sections of docs/benchmarks.md that this script does not write (and
 # keeps, whole, at the end): the Redis cost per algorithm (scripts/bench-redis-cost.sh),
-# `shardlimit serve` against Lyft's ratelimit (scripts/bench-serve.sh) and scale out over
+# `shardlimit serve` against Lyft's ratelimit (scripts/bench-serve.sh), scale out over
 # 1-8 shards and Cluster primaries (scripts/bench-scale.sh, which `make bench` also runs)
+# and Java against Bucket4j (scripts/bench-java.sh)
 KEPT = ("## Redis's own work per decision", "## shardlimit serve against Lyft's ratelimit",
-        "## Scale out")
+        "## Scale out", "## Java: ")
 
 
 def kept_sections(path: Path) -> list[list[str]]:

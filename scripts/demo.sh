@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job (`make demo`): start three local Redis shards, then run a Rust, a Python, a
-# Node and a Go worker AT THE SAME TIME against the same keys and policies, and show that
-# together they admitted exactly each key's limit. Builds first (cached on reruns).
+# Node, a Go and a Java worker AT THE SAME TIME against the same keys and policies, and show
+# that together they admitted exactly each key's limit. Builds first (cached on reruns).
 # Without redis-server (and no way to install it) it runs on the in-memory engine instead,
 # in one process (the Rust worker, several workers sharing one limiter), and says so.
 #
@@ -11,11 +11,14 @@
 #
 # The builds: ONE `cargo build --profile demo` (unoptimized, no debug info: the workers make
 # ~10k checks, so compile time is what counts) of everything the demo runs, so the shared
-# dependencies compile once: the CLI, the Rust worker, the Python extension, the Node addon
-# and libshardlimit for Go, all in target/demo; then `go build` of the Go worker. No venv,
-# pip, maturin, npm or napi: the Python worker imports the package assembled in
-# target/demo/python, the Node worker loads target/demo/node/shardlimit.node. (The release
-# packages are what scripts/test-python.sh and scripts/test-node.sh build and test.)
+# dependencies compile once: the CLI, the Rust worker, the Python extension, the Node addon,
+# libshardlimit for Go and the JNI library, all in target/demo; then `go build` of the Go
+# worker, and the Java package's jar as scripts/dist-java.sh lays it out (`mvn package` of
+# bindings/java with the demo's JNI library under natives/<platform>/, loaded from the jar as
+# a user's JVM loads it). No venv, pip, maturin, npm or napi: the Python worker imports the
+# package assembled in target/demo/python, the Node worker loads
+# target/demo/node/shardlimit.node. (The release packages are what scripts/test-python.sh,
+# scripts/test-node.sh and scripts/test-java.sh build and test.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -32,9 +35,10 @@ step() { printf '\n== %s\n' "$*"; }
 WORK=$(mktemp -d)
 PIDS=()
 GO_BUILD=
+JAVA_BUILD=
 cleanup() {
   exec 3>&- 2>/dev/null || true
-  for p in "${PIDS[@]}" $GO_BUILD; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}" $GO_BUILD $JAVA_BUILD; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$WORK"
 }
@@ -75,6 +79,13 @@ if ensure_go >&2; then
 else
   echo "go not available: no Go worker" >&2
 fi
+# Java: a JDK (17 or newer) and Maven, from Debian when missing and root
+if { command -v javac && command -v mvn; } >/dev/null 2>&1 || apt_install openjdk-17-jdk-headless maven >&2; then
+  crates+=(shardlimit-java)
+  LANGS+=(java)
+else
+  echo "javac or mvn not available: no Java worker" >&2
+fi
 echo "cargo build --profile demo --no-default-features: ${crates[*]}"
 # PYO3_*: what maturin tells pyo3 (which interpreter; an extension module, no libpython)
 PYO3_PYTHON="$PY" PYO3_BUILD_EXTENSION_MODULE=1 \
@@ -114,6 +125,27 @@ for lang in "${LANGS[@]}"; do
       PKG_CONFIG_PATH="$OUT/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" GOCACHE="$OUT/go-cache" \
         go -C bindings/go build -buildvcs=false -tags shardlimit_dynamic -o "$OUT/go-demo-worker" ./cmd/demo-worker >"$WORK/go-build.log" 2>&1 &
       GO_BUILD=$!
+      ;;
+    java)
+      # in the background too: the jar (classes and natives/<platform>/libshardlimit_jni.so,
+      # as in dist/java), then the worker's class against it. Maven resolves its plugins and
+      # the optional Servlet and Spring APIs into ~/.m2 on the first run.
+      case "$(uname -m)" in x86_64 | amd64) jarch=x86_64 ;; aarch64 | arm64) jarch=aarch64 ;; *) jarch=$(uname -m) ;; esac
+      JAVA_JAR="$OUT/java/build/shardlimit-$(workspace_version).jar"
+      jni="$OUT/java/natives/linux-$jarch/libshardlimit_jni.so"
+      if [ -f "$JAVA_JAR" ] && [ -f "$OUT/java/classes/Worker.class" ] && cmp -s "$OUT/libshardlimit_jni.so" "$jni" &&
+        [ -z "$(find bindings/java/pom.xml bindings/java/src/main examples/demo/Worker.java -newer "$JAVA_JAR" -print -quit)" ]; then
+        echo "java jar: $JAVA_JAR (up to date)"
+      else
+        rm -rf "$OUT/java/natives" "$OUT/java/classes"
+        mkdir -p "$(dirname "$jni")"
+        cp "$OUT/libshardlimit_jni.so" "$jni"
+        echo "mvn package of bindings/java (natives from $OUT), javac examples/demo/Worker.java (in the background)"
+        { mvn -B -q -f bindings/java/pom.xml package -DskipTests -Dshardlimit.natives.dir="$OUT/java/natives" \
+            -Dshardlimit.build.dir="$OUT/java/build" &&
+            javac -d "$OUT/java/classes" -cp "$JAVA_JAR" examples/demo/Worker.java && touch "$JAVA_JAR"; } >"$WORK/java-build.log" 2>&1 &
+        JAVA_BUILD=$!
+      fi
       ;;
   esac
 done
@@ -189,6 +221,10 @@ if [ -n "$GO_BUILD" ]; then
   wait "$GO_BUILD" || { cat "$WORK/go-build.log" >&2; echo "go build of the Go worker failed" >&2; exit 1; }
   GO_BUILD=
 fi
+if [ -n "$JAVA_BUILD" ]; then
+  wait "$JAVA_BUILD" || { cat "$WORK/java-build.log" >&2; echo "the build of the Java worker failed" >&2; exit 1; }
+  JAVA_BUILD=
+fi
 mkfifo "$WORK/start"
 i=0
 for lang in "${LANGS[@]}"; do
@@ -199,6 +235,9 @@ for lang in "${LANGS[@]}"; do
     python) cmd=(env PYTHONPATH="$OUT/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" examples/demo/worker.py --instance 1) ;;
     node) cmd=(env SHARDLIMIT_NATIVE_LIBRARY="$OUT/node/shardlimit.node" node examples/demo/worker.mjs --instance 2) ;;
     go) cmd=(env LD_LIBRARY_PATH="$OUT${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$OUT/go-demo-worker" --instance 3) ;;
+    # (the library extracted from the jar into the demo's scratch folder)
+    # (C1 only and the serial collector: 2400 checks need no more compiler, and the CPU is shared)
+    java) cmd=(java -XX:TieredStopAtLevel=1 -XX:+UseSerialGC --enable-native-access=ALL-UNNAMED -Djava.io.tmpdir="$WORK" -cp "$JAVA_JAR:$OUT/java/classes" Worker --instance 4) ;;
   esac
   # each worker connects, prints "ready", then waits for the start fifo to close
   "${cmd[@]}" --config "$CONFIG" "${common[@]}" --barrier <"$WORK/start" >"$WORK/$lang.json" 2>"$WORK/$lang.err" &

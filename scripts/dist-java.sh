@@ -5,6 +5,10 @@
 #   shardlimit-<v>-sources.jar  shardlimit-<v>-javadoc.jar  (Central requires both)
 #   shardlimit-<v>.pom          bindings/java/pom.xml (name, description, url, licenses,
 #                               developers, scm: Central's required metadata)
+#   shardlimit-spring-boot-starter-<v>.{jar,pom} (+ -sources, -javadoc jars): the starter
+#                               Spring's naming convention expects, from
+#                               bindings/java/spring-boot-starter/pom.xml: dependencies only
+#                               (shardlimit and spring-boot-starter); its jar holds no code
 #   and a .md5 and .sha1 of each (signing, .asc, is the release's step: RELEASING.md).
 #
 # Usage: scripts/dist-java.sh [path/to/libshardlimit_jni.so]
@@ -66,6 +70,26 @@ javadoc -quiet -Xdoclint:none --release 17 -encoding UTF-8 -d "$stage/javadoc" \
   -sourcepath bindings/java/src/main/java -classpath "$(cat "$stage/classpath.txt")" -subpackages io.shardlimit \
   >"$stage/javadoc.log" 2>&1 || { cat "$stage/javadoc.log" >&2; exit 1; }
 jar --create --file "$out/$name-javadoc.jar" -C "$stage/javadoc" .
+
+echo "dist-java: the Spring Boot starter (dependencies only)"
+starter_pom=bindings/java/spring-boot-starter/pom.xml
+[ "$(grep -c "<version>$version</version>" "$starter_pom")" = 2 ] ||
+  { echo "dist-java: $starter_pom's own version and its shardlimit dependency's must be the workspace's $version" >&2; exit 1; }
+sname="shardlimit-spring-boot-starter-$version"
+meta="$stage/starter/META-INF/maven/io.shardlimit/shardlimit-spring-boot-starter"
+mkdir -p "$meta" "$stage/starter-docs"
+cp "$starter_pom" "$meta/pom.xml"
+printf 'Manifest-Version: 1.0\nAutomatic-Module-Name: io.shardlimit.spring.boot.starter\n' >"$stage/starter.mf"
+jar --create --file "$out/$sname.jar" --manifest "$stage/starter.mf" -C "$stage/starter" .
+cat >"$stage/starter-docs/README.txt" <<TXT
+shardlimit-spring-boot-starter $version has no code of its own: it depends on
+io.shardlimit:shardlimit $version, whose package io.shardlimit.spring holds the
+auto-configuration, @RateLimit, the Actuator health indicator and the Micrometer metrics
+(see that artifact's sources and javadoc), and on spring-boot-starter.
+TXT
+jar --create --file "$out/$sname-sources.jar" -C "$stage/starter-docs" .
+jar --create --file "$out/$sname-javadoc.jar" -C "$stage/starter-docs" .
+cp "$starter_pom" "$out/$sname.pom"
 
 for f in "$out"/*.jar "$out"/*.pom; do
   md5sum "$f" | cut -d' ' -f1 >"$f.md5"

@@ -8,7 +8,9 @@
 #      loader's noexec error.
 #   2. the install test: the dist jar and POM installed into an empty local Maven repository,
 #      and bindings/java/consumer-test built against it with no Rust on PATH, then run (in
-#      memory and on Redis) on both JDKs.
+#      memory and on Redis) on both JDKs; the Spring Boot starter installed beside it, and a
+#      Boot project naming only the starter resolved (it must get the library and Boot's
+#      auto-configuration).
 # Maven resolves plugins and JUnit into ~/.m2 on the first run (about a minute); later runs
 # need no network. Took 3 min 8 s on the shared 2-core machine (load 12-16), about a minute
 # of it the suite on the second JDK: SHARDLIMIT_JAVA_SUITE_JDKS=first runs the suite on Java
@@ -80,6 +82,30 @@ mvn -B -q -s "$work/settings.xml" -Dmaven.repo.local="$repo" \
   -Dfile="$jar" -DpomFile="$DIST/java/shardlimit-$version.pom" \
   -Dsources="$DIST/java/shardlimit-$version-sources.jar" -Djavadoc="$DIST/java/shardlimit-$version-javadoc.jar"
 [ -f "$repo/io/shardlimit/shardlimit/$version/shardlimit-$version.jar" ] || { echo "test-java: install-file installed nothing" >&2; exit 1; }
+starter="$DIST/java/shardlimit-spring-boot-starter-$version"
+mvn -B -q -s "$work/settings.xml" -Dmaven.repo.local="$repo" \
+  org.apache.maven.plugins:maven-install-plugin:3.1.4:install-file \
+  -Dfile="$starter.jar" -DpomFile="$starter.pom" -Dsources="$starter-sources.jar" -Djavadoc="$starter-javadoc.jar"
+# the starter brings the library and Spring Boot's auto-configuration to a Boot project (its
+# versions from Boot's BOM, as spring-boot-starter-parent manages them) that names only the starter
+mkdir -p "$work/starter-consumer"
+cat >"$work/starter-consumer/pom.xml" <<XML
+<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>
+<groupId>example</groupId><artifactId>starter-consumer</artifactId><version>1</version>
+<dependencyManagement><dependencies><dependency><groupId>org.springframework.boot</groupId>
+<artifactId>spring-boot-dependencies</artifactId><version>3.5.7</version><type>pom</type><scope>import</scope>
+</dependency></dependencies></dependencyManagement>
+<dependencies><dependency><groupId>io.shardlimit</groupId><artifactId>shardlimit-spring-boot-starter</artifactId>
+<version>$version</version></dependency></dependencies></project>
+XML
+(cd "$work/starter-consumer" && PATH=/usr/bin:/bin mvn -B -q -s "$work/settings.xml" -Dmaven.repo.local="$repo" \
+  org.apache.maven.plugins:maven-dependency-plugin:2.8:build-classpath -Dmdep.outputFile=cp.txt)
+starter_cp=$(tr ':' '\n' <"$work/starter-consumer/cp.txt")
+for want in "io/shardlimit/shardlimit/$version/shardlimit-$version.jar" spring-boot-autoconfigure-; do
+  grep -q "$want" <<<"$starter_cp" ||
+    { echo "test-java: a project naming shardlimit-spring-boot-starter lacks $want; its class path:" >&2; echo "$starter_cp" >&2; exit 1; }
+done
+echo "test-java: shardlimit-spring-boot-starter brings $(grep -c . <<<"$starter_cp") jars, shardlimit-$version.jar and spring-boot-autoconfigure among them"
 cp -r bindings/java/consumer-test "$work/consumer"
 redis_dir="$work/redis"; mkdir -p "$redis_dir"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')

@@ -155,6 +155,25 @@ pub extern "system" fn Java_io_shardlimit_Native_unwatch(_: JNIEnv, _: JClass, w
     }
 }
 
+/// The core's latency hook, which observe_health feeds: full limits while the latency
+/// (seconds) is at or under `target_us`, `target / latency` above it, never below `min_factor`.
+#[no_mangle]
+pub extern "system" fn Java_io_shardlimit_Native_latencyScale(
+    mut env: JNIEnv,
+    _: JClass,
+    h: jlong,
+    target_us: jlong,
+    min_factor: jdouble,
+) {
+    run(&mut env, (), |_| {
+        let l = limiter(h)?;
+        let target =
+            opt_us("target", target_us)?.ok_or_else(|| invalid("target", "must not be null"))?;
+        l.set_scale_hook(shardlimit::latency_scale(target, min_factor));
+        Ok(())
+    })
+}
+
 /// set_scale (policies: null for all) or, with `observe`, observe_health(factor).
 #[no_mangle]
 pub extern "system" fn Java_io_shardlimit_Native_scale(

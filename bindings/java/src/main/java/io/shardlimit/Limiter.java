@@ -133,16 +133,20 @@ public final class Limiter implements AutoCloseable {
     }
 
     private static long micros(Duration d) {
+        return micros(d, "ttl");
+    }
+
+    private static long micros(Duration d, String what) {
         if (d == null) {
             return -1;
         }
         if (d.isNegative()) {
-            throw new ShardlimitException.InvalidArgument("ttl: must not be negative");
+            throw new ShardlimitException.InvalidArgument(what + ": must not be negative");
         }
         try {
             return Math.multiplyExact(d.getSeconds(), 1_000_000L) + d.getNano() / 1000;
         } catch (ArithmeticException e) {
-            throw new ShardlimitException.InvalidArgument("ttl: too long");
+            throw new ShardlimitException.InvalidArgument(what + ": too long");
         }
     }
 
@@ -609,9 +613,42 @@ public final class Limiter implements AutoCloseable {
         return ((Number) state().get("scale")).doubleValue();
     }
 
-    /** Feeds a health signal through the scale hook; answers the factor in effect. */
-    public double observeHealth(double signal) {
-        return sync(h -> Native.scale(h, signal, null, true));
+    /**
+     * Installs the latency hook that {@link #observeHealth(Duration)} feeds: full limits while the
+     * observed latency (a dependency's p99, say) is at or under {@code target}, {@code target /
+     * latency} of them above it, never below {@code minFactor} (0 to 1). Node's {@code
+     * setLatencyScale} and Python's {@code set_latency_scale} install the same hook.
+     */
+    public void setLatencyScale(Duration target, double minFactor) {
+        if (target == null || target.isNegative()) {
+            throw new ShardlimitException.InvalidArgument("target: must be a duration of zero or more, got " + target);
+        }
+        long us = micros(target, "target");
+        sync(h -> {
+            Native.latencyScale(h, us, minFactor);
+            return null;
+        });
+    }
+
+    /**
+     * Feeds an observed latency to the hook {@link #setLatencyScale} installed and applies the
+     * factor it answers; answers the factor now in force. Without a hook: an invalid_argument
+     * error naming scale_hook.
+     */
+    public double observeHealth(Duration latency) {
+        if (latency == null) {
+            throw new ShardlimitException.InvalidArgument("latency: must not be null");
+        }
+        return observeHealth(latency.getSeconds() + latency.getNano() / 1e9);
+    }
+
+    /**
+     * {@link #observeHealth(Duration)} with the signal as a number, in the core's unit: seconds
+     * for the latency hook (as Python's {@code observe_health}; Node's {@code observeHealth}
+     * takes milliseconds, as its {@code setLatencyScale} does).
+     */
+    public double observeHealth(double seconds) {
+        return sync(h -> Native.scale(h, seconds, null, true));
     }
 
     /** Receives events as they happen, on the limiter's executor (at most 1024 queued; more are dropped). */

@@ -71,6 +71,8 @@ final class Native {
 
     static native double scale(long h, double factor, byte[][] policies, boolean observe);
 
+    static native void latencyScale(long h, long targetMicros, double minFactor);
+
     static native void subscribe(long h, Object sink);
 
     static native void setLogSink(long h, Object sink);

@@ -203,6 +203,18 @@ class LimiterTest {
             assertEquals(1, l.configGeneration());
             l.setScale(0.5);
             assertEquals(0.5, l.scale());
+            // the latency hook, as Node's setLatencyScale and Python's set_latency_scale: a
+            // Duration, so no unit to get wrong (the double form is seconds, the core's unit)
+            assertThrows(ShardlimitException.InvalidArgument.class, () -> l.observeHealth(Duration.ofMillis(1)));
+            l.setLatencyScale(Duration.ofMillis(100), 0.2);
+            assertEquals(1.0, l.observeHealth(Duration.ofMillis(50)));
+            assertEquals(1.0, l.scale());
+            assertEquals(0.5, l.observeHealth(Duration.ofMillis(200)), 1e-9);
+            assertEquals(0.5, l.scale(), 1e-9);
+            assertEquals(0.25, l.observeHealth(0.4), 1e-9); // seconds
+            assertEquals(0.2, l.observeHealth(Duration.ofSeconds(5)), 1e-9); // never below minFactor
+            assertThrows(ShardlimitException.InvalidArgument.class, () -> l.setLatencyScale(Duration.ofMillis(-1), 0.5));
+            assertThrows(ShardlimitException.InvalidArgument.class, () -> l.observeHealth((Duration) null));
             assertThrows(ShardlimitException.Config.class, () -> l.reload("{}x"));
             java.nio.file.Path f = java.nio.file.Files.createTempFile("shardlimit-java", ".json");
             java.nio.file.Files.writeString(f, "{\"policies\":" + POLICIES + "}");
