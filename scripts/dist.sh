@@ -8,8 +8,8 @@
 #   dist/go/      the Go module as a module proxy serves it (GOPROXY=file://$PWD/dist/go)
 #   dist/crates/  `cargo package` of shardlimit, shardlimit-tower, shardlimit-cli (verified)
 #   dist/bin/     shardlimit and shardlimit-serve, static executables (x86_64 musl)
-#   dist/java/    shardlimit-<v>.jar (natives/linux-x86_64 inside), -sources, -javadoc, .pom
-#                 (scripts/dist-java.sh)
+#   dist/java/    shardlimit-<v>.jar (natives/linux-x86_64 inside), -sources, -javadoc, .pom,
+#                 and shardlimit-spring-boot-starter-<v> (.jar, .pom) (scripts/dist-java.sh)
 #
 # The build: `cargo zigbuild --profile dist --target x86_64-unknown-linux-gnu.2.28` of the
 # C ABI, the Node addon, the Python extension and the JNI library in one invocation, so the core and its
