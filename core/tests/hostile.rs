@@ -26,6 +26,8 @@ enum Mode {
     EndlessBulk,
     /// an array of a billion elements, sent one by one for as long as the client reads
     EndlessArray,
+    /// a bulk string's header, then a byte of it every 10 ms, for as long as the client reads
+    Drip,
     /// no reply at all to the key with this N; honest replies to the others
     Lose(u64),
     /// an honest reply followed by a reply nobody asked for (a denial)
@@ -271,6 +273,16 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                         while send(&mut w, chunk.as_bytes()) {}
                         return;
                     }
+                    Mode::Drip => {
+                        // (a bulk string under a check's bound: well framed to the end)
+                        if !send(&mut w, b"$1000000\r\n") {
+                            return;
+                        }
+                        while send(&mut w, b"x") {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        return;
+                    }
                     Mode::Lose(n) if whos.contains(&n) => continue,
                     Mode::Refuse => continue,
                     Mode::Lose(_) => honest(),
@@ -465,6 +477,34 @@ fn an_endless_reply_is_cut_off_at_its_bound() {
             "{mode:?}: {sent} bytes were sent before the close"
         );
     }
+}
+
+#[test]
+fn a_reply_dripped_a_byte_at_a_time_fails_at_the_deadline() {
+    // a byte every 10 ms kept a call waiting as long as bytes came (a check's 1 MiB bound
+    // at 100 bytes a second: three hours); a byte is not a reply, and the deadline holds
+    let fake = Fake::start(Mode::Drip);
+    let l = fake.limiter("error", 100);
+    let p = l.policy("p").unwrap();
+    let (done, finished) = std::sync::mpsc::channel();
+    let calls = std::thread::spawn(move || {
+        let started = Instant::now();
+        let e = l.check_blocking(&key(1), &p, 1).unwrap_err();
+        assert!(e.is_backend(), "blocking: {e}");
+        assert!(e.to_string().contains("100 ms"), "blocking: {e}");
+        let e = rt().block_on(l.check(&key(2), &p, 1)).unwrap_err();
+        assert!(e.is_backend(), "async: {e}");
+        assert!(e.to_string().contains("100 ms"), "async: {e}");
+        let _ = done.send(started.elapsed());
+    });
+    // (the deadline is 100 ms each; the bound leaves room for a loaded machine, and is
+    // far below what a drip could hold a call for)
+    match finished.recv_timeout(Duration::from_secs(5)) {
+        Ok(_) => calls.join().unwrap(),
+        Err(_) if calls.is_finished() => calls.join().unwrap(), // its panic, as the failure
+        Err(_) => panic!("a dripped reply held a call past 5 s against a 100 ms deadline"),
+    }
+    drop(fake);
 }
 
 #[test]

@@ -28,7 +28,7 @@ pub(crate) use crate::transport::cpus::Spin;
 use crate::transport::cpus::YIELD_RAN_OTHERS;
 use crate::transport::expect_ok;
 use crate::transport::resp::{parse_frame, protocol, Framer, Reply, MAX_REPLY};
-use crate::transport::sansio::silent;
+use crate::transport::sansio::{silent, PROGRESS_BYTES};
 
 /// Where a shard listens, how to log in, and over TLS how to speak it.
 #[derive(Debug, Clone)]
@@ -378,14 +378,16 @@ impl BlockingConn {
 
     /// Sends one packed command and reads its reply: spinning on the socket as `spin` says
     /// (when a spinning slot is free), then sleeping in `read`. It fails when the shard is
-    /// silent: no byte for `timeout` since the write or the last byte that came (a reply
-    /// that keeps coming is not late, however long it takes); before that verdict, what
-    /// the socket already holds is read without waiting (a thread that woke late after its
+    /// silent: no reply for `timeout` since the write or the last [`PROGRESS_BYTES`] of
+    /// it that came (a reply that keeps coming is not late, one dripped a byte at a time
+    /// is); before that verdict, what the socket already holds is read without waiting (a thread that woke late after its
     /// read timed out must not call a shard silent whose reply sits in the socket). Any
     /// `Err` leaves the connection unusable: drop it.
     pub fn request(&mut self, packed: &[u8], timeout: Duration, spin: Spin) -> io::Result<Reply> {
         self.stream.write_all(packed)?;
         let mut since = Instant::now();
+        // bytes since `since` (progress resets it: PROGRESS_BYTES of the reply)
+        let mut unprogressed = 0usize;
         let mut slot = None;
         #[cfg(unix)]
         let spin_until = if spin.wait.is_zero() {
@@ -420,7 +422,7 @@ impl BlockingConn {
                         if n == 0 {
                             return Err(io::ErrorKind::UnexpectedEof.into());
                         }
-                        since = Instant::now();
+                        progress(&mut since, &mut unprogressed, n);
                         continue;
                     }
                     Ok(None) => {
@@ -449,8 +451,10 @@ impl BlockingConn {
                         return Err(io::ErrorKind::UnexpectedEof.into());
                     }
                     Ok(Some(n)) => {
+                        // (read on until the socket is empty or the reply whole: bytes
+                        // read at the verdict count as progress only by the rule)
                         self.buf.truncate(len + n);
-                        since = Instant::now();
+                        progress(&mut since, &mut unprogressed, n);
                         continue;
                     }
                     Ok(None) => {}
@@ -481,7 +485,7 @@ impl BlockingConn {
                 }
                 Ok(n) => {
                     self.buf.truncate(len + n);
-                    since = Instant::now();
+                    progress(&mut since, &mut unprogressed, n);
                 }
                 Err(e) => {
                     self.buf.truncate(len);
@@ -495,6 +499,16 @@ impl BlockingConn {
                 }
             }
         }
+    }
+}
+
+/// `n` more bytes of a reply not yet whole came: the silence starts again (`since`) once
+/// [`PROGRESS_BYTES`] of them have come since it last did.
+fn progress(since: &mut Instant, unprogressed: &mut usize, n: usize) {
+    *unprogressed += n;
+    if *unprogressed >= PROGRESS_BYTES {
+        *since = Instant::now();
+        *unprogressed = 0;
     }
 }
 

@@ -21,9 +21,11 @@
 //! - the connect and log-in (AUTH, SELECT) take longer than `timeout`, counted from
 //!   [`SansIo::connecting`];
 //! - the shard is *silent*: at least one request was handed out by
-//!   [`SansIo::poll_transmit`] and no byte came back for `timeout`, counted from the later
-//!   of the hand-out of the oldest request still unanswered and the last byte received. A
-//!   healthy Redis working through a long pipeline keeps replying, so it is never silent.
+//!   [`SansIo::poll_transmit`] and no reply came back for `timeout`, counted from the later
+//!   of the hand-out of the oldest request still unanswered and the last progress: a whole
+//!   reply, or [`PROGRESS_BYTES`] of one. A healthy Redis working through a long pipeline
+//!   keeps replying, so it is never silent; a server that drips a reply a byte at a time
+//!   is (one byte does not hold a call for the 1 MiB its reply may take).
 //!
 //! A call still queued in the machine (submitted, not handed out yet) has no deadline: the
 //! time it waits for the host to write is the host's, not the shard's. The queue is bounded
@@ -125,8 +127,10 @@ pub(crate) struct SansIo {
     /// how many of `waiting`'s last entries the last transmit handed out, until the host
     /// says they are written ([`SansIo::written`])
     unwritten: usize,
-    /// when the last byte came
+    /// when the last progress came: a whole reply, or [`PROGRESS_BYTES`] of one
     last_input: Option<Instant>,
+    /// bytes received since `last_input` that completed no reply
+    unprogressed: usize,
     /// Why the connection last closed ([`SansIo::down_why`]), until it connects again.
     down_why: Option<String>,
     /// bytes read and not framed yet
@@ -149,13 +153,21 @@ fn copy(e: &io::Error) -> io::Error {
     }
 }
 
-/// The error of a shard that sent nothing for `timeout` while requests were out.
+/// How many bytes of a reply not yet whole count as progress: the silence of
+/// [`SansIo::next_deadline`] starts again at a whole reply or at this many bytes, so a
+/// reply dripped a byte at a time fails at the deadline, and one that never ends within
+/// `timeout * MAX_REPLY / PROGRESS_BYTES` (16 deadlines for a check's 1 MiB).
+pub(crate) const PROGRESS_BYTES: usize = 64 * 1024;
+
+/// The error of a shard that sent no reply for `timeout` while requests were out.
 pub(crate) fn silent(timeout: Duration) -> io::Error {
     io::Error::new(
         io::ErrorKind::TimedOut,
         format!(
-            "Redis sent nothing for {} ms while a request was waiting for its reply",
-            timeout.as_millis()
+            "Redis sent nothing for {} ms while a request was waiting for its reply \
+             (not a reply, nor {} KiB of one)",
+            timeout.as_millis(),
+            PROGRESS_BYTES / 1024
         ),
     )
 }
@@ -187,6 +199,7 @@ impl SansIo {
             calls: 0,
             unwritten: 0,
             last_input: None,
+            unprogressed: 0,
             down_why: None,
             buf: Vec::new(),
             framer: Framer::default(),
@@ -218,6 +231,7 @@ impl SansIo {
             self.framer = Framer::default();
             self.out.clear();
             self.last_input = None;
+            self.unprogressed = 0;
             self.down_why = None;
         } else if self.state == State::Connecting {
             // again before the socket is open: the host's connect starts only now (its
@@ -405,9 +419,7 @@ impl SansIo {
         if !matches!(self.state, State::LoggingIn | State::Ready) {
             return; // (a socket the machine gave up: nothing of it is read)
         }
-        if !bytes.is_empty() {
-            self.last_input = Some(now);
-        }
+        self.unprogressed = self.unprogressed.saturating_add(bytes.len());
         // (the buffer is taken out while its frames are answered, so no frame is copied)
         let mut buf = std::mem::take(&mut self.buf);
         buf.extend_from_slice(bytes);
@@ -422,6 +434,9 @@ impl SansIo {
                     let frame = &buf[pos..pos + used];
                     pos += used;
                     let (at, expect) = self.waiting.pop_front().expect("a waiting call");
+                    // a whole reply: progress
+                    self.last_input = Some(now);
+                    self.unprogressed = 0;
                     if let Err(e) = self.answer(at, expect, frame, done) {
                         return self.fail(&e, done);
                     }
@@ -431,6 +446,10 @@ impl SansIo {
             }
         }
         buf.drain(..pos);
+        if self.unprogressed >= PROGRESS_BYTES {
+            self.last_input = Some(now);
+            self.unprogressed = 0;
+        }
         if buf.is_empty() && buf.capacity() > 1 << 20 {
             buf.shrink_to(16 * 1024); // after a large reply
         }
@@ -529,6 +548,7 @@ impl SansIo {
         self.unwritten = 0;
         self.connect_deadline = None;
         self.last_input = None;
+        self.unprogressed = 0;
         self.buf.clear();
         self.out.clear();
         self.framer = Framer::default();

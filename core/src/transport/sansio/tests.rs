@@ -288,14 +288,17 @@ fn a_silent_shard_closes_the_connection_a_queued_check_never_times_out() {
         Some(t1 + T),
         "from the oldest request's write"
     );
-    // a byte at t1+40 (a reply under way) moves the silence's start
-    c.handle_input(t1 + ms(40), b"*", &mut done);
+    // the first reply whole at t1+40 moves the silence's start; a byte of the next does not
+    c.handle_input(t1 + ms(40), &reply(&[1, 9, 5, -1, 0, 0, 1], 31), &mut done);
+    assert_eq!(done.len(), 1);
+    assert!(done.remove(0).reply.is_ok());
+    c.handle_input(t1 + ms(45), b"*", &mut done);
     assert_eq!(c.next_deadline(), Some(t1 + ms(40) + T));
     c.handle_timeout(t1 + T, &mut done);
     assert!(done.is_empty() && !c.is_down(), "the shard is replying");
     c.handle_timeout(t1 + ms(40) + T, &mut done);
     assert!(c.is_down());
-    assert_eq!(done.len(), 2);
+    assert_eq!(done.len(), 1);
     for d in &done {
         let e = d.reply.as_ref().unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
@@ -338,6 +341,56 @@ fn a_long_pipeline_that_keeps_replying_is_never_silent() {
     assert_eq!(done.len(), n as usize);
     assert!(done.iter().all(|d| d.reply.is_ok()));
     assert_eq!(c.next_deadline(), None);
+}
+
+#[test]
+fn a_reply_dripped_a_byte_at_a_time_is_silence_one_that_flows_is_not() {
+    let p = policy();
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    // a byte every 10 ms of a reply that never ends: failed at the deadline of its write
+    let mut c = ready(Vec::new());
+    c.submit(1, call(&p, "a", 41)).unwrap();
+    c.poll_transmit(t0).unwrap();
+    let mut done = Vec::new();
+    let mut drip = b"*1\r\n$1048000\r\n".to_vec();
+    drip.resize(40, b'x');
+    for (i, byte) in drip.iter().enumerate().take(4) {
+        let now = t0 + ms(10 * (i as u64 + 1));
+        c.handle_input(now, &[*byte], &mut done);
+        assert_eq!(
+            c.next_deadline(),
+            Some(t0 + T),
+            "byte {i} moved the deadline"
+        );
+    }
+    c.handle_timeout(t0 + T, &mut done);
+    assert!(
+        c.is_down(),
+        "a dripped reply held the call past its deadline"
+    );
+    assert_eq!(done.len(), 1);
+    assert!(done[0].reply.as_ref().unwrap_err().kind() == io::ErrorKind::TimedOut);
+
+    // a large command reply that comes in 64 KiB pieces 40 ms apart (over 50 ms in all)
+    // is progress: it completes
+    let mut c = ready(Vec::new());
+    c.submit_command(2, b"*1\r\n$4\r\nPING\r\n".to_vec())
+        .unwrap();
+    c.poll_transmit(t0).unwrap();
+    let body = vec![b'y'; 4 * PROGRESS_BYTES];
+    let mut whole = format!("${}\r\n", body.len()).into_bytes();
+    whole.extend_from_slice(&body);
+    whole.extend_from_slice(b"\r\n");
+    let mut done = Vec::new();
+    for (i, piece) in whole.chunks(PROGRESS_BYTES).enumerate() {
+        let now = t0 + ms(40 * (i as u64 + 1));
+        c.handle_timeout(now, &mut done);
+        assert!(!c.is_down(), "declared silent at piece {i}");
+        c.handle_input(now, piece, &mut done);
+    }
+    assert_eq!(done.len(), 1);
+    assert!(done[0].reply.is_ok(), "{:?}", done[0].reply);
 }
 
 #[test]
