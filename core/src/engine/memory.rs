@@ -38,7 +38,7 @@ impl Entry {
     /// The entry of (scope, key)? The full hash first (the table compares 7 of its bits),
     /// the key in place when short, the scope by pointer first (every check of one policy
     /// passes the same one).
-    #[inline]
+    #[inline(always)]
     fn is(&self, hash: u64, scope: &Arc<str>, key: &str) -> bool {
         self.hash == hash
             && self.key.is(key)
@@ -175,7 +175,7 @@ impl MemoryEngine {
     /// top 7 (were the shard taken from the top 6, every entry of a shard would carry one
     /// of two top-7 tags, and a lookup would compare about half the entries of each group
     /// it probed, each a cache miss).
-    #[inline]
+    #[inline(always)]
     fn locate(&self, scope: &str, key: &str) -> (u64, usize) {
         let hash = self.hasher.hash_one((scope, key));
         (hash, (hash >> 40) as usize % SHARDS)
