@@ -155,7 +155,7 @@ fn window_counts(state: &Option<State>, idx: u64) -> (u64, u64) {
     }
 }
 
-#[inline(always)]
+#[inline]
 fn fixed_window(
     c: &Compiled,
     state: &mut Option<State>,
@@ -343,7 +343,7 @@ fn sliding_log(
     Outcome::allow(limit - n - cost, at + w - now, 0)
 }
 
-#[inline(always)]
+#[inline]
 fn gcra(
     c: &Compiled,
     state: &mut Option<State>,

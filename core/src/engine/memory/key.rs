@@ -30,7 +30,7 @@ impl EntryKey {
     /// words read from both at the same offsets, covering all `len` bytes: equal lengths
     /// and equal words are equal bytes. No copy, no call (padding the key into a buffer to
     /// compare whole arrays called `memcpy` for its variable length).
-    #[inline(always)]
+    #[inline]
     pub(super) fn is(&self, key: &str) -> bool {
         let b = key.as_bytes();
         match self {
