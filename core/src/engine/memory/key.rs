@@ -26,19 +26,16 @@ impl EntryKey {
         }
     }
 
-    /// Whether this is `key`. An inline key is compared whole as three words (the bytes
-    /// past its length are zero, and `key` is padded with zeros the same way), with no call.
+    /// Whether this is `key`. An inline key is compared as the same few (overlapping)
+    /// words read from both at the same offsets, covering all `len` bytes: equal lengths
+    /// and equal words are equal bytes. No copy, no call (padding the key into a buffer to
+    /// compare whole arrays called `memcpy` for its variable length).
     #[inline]
     pub(super) fn is(&self, key: &str) -> bool {
         let b = key.as_bytes();
         match self {
             EntryKey::Inline { len, bytes } => {
-                if usize::from(*len) != b.len() {
-                    return false;
-                }
-                let mut padded = [0u8; INLINE];
-                padded[..b.len()].copy_from_slice(b);
-                padded == *bytes
+                usize::from(*len) == b.len() && same_short(&bytes[..b.len()], b)
             }
             EntryKey::Heap(k) => k.as_bytes() == b,
         }
@@ -52,6 +49,37 @@ impl EntryKey {
             }
             EntryKey::Heap(k) => k,
         }
+    }
+}
+
+/// `a == b` for two slices of one length of at most [`INLINE`] bytes, by loads at fixed
+/// offsets (the first and last 8, 4, 2 or 1 bytes, and the middle 8 above 16 bytes).
+#[inline(always)]
+fn same_short(a: &[u8], b: &[u8]) -> bool {
+    debug_assert!(a.len() == b.len() && a.len() <= INLINE);
+    let n = a.len();
+    #[inline(always)]
+    fn w8(s: &[u8], at: usize) -> u64 {
+        u64::from_ne_bytes(s[at..at + 8].try_into().expect("8 bytes"))
+    }
+    #[inline(always)]
+    fn w4(s: &[u8], at: usize) -> u32 {
+        u32::from_ne_bytes(s[at..at + 4].try_into().expect("4 bytes"))
+    }
+    #[inline(always)]
+    fn w2(s: &[u8], at: usize) -> u16 {
+        u16::from_ne_bytes(s[at..at + 2].try_into().expect("2 bytes"))
+    }
+    if n >= 8 {
+        let ends = (w8(a, 0) ^ w8(b, 0)) | (w8(a, n - 8) ^ w8(b, n - 8));
+        let mid = if n > 16 { w8(a, 8) ^ w8(b, 8) } else { 0 };
+        ends | mid == 0
+    } else if n >= 4 {
+        (w4(a, 0) ^ w4(b, 0)) | (w4(a, n - 4) ^ w4(b, n - 4)) == 0
+    } else if n >= 2 {
+        (w2(a, 0) ^ w2(b, 0)) | (w2(a, n - 2) ^ w2(b, n - 2)) == 0
+    } else {
+        n == 0 || a[0] == b[0]
     }
 }
 
@@ -84,5 +112,22 @@ mod tests {
         assert!(!EntryKey::new("ab").is("ab\0"));
         assert!(!EntryKey::new("ab\0").is("ab"));
         assert!(!EntryKey::new(&edge).is(&long[..INLINE - 1]));
+    }
+
+    /// Every inline length, and one changed byte at every offset: the word loads cover
+    /// every byte of every length.
+    #[test]
+    fn every_byte_of_every_inline_length_is_compared() {
+        for n in 0..=INLINE {
+            let k: String = (0..n).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+            let e = EntryKey::new(&k);
+            assert!(e.is(&k), "len {n}");
+            for at in 0..n {
+                let mut other = k.clone().into_bytes();
+                other[at] = b'Z';
+                let other = String::from_utf8(other).unwrap();
+                assert!(!e.is(&other), "len {n}, byte {at}");
+            }
+        }
     }
 }
