@@ -29,20 +29,23 @@ DIST_PROFILE=${DIST_PROFILE:-dist}
 #   P_WHEEL  the wheel's platform tag
 #   P_NPM    the npm platform tag (@shardlimit/binding-<tag>)
 #   P_MACOS  the minimum macOS version (rustc's default for the target; the wheel tag says it)
+#   P_JAVA   the jar's natives/ folder of its JNI library (bindings/java's NativeLoader:
+#            <os>-<arch> from os.name and os.arch), or "" where the jar has none (musl: a
+#            JVM on Alpine says linux-x86_64 too, and would load the glibc one)
 #   P_FLAGS  RUSTFLAGS of this target only (CARGO_TARGET_<TRIPLE>_RUSTFLAGS)
 platform() {
-  P_TRIPLE=$1 P_ZIG=$1 P_MACOS="" P_FLAGS=""
+  P_TRIPLE=$1 P_ZIG=$1 P_MACOS="" P_FLAGS="" P_JAVA=""
   case "$1" in
-    x86_64-unknown-linux-gnu) P_OS=linux P_ZIG=$1.2.28 P_WHEEL=manylinux_2_28_x86_64 P_NPM=linux-x64-gnu ;;
-    aarch64-unknown-linux-gnu) P_OS=linux P_ZIG=$1.2.28 P_WHEEL=manylinux_2_28_aarch64 P_NPM=linux-arm64-gnu ;;
+    x86_64-unknown-linux-gnu) P_OS=linux P_ZIG=$1.2.28 P_WHEEL=manylinux_2_28_x86_64 P_NPM=linux-x64-gnu P_JAVA=linux-x86_64 ;;
+    aarch64-unknown-linux-gnu) P_OS=linux P_ZIG=$1.2.28 P_WHEEL=manylinux_2_28_aarch64 P_NPM=linux-arm64-gnu P_JAVA=linux-aarch64 ;;
     # the shared objects link musl's libc.so dynamically (the loader of the Python or Node
     # that loads them is musl's): rustc's musl targets link libc statically unless told
     # not to, and then drop the cdylib crate type
     x86_64-unknown-linux-musl) P_OS=linux P_WHEEL=musllinux_1_2_x86_64 P_NPM=linux-x64-musl P_FLAGS="-C target-feature=-crt-static" ;;
     aarch64-unknown-linux-musl) P_OS=linux P_WHEEL=musllinux_1_2_aarch64 P_NPM=linux-arm64-musl P_FLAGS="-C target-feature=-crt-static" ;;
     # rustc's default deployment targets: macOS 11.0 (the first arm64 one) and 10.12
-    aarch64-apple-darwin) P_OS=macos P_MACOS=11.0 P_WHEEL=macosx_11_0_arm64 P_NPM=darwin-arm64 ;;
-    x86_64-apple-darwin) P_OS=macos P_MACOS=10.12 P_WHEEL=macosx_10_12_x86_64 P_NPM=darwin-x64 ;;
+    aarch64-apple-darwin) P_OS=macos P_MACOS=11.0 P_WHEEL=macosx_11_0_arm64 P_NPM=darwin-arm64 P_JAVA=osx-aarch64 ;;
+    x86_64-apple-darwin) P_OS=macos P_MACOS=10.12 P_WHEEL=macosx_10_12_x86_64 P_NPM=darwin-x64 P_JAVA=osx-x86_64 ;;
     *) echo "unknown platform $1 (one of: ${ALL_PLATFORMS[*]})" >&2; return 1 ;;
   esac
   if [ "$P_OS" = macos ]; then
