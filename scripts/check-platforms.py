@@ -3,14 +3,17 @@
 
     scripts/check-platforms.py DIST
 
-For every C SDK, wheel and npm platform package in DIST (dist/c, dist/python, dist/npm):
+For every C SDK, wheel and npm platform package in DIST (dist/c, dist/python, dist/npm),
+and every JNI library in the jar (dist/java, natives/<os>-<arch>/):
 - the binary's format and architecture are the platform's (ELF x86-64 / AArch64, Mach-O
   x86_64 / arm64), read with llvm-readobj / llvm-objdump;
 - it exports what its loader looks for: every function of include/shardlimit.h (the SDK's
   shared library and static archive), PyInit__shardlimit (the wheel's module),
-  napi_register_module_v1 (the .node file);
+  napi_register_module_v1 (the .node file), the JNI functions (Java_io_shardlimit_*);
 - the tags: the wheel's file name and its WHEEL `Tag:`; the npm package's os/cpu/libc;
   the main npm package's optionalDependencies name exactly the platform packages present;
+  the jar holds a JNI library for exactly the glibc and macOS platforms built (none for
+  musl: a JVM on Alpine names its platform linux-x86_64 as a glibc one does);
 - glibc: no symbol version above GLIBC_2.28 (manylinux_2_28); musl: the module needs musl's
   loader (libc.musl-<arch>.so.1), no glibc;
 - macOS: the minimum macOS version of every Mach-O file (LC_BUILD_VERSION minos) is the
@@ -63,6 +66,14 @@ NPM_TAGS = {
     "darwin-x64": ("x86_64-apple-darwin", "darwin", "x64", None),
     "darwin-arm64": ("aarch64-apple-darwin", "darwin", "arm64", None),
 }
+# the jar's natives/ folder (bindings/java's NativeLoader.platform()) -> triple
+JAVA_DIRS = {
+    "linux-x86_64": "x86_64-unknown-linux-gnu",
+    "linux-aarch64": "aarch64-unknown-linux-gnu",
+    "osx-x86_64": "x86_64-apple-darwin",
+    "osx-aarch64": "aarch64-apple-darwin",
+}
+JNI_FUNCS = sorted({f for rs in (ROOT / "bindings/java/src").glob("*.rs") for f in re.findall(r"fn (Java_io_shardlimit_\w+)\(", rs.read_text())})
 SYSTEM_DYLIBS = {
     "/usr/lib/libSystem.B.dylib",
     "/usr/lib/libiconv.2.dylib",
@@ -247,6 +258,26 @@ def check_npm(tgz: Path, tmp: Path) -> str:
     return tag
 
 
+def check_jar(jar: Path, tmp: Path) -> list[str]:
+    """Each natives/<os>-<arch>/ library of the jar: its platform's binary, exporting the JNI functions."""
+    triples = []
+    with zipfile.ZipFile(jar) as z:
+        for name in sorted(n for n in z.namelist() if n.startswith("natives/") and not n.endswith("/")):
+            folder, lib = name.split("/")[1:]
+            triple = JAVA_DIRS.get(folder)
+            if not triple:
+                fail(f"{jar.name}: {name}: unknown platform folder {folder}")
+            want = "libshardlimit_jni.dylib" if PLATFORMS[triple][0] == "macho" else "libshardlimit_jni.so"
+            if lib != want:
+                fail(f"{jar.name}: {name}: the JVM of {folder} loads {want}")
+            out = tmp / jar.name / folder / lib
+            out.parent.mkdir(parents=True)
+            out.write_bytes(z.read(name))
+            check_binary(out, triple, f"{jar.name}: {name}", JNI_FUNCS)
+            triples.append(triple)
+    return triples
+
+
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -268,10 +299,17 @@ def main() -> None:
         want = {f"@shardlimit/binding-{t}": VERSION for t in tags}
         if main_pkg.get("optionalDependencies") != want:
             fail(f"the main npm package names {main_pkg.get('optionalDependencies')}, built: {want}")
+        jar = dist / "java" / f"shardlimit-{VERSION}.jar"
+        jni = check_jar(jar, tmp) if jar.is_file() else []
+        if jni and sorted(jni) != sorted(t for t in per if t in JAVA_DIRS.values()):
+            fail(f"{jar.name}: JNI libraries of {sorted(jni)}, platforms built: {sorted(per)}")
+        for triple in jni:
+            per[triple].append("jar")
         for triple, what in per.items():
-            if sorted(what) != ["C SDK", "npm", "wheel"]:
+            if sorted(set(what) - {"jar"}) != ["C SDK", "npm", "wheel"]:
                 fail(f"{triple}: only {what}")
-            print(f"ok: {triple}: C SDK, wheel, npm package (architecture, exports, tags"
+            print(f"ok: {triple}: C SDK, wheel, npm package{', JNI library in the jar' if 'jar' in what else ''}"
+                  f" (architecture, exports, tags"
                   f"{', minimum macOS ' + PLATFORMS[triple][2] if PLATFORMS[triple][2] else ''})")
         for c in checked:
             print(f"ok: {c}")
