@@ -12,6 +12,9 @@
 #   linux-arm64 npm    both tarballs installed by npm (--cpu=arm64 --os=linux
 #                      --libc=glibc) into an empty project, run by Debian's arm64 node
 #                      under qemu-aarch64 (check.cjs and check.mjs)
+#   windows-x64 C SDK  check.c built by zig cc for x86_64-windows-gnu with shardlimit.pc's
+#                      flags (the import library), run by Debian's wine64 with the SDK's
+#                      shardlimit.dll beside it (a Windows program's TCP to 127.0.0.1)
 # Not in `make test`: the artifacts are `make dist-all`'s (a release build per platform).
 # What it does not run, and why: RELEASING.md.
 #
@@ -31,10 +34,15 @@ DIST=${DIST_DIR:-$root/dist}
 version=$(workspace_version)
 ensure_redis
 ensure_dist_tools
-apt_install qemu-user-static debootstrap
+apt_install qemu-user-static debootstrap wine64 pkg-config
 command -v npm >/dev/null 2>&1 || { echo "npm not found: install Node.js (>= 18, with npm >= 10)" >&2; exit 1; }
 home=$(mktemp -d)
+wine=$(command -v wine64 || echo /usr/lib/wine/wine64)
+wineserver=$(command -v wineserver || echo /usr/lib/wine/wineserver64)
+wine_prefix=""
 cleanup() {
+  # the wineserver of this script's prefix (it would linger a few seconds)
+  [ -z "$wine_prefix" ] || WINEPREFIX=$wine_prefix "$wineserver" -k 2>/dev/null || true
   stop_started_redis
   wait 2>/dev/null || true
   rm -rf "$home"
@@ -121,7 +129,27 @@ t_npm_arm64() {
   echo "ok: $out (ES module)"
 }
 
+t_windows_c() {
+  echo "== windows-x64 (x86_64-pc-windows-gnu): the C SDK, a program run by wine"
+  local tgz="$DIST/c/shardlimit-$version-x86_64-pc-windows-gnu.tar.gz" dir=$home/windows sdk port out
+  [ -f "$tgz" ] || { echo "no $tgz: run make dist-all first" >&2; return 1; }
+  mkdir -p "$dir"
+  tar -C "$dir" -xzf "$tgz"
+  sdk="$dir/shardlimit-$version-x86_64-pc-windows-gnu"
+  # shellcheck disable=SC2046
+  "$TOOLS_PY" -m ziglang cc -target x86_64-windows-gnu -std=c11 -Wall -Wextra -Werror scripts/dist-tests/check.c \
+    -o "$dir/check.exe" $(PKG_CONFIG_PATH="$sdk/lib/pkgconfig" pkg-config --cflags --libs shardlimit)
+  cp "$sdk/bin/shardlimit.dll" "$dir/"
+  port=$(start_redis)
+  # a prefix of this script's own, made on first use (about 20 s)
+  wine_prefix="$(target_dir)/tools/wine"
+  out=$(cd "$dir" && WINEPREFIX=$wine_prefix WINEDEBUG=-all "$wine" check.exe "$port" "$version" | tr -d '\r')
+  grep -qx "c: admitted 5 of 8 (limit 5)" <<<"$out" || { echo "$out" >&2; echo "not exactly the limit" >&2; return 1; }
+  echo "ok: $out (PE32+ under wine $("$wine" --version), shardlimit.dll of the SDK)"
+}
+
 run "C SDKs" t_sdks
+run "windows-x64 C SDK" t_windows_c
 ensure_arm64_root
 run "linux-arm64 wheel" t_wheel_arm64
 run "linux-arm64 npm" t_npm_arm64
