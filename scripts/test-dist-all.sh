@@ -15,6 +15,8 @@
 #   windows-x64 C SDK  check.c built by zig cc for x86_64-windows-gnu with shardlimit.pc's
 #                      flags (the import library), run by Debian's wine64 with the SDK's
 #                      shardlimit.dll beside it (a Windows program's TCP to 127.0.0.1)
+#   scripts/test-dist-all.sh [TEST...]   all, or the TESTs named: sdks, windows-c,
+#                                        wheel-arm64, npm-arm64
 # Not in `make test`: the artifacts are `make dist-all`'s (a release build per platform).
 # What it does not run, and why: RELEASING.md.
 #
@@ -148,10 +150,16 @@ t_windows_c() {
   echo "ok: $out (PE32+ under wine $("$wine" --version), shardlimit.dll of the SDK)"
 }
 
-run "C SDKs" t_sdks
-run "windows-x64 C SDK" t_windows_c
-ensure_arm64_root
-run "linux-arm64 wheel" t_wheel_arm64
-run "linux-arm64 npm" t_npm_arm64
+tests=("$@")
+[ ${#tests[@]} -gt 0 ] || tests=(sdks windows-c wheel-arm64 npm-arm64)
+for t in "${tests[@]}"; do
+  case "$t" in
+    sdks) run "the C SDKs (scripts/test-platforms.sh --dist)" t_sdks ;;
+    windows-c) run "windows-x64 C SDK" t_windows_c ;;
+    wheel-arm64) ensure_arm64_root && run "linux-arm64 wheel" t_wheel_arm64 ;;
+    npm-arm64) ensure_arm64_root && run "linux-arm64 npm" t_npm_arm64 ;;
+    *) echo "unknown test $t (sdks, windows-c, wheel-arm64, npm-arm64)" >&2; exit 2 ;;
+  esac
+done
 echo "dist-all: $passed passed, $failed failed ($(($(date +%s) - t0)) s)"
 [ "$failed" -eq 0 ]
