@@ -386,6 +386,7 @@ impl BlockingConn {
     pub fn request(&mut self, packed: &[u8], timeout: Duration, spin: Spin) -> io::Result<Reply> {
         self.stream.write_all(packed)?;
         let mut since = Instant::now();
+        #[cfg(unix)]
         let mut slot = None;
         #[cfg(unix)]
         let spin_until = if spin.wait.is_zero() {
