@@ -228,16 +228,16 @@ def check_sdk(tgz: Path, tmp: Path) -> str:
 
 
 def check_sdk_windows(tgz: Path, sdk: Path, triple: str) -> str:
-    """bin/shardlimit.dll exporting the header's functions, lib/libshardlimit.dll.a importing
+    """bin/shardlimit.dll exporting the header's functions, lib/shardlimit.lib importing
     each of them from it, the headers and shardlimit.pc."""
     check_binary(sdk / "bin/shardlimit.dll", triple, f"{tgz.name}: shardlimit.dll", HEADER_FUNCS)
-    implib = sdk / "lib/libshardlimit.dll.a"
+    implib = sdk / "lib/shardlimit.lib"
     have = exported(implib, "elf")
     missing = [f for f in HEADER_FUNCS if f"__imp_{f}" not in have]
     if missing:
-        fail(f"{tgz.name}: libshardlimit.dll.a does not import {missing[:5]}")
+        fail(f"{tgz.name}: shardlimit.lib does not import {missing[:5]}")
     if "shardlimit.dll" not in run("llvm-ar", "t", str(implib)).split():
-        fail(f"{tgz.name}: libshardlimit.dll.a is not shardlimit.dll's import library")
+        fail(f"{tgz.name}: shardlimit.lib is not shardlimit.dll's import library")
     for f in ("include/shardlimit.h", "include/shardlimit.hpp", "lib/pkgconfig/shardlimit.pc", "LICENSE"):
         if not (sdk / f).is_file():
             fail(f"{tgz.name}: no {f}")

@@ -127,7 +127,7 @@ pack_c_sdk() {
   cp "$SHARDLIMIT_ROOT"/include/shardlimit.h "$SHARDLIMIT_ROOT"/include/shardlimit.hpp "$s/include/"
   local shared soname native static_lib cmake_native
   if [ "$P_OS" = windows ]; then
-    pack_c_sdk_windows "$triple" "$outdir" "$s" "$out"
+    pack_c_sdk_windows "$triple" "$outdir" "$s" "$out" || return 1
     tar -C "$stage" --owner=0 --group=0 --numeric-owner --sort=name -czf "$outdir/c/$sdk.tar.gz" "$sdk"
     return
   fi
@@ -176,22 +176,22 @@ pack_c_sdk() {
 }
 
 # pack_c_sdk_windows TRIPLE OUTDIR SDKDIR BUILDDIR: the Windows SDK's files, as MinGW-w64
-# and MSVC users link a DLL: bin/shardlimit.dll, lib/libshardlimit.dll.a (its import
-# library; MSVC's link.exe reads it too), lib/pkgconfig/shardlimit.pc (MSYS2, -lshardlimit).
+# and MSVC users link a DLL: bin/shardlimit.dll, lib/shardlimit.lib (its import library,
+# as the linker made it for the DLL: MSVC's link.exe takes it by that name, and MinGW's ld
+# and zig's driver find it for -lshardlimit), lib/pkgconfig/shardlimit.pc (-lshardlimit).
 # No static archive (a static Rust library on windows-gnu needs the import libraries of
 # the windows crates besides the system's, which no .pc file can name portably) and no
 # CMake package (an IMPORTED target there needs IMPORTED_IMPLIB, untested here).
 pack_c_sdk_windows() {
-  local triple=$1 s=$3 out=$4
-  rm -rf "$s/lib/cmake"
-  mkdir -p "$s/bin"
-  cp "$out/shardlimit.dll" "$s/bin/"
-  cp "$out/libshardlimit.dll.a" "$s/lib/"
-  PC_NATIVE_LIBS=" " PC_STATIC_LIB=" " "$SHARDLIMIT_ROOT/bindings/c/gen-pkgconfig.sh" \
-    '${pcfiledir}/..' '${pcfiledir}/../../include' "$s/lib/pkgconfig" >/dev/null
-  rm "$s/lib/pkgconfig/shardlimit-static.pc"
-  cp "$SHARDLIMIT_ROOT/LICENSE" "$SHARDLIMIT_ROOT/CHANGELOG.md" "$s/"
-  cp "$SHARDLIMIT_ROOT/bindings/c/README.md" "$s/README.md"
+  local s=$3 out=$4
+  rm -rf "$s/lib/cmake" && mkdir -p "$s/bin" &&
+    cp "$out/shardlimit.dll" "$s/bin/" &&
+    cp "$out/libshardlimit.dll.a" "$s/lib/shardlimit.lib" &&
+    PC_NATIVE_LIBS=" " PC_STATIC_LIB=" " "$SHARDLIMIT_ROOT/bindings/c/gen-pkgconfig.sh" \
+      '${pcfiledir}/..' '${pcfiledir}/../../include' "$s/lib/pkgconfig" >/dev/null &&
+    rm "$s/lib/pkgconfig/shardlimit-static.pc" &&
+    cp "$SHARDLIMIT_ROOT/LICENSE" "$SHARDLIMIT_ROOT/CHANGELOG.md" "$s/" &&
+    cp "$SHARDLIMIT_ROOT/bindings/c/README.md" "$s/README.md"
 }
 
 pack_wheel() {

@@ -14,7 +14,9 @@
 #                      under qemu-aarch64 (check.cjs and check.mjs)
 #   windows-x64 C SDK  check.c built by zig cc for x86_64-windows-gnu with shardlimit.pc's
 #                      flags (the import library), run by Debian's wine64 with the SDK's
-#                      shardlimit.dll beside it (a Windows program's TCP to 127.0.0.1)
+#                      shardlimit.dll beside it (a Windows program's TCP to 127.0.0.1);
+#                      wine 8 lacks bcryptprimitives.dll, so the test builds its own
+#                      (scripts/dist-tests/bcryptprimitives.c) beside the program
 #   scripts/test-dist-all.sh [TEST...]   all, or the TESTs named: sdks, windows-c,
 #                                        wheel-arm64, npm-arm64
 # Not in `make test`: the artifacts are `make dist-all`'s (a release build per platform).
@@ -41,10 +43,11 @@ command -v npm >/dev/null 2>&1 || { echo "npm not found: install Node.js (>= 18,
 home=$(mktemp -d)
 wine=$(command -v wine64 || echo /usr/lib/wine/wine64)
 wineserver=$(command -v wineserver || echo /usr/lib/wine/wineserver64)
-wine_prefix=""
+# a wine prefix of this script's own, made on first use (about 20 s)
+wine_prefix="$(target_dir)/tools/wine"
 cleanup() {
   # the wineserver of this script's prefix (it would linger a few seconds)
-  [ -z "$wine_prefix" ] || WINEPREFIX=$wine_prefix "$wineserver" -k 2>/dev/null || true
+  [ ! -d "$wine_prefix" ] || WINEPREFIX=$wine_prefix "$wineserver" -k 2>/dev/null || true
   stop_started_redis
   wait 2>/dev/null || true
   rm -rf "$home"
@@ -80,11 +83,19 @@ arm64() {
   qemu-aarch64-static -L "$ARM64_ROOT" "$@"
 }
 
-# run NAME FUNCTION: one test; its failure is counted and reported, and the others still run
+# run NAME FUNCTION: one test, in a subshell that stops at its first failing command (set -e
+# is off inside an `if`); its failure is counted and reported, and the others still run
 run() {
-  local name=$1
+  local name=$1 rc
   shift
-  if "$@"; then
+  set +e
+  (
+    set -e
+    "$@"
+  )
+  rc=$?
+  set -e
+  if [ "$rc" -eq 0 ]; then
     passed=$((passed + 1))
   else
     echo "FAILED: $name" >&2
@@ -142,9 +153,11 @@ t_windows_c() {
   "$TOOLS_PY" -m ziglang cc -target x86_64-windows-gnu -std=c11 -Wall -Wextra -Werror scripts/dist-tests/check.c \
     -o "$dir/check.exe" $(PKG_CONFIG_PATH="$sdk/lib/pkgconfig" pkg-config --cflags --libs shardlimit)
   cp "$sdk/bin/shardlimit.dll" "$dir/"
+  # wine 8 has no bcryptprimitives.dll (Windows 10+ does): the test's own, beside the program
+  # (scripts/dist-tests/bcryptprimitives.c)
+  "$TOOLS_PY" -m ziglang cc -target x86_64-windows-gnu -shared scripts/dist-tests/bcryptprimitives.c \
+    -o "$dir/bcryptprimitives.dll" -ladvapi32
   port=$(start_redis)
-  # a prefix of this script's own, made on first use (about 20 s)
-  wine_prefix="$(target_dir)/tools/wine"
   out=$(cd "$dir" && WINEPREFIX=$wine_prefix WINEDEBUG=-all "$wine" check.exe "$port" "$version" | tr -d '\r')
   grep -qx "c: admitted 5 of 8 (limit 5)" <<<"$out" || { echo "$out" >&2; echo "not exactly the limit" >&2; return 1; }
   echo "ok: $out (PE32+ under wine $("$wine" --version), shardlimit.dll of the SDK)"
