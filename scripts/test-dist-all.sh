@@ -10,7 +10,7 @@
 #   linux-arm64 wheel  installed by pip (for the manylinux_2_28_aarch64 platform) into a
 #                      venv of Debian's arm64 python3, which imports it under qemu-aarch64
 #   linux-arm64 npm    both tarballs installed by npm (--cpu=arm64 --os=linux
-#                      --libc=glibc) into an empty project, run by Debian's arm64 node
+#                      --libc=glibc --force) into an empty project, run by Debian's arm64 node
 #                      under qemu-aarch64 (check.cjs and check.mjs)
 #   windows-x64 C SDK  check.c built by zig cc for x86_64-windows-gnu with shardlimit.pc's
 #                      flags (the import library), run by Debian's wine64 with the SDK's
@@ -128,9 +128,10 @@ t_npm_arm64() {
   echo "== linux-arm64: the main npm package and @shardlimit/binding-linux-arm64-gnu, in Debian's arm64 node (qemu-aarch64)"
   local proj=$home/npm-arm64 port out
   mkdir -p "$proj"
+  # (--force: npm refuses a package whose cpu is not this machine's even with --cpu)
   (cd "$proj" && npm init -y --no-update-notifier >/dev/null &&
     npm install --offline --no-audit --no-fund --no-update-notifier --loglevel=error \
-      --os=linux --cpu=arm64 --libc=glibc \
+      --os=linux --cpu=arm64 --libc=glibc --force \
       "$DIST/npm/shardlimit-$version.tgz" "$DIST/npm/shardlimit-binding-linux-arm64-gnu-$version.tgz")
   [ -f "$proj/node_modules/@shardlimit/binding-linux-arm64-gnu/shardlimit.linux-arm64-gnu.node" ]
   cp scripts/dist-tests/check.cjs scripts/dist-tests/check.mjs "$proj/"

@@ -14,4 +14,31 @@ fn main() {
         );
     }
     println!("cargo:rerun-if-changed=build.rs");
+    // the functions of the header, the C ABI
+    let header = concat!(env!("CARGO_MANIFEST_DIR"), "/../../include/shardlimit.h");
+    println!("cargo:rerun-if-changed={header}");
+    let text = std::fs::read_to_string(header).expect("read include/shardlimit.h");
+    let mut names: Vec<String> = text
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '('))
+        .filter_map(|w| w.strip_suffix('('))
+        .filter(|w| w.starts_with("shardlimit_"))
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    names.dedup();
+    windows_exports(&names);
+}
+
+/// Windows (MinGW): the DLL's exports, as a .def file the linker takes as an input. rustc
+/// writes one itself but passes it as `-Wl,<file>`, which cargo-zigbuild drops (zig's driver
+/// takes a .def only as an input file), and the DLL would then export every symbol it holds.
+fn windows_exports(names: &[String]) {
+    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("windows") {
+        return;
+    }
+    let def = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"))
+        .join("exports.def");
+    std::fs::write(&def, format!("EXPORTS\n    {}\n", names.join("\n    ")))
+        .expect("write exports.def");
+    println!("cargo:rustc-cdylib-link-arg={}", def.display());
 }
