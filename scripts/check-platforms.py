@@ -184,6 +184,10 @@ def check_binary(path: Path, triple: str, what: str, symbols: list[str]) -> dict
     missing = [s for s in symbols if s not in have]
     if missing:
         fail(f"{what}: does not export {missing[:5]} ({len(missing)} missing)")
+    if fmt == "coff" and have - set(symbols):
+        # a DLL exports what its .def names (the crates' build scripts); without one, MinGW's
+        # linker exports every symbol
+        fail(f"{what}: exports {len(have - set(symbols))} more than its ABI, e.g. {sorted(have - set(symbols))[:3]}")
     info = {}
     if not path.name.endswith(".a"):
         if fmt == "macho":
@@ -335,7 +339,7 @@ def check_jar(jar: Path, tmp: Path) -> list[str]:
             out = tmp / jar.name / folder / lib
             out.parent.mkdir(parents=True)
             out.write_bytes(z.read(name))
-            check_binary(out, triple, f"{jar.name}: {name}", JNI_FUNCS)
+            check_binary(out, triple, f"{jar.name}: {name}", ["JNI_OnLoad", *JNI_FUNCS])
             triples.append(triple)
     return triples
 
