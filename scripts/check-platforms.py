@@ -236,7 +236,9 @@ def check_sdk_windows(tgz: Path, sdk: Path, triple: str) -> str:
     each of them from it, the headers and shardlimit.pc."""
     check_binary(sdk / "bin/shardlimit.dll", triple, f"{tgz.name}: shardlimit.dll", HEADER_FUNCS)
     implib = sdk / "lib/shardlimit.lib"
-    have = exported(implib, "elf")
+    # (llvm-nm -g leaves out the import members' __imp_ symbols)
+    nm = subprocess.run(["llvm-nm", str(implib)], capture_output=True, text=True).stdout
+    have = {f[2] for f in (line.split() for line in nm.splitlines()) if len(f) == 3 and f[1] == "T"}
     missing = [f for f in HEADER_FUNCS if f"__imp_{f}" not in have]
     if missing:
         fail(f"{tgz.name}: shardlimit.lib does not import {missing[:5]}")

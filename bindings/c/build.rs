@@ -18,11 +18,21 @@ fn main() {
     let header = concat!(env!("CARGO_MANIFEST_DIR"), "/../../include/shardlimit.h");
     println!("cargo:rerun-if-changed={header}");
     let text = std::fs::read_to_string(header).expect("read include/shardlimit.h");
+    // every word `shardlimit_<lowercase, digits, _>` followed by `(`
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
     let mut names: Vec<String> = text
-        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '('))
-        .filter_map(|w| w.strip_suffix('('))
-        .filter(|w| w.starts_with("shardlimit_"))
-        .map(str::to_string)
+        .match_indices("shardlimit_")
+        .filter(|(i, _)| !text[..*i].ends_with(ident))
+        .map(|(i, _)| &text[i..])
+        .filter_map(|rest| {
+            let name = rest.split(|c: char| !ident(c)).next()?;
+            let tail = &name["shardlimit_".len()..];
+            let lower = tail
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            (!tail.is_empty() && lower && rest[name.len()..].starts_with('('))
+                .then(|| name.to_string())
+        })
         .collect();
     names.sort();
     names.dedup();
