@@ -11,7 +11,7 @@
 #   make bench  - shardlimit against the latest peers of each language (bench/peers.lock),
 #                 written to docs/benchmarks.md (make bench-quick: one short round)
 # Every script honours CARGO_TARGET_DIR.
-.PHONY: demo test test-fast dist dist-all test-dist test-serve test-java build bench bench-quick bench-redis bench-redis-cost bench-serve bench-scale bench-java fmt lint
+.PHONY: demo test test-fast dist dist-all test-dist test-dist-all test-serve test-java build bench bench-quick bench-redis bench-redis-cost bench-serve bench-scale bench-java fmt lint
 
 demo:
 	bash scripts/demo.sh
@@ -31,6 +31,10 @@ dist-all:
 # the install tests alone, on an existing dist/
 test-dist:
 	bash scripts/test-dist.sh
+
+# what runs here of make dist-all's other platforms (arm64 under qemu, musl): RELEASING.md
+test-dist-all:
+	bash scripts/test-dist-all.sh
 
 # shardlimit serve behind real Envoy, nginx and HAProxy (on dist/; SERVE_DEV=1: debug builds)
 test-serve:

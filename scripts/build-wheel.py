@@ -7,7 +7,8 @@ EXTENSION is lib_shardlimit.so as `cargo zigbuild --profile dist` left it (linke
 glibc PLATFORM_TAG's floor, e.g. manylinux_2_28_x86_64). scripts/dist.sh uses this instead
 of `maturin build`, which would compile the core a second time with its own linker setup:
 the wheel is a zip of bindings/python/python/shardlimit plus that module as
-shardlimit/_shardlimit.abi3.so, and a .dist-info whose METADATA comes from
+shardlimit/_shardlimit.abi3.so (shardlimit/_shardlimit.pyd in a win_* wheel: Windows'
+CPython has no abi3 suffix), and a .dist-info whose METADATA comes from
 bindings/python/pyproject.toml, the version from [workspace.package], the README and
 LICENSE. `auditwheel show` (scripts/dist.sh) then checks the tag against the symbols.
 """
@@ -70,7 +71,8 @@ def main() -> None:
             and f.suffix not in (".pyc", ".so", ".pyd", ".dylib")
         ):
             files.append((f"shardlimit/{f.relative_to(pkg).as_posix()}", f.read_bytes(), 0o644))
-    files.append(("shardlimit/_shardlimit.abi3.so", ext.read_bytes(), 0o755))
+    module = "_shardlimit.pyd" if plat.startswith("win") else "_shardlimit.abi3.so"
+    files.append((f"shardlimit/{module}", ext.read_bytes(), 0o755))
     files.append((f"{info}/METADATA", metadata(version).encode(), 0o644))
     wheel = f"Wheel-Version: 1.0\nGenerator: shardlimit scripts/build-wheel.py\nRoot-Is-Purelib: false\nTag: {tag}\n"
     files.append((f"{info}/WHEEL", wheel.encode(), 0o644))

@@ -3,14 +3,17 @@
 
     scripts/check-platforms.py DIST
 
-For every C SDK, wheel and npm platform package in DIST (dist/c, dist/python, dist/npm):
+For every C SDK, wheel and npm platform package in DIST (dist/c, dist/python, dist/npm),
+and every JNI library in the jar (dist/java, natives/<os>-<arch>/):
 - the binary's format and architecture are the platform's (ELF x86-64 / AArch64, Mach-O
   x86_64 / arm64), read with llvm-readobj / llvm-objdump;
 - it exports what its loader looks for: every function of include/shardlimit.h (the SDK's
   shared library and static archive), PyInit__shardlimit (the wheel's module),
-  napi_register_module_v1 (the .node file);
+  napi_register_module_v1 (the .node file), the JNI functions (Java_io_shardlimit_*);
 - the tags: the wheel's file name and its WHEEL `Tag:`; the npm package's os/cpu/libc;
   the main npm package's optionalDependencies name exactly the platform packages present;
+  the jar holds a JNI library for exactly the glibc and macOS platforms built (none for
+  musl: a JVM on Alpine names its platform linux-x86_64 as a glibc one does);
 - glibc: no symbol version above GLIBC_2.28 (manylinux_2_28); musl: the module needs musl's
   loader (libc.musl-<arch>.so.1), no glibc;
 - macOS: the minimum macOS version of every Mach-O file (LC_BUILD_VERSION minos) is the
@@ -19,8 +22,14 @@ For every C SDK, wheel and npm platform package in DIST (dist/c, dist/python, di
   framework's are (Sec*, CF*: the stubs of scripts/macos-stubs.py bind nothing else); the
   SDK dylib's install name is @rpath/libshardlimit.<major>.dylib; and a C program links
   against the SDK's static archive with its pkg-config flags (zig cc, into a Mach-O
-  executable that is checked and not run).
-Nothing here runs a binary: scripts/test-platforms.sh runs the linux-arm64 and musl ones.
+  executable that is checked and not run);
+- Windows (PE32+ x86-64): the DLLs each binary imports: no MinGW runtime DLL (libgcc_s,
+  libwinpthread: not on Windows machines), no Node DLL (the addon finds Node-API in
+  node.exe at load time), python3.dll alone of Python's (the wheel); the SDK's import
+  library imports every function of the header from shardlimit.dll, and a C program links
+  against it with shardlimit.pc's flags (scripts/test-dist-all.sh runs one under wine).
+Nothing here runs a binary: scripts/test-platforms.sh and scripts/test-dist-all.sh run the
+linux-arm64, musl and Windows ones that can run here.
 """
 import io
 import json
@@ -46,6 +55,7 @@ PLATFORMS = {
     "aarch64-unknown-linux-musl": ("elf", "aarch64", None),
     "x86_64-apple-darwin": ("macho", "x86_64", "10.12"),
     "aarch64-apple-darwin": ("macho", "aarch64", "11.0"),
+    "x86_64-pc-windows-gnu": ("coff", "x86_64", None),
 }
 WHEEL_TAGS = {
     "manylinux_2_28_x86_64": "x86_64-unknown-linux-gnu",
@@ -54,6 +64,7 @@ WHEEL_TAGS = {
     "musllinux_1_2_aarch64": "aarch64-unknown-linux-musl",
     "macosx_10_12_x86_64": "x86_64-apple-darwin",
     "macosx_11_0_arm64": "aarch64-apple-darwin",
+    "win_amd64": "x86_64-pc-windows-gnu",
 }
 NPM_TAGS = {
     "linux-x64-gnu": ("x86_64-unknown-linux-gnu", "linux", "x64", "glibc"),
@@ -62,7 +73,17 @@ NPM_TAGS = {
     "linux-arm64-musl": ("aarch64-unknown-linux-musl", "linux", "arm64", "musl"),
     "darwin-x64": ("x86_64-apple-darwin", "darwin", "x64", None),
     "darwin-arm64": ("aarch64-apple-darwin", "darwin", "arm64", None),
+    "win32-x64-gnu": ("x86_64-pc-windows-gnu", "win32", "x64", None),
 }
+# the jar's natives/ folder (bindings/java's NativeLoader.platform()) -> triple
+JAVA_DIRS = {
+    "linux-x86_64": "x86_64-unknown-linux-gnu",
+    "linux-aarch64": "aarch64-unknown-linux-gnu",
+    "osx-x86_64": "x86_64-apple-darwin",
+    "osx-aarch64": "aarch64-apple-darwin",
+    "windows-x86_64": "x86_64-pc-windows-gnu",
+}
+JNI_FUNCS = sorted({f for rs in (ROOT / "bindings/java/src").glob("*.rs") for f in re.findall(r"fn (Java_io_shardlimit_\w+)\(", rs.read_text())})
 SYSTEM_DYLIBS = {
     "/usr/lib/libSystem.B.dylib",
     "/usr/lib/libiconv.2.dylib",
@@ -84,17 +105,20 @@ def run(*args: str) -> str:
 
 
 def arch_of(path: Path) -> tuple[str, str]:
-    """(elf|macho, arch) of a binary or of every member of an archive (all must agree)."""
+    """(elf|macho|coff, arch) of a binary or of every member of an archive (all must agree)."""
     out = run("llvm-readobj", "--file-headers", str(path))
     formats = set(re.findall(r"^\s*Format: (\S+)", out, re.M))
     archs = set(re.findall(r"^\s*Arch: (\S+)", out, re.M))
     if len(formats) != 1 or len(archs) != 1:
         fail(f"{path.name}: formats {formats}, architectures {archs}")
     fmt = formats.pop()
-    return ("macho" if fmt.startswith("Mach-O") else "elf", archs.pop())
+    kind = "macho" if fmt.startswith("Mach-O") else "coff" if fmt.startswith("COFF") else "elf"
+    return (kind, archs.pop())
 
 
 def exported(path: Path, fmt: str) -> set[str]:
+    if fmt == "coff":
+        return set(re.findall(r"^\s*Name: (\S+)$", run("llvm-readobj", "--coff-exports", str(path)), re.M))
     if fmt == "elf" and not path.name.endswith(".a"):
         out = run("llvm-nm", "-D", "--defined-only", str(path))
     else:
@@ -140,6 +164,17 @@ def elf_checks(path: Path, triple: str, what: str) -> None:
             fail(f"{what}: needs {sorted(needed)}, not musl's libc alone")
 
 
+def coff_checks(path: Path, what: str) -> set[str]:
+    """The DLLs a Windows binary imports: no MinGW runtime DLL (libgcc_s, libwinpthread,
+    libstdc++: not on a Windows machine), no Node DLL (the addon finds Node-API in node.exe at
+    load time), and Python only through python3.dll (the stable ABI); returns them."""
+    dlls = {d.lower() for d in re.findall(r"^\s*Name: (\S+\.dll)$", run("llvm-readobj", "--coff-imports", str(path)), re.M | re.I)}
+    bad = sorted(d for d in dlls if d.startswith(("lib", "node", "python3")) and d != "python3.dll")
+    if bad or not dlls:
+        fail(f"{what}: imports {bad or 'nothing'}")
+    return dlls
+
+
 def check_binary(path: Path, triple: str, what: str, symbols: list[str]) -> dict:
     fmt, arch, minos = PLATFORMS[triple]
     got = arch_of(path)
@@ -149,10 +184,16 @@ def check_binary(path: Path, triple: str, what: str, symbols: list[str]) -> dict
     missing = [s for s in symbols if s not in have]
     if missing:
         fail(f"{what}: does not export {missing[:5]} ({len(missing)} missing)")
+    if fmt == "coff" and have - set(symbols):
+        # a DLL exports what its .def names (the crates' build scripts); without one, MinGW's
+        # linker exports every symbol
+        fail(f"{what}: exports {len(have - set(symbols))} more than its ABI, e.g. {sorted(have - set(symbols))[:3]}")
     info = {}
     if not path.name.endswith(".a"):
         if fmt == "macho":
             info = macho_checks(path, minos, what)
+        elif fmt == "coff":
+            info = {"dlls": coff_checks(path, what)}
         else:
             elf_checks(path, triple, what)
     return info
@@ -170,6 +211,8 @@ def check_sdk(tgz: Path, tmp: Path) -> str:
             t.extractall(tmp)
     sdk = tmp / f"shardlimit-{VERSION}-{triple}"
     lib = sdk / "lib"
+    if fmt == "coff":
+        return check_sdk_windows(tgz, sdk, triple)
     shared = lib / (f"libshardlimit.{MAJOR}.dylib" if fmt == "macho" else f"libshardlimit.so.{VERSION}")
     info = check_binary(shared, triple, f"{tgz.name}: {shared.name}", HEADER_FUNCS)
     if fmt == "macho" and info["id"] != [f"@rpath/libshardlimit.{MAJOR}.dylib"]:
@@ -186,6 +229,39 @@ def check_sdk(tgz: Path, tmp: Path) -> str:
     if fmt == "macho":
         link_macos(sdk, triple, tmp)
     return triple
+
+
+def check_sdk_windows(tgz: Path, sdk: Path, triple: str) -> str:
+    """bin/shardlimit.dll exporting the header's functions, lib/shardlimit.lib importing
+    each of them from it, the headers and shardlimit.pc."""
+    check_binary(sdk / "bin/shardlimit.dll", triple, f"{tgz.name}: shardlimit.dll", HEADER_FUNCS)
+    implib = sdk / "lib/shardlimit.lib"
+    # (llvm-nm -g leaves out the import members' __imp_ symbols)
+    nm = subprocess.run(["llvm-nm", str(implib)], capture_output=True, text=True).stdout
+    have = {f[2] for f in (line.split() for line in nm.splitlines()) if len(f) == 3 and f[1] == "T"}
+    missing = [f for f in HEADER_FUNCS if f"__imp_{f}" not in have]
+    if missing:
+        fail(f"{tgz.name}: shardlimit.lib does not import {missing[:5]}")
+    if "shardlimit.dll" not in run("llvm-ar", "t", str(implib)).split():
+        fail(f"{tgz.name}: shardlimit.lib is not shardlimit.dll's import library")
+    for f in ("include/shardlimit.h", "include/shardlimit.hpp", "lib/pkgconfig/shardlimit.pc", "LICENSE"):
+        if not (sdk / f).is_file():
+            fail(f"{tgz.name}: no {f}")
+    link_windows(sdk, triple)
+    return triple
+
+
+def link_windows(sdk: Path, triple: str) -> None:
+    """A C program linked against the DLL's import library with shardlimit.pc's flags."""
+    env = dict(os.environ, PKG_CONFIG_PATH=str(sdk / "lib/pkgconfig"))
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "shardlimit"], check=True,
+                           capture_output=True, text=True, env=env).stdout.split()
+    exe = sdk / "check.exe"
+    subprocess.run([sys.executable, "-m", "ziglang", "cc", "-target", "x86_64-windows-gnu", "-std=c11",
+                    "-Wall", "-Werror", str(ROOT / "scripts/dist-tests/check.c"), "-o", str(exe), *flags], check=True)
+    if "shardlimit.dll" not in coff_checks(exe, exe.name):
+        fail(f"{exe.name}: does not import shardlimit.dll")
+    checked.append(f"a C program links against the {triple} SDK's import library (PE32+, imports shardlimit.dll)")
 
 
 def link_macos(sdk: Path, triple: str, tmp: Path) -> None:
@@ -218,10 +294,13 @@ def check_wheel(whl: Path, tmp: Path) -> str:
         wheel = z.read(f"shardlimit-{VERSION}.dist-info/WHEEL").decode()
         if f"\nTag: cp39-abi3-{plat}\n" not in wheel:
             fail(f"{whl.name}: WHEEL says {wheel!r}")
-        ext = tmp / whl.name / "_shardlimit.abi3.so"
+        module = "_shardlimit.pyd" if plat.startswith("win") else "_shardlimit.abi3.so"
+        ext = tmp / whl.name / module
         ext.parent.mkdir(parents=True)
-        ext.write_bytes(z.read("shardlimit/_shardlimit.abi3.so"))
-    check_binary(ext, triple, whl.name, ["PyInit__shardlimit"])
+        ext.write_bytes(z.read(f"shardlimit/{module}"))
+    info = check_binary(ext, triple, whl.name, ["PyInit__shardlimit"])
+    if "dlls" in info and "python3.dll" not in info["dlls"]:
+        fail(f"{whl.name}: does not import python3.dll")
     return triple
 
 
@@ -247,6 +326,26 @@ def check_npm(tgz: Path, tmp: Path) -> str:
     return tag
 
 
+def check_jar(jar: Path, tmp: Path) -> list[str]:
+    """Each natives/<os>-<arch>/ library of the jar: its platform's binary, exporting the JNI functions."""
+    triples = []
+    with zipfile.ZipFile(jar) as z:
+        for name in sorted(n for n in z.namelist() if n.startswith("natives/") and not n.endswith("/")):
+            folder, lib = name.split("/")[1:]
+            triple = JAVA_DIRS.get(folder)
+            if not triple:
+                fail(f"{jar.name}: {name}: unknown platform folder {folder}")
+            want = {"macho": "libshardlimit_jni.dylib", "coff": "shardlimit_jni.dll"}.get(PLATFORMS[triple][0], "libshardlimit_jni.so")
+            if lib != want:
+                fail(f"{jar.name}: {name}: the JVM of {folder} loads {want}")
+            out = tmp / jar.name / folder / lib
+            out.parent.mkdir(parents=True)
+            out.write_bytes(z.read(name))
+            check_binary(out, triple, f"{jar.name}: {name}", ["JNI_OnLoad", *JNI_FUNCS])
+            triples.append(triple)
+    return triples
+
+
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -268,10 +367,17 @@ def main() -> None:
         want = {f"@shardlimit/binding-{t}": VERSION for t in tags}
         if main_pkg.get("optionalDependencies") != want:
             fail(f"the main npm package names {main_pkg.get('optionalDependencies')}, built: {want}")
+        jar = dist / "java" / f"shardlimit-{VERSION}.jar"
+        jni = check_jar(jar, tmp) if jar.is_file() else []
+        if jni and sorted(jni) != sorted(t for t in per if t in JAVA_DIRS.values()):
+            fail(f"{jar.name}: JNI libraries of {sorted(jni)}, platforms built: {sorted(per)}")
+        for triple in jni:
+            per[triple].append("jar")
         for triple, what in per.items():
-            if sorted(what) != ["C SDK", "npm", "wheel"]:
+            if sorted(set(what) - {"jar"}) != ["C SDK", "npm", "wheel"]:
                 fail(f"{triple}: only {what}")
-            print(f"ok: {triple}: C SDK, wheel, npm package (architecture, exports, tags"
+            print(f"ok: {triple}: C SDK, wheel, npm package{', JNI library in the jar' if 'jar' in what else ''}"
+                  f" (architecture, exports, tags"
                   f"{', minimum macOS ' + PLATFORMS[triple][2] if PLATFORMS[triple][2] else ''})")
         for c in checked:
             print(f"ok: {c}")

@@ -11,7 +11,9 @@
 #                               (shardlimit and spring-boot-starter); its jar holds no code
 #   and a .md5 and .sha1 of each (signing, .asc, is the release's step: RELEASING.md).
 #
-# Usage: scripts/dist-java.sh [path/to/libshardlimit_jni.so]
+# Usage: scripts/dist-java.sh [path/to/libshardlimit_jni.so [FOLDER=LIBRARY...]]
+# FOLDER=LIBRARY: another platform's library into natives/FOLDER/ as well (make dist-all
+# passes linux-aarch64, osx-aarch64 and osx-x86_64 from its builds).
 # Without a path, the library is built here (`cargo build --profile dist -p shardlimit-java`,
 # for this machine's glibc; dist.sh passes its zigbuild for glibc 2.28 instead).
 # Needs a JDK >= 17 and Maven (installed from Debian when missing); Maven resolves the
@@ -45,20 +47,27 @@ stage="$(target_dir)/dist-java"
 rm -rf "$out" "$stage"
 mkdir -p "$out" "$stage/natives/linux-x86_64"
 cp "$lib" "$stage/natives/linux-x86_64/libshardlimit_jni.so"
+for extra in "${@:2}"; do
+  [ -f "${extra#*=}" ] || { echo "dist-java: no library at ${extra#*=} (for ${extra%%=*})" >&2; exit 1; }
+  mkdir -p "$stage/natives/${extra%%=*}"
+  cp "${extra#*=}" "$stage/natives/${extra%%=*}/"
+done
 
-echo "dist-java: mvn package (jar with natives/linux-x86_64)"
+echo "dist-java: mvn package (jar with natives/ $(cd "$stage/natives" && echo *))"
 mvn -B -q -f bindings/java/pom.xml package -DskipTests \
   -Dshardlimit.natives.dir="$stage/natives" -Dshardlimit.build.dir="$stage/build"
 name="shardlimit-$version"
 cp "$stage/build/$name.jar" "$out/$name.jar"
 # (the listing read whole first: `grep -q` leaving a pipe early fails it under pipefail)
 listing=$(jar --list --file "$out/$name.jar")
-if ! grep -qx "natives/linux-x86_64/libshardlimit_jni.so" <<<"$listing"; then
-  echo "dist-java: the jar has no natives/linux-x86_64/libshardlimit_jni.so; it holds:" >&2
-  echo "$listing" >&2
-  ls -lR "$stage/natives" "$stage/build/classes" >&2 || true
-  exit 1
-fi
+for native in $(cd "$stage" && ls natives/*/*); do
+  if ! grep -qx "$native" <<<"$listing"; then
+    echo "dist-java: the jar has no $native; it holds:" >&2
+    echo "$listing" >&2
+    ls -lR "$stage/natives" "$stage/build/classes" >&2 || true
+    exit 1
+  fi
+done
 cp bindings/java/pom.xml "$out/$name.pom"
 
 echo "dist-java: sources and javadoc jars"

@@ -33,7 +33,7 @@ const platforms = {
   'aarch64-unknown-linux-musl': { tag: 'linux-arm64-musl', os: 'linux', cpu: 'arm64', libc: 'musl' },
   'x86_64-apple-darwin': { tag: 'darwin-x64', os: 'darwin', cpu: 'x64' },
   'aarch64-apple-darwin': { tag: 'darwin-arm64', os: 'darwin', cpu: 'arm64' },
-  'x86_64-pc-windows-msvc': { tag: 'win32-x64-msvc', os: 'win32', cpu: 'x64' },
+  'x86_64-pc-windows-gnu': { tag: 'win32-x64-gnu', os: 'win32', cpu: 'x64' },
 }
 const known = new Set(main.napi.targets.map((t) => platforms[t].tag))
 if (main.optionalDependencies) {

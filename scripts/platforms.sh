@@ -10,7 +10,9 @@
 #
 # zig (cargo-zigbuild) is the C compiler and linker of every target: ring's C code and the
 # final link, against glibc 2.28's symbols for the gnu targets, musl for the musl ones, and
-# zig's macOS libSystem stubs plus scripts/macos-stubs.py's framework stubs for macOS.
+# zig's macOS libSystem stubs plus scripts/macos-stubs.py's framework stubs for macOS, and
+# zig's MinGW-w64 (UCRT) for Windows (the Python extension imports python3.dll through
+# pyo3's raw-dylib linking: no Windows Python is needed to build it).
 
 # the platforms `make dist-all` builds, in order (the host first: `make dist` builds it)
 ALL_PLATFORMS=(
@@ -20,29 +22,37 @@ ALL_PLATFORMS=(
   aarch64-unknown-linux-musl
   aarch64-apple-darwin
   x86_64-apple-darwin
+  x86_64-pc-windows-gnu
 )
 DIST_PROFILE=${DIST_PROFILE:-dist}
 
 # platform TRIPLE: sets, for that target,
 #   P_ZIG    what `cargo zigbuild --target` is given (the glibc floor as a suffix)
-#   P_OS     linux | macos
+#   P_OS     linux | macos | windows
 #   P_WHEEL  the wheel's platform tag
 #   P_NPM    the npm platform tag (@shardlimit/binding-<tag>)
 #   P_MACOS  the minimum macOS version (rustc's default for the target; the wheel tag says it)
+#   P_JAVA   the jar's natives/ folder of its JNI library (bindings/java's NativeLoader:
+#            <os>-<arch> from os.name and os.arch), or "" where the jar has none (musl: a
+#            JVM on Alpine says linux-x86_64 too, and would load the glibc one)
 #   P_FLAGS  RUSTFLAGS of this target only (CARGO_TARGET_<TRIPLE>_RUSTFLAGS)
 platform() {
-  P_TRIPLE=$1 P_ZIG=$1 P_MACOS="" P_FLAGS=""
+  P_TRIPLE=$1 P_ZIG=$1 P_MACOS="" P_FLAGS="" P_JAVA=""
   case "$1" in
-    x86_64-unknown-linux-gnu) P_OS=linux P_ZIG=$1.2.28 P_WHEEL=manylinux_2_28_x86_64 P_NPM=linux-x64-gnu ;;
-    aarch64-unknown-linux-gnu) P_OS=linux P_ZIG=$1.2.28 P_WHEEL=manylinux_2_28_aarch64 P_NPM=linux-arm64-gnu ;;
+    x86_64-unknown-linux-gnu) P_OS=linux P_ZIG=$1.2.28 P_WHEEL=manylinux_2_28_x86_64 P_NPM=linux-x64-gnu P_JAVA=linux-x86_64 ;;
+    aarch64-unknown-linux-gnu) P_OS=linux P_ZIG=$1.2.28 P_WHEEL=manylinux_2_28_aarch64 P_NPM=linux-arm64-gnu P_JAVA=linux-aarch64 ;;
     # the shared objects link musl's libc.so dynamically (the loader of the Python or Node
     # that loads them is musl's): rustc's musl targets link libc statically unless told
     # not to, and then drop the cdylib crate type
     x86_64-unknown-linux-musl) P_OS=linux P_WHEEL=musllinux_1_2_x86_64 P_NPM=linux-x64-musl P_FLAGS="-C target-feature=-crt-static" ;;
     aarch64-unknown-linux-musl) P_OS=linux P_WHEEL=musllinux_1_2_aarch64 P_NPM=linux-arm64-musl P_FLAGS="-C target-feature=-crt-static" ;;
     # rustc's default deployment targets: macOS 11.0 (the first arm64 one) and 10.12
-    aarch64-apple-darwin) P_OS=macos P_MACOS=11.0 P_WHEEL=macosx_11_0_arm64 P_NPM=darwin-arm64 ;;
-    x86_64-apple-darwin) P_OS=macos P_MACOS=10.12 P_WHEEL=macosx_10_12_x86_64 P_NPM=darwin-x64 ;;
+    aarch64-apple-darwin) P_OS=macos P_MACOS=11.0 P_WHEEL=macosx_11_0_arm64 P_NPM=darwin-arm64 P_JAVA=osx-aarch64 ;;
+    x86_64-apple-darwin) P_OS=macos P_MACOS=10.12 P_WHEEL=macosx_10_12_x86_64 P_NPM=darwin-x64 P_JAVA=osx-x86_64 ;;
+    # MinGW-w64 (zig's, against the UCRT of Windows 10+): the DLLs load into any Windows
+    # program, the MSVC-built python.exe and node.exe included (napi-rs names the addon's
+    # package win32-x64-gnu after how it was built)
+    x86_64-pc-windows-gnu) P_OS=windows P_WHEEL=win_amd64 P_NPM=win32-x64-gnu P_JAVA=windows-x86_64 ;;
     *) echo "unknown platform $1 (one of: ${ALL_PLATFORMS[*]})" >&2; return 1 ;;
   esac
   if [ "$P_OS" = macos ]; then
@@ -70,13 +80,25 @@ platform_build() {
     # no macOS SDK can be fetched here
     "$TOOLS_PY" "$SHARDLIMIT_ROOT/scripts/macos-stubs.py" "$(target_dir)/macos-stubs" >/dev/null || return 1
   fi
+  local libnode=""
+  if [ "$P_OS" = windows ]; then
+    # napi's build script (napi-build 2.6) links -lnode for windows-gnu and panics unless
+    # LIBNODE_PATH holds a libnode.dll; the addon imports nothing from it (Node-API is
+    # looked up in node.exe at load time: napi's dyn-symbols, bindings/node/Cargo.toml,
+    # and check-platforms.py checks it imports no node DLL), so the folder holds an empty
+    # archive under both names
+    libnode="$(target_dir)/windows-libnode"
+    mkdir -p "$libnode" || return 1
+    [ -f "$libnode/libnode.a" ] || ar rc "$libnode/libnode.a" || return 1
+    cp "$libnode/libnode.a" "$libnode/libnode.dll"
+  fi
   local var
   var="CARGO_TARGET_$(echo "$triple" | tr 'a-z-' 'A-Z_')_RUSTFLAGS"
   local args=()
   for p in "${pkgs[@]}"; do args+=(-p "$p"); done
   echo "== cargo zigbuild --profile $DIST_PROFILE --target $P_ZIG (${pkgs[*]})"
   # PYO3_PYTHON: any CPython >= 3.9 (the extension is abi3); no libpython is linked
-  env "$var=$P_FLAGS" ${P_MACOS:+MACOSX_DEPLOYMENT_TARGET=$P_MACOS} PYO3_PYTHON="$(command -v python3)" \
+  env "$var=$P_FLAGS" ${P_MACOS:+MACOSX_DEPLOYMENT_TARGET=$P_MACOS} ${libnode:+LIBNODE_PATH=$libnode} PYO3_PYTHON="$(command -v python3)" \
     cargo zigbuild --quiet --locked --profile "$DIST_PROFILE" --target "$P_ZIG" "${args[@]}"
 }
 
@@ -84,6 +106,7 @@ platform_build() {
 platform_cdylib() {
   case "$P_OS" in
     macos) echo "lib$1.dylib" ;;
+    windows) echo "$1.dll" ;;
     *) echo "lib$1.so" ;;
   esac
 }
@@ -103,6 +126,11 @@ pack_c_sdk() {
   mkdir -p "$s/include" "$s/lib/pkgconfig" "$s/lib/cmake/shardlimit" "$outdir/c"
   cp "$SHARDLIMIT_ROOT"/include/shardlimit.h "$SHARDLIMIT_ROOT"/include/shardlimit.hpp "$s/include/"
   local shared soname native static_lib cmake_native
+  if [ "$P_OS" = windows ]; then
+    pack_c_sdk_windows "$triple" "$outdir" "$s" "$out" || return 1
+    tar -C "$stage" --owner=0 --group=0 --numeric-owner --sort=name -czf "$outdir/c/$sdk.tar.gz" "$sdk"
+    return
+  fi
   if [ "$P_OS" = macos ]; then
     # install name @rpath/libshardlimit.<major>.dylib (bindings/c/build.rs)
     shared="libshardlimit.$major.dylib"
@@ -145,6 +173,25 @@ pack_c_sdk() {
   cp "$SHARDLIMIT_ROOT/LICENSE" "$SHARDLIMIT_ROOT/CHANGELOG.md" "$s/"
   cp "$SHARDLIMIT_ROOT/bindings/c/README.md" "$s/README.md"
   tar -C "$stage" --owner=0 --group=0 --numeric-owner --sort=name -czf "$outdir/c/$sdk.tar.gz" "$sdk"
+}
+
+# pack_c_sdk_windows TRIPLE OUTDIR SDKDIR BUILDDIR: the Windows SDK's files, as MinGW-w64
+# and MSVC users link a DLL: bin/shardlimit.dll, lib/shardlimit.lib (its import library,
+# as the linker made it for the DLL: MSVC's link.exe takes it by that name, and MinGW's ld
+# and zig's driver find it for -lshardlimit), lib/pkgconfig/shardlimit.pc (-lshardlimit).
+# No static archive (a static Rust library on windows-gnu needs the import libraries of
+# the windows crates besides the system's, which no .pc file can name portably) and no
+# CMake package (an IMPORTED target there needs IMPORTED_IMPLIB, untested here).
+pack_c_sdk_windows() {
+  local s=$3 out=$4
+  rm -rf "$s/lib/cmake" && mkdir -p "$s/bin" &&
+    cp "$out/shardlimit.dll" "$s/bin/" &&
+    cp "$out/libshardlimit.dll.a" "$s/lib/shardlimit.lib" &&
+    PC_NATIVE_LIBS=" " PC_STATIC_LIB=" " "$SHARDLIMIT_ROOT/bindings/c/gen-pkgconfig.sh" \
+      '${pcfiledir}/..' '${pcfiledir}/../../include' "$s/lib/pkgconfig" >/dev/null &&
+    rm "$s/lib/pkgconfig/shardlimit-static.pc" &&
+    cp "$SHARDLIMIT_ROOT/LICENSE" "$SHARDLIMIT_ROOT/CHANGELOG.md" "$s/" &&
+    cp "$SHARDLIMIT_ROOT/bindings/c/README.md" "$s/README.md"
 }
 
 pack_wheel() {

@@ -12,6 +12,9 @@
 #                        and lld's, not zig's driver's; Debian's musl-gcc would add glibc's
 #                        libgcc_eh; -lunwind is zig's unwinder where gcc -static adds
 #                        libgcc_eh itself)
+#   linux-arm64 musl     with --dist only (make test builds no aarch64 musl SDK): a C
+#                        program linked statically against the aarch64-musl SDK's
+#                        libshardlimit.a, run under qemu-aarch64
 # Each makes 8 checks of one key against a redis-server on a free 127.0.0.1 port, under a
 # fixed window of 5 per hour with on_error "error" (a failing Redis is an error, never a
 # fallback decision), and fails unless exactly the first 5 were admitted, each decided
@@ -77,6 +80,18 @@ cc_with() {
     $(PKG_CONFIG_PATH="$sdk/lib/pkgconfig" pkg-config --cflags --libs "$module")
 }
 
+# cc_musl_static ARCH SDK OUT: check.c linked statically against the SDK's libshardlimit.a
+cc_musl_static() {
+  local arch=$1 sdk=$2 out=$3
+  # shellcheck disable=SC2046
+  "$TOOLS_PY" -m ziglang cc -target "$arch-linux-musl" -static -std=c11 -Wall -Wextra -Werror scripts/dist-tests/check.c \
+    -o "$out" -I"$sdk/include" "$sdk/lib/libshardlimit.a" \
+    $(PKG_CONFIG_PATH="$sdk/lib/pkgconfig" pkg-config --static --libs-only-l shardlimit | sed 's/-lshardlimit//') -lunwind
+  if readelf -l "$out" | grep -q INTERP || readelf -d "$out" | grep -q NEEDED; then
+    echo "$(basename "$out") is not static" >&2; return 1
+  fi
+}
+
 # expect_limit OUTPUT: the program's line saying it admitted exactly the limit
 expect_limit() {
   grep -qx "c: admitted 5 of 8 (limit 5)" <<<"$1" || { echo "$1" >&2; echo "not exactly the limit" >&2; return 1; }
@@ -97,13 +112,7 @@ passed=$((passed + 1))
 echo "== linux-x64 musl (x86_64-unknown-linux-musl): the C SDK, static and dynamic"
 redis-cli -p "$port" FLUSHALL >/dev/null
 sdk_musl=$(sdk x86_64-unknown-linux-musl)
-# shellcheck disable=SC2046
-"$TOOLS_PY" -m ziglang cc -target x86_64-linux-musl -static -std=c11 -Wall -Wextra -Werror scripts/dist-tests/check.c \
-  -o "$home/check-musl-static" -I"$sdk_musl/include" "$sdk_musl/lib/libshardlimit.a" \
-  $(PKG_CONFIG_PATH="$sdk_musl/lib/pkgconfig" pkg-config --static --libs-only-l shardlimit | sed 's/-lshardlimit//') -lunwind
-if readelf -l "$home/check-musl-static" | grep -q INTERP || readelf -d "$home/check-musl-static" | grep -q NEEDED; then
-  echo "check-musl-static is not static" >&2; exit 1
-fi
+cc_musl_static x86_64 "$sdk_musl" "$home/check-musl-static"
 out=$(env -i "$home/check-musl-static" "$port" "$version")
 expect_limit "$out"
 echo "ok: $out (static musl executable, libshardlimit.a of the SDK)"
@@ -116,5 +125,18 @@ out=$(env -i LD_LIBRARY_PATH="$sdk_musl/lib" "$home/check-musl-dynamic" "$port" 
 expect_limit "$out"
 echo "ok: $out (musl's loader, libshardlimit.so.${version%%.*} of the SDK)"
 passed=$((passed + 1))
+
+if [ -n "$from_dist" ]; then
+  # (make dist-all's only: make test builds no aarch64 musl SDK)
+  echo "== linux-arm64 musl (aarch64-unknown-linux-musl): the C SDK, static, under qemu-aarch64"
+  redis-cli -p "$port" FLUSHALL >/dev/null
+  sdk_arm_musl=$(sdk aarch64-unknown-linux-musl)
+  cc_musl_static aarch64 "$sdk_arm_musl" "$home/check-arm64-musl-static"
+  readelf -h "$home/check-arm64-musl-static" | grep -q 'Machine:.*AArch64' || { echo "check-arm64-musl-static is not AArch64" >&2; exit 1; }
+  out=$(env -i "$(command -v qemu-aarch64-static)" "$home/check-arm64-musl-static" "$port" "$version")
+  expect_limit "$out"
+  echo "ok: $out (static AArch64 musl executable, emulated, libshardlimit.a of the SDK)"
+  passed=$((passed + 1))
+fi
 
 echo "platforms: $passed passed, 0 failed ($(($(date +%s) - t0)) s)"

@@ -17,11 +17,13 @@ function isMusl() {
   }
 }
 
-/** The napi-rs platform tag of this process: linux-x64-gnu, darwin-arm64, win32-x64-msvc, ... */
+/** The napi-rs platform tag of this process: linux-x64-gnu, darwin-arm64, win32-x64-gnu, ... */
 function platformTag() {
   const { platform, arch } = process
   if (platform === 'linux') return `linux-${arch}-${isMusl() ? 'musl' : 'gnu'}`
-  if (platform === 'win32') return `win32-${arch}-msvc`
+  // the Windows addon is built with MinGW-w64 (gnu): it loads into the MSVC-built node.exe
+  // as well, finding Node-API in the process at load time
+  if (platform === 'win32') return `win32-${arch}-gnu`
   return `${platform}-${arch}`
 }
 

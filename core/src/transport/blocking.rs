@@ -388,6 +388,7 @@ impl BlockingConn {
         let mut since = Instant::now();
         // bytes since `since` (progress resets it: PROGRESS_BYTES of the reply)
         let mut unprogressed = 0usize;
+        #[cfg(unix)]
         let mut slot = None;
         #[cfg(unix)]
         let spin_until = if spin.wait.is_zero() {
