@@ -16,7 +16,8 @@ and every JNI library in the jar (dist/java, natives/<os>-<arch>/):
   musl: a JVM on Alpine names its platform linux-x86_64 as a glibc one does);
 - glibc: no symbol version above GLIBC_2.28 (manylinux_2_28); musl: the module needs musl's
   loader (libc.musl-<arch>.so.1), no glibc;
-- macOS: the minimum macOS version of every Mach-O file (LC_BUILD_VERSION minos) is the
+- macOS: the minimum macOS version of every Mach-O file (LC_BUILD_VERSION minos, or
+  LC_VERSION_MIN_MACOSX before 10.14) is the
   wheel tag's; the libraries it loads are the system's (libSystem, libiconv, Security,
   CoreFoundation); every symbol bound to Security or CoreFoundation is named as that
   framework's are (Sec*, CF*: the stubs of scripts/macos-stubs.py bind nothing else); the
@@ -132,7 +133,9 @@ def exported(path: Path, fmt: str) -> set[str]:
 def macho_checks(path: Path, minos: str, what: str) -> dict:
     """minos, the dylibs loaded, the framework symbols; returns the load commands seen."""
     out = run("llvm-objdump", "--macho", "--private-headers", str(path))
-    got = re.findall(r"cmd LC_BUILD_VERSION.*?minos (\S+)", out, re.S)
+    # (a target before macOS 10.14 is written as LC_VERSION_MIN_MACOSX, with `version`)
+    got = re.findall(r"cmd LC_BUILD_VERSION.*?minos (\S+)", out, re.S) + re.findall(
+        r"cmd LC_VERSION_MIN_MACOSX\n\s*cmdsize \d+\n\s*version (\S+)", out)
     if got != [minos]:
         fail(f"{what}: minimum macOS {got}, expected {minos}")
     loads = set(re.findall(r"cmd LC_LOAD(?:_WEAK)?_DYLIB\n\s*cmdsize \d+\n\s*name (\S+)", out))
