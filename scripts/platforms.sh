@@ -194,13 +194,29 @@ pack_c_sdk_windows() {
     cp "$SHARDLIMIT_ROOT/bindings/c/README.md" "$s/README.md"
 }
 
+# The module `$2` of musl target `$1` as it ships: its dependency on musl's libc named as
+# Alpine names it, libc.musl-<arch>.so.1 (zig links it against a `libc.so`; musl's loader
+# takes either name for itself, but the musllinux policy and auditwheel know only
+# Alpine's). Prints the path of the copy so renamed; other targets' modules as they are.
+shipped_module() {
+  local triple=$1 src=$2
+  case "$triple" in *-musl) ;; *) echo "$src"; return 0 ;; esac
+  command -v patchelf >/dev/null 2>&1 || apt_install patchelf >&2 || return 1
+  local d
+  d="$(target_dir)/dist-stage/musl-$triple"
+  mkdir -p "$d" && cp "$src" "$d/" || return 1
+  patchelf --replace-needed libc.so "libc.musl-${triple%%-*}.so.1" "$d/$(basename "$src")" || return 1
+  echo "$d/$(basename "$src")"
+}
+
 pack_wheel() {
   local triple=$1 outdir=$2
   platform "$triple" || return 1
-  local out wheel
+  local out wheel module
   out=$(platform_out "$triple")
   mkdir -p "$outdir/python"
-  wheel=$("$TOOLS_PY" "$SHARDLIMIT_ROOT/scripts/build-wheel.py" "$out/$(platform_cdylib _shardlimit)" "$P_WHEEL" "$outdir/python")
+  module=$(shipped_module "$triple" "$out/$(platform_cdylib _shardlimit)") || return 1
+  wheel=$("$TOOLS_PY" "$SHARDLIMIT_ROOT/scripts/build-wheel.py" "$module" "$P_WHEEL" "$outdir/python")
   if [ "$P_OS" = linux ]; then
     # auditwheel reads the symbol versions (glibc) or the musl loader the module needs
     local report
@@ -217,7 +233,9 @@ pack_npm_platform() {
   local out
   out=$(platform_out "$triple")
   mkdir -p "$outdir/npm"
-  node "$SHARDLIMIT_ROOT/scripts/npm-packages.js" platform "$triple" "$out/$(platform_cdylib shardlimit_node)" \
+  local addon
+  addon=$(shipped_module "$triple" "$out/$(platform_cdylib shardlimit_node)") || return 1
+  node "$SHARDLIMIT_ROOT/scripts/npm-packages.js" platform "$triple" "$addon" \
     "$(target_dir)/dist-stage/npm-$P_NPM" "$outdir/npm" >/dev/null
 }
 
