@@ -365,22 +365,31 @@ impl redis::aio::ConnectionLike for PipeConn {
         offset: usize,
         count: usize,
     ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-        Box::pin(async move {
-            // the engine sends no pipelines; for completeness, one command at a time
-            let mut out = Vec::with_capacity(count);
-            for (i, c) in cmd.cmd_iter().enumerate() {
-                let v = self.req_packed_command(c).await?;
-                if i >= offset && out.len() < count {
-                    out.push(v);
-                }
-            }
-            Ok(out)
-        })
+        Box::pin(one_at_a_time(self, cmd, offset, count))
     }
 
     fn get_db(&self) -> i64 {
         self.db
     }
+}
+
+/// The redis crate's `req_packed_commands` for a connection that takes no pipelines (the
+/// engine sends none; this is for completeness): `cmd`'s commands sent on `conn` one at a
+/// time, the replies from `offset` on, at most `count`.
+pub(crate) async fn one_at_a_time<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    cmd: &redis::Pipeline,
+    offset: usize,
+    count: usize,
+) -> redis::RedisResult<Vec<redis::Value>> {
+    let mut out = Vec::with_capacity(count);
+    for (i, c) in cmd.cmd_iter().enumerate() {
+        let v = conn.req_packed_command(c).await?;
+        if i >= offset && out.len() < count {
+            out.push(v);
+        }
+    }
+    Ok(out)
 }
 
 async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, shared: Arc<Shared>) {

@@ -13,6 +13,7 @@
 //! `CLUSTERDOWN` and `TRYAGAIN` are connection failures, as every refusal to serve.
 
 use super::*;
+use crate::transport::pipe::one_at_a_time;
 use crate::transport::resp::MAX_REPLY;
 use std::collections::HashMap;
 use std::io;
@@ -141,17 +142,7 @@ impl redis::aio::ConnectionLike for ClusterConn {
         offset: usize,
         count: usize,
     ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-        Box::pin(async move {
-            // the engine sends no pipelines to a Cluster; one command at a time
-            let mut out = Vec::with_capacity(count);
-            for (i, c) in cmd.cmd_iter().enumerate() {
-                let v = self.req_packed_command(c).await?;
-                if i >= offset && out.len() < count {
-                    out.push(v);
-                }
-            }
-            Ok(out)
-        })
+        Box::pin(one_at_a_time(self, cmd, offset, count))
     }
 
     fn get_db(&self) -> i64 {
