@@ -5,12 +5,15 @@
 //! within its deadline with a backend error (or its policy's fallback), the client must
 //! close the connection after at most the reply bound, and nothing may grow without bound.
 
+mod support;
+
 use shardlimit::{Limiter, Source};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::read_command;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Mode {
@@ -43,23 +46,6 @@ impl Drop for Fake {
         self.stop.store(true, Ordering::Release);
         let _ = TcpStream::connect(("127.0.0.1", self.port));
     }
-}
-
-fn read_command(r: &mut BufReader<TcpStream>) -> Option<Vec<Vec<u8>>> {
-    let mut line = String::new();
-    r.read_line(&mut line).ok()?;
-    let n: usize = line.trim_end().strip_prefix('*')?.parse().ok()?;
-    let mut args = Vec::with_capacity(n);
-    for _ in 0..n {
-        line.clear();
-        r.read_line(&mut line).ok()?;
-        let len: usize = line.trim_end().strip_prefix('$')?.parse().ok()?;
-        let mut buf = vec![0; len + 2];
-        r.read_exact(&mut buf).ok()?;
-        buf.truncate(len);
-        args.push(buf);
-    }
-    Some(args)
 }
 
 impl Fake {

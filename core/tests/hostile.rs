@@ -9,11 +9,12 @@
 mod support;
 
 use shardlimit::{ErrorKind, Layer, Limiter, Policy, Source};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use support::read_command;
 
 /// What the fake answers to a check (or a layered check) whose key holds `who-N-who`.
 #[derive(Clone, Debug)]
@@ -75,23 +76,6 @@ fn who(key: &[u8]) -> Option<u64> {
     let rest = &s[i + 4..];
     let j = rest.find("-who")?;
     rest[..j].parse().ok()
-}
-
-fn read_command(r: &mut BufReader<TcpStream>) -> Option<Vec<Vec<u8>>> {
-    let mut line = String::new();
-    r.read_line(&mut line).ok()?;
-    let n: usize = line.trim_end().strip_prefix('*')?.parse().ok()?;
-    let mut args = Vec::with_capacity(n);
-    for _ in 0..n {
-        line.clear();
-        r.read_line(&mut line).ok()?;
-        let len: usize = line.trim_end().strip_prefix('$')?.parse().ok()?;
-        let mut buf = vec![0; len + 2];
-        r.read_exact(&mut buf).ok()?;
-        buf.truncate(len);
-        args.push(buf);
-    }
-    Some(args)
 }
 
 /// An honest check reply for key N, carrying the call's tag (core/lua/main_check.lua).

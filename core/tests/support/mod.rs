@@ -468,3 +468,23 @@ pub async fn in_order<T>(mut futs: Vec<BoxFut<T>>) -> Vec<T> {
     .await;
     out.into_iter().map(Option::unwrap).collect()
 }
+
+/// One command a client sent, as a fake server reads it (an array of bulk strings): its
+/// arguments, or `None` at the end of the stream or on anything else.
+pub fn read_command(r: &mut std::io::BufReader<std::net::TcpStream>) -> Option<Vec<Vec<u8>>> {
+    use std::io::{BufRead, Read};
+    let mut line = String::new();
+    r.read_line(&mut line).ok()?;
+    let n: usize = line.trim_end().strip_prefix('*')?.parse().ok()?;
+    let mut args = Vec::with_capacity(n);
+    for _ in 0..n {
+        line.clear();
+        r.read_line(&mut line).ok()?;
+        let len: usize = line.trim_end().strip_prefix('$')?.parse().ok()?;
+        let mut buf = vec![0; len + 2];
+        r.read_exact(&mut buf).ok()?;
+        buf.truncate(len);
+        args.push(buf);
+    }
+    Some(args)
+}
