@@ -398,7 +398,8 @@ fn set_slot(n: &RedisServer, slot: u16, how: &str, id: &str) {
 /// `redis-cli --cluster reshard` does, between calls. While it migrates, the old owner
 /// answers `ASK` for keys it does not hold, and a single-key command (an override) goes to
 /// the new owner behind `ASKING`; a check there (two keys, its block entry missing) is
-/// refused with `TRYAGAIN` by Redis itself, a backend error. Once the slot moved, the old
+/// refused with `TRYAGAIN` by Redis itself until the migration ends, and is asked again
+/// meanwhile (a node that is migrating a slot is not failing). Once the slot moved, the old
 /// owner answers `MOVED`, which is followed (and the map read again). Every check is
 /// decided by Redis (`on_error: error`) and counts on from where the key's state was.
 #[test]
@@ -419,6 +420,30 @@ fn a_slot_migration_is_followed_through_ask_and_moved() {
     // (a user key whose routing key is `old`: the same slot)
     let fresh = format!("{{{old}}}:fresh");
     let slot = shardlimit::routing::cluster_slot(&old);
+    // `old`'s keys move, then the migration ends: every node names the new owner, the old
+    // one answers MOVED
+    let migrate_the_rest = |from: &RedisServer, to: &RedisServer| {
+        let keys: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(100)
+            .query(&mut from.conn())
+            .unwrap();
+        assert!(!keys.is_empty());
+        redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(to.port)
+            .arg("")
+            .arg(0)
+            .arg(5000)
+            .arg("KEYS")
+            .arg(&keys)
+            .exec(&mut from.conn())
+            .unwrap();
+        for n in nodes.iter() {
+            set_slot(n, slot, "NODE", &node_id(to));
+        }
+    };
     let check = |k: &str| {
         let d = l.check_blocking(k, &p, 1).unwrap();
         assert_eq!(d.source, Source::Redis, "{k}");
@@ -446,36 +471,32 @@ fn a_slot_migration_is_followed_through_ask_and_moved() {
         got.limit,
         shardlimit::Limit::fixed_window(50, Duration::from_secs(3600))
     );
-    // a check of two keys in a slot being migrated: Redis's TRYAGAIN, a backend error
-    let e = l.check_blocking(&fresh, &p, 1).unwrap_err();
-    assert!(e.is_backend() && e.to_string().contains("TRYAGAIN"), "{e}");
-    // `old`'s keys move
-    let keys: Vec<String> = redis::cmd("CLUSTER")
-        .arg("GETKEYSINSLOT")
-        .arg(slot)
-        .arg(100)
-        .query(&mut from.conn())
-        .unwrap();
-    assert!(!keys.is_empty());
-    redis::cmd("MIGRATE")
-        .arg("127.0.0.1")
-        .arg(to.port)
-        .arg("")
-        .arg(0)
-        .arg(5000)
-        .arg("KEYS")
-        .arg(&keys)
-        .exec(&mut from.conn())
-        .unwrap();
+    // a check of two keys in a slot being migrated: Redis's TRYAGAIN, asked again until the
+    // slot has moved (the migration goes on only once the new owner has refused it)
+    let tryagain = |n: &RedisServer| -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("errorstats")
+            .query(&mut n.conn())
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("errorstat_TRYAGAIN:count="))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    };
+    let refused_before = tryagain(to);
+    let waiting = std::thread::scope(|s| {
+        let waiting = s.spawn(|| l.check_blocking(&fresh, &p, 1));
+        wait("the new owner refused the check with TRYAGAIN", || {
+            tryagain(to) > refused_before
+        });
+        migrate_the_rest(from, to);
+        waiting.join().unwrap()
+    });
+    let d = waiting.unwrap();
+    assert_eq!((d.source, d.limit, d.remaining), (Source::Redis, 50, 49));
     assert_eq!(on(from), 0);
-
-    // the migration ends: every node names the new owner, the old one answers MOVED
-    for n in &nodes {
-        set_slot(n, slot, "NODE", &node_id(to));
-    }
     assert_eq!(check(&old), (100, 97));
     assert_eq!(rt.block_on(l.check(&old, &p, 1)).unwrap().remaining, 96);
-    assert_eq!(check(&fresh), (50, 49));
+    assert_eq!(check(&fresh), (50, 48));
     // (the old owner counts each script call it redirected as rejected)
     let rejected = || -> u64 {
         let info: String = redis::cmd("INFO")

@@ -10,7 +10,11 @@
 //! names, an `ASK` reply sends `ASKING` and the command to the node it names, next to each
 //! other on that node's connection; at most [`MAX_REDIRECTS`] redirects per command, then
 //! it fails as a connection failure (a node that redirects forever is failing).
-//! `CLUSTERDOWN` and `TRYAGAIN` are connection failures, as every refusal to serve.
+//! `TRYAGAIN` (a command on several keys of a slot being migrated, some of them moved
+//! and some not: a check's state and its absent block entry) is asked again from the map's
+//! owner after 2, 4, 8, ... ms, for as long again as the deadline: a migration of a slot's
+//! keys usually ends within that, and the node is serving, not failing. A `TRYAGAIN` that
+//! outlasts it, and `CLUSTERDOWN`, are connection failures, as every refusal to serve.
 
 use super::*;
 use crate::transport::pipe::one_at_a_time;
@@ -21,6 +25,10 @@ use std::io;
 /// Redirects (`MOVED`, `ASK`) one command follows at most. A slot migration needs two (a
 /// stale map's owner answers `ASK` or `MOVED`, the new owner serves).
 pub(super) const MAX_REDIRECTS: usize = 5;
+
+/// The first pause before a command refused with `TRYAGAIN` is sent again (doubled after
+/// each, until the pauses add up to the deadline).
+const TRYAGAIN_FIRST_PAUSE: Duration = Duration::from_millis(2);
 
 /// A command on its way through the Cluster ([`RedisEngine::cluster_command`]), boxed as a
 /// trait object (the types of callers' futures stay shallow).
@@ -183,13 +191,25 @@ impl RedisEngine {
     ) -> io::Result<(Vec<u8>, Arc<Pipe>)> {
         let mut node = self.owner(st, slot).await?;
         let mut asking = false;
-        for _ in 0..=MAX_REDIRECTS {
+        let mut redirects = 0;
+        let (mut pause, mut paused) = (TRYAGAIN_FIRST_PAUSE, Duration::ZERO);
+        while redirects <= MAX_REDIRECTS {
             let pipe = self.node_pipe(st, &node).await?;
             let frame = if asking {
                 pipe.command_asking(packed.clone(), max_reply).await?
             } else {
                 pipe.command_bounded(packed.clone(), max_reply).await?
             };
+            if frame.starts_with(b"-TRYAGAIN") && paused < self.timeout {
+                // the slot is being migrated: ask its owner again in a moment (the
+                // redirects followed so far do not count against the next attempt)
+                tokio::time::sleep(pause).await;
+                paused += pause;
+                pause *= 2;
+                (node, asking, redirects) = (self.owner(st, slot).await?, false, 0);
+                continue;
+            }
+            redirects += 1;
             match redirect(&frame, &node) {
                 None => return Ok((frame, pipe)),
                 Some(Err(why)) => {
