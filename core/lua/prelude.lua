@@ -21,13 +21,13 @@ local ALGO = {}
 -- layered script REFUND is nil and the algorithm files skip defining those functions: a
 -- closure made on every call costs Redis about 2 us.
 
+-- (a string in arithmetic is converted as tonumber would: half the instructions of the call)
 local function clock(arg)
-  local now = tonumber(arg)
-  if now == 0 then
+  if arg == '0' then
     local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    return t[1] * 1000000 + t[2]
   end
-  return now
+  return tonumber(arg)
 end
 
 local function int(x)

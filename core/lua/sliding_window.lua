@@ -36,8 +36,9 @@ ALGO.sw = function(key, now, limit, window, cost, peek, shift, st, m)
     cur, prev = st[1], st[2]
   else
     local both = redis.call('MGET', ckey, key .. ':' .. (m and pkey or int(pkey)))
-    cur = tonumber(both[1] or '0')
-    prev = tonumber(both[2] or '0')
+    -- (`+ 0`: as tonumber reads them, for half its instructions)
+    cur = (both[1] or 0) + 0
+    prev = (both[2] or 0) + 0
     if st then st[1], st[2] = cur, prev end
   end
   -- time until both counters have aged out
