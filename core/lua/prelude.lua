@@ -12,7 +12,10 @@
 -- table for what the function read of the state: a call with an empty table fills it, a
 -- later call with the filled table takes its reads from there instead of Redis (the
 -- layered script's consuming pass after its peeking one: one read per layer, not two; only
--- valid when nothing wrote the state in between). Integers are
+-- valid when nothing wrote the state in between). `m` (the 9th argument, nil outside batch
+-- calls) is a memo the batch script keeps per policy value set for one call (one `now`):
+-- its slots from 3 on are the algorithm's, for values derived from now and the period alone
+-- (fixed and sliding window keep their window index and TTL formatted there). Integers are
 -- formatted with %d, never tostring, so that values up to 2^53 survive exactly.
 local ALGO = {}
 -- REFUND.<code>(key, now, period, cost, extra) gives back `cost` units admitted at `now`
