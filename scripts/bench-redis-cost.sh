@@ -11,7 +11,9 @@
 #   Ir/dec    instructions Redis executes per decision, counted by callgrind on a second
 #             redis-server (only inside EVALSHA and argument parsing), one caller, so one
 #             decision per script call on both sides: deterministic, the figure to compare
-#             on a shared machine
+#             on a shared machine; then again with 16 and 64 callers in flight (rows
+#             "batched": the client packs the checks queued for the shard into one batch
+#             script call, main_batch.lua; how many per call is timing, so it is printed)
 # The last row: a layered check of 3 fixed-window layers (the script check_all and serve's
 # multi-descriptor calls run, driven by redis-benchmark with the client's argument layout,
 # one EVALSHA per decision) against a minimal all-or-nothing script of 3 counters
@@ -181,24 +183,32 @@ if command -v valgrind >/dev/null && command -v callgrind_control >/dev/null && 
   start_redis "$CGP" valgrind --tool=callgrind --callgrind-out-file="$DIR/cg.%p" \
     --toggle-collect=evalShaCommand --toggle-collect=processMultibulkBuffer
   CGPID=${PIDS[-1]}
-  ir() { # kind name
+  ir() { # kind name [callers: 1 unless given]
     redis-cli -p "$CGP" FLUSHALL >/dev/null
-    drive "$CGP" "$1" "$2" 50 1
+    drive "$CGP" "$1" "$2" 50 "${3:-1}"
+    redis-cli -p "$CGP" CONFIG RESETSTAT >/dev/null
     callgrind_control -z "$CGPID" >/dev/null 2>&1
-    drive "$CGP" "$1" "$2" "$NCG" 1
+    drive "$CGP" "$1" "$2" "$NCG" "${3:-1}"
     rm -f "$DIR"/cg.*.[0-9]*
     callgrind_control -d "$CGPID" >/dev/null 2>&1
-    local f
+    local f calls
     f=$(ls -t "$DIR"/cg.*.[0-9]* | head -1)
+    read -r calls _ <<<"$(script_stats "$CGP")"
+    # with callers: "Ir/decision decisions/call" (script calls, those of other scripts
+    # such as a lease's release included)
     python3 -c '
 import sys, re
 t = None
 for l in open(sys.argv[1]):
     if l.startswith("summary:"): t = int(l.split()[1])
-print(int(t / int(sys.argv[2])))' "$f" "$NCG"
+n, c, batched = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] != "1"
+print(int(t / n), *(["%.1f" % (n / max(c, 1))] if batched else []))' "$f" "$NCG" "$calls" "${3:-1}"
   }
-  declare -A IRS IRM
-  for algo in $ALGOS; do IRS[$algo]=$(ir sl "$algo"); IRM[$algo]=$(ir min "$algo"); done
+  declare -A IRS IRM IRB16 IRB64
+  for algo in $ALGOS; do
+    IRS[$algo]=$(ir sl "$algo"); IRM[$algo]=$(ir min "$algo")
+    IRB16[$algo]=$(ir sl "$algo" 16); IRB64[$algo]=$(ir sl "$algo" 64)
+  done
   IRM[fixed_window_rlf]=$(ir min fixed_window_rlf)
   IRS[fixed_window_layered]=$(ir lay fixed_window_layered)
   IRM[fixed_window_layered]=$(ir min fixed_window_layered)
@@ -228,3 +238,29 @@ row "layered, 3 fixed_window layers (minimal all-or-nothing script)" \
   "$(median ${SLU[fixed_window_layered]})" "$(median ${SLP[fixed_window_layered]})" \
   "$(median ${MNU[fixed_window_layered]})" "$(median ${MNP[fixed_window_layered]})" \
   "${IRS[fixed_window_layered]:-}" "${IRM[fixed_window_layered]:-}"
+# the same checks with 16 and 64 callers in flight: the client sends the checks that queue
+# up for one shard in one batch script call (main_batch.lua), as a service's would under
+# load; the yardsticks stay one decision per call (rate-limiter-flexible cannot batch)
+for c in 16 64; do
+  for algo in $ALGOS; do
+    if [ "$c" = 16 ]; then b=${IRB16[$algo]:-}; else b=${IRB64[$algo]:-}; fi
+    [ -n "$b" ] || continue
+    read -r b per <<<"$b"
+    python3 -c '
+import sys
+l, e, f = sys.argv[1:]
+print("| %s | | | | | | %s | %s | %.2fx |" % (l, e, f, int(e) / int(f)))' \
+      "$algo, $c in flight, batched ($per decisions per script call; minimal script, one per call)" "$b" "${IRM[$algo]}"
+  done
+  b=${IRB16[fixed_window]:-}
+  [ "$c" = 64 ] && b=${IRB64[fixed_window]:-}
+  if [ -n "$b" ]; then
+    read -r b per <<<"$b"
+    python3 -c '
+import sys
+l, e, f = sys.argv[1:]
+print("| %s | | | | | | %s | %s | %.2fx |" % (l, e, f, int(e) / int(f)))' \
+      "fixed_window, $c in flight, batched ($per decisions per script call; rate-limiter-flexible's commands, one per call)" \
+      "$b" "${IRM[fixed_window_rlf]}"
+  fi
+done

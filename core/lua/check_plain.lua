@@ -19,8 +19,9 @@ if not SHADOW and (string.byte(plain) <= 57 or plain == 'x') then
   end
   local cost = ARGV[1]
   if cost == '1' then cost = 1 else cost = tonumber(cost) end
-  local r = ALGO[next(ALGO)](KEYS[1], clock('0'), tonumber(ARGV[s]), tonumber(ARGV[s + 1]),
-    cost, false, extra)
+  -- (`+ 0`: the numbers as tonumber reads them, for half its instructions)
+  local r = ALGO[next(ALGO)](KEYS[1], clock('0'), ARGV[s] + 0, ARGV[s + 1] + 0, cost, false,
+    extra)
   if r[1] == 1 then
     -- an admission of all `cost` units with no retry and no delay, in short:
     -- {remaining, reset_after} (protocol.rs, check_script_reply)

@@ -26,7 +26,7 @@ local CC_BAND = -4503599627370496 -- -2^52: every tombstone (CC_TOMB) is below, 
 -- units of a lease member ("id*units"; a member of an older version held one unit)
 local function cc_units(m)
   local u = string.match(m, '%*(%d+)$')
-  if u then return tonumber(u) end
+  if u then return u + 0 end -- (as tonumber, for half its instructions)
   return 1
 end
 
@@ -40,12 +40,12 @@ end
 
 -- units held after reclaiming expired leases, and whether "#" was there. One read gives
 -- both: "#" (scored below 0) comes before every lease that expired (scored by expiry > 0)
-local function cc_held(key, now)
-  local r = redis.call('ZRANGEBYSCORE', key, '-4503599627370496', int(now), 'WITHSCORES', 'LIMIT', '0',
+local function cc_held(key, now, snow)
+  local r = redis.call('ZRANGEBYSCORE', key, '-4503599627370496', snow, 'WITHSCORES', 'LIMIT', '0',
     CC_EXPIRE_1)
   local held, from, sum = nil, 1, r[1] == '#'
   if sum then
-    held = -tonumber(r[2]) - 1
+    held = -r[2] - 1
     from = 3
   else
     held = redis.call('ZCARD', key) -- none yet, or an older version's member per unit
@@ -67,17 +67,33 @@ end
 -- time until the last lease expires (a function per script, not a closure per call)
 local function cc_reset_after(key, now)
   local last = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
-  if last[2] == nil or tonumber(last[2]) <= now then return 0 end
-  return tonumber(last[2]) - now
+  local t = last[2]
+  if t == nil then return 0 end
+  t = t + 0 -- (as tonumber, for half its instructions)
+  if t <= now then return 0 end
+  return t - now
 end
 
-ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st)
+-- `m` (prelude.lua's memo, batch calls only): [3] now, [4] ttl, then formatted [5] now,
+-- [6] now + ttl, [7] the TTL in ms
+ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st, m)
+  -- now, a lease's expiry and the key's TTL (ms), formatted once (a batch call's checks of
+  -- one policy share them: formatting costs Redis ~2k instructions each)
+  local snow, sexp, sttl
+  if m then
+    if m[3] ~= now or m[4] ~= ttl then
+      m[3], m[4], m[5], m[6], m[7] = now, ttl, int(now), int(now + ttl), int(math.ceil(ttl / 1000))
+    end
+    snow, sexp, sttl = m[5], m[6], m[7]
+  else
+    snow = int(now)
+  end
   -- (a peek reclaims the expired leases: a call after it would find none to reclaim)
   local n, sum
   if st and st[1] then
     n, sum = st[1], st[2]
   else
-    n, sum = cc_held(key, now)
+    n, sum = cc_held(key, now, snow)
     if st then st[1], st[2] = n, sum end
   end
   if cost > max then
@@ -86,7 +102,7 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st)
   if n + cost > max then
     -- with no releases, the k-th earliest expiring unit frees enough
     local k = n + cost - max
-    local first = redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES',
+    local first = redis.call('ZRANGEBYSCORE', key, '(' .. snow, '+inf', 'WITHSCORES',
       'LIMIT', 0, CC_WALK)
     local at = cc_reset_after(key, now) + now
     for i = 1, #first, 2 do
@@ -100,12 +116,13 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st)
   end
   if not peek then
     local member = lease .. '*' .. (cost == 1 and '1' or int(cost))
+    if sexp == nil then sexp, sttl = int(now + ttl), int(math.ceil(ttl / 1000)) end
     if n + cost > 0 then
       -- the lease and the sum in one ZADD, the lease taken as new; its count says if it
       -- was (a lease acquired again keeps the units it holds: "#" is written again, and
       -- its expiry, which LT kept if later). LT writes "#" (its score only goes down here)
       -- and keeps a tombstone (scored below any expiry).
-      local added = redis.call('ZADD', key, 'LT', int(now + ttl), member, int(-(n + cost + 1)),
+      local added = redis.call('ZADD', key, 'LT', sexp, member, int(-(n + cost + 1)),
         '#')
       if sum then added = added + 1 end
       if added < 2 then
@@ -117,7 +134,7 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st)
           cc_store(key, n)
           return {0, math.max(max - n, 0), 0, -2, 0}
         end
-        redis.call('ZADD', key, int(now + ttl), member, -(math.max(n, 0) + 1), '#')
+        redis.call('ZADD', key, sexp, member, -(math.max(n, 0) + 1), '#')
       else
         n = n + cost
       end
@@ -129,10 +146,10 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st)
         return {0, math.max(max - n, 0), 0, -2, 0}
       end
       if e == false then n = n + cost end
-      redis.call('ZADD', key, int(now + ttl), member)
+      redis.call('ZADD', key, sexp, member)
       cc_store(key, n)
     end
-    redis.call('PEXPIRE', key, int(math.ceil(ttl / 1000)))
+    redis.call('PEXPIRE', key, sttl)
   end
   return {1, max - n, cc_reset_after(key, now), -1, 0}
 end

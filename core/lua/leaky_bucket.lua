@@ -50,7 +50,7 @@ ALGO.lb = function(key, now, capacity, interval, cost, peek, q, st)
   if st and st[1] ~= nil then
     drain = st[1]
   else
-    drain = tonumber(redis.call('GET', key) or '0')
+    drain = (redis.call('GET', key) or 0) + 0 -- (as tonumber, for half its instructions)
     if st then st[1] = drain end
   end
   if drain < now then drain = now end

@@ -11,8 +11,12 @@
 -- then per check  its shape (1..S), its own values (cost, and its flags and their values
 --                 if any), its tag (echoed as the last value of its reply, see
 --                 main_check.lua)
--- Returns an array of N replies: check i's result, or an error reply of its own (one
--- check's error, WRONGTYPE say, leaves the others' results standing).
+-- Returns the N replies in order, each an array (check i's result, its tag last) or an
+-- error reply of its own (one check's error, WRONGTYPE say, leaves the others' results
+-- standing); but the short reply of a plain check's admission (check_plain.lua's
+-- {remaining, reset_after, tag}) inline, its three values in place of one (a table per
+-- check costs Redis more than its three values): an integer where a reply starts is one
+-- (transport/batch.rs, split_batch).
 local S = tonumber(ARGV[1])
 local shape = {}
 local a = 2
@@ -22,49 +26,87 @@ for j = 1, S do
 end
 local code = next(ALGO)
 local fn = ALGO[code]
--- a shape's limit and period as numbers, parsed once per call (plain checks)
+-- a shape's limit and period as numbers, parsed once per call (plain checks), and the
+-- algorithm's memo for them, by the shape's index as sent
 local numbers = {}
 local out = {}
+local m = 0 -- values in out
 local k, n = 1, #ARGV
-local state, entry, denials, now, cost, extra, need, c, limit, period, mode, after, within,
-  dur, reason, okey, ov
+local state, entry, denials, now, cost, need, c, limit, period, mode, after, within, dur,
+  reason, okey, ov
+-- The block list, read once for the whole call where it can be: when every check is plain
+-- (or has the flags "x" alone), one EXISTS of all their block entries, and when none
+-- exists no check reads its own (a PTTL each, ~3k instructions, where EXISTS costs well
+-- under 1k a key). Exact: nothing else runs while a script does, and only a check with
+-- flag `a` (not plain) writes a block entry.
+local blocks = true
+do
+  local entries, b, kk = {}, a, 2
+  while b <= n do
+    local t = ARGV[b + 2]
+    if t == 'x' then
+      b = b + 5
+    elseif string.byte(t) <= 57 then
+      b = b + 3
+    else
+      entries = nil
+      break
+    end
+    entries[#entries + 1] = KEYS[kk]
+    kk = kk + 2
+  end
+  if entries and #entries >= 3 then blocks = redis.call('EXISTS', unpack(entries)) > 0 end
+end
 while a <= n do
   local tag = ARGV[a + 2]
-  if string.byte(tag) <= 57 then
-    -- a plain check (no flags: its shape, cost, tag), as check_plain.lua answers one: the
-    -- block entry, the algorithm in mode check on the server clock, its reply built once
-    -- (an admission of all units with no retry and no delay in short), the tag echoed as
-    -- the string it came as
-    local j = tonumber(ARGV[a])
-    local ln = numbers[j]
+  local extra, step = '', 3
+  if tag == 'x' then extra, tag, step = ARGV[a + 3], ARGV[a + 4], 5 end
+  if step == 5 or string.byte(tag) <= 57 then
+    -- a plain check (no flags: its shape, cost, tag; or with the flags "x" alone its
+    -- shape, cost, "x", extra, tag: a concurrency lease, a window's shift), as
+    -- check_plain.lua answers one: the block entry, the algorithm in mode check on the
+    -- server clock, its reply built once (an admission of all units with no retry and no
+    -- delay in short), the tag echoed as the string it came as
+    -- (by the shape's index as it came: no number parsed per check)
+    local ln = numbers[ARGV[a]]
     if ln == nil then
-      ln = {tonumber(ARGV[shape[j]]), tonumber(ARGV[shape[j] + 1])}
-      numbers[j] = ln
+      local j = shape[tonumber(ARGV[a])]
+      -- (then the algorithm's memo: prelude.lua; sized once, not grown)
+      ln = {tonumber(ARGV[j]), tonumber(ARGV[j + 1]), false, false, false, false, false, false,
+        false}
+      numbers[ARGV[a]] = ln
     end
-    local ttl = redis.call('PTTL', KEYS[k + 1])
+    local ttl = -2
+    if blocks then ttl = redis.call('PTTL', KEYS[k + 1]) end
     if ttl == -1 then
-      out[#out + 1] = {0, 0, 0, -1, 0, 1, 0, tag}
+      m = m + 1
+      out[m] = {0, 0, 0, -1, 0, 1, 0, tag}
     elseif ttl ~= -2 then
-      out[#out + 1] = {0, 0, ttl * 1000, ttl * 1000, 0, 1, 0, tag}
+      m = m + 1
+      out[m] = {0, 0, ttl * 1000, ttl * 1000, 0, 1, 0, tag}
     else
       if server_now == nil then server_now = clock('0') end
       cost = ARGV[a + 1]
       if cost == '1' then cost = 1 else cost = tonumber(cost) end
-      local ok, r = pcall(fn, KEYS[k], server_now, ln[1], ln[2], cost, false, '')
+      local ok, r = pcall(fn, KEYS[k], server_now, ln[1], ln[2], cost, false, extra, nil, ln)
       if not ok then
-        if type(r) == 'table' and r.err then out[#out + 1] = r else out[#out + 1] = {err = tostring(r)} end
+        m = m + 1
+        if type(r) == 'table' and r.err then out[m] = r else out[m] = {err = tostring(r)} end
       elseif r[1] == 1 then
         if r[4] == -1 and r[5] == 0 then
-          out[#out + 1] = {r[2], r[3], tag}
+          out[m + 1], out[m + 2], out[m + 3] = r[2], r[3], tag
+          m = m + 3
         else
-          out[#out + 1] = {1, r[2], r[3], r[4], r[5], 0, cost, tag}
+          m = m + 1
+          out[m] = {1, r[2], r[3], r[4], r[5], 0, cost, tag}
         end
       else
-        out[#out + 1] = {0, r[2], r[3], r[4], r[5], 0, 0, tag}
+        m = m + 1
+        out[m] = {0, r[2], r[3], r[4], r[5], 0, 0, tag}
       end
     end
     k = k + 2
-    a = a + 3
+    a = a + step
   else
     local i
     k, i, state, entry, denials, now, cost, extra, need, c, limit, period, mode, after, within,
@@ -73,11 +115,14 @@ while a <= n do
       mode, after, within, dur, reason, okey, ov)
     if ok then
       r[#r + 1] = tonumber(ARGV[i])
-      out[#out + 1] = r
+      m = m + 1
+      out[m] = r
     elseif type(r) == 'table' and r.err then
-      out[#out + 1] = r
+      m = m + 1
+      out[m] = r
     else
-      out[#out + 1] = {err = tostring(r)}
+      m = m + 1
+      out[m] = {err = tostring(r)}
     end
     a = i + 1
   end

@@ -18,7 +18,8 @@ local function sl_parse(e)
   if e[1] == nil then return nil end
   local b, c = string.match(e[1], '^(%d+):(%d+)$')
   if b == nil then return nil end
-  return tonumber(e[2]), tonumber(b), tonumber(c)
+  -- (`+ 0`: as tonumber reads them, for half its instructions)
+  return e[2] + 0, b + 0, c + 0
 end
 
 local function sl_entry(key, rank)
@@ -44,7 +45,7 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
   local n, top, newest, nb, nc, base = 0, 0, nil, 0, 0, 0
   if oldest[1] ~= nil then
     total = nil
-    if tonumber(oldest[2]) <= now - window then
+    if oldest[2] + 0 <= now - window then
       total = redis.call('ZCARD', key)
       expired = redis.call('ZCOUNT', key, '-inf', horizon)
     end

@@ -49,7 +49,7 @@ ALGO.tb = function(key, now, capacity, interval, cost, peek, q, st)
   if st and st[1] ~= nil then
     tat = st[1]
   else
-    tat = tonumber(redis.call('GET', key) or '0')
+    tat = (redis.call('GET', key) or 0) + 0 -- (as tonumber, for half its instructions)
     if st then st[1] = tat end
   end
   if tat < now then tat = now end

@@ -345,6 +345,107 @@ fn a_burst_of_checks_runs_as_batch_calls_with_answers_of_their_own() {
     exact(&out);
 }
 
+/// A batch call of plain checks reads the block list once for all of them (one EXISTS of
+/// their entries) and each entry only when one exists: a blocked key in a burst is still
+/// denied by the script, whether blocked for a time, for good, or automatically by a check
+/// of an earlier burst; an expired or removed entry no longer denies. The entries are
+/// written straight into Redis, and each burst comes from a limiter that has seen no block
+/// (the process's block cache knows nothing), so every denial here is the script's.
+#[test]
+fn a_batch_of_plain_checks_misses_no_block_entry() {
+    use shardlimit::{AutoBlock, Source};
+    let server = RedisServer::start();
+    let s = Duration::from_secs;
+    let p = Policy::new("bb", Limit::fixed_window(1000, s(3600)))
+        .unwrap()
+        .with_on_error(shardlimit::OnError::Error);
+    // (key, allowed, source) of a burst of one check of `p` per key, sent as batch calls
+    let burst = |p: &Policy, keys: &[String]| {
+        let limiter = redis_limiter(&server);
+        let spawner = limiter.spawner().unwrap().expect("a runtime");
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        spawner.spawn(async move {
+            let _ = hold_rx.recv();
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        for key in keys {
+            let (l, p, tx, key) = (limiter.clone(), p.clone(), tx.clone(), key.clone());
+            spawner.spawn(async move {
+                let d = l.check(&key, &p, 1).await.unwrap();
+                let _ = tx.send((key, d.allowed, d.source));
+            });
+        }
+        let before = server.script_calls();
+        hold_tx.send(()).unwrap();
+        let mut out: Vec<_> = (0..keys.len()).map(|_| rx.recv().unwrap()).collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        let calls = server.script_calls() - before;
+        assert!(
+            keys.len() < 16 || calls <= 4,
+            "{calls} calls for {} checks: not batched",
+            keys.len()
+        );
+        out
+    };
+    let keys: Vec<String> = (0..16).map(|i| format!("k{i:02}")).collect();
+    let denied = |out: &[(String, bool, Source)]| -> Vec<String> {
+        for (k, allowed, source) in out {
+            let want = if *allowed {
+                Source::Redis
+            } else {
+                Source::Block
+            };
+            assert_eq!(*source, want, "{k}");
+        }
+        out.iter()
+            .filter(|(_, a, _)| !a)
+            .map(|(k, _, _)| k.clone())
+            .collect()
+    };
+    let mut conn = server.conn();
+    assert!(denied(&burst(&p, &keys)).is_empty());
+    // one key blocked for a minute, one for good
+    redis::cmd("SET")
+        .arg("sl:b:{k03}")
+        .arg("t")
+        .arg("PX")
+        .arg(60_000)
+        .exec(&mut conn)
+        .unwrap();
+    redis::cmd("SET")
+        .arg("sl:b:{k11}")
+        .arg("t")
+        .exec(&mut conn)
+        .unwrap();
+    assert_eq!(denied(&burst(&p, &keys)), ["k03", "k11"]);
+    // the timed entry expires
+    redis::cmd("PEXPIRE")
+        .arg("sl:b:{k03}")
+        .arg(1)
+        .exec(&mut conn)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(denied(&burst(&p, &keys)), ["k11"]);
+    // unblocked
+    let limiter = redis_limiter(&server);
+    assert!(rt().block_on(limiter.unblock("k11")).unwrap());
+    assert!(denied(&burst(&p, &keys)).is_empty());
+    // blocked automatically (by another policy's denials, in an earlier burst)
+    let auto = Policy::new("ba", Limit::fixed_window(1, s(3600)))
+        .unwrap()
+        .with_on_error(shardlimit::OnError::Error)
+        .with_auto_block(AutoBlock {
+            after: 1,
+            within: s(60),
+            duration: s(60),
+        })
+        .unwrap();
+    let k07 = vec!["k07".to_string(); 4];
+    let out = burst(&auto, &k07);
+    assert_eq!(out.iter().filter(|(_, a, _)| *a).count(), 1, "{out:?}");
+    assert_eq!(denied(&burst(&p, &keys)), ["k07"]);
+}
+
 /// CPU time (clock ticks) used so far by this process's threads named `name` (Linux).
 #[cfg(target_os = "linux")]
 fn thread_ticks(name: &str) -> u64 {

@@ -158,8 +158,11 @@ impl CheckSink for CheckCall {
 
 /// The reply of one batch call, split into the replies of its checks (whose tags are
 /// `tags`, in order): each element is untagged, and only if every one is its check's are
-/// they handed out (`Err`: the stream is in doubt). A reply that is not an array of one
-/// element per check (NOSCRIPT, OOM, anything else) becomes each check's error reply.
+/// they handed out (`Err`: the stream is in doubt). A check's reply is an element (an
+/// array, or an error reply), or, where an integer starts one, the three values of a short
+/// admission inline (`remaining`, `reset_after`, the tag: core/lua/main_batch.lua). A reply
+/// that is not an array of one reply per check (NOSCRIPT, OOM, anything else) becomes each
+/// check's error reply.
 pub(crate) fn split_batch(
     reply: Reply,
     tags: impl ExactSizeIterator<Item = u64>,
@@ -167,10 +170,10 @@ pub(crate) fn split_batch(
     let not_theirs = || crate::transport::resp::protocol(NOT_THEIRS);
     let n = tags.len();
     Ok(match reply {
-        Reply::Array(items) if items.len() == n => {
+        Reply::Array(items) if replies_in(&items) == Some(n) => {
             // every element must be its caller's before any is handed out
             let mut out = Vec::with_capacity(n);
-            for (r, tag) in items.into_iter().zip(tags) {
+            for (r, tag) in group_inline(items).zip(tags) {
                 out.push(untag(r, tag).map_err(|_| not_theirs())?);
             }
             out
@@ -184,6 +187,39 @@ pub(crate) fn split_batch(
             );
             vec![Reply::Error(e); n]
         }
+    })
+}
+
+/// How many replies a batch reply's values are: an integer starts a short admission of
+/// three values (two integers, then the tag, an integer or a string), anything else is a
+/// reply of its own. `None`: an integer not followed so.
+fn replies_in(items: &[Reply]) -> Option<usize> {
+    let (mut i, mut n) = (0, 0);
+    while i < items.len() {
+        if let Reply::Int(_) = items[i] {
+            match items.get(i + 1..i + 3)? {
+                [Reply::Int(_), Reply::Int(_) | Reply::Str(_)] => i += 3,
+                _ => return None,
+            }
+        } else {
+            i += 1;
+        }
+        n += 1;
+    }
+    Some(n)
+}
+
+/// The replies of a batch reply's values ([`replies_in`] says how they group).
+fn group_inline(items: Vec<Reply>) -> impl Iterator<Item = Reply> {
+    let mut it = items.into_iter();
+    std::iter::from_fn(move || {
+        Some(match it.next()? {
+            Reply::Int(remaining) => {
+                let (reset, tag) = (it.next()?, it.next()?);
+                Reply::Array(vec![Reply::Int(remaining), reset, tag])
+            }
+            other => other,
+        })
     })
 }
 
@@ -322,6 +358,50 @@ mod tests {
         assert!(untag(r(Reply::Str(b"042".to_vec())), 42).is_err());
         // no tag at the end: passed on as it is, for the reader to reject
         assert_eq!(untag(r(Reply::Nil), 42), Ok(r(Reply::Nil)));
+    }
+
+    #[test]
+    fn a_batch_reply_holds_short_admissions_inline_and_the_rest_as_elements() {
+        let i = Reply::Int;
+        let tag = |t: &str| Reply::Str(t.as_bytes().to_vec());
+        let long = Reply::Array(vec![i(0), i(5), i(9), i(9), i(0), i(0), i(0), i(8)]);
+        let reply = Reply::Array(vec![
+            i(4),
+            i(1000),
+            tag("7"),
+            long.clone(),
+            Reply::Error("WRONGTYPE".into()),
+            i(3),
+            i(999),
+            i(10),
+        ]);
+        let got = split_batch(reply, [7, 8, 9, 10].into_iter()).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                Reply::Array(vec![i(4), i(1000)]),
+                Reply::Array(vec![i(0), i(5), i(9), i(9), i(0), i(0), i(0)]),
+                Reply::Error("WRONGTYPE".into()),
+                Reply::Array(vec![i(3), i(999)]),
+            ]
+        );
+        // an inline admission carrying another call's tag: the stream is in doubt
+        let swapped = Reply::Array(vec![i(4), i(1000), tag("8"), i(4), i(1000), tag("7")]);
+        assert!(split_batch(swapped, [7, 8].into_iter()).is_err());
+        // values that do not make one reply per check: every check gets an error
+        for bad in [
+            vec![i(4), i(1000)],
+            vec![i(4), i(1000), tag("7"), i(1)],
+            vec![i(4), tag("7"), i(1000)],
+            vec![i(4), i(1000), tag("7"), long.clone(), long],
+        ] {
+            let got = split_batch(Reply::Array(bad.clone()), [7, 8].into_iter()).unwrap();
+            assert!(
+                got.iter().all(|r| matches!(r, Reply::Error(_))),
+                "{bad:?}: {got:?}"
+            );
+            assert_eq!(got.len(), 2);
+        }
     }
 
     #[test]
