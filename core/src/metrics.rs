@@ -119,7 +119,7 @@ impl Hot {
     }
     /// `name` (the policy's) as a decision carries it: a short name held in place, a long
     /// one as this thread's stripe's copy (equal, not the same `Arc`).
-    #[inline]
+    #[inline(always)]
     pub fn name(&self, name: &Arc<str>) -> PolicyName {
         match self.short.get() {
             Some(n) => n.clone(),

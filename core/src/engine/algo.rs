@@ -80,6 +80,7 @@ pub(crate) enum State {
 impl State {
     /// The instant after which this state is equivalent to no state at all, so it can be
     /// evicted. Mirrors the TTLs the scripts set.
+    #[inline]
     pub fn expires_at(&self, c: &Compiled) -> u64 {
         match self {
             State::Window { idx, .. } => {
@@ -155,7 +156,7 @@ fn window_counts(state: &Option<State>, idx: u64) -> (u64, u64) {
     }
 }
 
-#[inline]
+#[inline(always)]
 fn fixed_window(
     c: &Compiled,
     state: &mut Option<State>,
@@ -343,7 +344,7 @@ fn sliding_log(
     Outcome::allow(limit - n - cost, at + w - now, 0)
 }
 
-#[inline]
+#[inline(always)]
 fn gcra(
     c: &Compiled,
     state: &mut Option<State>,
