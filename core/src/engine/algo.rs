@@ -126,7 +126,7 @@ pub(crate) fn decide(
 
 /// Writes window counters, in place when the state holds counters already (replacing it
 /// would run the state's drop glue on every check).
-#[inline]
+#[inline(always)]
 fn set_window(state: &mut Option<State>, idx: u64, cur: u64, prev: u64) {
     match state {
         Some(State::Window {
@@ -139,7 +139,7 @@ fn set_window(state: &mut Option<State>, idx: u64, cur: u64, prev: u64) {
 }
 
 /// Writes a theoretical arrival time, in place when the state holds one already.
-#[inline]
+#[inline(always)]
 fn set_tat(state: &mut Option<State>, tat: u64) {
     match state {
         Some(State::Tat(t)) => *t = tat,

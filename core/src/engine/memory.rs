@@ -39,7 +39,7 @@ impl Entry {
     /// The entry of (scope, key)? The full hash first (the table compares 7 of its bits),
     /// the key in place when short, the scope by pointer first (every check of one policy
     /// passes the same one).
-    #[inline]
+    #[inline(always)]
     fn is(&self, hash: u64, scope: &Arc<str>, key: &str) -> bool {
         self.hash == hash
             && self.key.is(key)
