@@ -80,8 +80,10 @@ pub(crate) fn hash_key(seed: u64, key: &[u8]) -> (u64, bool) {
     } else {
         (0, 0, 1)
     };
-    let h = fold(a ^ seed ^ K1, b ^ K2 ^ n as u64);
-    (fold(h, seed ^ K3), nul == 0)
+    // (the length goes in after the words: xored into a word, it could cancel a
+    // difference in that word's low byte between keys of two lengths)
+    let h = fold(a ^ seed ^ K1, b ^ K2);
+    (fold(h ^ n as u64, seed ^ K3), nul == 0)
 }
 
 /// [`hash_key`] of a key longer than 16 bytes: 16 bytes at a time, then its last 16.
@@ -98,8 +100,8 @@ fn hash_long(seed: u64, key: &[u8]) -> (u64, bool) {
     }
     let (a, b) = (w8(key, n - 16), w8(key, n - 8));
     nul |= zero_byte(a) | zero_byte(b);
-    let h = fold(a ^ s ^ K1, b ^ K2 ^ n as u64);
-    (fold(h, seed ^ K3), nul == 0 && n <= MAX_KEY_LEN)
+    let h = fold(a ^ s ^ K1, b ^ K2);
+    (fold(h ^ n as u64, seed ^ K3), nul == 0 && n <= MAX_KEY_LEN)
 }
 
 #[cfg(test)]
