@@ -13,9 +13,8 @@ use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-mod hash;
 mod key;
-pub(crate) use hash::scope_seed;
+use crate::key::hash::{self, scope_seed};
 use key::EntryKey;
 
 const SHARDS: usize = 32;

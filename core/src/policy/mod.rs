@@ -174,7 +174,7 @@ pub(crate) struct PolicyInner {
     /// What the in-memory engines key this policy's state by: the name, or for the limits
     /// after the first of a multi-limit policy `name#i` (no policy name holds `#`).
     pub scope: Arc<str>,
-    /// The in-memory engine's hash seed of `scope` (`engine::memory::scope_seed`), made
+    /// The in-memory engine's hash seed of `scope` (`key::hash::scope_seed`), made
     /// once: a check hashes only its key.
     pub memory_seed: u64,
     /// A multi-limit policy's limits, each a policy of the same name with its own state
@@ -357,7 +357,7 @@ impl Policy {
             local_admission: None,
             scale: AtomicU64::new(1.0f64.to_bits()),
             scope: Arc::from(name),
-            memory_seed: crate::engine::memory::scope_seed(name),
+            memory_seed: crate::key::hash::scope_seed(name),
             parts: None,
             shadow: false,
             near_limit: Some(DEFAULT_NEAR_LIMIT),

@@ -132,7 +132,7 @@ impl Policy {
             local_admission: None,
             key_scope: format!("{scope}:{}:", p.compiled.state_code()),
             scale: AtomicU64::new(p.scale.load(Relaxed)),
-            memory_seed: crate::engine::memory::scope_seed(&scope),
+            memory_seed: crate::key::hash::scope_seed(&scope),
             scope: Arc::from(scope),
             parts: None,
             shadow: p.shadow,

@@ -1,5 +1,6 @@
-//! The hash of an in-memory entry's (scope, key), and the key's validity, in one pass over
-//! the key: the scope is hashed into a seed (once per policy on the direct check path,
+//! The hash of the in-memory engine's entry of a (scope, key), and the key's validity, in
+//! one pass over the key (here, below the policies, which keep their scope's seed). The
+//! scope is hashed into a seed (once per policy on the direct check path,
 //! `PolicyInner::memory_seed`), and the key's bytes are read as the same few words that
 //! both hash it and tell whether it holds a NUL. (Validating the key and hashing the pair
 //! were two passes over it and a hash of the scope, about a tenth of a check.)
