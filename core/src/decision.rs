@@ -1,7 +1,9 @@
 //! The answer to a check, and how it renders as HTTP headers and a 429 body.
 
 use std::fmt;
-use std::sync::Arc;
+
+mod name;
+pub use name::PolicyName;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Who made a decision. Deliberately not `#[non_exhaustive]`: every binding maps each
@@ -61,7 +63,7 @@ pub struct Decision {
     /// Leaky bucket: how long the caller must wait before sending. Zero otherwise.
     pub delay: Duration,
     /// The policy that decided (for an ad-hoc limit, its [`crate::Limit::id`]).
-    pub policy: Arc<str>,
+    pub policy: PolicyName,
     /// Who decided.
     pub source: Source,
     /// The shard index that decided, when a Redis shard did.
@@ -292,7 +294,7 @@ mod tests {
             reset_after: Duration::from_millis(30_500),
             retry_after: retry.map(Duration::from_millis),
             delay: Duration::ZERO,
-            policy: Arc::from("api"),
+            policy: PolicyName::from("api"),
             source: Source::Redis,
             shard: Some(1),
             window: Duration::from_secs(60),

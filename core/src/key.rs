@@ -3,6 +3,8 @@
 
 use crate::error::{Error, Result};
 
+pub(crate) mod hash;
+
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
 

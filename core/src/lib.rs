@@ -46,7 +46,7 @@ pub use time::clock;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{Config, ReloadReport, ShardConfig};
-pub use decision::{Decision, Quota, Source};
+pub use decision::{Decision, PolicyName, Quota, Source};
 pub use error::{Error, ErrorKind, Result};
 pub use events::{CircuitState, Event, Subscriber};
 pub use ip::{

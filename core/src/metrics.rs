@@ -5,6 +5,8 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 
+use crate::decision::PolicyName;
+
 /// Counters of one policy. Updated with relaxed atomics on the hot path; the two every
 /// check counts are [`Striped`].
 #[derive(Debug, Default)]
@@ -91,13 +93,15 @@ fn stripe() -> usize {
 /// limiter finds them here with one load. A limiter's series of a name never changes (a
 /// reload carries it over), so the slot never goes stale; other limiters look up by name.
 ///
-/// It also keeps a copy of the policy's name per stripe, made by the first thread of that
-/// stripe to decide: every decision carries the name (an `Arc<str>`), and threads cloning
-/// one `Arc` at once would share its reference count's cache line as they would a counter.
+/// It also keeps the policy's name as decisions carry it ([`PolicyName`]): a short name
+/// once (a copy per decision), a long one per stripe, made by the first thread of that
+/// stripe to decide (a long name is an `Arc`, and threads cloning one `Arc` at once would
+/// share its reference count's cache line as they would a counter).
 #[derive(Debug, Default)]
 pub(crate) struct Hot {
     counters: OnceLock<(u64, Arc<PolicyCounters>)>,
-    names: [OnceLock<Arc<str>>; STRIPES],
+    short: OnceLock<PolicyName>,
+    names: [OnceLock<PolicyName>; STRIPES],
 }
 
 impl Hot {
@@ -113,17 +117,30 @@ impl Hot {
     pub fn offer(&self, id: u64, c: &Arc<PolicyCounters>) {
         let _ = self.counters.set((id, c.clone()));
     }
-    /// `name` (the policy's), as this thread's stripe's copy: equal, not the same `Arc`.
-    /// The first stripe to ask takes the policy's own `Arc`, so a policy decided on one
-    /// thread only (a binding's ad-hoc policy, made per call) allocates no copy.
-    #[inline]
-    pub fn name(&self, name: &Arc<str>) -> Arc<str> {
+    /// `name` (the policy's) as a decision carries it: a short name held in place, a long
+    /// one as this thread's stripe's copy (equal, not the same `Arc`).
+    #[inline(always)]
+    pub fn name(&self, name: &Arc<str>) -> PolicyName {
+        match self.short.get() {
+            Some(n) => n.clone(),
+            None => self.name_made(name),
+        }
+    }
+
+    #[cold]
+    fn name_made(&self, name: &Arc<str>) -> PolicyName {
+        let n = PolicyName::from(name);
+        if n.is_inline() {
+            return self.short.get_or_init(|| n).clone();
+        }
+        // the first stripe to ask takes the policy's own `Arc`, so a policy decided on one
+        // thread only (a binding's ad-hoc policy, made per call) allocates no copy
         self.names[stripe()]
             .get_or_init(|| {
                 if self.names.iter().all(|n| n.get().is_none()) {
-                    name.clone()
+                    n
                 } else {
-                    Arc::from(&**name)
+                    PolicyName::from(Arc::<str>::from(&**name))
                 }
             })
             .clone()

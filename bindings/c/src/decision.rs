@@ -213,7 +213,7 @@ pub(crate) fn decision_from_c(p: *const shardlimit_decision) -> Result<Decision,
             .has_retry_after
             .then(|| Duration::from_micros(d.retry_after_us)),
         delay: Duration::from_micros(d.delay_us),
-        policy: Arc::from(policy),
+        policy: policy.into(),
         source,
         shard: d.has_shard.then_some(d.shard),
         window: Duration::from_micros(d.window_us),

@@ -80,6 +80,7 @@ pub(crate) enum State {
 impl State {
     /// The instant after which this state is equivalent to no state at all, so it can be
     /// evicted. Mirrors the TTLs the scripts set.
+    #[inline]
     pub fn expires_at(&self, c: &Compiled) -> u64 {
         match self {
             State::Window { idx, .. } => {
@@ -125,7 +126,7 @@ pub(crate) fn decide(
 
 /// Writes window counters, in place when the state holds counters already (replacing it
 /// would run the state's drop glue on every check).
-#[inline]
+#[inline(always)]
 fn set_window(state: &mut Option<State>, idx: u64, cur: u64, prev: u64) {
     match state {
         Some(State::Window {
@@ -138,7 +139,7 @@ fn set_window(state: &mut Option<State>, idx: u64, cur: u64, prev: u64) {
 }
 
 /// Writes a theoretical arrival time, in place when the state holds one already.
-#[inline]
+#[inline(always)]
 fn set_tat(state: &mut Option<State>, tat: u64) {
     match state {
         Some(State::Tat(t)) => *t = tat,
@@ -155,7 +156,7 @@ fn window_counts(state: &Option<State>, idx: u64) -> (u64, u64) {
     }
 }
 
-#[inline]
+#[inline(always)]
 fn fixed_window(
     c: &Compiled,
     state: &mut Option<State>,
@@ -343,7 +344,7 @@ fn sliding_log(
     Outcome::allow(limit - n - cost, at + w - now, 0)
 }
 
-#[inline]
+#[inline(always)]
 fn gcra(
     c: &Compiled,
     state: &mut Option<State>,

@@ -10,11 +10,11 @@ use crate::engine::CallMode;
 use crate::policy::{Algorithm, AutoBlock, Compiled, WindowOffset};
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
-use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 mod key;
+use crate::key::hash::{self, scope_seed};
 use key::EntryKey;
 
 const SHARDS: usize = 32;
@@ -38,7 +38,7 @@ impl Entry {
     /// The entry of (scope, key)? The full hash first (the table compares 7 of its bits),
     /// the key in place when short, the scope by pointer first (every check of one policy
     /// passes the same one).
-    #[inline]
+    #[inline(always)]
     fn is(&self, hash: u64, scope: &Arc<str>, key: &str) -> bool {
         self.hash == hash
             && self.key.is(key)
@@ -64,7 +64,13 @@ impl Shard {
         now: u64,
         f: impl FnOnce(&mut Option<State>) -> R,
     ) -> R {
-        if let Some(entry) = self.table.find_mut(hash, |e| e.is(hash, scope, key)) {
+        // (`iter_hash_mut`, not `find_mut`: find calls its comparison through a `dyn`
+        // closure, out of line, once per candidate; and a loop, not `Iterator::find`,
+        // which was not inlined)
+        for entry in self.table.iter_hash_mut(hash) {
+            if !entry.is(hash, scope, key) {
+                continue;
+            }
             if entry.algorithm != c.algorithm || entry.offset != c.window_offset {
                 // the policy changed algorithm (or window placement, like another state key
                 // in Redis): old state means nothing now
@@ -132,9 +138,25 @@ impl std::ops::Deref for Padded {
     }
 }
 
+/// Where the entry of a (scope, key) is: its hash and its shard.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Located {
+    hash: u64,
+    shard: usize,
+}
+
+impl Located {
+    #[inline(always)]
+    fn of(hash: u64) -> Located {
+        Located {
+            hash,
+            shard: (hash >> 40) as usize % SHARDS,
+        }
+    }
+}
+
 pub(crate) struct MemoryEngine {
     shards: Box<[Padded]>,
-    hasher: foldhash::fast::FixedState,
     /// key → reason, expiring when the block ends
     blocks: Mutex<ExpiringMap<String, String>>,
     block_count: AtomicUsize,
@@ -161,7 +183,6 @@ impl Default for MemoryEngine {
                     }))
                 })
                 .collect(),
-            hasher: foldhash::fast::FixedState::with_seed(0x5eed_1e55),
             blocks: Mutex::new(ExpiringMap::default()),
             block_count: AtomicUsize::new(0),
             denials: Mutex::new(ExpiringMap::default()),
@@ -175,17 +196,19 @@ impl MemoryEngine {
     /// top 7 (were the shard taken from the top 6, every entry of a shard would carry one
     /// of two top-7 tags, and a lookup would compare about half the entries of each group
     /// it probed, each a cache miss).
-    ///
-    /// The scope's bytes, its length and the key's bytes go through one hasher (hashing
-    /// the pair as a tuple cost about 14 instructions more per check, out of line).
     #[inline]
-    fn locate(&self, scope: &str, key: &str) -> (u64, usize) {
-        let mut h = self.hasher.build_hasher();
-        h.write(scope.as_bytes());
-        h.write_usize(scope.len());
-        h.write(key.as_bytes());
-        let hash = h.finish();
-        (hash, (hash >> 40) as usize % SHARDS)
+    fn locate(&self, scope: &str, key: &str) -> Located {
+        let (hash, _) = hash::hash_key(scope_seed(scope), key.as_bytes());
+        Located::of(hash)
+    }
+
+    /// [`MemoryEngine::locate`] from the scope's seed ([`scope_seed`]), or `None` when
+    /// `key` is not one a caller may pass (`crate::key::validate_key` says why): the key
+    /// is read once for both.
+    #[inline(always)]
+    pub fn locate_valid(&self, seed: u64, key: &str) -> Option<Located> {
+        let (hash, ok) = hash::hash_key(seed, key.as_bytes());
+        ok.then(|| Located::of(hash))
     }
 
     /// Remaining block time of `key`: `Some(None)` permanent, `Some(Some(µs))`, or `None`.
@@ -259,6 +282,24 @@ impl MemoryEngine {
         mode: CallMode<'_>,
         auto_block: Option<&AutoBlock>,
     ) -> Raw {
+        let at = self.locate(scope, key);
+        self.check_at(at, scope, c, key, now, cost, mode, auto_block)
+    }
+
+    /// [`MemoryEngine::check`] of (scope, key) located already.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub fn check_at(
+        &self,
+        at: Located,
+        scope: &Arc<str>,
+        c: &Compiled,
+        key: &str,
+        now: u64,
+        cost: u64,
+        mode: CallMode<'_>,
+        auto_block: Option<&AutoBlock>,
+    ) -> Raw {
         let peek = mode.is_peek();
         if let Some(ttl) = self.block_ttl(key, now) {
             return Raw {
@@ -267,14 +308,20 @@ impl MemoryEngine {
                 granted: 0,
             };
         }
-        let (hash, shard) = self.locate(scope, key);
-        let outcome = self.shards[shard]
-            .lock()
-            .with_state(hash, scope, key, c, now, |s| {
-                // (windows placed per key run on the key's shifted clock; their expiry is
-                // then up to one window late, never early)
+        let Located { hash, shard } = at;
+        let outcome = self.shards[shard].lock().with_state(
+            hash,
+            scope,
+            key,
+            c,
+            now,
+            #[inline(always)]
+            |s| {
+                // (windows placed per key run on the key's shifted clock; their expiry
+                // is then up to one window late, never early)
                 algo::decide(c, s, now + c.shift_us(key), cost, peek, mode.lease())
-            });
+            },
+        );
         let mut blocked = BlockVerdict::Clear;
         if !outcome.allowed && !peek {
             if let Some(a) = auto_block {
@@ -309,8 +356,13 @@ impl MemoryEngine {
                 return out;
             }
         }
-        let located: Vec<(u64, usize)> =
-            layers.iter().map(|l| self.locate(l.scope, l.key)).collect();
+        let located: Vec<(u64, usize)> = layers
+            .iter()
+            .map(|l| {
+                let at = self.locate(l.scope, l.key);
+                (at.hash, at.shard)
+            })
+            .collect();
         let mut order: Vec<usize> = located.iter().map(|(_, s)| *s).collect();
         order.sort_unstable();
         order.dedup();
@@ -385,7 +437,7 @@ impl MemoryEngine {
         units: u64,
         now: u64,
     ) -> bool {
-        let (hash, shard) = self.locate(scope, key);
+        let Located { hash, shard } = self.locate(scope, key);
         let mut shard = self.shards[shard].lock();
         match shard.table.find_mut(hash, |e| e.is(hash, scope, key)) {
             Some(e) => algo::release(&mut e.state, lease_id, units, now),
@@ -403,7 +455,7 @@ impl MemoryEngine {
         now: u64,
         op: crate::engine::settle::SettleOp,
     ) -> Outcome {
-        let (hash, shard) = self.locate(scope, key);
+        let Located { hash, shard } = self.locate(scope, key);
         self.shards[shard]
             .lock()
             .with_state(hash, scope, key, c, now, |s| {
@@ -415,7 +467,7 @@ impl MemoryEngine {
 
     /// Forgets `key`'s state for `scope`.
     pub fn reset(&self, scope: &Arc<str>, key: &str) -> bool {
-        let (hash, shard) = self.locate(scope, key);
+        let Located { hash, shard } = self.locate(scope, key);
         let mut shard = self.shards[shard].lock();
         match shard.table.find_entry(hash, |e| e.is(hash, scope, key)) {
             Ok(entry) => {

@@ -77,6 +77,9 @@ impl Limiter {
         unleased(policy, "check")?;
         // the in-memory engine never waits: decide right here, no future, no runtime
         if let Some(m) = self.memory_fast(policy) {
+            if !policy.0.shadow {
+                return self.check_memory_plain(m, key, policy, cost, CallMode::Check);
+            }
             return self.check_memory(no_policies(), m, key, policy, cost, CallMode::Check);
         }
         let view = self.inner.view.load();

@@ -262,7 +262,7 @@ impl Limiter {
             }
         }
         if cost == 0 {
-            return Err(Error::invalid("cost", "must be at least 1"));
+            return Err(zero_cost());
         }
         let eff = policy.0.effective(self.global_scale());
         Ok((eff, cost.min(eff.limit + 1)))
@@ -308,6 +308,78 @@ impl Limiter {
         let (eff, cost) = self.prepare_in(Some(config), key, policy, cost)?;
         let p = &*policy.0;
         let raw = m.check(scope, &eff, key, now, cost, mode, p.auto_block.as_ref());
+        Ok(self.memory_decision(p, &eff, key, raw, cost, peek))
+    }
+
+    /// The in-memory check of a policy that needs nothing but its own limit: no override,
+    /// one limit, not in shadow, and (when the config names policies) not ad-hoc
+    /// ([`Limiter::memory_fast`] and the caller say so). What [`Limiter::check_memory`]
+    /// does for it, directly: the same errors, in the same order, and the same decision;
+    /// the key is validated as it is hashed, from the seed the policy keeps.
+    #[inline(always)]
+    pub(super) fn check_memory_plain(
+        &self,
+        m: &MemoryEngine,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        mode: CallMode<'_>,
+    ) -> Result<Decision> {
+        let p = &*policy.0;
+        let Some(at) = m.locate_valid(p.memory_seed, key) else {
+            return Err(key_error(key));
+        };
+        if cost == 0 {
+            return Err(zero_cost());
+        }
+        let now = self.now();
+        let f = f64::from_bits(p.scale.load(Ordering::Relaxed)) * self.global_scale();
+        let eff = if f >= 1.0 {
+            p.compiled
+        } else {
+            p.compiled.scaled(f)
+        };
+        let cost = cost.min(eff.limit + 1);
+        let raw = m.check_at(
+            at,
+            &p.scope,
+            &eff,
+            key,
+            now,
+            cost,
+            mode,
+            p.auto_block.as_ref(),
+        );
+        if raw.outcome.allowed && !raw.blocked.is_blocked() && mode == CallMode::Check {
+            // (the common case written out here, the decision built in the caller's
+            // `Result`: through `memory_decision` it was built, then copied into it)
+            self.with_policy_counters(p, |c| {
+                c.allowed.fetch_add(1, Ordering::Relaxed);
+            });
+            if p.near_limit.is_none() {
+                return Ok(self.decision(p, &eff, raw.outcome, Source::Memory, None));
+            }
+            if !crosses_near(p, eff.limit, raw.outcome.remaining, cost) {
+                return Ok(self.decision(p, &eff, raw.outcome, Source::Memory, None));
+            }
+            let d = self.decision(p, &eff, raw.outcome, Source::Memory, None);
+            self.near_crossed(p, key, &d);
+            return Ok(d);
+        }
+        Ok(self.memory_decision(p, &eff, key, raw, cost, mode.is_peek()))
+    }
+
+    /// The decision of an in-memory check, counted and reported.
+    #[inline(always)]
+    fn memory_decision(
+        &self,
+        p: &PolicyInner,
+        eff: &Compiled,
+        key: &str,
+        raw: Raw,
+        cost: u64,
+        peek: bool,
+    ) -> Decision {
         if raw.outcome.allowed && !raw.blocked.is_blocked() {
             // the common case, with nothing to tell anyone: counted from the outcome, and
             // the decision built once, where it is returned (building it in `finish` and
@@ -317,19 +389,32 @@ impl Limiter {
                     c.allowed.fetch_add(1, Ordering::Relaxed);
                 });
                 if crosses_near(p, eff.limit, raw.outcome.remaining, cost) {
-                    let d = self.decision(p, &eff, raw.outcome, Source::Memory, None);
+                    let d = self.decision(p, eff, raw.outcome, Source::Memory, None);
                     self.near_crossed(p, key, &d);
-                    return Ok(d);
+                    return d;
                 }
             }
-            return Ok(self.decision(p, &eff, raw.outcome, Source::Memory, None));
+            return self.decision(p, eff, raw.outcome, Source::Memory, None);
         }
-        let d = self.finish(p, &eff, key, raw, Source::Memory, None);
+        self.memory_denied(p, eff, key, raw, cost, peek)
+    }
+
+    #[inline(never)]
+    fn memory_denied(
+        &self,
+        p: &PolicyInner,
+        eff: &Compiled,
+        key: &str,
+        raw: Raw,
+        cost: u64,
+        peek: bool,
+    ) -> Decision {
+        let d = self.finish(p, eff, key, raw, Source::Memory, None);
         if !peek {
             self.count_policy(p, &d);
             self.near(p, key, cost, &d);
         }
-        Ok(d)
+        d
     }
 
     pub(super) fn finish(
@@ -365,6 +450,23 @@ impl Limiter {
     pub(super) fn own_name(&self, policy: &Policy) -> Result<()> {
         own_name_in(&self.inner.view.load().config, policy)
     }
+}
+
+/// The error of a key [`crate::key::validate_key`] refuses (out of line: the checks that
+/// validate a key as they hash it only know that it was refused).
+#[cold]
+#[inline(never)]
+fn key_error(key: &str) -> Error {
+    match validate_key(key) {
+        Err(e) => e,
+        Ok(()) => Error::Internal(format!("key of {} bytes refused", key.len())),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn zero_cost() -> Error {
+    Error::invalid("cost", "must be at least 1")
 }
 
 /// [`Limiter::own_name`] against `config`, the config in force.

@@ -32,6 +32,9 @@ impl Limiter {
         // budget makes such a loop yield now and then, as tokio's own I/O does.
         tokio::task::consume_budget().await;
         if let Some(m) = self.memory_fast(policy) {
+            if !policy.0.shadow {
+                return self.check_memory_plain(m, key, policy, cost, call);
+            }
             let none = super::blocking::no_policies();
             return self.check_memory(none, m, key, policy, cost, call);
         }

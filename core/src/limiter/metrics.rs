@@ -83,7 +83,7 @@ impl Limiter {
 
     /// Runs `f` on the counters of policy `p`: from the policy's slot when this limiter
     /// resolved them before (one load), else by name, then kept in the slot.
-    #[inline]
+    #[inline(always)]
     pub(super) fn with_policy_counters(&self, p: &PolicyInner, f: impl FnOnce(&PolicyCounters)) {
         if let Some(c) = p.hot.get(self.inner.id) {
             return f(c);

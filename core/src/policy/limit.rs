@@ -223,8 +223,13 @@ impl Compiled {
     }
 
     /// The window the limit is measured over, for `RateLimit-Policy` (`w`).
+    #[inline]
     pub fn window_us(&self) -> u64 {
         match self.algorithm {
+            // (a whole-µs interval, most buckets: no division, every decision reads this)
+            Algorithm::TokenBucket | Algorithm::LeakyBucket if self.period_den == 1 => {
+                self.limit * self.period_us
+            }
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
                 (self.limit * self.period_us).div_ceil(self.period_den)
             }

@@ -174,6 +174,9 @@ pub(crate) struct PolicyInner {
     /// What the in-memory engines key this policy's state by: the name, or for the limits
     /// after the first of a multi-limit policy `name#i` (no policy name holds `#`).
     pub scope: Arc<str>,
+    /// The in-memory engine's hash seed of `scope` (`key::hash::scope_seed`), made
+    /// once: a check hashes only its key.
+    pub memory_seed: u64,
     /// A multi-limit policy's limits, each a policy of the same name with its own state
     /// (`policy/multi.rs`); `None` for a policy of one limit.
     pub parts: Option<Arc<[Policy]>>,
@@ -250,6 +253,7 @@ impl Policy {
             key_scope: p.key_scope.clone(),
             scale: AtomicU64::new(p.scale.load(Relaxed)),
             scope: p.scope.clone(),
+            memory_seed: p.memory_seed,
             parts: p.parts.as_ref().map(|parts| {
                 parts
                     .iter()
@@ -353,6 +357,7 @@ impl Policy {
             local_admission: None,
             scale: AtomicU64::new(1.0f64.to_bits()),
             scope: Arc::from(name),
+            memory_seed: crate::key::hash::scope_seed(name),
             parts: None,
             shadow: false,
             near_limit: Some(DEFAULT_NEAR_LIMIT),

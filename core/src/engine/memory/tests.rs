@@ -85,8 +85,8 @@ fn a_shards_entries_carry_every_tag_and_stay_small() {
     let m = MemoryEngine::default();
     let mut tags = vec![std::collections::HashSet::new(); SHARDS];
     for i in 0..20_000 {
-        let (hash, shard) = m.locate("p", &format!("user:{i}"));
-        tags[shard].insert(hash >> 57);
+        let at = m.locate("p", &format!("user:{i}"));
+        tags[at.shard].insert(at.hash >> 57);
     }
     for (shard, t) in tags.iter().enumerate() {
         assert!(t.len() >= 120, "shard {shard}: {} of 128 tags", t.len());

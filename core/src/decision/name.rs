@@ -1,0 +1,203 @@
+//! The policy name a decision carries.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// Names up to this many bytes are held inline.
+const INLINE: usize = 22;
+
+/// The name of the policy that decided, as a [`super::Decision`] carries it: held in the
+/// decision itself when it is short (up to 22 bytes: `login`, `api`, an ad-hoc limit's
+/// short id), so a decision's name costs a copy of three words and no reference count
+/// that every thread deciding for the policy would share (an `Arc` clone and its drop
+/// were two atomic read-modify-writes per check); a longer name shares one allocation.
+///
+/// Reads as a `str` (`&*name`, `name.as_str()`, `Display`); compares equal to any name
+/// with the same text, whichever way each is held.
+#[derive(Clone)]
+pub struct PolicyName(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Shared(Arc<str>),
+}
+
+impl PolicyName {
+    /// The name as a `str`.
+    #[inline]
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            Repr::Inline { len, bytes } => {
+                // SAFETY: the bytes are those of a `str`, up to `len` (see `From<&str>`)
+                unsafe { std::str::from_utf8_unchecked(&bytes[..usize::from(*len)]) }
+            }
+            Repr::Shared(s) => s,
+        }
+    }
+
+    /// Whether the name is held in place (cloning it touches no shared memory).
+    #[inline]
+    pub(crate) fn is_inline(&self) -> bool {
+        matches!(self.0, Repr::Inline { .. })
+    }
+}
+
+impl From<&str> for PolicyName {
+    fn from(s: &str) -> PolicyName {
+        let b = s.as_bytes();
+        if b.len() <= INLINE {
+            let mut bytes = [0u8; INLINE];
+            bytes[..b.len()].copy_from_slice(b);
+            PolicyName(Repr::Inline {
+                len: b.len() as u8,
+                bytes,
+            })
+        } else {
+            PolicyName(Repr::Shared(Arc::from(s)))
+        }
+    }
+}
+
+impl From<String> for PolicyName {
+    fn from(s: String) -> PolicyName {
+        PolicyName::from(s.as_str())
+    }
+}
+
+impl From<&String> for PolicyName {
+    fn from(s: &String) -> PolicyName {
+        PolicyName::from(s.as_str())
+    }
+}
+
+impl From<Arc<str>> for PolicyName {
+    /// Short names are copied in place; a longer one keeps this `Arc`.
+    fn from(s: Arc<str>) -> PolicyName {
+        if s.len() <= INLINE {
+            PolicyName::from(&*s)
+        } else {
+            PolicyName(Repr::Shared(s))
+        }
+    }
+}
+
+impl From<&Arc<str>> for PolicyName {
+    fn from(s: &Arc<str>) -> PolicyName {
+        PolicyName::from(s.clone())
+    }
+}
+
+impl From<PolicyName> for String {
+    fn from(n: PolicyName) -> String {
+        n.as_str().to_string()
+    }
+}
+
+impl From<PolicyName> for Arc<str> {
+    fn from(n: PolicyName) -> Arc<str> {
+        match n.0 {
+            Repr::Shared(s) => s,
+            Repr::Inline { .. } => Arc::from(n.as_str()),
+        }
+    }
+}
+
+impl std::ops::Deref for PolicyName {
+    type Target = str;
+    #[inline]
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl AsRef<str> for PolicyName {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::borrow::Borrow<str> for PolicyName {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl fmt::Display for PolicyName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for PolicyName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl PartialEq for PolicyName {
+    fn eq(&self, other: &PolicyName) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for PolicyName {}
+
+impl PartialEq<str> for PolicyName {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for PolicyName {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialEq<String> for PolicyName {
+    fn eq(&self, other: &String) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl std::hash::Hash for PolicyName {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.as_str().hash(h)
+    }
+}
+
+impl PartialOrd for PolicyName {
+    fn partial_cmp(&self, other: &PolicyName) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for PolicyName {
+    fn cmp(&self, other: &PolicyName) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_names_are_inline_long_ones_shared_and_both_read_back() {
+        let long = "p".repeat(INLINE + 1);
+        let edge = "e".repeat(INLINE);
+        for s in ["", "api", "é✓", edge.as_str(), long.as_str()] {
+            let n = PolicyName::from(s);
+            assert_eq!(n.as_str(), s);
+            assert_eq!(n.is_inline(), s.len() <= INLINE);
+            assert_eq!(n, PolicyName::from(Arc::<str>::from(s)));
+            assert_eq!(n.clone(), n);
+            assert_eq!(n.to_string(), s);
+            assert_eq!(format!("{n:?}"), format!("{s:?}"));
+            assert_eq!(&*Arc::<str>::from(n), s);
+        }
+        assert_ne!(PolicyName::from("ab"), PolicyName::from("ab\0"));
+        assert_eq!(std::mem::size_of::<PolicyName>(), 24);
+    }
+}
