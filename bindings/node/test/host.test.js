@@ -440,13 +440,18 @@ test('checks made by separate callbacks of one turn (one per HTTP request) share
   }
 })
 
-test("'thread' and 'default' keep checks on the I/O thread, 'host' moves them here; limiter.transport says which", () => {
+test("'host' and 'default' move checks to this event loop, 'thread' keeps them on the I/O thread; limiter.transport says which", () => {
   const config = redis.config({ fw: { algorithm: 'fixed_window', limit: 3, window: '1m' } })
-  for (const [transport, carried] of [[undefined, 'thread'], ['default', 'thread'], ['thread', 'thread'], ['host', 'host']]) {
+  for (const [transport, carried] of [[undefined, 'host'], ['default', 'host'], ['thread', 'thread'], ['host', 'host']]) {
     const l = Limiter.fromJson(config, { transport })
     assert.equal(l.transport, carried, String(transport))
     l.close()
   }
+  // shards the host transport cannot serve: the default is the I/O thread, no error
+  const tls = Limiter.fromJson({ shards: [{ name: 't', url: 'rediss://127.0.0.1:1' }], policies: {} })
+  assert.equal(tls.transport, 'thread')
+  tls.close()
+  assert.equal(Limiter.fromJson({ policies: {} }).transport, 'thread')
   assert.equal(Limiter.memory().transport, 'thread')
   assert.throws(() => Limiter.fromJson(config, { transport: 'event loop' }), /'default', 'thread' or 'host'/)
 })
