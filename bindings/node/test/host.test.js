@@ -481,3 +481,20 @@ test('a timer late on a busy event loop does not fail checks whose replies wait 
     limiter.close()
   }
 })
+
+test('a check that meets NOSCRIPT (SCRIPT FLUSH) goes again as EVAL from the read that saw it, and Redis decides', { timeout: 10_000 }, async () => {
+  // on_error 'error': a check that waited for its deadline instead would reject
+  const limiter = Limiter.fromJson(redis.config(POLICIES, { timeout_ms: 2000, on_error: 'error', key_prefix: 'noscript:' }), { transport: 'host' })
+  try {
+    assert.equal((await limiter.check('k', 'fw')).remaining, 6)
+    for (let round = 0; round < 2; round++) {
+      await redis.command('SCRIPT', 'FLUSH')
+      const t0 = Date.now()
+      const ds = await Promise.all([limiter.check('k', 'fw'), limiter.check('j', 'sw')])
+      assert.deepEqual(ds.map((d) => [d.source, d.remaining]), [['redis', 5 - round], ['redis', 3 - round]])
+      assert.ok(Date.now() - t0 < 1000, `answered after NOSCRIPT without waiting for the deadline (${Date.now() - t0} ms)`)
+    }
+  } finally {
+    limiter.close()
+  }
+})
