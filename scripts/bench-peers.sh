@@ -37,7 +37,7 @@ done
 if [ "$QUICK" = 1 ]; then
   ROUNDS=1 TOTAL=30000 SEQ=3000 PYN=5000 HTTP_SECS=3 RUST_N=50000 CRIT_SECS=1
 else
-  ROUNDS=3 TOTAL=50000 SEQ=5000 PYN=10000 HTTP_SECS=5 RUST_N=100000 CRIT_SECS=3
+  ROUNDS=${BENCH_ROUNDS:-3} TOTAL=50000 SEQ=5000 PYN=10000 HTTP_SECS=5 RUST_N=100000 CRIT_SECS=3
 fi
 want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
 [ "$(nproc)" -ge 2 ] || { echo "needs two CPUs (Redis on one, the client on the other)" >&2; exit 1; }
@@ -267,6 +267,7 @@ for round in $(seq "$ROUNDS"); do
   client node-64 "$round" rlf node "$NODE_BENCH" --lib rlf "${na[@]}"
   client node-64 "$round" "shardlimit spin_wait 100us" node "$NODE_BENCH" --lib shardlimit --spin-wait 100us "${na[@]}"
   client node-64 "$round" "shardlimit host transport" node "$NODE_BENCH" --lib shardlimit --transport host "${na[@]}"
+  client node-64 "$round" "shardlimit thread transport" node "$NODE_BENCH" --lib shardlimit --transport thread "${na[@]}"
   pa=(--redis "$URL" --redis-pid "$RPID" --n "$PYN")
   client py-async "$round" shardlimit "$PY" "$PY_BENCH" --mode async --lib shardlimit "${pa[@]}"
   client py-async "$round" limits-coredis "$PY" "$PY_BENCH" --mode async --lib limits-coredis "${pa[@]}"
@@ -372,7 +373,7 @@ print(json.dumps({"shape": "http-" + sys.argv[2], "label": sys.argv[3], "round":
 APPS=$root/bindings/python/bench
 for round in $(seq "$ROUNDS"); do
   echo "== round $round of $ROUNDS: HTTP (wrk -c 64, ${HTTP_SECS}s, $(date -u +%T))"
-  for mode in none shardlimit rlf erl; do
+  for mode in none shardlimit shardlimit-thread rlf erl; do
     http express "$mode" "$round" node bindings/node/bench/http.js --mode "$mode" --redis "$URL" --port "$HPORT"
   done
   for mode in none shardlimit peer; do

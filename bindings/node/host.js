@@ -15,6 +15,10 @@
 // check phase comes right after the poll phase that ran those callbacks: the requests that
 // arrived together go out as one write and come back as one read.
 //
+// Reads go into one buffer this transport reuses (`onread`), handed to the machine by one
+// call per read, which settles the checks it answers; a write follows a read only when the
+// machine asks for one (the log-in done, NOSCRIPT).
+//
 // A deadline is a shard's silence, never this loop's business: the timer runs in the timers
 // phase, before the poll phase reads the sockets, so on a busy loop it would fire with the
 // replies it waits for already in the socket. It only schedules the deadline's handling for
@@ -33,11 +37,18 @@ const BACKOFF_MAX_MS = 250
 // settling of a reply and the checks its callers make next), so several batches are in
 // flight per connection instead of one batch answered, then the next sent.
 const PIPELINE_CHUNK = 16
+// `onData`'s answer: the socket must be closed (bytes it cannot trust); the machine has
+// bytes to write (the log-in's end released the checks that waited, or NOSCRIPT)
+const READ_DOWN = 1
+const READ_TRANSMIT = 2
+// one read buffer per transport (a read is handed to the machine before the next)
+const READ_BUFFER_BYTES = 64 * 1024
 
 class HostTransport {
   constructor(native) {
     this.native = native
     this.sockets = []
+    this.readBuffer = Buffer.allocUnsafe(READ_BUFFER_BYTES)
     this.backoff = []
     this.reconnectTimers = []
     this.flushScheduled = false
@@ -155,7 +166,14 @@ class HostTransport {
     }
     const { host, port } = this.native.address(shard)
     this.native.connecting(shard)
-    const s = net.connect({ host, port, noDelay: true })
+    // the bytes read go straight to the machine from one buffer this transport reuses
+    // (`onread`): no Buffer per read, no 'data' event through the stream's machinery
+    const s = net.connect({
+      host,
+      port,
+      noDelay: true,
+      onread: { buffer: this.readBuffer, callback: (n) => this.#onRead(shard, s, n) },
+    })
     // the limiter does not keep the process alive by itself; a check in flight does (its
     // deadline timer)
     s.unref()
@@ -165,21 +183,6 @@ class HostTransport {
       this.native.connected(shard)
       this.#flush() // the log-in, and what waited for the connection
     })
-    s.on('data', (chunk) => {
-      if (this.sockets[shard] !== s) return
-      if (this.native.onData(shard, chunk)) {
-        this.#drop(shard)
-      } else if (this.#drained()) {
-        // closed, and the last check in flight was answered
-      } else {
-        this.backoff[shard] = 0
-        // NOSCRIPT: a check goes out again as EVAL
-        if (!this.flushScheduled) {
-          this.flushScheduled = true
-          setImmediate(this.flush)
-        }
-      }
-    })
     s.on('error', () => {}) // 'close' follows, with the reason in `hadError`
     s.on('close', (hadError) => {
       if (this.sockets[shard] !== s) return
@@ -187,6 +190,25 @@ class HostTransport {
       this.native.onClosed(shard, hadError ? 'the connection to Redis failed' : 'the connection to Redis closed')
       if (!this.#drained()) this.#reconnectLater(shard)
     })
+  }
+
+  /** `n` bytes read from shard `shard` into `readBuffer` (the machine copies what it keeps). */
+  #onRead(shard, s, n) {
+    if (this.sockets[shard] !== s) return
+    const got = this.native.onData(shard, this.readBuffer, n)
+    if ((got & READ_DOWN) !== 0) {
+      this.#drop(shard)
+    } else if (this.#drained()) {
+      // closed, and the last check in flight was answered
+    } else {
+      this.backoff[shard] = 0
+      // the log-in done while checks wait, or NOSCRIPT (a check goes out again as EVAL):
+      // only then a write; a plain reply writes nothing
+      if ((got & READ_TRANSMIT) !== 0 && !this.flushScheduled) {
+        this.flushScheduled = true
+        setImmediate(this.flush)
+      }
+    }
   }
 
   /** The machine gave the connection up (bytes it cannot trust, a late reply). */

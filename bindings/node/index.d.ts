@@ -187,8 +187,9 @@ export interface LimiterOptions {
    * `net.Socket` per shard) instead of the limiter's I/O thread; every other operation,
    * and checks of multi-limit, shadow, local-admission or override policies, keep the
    * I/O thread. Standalone Redis shards over plain TCP only (else a `ConfigError`).
-   * `'thread'` (and `'default'`, the default): every call on the I/O thread
-   * (`limiter.transport` says which one a limiter uses).
+   * `'default'` (the default): the host transport where it can serve the shards, else the
+   * I/O thread. `'thread'`: every call on the I/O thread (`limiter.transport` says which
+   * one a limiter uses).
    */
   transport?: 'default' | 'thread' | 'host'
 }
@@ -459,8 +460,10 @@ export declare class Limiter {
   /** True when Redis shards decide, false for the in-memory engine. */
   get isRedis(): boolean
   /**
-   * Which transport carries `check` of a named policy: `'host'` (this event loop) or
-   * `'thread'` (the limiter's I/O thread, and every in-memory limiter).
+   * Which transport carries `check` of a named policy: `'host'` (this event loop, the
+   * default on standalone plain-TCP shards) or `'thread'` (the limiter's I/O thread: TLS,
+   * Sentinel, Cluster and Unix-socket shards, every in-memory limiter, or `transport:
+   * 'thread'`).
    */
   get transport(): 'host' | 'thread'
   /** The names of the configured policies. */

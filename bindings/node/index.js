@@ -156,24 +156,32 @@ const kNative = Symbol('shardlimit.native')
 const kHost = Symbol('shardlimit.host')
 
 /**
- * `options.transport`: 'host' (a check's bytes move on this event loop: host.js) or
- * 'thread' (the limiter's I/O thread), which 'default' is: measured again pinned to one
- * CPU (docs/notes/2026-12-measurements.md, "The default transport"), the host transport is
- * cheaper for 64 checks in flight (0.52-0.76x the client CPU per decision) but not behind
- * Express's one check per request (more added CPU per request in 4 of 5 rounds), the
- * shape most services have.
- * Only `check` of a named policy uses the host transport.
+ * `options.transport`: 'host' (a check's bytes move on this event loop: host.js), 'thread'
+ * (the limiter's I/O thread), or 'default': the host transport wherever it can serve the
+ * shards (standalone Redis over plain TCP), else the I/O thread without an error. Measured
+ * pinned to one CPU (docs/notes/2026-12-03-nodehost.md), the host transport took about
+ * half the client CPU per decision with 64 checks in flight and no more added CPU per
+ * Express request than the I/O thread. Only `check` of a named policy uses it.
  */
 function withTransport(limiter, options) {
   const transport = options === undefined || options === null ? undefined : options.transport
-  if (transport === undefined || transport === 'default' || transport === 'thread') return limiter
-  if (transport !== 'host') throw argError('options.transport', "'default', 'thread' or 'host'", transport)
+  if (transport === 'thread') return limiter
+  const explicit = transport === 'host'
+  if (!explicit && transport !== undefined && transport !== 'default') {
+    throw argError('options.transport', "'default', 'thread' or 'host'", transport)
+  }
+  if (!explicit && !limiter.isRedis) return limiter // (in memory: nothing to carry)
+  let checks
   try {
-    limiter[kHost] = new HostTransport(new native.NativeHostChecks(limiter[kNative]))
+    checks = new native.NativeHostChecks(limiter[kNative])
   } catch (e) {
+    // the default over shards the host transport cannot serve (TLS, Sentinel, Cluster,
+    // Unix sockets): the I/O thread; only an explicit 'host' is refused there
+    if (!explicit && e instanceof ConfigError) return limiter
     limiter.close()
     throw e
   }
+  limiter[kHost] = new HostTransport(checks)
   return limiter
 }
 

@@ -126,16 +126,12 @@ const STATICS_MAX = 1024
  */
 function admittedHeaders(decision, o, nowMs) {
   if (decision.shadowDenied || decision.limitIndex !== null || decision.source === 'fallback') return null
-  const id = `${decision.policy}\0${decision.limit}\0${decision[kWindow]}`
-  let t = statics.get(id)
-  if (t === undefined) {
-    const core = decision.headers()
-    const rl = core.RateLimit
-    const at = rl === undefined ? -1 : rl.lastIndexOf(';r=')
-    if (at < 0 || core['X-RateLimit-Limit'] === undefined || core['RateLimit-Policy'] === undefined) return null
-    if (statics.size >= STATICS_MAX) statics.clear()
-    t = { limit: core['X-RateLimit-Limit'], policy: core['RateLimit-Policy'], item: rl.slice(0, at + 3) }
-    statics.set(id, t)
+  let t = lastStatic
+  // (a route's decisions are of one limit: the last one's rendering, without a lookup)
+  if (t === null || t.policyName !== decision.policy || t.limitValue !== decision.limit || t.windowMs !== decision[kWindow]) {
+    t = staticsOf(decision)
+    if (t === null) return null
+    lastStatic = t
   }
   const out = {}
   const remaining = String(decision.remaining)
@@ -151,6 +147,31 @@ function admittedHeaders(decision, o, nowMs) {
     out.RateLimit = `${t.item}${remaining};t=${Math.ceil(decision.resetAfter / 1000)}`
   }
   return out
+}
+
+let lastStatic = null // the statics of the last admitted decision rendered
+
+/** What the core renders the same for every admitted decision of `decision`'s limit, or null. */
+function staticsOf(decision) {
+  const id = `${decision.policy}\0${decision.limit}\0${decision[kWindow]}`
+  let t = statics.get(id)
+  if (t === undefined) {
+    const core = decision.headers()
+    const rl = core.RateLimit
+    const at = rl === undefined ? -1 : rl.lastIndexOf(';r=')
+    if (at < 0 || core['X-RateLimit-Limit'] === undefined || core['RateLimit-Policy'] === undefined) return null
+    if (statics.size >= STATICS_MAX) statics.clear()
+    t = {
+      policyName: decision.policy,
+      limitValue: decision.limit,
+      windowMs: decision[kWindow],
+      limit: core['X-RateLimit-Limit'],
+      policy: core['RateLimit-Policy'],
+      item: rl.slice(0, at + 3),
+    }
+    statics.set(id, t)
+  }
+  return t
 }
 
 /** Whether `next` should replace `shown` as the decision a response reports: the tightest. */
@@ -321,6 +342,8 @@ function compile(limiter, options) {
 
   return {
     limiter,
+    policy,
+    checkOne: { policy, cost: 1 }, // (never handed to user code)
     giveBack,
     statusCode,
     message,
@@ -457,6 +480,8 @@ function run(c, spec) {
   }
   if (spec.limit) return c.limiter.check(spec.key, { limit: spec.limit, cost: spec.cost })
   if (spec.plan !== undefined) return c.limiter.check(spec.key, { policy: spec.policy, plan: spec.plan, cost: spec.cost })
+  // (the middleware's own policy at cost 1, every request of a plain route: one options object)
+  if (spec.cost === 1 && spec.policy === c.policy) return c.limiter.check(spec.key, c.checkOne)
   return c.limiter.check(spec.key, { policy: spec.policy, cost: spec.cost })
 }
 
@@ -613,7 +638,7 @@ function expressMiddleware(limiter, options) {
         res.setHeader('Content-Type', 'application/json; charset=utf-8')
         res.end(JSON.stringify(bodyOf(decision, status)))
       },
-      (err) => next(err)
+      next // (an error goes to Express's error handling)
     )
   }
 }

@@ -1,8 +1,9 @@
 'use strict'
 // A trivial Express route for scripts/bench-peers.sh, with one limiter in front of it:
-//   node bench/http.js --mode none|shardlimit|rlf|erl --redis redis://127.0.0.1:PORT --port P
-//        [--transport host|thread]   (shardlimit's transport; the default: the I/O thread)
-// none: no limiter; shardlimit: its express middleware; rlf: rate-limiter-flexible's
+//   node bench/http.js --mode none|shardlimit|shardlimit-thread|rlf|erl --redis redis://127.0.0.1:PORT --port P
+//        [--transport host|thread]   (shardlimit's transport; the default: the host transport)
+// none: no limiter; shardlimit: its express middleware; shardlimit-thread: the same on the
+// I/O thread (`transport: 'thread'`); rlf: rate-limiter-flexible's
 // RateLimiterRedis (ioredis) in a middleware, as its README shows; erl: express-rate-limit
 // with rate-limit-redis (ioredis). Every one by client IP, a fixed window of 10^9 per hour
 // (never denied). Prints "ready" once listening. Peers come from $BENCH_PEERS (the scratch
@@ -26,7 +27,7 @@ const express = peer('express')
 const app = express()
 app.disable('x-powered-by')
 
-if (MODE === 'shardlimit') {
+if (MODE === 'shardlimit' || MODE === 'shardlimit-thread') {
   const pkg = process.env.SHARDLIMIT_NODE_PACKAGE || path.join(__dirname, '..')
   const { Limiter } = require(pkg)
   const { expressMiddleware } = require(path.join(pkg, 'middleware.js'))
@@ -36,7 +37,7 @@ if (MODE === 'shardlimit') {
     // on_error closed: a fallback answers 503, which fails the run (only decisions that
     // came from Redis are measured; scripts/bench-peers.sh counts non-2xx)
     policies: { api: { algorithm: 'fixed_window', limit: LIMIT, window: '1h', on_error: 'closed' } },
-  }, { transport: arg('transport', 'default') })
+  }, { transport: MODE === 'shardlimit-thread' ? 'thread' : arg('transport', 'default') })
   app.use(expressMiddleware(limiter, { policy: 'api' }))
 } else if (MODE === 'rlf') {
   const Redis = peer('ioredis')
@@ -72,7 +73,7 @@ if (MODE === 'shardlimit') {
     })
   )
 } else if (MODE !== 'none') {
-  throw new Error(`--mode must be none, shardlimit, rlf or erl, got ${MODE}`)
+  throw new Error(`--mode must be none, shardlimit, shardlimit-thread, rlf or erl, got ${MODE}`)
 }
 
 app.get('/', (req, res) => res.send('ok'))

@@ -30,8 +30,8 @@ const TOTAL = Number(arg('total', 200_000))
 const CONCURRENCY = Number(arg('concurrency', 64))
 const SEQUENTIAL = Number(arg('sequential', 20_000))
 const SPIN_WAIT = arg('spin-wait', null)
-// shardlimit's transport: the default (the I/O thread), 'host' (this
-// event loop) or 'thread' (the limiter's I/O thread)
+// shardlimit's transport: the default (the host transport on this plain-TCP shard),
+// 'host' (this event loop) or 'thread' (the limiter's I/O thread)
 const TRANSPORT = arg('transport', 'default')
 const KEYS = 1000
 // shardlimit decisions whose source was not Redis: scripts/bench-peers.sh fails the run

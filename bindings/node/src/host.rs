@@ -176,21 +176,51 @@ impl NativeHostChecks {
             .map_err(|e| core_error(&env, e))
     }
 
-    /// The bytes to write to shard `shard` now, or null.
-    #[napi(catch_unwind)]
-    pub fn transmit(&mut self, shard: u32) -> Option<Buffer> {
-        self.inner
-            .poll_transmit(shard_index(shard))
-            .map(Buffer::from)
+    /// The bytes to write to shard `shard` now, or null: a copy in a JS-owned Buffer (a
+    /// few hundred bytes per check: cheaper than an external buffer and its finalizer),
+    /// whose source goes back to the machine for the next hand-out.
+    #[napi(catch_unwind, ts_return_type = "Buffer | null")]
+    pub fn transmit(&mut self, env: Env, shard: u32) -> Result<Option<Unknown<'static>>> {
+        let shard = shard_index(shard);
+        let Some(bytes) = self.inner.poll_transmit(shard) else {
+            return Ok(None);
+        };
+        let mut data = std::ptr::null_mut();
+        let mut out = std::ptr::null_mut();
+        // SAFETY: JS thread, its env; napi copies `bytes.len()` bytes from `bytes`.
+        let made = unsafe {
+            check_status!(sys::napi_create_buffer_copy(
+                env.raw(),
+                bytes.len(),
+                bytes.as_ptr().cast(),
+                &mut data,
+                &mut out
+            ))
+        };
+        self.inner.recycle(shard, bytes);
+        made?;
+        // SAFETY: a value napi made just now in this env.
+        Ok(Some(unsafe { Unknown::from_raw_unchecked(env.raw(), out) }))
     }
 
-    /// Bytes read from shard `shard`: settles the checks they answer. True when the
-    /// socket must be closed (the bytes could not be trusted: every check on it failed).
+    /// The first `len` bytes of `data` were read from shard `shard` (`host.js` reads into
+    /// one buffer it reuses): settles the checks they answer. Returns bits: 1 when the
+    /// socket must be closed (the bytes could not be trusted: every check on it failed),
+    /// 2 when the machine has bytes to write (the log-in's end released waiting checks,
+    /// or NOSCRIPT sends one again).
     #[napi(catch_unwind)]
-    pub fn on_data(&mut self, env: Env, shard: u32, data: &[u8]) -> bool {
-        let done = self.inner.handle_input(shard_index(shard), data);
+    pub fn on_data(&mut self, env: Env, shard: u32, data: &[u8], len: u32) -> u32 {
+        let data = &data[..(len as usize).min(data.len())];
+        let shard = shard_index(shard);
+        let done = self.inner.handle_input(shard, data);
         self.settle(&env, done);
-        self.inner.is_down(shard_index(shard))
+        if self.inner.is_down(shard) {
+            1
+        } else if self.inner.wants_transmit(shard) {
+            2
+        } else {
+            0
+        }
     }
 
     /// Shard `shard`'s socket closed or failed (`why`): its checks fail (and follow

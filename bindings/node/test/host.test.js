@@ -440,13 +440,18 @@ test('checks made by separate callbacks of one turn (one per HTTP request) share
   }
 })
 
-test("'thread' and 'default' keep checks on the I/O thread, 'host' moves them here; limiter.transport says which", () => {
+test("'host' and 'default' move checks to this event loop, 'thread' keeps them on the I/O thread; limiter.transport says which", () => {
   const config = redis.config({ fw: { algorithm: 'fixed_window', limit: 3, window: '1m' } })
-  for (const [transport, carried] of [[undefined, 'thread'], ['default', 'thread'], ['thread', 'thread'], ['host', 'host']]) {
+  for (const [transport, carried] of [[undefined, 'host'], ['default', 'host'], ['thread', 'thread'], ['host', 'host']]) {
     const l = Limiter.fromJson(config, { transport })
     assert.equal(l.transport, carried, String(transport))
     l.close()
   }
+  // shards the host transport cannot serve: the default is the I/O thread, no error
+  const tls = Limiter.fromJson({ shards: [{ name: 't', url: 'rediss://127.0.0.1:1' }], policies: {} })
+  assert.equal(tls.transport, 'thread')
+  tls.close()
+  assert.equal(Limiter.fromJson({ policies: {} }).transport, 'thread')
   assert.equal(Limiter.memory().transport, 'thread')
   assert.throws(() => Limiter.fromJson(config, { transport: 'event loop' }), /'default', 'thread' or 'host'/)
 })
@@ -471,6 +476,23 @@ test('a timer late on a busy event loop does not fail checks whose replies wait 
         ds.map(() => 'redis'),
         `round ${round}: ${ds.filter((d) => d.source !== 'redis').length} of 32 fell back`
       )
+    }
+  } finally {
+    limiter.close()
+  }
+})
+
+test('a check that meets NOSCRIPT (SCRIPT FLUSH) goes again as EVAL from the read that saw it, and Redis decides', { timeout: 10_000 }, async () => {
+  // on_error 'error': a check that waited for its deadline instead would reject
+  const limiter = Limiter.fromJson(redis.config(POLICIES, { timeout_ms: 2000, on_error: 'error', key_prefix: 'noscript:' }), { transport: 'host' })
+  try {
+    assert.equal((await limiter.check('k', 'fw')).remaining, 6)
+    for (let round = 0; round < 2; round++) {
+      await redis.command('SCRIPT', 'FLUSH')
+      const t0 = Date.now()
+      const ds = await Promise.all([limiter.check('k', 'fw'), limiter.check('j', 'sw')])
+      assert.deepEqual(ds.map((d) => [d.source, d.remaining]), [['redis', 5 - round], ['redis', 3 - round]])
+      assert.ok(Date.now() - t0 < 1000, `answered after NOSCRIPT without waiting for the deadline (${Date.now() - t0} ms)`)
     }
   } finally {
     limiter.close()

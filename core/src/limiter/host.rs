@@ -230,6 +230,20 @@ impl HostChecks {
         self.conns.get_mut(shard)?.poll_transmit(Instant::now())
     }
 
+    /// True when [`HostChecks::poll_transmit`] has bytes for shard `shard` (after an input
+    /// that completed the log-in while checks waited, or sends a check again on NOSCRIPT).
+    pub fn wants_transmit(&self, shard: usize) -> bool {
+        self.conns.get(shard).is_some_and(SansIo::wants_transmit)
+    }
+
+    /// Gives back a buffer of [`HostChecks::poll_transmit`] once its bytes are copied or
+    /// written, for the next hand-out to reuse. Optional.
+    pub fn recycle(&mut self, shard: usize, buf: Vec<u8>) {
+        if let Some(c) = self.conns.get_mut(shard) {
+            c.recycle(buf);
+        }
+    }
+
     /// Bytes read from shard `shard`: the decisions they complete, by id.
     pub fn handle_input(&mut self, shard: usize, bytes: &[u8]) -> Vec<(u64, Result<Decision>)> {
         let mut done = std::mem::take(&mut self.done);
