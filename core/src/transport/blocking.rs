@@ -288,13 +288,69 @@ pub(crate) fn forget_places_in_child() {
 const READ_TIMEOUT_SLACK: Duration = Duration::from_millis(1);
 
 /// Gives way to any other thread ready to run on this CPU (`sched_yield`); true when one
-/// ran meanwhile (the call took over [`YIELD_RAN_OTHERS`]): the CPU is wanted, so a
-/// yielding spinner stops.
+/// ran meanwhile: the CPU is wanted, so a yielding spinner stops. On Linux, any switch
+/// away from this thread since `switches` (its count of context switches, from
+/// [`switches`]) says so, however short: two spinners on one CPU (gunicorn's workers are
+/// processes, each with its own spinning place) hand the CPU back and forth in a few
+/// microseconds a yield, so a yield's duration alone would let them spin each other's
+/// whole `spin_wait` away. Elsewhere, a yield that took over [`YIELD_RAN_OTHERS`].
 #[cfg(unix)]
-fn ran_others(before: Instant) -> bool {
+fn ran_others(before: Instant, switches: Option<i64>) -> bool {
     // SAFETY: sched_yield takes no arguments and cannot fail on Linux.
     unsafe { libc::sched_yield() };
-    before.elapsed() > YIELD_RAN_OTHERS
+    before.elapsed() > YIELD_RAN_OTHERS || (switches.is_some() && self::switches() != switches)
+}
+
+/// A yielding spinner that found other threads wanting its CPU spins no more for the next
+/// 64 blocking calls of its thread (`AFTER_OTHERS_RAN`), then tries again: a thread among busy
+/// ones (gunicorn's workers on one CPU) would pay a look at the socket, a yield and the
+/// switch for nothing on every call, while a lone caller keeps spinning.
+#[cfg(unix)]
+struct YieldSkips;
+
+#[cfg(unix)]
+thread_local! {
+    static SKIPS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+#[cfg(unix)]
+impl YieldSkips {
+    const AFTER_OTHERS_RAN: u32 = 64;
+
+    /// True when this call is one of those that do not spin.
+    fn skip(&self) -> bool {
+        SKIPS.with(|s| {
+            let n = s.get();
+            if n > 0 {
+                s.set(n - 1);
+            }
+            n > 0
+        })
+    }
+
+    fn ran_others(&self) {
+        SKIPS.with(|s| s.set(Self::AFTER_OTHERS_RAN));
+    }
+}
+
+#[cfg(unix)]
+const YIELD_SKIPS: YieldSkips = YieldSkips;
+
+/// How many times this thread has been switched away from the CPU, voluntarily or not
+/// (`getrusage(RUSAGE_THREAD)`); `None` where that is not known.
+#[cfg(unix)]
+fn switches() -> Option<i64> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: getrusage writes one rusage into the zeroed struct it is given.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } == 0 {
+            return Some(ru.ru_nvcsw as i64 + ru.ru_nivcsw as i64);
+        }
+        None
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
 }
 
 fn timed_out() -> io::Error {
@@ -391,11 +447,18 @@ impl BlockingConn {
         #[cfg(unix)]
         let mut slot = None;
         #[cfg(unix)]
-        let spin_until = if spin.wait.is_zero() {
+        let spin_until = if spin.wait.is_zero() || (spin.yielding && YIELD_SKIPS.skip()) {
             None
         } else {
             slot = SPINNING.take();
             slot.as_ref().map(|_| Instant::now() + spin.wait)
+        };
+        // (a yielding spinner's context switches so far: see `ran_others`)
+        #[cfg(unix)]
+        let switched = if spin.yielding && spin_until.is_some() {
+            switches()
+        } else {
+            None
         };
         #[cfg(not(unix))]
         let _ = spin;
@@ -429,8 +492,11 @@ impl BlockingConn {
                     Ok(None) => {
                         self.buf.truncate(len);
                         let now = Instant::now();
-                        if now >= until || (spin.yielding && ran_others(now)) {
+                        if now >= until {
                             slot = None; // done spinning: sleep in read from now on
+                        } else if spin.yielding && ran_others(now, switched) {
+                            slot = None;
+                            YIELD_SKIPS.ran_others();
                         } else if !spin.yielding {
                             std::hint::spin_loop();
                         }
