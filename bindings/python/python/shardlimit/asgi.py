@@ -20,10 +20,8 @@ was given. A decorated route of an app with no such middleware at all raises whe
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
-import time
 from collections.abc import Awaitable, Iterable, MutableMapping
 from typing import Any, Callable, Optional
 
@@ -218,8 +216,6 @@ class RateLimitMiddleware:
         if routes is not None:
             routes.installed = True
         self.options = Options(headers, retry_after, outage_retry_after)
-        self._x_ratelimit = self.options.x_ratelimit
-        self._ietf = self.options.ietf
         self.on_limited = on_limited
         self.on_unavailable = on_unavailable
         self.warm_up = warm_up
@@ -290,25 +286,7 @@ class RateLimitMiddleware:
                 client[0] if client else None,
                 _forwarded_for(scope) if checker.reads_forwarded_for else None,
             )
-            if target is None:
-                await self.app(scope, receive, send)
-                return
-            if self.deduct_when is None and not checker.is_concurrency(target[1]):
-                # one check, nothing to give back nor release: awaited here, not through
-                # Checker.aenter's coroutine and branches
-                try:
-                    decision = await checker.limiter.acheck(target[0], target[1])
-                except Error as e:
-                    await self._error(e, scope, receive, send)
-                    return
-                if decision:
-                    if decision.delay > 0:
-                        await asyncio.sleep(decision.delay)  # (ahold, inline)
-                    await self._admitted(decision, scope, receive, send)
-                    return
-                await self._denied(decision, None, scope, receive, send)
-                return
-            deducts = [(target, self.deduct_when)]
+            deducts = [] if target is None else [(target, self.deduct_when)]
         else:
             endpoint = None
             if self.routes is not None:
@@ -329,19 +307,41 @@ class RateLimitMiddleware:
         except Error as e:
             await self._error(e, scope, receive, send)
             return
-        if not decision:
-            await self._denied(decision, request, scope, receive, send)
-            return
-        if not leases and counted is None:
-            # nothing to give back when the response ends
-            await self._admitted(decision, scope, receive, send)
-            return
         state = scope.get("state")
         if state is None:
             scope["state"] = {"shardlimit": decision}
         else:
             state["shardlimit"] = decision
         extra = raw_rate_headers(decision, self.options)
+
+        if not decision:
+            outage = decision.source == "fallback"
+            handler = self.on_unavailable if outage else self.on_limited
+            if handler is not None:
+                if request is None:
+                    request = self._request(scope)
+
+                async def send_denial(message: Message) -> None:
+                    if message["type"] == "http.response.start":
+                        own = list(message.get("headers") or ())
+                        if not has_raw_rate_headers(own):
+                            message = dict(message)
+                            message["headers"] = own + extra
+                    await send(message)
+
+                await _answer(handler(request, decision), scope, receive, send_denial)
+                return
+            status, hdrs, body = denial(decision, self.options)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [(k.lower().encode(), v.encode()) for k, v in hdrs],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+
         sent_status: list[int] = []
 
         async def send_with_headers(message: Message) -> None:
@@ -353,6 +353,10 @@ class RateLimitMiddleware:
                     message["headers"] = own + extra
             await send(message)
 
+        if not leases and counted is None:
+            # nothing to give back when the response ends
+            await self.app(scope, receive, send_with_headers)
+            return
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
@@ -367,63 +371,6 @@ class RateLimitMiddleware:
                     await self.checker.agive_back(back)
                 except Error:  # the response is sent; the units stay counted
                     log.warning("shardlimit: giving back a request's units failed", exc_info=True)
-
-    async def _admitted(self, decision: Decision, scope: Scope, receive: Receive,
-                        send: Send) -> None:
-        """Runs the app for an admitted request that holds nothing to give back, its
-        response carrying the decision's headers (one call into the core's rendering)."""
-        state = scope.get("state")
-        if state is None:
-            scope["state"] = {"shardlimit": decision}
-        else:
-            state["shardlimit"] = decision
-        extra = decision._wire_headers(self._x_ratelimit, self._ietf, time.time(), True)
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                own = message.get("headers") or ()
-                if not has_raw_rate_headers(own):
-                    message = dict(message)
-                    message["headers"] = [*own, *extra]
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
-
-    async def _denied(self, decision: Decision, request: Optional[Request], scope: Scope,
-                      receive: Receive, send: Send) -> None:
-        """Answers a denied request: the denial handler's answer, else a 429 (a 503 when
-        the limit could not be checked) with the core's JSON body."""
-        state = scope.get("state")
-        if state is None:
-            scope["state"] = {"shardlimit": decision}
-        else:
-            state["shardlimit"] = decision
-        extra = raw_rate_headers(decision, self.options)
-        outage = decision.source == "fallback"
-        handler = self.on_unavailable if outage else self.on_limited
-        if handler is not None:
-            if request is None:
-                request = self._request(scope)
-
-            async def send_denial(message: Message) -> None:
-                if message["type"] == "http.response.start":
-                    own = list(message.get("headers") or ())
-                    if not has_raw_rate_headers(own):
-                        message = dict(message)
-                        message["headers"] = own + extra
-                await send(message)
-
-            await _answer(handler(request, decision), scope, receive, send_denial)
-            return
-        status, hdrs, body = denial(decision, self.options)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(k.lower().encode(), v.encode()) for k, v in hdrs],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A WebSocket connection to a decorated endpoint is checked once, when it opens
