@@ -583,6 +583,36 @@ fn progress(since: &mut Instant, unprogressed: &mut usize, n: usize) {
 mod tests {
     use super::*;
 
+    /// A thread that sleeps is switched out, and its count of switches says so (the
+    /// signal that stops a yielding spinner).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_switch_of_the_thread_is_counted() {
+        let before = switches().expect("getrusage(RUSAGE_THREAD) answers on Linux");
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(switches().unwrap() > before);
+    }
+
+    /// Once a yielding spinner found others running, the next AFTER_OTHERS_RAN calls of
+    /// its thread do not spin; the one after tries again. Per thread.
+    #[cfg(unix)]
+    #[test]
+    fn a_spinner_that_found_others_running_skips_its_next_calls() {
+        std::thread::spawn(|| {
+            assert!(!YIELD_SKIPS.skip(), "a new thread spins");
+            YIELD_SKIPS.ran_others();
+            std::thread::spawn(|| assert!(!YIELD_SKIPS.skip(), "another thread still spins"))
+                .join()
+                .unwrap();
+            for _ in 0..YieldSkips::AFTER_OTHERS_RAN {
+                assert!(YIELD_SKIPS.skip());
+            }
+            assert!(!YIELD_SKIPS.skip(), "then it tries again");
+        })
+        .join()
+        .unwrap();
+    }
+
     #[test]
     fn at_most_as_many_own_io_callers_as_places() {
         // (no other test of this binary makes blocking calls)
