@@ -301,35 +301,48 @@ fn ran_others(before: Instant, switches: Option<i64>) -> bool {
     before.elapsed() > YIELD_RAN_OTHERS || (switches.is_some() && self::switches() != switches)
 }
 
-/// A yielding spinner that found other threads wanting its CPU spins no more for the next
-/// 64 blocking calls of its thread (`AFTER_OTHERS_RAN`), then tries again: a thread among busy
-/// ones (gunicorn's workers on one CPU) would pay a look at the socket, a yield and the
-/// switch for nothing on every call, while a lone caller keeps spinning.
+/// A yielding spinner that found other threads wanting its CPU skips the spin for its
+/// thread's next blocking calls: 1 after the first such spin, then twice as many after
+/// each one that follows, up to 64 (`MAX_SKIPS`); a spin that gets its reply resets that.
+/// A thread among busy ones (gunicorn's workers on one CPU) then pays no look at the
+/// socket, yield and switch for nothing on almost every call, while a lone caller whose
+/// spin a passing thread interrupts now and then loses one spin, not 64.
 #[cfg(unix)]
 struct YieldSkips;
 
 #[cfg(unix)]
 thread_local! {
-    static SKIPS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// (calls left to skip, the skip after the next spin that finds others running)
+    static SKIPS: std::cell::Cell<(u32, u32)> = const { std::cell::Cell::new((0, 0)) };
 }
 
 #[cfg(unix)]
 impl YieldSkips {
-    const AFTER_OTHERS_RAN: u32 = 64;
+    const MAX_SKIPS: u32 = 64;
 
     /// True when this call is one of those that do not spin.
     fn skip(&self) -> bool {
         SKIPS.with(|s| {
-            let n = s.get();
-            if n > 0 {
-                s.set(n - 1);
+            let (left, next) = s.get();
+            if left > 0 {
+                s.set((left - 1, next));
             }
-            n > 0
+            left > 0
         })
     }
 
+    /// The spin found others running.
     fn ran_others(&self) {
-        SKIPS.with(|s| s.set(Self::AFTER_OTHERS_RAN));
+        SKIPS.with(|s| {
+            let (_, next) = s.get();
+            let skip = next.clamp(1, Self::MAX_SKIPS);
+            s.set((skip, (skip * 2).min(Self::MAX_SKIPS)));
+        });
+    }
+
+    /// The reply came while spinning.
+    fn answered(&self) {
+        SKIPS.with(|s| s.set((0, 0)));
     }
 }
 
@@ -486,6 +499,9 @@ impl BlockingConn {
                         if n == 0 {
                             return Err(io::ErrorKind::UnexpectedEof.into());
                         }
+                        if spin.yielding {
+                            YIELD_SKIPS.answered();
+                        }
                         progress(&mut since, &mut unprogressed, n);
                         continue;
                     }
@@ -593,21 +609,39 @@ mod tests {
         assert!(switches().unwrap() > before);
     }
 
-    /// Once a yielding spinner found others running, the next AFTER_OTHERS_RAN calls of
-    /// its thread do not spin; the one after tries again. Per thread.
+    /// A yielding spinner that found others running skips the spin for 1, 2, 4... up to
+    /// 64 of its thread's next calls, and from 1 again once a spin got its reply. Per
+    /// thread.
     #[cfg(unix)]
     #[test]
     fn a_spinner_that_found_others_running_skips_its_next_calls() {
         std::thread::spawn(|| {
-            assert!(!YIELD_SKIPS.skip(), "a new thread spins");
+            let skipped = || {
+                let mut n = 0;
+                while YIELD_SKIPS.skip() {
+                    n += 1;
+                }
+                n
+            };
+            assert_eq!(skipped(), 0, "a new thread spins");
+            let mut seen = Vec::new();
+            for _ in 0..8 {
+                YIELD_SKIPS.ran_others();
+                seen.push(skipped());
+            }
+            assert_eq!(seen, [1, 2, 4, 8, 16, 32, 64, 64]);
             YIELD_SKIPS.ran_others();
             std::thread::spawn(|| assert!(!YIELD_SKIPS.skip(), "another thread still spins"))
                 .join()
                 .unwrap();
-            for _ in 0..YieldSkips::AFTER_OTHERS_RAN {
-                assert!(YIELD_SKIPS.skip());
-            }
-            assert!(!YIELD_SKIPS.skip(), "then it tries again");
+            YIELD_SKIPS.answered();
+            assert_eq!(
+                skipped(),
+                0,
+                "a spin that got its reply: every call spins again"
+            );
+            YIELD_SKIPS.ran_others();
+            assert_eq!(skipped(), 1);
         })
         .join()
         .unwrap();
