@@ -18,6 +18,8 @@ MODE = os.environ.get("BENCH_MODE", "none")
 REDIS = os.environ.get("BENCH_REDIS", "")
 #: shardlimit's transport: "host" moves acheck's bytes on the asyncio loop (FastAPI)
 TRANSPORT = os.environ.get("BENCH_TRANSPORT", "default")
+#: the config's spin_wait when set (e.g. "0"): unset, the core's default for this process
+SPIN_WAIT = os.environ.get("BENCH_SPIN_WAIT")
 LIMIT = 10**9
 if MODE not in ("none", "shardlimit", "peer"):
     raise SystemExit(f"BENCH_MODE must be none, shardlimit or peer, got {MODE}")
@@ -26,14 +28,17 @@ if MODE not in ("none", "shardlimit", "peer"):
 def _limiter() -> Any:
     import shardlimit
 
-    return shardlimit.Limiter.from_json(json.dumps({
+    config: dict[str, Any] = {
         "shards": [{"name": "bench", "url": REDIS}],
         "timeout_ms": 1000,
         # on_error closed: a fallback answers 503, which fails the run (only decisions
         # that came from Redis are measured; scripts/bench-peers.sh counts non-2xx)
         "policies": {"api": {"algorithm": "fixed_window", "limit": LIMIT, "window": "1h",
                              "on_error": "closed"}},
-    }), transport=cast(Any, TRANSPORT))
+    }
+    if SPIN_WAIT is not None:
+        config["spin_wait"] = SPIN_WAIT
+    return shardlimit.Limiter.from_json(json.dumps(config), transport=cast(Any, TRANSPORT))
 
 
 def _fastapi() -> Any:

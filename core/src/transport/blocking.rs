@@ -288,13 +288,82 @@ pub(crate) fn forget_places_in_child() {
 const READ_TIMEOUT_SLACK: Duration = Duration::from_millis(1);
 
 /// Gives way to any other thread ready to run on this CPU (`sched_yield`); true when one
-/// ran meanwhile (the call took over [`YIELD_RAN_OTHERS`]): the CPU is wanted, so a
-/// yielding spinner stops.
+/// ran meanwhile: the CPU is wanted, so a yielding spinner stops. On Linux, any switch
+/// away from this thread since `switches` (its count of context switches, from
+/// [`switches`]) says so, however short: two spinners on one CPU (gunicorn's workers are
+/// processes, each with its own spinning place) hand the CPU back and forth in a few
+/// microseconds a yield, so a yield's duration alone would let them spin each other's
+/// whole `spin_wait` away. Elsewhere, a yield that took over [`YIELD_RAN_OTHERS`].
 #[cfg(unix)]
-fn ran_others(before: Instant) -> bool {
+fn ran_others(before: Instant, switches: Option<i64>) -> bool {
     // SAFETY: sched_yield takes no arguments and cannot fail on Linux.
     unsafe { libc::sched_yield() };
-    before.elapsed() > YIELD_RAN_OTHERS
+    before.elapsed() > YIELD_RAN_OTHERS || (switches.is_some() && self::switches() != switches)
+}
+
+/// A yielding spinner that found other threads wanting its CPU skips the spin for its
+/// thread's next blocking calls: 1 after the first such spin, then twice as many after
+/// each one that follows, up to 64 (`MAX_SKIPS`); a spin that gets its reply resets that.
+/// A thread among busy ones (gunicorn's workers on one CPU) then pays no look at the
+/// socket, yield and switch for nothing on almost every call, while a lone caller whose
+/// spin a passing thread interrupts now and then loses one spin, not 64.
+#[cfg(unix)]
+struct YieldSkips;
+
+#[cfg(unix)]
+thread_local! {
+    /// (calls left to skip, the skip after the next spin that finds others running)
+    static SKIPS: std::cell::Cell<(u32, u32)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+#[cfg(unix)]
+impl YieldSkips {
+    const MAX_SKIPS: u32 = 64;
+
+    /// True when this call is one of those that do not spin.
+    fn skip(&self) -> bool {
+        SKIPS.with(|s| {
+            let (left, next) = s.get();
+            if left > 0 {
+                s.set((left - 1, next));
+            }
+            left > 0
+        })
+    }
+
+    /// The spin found others running.
+    fn ran_others(&self) {
+        SKIPS.with(|s| {
+            let (_, next) = s.get();
+            let skip = next.clamp(1, Self::MAX_SKIPS);
+            s.set((skip, (skip * 2).min(Self::MAX_SKIPS)));
+        });
+    }
+
+    /// The reply came while spinning.
+    fn answered(&self) {
+        SKIPS.with(|s| s.set((0, 0)));
+    }
+}
+
+#[cfg(unix)]
+const YIELD_SKIPS: YieldSkips = YieldSkips;
+
+/// How many times this thread has been switched away from the CPU, voluntarily or not
+/// (`getrusage(RUSAGE_THREAD)`); `None` where that is not known.
+#[cfg(unix)]
+fn switches() -> Option<i64> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: getrusage writes one rusage into the zeroed struct it is given.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } == 0 {
+            return Some(ru.ru_nvcsw as i64 + ru.ru_nivcsw as i64);
+        }
+        None
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
 }
 
 fn timed_out() -> io::Error {
@@ -391,11 +460,18 @@ impl BlockingConn {
         #[cfg(unix)]
         let mut slot = None;
         #[cfg(unix)]
-        let spin_until = if spin.wait.is_zero() {
+        let spin_until = if spin.wait.is_zero() || (spin.yielding && YIELD_SKIPS.skip()) {
             None
         } else {
             slot = SPINNING.take();
             slot.as_ref().map(|_| Instant::now() + spin.wait)
+        };
+        // (a yielding spinner's context switches so far: see `ran_others`)
+        #[cfg(unix)]
+        let switched = if spin.yielding && spin_until.is_some() {
+            switches()
+        } else {
+            None
         };
         #[cfg(not(unix))]
         let _ = spin;
@@ -423,14 +499,20 @@ impl BlockingConn {
                         if n == 0 {
                             return Err(io::ErrorKind::UnexpectedEof.into());
                         }
+                        if spin.yielding {
+                            YIELD_SKIPS.answered();
+                        }
                         progress(&mut since, &mut unprogressed, n);
                         continue;
                     }
                     Ok(None) => {
                         self.buf.truncate(len);
                         let now = Instant::now();
-                        if now >= until || (spin.yielding && ran_others(now)) {
+                        if now >= until {
                             slot = None; // done spinning: sleep in read from now on
+                        } else if spin.yielding && ran_others(now, switched) {
+                            slot = None;
+                            YIELD_SKIPS.ran_others();
                         } else if !spin.yielding {
                             std::hint::spin_loop();
                         }
@@ -516,6 +598,54 @@ fn progress(since: &mut Instant, unprogressed: &mut usize, n: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A thread that sleeps is switched out, and its count of switches says so (the
+    /// signal that stops a yielding spinner).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_switch_of_the_thread_is_counted() {
+        let before = switches().expect("getrusage(RUSAGE_THREAD) answers on Linux");
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(switches().unwrap() > before);
+    }
+
+    /// A yielding spinner that found others running skips the spin for 1, 2, 4... up to
+    /// 64 of its thread's next calls, and from 1 again once a spin got its reply. Per
+    /// thread.
+    #[cfg(unix)]
+    #[test]
+    fn a_spinner_that_found_others_running_skips_its_next_calls() {
+        std::thread::spawn(|| {
+            let skipped = || {
+                let mut n = 0;
+                while YIELD_SKIPS.skip() {
+                    n += 1;
+                }
+                n
+            };
+            assert_eq!(skipped(), 0, "a new thread spins");
+            let mut seen = Vec::new();
+            for _ in 0..8 {
+                YIELD_SKIPS.ran_others();
+                seen.push(skipped());
+            }
+            assert_eq!(seen, [1, 2, 4, 8, 16, 32, 64, 64]);
+            YIELD_SKIPS.ran_others();
+            std::thread::spawn(|| assert!(!YIELD_SKIPS.skip(), "another thread still spins"))
+                .join()
+                .unwrap();
+            YIELD_SKIPS.answered();
+            assert_eq!(
+                skipped(),
+                0,
+                "a spin that got its reply: every call spins again"
+            );
+            YIELD_SKIPS.ran_others();
+            assert_eq!(skipped(), 1);
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn at_most_as_many_own_io_callers_as_places() {

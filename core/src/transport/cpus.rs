@@ -123,8 +123,9 @@ pub(crate) struct Spin {
     /// How long, at most (0: sleep in `read` at once).
     pub wait: Duration,
     /// Give way to every other ready thread between two looks at the socket, and stop
-    /// spinning at the first look that another thread ran in between
-    /// ([`YIELD_RAN_OTHERS`]): a spinner on one CPU then only takes time that would have
+    /// spinning at the first look that another thread ran in between (the spinner was
+    /// switched out, or the yield took over [`YIELD_RAN_OTHERS`]): a spinner on one CPU
+    /// then only takes time that would have
     /// gone idle.
     pub yielding: bool,
 }

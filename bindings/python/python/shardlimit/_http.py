@@ -466,7 +466,6 @@ def layers(target: Optional[Target]) -> list[Layer]:
 
 HEADER_SETS = ("both", "x-ratelimit", "ietf", "none")
 RETRY_AFTER_FORMATS = ("seconds", "http-date")
-_IETF = ("ratelimit", "ratelimit-policy")
 
 
 @dataclass(frozen=True)
@@ -557,11 +556,26 @@ def has_raw_rate_headers(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     return False
 
 
+_RATE_NAMES = frozenset(("ratelimit", "ratelimit-policy", "retry-after"))
+
+
 def has_rate_headers(names: Iterable[str]) -> bool:
     """Whether a response already carries rate-limit headers (or its own ``Retry-After``):
     then the middleware adds none, so that no response has two sets."""
-    return any(n.lower().startswith("x-ratelimit-") or n.lower() in _IETF
-               or n.lower() == "retry-after" for n in names)
+    for name in names:
+        low = name.lower()
+        if low.startswith("x-ratelimit-") or low in _RATE_NAMES:
+            return True
+    return False
+
+
+def has_rate_header_pairs(headers: Iterable[tuple[str, str]]) -> bool:
+    """:func:`has_rate_headers` of WSGI's (name, value) pairs."""
+    for name, _ in headers:
+        low = name.lower()
+        if low.startswith("x-ratelimit-") or low in _RATE_NAMES:
+            return True
+    return False
 
 
 def denial(decision: Decision, options: Options) -> tuple[int, list[tuple[str, str]], bytes]:

@@ -12,6 +12,7 @@ Redis, so threaded servers check in parallel.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -26,12 +27,13 @@ from ._http import (
     Target,
     by_client_ip,
     denial,
-    has_rate_headers,
+    has_rate_header_pairs,
+    hold,
     is_outage,
     rate_headers,
 )
 from ._http import warm_up as _warm_up
-from ._shardlimit import Decision, Limiter
+from ._shardlimit import Decision, Lease, Limiter
 
 if TYPE_CHECKING:
     from _typeshed import OptExcInfo
@@ -89,6 +91,8 @@ class RateLimitMiddleware:
         self.app = app
         self.checker = Checker(limiter, rule, policy, trusted_proxies)
         self.options = Options(headers, retry_after, outage_retry_after)
+        self._x_ratelimit = self.options.x_ratelimit
+        self._ietf = self.options.ietf
         self.on_limited = on_limited
         self.on_unavailable = on_unavailable
         failed = _warm_up(limiter, warm_up)
@@ -110,6 +114,7 @@ class RateLimitMiddleware:
         checker = self.checker
         request: Optional[Request] = None
         target: Optional[Target]
+        leases: list[Lease]
         if checker.by_ip is not None:
             # the lean path of policy=: the key from the client address (remembered per
             # address), no Request unless a denial's handler needs one
@@ -117,14 +122,26 @@ class RateLimitMiddleware:
                 environ.get("REMOTE_ADDR") or None,
                 environ.get("HTTP_X_FORWARDED_FOR") if checker.reads_forwarded_for else None,
             )
+            if target is None:
+                return self.app(environ, start_response)
+            if checker.is_concurrency(target[1]):
+                decision, _, leases = checker.enter(target)
+            else:
+                # one check, no lease: one call into the core (Checker.enter's work less
+                # its branches)
+                decision = hold(checker.limiter.check(target[0], target[1]))
+                leases = []
         else:
             request = self._request(environ)
             target = checker.rule(request)
-        if target is None:
-            return self.app(environ, start_response)
-        decision, _, leases = checker.enter(target)
+            if target is None:
+                return self.app(environ, start_response)
+            decision, _, leases = checker.enter(target)
         environ["shardlimit.decision"] = decision
-        extra = rate_headers(decision, self.options)
+        # an admission's headers: one call into the core's rendering (rate_headers adds
+        # what only a denial has)
+        extra = decision._wire_headers(self._x_ratelimit, self._ietf, time.time(), False) \
+            if decision else rate_headers(decision, self.options)
 
         def start_with_headers(
             status: str,
@@ -132,7 +149,7 @@ class RateLimitMiddleware:
             exc_info: Optional[OptExcInfo] = None,
             /,
         ) -> Callable[[bytes], object]:
-            if not has_rate_headers(k for k, _ in headers):
+            if not has_rate_header_pairs(headers):
                 headers = list(headers) + extra
             return start_response(status, headers, exc_info)
 
