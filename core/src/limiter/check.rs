@@ -356,10 +356,8 @@ impl Limiter {
             self.with_policy_counters(p, |c| {
                 c.allowed.fetch_add(1, Ordering::Relaxed);
             });
-            if p.near_limit.is_none() {
-                return Ok(self.decision(p, &eff, raw.outcome, Source::Memory, None));
-            }
-            if !crosses_near(p, eff.limit, raw.outcome.remaining, cost) {
+            // (no call to `crosses_near` for a policy without `near_limit`)
+            if p.near_limit.is_none() || !crosses_near(p, eff.limit, raw.outcome.remaining, cost) {
                 return Ok(self.decision(p, &eff, raw.outcome, Source::Memory, None));
             }
             let d = self.decision(p, &eff, raw.outcome, Source::Memory, None);
