@@ -9,8 +9,8 @@ mod support;
 
 use shardlimit::{Limiter, Source};
 use std::io::{BufReader, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::read_command;
@@ -38,47 +38,29 @@ struct Fake {
     connections: Arc<AtomicUsize>,
     /// connections the fake saw the client close
     closed: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
-    }
+    _accepting: support::Accepting,
 }
 
 impl Fake {
     fn start(mode: Mode) -> Fake {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let fake = Fake {
-            port,
-            sent: Arc::default(),
-            scripts: Arc::default(),
-            connections: Arc::default(),
-            closed: Arc::default(),
-            stop: Arc::default(),
-        };
-        let (sent, scripts, conns, closed, stop) = (
-            fake.sent.clone(),
-            fake.scripts.clone(),
-            fake.connections.clone(),
-            fake.closed.clone(),
-            fake.stop.clone(),
-        );
-        std::thread::spawn(move || {
-            for s in listener.incoming() {
-                if stop.load(Ordering::Acquire) {
-                    return;
-                }
-                let Ok(s) = s else { continue };
-                conns.fetch_add(1, Ordering::AcqRel);
-                let (sent, scripts, closed) = (sent.clone(), scripts.clone(), closed.clone());
-                std::thread::spawn(move || serve(s, port, mode, sent, scripts, closed));
+        let (sent, scripts, closed) =
+            <(Arc<AtomicU64>, Arc<AtomicU64>, Arc<AtomicUsize>)>::default();
+        let accepting = support::Accepting::start({
+            let (sent, scripts, closed) = (sent.clone(), scripts.clone(), closed.clone());
+            move |s| {
+                // (the fake names its own port in the slot map it sends)
+                let port = s.local_addr().unwrap().port();
+                serve(s, port, mode, sent.clone(), scripts.clone(), closed.clone())
             }
         });
-        fake
+        Fake {
+            port: accepting.port,
+            sent,
+            scripts,
+            connections: accepting.connections.clone(),
+            closed,
+            _accepting: accepting,
+        }
     }
 
     fn limiter(&self, on_error: &str, timeout_ms: u64) -> Limiter {

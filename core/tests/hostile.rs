@@ -11,7 +11,7 @@ mod support;
 use shardlimit::{ErrorKind, Layer, Limiter, Policy, Source};
 use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::read_command;
@@ -52,14 +52,7 @@ struct Fake {
     /// connections the fake saw the client close
     closed: Arc<AtomicUsize>,
     connections: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
-    }
+    _accepting: support::Accepting,
 }
 
 fn scripts_by_sha() -> Vec<(String, &'static str)> {
@@ -85,35 +78,21 @@ fn check_reply(n: u64, tag: &str) -> String {
 
 impl Fake {
     fn start(mode: Mode) -> Fake {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let fake = Fake {
-            port,
-            mode: Arc::new(Mutex::new(mode)),
-            sent: Arc::new(AtomicU64::new(0)),
-            closed: Arc::new(AtomicUsize::new(0)),
-            connections: Arc::new(AtomicUsize::new(0)),
-            stop: Arc::new(AtomicBool::new(false)),
-        };
-        let (mode, sent, closed, conns, stop) = (
-            fake.mode.clone(),
-            fake.sent.clone(),
-            fake.closed.clone(),
-            fake.connections.clone(),
-            fake.stop.clone(),
-        );
-        std::thread::spawn(move || {
-            for s in listener.incoming() {
-                if stop.load(Ordering::Acquire) {
-                    return;
-                }
-                let Ok(s) = s else { continue };
-                conns.fetch_add(1, Ordering::AcqRel);
-                let (mode, sent, closed) = (mode.clone(), sent.clone(), closed.clone());
-                std::thread::spawn(move || serve(s, mode, sent, closed));
-            }
+        let mode = Arc::new(Mutex::new(mode));
+        let sent = Arc::new(AtomicU64::new(0));
+        let closed = Arc::new(AtomicUsize::new(0));
+        let accepting = support::Accepting::start({
+            let (mode, sent, closed) = (mode.clone(), sent.clone(), closed.clone());
+            move |s| serve(s, mode.clone(), sent.clone(), closed.clone())
         });
-        fake
+        Fake {
+            port: accepting.port,
+            mode,
+            sent,
+            closed,
+            connections: accepting.connections.clone(),
+            _accepting: accepting,
+        }
     }
 
     fn set(&self, mode: Mode) {

@@ -488,3 +488,47 @@ pub fn read_command(r: &mut std::io::BufReader<std::net::TcpStream>) -> Option<V
     }
     Some(args)
 }
+
+/// A fake server's listener on a loopback port: every connection is counted and handed to
+/// `serve` on a thread of its own, until this is dropped (the hostile-reply fakes' shared
+/// part; what each fake answers is its `serve`).
+pub struct Accepting {
+    pub port: u16,
+    /// connections accepted so far
+    pub connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Accepting {
+    pub fn start(serve: impl Fn(std::net::TcpStream) + Send + Sync + 'static) -> Accepting {
+        use std::sync::atomic::Ordering;
+        use std::sync::Arc;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = Accepting {
+            port: listener.local_addr().unwrap().port(),
+            connections: Arc::default(),
+            stop: Arc::default(),
+        };
+        let (conns, stop, serve) = (a.connections.clone(), a.stop.clone(), Arc::new(serve));
+        std::thread::spawn(move || {
+            for s in listener.incoming() {
+                if stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let Ok(s) = s else { continue };
+                conns.fetch_add(1, Ordering::AcqRel);
+                let serve = serve.clone();
+                std::thread::spawn(move || serve(s));
+            }
+        });
+        a
+    }
+}
+
+impl Drop for Accepting {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        // (wakes the accept loop up to see `stop`)
+        let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
