@@ -423,9 +423,23 @@ fn a_structured_sentinel_config_takes_any_master_name_and_password() {
 /// connection after at most that and what the sockets hold, the shard (no primary named)
 /// takes its failure mode within the deadline, and the watch subscribes again after a
 /// back-off.
+/// Writes `head` (a reply's start that announces a 1 TiB bulk) and then bytes until the
+/// client closes the connection; the bytes it could write.
+fn send_without_end(w: &mut impl std::io::Write, head: &[u8]) -> u64 {
+    let mut sent = 0u64;
+    if w.write_all(head).is_ok() {
+        sent += head.len() as u64;
+        let chunk = vec![b'x'; 64 << 10];
+        while w.write_all(&chunk).is_ok() {
+            sent += chunk.len() as u64;
+        }
+    }
+    sent
+}
+
 #[test]
 fn a_hostile_sentinel_cannot_grow_the_switch_watch() {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::{BufRead, BufReader};
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
     use std::sync::Arc;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -459,13 +473,7 @@ fn a_hostile_sentinel_cannot_grow_the_switch_watch() {
                         line.clear();
                         if word == "GET-MASTER-ADDR-BY-NAME" {
                             asked.fetch_add(1, Ordering::AcqRel);
-                            let mut sent = 0u64;
-                            if w.write_all(b"*2\r\n$1099511627776\r\n").is_ok() {
-                                let chunk = vec![b'x'; 64 << 10];
-                                while w.write_all(&chunk).is_ok() {
-                                    sent += chunk.len() as u64;
-                                }
-                            }
+                            let sent = send_without_end(&mut w, b"*2\r\n$1099511627776\r\n");
                             most_sent.fetch_max(sent, Ordering::AcqRel);
                             closed.fetch_add(1, Ordering::AcqRel);
                             return;
@@ -479,13 +487,7 @@ fn a_hostile_sentinel_cannot_grow_the_switch_watch() {
                         subscribed.fetch_add(1, Ordering::AcqRel);
                         let head = "*3\r\n$9\r\nsubscribe\r\n$14\r\n+switch-master\r\n:1\r\n\
                                     *3\r\n$7\r\nmessage\r\n$14\r\n+switch-master\r\n$1099511627776\r\n";
-                        let mut sent = head.len() as u64;
-                        if w.write_all(head.as_bytes()).is_ok() {
-                            let chunk = vec![b'x'; 64 << 10];
-                            while w.write_all(&chunk).is_ok() {
-                                sent += chunk.len() as u64;
-                            }
-                        }
+                        let sent = send_without_end(&mut w, head.as_bytes());
                         most_sent.fetch_max(sent, Ordering::AcqRel);
                         closed.fetch_add(1, Ordering::AcqRel);
                         return;
