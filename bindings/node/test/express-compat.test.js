@@ -54,7 +54,7 @@ function appWith(mw) {
 }
 
 test("Express 'trust proxy': each client behind the proxy has its own budget (req.ip)", async (t) => {
-  const limiter = limiterFor({ ip: { algorithm: 'fixed_window', limit: 2, window: '1m' } })
+  const limiter = limiterFor({ ip: { algorithm: 'sliding_log', limit: 2, window: '1m' } })
   t.after(() => limiter.close())
   const app = appWith(expressMiddleware(limiter, { policy: 'ip', warmUpMs: 0 }))
   app.set('trust proxy', 'loopback')
