@@ -406,5 +406,6 @@ python3 bench/report.py "$RESULTS" "$OUT" \
   --meta "redis=$REDIS_VERSION" --meta "node=$(node --version)" --meta "python=$( [ -x "$PY" ] && "$PY" -c 'import sys; print(sys.version.split()[0])')" \
   --meta "go=$(go env GOVERSION)" --meta "go_redis=$GO_REDIS" --meta "redis_rate=$REDIS_RATE" \
   --meta "total=$TOTAL" --meta "sequential=$SEQ" --meta "py_n=$PYN" --meta "http_secs=$HTTP_SECS" --meta "rust_n=$RUST_N" \
-  --lock "$LOCK" --criterion "$CRIT"
+  --lock "$LOCK" --criterion "$CRIT" \
+  $( [ "$OUT" = docs/benchmarks.md ] && [ "$QUICK" = 0 ] && [ -z "$ONLY" ] && echo --readme README.md )
 echo "== wrote $OUT"
