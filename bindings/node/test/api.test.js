@@ -101,7 +101,7 @@ test('peek, reset, acquire/release on the memory engine', async () => {
       login: config.policies.login,
       jobs: { algorithm: 'concurrency', max: 1, lease_ttl: '10s' },
     },
-  })
+  }, { clock: new ManualClock(T0) }) // (one window for the check and the peek after it)
   await limiter.check('k', { policy: 'login', cost: 2 })
   assert.equal((await limiter.peek('k', { policy: 'login' })).allowed, false)
   await limiter.reset('k', { policy: 'login' })

@@ -9,7 +9,7 @@ const assert = require('node:assert/strict')
 const http = require('node:http')
 const express = require('express')
 const Fastify = require('fastify')
-const { Limiter, expressMiddleware, fastifyHook } = require('..')
+const { Limiter, ManualClock, expressMiddleware, fastifyHook } = require('..')
 const { startRedis } = require('./support/redis.js')
 
 let redis
@@ -18,10 +18,15 @@ test.before(async () => {
 })
 test.after(() => redis.stop())
 
+// The limiter's clock is fixed 20 s into a minute (every window here is a minute or more):
+// a test's checks never straddle a window boundary that Redis's own clock could put
+// between them.
+const T0 = 1_800_000_000_000_000
+
 function limiterFor(policies, extra = {}) {
   const cfg = JSON.parse(JSON.stringify(redis.config(policies)))
   Object.assign(cfg, { on_error: 'error' }, extra)
-  return Limiter.fromJson(cfg)
+  return Limiter.fromJson(cfg, { clock: new ManualClock(T0 + 20_000_000) })
 }
 
 async function serve(t, app) {
@@ -186,7 +191,7 @@ test('on_error local: a denial by this process share is a 429 with its own heade
     instances: 1,
     shards: [{ name: 's0', url: `redis://127.0.0.1:${port}` }],
     policies: { api: { algorithm: 'fixed_window', limit: 2, window: '1m' } },
-  })
+  }, { clock: new ManualClock(T0 + 20_000_000) })
   t.after(() => limiter.close())
   const app = appWith(expressMiddleware(limiter, { policy: 'api', key: () => 'u', warmUpMs: 0 }))
   const p = await serve(t, app)
@@ -214,7 +219,7 @@ test('on_error local in a layered check: a denial by that layer is a 429 as for 
       ip: { algorithm: 'fixed_window', limit: 2, window: '1m', on_error: 'local' },
       tenant: { algorithm: 'fixed_window', limit: 100, window: '1m', on_error: 'local' },
     },
-  })
+  }, { clock: new ManualClock(T0 + 20_000_000) })
   t.after(() => limiter.close())
   const layers = () => [{ key: 'ip:1', policy: 'ip' }, { key: 'tenant:a', policy: 'tenant' }]
   const direct = await limiter.checkAll(layers())
