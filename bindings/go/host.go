@@ -11,6 +11,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -119,6 +120,8 @@ type hostTransport struct {
 	connectTimeout time.Duration
 	// stats, set by tests only (under mu)
 	stats *hostStats
+	// woken: how many checks the replies read since the last write woke (under mu)
+	woken int
 	// ctx ends when the transport closes (a dial in progress stops)
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -147,17 +150,22 @@ type hostStats struct {
 	pending, decided, delegated int
 }
 
+// hostWaiter is a check waiting for its completion: the reader writes d and err in place
+// (a Decision is some 700 bytes: not copied through the channel), then signals ch.
 type hostWaiter struct {
-	ch     chan hostResult // room for one
+	ch     chan struct{} // room for one
 	policy string
+	d      Decision
+	err    error
 }
 
-type hostResult struct {
-	d   Decision
-	err error
-}
+var waiterPool = sync.Pool{New: func() any { return &hostWaiter{ch: make(chan struct{}, 1)} }}
 
-var waiterPool = sync.Pool{New: func() any { return &hostWaiter{ch: make(chan hostResult, 1)} }}
+// done hands w its result (mu held).
+func (w *hostWaiter) done(err error) {
+	w.err = err
+	w.ch <- struct{}{}
+}
 
 func newHostTransport(lim *C.shardlimit_limiter) (*hostTransport, error) {
 	var h *C.shardlimit_host
@@ -259,15 +267,21 @@ func (t *hostTransport) check(ctx context.Context, key, policy string, cost uint
 		t.mu.Unlock()
 	} else {
 		s.writing = true
+		burst := t.woken > 1
 		t.mu.Unlock()
+		if burst {
+			// the replies that woke this check woke others: the ones that can run now (on
+			// one CPU, all of them wait for this goroutine) queue their checks first, and
+			// this write carries them all, one batch call. A lone caller writes at once.
+			runtime.Gosched()
+		}
 		t.flush(s)
 	}
 	if afterStart != nil {
 		afterStart()
 	}
-	var r hostResult
 	select {
-	case r = <-w.ch:
+	case <-w.ch:
 	case <-ctx.Done():
 		t.mu.Lock()
 		_, waiting := t.waiters[uint64(id)]
@@ -279,11 +293,12 @@ func (t *hostTransport) check(ctx context.Context, key, policy string, cost uint
 			waiterPool.Put(w)
 			return Decision{}, ctx.Err(), true
 		}
-		r = <-w.ch // completed first: its result stands
+		<-w.ch // completed first: its result stands
 	}
-	w.policy = ""
+	d, err = w.d, w.err
+	w.policy, w.d, w.err = "", Decision{}, nil
 	waiterPool.Put(w)
-	return r.d, r.err, true
+	return d, err, true
 }
 
 func (t *hostTransport) count(step C.uint32_t) {
@@ -375,11 +390,9 @@ func (t *hostTransport) deliverLocked(rc C.shardlimit_result, e *C.shardlimit_er
 		comps := unsafe.Slice(t.comps, int(n))
 		for i := range comps {
 			c := &comps[i]
-			var r hostResult
-			if c.result == C.SHARDLIMIT_OK {
-				r.d = Decision{}
-			} else {
-				r.err = takeError(c.result, c.error)
+			var err error
+			if c.result != C.SHARDLIMIT_OK {
+				err = takeError(c.result, c.error)
 				c.error = nil
 			}
 			w, ok := t.waiters[uint64(c.id)]
@@ -387,10 +400,11 @@ func (t *hostTransport) deliverLocked(rc C.shardlimit_result, e *C.shardlimit_er
 				continue // its caller has gone (ctx done)
 			}
 			delete(t.waiters, uint64(c.id))
-			if c.result == C.SHARDLIMIT_OK {
-				r.d = decisionFromC(&c.decision, w.policy)
+			if err == nil {
+				w.d.fromC(&c.decision, w.policy)
 			}
-			w.ch <- r
+			t.woken++
+			w.done(err)
 		}
 		if int(n) < hostCompletions {
 			return
@@ -437,6 +451,7 @@ func (t *hostTransport) flush(s *hostShard) {
 			}
 			return
 		}
+		t.woken = 0
 		t.mu.Unlock()
 		if _, err := conn.Write(s.wbuf[:n]); err != nil {
 			conn.Close() // the reader sees it and reports the close
@@ -614,7 +629,7 @@ func (t *hostTransport) close() {
 	// a check that the library never completes cannot be left waiting
 	for id, w := range t.waiters {
 		delete(t.waiters, id)
-		w.ch <- hostResult{err: ErrClosed}
+		w.done(ErrClosed)
 	}
 	t.mu.Unlock()
 	t.wg.Wait()
