@@ -120,8 +120,9 @@ type hostTransport struct {
 	connectTimeout time.Duration
 	// stats, set by tests only (under mu)
 	stats *hostStats
-	// woken: how many checks the replies read since the last write woke (under mu)
-	woken int
+	// woken: how many checks the replies read since the last write woke; queued: how
+	// many checks were queued since then (under mu)
+	woken, queued int
 	// ctx ends when the transport closes (a dial in progress stops)
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -249,6 +250,7 @@ func (t *hostTransport) check(ctx context.Context, key, policy string, cost uint
 	w := waiterPool.Get().(*hostWaiter)
 	w.policy = policy
 	t.waiters[uint64(id)] = w
+	t.queued++
 	if !t.armed {
 		t.armLocked()
 	}
@@ -270,10 +272,7 @@ func (t *hostTransport) check(ctx context.Context, key, policy string, cost uint
 		burst := t.woken > 1
 		t.mu.Unlock()
 		if burst {
-			// the replies that woke this check woke others: the ones that can run now (on
-			// one CPU, all of them wait for this goroutine) queue their checks first, and
-			// this write carries them all, one batch call. A lone caller writes at once.
-			runtime.Gosched()
+			t.gather(s)
 		}
 		t.flush(s)
 	}
@@ -413,6 +412,29 @@ func (t *hostTransport) deliverLocked(rc C.shardlimit_result, e *C.shardlimit_er
 	}
 }
 
+// hostGatherRounds bounds how many times a check that starts a write yields first.
+const hostGatherRounds = 8
+
+// gather lets the checkers that the last replies woke with this one queue their checks
+// before it writes (s.writing set, so they only queue), so that one write, one batch call,
+// carries them: it yields while a round brought more checks and fewer have come back than
+// were woken, at most hostGatherRounds times. On one CPU they all wait for this goroutine
+// (and a round can end early when a cgo call or a syscall hands the CPU over); a lone
+// caller (one check woken) never gets here and writes at once.
+func (t *hostTransport) gather(s *hostShard) {
+	last := -1
+	for i := 0; i < hostGatherRounds; i++ {
+		runtime.Gosched()
+		t.mu.Lock()
+		q, w := t.queued, t.woken
+		t.mu.Unlock()
+		if q == last || q >= w {
+			return
+		}
+		last = q
+	}
+}
+
 // startFlush writes what the library has for shard s, unless a flush is in progress (which
 // takes it in its next write).
 func (t *hostTransport) startFlush(s *hostShard) {
@@ -451,7 +473,7 @@ func (t *hostTransport) flush(s *hostShard) {
 			}
 			return
 		}
-		t.woken = 0
+		t.woken, t.queued = 0, 0
 		t.mu.Unlock()
 		if _, err := conn.Write(s.wbuf[:n]); err != nil {
 			conn.Close() // the reader sees it and reports the close
