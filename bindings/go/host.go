@@ -608,10 +608,18 @@ func (t *hostTransport) read(s *hostShard, conn net.Conn) (worked bool, err erro
 			var e *C.shardlimit_error
 			t.mu.Lock()
 			rc := C.shardlimit_host_input(t.h, C.size_t(s.index), (*C.uint8_t)(unsafe.Pointer(&buf[0])), C.size_t(r), t.comps, hostCompletions, &n, &e)
+			woke := t.woken
 			t.deliverLocked(rc, e, n)
+			woke = t.woken - woke
 			s.reading.Store(false)
 			down := bool(C.shardlimit_host_is_down(t.h, C.size_t(s.index)))
 			t.mu.Unlock()
+			if woke > 0 {
+				// the checks just completed run first (on one CPU they wait for this
+				// goroutine): their callers have their decisions before this reader's
+				// own remaining work, and the next checks go out sooner
+				runtime.Gosched()
+			}
 			if down {
 				return false, errors.New("a reply shardlimit could not trust (the connection was dropped)")
 			}
