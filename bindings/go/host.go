@@ -3,6 +3,18 @@ package shardlimit
 /*
 #include <stdlib.h>
 #include "shardlimit.h"
+
+// The out-parameters of the host transport's calls, which are all made under its mu: in
+// C memory, once per transport (a Go variable whose address goes to C lives on the heap,
+// one allocation per call; the decision is some 500 bytes).
+typedef struct {
+	uint32_t step;
+	uint64_t id;
+	size_t shard;
+	size_t n;
+	shardlimit_error *err;
+	shardlimit_decision decision;
+} host_scratch;
 */
 import "C"
 
@@ -110,7 +122,9 @@ type hostTransport struct {
 	waiters map[uint64]*hostWaiter
 	shards  []*hostShard
 	// completions from the library: C memory (an entry holds an error handle)
-	comps  *C.shardlimit_host_completion
+	comps *C.shardlimit_host_completion
+	// sc: the calls' out-parameters, C memory (under mu)
+	sc     *C.host_scratch
 	timer  *time.Timer
 	armed  bool // the timer is set for the next deadline
 	closed bool
@@ -179,6 +193,7 @@ func newHostTransport(lim *C.shardlimit_limiter) (*hostTransport, error) {
 		waiters: make(map[uint64]*hostWaiter),
 		done:    make(chan struct{}),
 		comps:   (*C.shardlimit_host_completion)(C.calloc(hostCompletions, C.size_t(unsafe.Sizeof(C.shardlimit_host_completion{})))),
+		sc:      (*C.host_scratch)(C.calloc(1, C.size_t(unsafe.Sizeof(C.host_scratch{})))),
 	}
 	n := int(C.shardlimit_host_shard_count(h))
 	for i := 0; i < n; i++ {
@@ -188,6 +203,7 @@ func newHostTransport(lim *C.shardlimit_limiter) (*hostTransport, error) {
 		if rc := C.shardlimit_host_address(h, C.size_t(i), &host, &port, &us, &e); rc != C.SHARDLIMIT_OK {
 			C.shardlimit_host_free(h)
 			C.free(unsafe.Pointer(t.comps))
+			C.free(unsafe.Pointer(t.sc))
 			return nil, takeError(rc, e)
 		}
 		name := takeString(&host)
@@ -221,28 +237,28 @@ func newHostTransport(lim *C.shardlimit_limiter) (*hostTransport, error) {
 func (t *hostTransport) check(ctx context.Context, key, policy string, cost uint64, afterStart func()) (d Decision, err error, ok bool) {
 	kp, kn := cStr(key)
 	pp, pn := cStr(policy)
-	var step C.uint32_t
-	var id C.uint64_t
-	var shard C.size_t
-	var cd C.shardlimit_decision
-	var e *C.shardlimit_error
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
 		return Decision{}, ErrClosed, true
 	}
-	rc := C.shardlimit_host_check(t.h, kp, kn, pp, pn, C.uint64_t(cost), &step, &id, &shard, &cd, &e)
+	sc := t.sc
+	sc.err = nil
+	rc := C.shardlimit_host_check(t.h, kp, kn, pp, pn, C.uint64_t(cost), &sc.step, &sc.id, &sc.shard, &sc.decision, &sc.err)
 	if rc != C.SHARDLIMIT_OK {
+		e := sc.err
 		t.mu.Unlock()
 		return Decision{}, takeError(rc, e), true
 	}
+	step, id, shard := sc.step, sc.id, sc.shard
 	if t.stats != nil {
 		t.count(step)
 	}
 	switch step {
 	case C.SHARDLIMIT_HOST_DECIDED:
+		d = decisionFromC(&sc.decision, policy)
 		t.mu.Unlock()
-		return decisionFromC(&cd, policy), nil, true
+		return d, nil, true
 	case C.SHARDLIMIT_HOST_DELEGATE:
 		t.mu.Unlock()
 		return Decision{}, nil, false
@@ -408,7 +424,9 @@ func (t *hostTransport) deliverLocked(rc C.shardlimit_result, e *C.shardlimit_er
 		if int(n) < hostCompletions {
 			return
 		}
-		rc = C.shardlimit_host_completions(t.h, t.comps, hostCompletions, &n, &e)
+		t.sc.err = nil
+		rc = C.shardlimit_host_completions(t.h, t.comps, hostCompletions, &t.sc.n, &t.sc.err)
+		n, e = t.sc.n, t.sc.err
 	}
 }
 
@@ -455,8 +473,6 @@ func (t *hostTransport) startFlush(s *hostShard) {
 // after it starts a flush of its own.
 func (t *hostTransport) flush(s *hostShard) {
 	for {
-		var n C.size_t
-		var e *C.shardlimit_error
 		t.mu.Lock()
 		conn := s.conn
 		if t.closed || conn == nil {
@@ -464,7 +480,9 @@ func (t *hostTransport) flush(s *hostShard) {
 			t.mu.Unlock()
 			return
 		}
-		rc := C.shardlimit_host_transmit(t.h, C.size_t(s.index), (*C.uint8_t)(unsafe.Pointer(&s.wbuf[0])), hostWriteBuf, &n, &e)
+		t.sc.err = nil
+		rc := C.shardlimit_host_transmit(t.h, C.size_t(s.index), (*C.uint8_t)(unsafe.Pointer(&s.wbuf[0])), hostWriteBuf, &t.sc.n, &t.sc.err)
+		n, e := t.sc.n, t.sc.err
 		if rc != C.SHARDLIMIT_OK || n == 0 {
 			s.writing = false
 			t.mu.Unlock()
@@ -604,12 +622,11 @@ func (t *hostTransport) read(s *hostShard, conn net.Conn) (worked bool, err erro
 			if h := hostReadHook.Load(); h != nil {
 				(*h)(hookBeforeInput)
 			}
-			var n C.size_t
-			var e *C.shardlimit_error
 			t.mu.Lock()
-			rc := C.shardlimit_host_input(t.h, C.size_t(s.index), (*C.uint8_t)(unsafe.Pointer(&buf[0])), C.size_t(r), t.comps, hostCompletions, &n, &e)
+			t.sc.err = nil
+			rc := C.shardlimit_host_input(t.h, C.size_t(s.index), (*C.uint8_t)(unsafe.Pointer(&buf[0])), C.size_t(r), t.comps, hostCompletions, &t.sc.n, &t.sc.err)
 			woke := t.woken
-			t.deliverLocked(rc, e, n)
+			t.deliverLocked(rc, t.sc.err, t.sc.n)
 			woke = t.woken - woke
 			s.reading.Store(false)
 			down := bool(C.shardlimit_host_is_down(t.h, C.size_t(s.index)))
@@ -665,4 +682,5 @@ func (t *hostTransport) close() {
 	t.wg.Wait()
 	C.shardlimit_host_free(t.h)
 	C.free(unsafe.Pointer(t.comps))
+	C.free(unsafe.Pointer(t.sc))
 }
