@@ -267,9 +267,6 @@ func (t *hostTransport) check(ctx context.Context, key, policy string, cost uint
 	w.policy = policy
 	t.waiters[uint64(id)] = w
 	t.queued++
-	if !t.armed {
-		t.armLocked()
-	}
 	s := t.shards[int(shard)]
 	if s.sleeping {
 		// the shard was down with its circuit closed: the check waits for a connect made
@@ -492,6 +489,11 @@ func (t *hostTransport) flush(s *hostShard) {
 			return
 		}
 		t.woken, t.queued = 0, 0
+		if !t.armed {
+			// the checks handed out have a deadline from now (a check only queued has
+			// none): the timer must run for them
+			t.armLocked()
+		}
 		t.mu.Unlock()
 		if _, err := conn.Write(s.wbuf[:n]); err != nil {
 			conn.Close() // the reader sees it and reports the close

@@ -548,3 +548,38 @@ func hostileShard(t *testing.T, timeoutMS int, serve func(c net.Conn, buf []byte
 	t.Cleanup(func() { l.Close() })
 	return l
 }
+
+// A lone check on an idle connection to a server that never answers fails by the config's
+// deadline: the deadline timer is set when its bytes are handed out to be written (a check
+// only queued has no deadline yet), not only while other checks keep it running.
+func TestHostLoneCheckToASilentServerTimesOut(t *testing.T) {
+	l := hostileShard(t, 200, func(c net.Conn, buf []byte) {
+		for { // reads, never answers
+			if _, err := c.Read(buf); err != nil {
+				return
+			}
+		}
+	})
+	ht := l.host.Load()
+	waitFor(t, "connected", func() bool {
+		ht.mu.Lock()
+		defer ht.mu.Unlock()
+		return ht.shards[0].conn != nil
+	})
+	// the connect's deadline has passed: nothing keeps the timer set
+	waitFor(t, "the timer idle", func() bool {
+		ht.mu.Lock()
+		defer ht.mu.Unlock()
+		return !ht.armed
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := l.Check(ctx, "k", "strict", 1)
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("a check to a silent server: %v after %v, not the config's deadline (200 ms)", err, time.Since(start))
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("the deadline took %v", took)
+	}
+}
