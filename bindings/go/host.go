@@ -149,7 +149,10 @@ type hostShard struct {
 	// writing: a goroutine is in flush for this shard (under mu); the checks queued
 	// meanwhile go out in its next write
 	writing bool
-	wbuf    []byte // flush's buffer (one flush at a time)
+	// more: while writing, a check was queued or the reader asked for a flush (under mu):
+	// the flush asks the library again before it ends
+	more bool
+	wbuf []byte // flush's buffer (one flush at a time)
 	// readBuf is the reader's (run's) buffer
 	readBuf []byte
 	// reading: the reader is taking bytes from the socket, or has taken bytes it has not
@@ -279,6 +282,7 @@ func (t *hostTransport) check(ctx context.Context, key, policy string, cost uint
 	}
 	if s.writing || s.conn == nil {
 		// a flush in progress takes it in its next write (or the connect, its first)
+		s.more = true
 		t.mu.Unlock()
 	} else {
 		s.writing = true
@@ -455,6 +459,7 @@ func (t *hostTransport) gather(s *hostShard) {
 func (t *hostTransport) startFlush(s *hostShard) {
 	t.mu.Lock()
 	if s.writing || s.conn == nil || t.closed {
+		s.more = s.more || s.writing
 		t.mu.Unlock()
 		return
 	}
@@ -466,8 +471,9 @@ func (t *hostTransport) startFlush(s *hostShard) {
 // flush writes what the library has for shard s until it has nothing more (s.writing set
 // by the caller): the checks that come while a write is in flight go out together in the
 // next one, written by this goroutine, so 64 goroutines share few writes. It clears
-// s.writing under the same lock as the transmit that found nothing, so a check queued
-// after it starts a flush of its own.
+// s.writing under the same lock as the transmit that found nothing, or as its look at
+// s.more after a write that took all the library had, so a check queued after it starts a
+// flush of its own.
 func (t *hostTransport) flush(s *hostShard) {
 	for {
 		t.mu.Lock()
@@ -477,6 +483,7 @@ func (t *hostTransport) flush(s *hostShard) {
 			t.mu.Unlock()
 			return
 		}
+		s.more = false
 		t.sc.err = nil
 		rc := C.shardlimit_host_transmit(t.h, C.size_t(s.index), (*C.uint8_t)(unsafe.Pointer(&s.wbuf[0])), hostWriteBuf, &t.sc.n, &t.sc.err)
 		n, e := t.sc.n, t.sc.err
@@ -497,6 +504,17 @@ func (t *hostTransport) flush(s *hostShard) {
 		t.mu.Unlock()
 		if _, err := conn.Write(s.wbuf[:n]); err != nil {
 			conn.Close() // the reader sees it and reports the close
+		}
+		if n < hostWriteBuf {
+			// the library handed out all it had: unless a check (or the reader) came
+			// meanwhile, there is nothing to ask it for
+			t.mu.Lock()
+			if !s.more {
+				s.writing = false
+				t.mu.Unlock()
+				return
+			}
+			t.mu.Unlock()
 		}
 	}
 }
