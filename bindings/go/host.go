@@ -3,6 +3,18 @@ package shardlimit
 /*
 #include <stdlib.h>
 #include "shardlimit.h"
+
+// The out-parameters of the host transport's calls, which are all made under its mu: in
+// C memory, once per transport (a Go variable whose address goes to C lives on the heap,
+// one allocation per call; the decision is some 500 bytes).
+typedef struct {
+	uint32_t step;
+	uint64_t id;
+	size_t shard;
+	size_t n;
+	shardlimit_error *err;
+	shardlimit_decision decision;
+} host_scratch;
 */
 import "C"
 
@@ -11,6 +23,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -109,7 +122,9 @@ type hostTransport struct {
 	waiters map[uint64]*hostWaiter
 	shards  []*hostShard
 	// completions from the library: C memory (an entry holds an error handle)
-	comps  *C.shardlimit_host_completion
+	comps *C.shardlimit_host_completion
+	// sc: the calls' out-parameters, C memory (under mu)
+	sc     *C.host_scratch
 	timer  *time.Timer
 	armed  bool // the timer is set for the next deadline
 	closed bool
@@ -119,6 +134,9 @@ type hostTransport struct {
 	connectTimeout time.Duration
 	// stats, set by tests only (under mu)
 	stats *hostStats
+	// woken: how many checks the replies read since the last write woke; queued: how
+	// many checks were queued since then (under mu)
+	woken, queued int
 	// ctx ends when the transport closes (a dial in progress stops)
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -131,7 +149,10 @@ type hostShard struct {
 	// writing: a goroutine is in flush for this shard (under mu); the checks queued
 	// meanwhile go out in its next write
 	writing bool
-	wbuf    []byte // flush's buffer (one flush at a time)
+	// more: while writing, a check was queued or the reader asked for a flush (under mu):
+	// the flush asks the library again before it ends
+	more bool
+	wbuf []byte // flush's buffer (one flush at a time)
 	// readBuf is the reader's (run's) buffer
 	readBuf []byte
 	// reading: the reader is taking bytes from the socket, or has taken bytes it has not
@@ -147,17 +168,22 @@ type hostStats struct {
 	pending, decided, delegated int
 }
 
+// hostWaiter is a check waiting for its completion: the reader writes d and err in place
+// (a Decision is some 700 bytes: not copied through the channel), then signals ch.
 type hostWaiter struct {
-	ch     chan hostResult // room for one
+	ch     chan struct{} // room for one
 	policy string
+	d      Decision
+	err    error
 }
 
-type hostResult struct {
-	d   Decision
-	err error
-}
+var waiterPool = sync.Pool{New: func() any { return &hostWaiter{ch: make(chan struct{}, 1)} }}
 
-var waiterPool = sync.Pool{New: func() any { return &hostWaiter{ch: make(chan hostResult, 1)} }}
+// done hands w its result (mu held).
+func (w *hostWaiter) done(err error) {
+	w.err = err
+	w.ch <- struct{}{}
+}
 
 func newHostTransport(lim *C.shardlimit_limiter) (*hostTransport, error) {
 	var h *C.shardlimit_host
@@ -170,6 +196,7 @@ func newHostTransport(lim *C.shardlimit_limiter) (*hostTransport, error) {
 		waiters: make(map[uint64]*hostWaiter),
 		done:    make(chan struct{}),
 		comps:   (*C.shardlimit_host_completion)(C.calloc(hostCompletions, C.size_t(unsafe.Sizeof(C.shardlimit_host_completion{})))),
+		sc:      (*C.host_scratch)(C.calloc(1, C.size_t(unsafe.Sizeof(C.host_scratch{})))),
 	}
 	n := int(C.shardlimit_host_shard_count(h))
 	for i := 0; i < n; i++ {
@@ -179,6 +206,7 @@ func newHostTransport(lim *C.shardlimit_limiter) (*hostTransport, error) {
 		if rc := C.shardlimit_host_address(h, C.size_t(i), &host, &port, &us, &e); rc != C.SHARDLIMIT_OK {
 			C.shardlimit_host_free(h)
 			C.free(unsafe.Pointer(t.comps))
+			C.free(unsafe.Pointer(t.sc))
 			return nil, takeError(rc, e)
 		}
 		name := takeString(&host)
@@ -212,28 +240,28 @@ func newHostTransport(lim *C.shardlimit_limiter) (*hostTransport, error) {
 func (t *hostTransport) check(ctx context.Context, key, policy string, cost uint64, afterStart func()) (d Decision, err error, ok bool) {
 	kp, kn := cStr(key)
 	pp, pn := cStr(policy)
-	var step C.uint32_t
-	var id C.uint64_t
-	var shard C.size_t
-	var cd C.shardlimit_decision
-	var e *C.shardlimit_error
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
 		return Decision{}, ErrClosed, true
 	}
-	rc := C.shardlimit_host_check(t.h, kp, kn, pp, pn, C.uint64_t(cost), &step, &id, &shard, &cd, &e)
+	sc := t.sc
+	sc.err = nil
+	rc := C.shardlimit_host_check(t.h, kp, kn, pp, pn, C.uint64_t(cost), &sc.step, &sc.id, &sc.shard, &sc.decision, &sc.err)
 	if rc != C.SHARDLIMIT_OK {
+		e := sc.err
 		t.mu.Unlock()
 		return Decision{}, takeError(rc, e), true
 	}
+	step, id, shard := sc.step, sc.id, sc.shard
 	if t.stats != nil {
 		t.count(step)
 	}
 	switch step {
 	case C.SHARDLIMIT_HOST_DECIDED:
+		d = decisionFromC(&sc.decision, policy)
 		t.mu.Unlock()
-		return decisionFromC(&cd, policy), nil, true
+		return d, nil, true
 	case C.SHARDLIMIT_HOST_DELEGATE:
 		t.mu.Unlock()
 		return Decision{}, nil, false
@@ -241,9 +269,7 @@ func (t *hostTransport) check(ctx context.Context, key, policy string, cost uint
 	w := waiterPool.Get().(*hostWaiter)
 	w.policy = policy
 	t.waiters[uint64(id)] = w
-	if !t.armed {
-		t.armLocked()
-	}
+	t.queued++
 	s := t.shards[int(shard)]
 	if s.sleeping {
 		// the shard was down with its circuit closed: the check waits for a connect made
@@ -256,18 +282,22 @@ func (t *hostTransport) check(ctx context.Context, key, policy string, cost uint
 	}
 	if s.writing || s.conn == nil {
 		// a flush in progress takes it in its next write (or the connect, its first)
+		s.more = true
 		t.mu.Unlock()
 	} else {
 		s.writing = true
+		burst := t.woken > 1
 		t.mu.Unlock()
+		if burst {
+			t.gather(s)
+		}
 		t.flush(s)
 	}
 	if afterStart != nil {
 		afterStart()
 	}
-	var r hostResult
 	select {
-	case r = <-w.ch:
+	case <-w.ch:
 	case <-ctx.Done():
 		t.mu.Lock()
 		_, waiting := t.waiters[uint64(id)]
@@ -279,11 +309,12 @@ func (t *hostTransport) check(ctx context.Context, key, policy string, cost uint
 			waiterPool.Put(w)
 			return Decision{}, ctx.Err(), true
 		}
-		r = <-w.ch // completed first: its result stands
+		<-w.ch // completed first: its result stands
 	}
-	w.policy = ""
+	d, err = w.d, w.err
+	w.policy, w.d, w.err = "", Decision{}, nil
 	waiterPool.Put(w)
-	return r.d, r.err, true
+	return d, err, true
 }
 
 func (t *hostTransport) count(step C.uint32_t) {
@@ -375,11 +406,9 @@ func (t *hostTransport) deliverLocked(rc C.shardlimit_result, e *C.shardlimit_er
 		comps := unsafe.Slice(t.comps, int(n))
 		for i := range comps {
 			c := &comps[i]
-			var r hostResult
-			if c.result == C.SHARDLIMIT_OK {
-				r.d = Decision{}
-			} else {
-				r.err = takeError(c.result, c.error)
+			var err error
+			if c.result != C.SHARDLIMIT_OK {
+				err = takeError(c.result, c.error)
 				c.error = nil
 			}
 			w, ok := t.waiters[uint64(c.id)]
@@ -387,15 +416,41 @@ func (t *hostTransport) deliverLocked(rc C.shardlimit_result, e *C.shardlimit_er
 				continue // its caller has gone (ctx done)
 			}
 			delete(t.waiters, uint64(c.id))
-			if c.result == C.SHARDLIMIT_OK {
-				r.d = decisionFromC(&c.decision, w.policy)
+			if err == nil {
+				w.d.fromC(&c.decision, w.policy)
 			}
-			w.ch <- r
+			t.woken++
+			w.done(err)
 		}
 		if int(n) < hostCompletions {
 			return
 		}
-		rc = C.shardlimit_host_completions(t.h, t.comps, hostCompletions, &n, &e)
+		t.sc.err = nil
+		rc = C.shardlimit_host_completions(t.h, t.comps, hostCompletions, &t.sc.n, &t.sc.err)
+		n, e = t.sc.n, t.sc.err
+	}
+}
+
+// hostGatherRounds bounds how many times a check that starts a write yields first.
+const hostGatherRounds = 8
+
+// gather lets the checkers that the last replies woke with this one queue their checks
+// before it writes (s.writing set, so they only queue), so that one write, one batch call,
+// carries them: it yields while a round brought more checks and fewer have come back than
+// were woken, at most hostGatherRounds times. On one CPU they all wait for this goroutine
+// (and a round can end early when a cgo call or a syscall hands the CPU over); a lone
+// caller (one check woken) never gets here and writes at once.
+func (t *hostTransport) gather(s *hostShard) {
+	last := -1
+	for i := 0; i < hostGatherRounds; i++ {
+		runtime.Gosched()
+		t.mu.Lock()
+		q, w := t.queued, t.woken
+		t.mu.Unlock()
+		if q == last || q >= w {
+			return
+		}
+		last = q
 	}
 }
 
@@ -404,6 +459,7 @@ func (t *hostTransport) deliverLocked(rc C.shardlimit_result, e *C.shardlimit_er
 func (t *hostTransport) startFlush(s *hostShard) {
 	t.mu.Lock()
 	if s.writing || s.conn == nil || t.closed {
+		s.more = s.more || s.writing
 		t.mu.Unlock()
 		return
 	}
@@ -415,12 +471,11 @@ func (t *hostTransport) startFlush(s *hostShard) {
 // flush writes what the library has for shard s until it has nothing more (s.writing set
 // by the caller): the checks that come while a write is in flight go out together in the
 // next one, written by this goroutine, so 64 goroutines share few writes. It clears
-// s.writing under the same lock as the transmit that found nothing, so a check queued
-// after it starts a flush of its own.
+// s.writing under the same lock as the transmit that found nothing, or as its look at
+// s.more after a write that took all the library had, so a check queued after it starts a
+// flush of its own.
 func (t *hostTransport) flush(s *hostShard) {
 	for {
-		var n C.size_t
-		var e *C.shardlimit_error
 		t.mu.Lock()
 		conn := s.conn
 		if t.closed || conn == nil {
@@ -428,7 +483,10 @@ func (t *hostTransport) flush(s *hostShard) {
 			t.mu.Unlock()
 			return
 		}
-		rc := C.shardlimit_host_transmit(t.h, C.size_t(s.index), (*C.uint8_t)(unsafe.Pointer(&s.wbuf[0])), hostWriteBuf, &n, &e)
+		s.more = false
+		t.sc.err = nil
+		rc := C.shardlimit_host_transmit(t.h, C.size_t(s.index), (*C.uint8_t)(unsafe.Pointer(&s.wbuf[0])), hostWriteBuf, &t.sc.n, &t.sc.err)
+		n, e := t.sc.n, t.sc.err
 		if rc != C.SHARDLIMIT_OK || n == 0 {
 			s.writing = false
 			t.mu.Unlock()
@@ -437,9 +495,26 @@ func (t *hostTransport) flush(s *hostShard) {
 			}
 			return
 		}
+		t.woken, t.queued = 0, 0
+		if !t.armed {
+			// the checks handed out have a deadline from now (a check only queued has
+			// none): the timer must run for them
+			t.armLocked()
+		}
 		t.mu.Unlock()
 		if _, err := conn.Write(s.wbuf[:n]); err != nil {
 			conn.Close() // the reader sees it and reports the close
+		}
+		if n < hostWriteBuf {
+			// the library handed out all it had: unless a check (or the reader) came
+			// meanwhile, there is nothing to ask it for
+			t.mu.Lock()
+			if !s.more {
+				s.writing = false
+				t.mu.Unlock()
+				return
+			}
+			t.mu.Unlock()
 		}
 	}
 }
@@ -567,14 +642,21 @@ func (t *hostTransport) read(s *hostShard, conn net.Conn) (worked bool, err erro
 			if h := hostReadHook.Load(); h != nil {
 				(*h)(hookBeforeInput)
 			}
-			var n C.size_t
-			var e *C.shardlimit_error
 			t.mu.Lock()
-			rc := C.shardlimit_host_input(t.h, C.size_t(s.index), (*C.uint8_t)(unsafe.Pointer(&buf[0])), C.size_t(r), t.comps, hostCompletions, &n, &e)
-			t.deliverLocked(rc, e, n)
+			t.sc.err = nil
+			rc := C.shardlimit_host_input(t.h, C.size_t(s.index), (*C.uint8_t)(unsafe.Pointer(&buf[0])), C.size_t(r), t.comps, hostCompletions, &t.sc.n, &t.sc.err)
+			woke := t.woken
+			t.deliverLocked(rc, t.sc.err, t.sc.n)
+			woke = t.woken - woke
 			s.reading.Store(false)
 			down := bool(C.shardlimit_host_is_down(t.h, C.size_t(s.index)))
 			t.mu.Unlock()
+			if woke > 0 {
+				// the checks just completed run first (on one CPU they wait for this
+				// goroutine): their callers have their decisions before this reader's
+				// own remaining work, and the next checks go out sooner
+				runtime.Gosched()
+			}
 			if down {
 				return false, errors.New("a reply shardlimit could not trust (the connection was dropped)")
 			}
@@ -614,10 +696,11 @@ func (t *hostTransport) close() {
 	// a check that the library never completes cannot be left waiting
 	for id, w := range t.waiters {
 		delete(t.waiters, id)
-		w.ch <- hostResult{err: ErrClosed}
+		w.done(ErrClosed)
 	}
 	t.mu.Unlock()
 	t.wg.Wait()
 	C.shardlimit_host_free(t.h)
 	C.free(unsafe.Pointer(t.comps))
+	C.free(unsafe.Pointer(t.sc))
 }

@@ -329,45 +329,20 @@ func TestHostReconnects(t *testing.T) {
 // misbehave on purpose): the check fails, nobody gets another caller's answer, and the
 // connection is closed.
 func TestHostHostileReply(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	closed := make(chan error, 4)
-	go func() {
+	l := hostileShard(t, 2000, func(c net.Conn, buf []byte) {
+		// a reply of the wrong shape, then one nobody asked for
+		_, _ = c.Write([]byte(":1\r\n:2\r\n"))
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
 		for {
-			c, err := ln.Accept()
-			if err != nil {
+			if _, err := c.Read(buf); err != nil {
+				closed <- err
 				return
 			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 4096)
-				if _, err := c.Read(buf); err != nil {
-					return
-				}
-				// a reply of the wrong shape, then one nobody asked for
-				_, _ = c.Write([]byte(":1\r\n:2\r\n"))
-				_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
-				for {
-					if _, err := c.Read(buf); err != nil {
-						closed <- err
-						return
-					}
-				}
-			}()
 		}
-	}()
-	port := ln.Addr().(*net.TCPAddr).Port
-	cfg := fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":2000,"policies":{
-		"strict":{"algorithm":"fixed_window","limit":10,"window":"1h","on_error":"error"}}}`, port)
-	l, err := NewFromJSON(cfg, WithTransport(TransportHost))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	})
 	var d Decision
+	var err error
 	waitFor(t, "a check sent to the server", func() bool {
 		d, err = l.Check(context.Background(), "k", "strict", 1)
 		return err != nil && !errors.Is(err, ErrConnection)
@@ -490,50 +465,24 @@ func TestHostEndlessReplyIsBounded(t *testing.T) {
 }
 
 func endlessReply(t *testing.T, head, unit string) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	sent := make(chan int64, 4)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 4096)
-				if _, err := c.Read(buf); err != nil {
-					return
-				}
-				chunk := []byte(strings.Repeat(unit, (64<<10)/len(unit)))
-				var total int64
-				if _, err := c.Write([]byte(head)); err != nil {
-					return
-				}
-				_ = c.SetWriteDeadline(time.Now().Add(10 * time.Second))
-				// at most 1 GiB: the client closes long before, or the test fails
-				for total < 1<<30 {
-					w, err := c.Write(chunk)
-					total += int64(w)
-					if err != nil {
-						break
-					}
-				}
-				sent <- total
-			}()
+	l := hostileShard(t, 5000, func(c net.Conn, _ []byte) {
+		chunk := []byte(strings.Repeat(unit, (64<<10)/len(unit)))
+		var total int64
+		if _, err := c.Write([]byte(head)); err != nil {
+			return
 		}
-	}()
-	port := ln.Addr().(*net.TCPAddr).Port
-	cfg := fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":5000,"policies":{
-		"strict":{"algorithm":"fixed_window","limit":10,"window":"1h","on_error":"error"}}}`, port)
-	l, err := NewFromJSON(cfg, WithTransport(TransportHost))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+		_ = c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		// at most 1 GiB: the client closes long before, or the test fails
+		for total < 1<<30 {
+			w, err := c.Write(chunk)
+			total += int64(w)
+			if err != nil {
+				break
+			}
+		}
+		sent <- total
+	})
 	ht := l.host.Load()
 	waitFor(t, "connected", func() bool {
 		ht.mu.Lock()
@@ -558,5 +507,79 @@ func endlessReply(t *testing.T, head, unit string) {
 		t.Logf("the server wrote %.1f MiB before the drop: %v", float64(total)/(1<<20), err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the client never dropped the endless reply")
+	}
+}
+
+// hostileShard is a fake Redis on loopback that answers each connection with serve once the
+// client's first write has come (buf: a 4 KiB buffer it read that write into), and a
+// limiter on the host transport whose one shard it is, with the policy "strict" (a fixed
+// window, on_error: error) and the config's timeout timeoutMS. Both close when t ends
+// (the limiter first).
+func hostileShard(t *testing.T, timeoutMS int, serve func(c net.Conn, buf []byte)) *Limiter {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 4096)
+				if _, err := c.Read(buf); err != nil {
+					return
+				}
+				serve(c, buf)
+			}()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	cfg := fmt.Sprintf(`{"shards":[{"name":"s0","url":"redis://127.0.0.1:%d"}],"timeout_ms":%d,"policies":{
+		"strict":{"algorithm":"fixed_window","limit":10,"window":"1h","on_error":"error"}}}`, port, timeoutMS)
+	l, err := NewFromJSON(cfg, WithTransport(TransportHost))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// A lone check on an idle connection to a server that never answers fails by the config's
+// deadline: the deadline timer is set when its bytes are handed out to be written (a check
+// only queued has no deadline yet), not only while other checks keep it running.
+func TestHostLoneCheckToASilentServerTimesOut(t *testing.T) {
+	l := hostileShard(t, 200, func(c net.Conn, buf []byte) {
+		for { // reads, never answers
+			if _, err := c.Read(buf); err != nil {
+				return
+			}
+		}
+	})
+	ht := l.host.Load()
+	waitFor(t, "connected", func() bool {
+		ht.mu.Lock()
+		defer ht.mu.Unlock()
+		return ht.shards[0].conn != nil
+	})
+	// the connect's deadline has passed: nothing keeps the timer set
+	waitFor(t, "the timer idle", func() bool {
+		ht.mu.Lock()
+		defer ht.mu.Unlock()
+		return !ht.armed
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := l.Check(ctx, "k", "strict", 1)
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("a check to a silent server: %v after %v, not the config's deadline (200 ms)", err, time.Since(start))
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("the deadline took %v", took)
 	}
 }

@@ -186,6 +186,13 @@ type Decision struct {
 }
 
 func decisionFromC(d *C.shardlimit_decision, policy string) Decision {
+	var out Decision
+	out.fromC(d, policy)
+	return out
+}
+
+// fromC sets *out to the decision d (of a check of policy), in place.
+func (out *Decision) fromC(d *C.shardlimit_decision, policy string) {
 	us := func(v C.uint64_t) time.Duration { return time.Duration(v) * time.Microsecond }
 	name := unsafe.String((*byte)(unsafe.Pointer(&d.policy[0])), int(d.policy_len))
 	if name == policy {
@@ -200,7 +207,7 @@ func decisionFromC(d *C.shardlimit_decision, policy string) Decision {
 	if d.has_layer {
 		layer = int(d.layer)
 	}
-	return Decision{
+	*out = Decision{
 		Allowed:       bool(d.allowed),
 		Limit:         uint64(d.limit),
 		Remaining:     uint64(d.remaining),
