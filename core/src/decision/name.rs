@@ -18,7 +18,6 @@ const INLINE: usize = 22;
 #[derive(Clone)]
 pub struct PolicyName(Repr);
 
-#[derive(Clone)]
 enum Repr {
     Inline(Inline),
     Shared(Arc<str>),
@@ -62,6 +61,23 @@ impl Inline {
 
 // a name is three words (the niche of `Inline::last` holds the tag)
 const _: () = assert!(std::mem::size_of::<Repr>() == 24);
+
+impl Clone for Repr {
+    /// The three words copied as they are, after a shared name's count is raised: one
+    /// copy whichever the name is, straight from the source to where the clone goes (a
+    /// `match` that built either variant merged them in a stack slot first, and the
+    /// decision read that slot back as wider loads than its stores, which the CPU cannot
+    /// forward).
+    #[inline(always)]
+    fn clone(&self) -> Repr {
+        if let Repr::Shared(s) = self {
+            std::mem::forget(Arc::clone(s));
+        }
+        // SAFETY: an inline name owns nothing, and a shared one's count was raised for
+        // this copy just above: a bitwise copy is a clone of either
+        unsafe { std::ptr::read(self) }
+    }
+}
 
 impl PolicyName {
     /// The name as a `str`.
