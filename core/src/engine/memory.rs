@@ -67,27 +67,41 @@ impl Shard {
         // (`iter_hash_mut`, not `find_mut`: find calls its comparison through a `dyn`
         // closure, out of line, once per candidate; and a loop, not `Iterator::find`,
         // which was not inlined)
+        let mut found = None;
         for entry in self.table.iter_hash_mut(hash) {
-            if !entry.is(hash, scope, key) {
-                continue;
+            if entry.is(hash, scope, key) {
+                found = Some(entry);
+                break;
             }
-            if entry.algorithm != c.algorithm || entry.offset != c.window_offset {
-                // the policy changed algorithm (or window placement, like another state key
-                // in Redis): old state means nothing now
-                entry.algorithm = c.algorithm;
-                entry.offset = c.window_offset;
-                entry.state = None;
-            }
-            let r = f(&mut entry.state);
-            if let Some(s) = &entry.state {
-                entry.expires_at = s.expires_at(c);
-            }
-            return r;
         }
-        let mut state = None;
-        let r = f(&mut state);
-        if let Some(state) = state {
-            self.insert(hash, scope, key, c, now, state);
+        // (one call of `f`, on the entry's state or a fresh one: its result then has one
+        // source, and stays in registers rather than being merged in a stack slot)
+        let mut fresh = None;
+        let state = match found.as_deref_mut() {
+            Some(entry) => {
+                if entry.algorithm != c.algorithm || entry.offset != c.window_offset {
+                    // the policy changed algorithm (or window placement, like another
+                    // state key in Redis): old state means nothing now
+                    entry.algorithm = c.algorithm;
+                    entry.offset = c.window_offset;
+                    entry.state = None;
+                }
+                &mut entry.state
+            }
+            None => &mut fresh,
+        };
+        let r = f(state);
+        match found {
+            Some(entry) => {
+                if let Some(s) = &entry.state {
+                    entry.expires_at = s.expires_at(c);
+                }
+            }
+            None => {
+                if let Some(state) = fresh {
+                    self.insert(hash, scope, key, c, now, state);
+                }
+            }
         }
         r
     }

@@ -86,12 +86,16 @@ pub(crate) fn fast_now_us() -> u64 {
 /// check. Each thread anchors the TSC to a clock read (bracketed by two TSC reads, kept
 /// only when narrow) and extrapolates at most [`tsc::SPAN_US`] from it at the rate
 /// measured since its first anchor (at least [`tsc::CALIBRATE_US`] before it is used),
-/// so a value stays within about a µs of the clock; a thread's values never go back.
+/// so a value stays within about a µs of the clock; a thread's values never go back. The
+/// first rate a thread measures is kept for the process: a thread started later uses it
+/// from its first anchor while it measures its own (a new thread read the clock itself for
+/// its first [`tsc::CALIBRATE_US`], which a pool of short-lived threads paid every time).
 /// Anything odd (a rate out of range, the TSC gone back or jumped) re-anchors, and
 /// until then the clock itself is read.
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 mod tsc {
     use std::cell::Cell;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
 
     /// The longest extrapolation from one anchor, µs.
@@ -119,6 +123,11 @@ mod tsc {
         /// the last value this thread returned
         last: u64,
     }
+
+    /// The rate (as [`State::rate`]) the first thread to finish calibrating measured; 0
+    /// until then. The TSC is invariant (one rate on every core): only a thread's anchor
+    /// is its own.
+    static PROCESS_RATE: AtomicU64 = AtomicU64::new(0);
 
     thread_local! {
         static STATE: Cell<State> = const {
@@ -186,7 +195,9 @@ mod tsc {
         if !invariant() {
             return super::monotonic_us();
         }
-        if s.base.0 != 0 && s.rate == 0 {
+        // (another thread's rate, while this one's is not measured yet)
+        let known = PROCESS_RATE.load(Ordering::Relaxed);
+        if s.base.0 != 0 && s.rate == 0 && known == 0 {
             // measuring: the clock is read until the base is old enough
             let us = super::monotonic_us();
             if us.wrapping_sub(s.base.1) < CALIBRATE_US {
@@ -194,8 +205,9 @@ mod tsc {
             }
         }
         let (tick, us, w) = bracket();
-        let narrow = if s.rate != 0 {
-            (w as u128 * s.rate as u128) >> 32 <= BRACKET_US as u128
+        let rate_now = if s.rate != 0 { s.rate } else { known };
+        let narrow = if rate_now != 0 {
+            (w as u128 * rate_now as u128) >> 32 <= BRACKET_US as u128
         } else {
             w <= BRACKET_TICKS
         };
@@ -205,14 +217,22 @@ mod tsc {
         }
         if s.base.0 == 0 {
             s.base = (tick, us);
-            return us;
+            if known == 0 {
+                return us;
+            }
         }
         let (dt, dus) = (tick.wrapping_sub(s.base.0), us.wrapping_sub(s.base.1));
-        let rate = if dt > 0 && dt < 1 << 62 && dus < 1 << 30 {
+        let rate = if dus < CALIBRATE_US && known != 0 {
+            // too soon to measure this thread's own: the process's
+            known
+        } else if dt > 0 && dt < 1 << 62 && dus < 1 << 30 {
             (((dus as u128) << 32) / dt as u128) as u64
         } else {
             0
         };
+        if RATES.contains(&rate) && known == 0 {
+            let _ = PROCESS_RATE.compare_exchange(0, rate, Ordering::Relaxed, Ordering::Relaxed);
+        }
         if !RATES.contains(&rate) {
             // the TSC or the clock jumped (a suspend, a migration): measure again
             *s = State {
@@ -296,10 +316,19 @@ mod tests {
     /// its calibration and many re-anchors, and never goes back on a thread.
     #[test]
     fn the_fast_clock_follows_the_monotonic_clock() {
+        follows_for(std::time::Duration::from_millis(60));
+        // a thread started once a rate is known extrapolates with it from its first
+        // anchor, before its own calibration has run: it follows the clock from the start
+        std::thread::spawn(|| follows_for(std::time::Duration::from_millis(20)))
+            .join()
+            .unwrap();
+    }
+
+    fn follows_for(d: std::time::Duration) {
         let start = Instant::now();
         let mut last = fast_now_us();
         let mut worst = 0u64;
-        while start.elapsed() < std::time::Duration::from_millis(60) {
+        while start.elapsed() < d {
             let before = MonotonicClock.now_us();
             let t = fast_now_us();
             let after = MonotonicClock.now_us();
