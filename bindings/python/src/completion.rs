@@ -42,10 +42,12 @@ fn resolve(py: Python<'_>, d: Done) {
 /// Resolves `fut` with `r`, its result or exception, on the loop thread (unless it was
 /// cancelled meanwhile); also the host transport's (`host.rs`).
 pub(crate) fn resolve_future(py: Python<'_>, fut: &Bound<'_, PyAny>, r: PyResult<Py<PyAny>>) {
+    let plain = plain_future(py, fut);
     // (interned names: a method name made for every call costs an allocation and a hash)
-    let r = match r {
-        Ok(v) => fut.call_method1(intern!(py, "set_result"), (v,)),
-        Err(e) => fut.call_method1(intern!(py, "set_exception"), (e.into_value(py),)),
+    let r = match (r, plain) {
+        (Ok(v), Some(api)) => api.set_result.bind(py).call1((fut, v)),
+        (Ok(v), None) => fut.call_method1(intern!(py, "set_result"), (v,)),
+        (Err(e), _) => fut.call_method1(intern!(py, "set_exception"), (e.into_value(py),)),
     };
     if let Err(e) = r {
         // a future cancelled meanwhile refuses a result (InvalidStateError): nothing to do.
@@ -58,6 +60,44 @@ pub(crate) fn resolve_future(py: Python<'_>, fut: &Bound<'_, PyAny>, r: PyResult
             e.write_unraisable(py, Some(fut));
         }
     }
+}
+
+/// `asyncio.Future` (the C class `_asyncio.Future` where CPython has it), what
+/// `loop.create_future()` makes on asyncio's loops and uvloop's, and its methods taken
+/// from the class once. The abi3 build calls a method by name as a lookup that makes a
+/// bound-method object, then a call; the class's own function takes the future as its
+/// first argument and needs neither.
+struct FutureApi {
+    class: Py<PyAny>,
+    set_result: Py<PyAny>,
+}
+
+static FUTURE_API: PyOnceLock<Option<FutureApi>> = PyOnceLock::new();
+
+/// The class's methods when `fut` is an `asyncio.Future` itself (not a subclass or
+/// another loop's future type, which may override them): None otherwise.
+fn plain_future<'a>(py: Python<'a>, fut: &Bound<'_, PyAny>) -> Option<&'a FutureApi> {
+    let api = FUTURE_API
+        .get_or_init(py, || {
+            let class = py.import("asyncio").ok()?.getattr("Future").ok()?;
+            let set_result = class.getattr("set_result").ok()?.unbind();
+            Some(FutureApi {
+                class: class.unbind(),
+                set_result,
+            })
+        })
+        .as_ref()?;
+    fut.get_type().is(api.class.bind(py)).then_some(api)
+}
+
+/// `fut.__await__()`: for an `asyncio.Future`, `iter(fut)`, which is the same method
+/// (`Future.__iter__ = __await__`) reached through the type's slot, without a lookup.
+pub(crate) fn await_future<'py>(fut: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = fut.py();
+    if plain_future(py, fut).is_some() {
+        return Ok(fut.try_iter()?.into_any());
+    }
+    fut.call_method0(intern!(py, "__await__"))
 }
 
 /// The completion queue of one event loop.
@@ -353,7 +393,7 @@ impl Call {
             }
         }
         let start = self.take_start(py)?;
-        let it = start(py)?.bind(py).call_method0(intern!(py, "__await__"))?;
+        let it = await_future(start(py)?.bind(py))?;
         *self
             .state
             .lock_py_attached(py)
@@ -366,7 +406,7 @@ impl Call {
 impl Call {
     fn __await__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let start = self.take_start(py)?;
-        start(py)?.bind(py).call_method0(intern!(py, "__await__"))
+        await_future(start(py)?.bind(py))
     }
 
     fn send<'py>(&self, py: Python<'py>, value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {

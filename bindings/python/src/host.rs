@@ -25,6 +25,9 @@ use std::time::Instant;
 pub struct HostChecks {
     inner: shardlimit::HostChecks,
     event_loop: Py<PyAny>,
+    /// the loop's `create_future`, bound once (a method looked up on every check costs a
+    /// lookup and a bound-method object under the abi3 build)
+    create_future: Py<PyAny>,
     /// the future of each check in flight, by id
     waiting: HashMap<u64, Py<PyAny>>,
     /// each shard's open asyncio transport
@@ -106,10 +109,7 @@ impl HostChecks {
         if let Ok(shardlimit::HostStep::Delegate) = step {
             return Ok(None);
         }
-        let fut = self
-            .event_loop
-            .bind(py)
-            .call_method0(intern!(py, "create_future"))?;
+        let fut = self.create_future.bind(py).call0()?;
         match step {
             Ok(shardlimit::HostStep::Pending { id, shard }) => {
                 self.waiting.insert(id, fut.clone().unbind());
@@ -152,12 +152,18 @@ impl HostChecks {
     /// The host transport of `limiter` on `event_loop`: a ConfigError unless every shard
     /// is a standalone Redis over plain TCP.
     #[new]
-    fn new(limiter: &crate::Limiter, event_loop: Py<PyAny>) -> PyResult<HostChecks> {
+    fn new(
+        py: Python<'_>,
+        limiter: &crate::Limiter,
+        event_loop: Py<PyAny>,
+    ) -> PyResult<HostChecks> {
         let inner = shardlimit::HostChecks::new(&limiter.inner()?).map_err(core_err)?;
         let n = inner.shard_count();
+        let create_future = event_loop.getattr(py, intern!(py, "create_future"))?;
         Ok(HostChecks {
             inner,
             event_loop,
+            create_future,
             waiting: HashMap::new(),
             transports: (0..n).map(|_| None).collect(),
             flush: None,
@@ -283,6 +289,33 @@ struct OnLoop {
     event_loop: Py<PyAny>,
     native: Py<HostChecks>,
     driver: Py<PyAny>,
+    /// the loop keeps the thread running it in `_thread_id` (asyncio's own loops; not
+    /// uvloop's): then a check asks that, not `get_running_loop()`
+    has_thread_id: bool,
+}
+
+impl OnLoop {
+    /// True when this loop is running on the calling thread, in this process: it is the
+    /// running loop (a thread runs one loop at a time, and `run_forever` sets
+    /// `_thread_id` to its thread for as long as it runs and clears it when it returns).
+    /// CPython 3.11's `get_running_loop()` makes a `getpid` system call on every call to
+    /// tell a forked child from its parent; the fork generation tells it here.
+    fn runs_here(&self, py: Python<'_>, generation: u64) -> bool {
+        if !self.has_thread_id || self.generation != generation {
+            return false;
+        }
+        let Ok(tid) = self.event_loop.bind(py).getattr(intern!(py, "_thread_id")) else {
+            return false;
+        };
+        if tid.is_none() {
+            return false;
+        }
+        GET_IDENT
+            .import(py, "_thread", "get_ident")
+            .and_then(|f| f.call0())
+            .and_then(|me| me.eq(&tid))
+            .unwrap_or(false)
+    }
 }
 
 /// The host transport of a limiter made with `transport="host"`: started on the first
@@ -291,6 +324,7 @@ struct OnLoop {
 pub struct Slot(Mutex<Option<OnLoop>>);
 
 static GET_RUNNING_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static GET_IDENT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 fn loop_closed(ev: &Bound<'_, PyAny>) -> bool {
     ev.call_method0("is_closed")
@@ -306,10 +340,19 @@ impl Slot {
         py: Python<'_>,
         limiter: &crate::Limiter,
     ) -> PyResult<Option<Py<HostChecks>>> {
+        let generation = shardlimit::fork_generation();
+        if let Some(o) = &*self
+            .0
+            .lock_py_attached(py)
+            .unwrap_or_else(|e| e.into_inner())
+        {
+            if o.runs_here(py, generation) {
+                return Ok(Some(o.native.clone_ref(py)));
+            }
+        }
         let ev = GET_RUNNING_LOOP
             .import(py, "asyncio", "get_running_loop")?
             .call0()?;
-        let generation = shardlimit::fork_generation();
         let mut slot = self
             .0
             .lock_py_attached(py)
@@ -328,16 +371,18 @@ impl Slot {
                 }
             }
         }
-        let native = Py::new(py, HostChecks::new(limiter, ev.clone().unbind())?)?;
+        let native = Py::new(py, HostChecks::new(py, limiter, ev.clone().unbind())?)?;
         let driver = py
             .import(intern!(py, "shardlimit._host"))?
             .getattr(intern!(py, "HostTransport"))?
             .call1((native.clone_ref(py), &ev))?;
+        let has_thread_id = ev.hasattr(intern!(py, "_thread_id")).unwrap_or(false);
         *slot = Some(OnLoop {
             generation,
             event_loop: ev.unbind(),
             native: native.clone_ref(py),
             driver: driver.unbind(),
+            has_thread_id,
         });
         Ok(Some(native))
     }

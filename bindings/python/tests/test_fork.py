@@ -82,3 +82,28 @@ def test_forked_children_in_a_row(redis: RedisServer) -> None:
     seen = [run_in_child(lambda: {"r": limiter.check("k", "api").remaining})["r"]
             for _ in range(3)]
     assert seen == [8, 7, 6]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_inside_a_running_loop_checks_on_its_own_loop(
+        redis: RedisServer) -> None:
+    # the parent's host transport is bound to its running loop when the fork happens: the
+    # child's copy of that loop still says it runs on this very thread, but it is the
+    # parent's (its sockets, its futures); the child's own loop must get its own transport
+    limiter = Limiter.from_json(config([redis], POLICIES))
+    assert limiter.transport == "host"
+
+    def child() -> dict[str, object]:
+        async def main() -> list[object]:
+            d = await limiter.acheck("k", "api")
+            return [d.remaining, d.source]
+
+        return {"r": asyncio.run(main())}
+
+    async def parent() -> tuple[int, dict[str, object], int]:
+        first = (await limiter.acheck("k", "api")).remaining
+        result = run_in_child(child)  # (blocks this loop while the child runs: a test)
+        return first, result, (await limiter.acheck("k", "api")).remaining
+
+    first, result, after = asyncio.run(parent())
+    assert (first, result["r"], after) == (9, [8, "redis"], 7)
