@@ -162,7 +162,8 @@ def main() -> None:
       "`INFO commandstats` (the server time of the commands alone, over every decision "
       "of the run, warm-up and sequential phase included).")
     w(f"- Sizes: {meta.get('total')} concurrent decisions and {meta.get('sequential')} "
-      f"sequential ones (p50/p99) per Node and Go run; {meta.get('py_n')} per Python run "
+      f"sequential ones (p50/p99) per Node and Go run; {meta.get('py_async_n')} per Python asyncio run and "
+      f"{meta.get('py_n')} per Python sync run "
       f"(p50/p99 of every call); {meta.get('rust_n')} per Rust run; "
       f"{meta.get('http_secs')} s per HTTP run.")
     if a.lock:

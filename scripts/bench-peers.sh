@@ -35,9 +35,9 @@ while [ $# -gt 0 ]; do
   shift
 done
 if [ "$QUICK" = 1 ]; then
-  ROUNDS=1 TOTAL=30000 SEQ=3000 PYN=5000 HTTP_SECS=3 RUST_N=50000 CRIT_SECS=1
+  ROUNDS=1 TOTAL=30000 SEQ=3000 PYN=5000 PYAN=10000 HTTP_SECS=3 RUST_N=50000 CRIT_SECS=1
 else
-  ROUNDS=${BENCH_ROUNDS:-3} TOTAL=50000 SEQ=5000 PYN=10000 HTTP_SECS=5 RUST_N=100000 CRIT_SECS=3
+  ROUNDS=${BENCH_ROUNDS:-3} TOTAL=50000 SEQ=5000 PYN=10000 PYAN=50000 HTTP_SECS=5 RUST_N=100000 CRIT_SECS=3
 fi
 want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
 [ "$(nproc)" -ge 2 ] || { echo "needs two CPUs (Redis on one, the client on the other)" >&2; exit 1; }
@@ -268,12 +268,14 @@ for round in $(seq "$ROUNDS"); do
   client node-64 "$round" "shardlimit spin_wait 100us" node "$NODE_BENCH" --lib shardlimit --spin-wait 100us "${na[@]}"
   client node-64 "$round" "shardlimit host transport" node "$NODE_BENCH" --lib shardlimit --transport host "${na[@]}"
   client node-64 "$round" "shardlimit thread transport" node "$NODE_BENCH" --lib shardlimit --transport thread "${na[@]}"
+  # (asyncio: more decisions per run, at 50k+/s 10,000 were a tenth of a second)
+  paa=(--redis "$URL" --redis-pid "$RPID" --n "$PYAN")
   pa=(--redis "$URL" --redis-pid "$RPID" --n "$PYN")
-  client py-async "$round" shardlimit "$PY" "$PY_BENCH" --mode async --lib shardlimit "${pa[@]}"
-  client py-async "$round" limits-coredis "$PY" "$PY_BENCH" --mode async --lib limits-coredis "${pa[@]}"
-  client py-async "$round" limits-redispy "$PY" "$PY_BENCH" --mode async --lib limits-redispy "${pa[@]}"
-  client py-async "$round" "shardlimit host transport" "$PY" "$PY_BENCH" --mode async --lib shardlimit --transport host "${pa[@]}"
-  client py-async "$round" "shardlimit thread transport" "$PY" "$PY_BENCH" --mode async --lib shardlimit --transport thread "${pa[@]}"
+  client py-async "$round" shardlimit "$PY" "$PY_BENCH" --mode async --lib shardlimit "${paa[@]}"
+  client py-async "$round" limits-coredis "$PY" "$PY_BENCH" --mode async --lib limits-coredis "${paa[@]}"
+  client py-async "$round" limits-redispy "$PY" "$PY_BENCH" --mode async --lib limits-redispy "${paa[@]}"
+  client py-async "$round" "shardlimit host transport" "$PY" "$PY_BENCH" --mode async --lib shardlimit --transport host "${paa[@]}"
+  client py-async "$round" "shardlimit thread transport" "$PY" "$PY_BENCH" --mode async --lib shardlimit --transport thread "${paa[@]}"
   client py-sync "$round" shardlimit "$PY" "$PY_BENCH" --mode sync --lib shardlimit "${pa[@]}"
   client py-sync "$round" limits-redispy "$PY" "$PY_BENCH" --mode sync --lib limits-redispy "${pa[@]}"
   client py-sync "$round" "shardlimit spin_wait 100us" "$PY" "$PY_BENCH" --mode sync --lib shardlimit --spin-wait 100us "${pa[@]}"
@@ -405,7 +407,7 @@ python3 bench/report.py "$RESULTS" "$OUT" \
   --meta "cpu=$(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) CPUs" \
   --meta "redis=$REDIS_VERSION" --meta "node=$(node --version)" --meta "python=$( [ -x "$PY" ] && "$PY" -c 'import sys; print(sys.version.split()[0])')" \
   --meta "go=$(go env GOVERSION)" --meta "go_redis=$GO_REDIS" --meta "redis_rate=$REDIS_RATE" \
-  --meta "total=$TOTAL" --meta "sequential=$SEQ" --meta "py_n=$PYN" --meta "http_secs=$HTTP_SECS" --meta "rust_n=$RUST_N" \
+  --meta "total=$TOTAL" --meta "sequential=$SEQ" --meta "py_n=$PYN" --meta "py_async_n=$PYAN" --meta "http_secs=$HTTP_SECS" --meta "rust_n=$RUST_N" \
   --lock "$LOCK" --criterion "$CRIT" \
   $( [ "$OUT" = docs/benchmarks.md ] && [ "$QUICK" = 0 ] && [ -z "$ONLY" ] && echo --readme README.md )
 echo "== wrote $OUT"
