@@ -51,15 +51,15 @@ local function check(state, entry, denials, now, cost, extra, need, code, limit,
   local r
   if mode == 'grant' then
     need = tonumber(need)
-    r = fn(state, now, limit, period, need, true, extra)
+    r = {fn(state, now, limit, period, need, true, extra)}
     if r[1] == 1 then
       -- r[2] is what is available now; take up to `cost` of it, at least `need`
       local g = math.max(need, math.min(cost, r[2]))
-      r = fn(state, now, limit, period, g, false, extra)
+      r = {fn(state, now, limit, period, g, false, extra)}
       if r[1] == 1 then r[7] = g end
     end
   else
-    r = fn(state, now, limit, period, cost, mode == 'peek', extra)
+    r = {fn(state, now, limit, period, cost, mode == 'peek', extra)}
     if r[1] == 1 and mode ~= 'peek' then r[7] = cost end
   end
   r[6] = 0

@@ -20,13 +20,13 @@ if not SHADOW and (string.byte(plain) <= 57 or plain == 'x') then
   local cost = ARGV[1]
   if cost == '1' then cost = 1 else cost = tonumber(cost) end
   -- (`+ 0`: the numbers as tonumber reads them, for half its instructions)
-  local r = ALGO[next(ALGO)](KEYS[1], clock('0'), ARGV[s] + 0, ARGV[s + 1] + 0, cost, false,
-    extra)
-  if r[1] == 1 then
+  local allowed, remaining, reset, retry, delay = ALGO[next(ALGO)](KEYS[1], clock('0'),
+    ARGV[s] + 0, ARGV[s + 1] + 0, cost, false, extra)
+  if allowed == 1 then
     -- an admission of all `cost` units with no retry and no delay, in short:
     -- {remaining, reset_after} (protocol.rs, check_script_reply)
-    if r[4] == -1 and r[5] == 0 then return {r[2], r[3], tag} end
-    return {1, r[2], r[3], r[4], r[5], 0, cost, tag}
+    if retry == -1 and delay == 0 then return {remaining, reset, tag} end
+    return {1, remaining, reset, retry, delay, 0, cost, tag}
   end
-  return {0, r[2], r[3], r[4], r[5], 0, 0, tag}
+  return {0, remaining, reset, retry, delay, 0, 0, tag}
 end

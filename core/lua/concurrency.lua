@@ -97,7 +97,7 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st, m)
     if st then st[1], st[2] = n, sum end
   end
   if cost > max then
-    return {0, math.max(max - n, 0), cc_reset_after(key, now), -1, 0}
+    return 0, math.max(max - n, 0), cc_reset_after(key, now), -1, 0
   end
   if n + cost > max then
     -- with no releases, the k-th earliest expiring unit frees enough
@@ -112,7 +112,7 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st, m)
         break
       end
     end
-    return {0, math.max(max - n, 0), cc_reset_after(key, now), at - now, 0}
+    return 0, math.max(max - n, 0), cc_reset_after(key, now), at - now, 0
   end
   if not peek then
     local member = lease .. '*' .. (cost == 1 and '1' or int(cost))
@@ -132,7 +132,7 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st, m)
           -- released before it ran: nothing granted, the tombstone gone
           redis.call('ZREM', key, member)
           cc_store(key, n)
-          return {0, math.max(max - n, 0), 0, -2, 0}
+          return 0, math.max(max - n, 0), 0, -2, 0
         end
         redis.call('ZADD', key, sexp, member, -(math.max(n, 0) + 1), '#')
       else
@@ -143,7 +143,7 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st, m)
       if e and tonumber(e) < CC_BAND then
         redis.call('ZREM', key, member)
         cc_store(key, n)
-        return {0, math.max(max - n, 0), 0, -2, 0}
+        return 0, math.max(max - n, 0), 0, -2, 0
       end
       if e == false then n = n + cost end
       redis.call('ZADD', key, sexp, member)
@@ -151,7 +151,7 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st, m)
     end
     redis.call('PEXPIRE', key, sttl)
   end
-  return {1, max - n, cc_reset_after(key, now), -1, 0}
+  return 1, max - n, cc_reset_after(key, now), -1, 0
 end
 
 if REFUND then -- only the refund and release scripts give units back

@@ -25,11 +25,11 @@ ALGO.fw = function(key, now, limit, window, cost, peek, shift, st, m)
     if st then st[1], st[2], st[3] = used, ckey, reset end
   end
   if cost > limit then
-    return {0, math.max(limit - used, 0), reset, -1, 0}
+    return 0, math.max(limit - used, 0), reset, -1, 0
   end
   if used + cost > limit then
     -- the next window starts empty and cost <= limit, so it fits there
-    return {0, math.max(limit - used, 0), reset, reset, 0}
+    return 0, math.max(limit - used, 0), reset, reset, 0
   end
   if not peek then
     -- (numbers handed to redis.call are formatted, which costs more than the call's INCR)
@@ -46,7 +46,7 @@ ALGO.fw = function(key, now, limit, window, cost, peek, shift, st, m)
     end
     used = used + cost
   end
-  return {1, limit - used, reset, -1, 0}
+  return 1, limit - used, reset, -1, 0
 end
 
 if REFUND then -- only the refund scripts give units back

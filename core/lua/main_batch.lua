@@ -88,21 +88,22 @@ while a <= n do
       if server_now == nil then server_now = clock('0') end
       cost = ARGV[a + 1]
       if cost == '1' then cost = 1 else cost = tonumber(cost) end
-      local ok, r = pcall(fn, KEYS[k], server_now, ln[1], ln[2], cost, false, extra, nil, ln)
+      local ok, r, remaining, reset, retry, delay = pcall(fn, KEYS[k], server_now, ln[1], ln[2],
+        cost, false, extra, nil, ln)
       if not ok then
         m = m + 1
         if type(r) == 'table' and r.err then out[m] = r else out[m] = {err = tostring(r)} end
-      elseif r[1] == 1 then
-        if r[4] == -1 and r[5] == 0 then
-          out[m + 1], out[m + 2], out[m + 3] = r[2], r[3], tag
+      elseif r == 1 then
+        if retry == -1 and delay == 0 then
+          out[m + 1], out[m + 2], out[m + 3] = remaining, reset, tag
           m = m + 3
         else
           m = m + 1
-          out[m] = {1, r[2], r[3], r[4], r[5], 0, cost, tag}
+          out[m] = {1, remaining, reset, retry, delay, 0, cost, tag}
         end
       else
         m = m + 1
-        out[m] = {0, r[2], r[3], r[4], r[5], 0, 0, tag}
+        out[m] = {0, remaining, reset, retry, delay, 0, 0, tag}
       end
     end
     k = k + 2

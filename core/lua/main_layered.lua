@@ -67,7 +67,7 @@ for i = 1, n do
   if cost == '1' then cost = 1 else cost = tonumber(cost) end
   local limit, period = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
   v[3 * i - 2], v[3 * i - 1], v[3 * i] = limit, period, cost
-  local r = ALGO[ARGV[b + 1]](key, now, limit, period, cost, true, ARGV[b + 5], s)
+  local r = {ALGO[ARGV[b + 1]](key, now, limit, period, cost, true, ARGV[b + 5], s)}
   results[i] = r
   if r[1] == 0 and out[2] == 0 then out[2] = i end
 end
@@ -86,7 +86,7 @@ if out[2] ~= 0 then
 else
   -- phase 2: every layer allows, so every layer consumes
   for i = 1, n do
-    results[i] = ALGO[arg(i, 1)](KEYS[3 * i - 2], now, v[3 * i - 2], v[3 * i - 1], v[3 * i], false, arg(i, 5), st[i])
+    results[i] = {ALGO[arg(i, 1)](KEYS[3 * i - 2], now, v[3 * i - 2], v[3 * i - 1], v[3 * i], false, arg(i, 5), st[i])}
   end
 end
 for i = 1, n do

@@ -66,7 +66,7 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
     end
   end
   if cost > limit then
-    return {0, math.max(limit - n, 0), sl_reset_after(newest, window, now), -1, 0}
+    return 0, math.max(limit - n, 0), sl_reset_after(newest, window, now), -1, 0
   end
   if n + cost > limit then
     -- the k-th oldest live unit must expire first: the first live entry whose units
@@ -80,10 +80,10 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
       if b ~= nil and (b + c - base) % SL_MOD >= k then hi = mid else lo = mid + 1 end
     end
     local t = sl_entry(key, lo) or newest
-    return {0, math.max(limit - n, 0), sl_reset_after(newest, window, now), t + window - now, 0}
+    return 0, math.max(limit - n, 0), sl_reset_after(newest, window, now), t + window - now, 0
   end
   if peek then
-    return {1, limit - n, sl_reset_after(newest, window, now), -1, 0}
+    return 1, limit - n, sl_reset_after(newest, window, now), -1, 0
   end
   if expired > 0 then
     redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, SL_EXPIRE) - 1)
@@ -93,7 +93,7 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
   if newest ~= nil and top < nb and at == newest then at = at + 1 end
   redis.call('ZADD', key, int(at), string.format('%016d:%d', top, cost))
   redis.call('PEXPIRE', key, int(math.ceil((at + window - now) / 1000)))
-  return {1, limit - n - cost, at + window - now, -1, 0}
+  return 1, limit - n - cost, at + window - now, -1, 0
 end
 
 if REFUND then -- only the refund scripts give units back

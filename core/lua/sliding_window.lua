@@ -45,7 +45,7 @@ ALGO.sw = function(key, now, limit, window, cost, peek, shift, st, m)
   local reset
   if cur > 0 then reset = 2 * window - elapsed elseif prev > 0 then reset = window - elapsed else reset = 0 end
   if cost > limit then
-    return {0, sw_remaining(prev, cur, elapsed, window, limit), reset, -1, 0}
+    return 0, sw_remaining(prev, cur, elapsed, window, limit), reset, -1, 0
   end
   if sw_fits(prev, cur, elapsed, window, limit, cost) then
     if not peek then
@@ -63,7 +63,7 @@ ALGO.sw = function(key, now, limit, window, cost, peek, shift, st, m)
       cur = cur + cost
       reset = 2 * window - elapsed
     end
-    return {1, sw_remaining(prev, cur, elapsed, window, limit), reset, -1, 0}
+    return 1, sw_remaining(prev, cur, elapsed, window, limit), reset, -1, 0
   end
   -- Denied: the earliest offset where the same cost fits with no other traffic. `fits` only
   -- grows with the offset (every operation in it is monotone, rounding too), so the first
@@ -85,7 +85,7 @@ ALGO.sw = function(key, now, limit, window, cost, peek, shift, st, m)
     -- in the next window, where this window's count becomes the previous one
     retry = window - elapsed + first_fit(cur, 0, 0, window)
   end
-  return {0, sw_remaining(prev, cur, elapsed, window, limit), reset, retry, 0}
+  return 0, sw_remaining(prev, cur, elapsed, window, limit), reset, retry, 0
 end
 
 if REFUND then -- only the refund scripts give units back
