@@ -11,12 +11,70 @@
 -- then per check  its shape (1..S), its own values (cost, and its flags and their values
 --                 if any), its tag (echoed as the last value of its reply, see
 --                 main_check.lua)
+-- or, the compact layout (every check plain, of one shape, cost 1: the common burst):
+-- ARGV[1]         "0", ARGV[2] the shape's number of values (2), then its values (limit,
+--                 period), then per check its tag alone (KEYS per check {state, block
+--                 entry}); the replies as below
 -- Returns the N replies in order, each an array (check i's result, its tag last) or an
 -- error reply of its own (one check's error, WRONGTYPE say, leaves the others' results
 -- standing); but the short reply of a plain check's admission (check_plain.lua's
 -- {remaining, reset_after, tag}) inline, its three values in place of one (a table per
 -- check costs Redis more than its three values): an integer where a reply starts is one
 -- (transport/batch.rs, split_batch).
+local code = next(ALGO)
+local fn = ALGO[code]
+local out = {}
+local m = 0 -- values in out
+if ARGV[1] == '0' then
+  -- The compact layout (transport/batch.rs, pack_calls): every check plain, of one shape,
+  -- cost 1, no flags. ARGV {"0", L, the shape's L values (limit, period), then per check
+  -- its tag alone}; KEYS per check {state, block entry}. Answered as the plain checks
+  -- below are, each reply with its own tag.
+  local t = 3 + ARGV[2]
+  local n = #ARGV - t + 1
+  -- (the memo sized once, not grown: prelude.lua)
+  local ln = {ARGV[3] + 0, ARGV[4] + 0, false, false, false, false, false, false, false}
+  local blocks = true
+  if n >= 3 then
+    local entries = {}
+    for i = 1, n do entries[i] = KEYS[2 * i] end
+    blocks = redis.call('EXISTS', unpack(entries)) > 0
+  end
+  local now
+  for i = 1, n do
+    local tag = ARGV[t]
+    t = t + 1
+    local ttl = -2
+    if blocks then ttl = redis.call('PTTL', KEYS[2 * i]) end
+    if ttl == -1 then
+      m = m + 1
+      out[m] = {0, 0, 0, -1, 0, 1, 0, tag}
+    elseif ttl ~= -2 then
+      m = m + 1
+      out[m] = {0, 0, ttl * 1000, ttl * 1000, 0, 1, 0, tag}
+    else
+      if now == nil then now = clock('0') end
+      local ok, r, remaining, reset, retry, delay = pcall(fn, KEYS[2 * i - 1], now, ln[1], ln[2],
+        1, false, '', nil, ln)
+      if not ok then
+        m = m + 1
+        if type(r) == 'table' and r.err then out[m] = r else out[m] = {err = tostring(r)} end
+      elseif r == 1 then
+        if retry == -1 and delay == 0 then
+          out[m + 1], out[m + 2], out[m + 3] = remaining, reset, tag
+          m = m + 3
+        else
+          m = m + 1
+          out[m] = {1, remaining, reset, retry, delay, 0, 1, tag}
+        end
+      else
+        m = m + 1
+        out[m] = {0, remaining, reset, retry, delay, 0, 0, tag}
+      end
+    end
+  end
+  return out
+end
 local S = tonumber(ARGV[1])
 local shape = {}
 local a = 2
@@ -24,13 +82,9 @@ for j = 1, S do
   shape[j] = a + 1
   a = a + 1 + tonumber(ARGV[a])
 end
-local code = next(ALGO)
-local fn = ALGO[code]
 -- a shape's limit and period as numbers, parsed once per call (plain checks), and the
 -- algorithm's memo for them, by the shape's index as sent
 local numbers = {}
-local out = {}
-local m = 0 -- values in out
 local k, n = 1, #ARGV
 local state, entry, denials, now, cost, need, c, limit, period, mode, after, within, dur,
   reason, okey, ov

@@ -214,12 +214,15 @@ async function fakeRedis(answer) {
 /**
  * The tag of each check of an EVALSHA: a single call (2 keys, core/lua/main_check.lua)
  * has it last; a batch (core/lua/main_batch.lua) sends its shapes first, then per check
- * its shape, its cost, its flags and the values they name (n, x, g, o one each), its tag.
+ * its shape, its cost, its flags and the values they name (n, x, g, o one each), its tag;
+ * in the compact layout (plain checks of one shape, cost 1) "0", the shape, the tags.
  */
 function checkTags(args) {
   const nkeys = Number(args[2])
   const argv = args.slice(3 + nkeys)
   if (nkeys === 2) return [argv[argv.length - 1]]
+  // the compact layout: "0", one shape (its length, its values), then per check its tag
+  if (argv[0] === '0') return argv.slice(2 + Number(argv[1]))
   let i = 1
   for (let s = 0; s < Number(argv[0]); s++) i += 1 + Number(argv[i])
   const tags = []

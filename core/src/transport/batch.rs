@@ -139,6 +139,17 @@ impl CheckCall {
     fn shape(&self) -> &[u8] {
         &self.packed[self.shape_at..self.tag_at]
     }
+
+    /// Whether this call fits the compact batch layout with `first`: a plain check (its
+    /// state and block entry as keys, cost 1, no flags) of a policy whose values are
+    /// `first`'s limit and period alone.
+    fn compact(&self, first: &CheckCall) -> bool {
+        self.keys == 2
+            && self.args - self.before_tag == 1
+            && self.before_tag - self.before_shape == 2
+            && &self.packed[self.item_at..self.shape_at] == b"$1\r\n1\r\n"
+            && self.shape() == first.shape()
+    }
 }
 
 impl CheckSink for CheckCall {
@@ -262,6 +273,26 @@ pub(crate) fn pack_calls(
         out.extend_from_slice(&first.packed);
         return;
     }
+    if calls.iter().all(|c| c.compact(first)) {
+        // the compact layout: one shape, every check plain with cost 1, so per check its
+        // keys and its tag alone (core/lua/main_batch.lua)
+        let keys = calls.len() * 2;
+        let shape_args = first.before_tag - first.before_shape;
+        header(out, 3 + keys + 2 + shape_args + calls.len());
+        bulk(out, op);
+        bulk(out, script.as_bytes());
+        bulk(out, itoa::Buffer::new().format(keys).as_bytes());
+        for c in calls {
+            out.extend_from_slice(&c.packed[..c.item_at]);
+        }
+        bulk(out, b"0");
+        bulk(out, itoa::Buffer::new().format(shape_args).as_bytes());
+        out.extend_from_slice(first.shape());
+        for c in calls {
+            out.extend_from_slice(&c.packed[c.tag_at..]);
+        }
+        return;
+    }
     // the first call of each distinct policy argument set, and each call's set (1..=S)
     let (firsts, shapes) = scratch;
     firsts.clear();
@@ -314,6 +345,89 @@ pub(crate) fn pack_calls(
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
+
+    /// The arguments of the one command `calls` are packed into.
+    fn packed(calls: &[CheckCall]) -> Vec<String> {
+        let mut out = Vec::new();
+        pack_calls(&mut out, calls, (&mut Vec::new(), &mut Vec::new()));
+        let text = String::from_utf8(out).unwrap();
+        let mut lines = text.split("\r\n");
+        let n: usize = lines.next().unwrap()[1..].parse().unwrap();
+        let mut args = Vec::new();
+        while let Some(l) = lines.next() {
+            if l.starts_with('$') {
+                args.push(lines.next().unwrap().to_string());
+            }
+        }
+        assert_eq!(args.len(), n, "the header counts the arguments");
+        args
+    }
+
+    #[test]
+    fn plain_checks_of_one_shape_and_cost_1_go_compact_the_others_in_full() {
+        use crate::policy::Algorithm;
+        let scripts = crate::wire::scripts::check_scripts(Algorithm::FixedWindow);
+        let call = |key: &str, cost: u64, limit: u64, tag: u64| {
+            CheckCall::new(scripts, false, tag, |c| {
+                c.arg(format!("s{key}").as_bytes());
+                c.arg(format!("b{key}").as_bytes());
+                c.mark(CheckPart::Item);
+                c.int(cost);
+                c.mark(CheckPart::Shape);
+                c.int(limit);
+                c.int(60);
+                c.mark(CheckPart::Tag);
+                c.int(tag);
+            })
+        };
+        let head = |keys: &str| {
+            let mut v = vec![
+                "EVALSHA".to_string(),
+                scripts.batch_sha.to_string(),
+                keys.into(),
+            ];
+            v.extend(["s1", "b1", "s2", "b2"].map(String::from));
+            v
+        };
+        let want = |rest: &[&str]| {
+            let mut v = head("4");
+            v.extend(rest.iter().map(|s| s.to_string()));
+            v
+        };
+        // one shape, cost 1: "0", the shape's length and values, the tags
+        assert_eq!(
+            packed(&[call("1", 1, 10, 7), call("2", 1, 10, 8)]),
+            want(&["0", "2", "10", "60", "7", "8"])
+        );
+        // a cost of 2: every check its shape, cost and tag
+        assert_eq!(
+            packed(&[call("1", 1, 10, 7), call("2", 2, 10, 8)]),
+            want(&["1", "2", "10", "60", "1", "1", "7", "1", "2", "8"])
+        );
+        // two shapes
+        assert_eq!(
+            packed(&[call("1", 1, 10, 7), call("2", 1, 11, 8)]),
+            want(&["2", "2", "10", "60", "2", "11", "60", "1", "1", "7", "2", "1", "8"])
+        );
+        // a check with flags (a lease: "x" and its id) is never compact
+        let lease = CheckCall::new(scripts, false, 8, |c| {
+            c.arg(b"s2");
+            c.arg(b"b2");
+            c.mark(CheckPart::Item);
+            c.int(1);
+            c.arg(b"x");
+            c.arg(b"l");
+            c.mark(CheckPart::Shape);
+            c.int(10);
+            c.int(60);
+            c.mark(CheckPart::Tag);
+            c.int(8);
+        });
+        assert_eq!(
+            packed(&[call("1", 1, 10, 7), lease]),
+            want(&["1", "2", "10", "60", "1", "1", "7", "1", "1", "x", "l", "8"])
+        );
+    }
 
     /// The tags a forked child takes next, read back through a pipe.
     fn child_tags(n: usize) -> Vec<u64> {
