@@ -40,7 +40,7 @@ local function check(state, entry, denials, now, cost, extra, need, code, limit,
     now = tonumber(now)
   end
   if entry then
-    local ttl = redis.call('PTTL', entry)
+    local ttl = rcall('PTTL', entry)
     if ttl ~= -2 then
       if ttl == -1 then return {0, 0, 0, -1, 0, 1, 0} end
       return {0, 0, ttl * 1000, ttl * 1000, 0, 1, 0}
@@ -67,11 +67,11 @@ local function check(state, entry, denials, now, cost, extra, need, code, limit,
   -- (after is a decimal integer: "0" when the policy blocks nothing)
   if r[1] == 0 and mode ~= 'peek' and after ~= '0' then
     after = tonumber(after)
-    local n = redis.call('INCR', denials)
-    if n == 1 then redis.call('PEXPIRE', denials, within) end
+    local n = rcall('INCR', denials)
+    if n == 1 then rcall('PEXPIRE', denials, within) end
     if n >= after then
-      redis.call('SET', entry, reason, 'PX', dur)
-      redis.call('DEL', denials)
+      rcall('SET', entry, reason, 'PX', dur)
+      rcall('DEL', denials)
       r[6] = 2
     end
   end

@@ -12,7 +12,7 @@ if not SHADOW and (string.byte(plain) <= 57 or plain == 'x') then
   local s, extra = 2, ''
   if plain == 'x' then s, extra = 4, ARGV[3] end
   local tag = ARGV[#ARGV] -- echoed as the string it came as (batch.rs, untag)
-  local ttl = redis.call('PTTL', KEYS[2])
+  local ttl = rcall('PTTL', KEYS[2])
   if ttl ~= -2 then
     if ttl == -1 then return {0, 0, 0, -1, 0, 1, 0, tag} end
     return {0, 0, ttl * 1000, ttl * 1000, 0, 1, 0, tag}

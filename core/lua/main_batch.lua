@@ -38,40 +38,50 @@ if ARGV[1] == '0' then
   if n >= 3 then
     local entries = {}
     for i = 1, n do entries[i] = KEYS[2 * i] end
-    blocks = redis.call('EXISTS', unpack(entries)) > 0
+    blocks = rcall('EXISTS', unpack(entries)) > 0
   end
-  local now
-  for i = 1, n do
-    local tag = ARGV[t]
-    t = t + 1
-    local ttl = -2
-    if blocks then ttl = redis.call('PTTL', KEYS[2 * i]) end
-    if ttl == -1 then
-      m = m + 1
-      out[m] = {0, 0, 0, -1, 0, 1, 0, tag}
-    elseif ttl ~= -2 then
-      m = m + 1
-      out[m] = {0, 0, ttl * 1000, ttl * 1000, 0, 1, 0, tag}
-    else
-      if now == nil then now = clock('0') end
-      local ok, r, remaining, reset, retry, delay = pcall(fn, KEYS[2 * i - 1], now, ln[1], ln[2],
-        1, false, '', nil, ln)
-      if not ok then
+  -- the checks run in one protected call, not one each (a pcall per check costs more than
+  -- its GET): a check's error (WRONGTYPE, say) is its reply, and the run goes on from the
+  -- check after it (a check's reply is written only once its algorithm has returned)
+  local i, now = 0, nil
+  local KEYS, ARGV = KEYS, ARGV -- (a local is read for less than a global)
+  local function run()
+    while i < n do
+      i = i + 1
+      local tag = ARGV[t]
+      t = t + 1
+      local ttl = -2
+      if blocks then ttl = rcall('PTTL', KEYS[2 * i]) end
+      if ttl == -1 then
         m = m + 1
-        if type(r) == 'table' and r.err then out[m] = r else out[m] = {err = tostring(r)} end
-      elseif r == 1 then
-        if retry == -1 and delay == 0 then
-          out[m + 1], out[m + 2], out[m + 3] = remaining, reset, tag
-          m = m + 3
+        out[m] = {0, 0, 0, -1, 0, 1, 0, tag}
+      elseif ttl ~= -2 then
+        m = m + 1
+        out[m] = {0, 0, ttl * 1000, ttl * 1000, 0, 1, 0, tag}
+      else
+        if now == nil then now = clock('0') end
+        local r, remaining, reset, retry, delay = fn(KEYS[2 * i - 1], now, ln[1], ln[2], 1, false,
+          '', nil, ln)
+        if r == 1 then
+          if retry == -1 and delay == 0 then
+            out[m + 1], out[m + 2], out[m + 3] = remaining, reset, tag
+            m = m + 3
+          else
+            m = m + 1
+            out[m] = {1, remaining, reset, retry, delay, 0, 1, tag}
+          end
         else
           m = m + 1
-          out[m] = {1, remaining, reset, retry, delay, 0, 1, tag}
+          out[m] = {0, remaining, reset, retry, delay, 0, 0, tag}
         end
-      else
-        m = m + 1
-        out[m] = {0, remaining, reset, retry, delay, 0, 0, tag}
       end
     end
+  end
+  while true do
+    local ok, e = pcall(run)
+    if ok then break end
+    m = m + 1
+    if type(e) == 'table' and e.err then out[m] = e else out[m] = {err = tostring(e)} end
   end
   return out
 end
@@ -109,7 +119,7 @@ do
     entries[#entries + 1] = KEYS[kk]
     kk = kk + 2
   end
-  if entries and #entries >= 3 then blocks = redis.call('EXISTS', unpack(entries)) > 0 end
+  if entries and #entries >= 3 then blocks = rcall('EXISTS', unpack(entries)) > 0 end
 end
 while a <= n do
   local tag = ARGV[a + 2]
@@ -131,7 +141,7 @@ while a <= n do
       numbers[ARGV[a]] = ln
     end
     local ttl = -2
-    if blocks then ttl = redis.call('PTTL', KEYS[k + 1]) end
+    if blocks then ttl = rcall('PTTL', KEYS[k + 1]) end
     if ttl == -1 then
       m = m + 1
       out[m] = {0, 0, 0, -1, 0, 1, 0, tag}

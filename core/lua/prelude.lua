@@ -19,6 +19,8 @@
 -- (fixed and sliding window keep their window index and TTL formatted there). Integers are
 -- formatted with %d, never tostring, so that values up to 2^53 survive exactly.
 local ALGO = {}
+-- redis.call, as every script calls it: a local is read for less than a global's field
+local rcall = redis.call
 -- REFUND.<code>(key, now, period, cost, extra) gives back `cost` units admitted at `now`
 -- (layered checks across shards, when another shard denied). Only the refund and release
 -- scripts have the table (`local REFUND = {}` comes before this prelude); in a check or

@@ -35,7 +35,7 @@ ALGO.sw = function(key, now, limit, window, cost, peek, shift, st, m)
   if st and st[1] then
     cur, prev = st[1], st[2]
   else
-    local both = redis.call('MGET', ckey, key .. ':' .. (m and pkey or int(pkey)))
+    local both = rcall('MGET', ckey, key .. ':' .. (m and pkey or int(pkey)))
     -- (`+ 0`: as tonumber reads them, for half its instructions)
     cur = (both[1] or 0) + 0
     prev = (both[2] or 0) + 0
@@ -49,15 +49,15 @@ ALGO.sw = function(key, now, limit, window, cost, peek, shift, st, m)
   end
   if sw_fits(prev, cur, elapsed, window, limit, cost) then
     if not peek then
-      if cost == 1 then redis.call('INCR', ckey) else redis.call('INCRBY', ckey, int(cost)) end
+      if cost == 1 then rcall('INCR', ckey) else rcall('INCRBY', ckey, int(cost)) end
       -- the counter expires at the end of the next window, set once when it is created
       if cur == 0 then
         local span = 2 * window - elapsed
         if m == nil then
-          redis.call('PEXPIRE', ckey, int(math.ceil(span / 1000)))
+          rcall('PEXPIRE', ckey, int(math.ceil(span / 1000)))
         else
           if m[8] ~= span then m[8], m[9] = span, int(math.ceil(span / 1000)) end
-          redis.call('PEXPIRE', ckey, m[9])
+          rcall('PEXPIRE', ckey, m[9])
         end
       end
       cur = cur + cost
@@ -92,9 +92,9 @@ if REFUND then -- only the refund scripts give units back
   REFUND.sw = function(key, now, window, cost, shift)
     if shift ~= '' then now = now + tonumber(shift) end
     local ckey = key .. ':' .. int(math.floor(now / window))
-    local cur = tonumber(redis.call('GET', ckey) or '0')
+    local cur = tonumber(rcall('GET', ckey) or '0')
     if cur > 0 then
-      redis.call('DECRBY', ckey, math.min(cost, cur))
+      rcall('DECRBY', ckey, math.min(cost, cur))
     end
   end
 end

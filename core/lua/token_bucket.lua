@@ -24,7 +24,7 @@ ALGO.tb = function(key, now, capacity, interval, cost, peek, q, st)
     if st and st[1] ~= nil then
       v = st[1]
     else
-      v = redis.call('GET', key)
+      v = rcall('GET', key)
       if st then st[1] = v end
     end
     if v then
@@ -42,14 +42,14 @@ ALGO.tb = function(key, now, capacity, interval, cost, peek, q, st)
     if nd > burst then return 0, available, up(d), up(nd - burst), 0 end
     if peek then return 1, available, up(d), -1, 0 end
     local t, f = div(nd, q)
-    redis.call('SET', key, int(now + t) .. ':' .. int(f), 'PX', int(math.ceil(up(nd) / 1000)))
+    rcall('SET', key, int(now + t) .. ':' .. int(f), 'PX', int(math.ceil(up(nd) / 1000)))
     return 1, div(burst - nd, interval), up(nd), -1, 0
   end
   local tat
   if st and st[1] ~= nil then
     tat = st[1]
   else
-    tat = (redis.call('GET', key) or 0) + 0 -- (as tonumber, for half its instructions)
+    tat = (rcall('GET', key) or 0) + 0 -- (as tonumber, for half its instructions)
     if st then st[1] = tat end
   end
   if tat < now then tat = now end
@@ -66,7 +66,7 @@ ALGO.tb = function(key, now, capacity, interval, cost, peek, q, st)
   if peek then
     return 1, available, tat - now, -1, 0
   end
-  redis.call('SET', key, int(new_tat), 'PX', int(math.ceil((new_tat - now) / 1000)))
+  rcall('SET', key, int(new_tat), 'PX', int(math.ceil((new_tat - now) / 1000)))
   return 1, math.floor((burst - (new_tat - now)) / interval), new_tat - now, -1, 0
 end
 
