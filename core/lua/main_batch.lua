@@ -13,8 +13,9 @@
 --                 main_check.lua)
 -- or, the compact layout (every check plain, of one shape, cost 1: the common burst):
 -- ARGV[1]         "0", ARGV[2] the shape's number of values (2), then its values (limit,
---                 period), then per check its tag alone (KEYS per check {state, block
---                 entry}); the replies as below
+--                 period), then the call's tag (KEYS per check {state, block entry});
+--                 the replies as below after the call's tag, each with its check's place
+--                 in the call (1..N) where its tag would be
 -- Returns the N replies in order, each an array (check i's result, its tag last) or an
 -- error reply of its own (one check's error, WRONGTYPE say, leaves the others' results
 -- standing); but the short reply of a plain check's admission (check_plain.lua's
@@ -27,11 +28,12 @@ local out = {}
 local m = 0 -- values in out
 if ARGV[1] == '0' then
   -- The compact layout (transport/batch.rs, pack_calls): every check plain, of one shape,
-  -- cost 1, no flags. ARGV {"0", L, the shape's L values (limit, period), then per check
-  -- its tag alone}; KEYS per check {state, block entry}. Answered as the plain checks
-  -- below are, each reply with its own tag.
-  local t = 3 + ARGV[2]
-  local n = #ARGV - t + 1
+  -- cost 1, no flags. ARGV {"0", L, the shape's L values (limit, period), the call's tag};
+  -- KEYS per check {state, block entry}. Answered as the plain checks below are, after the
+  -- call's tag, each reply with its check's place in the call (1..n) where its tag goes.
+  local n = #KEYS / 2
+  out[1] = ARGV[3 + ARGV[2]]
+  m = 1
   -- (the memo sized once, not grown: prelude.lua)
   local ln = {ARGV[3] + 0, ARGV[4] + 0, false, false, false, false, false, false, false}
   local blocks = true
@@ -48,8 +50,7 @@ if ARGV[1] == '0' then
   local function run()
     while i < n do
       i = i + 1
-      local tag = ARGV[t]
-      t = t + 1
+      local tag = i
       local ttl = -2
       if blocks then ttl = rcall('PTTL', KEYS[2 * i]) end
       if ttl == -1 then

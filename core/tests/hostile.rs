@@ -173,6 +173,9 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                 // (core/lua/main_batch.lua) after each check's shape, cost, and its flags
                 // and the values they name (n, x, g, o name one each), or in the compact
                 // layout (the first argument "0") the arguments after the one shape
+                // a compact batch's reply starts with the call's tag (its last argument),
+                // and each check's carries its place in the call (1..=n) for a tag
+                let mut head = None;
                 let tags: Vec<String> = if script.contains("batch") {
                     let text = |i: usize| String::from_utf8_lossy(&argv[i]).to_string();
                     let s: usize = text(0).parse().unwrap_or(0);
@@ -184,9 +187,9 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                     if s == 0 {
                         COMPACT_CALLS.fetch_add(1, Ordering::AcqRel);
                         // the compact layout: one shape (its length, its values), then
-                        // per check its tag alone
-                        i = 2 + text(1).parse::<usize>().unwrap_or(0);
-                        tags.extend((i..argv.len()).map(text));
+                        // the call's tag
+                        head = argv.last().map(|t| String::from_utf8_lossy(t).to_string());
+                        tags.extend((1..=whos.len()).map(|p| p.to_string()));
                         i = argv.len();
                     }
                     while i < argv.len() {
@@ -214,6 +217,16 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                         .collect()
                 };
                 let mode = mode.lock().unwrap().clone();
+                // a batch reply of these replies
+                let batch = |items: Vec<String>| match &head {
+                    Some(h) => format!(
+                        "*{}\r\n${}\r\n{h}\r\n{}",
+                        items.len() + 1,
+                        h.len(),
+                        items.concat()
+                    ),
+                    None => format!("*{}\r\n{}", items.len(), items.concat()),
+                };
                 let honest = || {
                     if script.contains("layered") {
                         let mut out = format!("*{}\r\n:1\r\n:0\r\n:0\r\n", 3 + 5 * whos.len());
@@ -227,11 +240,12 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                         let n = whos.first().copied().unwrap_or(0);
                         format!("*8\r\n:1\r\n:{n}\r\n:1000000\r\n:-1\r\n:0\r\n:0\r\n:0\r\n:1800000000000000\r\n")
                     } else if script.contains("batch") {
-                        let mut out = format!("*{}\r\n", whos.len());
-                        for (n, tag) in whos.iter().zip(&tags) {
-                            out.push_str(&check_reply(*n, tag));
-                        }
-                        out
+                        batch(
+                            whos.iter()
+                                .zip(&tags)
+                                .map(|(n, tag)| check_reply(*n, tag))
+                                .collect(),
+                        )
                     } else {
                         check_reply(whos.first().copied().unwrap_or(0), &tags[0])
                     }
@@ -287,7 +301,7 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                             .collect();
                         if script.contains("batch") && items.len() > 1 {
                             items.swap(0, 1);
-                            format!("*{}\r\n{}", items.len(), items.concat())
+                            batch(items)
                         } else {
                             honest()
                         }
@@ -303,7 +317,7 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                         } else {
                             items.push(format!(":7\r\n:1000\r\n:{}\r\n", tags[0]));
                         }
-                        format!("*{}\r\n{}", items.len(), items.concat())
+                        batch(items)
                     }
                     Mode::Short | Mode::Long => honest(),
                     Mode::WrongType(bad) => {
@@ -320,7 +334,7 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                             })
                             .collect();
                         if script.contains("batch") {
-                            format!("*{}\r\n{}", items.len(), items.concat())
+                            batch(items)
                         } else {
                             items.concat()
                         }

@@ -72,19 +72,25 @@ pub(crate) const NOT_THEIRS: &str = "a reply carrying another call's tag";
 /// the caller's checks of the reply to reject.
 pub(crate) fn untag(reply: Reply, tag: u64) -> Result<Reply, Reply> {
     match reply {
-        Reply::Array(mut items) => match items.last() {
-            Some(Reply::Int(t)) if *t as u64 == tag && *t >= 0 => {
+        Reply::Array(mut items) => match items.last().and_then(|t| is_tag(t, tag)) {
+            Some(true) => {
                 items.pop();
                 Ok(Reply::Array(items))
             }
-            Some(Reply::Str(t)) if t.as_slice() == itoa::Buffer::new().format(tag).as_bytes() => {
-                items.pop();
-                Ok(Reply::Array(items))
-            }
-            Some(Reply::Int(_) | Reply::Str(_)) => Err(Reply::Array(items)),
-            _ => Ok(Reply::Array(items)),
+            Some(false) => Err(Reply::Array(items)),
+            None => Ok(Reply::Array(items)),
         },
         other => Ok(other),
+    }
+}
+
+/// Whether a value where a tag goes is `tag` (an integer, or its decimal string); `None`:
+/// not an integer or a string, so no tag at all.
+fn is_tag(value: &Reply, tag: u64) -> Option<bool> {
+    match value {
+        Reply::Int(t) => Some(*t >= 0 && *t as u64 == tag),
+        Reply::Str(t) => Some(t.as_slice() == itoa::Buffer::new().format(tag).as_bytes()),
+        _ => None,
     }
 }
 
@@ -143,7 +149,7 @@ impl CheckCall {
     /// Whether this call fits the compact batch layout with `first`: a plain check (its
     /// state and block entry as keys, cost 1, no flags) of a policy whose values are
     /// `first`'s limit and period alone.
-    fn compact(&self, first: &CheckCall) -> bool {
+    fn fits_compact(&self, first: &CheckCall) -> bool {
         self.keys == 2
             && self.args - self.before_tag == 1
             && self.before_tag - self.before_shape == 2
@@ -167,17 +173,49 @@ impl CheckSink for CheckCall {
     }
 }
 
+/// Whether the batch call of `calls` (more than one) is in the compact layout: every one
+/// a plain check with cost 1 of the first one's policy values ([`pack_calls`]).
+pub(crate) fn is_compact<'a>(calls: impl IntoIterator<Item = &'a CheckCall>) -> bool {
+    let mut calls = calls.into_iter();
+    match calls.next() {
+        Some(first) => first.fits_compact(first) && calls.all(|c| c.fits_compact(first)),
+        None => false,
+    }
+}
+
 /// The reply of one batch call, split into the replies of its checks (whose tags are
 /// `tags`, in order): each element is untagged, and only if every one is its check's are
 /// they handed out (`Err`: the stream is in doubt). A check's reply is an element (an
 /// array, or an error reply), or, where an integer starts one, the three values of a short
 /// admission inline (`remaining`, `reset_after`, the tag: core/lua/main_batch.lua). A reply
 /// that is not an array of one reply per check (NOSCRIPT, OOM, anything else) becomes each
-/// check's error reply.
+/// check's error reply. A `compact` call's reply ([`is_compact`]) starts with the call's
+/// tag (the first check's), and each check's reply carries its place in the call (1..=n)
+/// where its tag goes: a reply for another call, or replies out of order, are not taken.
 pub(crate) fn split_batch(
     reply: Reply,
-    tags: impl ExactSizeIterator<Item = u64>,
+    mut tags: impl ExactSizeIterator<Item = u64>,
+    compact: bool,
 ) -> io::Result<Vec<Reply>> {
+    if !compact {
+        return split_replies(reply, tags);
+    }
+    let n = tags.len();
+    let call_tag = tags.next().unwrap_or(0);
+    match reply {
+        Reply::Array(mut items) if !items.is_empty() => match is_tag(&items[0], call_tag) {
+            Some(true) => {
+                items.remove(0);
+                split_replies(Reply::Array(items), (1..n + 1).map(|p| p as u64))
+            }
+            Some(false) => Err(crate::transport::resp::protocol(NOT_THEIRS)),
+            None => split_replies(Reply::Array(items), (1..n + 1).map(|p| p as u64)),
+        },
+        other => split_replies(other, (1..n + 1).map(|p| p as u64)),
+    }
+}
+
+fn split_replies(reply: Reply, tags: impl ExactSizeIterator<Item = u64>) -> io::Result<Vec<Reply>> {
     let not_theirs = || crate::transport::resp::protocol(NOT_THEIRS);
     let n = tags.len();
     Ok(match reply {
@@ -273,12 +311,12 @@ pub(crate) fn pack_calls(
         out.extend_from_slice(&first.packed);
         return;
     }
-    if calls.iter().all(|c| c.compact(first)) {
+    if is_compact(calls) {
         // the compact layout: one shape, every check plain with cost 1, so per check its
-        // keys and its tag alone (core/lua/main_batch.lua)
+        // keys alone, then the call's tag (the first check's; core/lua/main_batch.lua)
         let keys = calls.len() * 2;
         let shape_args = first.before_tag - first.before_shape;
-        header(out, 3 + keys + 2 + shape_args + calls.len());
+        header(out, 3 + keys + 2 + shape_args + 1);
         bulk(out, op);
         bulk(out, script.as_bytes());
         bulk(out, itoa::Buffer::new().format(keys).as_bytes());
@@ -288,9 +326,7 @@ pub(crate) fn pack_calls(
         bulk(out, b"0");
         bulk(out, itoa::Buffer::new().format(shape_args).as_bytes());
         out.extend_from_slice(first.shape());
-        for c in calls {
-            out.extend_from_slice(&c.packed[c.tag_at..]);
-        }
+        out.extend_from_slice(&first.packed[first.tag_at..]);
         return;
     }
     // the first call of each distinct policy argument set, and each call's set (1..=S)
@@ -394,10 +430,10 @@ mod tests {
             v.extend(rest.iter().map(|s| s.to_string()));
             v
         };
-        // one shape, cost 1: "0", the shape's length and values, the tags
+        // one shape, cost 1: "0", the shape's length and values, the first check's tag
         assert_eq!(
             packed(&[call("1", 1, 10, 7), call("2", 1, 10, 8)]),
-            want(&["0", "2", "10", "60", "7", "8"])
+            want(&["0", "2", "10", "60", "7"])
         );
         // a cost of 2: every check its shape, cost and tag
         assert_eq!(
@@ -489,7 +525,7 @@ mod tests {
             i(999),
             i(10),
         ]);
-        let got = split_batch(reply, [7, 8, 9, 10].into_iter()).unwrap();
+        let got = split_batch(reply, [7, 8, 9, 10].into_iter(), false).unwrap();
         assert_eq!(
             got,
             vec![
@@ -501,7 +537,7 @@ mod tests {
         );
         // an inline admission carrying another call's tag: the stream is in doubt
         let swapped = Reply::Array(vec![i(4), i(1000), tag("8"), i(4), i(1000), tag("7")]);
-        assert!(split_batch(swapped, [7, 8].into_iter()).is_err());
+        assert!(split_batch(swapped, [7, 8].into_iter(), false).is_err());
         // values that do not make one reply per check: every check gets an error
         for bad in [
             vec![i(4), i(1000)],
@@ -509,7 +545,75 @@ mod tests {
             vec![i(4), tag("7"), i(1000)],
             vec![i(4), i(1000), tag("7"), long.clone(), long],
         ] {
-            let got = split_batch(Reply::Array(bad.clone()), [7, 8].into_iter()).unwrap();
+            let got = split_batch(Reply::Array(bad.clone()), [7, 8].into_iter(), false).unwrap();
+            assert!(
+                got.iter().all(|r| matches!(r, Reply::Error(_))),
+                "{bad:?}: {got:?}"
+            );
+            assert_eq!(got.len(), 2);
+        }
+    }
+
+    #[test]
+    fn a_compact_batch_reply_is_the_calls_by_its_head_and_each_checks_by_its_place() {
+        let i = Reply::Int;
+        let tag = |t: &str| Reply::Str(t.as_bytes().to_vec());
+        let long = Reply::Array(vec![i(0), i(5), i(9), i(9), i(0), i(0), i(0), i(2)]);
+        let wrong = Reply::Error("WRONGTYPE".into());
+        // the call's tag (its first check's, 7), then each check's reply with its place
+        let reply = |head: Reply, rest: Vec<Reply>| Reply::Array([vec![head], rest].concat());
+        let good = vec![
+            i(4),
+            i(1000),
+            i(1),
+            long.clone(),
+            wrong.clone(),
+            i(3),
+            i(999),
+            i(4),
+        ];
+        let got = split_batch(
+            reply(tag("7"), good.clone()),
+            [7, 8, 9, 10].into_iter(),
+            true,
+        );
+        assert_eq!(
+            got.unwrap(),
+            vec![
+                Reply::Array(vec![i(4), i(1000)]),
+                Reply::Array(vec![i(0), i(5), i(9), i(9), i(0), i(0), i(0)]),
+                wrong.clone(),
+                Reply::Array(vec![i(3), i(999)]),
+            ]
+        );
+        // another call's reply: the stream is in doubt
+        let other = split_batch(
+            reply(tag("8"), good.clone()),
+            [7, 8, 9, 10].into_iter(),
+            true,
+        );
+        assert!(other.is_err());
+        let other = split_batch(reply(i(8), good), [7, 8, 9, 10].into_iter(), true);
+        assert!(other.is_err());
+        // replies out of order: each says its place
+        let swapped = vec![long.clone(), i(4), i(1000), i(1)];
+        assert!(split_batch(reply(i(7), swapped), [7, 8].into_iter(), true).is_err());
+        // a head that is not this call's tag: not this call's reply
+        let headless = Reply::Array(vec![i(4), i(1000), i(1), long.clone()]);
+        assert!(split_batch(headless, [7, 8].into_iter(), true).is_err());
+        let headless = Reply::Array(vec![long.clone(), long.clone()]);
+        assert!(split_batch(headless, [7, 8].into_iter(), true).is_err());
+        // too few or too many, or no head: every check gets an error
+        for bad in [
+            reply(i(7), vec![i(4), i(1000), i(1)]),
+            reply(
+                i(7),
+                vec![i(4), i(1000), i(1), long.clone(), i(4), i(1000), i(3)],
+            ),
+            Reply::Array(vec![]),
+            wrong.clone(),
+        ] {
+            let got = split_batch(bad.clone(), [7, 8].into_iter(), true).unwrap();
             assert!(
                 got.iter().all(|r| matches!(r, Reply::Error(_))),
                 "{bad:?}: {got:?}"
