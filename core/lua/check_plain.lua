@@ -7,11 +7,13 @@
 -- with no retry and no delay (the common answer) as {remaining, reset_after, tag}, the tag
 -- echoed as the string it came as. Assembled after the algorithm
 -- file in the single-check scripts only (the shadow build skips it: SHADOW is set).
-local plain = ARGV[2]
-if not SHADOW and (string.byte(plain) <= 57 or plain == 'x') then
+-- (Told by its number of arguments, read once: a check with other flags has at least 5,
+-- its flags among them, and "x" alone makes 6.)
+local n = #ARGV
+if not SHADOW and (n == 4 or (n == 6 and ARGV[2] == 'x')) then
   local s, extra = 2, ''
-  if plain == 'x' then s, extra = 4, ARGV[3] end
-  local tag = ARGV[#ARGV] -- echoed as the string it came as (batch.rs, untag)
+  if n == 6 then s, extra = 4, ARGV[3] end
+  local tag = ARGV[n] -- echoed as the string it came as (batch.rs, untag)
   local ttl = rcall('PTTL', KEYS[2])
   if ttl ~= -2 then
     if ttl == -1 then return {0, 0, 0, -1, 0, 1, 0, tag} end
@@ -20,8 +22,9 @@ if not SHADOW and (string.byte(plain) <= 57 or plain == 'x') then
   local cost = ARGV[1]
   if cost == '1' then cost = 1 else cost = tonumber(cost) end
   -- (`+ 0`: the numbers as tonumber reads them, for half its instructions)
-  local allowed, remaining, reset, retry, delay = ALGO[next(ALGO)](KEYS[1], clock('0'),
-    ARGV[s] + 0, ARGV[s + 1] + 0, cost, false, extra)
+  local _, fn = next(ALGO)
+  local allowed, remaining, reset, retry, delay = fn(KEYS[1], clock('0'), ARGV[s] + 0,
+    ARGV[s + 1] + 0, cost, false, extra)
   if allowed == 1 then
     -- an admission of all `cost` units with no retry and no delay, in short:
     -- {remaining, reset_after} (protocol.rs, check_script_reply)
