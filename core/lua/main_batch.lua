@@ -13,7 +13,8 @@
 --                 main_check.lua)
 -- or, the compact layout (every check plain, of one shape, cost 1: the common burst):
 -- ARGV[1]         "0", ARGV[2] the shape's number of values (2), then its values (limit,
---                 period), then the call's tag (KEYS per check {state, block entry});
+--                 period), then the call's tag (KEYS: every check's state, then every
+--                 check's block entry, in the checks' order);
 --                 the replies as below after the call's tag, each with its check's place
 --                 in the call (1..N) where its tag would be
 -- Returns the N replies in order, each an array (check i's result, its tag last) or an
@@ -29,7 +30,8 @@ local m = 0 -- values in out
 if ARGV[1] == '0' then
   -- The compact layout (transport/batch.rs, pack_calls): every check plain, of one shape,
   -- cost 1, no flags. ARGV {"0", L, the shape's L values (limit, period), the call's tag};
-  -- KEYS per check {state, block entry}. Answered as the plain checks below are, after the
+  -- KEYS every check's state, then every check's block entry (read by one EXISTS of
+  -- KEYS[n + 1..2n], no table built). Answered as the plain checks below are, after the
   -- call's tag, each reply with its check's place in the call (1..n) where its tag goes.
   local n = #KEYS / 2
   out[1] = ARGV[3 + ARGV[2]]
@@ -38,9 +40,7 @@ if ARGV[1] == '0' then
   local ln = {ARGV[3] + 0, ARGV[4] + 0, false, false, false, false, false, false, false}
   local blocks = true
   if n >= 3 then
-    local entries = {}
-    for i = 1, n do entries[i] = KEYS[2 * i] end
-    blocks = rcall('EXISTS', unpack(entries)) > 0
+    blocks = rcall('EXISTS', unpack(KEYS, n + 1, 2 * n)) > 0
   end
   -- the checks run in one protected call, not one each (a pcall per check costs more than
   -- its GET): a check's error (WRONGTYPE, say) is its reply, and the run goes on from the
@@ -52,7 +52,7 @@ if ARGV[1] == '0' then
       i = i + 1
       local tag = i
       local ttl = -2
-      if blocks then ttl = rcall('PTTL', KEYS[2 * i]) end
+      if blocks then ttl = rcall('PTTL', KEYS[n + i]) end
       if ttl == -1 then
         m = m + 1
         out[m] = {0, 0, 0, -1, 0, 1, 0, tag}
@@ -61,7 +61,7 @@ if ARGV[1] == '0' then
         out[m] = {0, 0, ttl * 1000, ttl * 1000, 0, 1, 0, tag}
       else
         if now == nil then now = clock('0') end
-        local r, remaining, reset, retry, delay = fn(KEYS[2 * i - 1], now, ln[1], ln[2], 1, false,
+        local r, remaining, reset, retry, delay = fn(KEYS[i], now, ln[1], ln[2], 1, false,
           '', nil, ln)
         if r == 1 then
           if retry == -1 and delay == 0 then

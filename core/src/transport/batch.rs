@@ -103,6 +103,8 @@ pub(crate) struct CheckCall {
     /// packed (`$<len>\r\n<arg>\r\n` each): the keys, the check's own arguments from
     /// `item_at`, its policy's from `shape_at`, its tag from `tag_at`
     packed: Vec<u8>,
+    /// where the first key ends (the state's; the block entry's follows)
+    key_at: usize,
     item_at: usize,
     shape_at: usize,
     tag_at: usize,
@@ -129,6 +131,7 @@ impl CheckCall {
             scripts,
             eval,
             packed: Vec::with_capacity(192),
+            key_at: 0,
             item_at: 0,
             shape_at: 0,
             tag_at: 0,
@@ -162,6 +165,9 @@ impl CheckSink for CheckCall {
     fn arg(&mut self, a: &[u8]) {
         bulk(&mut self.packed, a);
         self.args += 1;
+        if self.args == 1 {
+            self.key_at = self.packed.len();
+        }
     }
     fn mark(&mut self, part: CheckPart) {
         let at = self.packed.len();
@@ -313,7 +319,8 @@ pub(crate) fn pack_calls(
     }
     if is_compact(calls) {
         // the compact layout: one shape, every check plain with cost 1, so per check its
-        // keys alone, then the call's tag (the first check's; core/lua/main_batch.lua)
+        // keys alone (every state, then every block entry), then the call's tag (the first
+        // check's; core/lua/main_batch.lua)
         let keys = calls.len() * 2;
         let shape_args = first.before_tag - first.before_shape;
         header(out, 3 + keys + 2 + shape_args + 1);
@@ -321,7 +328,10 @@ pub(crate) fn pack_calls(
         bulk(out, script.as_bytes());
         bulk(out, itoa::Buffer::new().format(keys).as_bytes());
         for c in calls {
-            out.extend_from_slice(&c.packed[..c.item_at]);
+            out.extend_from_slice(&c.packed[..c.key_at]);
+        }
+        for c in calls {
+            out.extend_from_slice(&c.packed[c.key_at..c.item_at]);
         }
         bulk(out, b"0");
         bulk(out, itoa::Buffer::new().format(shape_args).as_bytes());
@@ -416,25 +426,25 @@ mod tests {
                 c.int(tag);
             })
         };
-        let head = |keys: &str| {
+        let head = |keys: [&str; 4]| {
             let mut v = vec![
                 "EVALSHA".to_string(),
                 scripts.batch_sha.to_string(),
-                keys.into(),
+                "4".into(),
             ];
-            v.extend(["s1", "b1", "s2", "b2"].map(String::from));
+            v.extend(keys.map(String::from));
             v
         };
         let want = |rest: &[&str]| {
-            let mut v = head("4");
+            let mut v = head(["s1", "b1", "s2", "b2"]);
             v.extend(rest.iter().map(|s| s.to_string()));
             v
         };
-        // one shape, cost 1: "0", the shape's length and values, the first check's tag
-        assert_eq!(
-            packed(&[call("1", 1, 10, 7), call("2", 1, 10, 8)]),
-            want(&["0", "2", "10", "60", "7"])
-        );
+        // one shape, cost 1: the states, then the block entries; "0", the shape's length
+        // and values, the first check's tag
+        let mut compact = head(["s1", "s2", "b1", "b2"]);
+        compact.extend(["0", "2", "10", "60", "7"].map(String::from));
+        assert_eq!(packed(&[call("1", 1, 10, 7), call("2", 1, 10, 8)]), compact);
         // a cost of 2: every check its shape, cost and tag
         assert_eq!(
             packed(&[call("1", 1, 10, 7), call("2", 2, 10, 8)]),
