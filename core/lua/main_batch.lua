@@ -122,81 +122,75 @@ do
   end
   if entries and #entries >= 3 then blocks = rcall('EXISTS', unpack(entries)) > 0 end
 end
--- The checks run in one protected call, not one each (a pcall per check costs more than
--- its GET): a check's error (WRONGTYPE, say) is its reply, and the run goes on from the
--- check after it. Each check is consumed (a, k moved past it) before anything of it can
--- raise, and its reply is written only once it has returned; an error before any check
--- was consumed is the call's own (arguments not in this layout), as it was before.
-local function run()
-  while a <= n do
-    local tag = ARGV[a + 2]
-    local extra, step = '', 3
-    if tag == 'x' then extra, tag, step = ARGV[a + 3], ARGV[a + 4], 5 end
-    if step == 5 or string.byte(tag) <= 57 then
-      -- a plain check (no flags: its shape, cost, tag; or with the flags "x" alone its
-      -- shape, cost, "x", extra, tag: a concurrency lease, a window's shift), as
-      -- check_plain.lua answers one: the block entry, the algorithm in mode check on the
-      -- server clock, its reply built once (an admission of all units with no retry and no
-      -- delay in short), the tag echoed as the string it came as
-      -- (by the shape's index as it came: no number parsed per check)
-      local ln = numbers[ARGV[a]]
-      if ln == nil then
-        local j = shape[tonumber(ARGV[a])]
-        -- (then the algorithm's memo: prelude.lua; sized once, not grown)
-        ln = {tonumber(ARGV[j]), tonumber(ARGV[j + 1]), false, false, false, false, false, false,
-          false}
-        numbers[ARGV[a]] = ln
-      end
+while a <= n do
+  local tag = ARGV[a + 2]
+  local extra, step = '', 3
+  if tag == 'x' then extra, tag, step = ARGV[a + 3], ARGV[a + 4], 5 end
+  if step == 5 or string.byte(tag) <= 57 then
+    -- a plain check (no flags: its shape, cost, tag; or with the flags "x" alone its
+    -- shape, cost, "x", extra, tag: a concurrency lease, a window's shift), as
+    -- check_plain.lua answers one: the block entry, the algorithm in mode check on the
+    -- server clock, its reply built once (an admission of all units with no retry and no
+    -- delay in short), the tag echoed as the string it came as
+    -- (by the shape's index as it came: no number parsed per check)
+    local ln = numbers[ARGV[a]]
+    if ln == nil then
+      local j = shape[tonumber(ARGV[a])]
+      -- (then the algorithm's memo: prelude.lua; sized once, not grown)
+      ln = {tonumber(ARGV[j]), tonumber(ARGV[j + 1]), false, false, false, false, false, false,
+        false}
+      numbers[ARGV[a]] = ln
+    end
+    local ttl = -2
+    if blocks then ttl = rcall('PTTL', KEYS[k + 1]) end
+    if ttl == -1 then
+      m = m + 1
+      out[m] = {0, 0, 0, -1, 0, 1, 0, tag}
+    elseif ttl ~= -2 then
+      m = m + 1
+      out[m] = {0, 0, ttl * 1000, ttl * 1000, 0, 1, 0, tag}
+    else
+      if server_now == nil then server_now = clock('0') end
       cost = ARGV[a + 1]
       if cost == '1' then cost = 1 else cost = tonumber(cost) end
-      -- (the check is consumed before anything of it can raise: see below)
-      local kk = k
-      k = k + 2
-      a = a + step
-      local ttl = -2
-      if blocks then ttl = rcall('PTTL', KEYS[kk + 1]) end
-      if ttl == -1 then
+      local ok, r, remaining, reset, retry, delay = pcall(fn, KEYS[k], server_now, ln[1], ln[2],
+        cost, false, extra, nil, ln)
+      if not ok then
         m = m + 1
-        out[m] = {0, 0, 0, -1, 0, 1, 0, tag}
-      elseif ttl ~= -2 then
-        m = m + 1
-        out[m] = {0, 0, ttl * 1000, ttl * 1000, 0, 1, 0, tag}
-      else
-        if server_now == nil then server_now = clock('0') end
-        local r, remaining, reset, retry, delay = fn(KEYS[kk], server_now, ln[1], ln[2], cost,
-          false, extra, nil, ln)
-        if r == 1 then
-          if retry == -1 and delay == 0 then
-            out[m + 1], out[m + 2], out[m + 3] = remaining, reset, tag
-            m = m + 3
-          else
-            m = m + 1
-            out[m] = {1, remaining, reset, retry, delay, 0, cost, tag}
-          end
+        if type(r) == 'table' and r.err then out[m] = r else out[m] = {err = tostring(r)} end
+      elseif r == 1 then
+        if retry == -1 and delay == 0 then
+          out[m + 1], out[m + 2], out[m + 3] = remaining, reset, tag
+          m = m + 3
         else
           m = m + 1
-          out[m] = {0, remaining, reset, retry, delay, 0, 0, tag}
+          out[m] = {1, remaining, reset, retry, delay, 0, cost, tag}
         end
+      else
+        m = m + 1
+        out[m] = {0, remaining, reset, retry, delay, 0, 0, tag}
       end
-    else
-      local i
-      k, i, state, entry, denials, now, cost, extra, need, c, limit, period, mode, after, within,
-        dur, reason, okey, ov = parse(k, a + 1, shape[tonumber(ARGV[a])], code)
-      a = i + 1
-      local r = check(state, entry, denials, now, cost, extra, need, c, limit, period, mode, after,
-        within, dur, reason, okey, ov)
+    end
+    k = k + 2
+    a = a + step
+  else
+    local i
+    k, i, state, entry, denials, now, cost, extra, need, c, limit, period, mode, after, within,
+      dur, reason, okey, ov = parse(k, a + 1, shape[tonumber(ARGV[a])], code)
+    local ok, r = pcall(check, state, entry, denials, now, cost, extra, need, c, limit, period,
+      mode, after, within, dur, reason, okey, ov)
+    if ok then
       r[#r + 1] = tonumber(ARGV[i])
       m = m + 1
       out[m] = r
+    elseif type(r) == 'table' and r.err then
+      m = m + 1
+      out[m] = r
+    else
+      m = m + 1
+      out[m] = {err = tostring(r)}
     end
+    a = i + 1
   end
-end
-while true do
-  local at = a
-  local ok, e = pcall(run)
-  if ok then break end
-  if a == at then error(e, 0) end
-  m = m + 1
-  if type(e) == 'table' and e.err then out[m] = e else out[m] = {err = tostring(e)} end
 end
 return out
