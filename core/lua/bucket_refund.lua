@@ -10,30 +10,30 @@ if REFUND then
     if q ~= '' then
       -- exact interval/q (see the buckets' ALGO): move the time back by cost × interval ticks
       q = tonumber(q)
-      local v = redis.call('GET', key)
+      local v = rcall('GET', key)
       local t, f
       if v then t, f = string.match(v, '^(%d+):(%d+)$') end
       t, f = tonumber(t), tonumber(f)
       if not t or f >= q or t < now then return end
       local back = (t - now) * q + f - cost * interval
       if back <= 0 then
-        redis.call('DEL', key)
+        rcall('DEL', key)
       else
         local x = math.floor(back / q) -- exactly, as div() in the buckets' ALGO
         local r = back - x * q
         if r < 0 then x, r = x - 1, r + q elseif r >= q then x, r = x + 1, r - q end
         local us = x
         if r > 0 then us = us + 1 end
-        redis.call('SET', key, int(now + x) .. ':' .. int(r), 'PX', math.ceil(us / 1000))
+        rcall('SET', key, int(now + x) .. ':' .. int(r), 'PX', math.ceil(us / 1000))
       end
       return
     end
-    local t = tonumber(redis.call('GET', key) or '0')
+    local t = tonumber(rcall('GET', key) or '0')
     local back = t - cost * interval
     if back <= now then
-      redis.call('DEL', key)
+      rcall('DEL', key)
     else
-      redis.call('SET', key, int(back), 'PX', math.ceil((back - now) / 1000))
+      rcall('SET', key, int(back), 'PX', math.ceil((back - now) / 1000))
     end
   end
 end

@@ -40,7 +40,7 @@ local function check(state, entry, denials, now, cost, extra, need, code, limit,
     now = tonumber(now)
   end
   if entry then
-    local ttl = redis.call('PTTL', entry)
+    local ttl = rcall('PTTL', entry)
     if ttl ~= -2 then
       if ttl == -1 then return {0, 0, 0, -1, 0, 1, 0} end
       return {0, 0, ttl * 1000, ttl * 1000, 0, 1, 0}
@@ -51,15 +51,15 @@ local function check(state, entry, denials, now, cost, extra, need, code, limit,
   local r
   if mode == 'grant' then
     need = tonumber(need)
-    r = fn(state, now, limit, period, need, true, extra)
+    r = {fn(state, now, limit, period, need, true, extra)}
     if r[1] == 1 then
       -- r[2] is what is available now; take up to `cost` of it, at least `need`
       local g = math.max(need, math.min(cost, r[2]))
-      r = fn(state, now, limit, period, g, false, extra)
+      r = {fn(state, now, limit, period, g, false, extra)}
       if r[1] == 1 then r[7] = g end
     end
   else
-    r = fn(state, now, limit, period, cost, mode == 'peek', extra)
+    r = {fn(state, now, limit, period, cost, mode == 'peek', extra)}
     if r[1] == 1 and mode ~= 'peek' then r[7] = cost end
   end
   r[6] = 0
@@ -67,11 +67,11 @@ local function check(state, entry, denials, now, cost, extra, need, code, limit,
   -- (after is a decimal integer: "0" when the policy blocks nothing)
   if r[1] == 0 and mode ~= 'peek' and after ~= '0' then
     after = tonumber(after)
-    local n = redis.call('INCR', denials)
-    if n == 1 then redis.call('PEXPIRE', denials, within) end
+    local n = rcall('INCR', denials)
+    if n == 1 then rcall('PEXPIRE', denials, within) end
     if n >= after then
-      redis.call('SET', entry, reason, 'PX', dur)
-      redis.call('DEL', denials)
+      rcall('SET', entry, reason, 'PX', dur)
+      rcall('DEL', denials)
       r[6] = 2
     end
   end

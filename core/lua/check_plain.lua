@@ -7,12 +7,14 @@
 -- with no retry and no delay (the common answer) as {remaining, reset_after, tag}, the tag
 -- echoed as the string it came as. Assembled after the algorithm
 -- file in the single-check scripts only (the shadow build skips it: SHADOW is set).
-local plain = ARGV[2]
-if not SHADOW and (string.byte(plain) <= 57 or plain == 'x') then
+-- (Told by its number of arguments, read once: a check with other flags has at least 5,
+-- its flags among them, and "x" alone makes 6.)
+local n = #ARGV
+if not SHADOW and (n == 4 or (n == 6 and ARGV[2] == 'x')) then
   local s, extra = 2, ''
-  if plain == 'x' then s, extra = 4, ARGV[3] end
-  local tag = ARGV[#ARGV] -- echoed as the string it came as (batch.rs, untag)
-  local ttl = redis.call('PTTL', KEYS[2])
+  if n == 6 then s, extra = 4, ARGV[3] end
+  local tag = ARGV[n] -- echoed as the string it came as (batch.rs, untag)
+  local ttl = rcall('PTTL', KEYS[2])
   if ttl ~= -2 then
     if ttl == -1 then return {0, 0, 0, -1, 0, 1, 0, tag} end
     return {0, 0, ttl * 1000, ttl * 1000, 0, 1, 0, tag}
@@ -20,13 +22,14 @@ if not SHADOW and (string.byte(plain) <= 57 or plain == 'x') then
   local cost = ARGV[1]
   if cost == '1' then cost = 1 else cost = tonumber(cost) end
   -- (`+ 0`: the numbers as tonumber reads them, for half its instructions)
-  local r = ALGO[next(ALGO)](KEYS[1], clock('0'), ARGV[s] + 0, ARGV[s + 1] + 0, cost, false,
-    extra)
-  if r[1] == 1 then
+  local _, fn = next(ALGO)
+  local allowed, remaining, reset, retry, delay = fn(KEYS[1], clock('0'), ARGV[s] + 0,
+    ARGV[s + 1] + 0, cost, false, extra)
+  if allowed == 1 then
     -- an admission of all `cost` units with no retry and no delay, in short:
     -- {remaining, reset_after} (protocol.rs, check_script_reply)
-    if r[4] == -1 and r[5] == 0 then return {r[2], r[3], tag} end
-    return {1, r[2], r[3], r[4], r[5], 0, cost, tag}
+    if retry == -1 and delay == 0 then return {remaining, reset, tag} end
+    return {1, remaining, reset, retry, delay, 0, cost, tag}
   end
-  return {0, r[2], r[3], r[4], r[5], 0, 0, tag}
+  return {0, remaining, reset, retry, delay, 0, 0, tag}
 end

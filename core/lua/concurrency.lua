@@ -31,24 +31,24 @@ local function cc_units(m)
 end
 
 local function cc_store(key, held)
-  if held <= 0 and redis.call('ZCARD', key) <= 1 then
-    redis.call('DEL', key)
+  if held <= 0 and rcall('ZCARD', key) <= 1 then
+    rcall('DEL', key)
   else
-    redis.call('ZADD', key, -(math.max(held, 0) + 1), '#')
+    rcall('ZADD', key, -(math.max(held, 0) + 1), '#')
   end
 end
 
 -- units held after reclaiming expired leases, and whether "#" was there. One read gives
 -- both: "#" (scored below 0) comes before every lease that expired (scored by expiry > 0)
 local function cc_held(key, now, snow)
-  local r = redis.call('ZRANGEBYSCORE', key, '-4503599627370496', snow, 'WITHSCORES', 'LIMIT', '0',
+  local r = rcall('ZRANGEBYSCORE', key, '-4503599627370496', snow, 'WITHSCORES', 'LIMIT', '0',
     CC_EXPIRE_1)
   local held, from, sum = nil, 1, r[1] == '#'
   if sum then
     held = -r[2] - 1
     from = 3
   else
-    held = redis.call('ZCARD', key) -- none yet, or an older version's member per unit
+    held = rcall('ZCARD', key) -- none yet, or an older version's member per unit
   end
   local last = math.min(#r, from + 2 * CC_EXPIRE - 2)
   if last >= from then
@@ -57,7 +57,7 @@ local function cc_held(key, now, snow)
       gone[#gone + 1] = r[i]
       held = held - cc_units(r[i])
     end
-    redis.call('ZREM', key, unpack(gone))
+    rcall('ZREM', key, unpack(gone))
     cc_store(key, held)
     sum = true
   end
@@ -66,7 +66,7 @@ end
 
 -- time until the last lease expires (a function per script, not a closure per call)
 local function cc_reset_after(key, now)
-  local last = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+  local last = rcall('ZRANGE', key, '-1', '-1', 'WITHSCORES')
   local t = last[2]
   if t == nil then return 0 end
   t = t + 0 -- (as tonumber, for half its instructions)
@@ -97,12 +97,12 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st, m)
     if st then st[1], st[2] = n, sum end
   end
   if cost > max then
-    return {0, math.max(max - n, 0), cc_reset_after(key, now), -1, 0}
+    return 0, math.max(max - n, 0), cc_reset_after(key, now), -1, 0
   end
   if n + cost > max then
     -- with no releases, the k-th earliest expiring unit frees enough
     local k = n + cost - max
-    local first = redis.call('ZRANGEBYSCORE', key, '(' .. snow, '+inf', 'WITHSCORES',
+    local first = rcall('ZRANGEBYSCORE', key, '(' .. snow, '+inf', 'WITHSCORES',
       'LIMIT', 0, CC_WALK)
     local at = cc_reset_after(key, now) + now
     for i = 1, #first, 2 do
@@ -112,7 +112,7 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st, m)
         break
       end
     end
-    return {0, math.max(max - n, 0), cc_reset_after(key, now), at - now, 0}
+    return 0, math.max(max - n, 0), cc_reset_after(key, now), at - now, 0
   end
   if not peek then
     local member = lease .. '*' .. (cost == 1 and '1' or int(cost))
@@ -122,36 +122,36 @@ ALGO.cc = function(key, now, max, ttl, cost, peek, lease, st, m)
       -- was (a lease acquired again keeps the units it holds: "#" is written again, and
       -- its expiry, which LT kept if later). LT writes "#" (its score only goes down here)
       -- and keeps a tombstone (scored below any expiry).
-      local added = redis.call('ZADD', key, 'LT', sexp, member, int(-(n + cost + 1)),
+      local added = rcall('ZADD', key, 'LT', sexp, member, int(-(n + cost + 1)),
         '#')
       if sum then added = added + 1 end
       if added < 2 then
         -- (inline, as below: a local function is a closure made on every call)
-        local e = redis.call('ZSCORE', key, member)
+        local e = rcall('ZSCORE', key, member)
         if e and tonumber(e) < CC_BAND then
           -- released before it ran: nothing granted, the tombstone gone
-          redis.call('ZREM', key, member)
+          rcall('ZREM', key, member)
           cc_store(key, n)
-          return {0, math.max(max - n, 0), 0, -2, 0}
+          return 0, math.max(max - n, 0), 0, -2, 0
         end
-        redis.call('ZADD', key, sexp, member, -(math.max(n, 0) + 1), '#')
+        rcall('ZADD', key, sexp, member, -(math.max(n, 0) + 1), '#')
       else
         n = n + cost
       end
     else
-      local e = redis.call('ZSCORE', key, member)
+      local e = rcall('ZSCORE', key, member)
       if e and tonumber(e) < CC_BAND then
-        redis.call('ZREM', key, member)
+        rcall('ZREM', key, member)
         cc_store(key, n)
-        return {0, math.max(max - n, 0), 0, -2, 0}
+        return 0, math.max(max - n, 0), 0, -2, 0
       end
       if e == false then n = n + cost end
-      redis.call('ZADD', key, sexp, member)
+      rcall('ZADD', key, sexp, member)
       cc_store(key, n)
     end
-    redis.call('PEXPIRE', key, sttl)
+    rcall('PEXPIRE', key, sttl)
   end
-  return {1, max - n, cc_reset_after(key, now), -1, 0}
+  return 1, max - n, cc_reset_after(key, now), -1, 0
 end
 
 if REFUND then -- only the refund and release scripts give units back
@@ -161,27 +161,27 @@ if REFUND then -- only the refund and release scripts give units back
   -- of a late lease has it): its acquire may yet run.
   REFUND.cc = function(key, now, ttl, cost, lease)
     local member = lease .. '*' .. int(cost)
-    local e = redis.call('ZSCORE', key, member)
+    local e = rcall('ZSCORE', key, member)
     if e == false then
       if ttl > 0 then
         -- (inline: a local function is a closure made on every call)
-        redis.call('ZREMRANGEBYSCORE', key, '-inf', int(CC_TOMB + now)) -- the expired ones
-        if redis.call('ZSCORE', key, '#') == false then
+        rcall('ZREMRANGEBYSCORE', key, '-inf', int(CC_TOMB + now)) -- the expired ones
+        if rcall('ZSCORE', key, '#') == false then
           -- no sum yet (no key, or an older version's members, a unit each): one is
           -- written, so that no call counts the tombstone as a lease
-          redis.call('ZADD', key, -(redis.call('ZCARD', key) + 1), '#')
+          rcall('ZADD', key, -(rcall('ZCARD', key) + 1), '#')
         end
-        redis.call('ZADD', key, int(CC_TOMB + math.min(now + ttl, -CC_BAND - 1)), member)
+        rcall('ZADD', key, int(CC_TOMB + math.min(now + ttl, -CC_BAND - 1)), member)
         local ms = math.ceil(ttl / 1000)
-        if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+        if rcall('PTTL', key) < ms then rcall('PEXPIRE', key, ms) end
       end
       return 0
     end
     if tonumber(e) < CC_BAND then return 0 end -- released before: its tombstone stays
-    redis.call('ZREM', key, member)
-    local t = redis.call('ZSCORE', key, '#')
+    rcall('ZREM', key, member)
+    local t = rcall('ZSCORE', key, '#')
     local held
-    if t then held = -tonumber(t) - 1 - cost else held = redis.call('ZCARD', key) end
+    if t then held = -tonumber(t) - 1 - cost else held = rcall('ZCARD', key) end
     cc_store(key, held)
     if tonumber(e) <= now then return 0 end
     return 1

@@ -21,41 +21,41 @@ ALGO.fw = function(key, now, limit, window, cost, peek, shift, st, m)
       ckey = key .. ':' .. int(idx)
       reset = (idx + 1) * window - now
     end
-    used = (redis.call('GET', ckey) or 0) + 0 -- (as tonumber, for half its instructions)
+    used = (rcall('GET', ckey) or 0) + 0 -- (as tonumber, for half its instructions)
     if st then st[1], st[2], st[3] = used, ckey, reset end
   end
   if cost > limit then
-    return {0, math.max(limit - used, 0), reset, -1, 0}
+    return 0, math.max(limit - used, 0), reset, -1, 0
   end
   if used + cost > limit then
     -- the next window starts empty and cost <= limit, so it fits there
-    return {0, math.max(limit - used, 0), reset, reset, 0}
+    return 0, math.max(limit - used, 0), reset, reset, 0
   end
   if not peek then
     -- (numbers handed to redis.call are formatted, which costs more than the call's INCR)
-    if cost == 1 then redis.call('INCR', ckey) else redis.call('INCRBY', ckey, int(cost)) end
+    if cost == 1 then rcall('INCR', ckey) else rcall('INCRBY', ckey, int(cost)) end
     -- a counter gets its expiry when the window's first units create it; later increments
     -- keep it (one call fewer per admitted check)
     if used == 0 then
       if m == nil then
-        redis.call('PEXPIRE', ckey, int(math.ceil(reset / 1000)))
+        rcall('PEXPIRE', ckey, int(math.ceil(reset / 1000)))
       else
         if m[7] ~= reset then m[7], m[8] = reset, int(math.ceil(reset / 1000)) end
-        redis.call('PEXPIRE', ckey, m[8])
+        rcall('PEXPIRE', ckey, m[8])
       end
     end
     used = used + cost
   end
-  return {1, limit - used, reset, -1, 0}
+  return 1, limit - used, reset, -1, 0
 end
 
 if REFUND then -- only the refund scripts give units back
   REFUND.fw = function(key, now, window, cost, shift)
     if shift ~= '' then now = now + tonumber(shift) end
     local ckey = key .. ':' .. int(math.floor(now / window))
-    local used = tonumber(redis.call('GET', ckey) or '0')
+    local used = tonumber(rcall('GET', ckey) or '0')
     if used > 0 then
-      redis.call('DECRBY', ckey, math.min(cost, used))
+      rcall('DECRBY', ckey, math.min(cost, used))
     end
   end
 end

@@ -25,7 +25,7 @@ ALGO.lb = function(key, now, capacity, interval, cost, peek, q, st)
     if st and st[1] ~= nil then
       v = st[1]
     else
-      v = redis.call('GET', key)
+      v = rcall('GET', key)
       if st then st[1] = v end
     end
     if v then
@@ -38,19 +38,19 @@ ALGO.lb = function(key, now, capacity, interval, cost, peek, q, st)
     local burst = capacity * interval
     local available = 0
     if d < burst then available = div(burst - d, interval) end
-    if cost > capacity then return {0, available, up(d), -1, 0} end
+    if cost > capacity then return 0, available, up(d), -1, 0 end
     local nd = d + cost * interval
-    if nd > burst then return {0, available, up(d), up(nd - burst), 0} end
-    if peek then return {1, available, up(d), -1, up(d)} end
+    if nd > burst then return 0, available, up(d), up(nd - burst), 0 end
+    if peek then return 1, available, up(d), -1, up(d) end
     local t, f = div(nd, q)
-    redis.call('SET', key, int(now + t) .. ':' .. int(f), 'PX', int(math.ceil(up(nd) / 1000)))
-    return {1, div(burst - nd, interval), up(nd), -1, up(d)}
+    rcall('SET', key, int(now + t) .. ':' .. int(f), 'PX', int(math.ceil(up(nd) / 1000)))
+    return 1, div(burst - nd, interval), up(nd), -1, up(d)
   end
   local drain
   if st and st[1] ~= nil then
     drain = st[1]
   else
-    drain = (redis.call('GET', key) or 0) + 0 -- (as tonumber, for half its instructions)
+    drain = (rcall('GET', key) or 0) + 0 -- (as tonumber, for half its instructions)
     if st then st[1] = drain end
   end
   if drain < now then drain = now end
@@ -58,17 +58,17 @@ ALGO.lb = function(key, now, capacity, interval, cost, peek, q, st)
   -- (a drain time more than `queue` ahead, after the clock went back: no room)
   local free = math.max(math.floor((queue - (drain - now)) / interval), 0)
   if cost > capacity then
-    return {0, free, drain - now, -1, 0}
+    return 0, free, drain - now, -1, 0
   end
   local new_drain = drain + cost * interval
   if new_drain - now > queue then
-    return {0, free, drain - now, new_drain - queue - now, 0}
+    return 0, free, drain - now, new_drain - queue - now, 0
   end
   if peek then
-    return {1, free, drain - now, -1, drain - now}
+    return 1, free, drain - now, -1, drain - now
   end
-  redis.call('SET', key, int(new_drain), 'PX', int(math.ceil((new_drain - now) / 1000)))
-  return {1, math.floor((queue - (new_drain - now)) / interval), new_drain - now, -1, drain - now}
+  rcall('SET', key, int(new_drain), 'PX', int(math.ceil((new_drain - now) / 1000)))
+  return 1, math.floor((queue - (new_drain - now)) / interval), new_drain - now, -1, drain - now
 end
 
 -- Its refund is the buckets' one (bucket_refund.lua).

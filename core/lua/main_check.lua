@@ -29,11 +29,11 @@ local r = check(state, entry, denials, now, cost, extra, need, code, limit, peri
   after, within, dur, reason, okey, ov)
 if SHADOW and r[1] == 0 and r[6] == 0 and KEYS[k] then
   local h, field = KEYS[k], ARGV[n + 1]
-  if redis.call('HEXISTS', h, field) == 0 and redis.call('HLEN', h) >= tonumber(ARGV[n + 3]) then
+  if rcall('HEXISTS', h, field) == 0 and rcall('HLEN', h) >= tonumber(ARGV[n + 3]) then
     field = ''
   end
-  redis.call('HINCRBY', h, field, 1)
-  redis.call('PEXPIRE', h, ARGV[n + 2])
+  rcall('HINCRBY', h, field, 1)
+  rcall('PEXPIRE', h, ARGV[n + 2])
 end
 r[#r + 1] = tonumber(ARGV[n])
 return r

@@ -35,7 +35,7 @@ end
 local function arg(i, j) return ARGV[2 + 9 * (i - 1) + j] end
 local out = {now, 0, 0}
 for i = 1, n do
-  local ttl = redis.call('PTTL', KEYS[3 * i - 1])
+  local ttl = rcall('PTTL', KEYS[3 * i - 1])
   if ttl ~= -2 then
     out[2] = i
     out[3] = 1
@@ -67,7 +67,7 @@ for i = 1, n do
   if cost == '1' then cost = 1 else cost = tonumber(cost) end
   local limit, period = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
   v[3 * i - 2], v[3 * i - 1], v[3 * i] = limit, period, cost
-  local r = ALGO[ARGV[b + 1]](key, now, limit, period, cost, true, ARGV[b + 5], s)
+  local r = {ALGO[ARGV[b + 1]](key, now, limit, period, cost, true, ARGV[b + 5], s)}
   results[i] = r
   if r[1] == 0 and out[2] == 0 then out[2] = i end
 end
@@ -75,18 +75,18 @@ if out[2] ~= 0 then
   local i = out[2]
   local after = tonumber(arg(i, 6))
   if after > 0 then
-    local c = redis.call('INCR', KEYS[3 * i])
-    if c == 1 then redis.call('PEXPIRE', KEYS[3 * i], arg(i, 7)) end
+    local c = rcall('INCR', KEYS[3 * i])
+    if c == 1 then rcall('PEXPIRE', KEYS[3 * i], arg(i, 7)) end
     if c >= after then
-      redis.call('SET', KEYS[3 * i - 1], arg(i, 9), 'PX', arg(i, 8))
-      redis.call('DEL', KEYS[3 * i])
+      rcall('SET', KEYS[3 * i - 1], arg(i, 9), 'PX', arg(i, 8))
+      rcall('DEL', KEYS[3 * i])
       out[3] = 2
     end
   end
 else
   -- phase 2: every layer allows, so every layer consumes
   for i = 1, n do
-    results[i] = ALGO[arg(i, 1)](KEYS[3 * i - 2], now, v[3 * i - 2], v[3 * i - 1], v[3 * i], false, arg(i, 5), st[i])
+    results[i] = {ALGO[arg(i, 1)](KEYS[3 * i - 2], now, v[3 * i - 2], v[3 * i - 1], v[3 * i], false, arg(i, 5), st[i])}
   end
 end
 for i = 1, n do
@@ -98,10 +98,10 @@ if #KEYS - m >= 3 * n + 2 then h = KEYS[3 * n + 2] end
 if h and out[2] ~= 0 and out[3] == 0 then
   -- a shadow check's would-be denial (its layers block nobody: their block-after is 0)
   local field = ARGV[tail + 1]
-  if redis.call('HEXISTS', h, field) == 0 and redis.call('HLEN', h) >= tonumber(ARGV[tail + 3]) then
+  if rcall('HEXISTS', h, field) == 0 and rcall('HLEN', h) >= tonumber(ARGV[tail + 3]) then
     field = ''
   end
-  redis.call('HINCRBY', h, field, 1)
-  redis.call('PEXPIRE', h, ARGV[tail + 2])
+  rcall('HINCRBY', h, field, 1)
+  rcall('PEXPIRE', h, ARGV[tail + 2])
 end
 return out

@@ -49,5 +49,5 @@ elseif op == 'settle' then
 else
   return redis.error_reply('shardlimit: unknown settle op')
 end
-local p = ALGO[code](KEYS[1], now, limit, period, 1, true, x)
-return {1, p[2], p[3], -1, 0, 0, 0, now}
+local _, remaining, reset = ALGO[code](KEYS[1], now, limit, period, 1, true, x)
+return {1, remaining, reset, -1, 0, 0, 0, now}

@@ -40,10 +40,10 @@ for i = 1, n do
   elseif actual > units then
     CHARGE[code](KEYS[i], now, limit, period, actual - units, x)
   end
-  local p = ALGO[code](KEYS[i], now, limit, period, 1, true, x)
+  local _, remaining, reset = ALGO[code](KEYS[i], now, limit, period, 1, true, x)
   out[#out + 1] = 1
-  out[#out + 1] = p[2]
-  out[#out + 1] = p[3]
+  out[#out + 1] = remaining
+  out[#out + 1] = reset
   out[#out + 1] = -1
   out[#out + 1] = 0
 end

@@ -16,9 +16,9 @@ else
 end
 local out = {}
 for _, name in ipairs(names) do
-  local payload = redis.call('DUMP', name)
+  local payload = rcall('DUMP', name)
   if payload then
-    local ttl = redis.call('PTTL', name)
+    local ttl = rcall('PTTL', name)
     if ttl < 0 then ttl = 0 end
     out[#out + 1] = name
     out[#out + 1] = ttl

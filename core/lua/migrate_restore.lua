@@ -4,7 +4,7 @@
 -- Returns the number of keys restored.
 local n = 0
 for i, name in ipairs(KEYS) do
-  if redis.call('EXISTS', name) == 0 then
+  if rcall('EXISTS', name) == 0 then
     local ok = redis.pcall('RESTORE', name, ARGV[2 * i - 1], ARGV[2 * i])
     if type(ok) ~= 'table' or not ok.err then n = n + 1 end
   end

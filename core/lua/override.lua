@@ -6,7 +6,7 @@
 -- when they agree; else the reply {'o', entry, j} (entry "" when the key has none), and
 -- the script decides nothing: the client calls again with the entry.
 local function override_changed(okey, ov, j)
-  local o = redis.call('GET', okey)
+  local o = rcall('GET', okey)
   if o then
     local sp = string.find(o, ' ', 1, true)
     if not sp or string.sub(o, 1, sp - 1) ~= ov then return {'o', o, j} end

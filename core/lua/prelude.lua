@@ -2,8 +2,9 @@
 -- prelude + algorithm file(s) + one main; see core/src/engine/redis/scripts.rs).
 --
 -- Every algorithm is a function ALGO.<code>(key, now, limit, period, cost, peek, extra)
--- returning {allowed (0/1), remaining, reset_after_us, retry_after_us (-1 = absent),
--- delay_us}. `peek` true never consumes (concurrency reclaims expired leases, which
+-- returning five values: allowed (0/1), remaining, reset_after_us, retry_after_us (-1 =
+-- absent), delay_us (values, not a table: a table per check costs Redis more than the
+-- check's reply; a caller that needs one makes it, `{fn(...)}`). `peek` true never consumes (concurrency reclaims expired leases, which
 -- changes no decision). `period` is the window, the lease TTL, or the
 -- emission interval (µs per unit) of a bucket. `extra` is what the algorithm needs beyond
 -- those, "" when unused: the lease id of a concurrency limit, the per-key window shift
@@ -18,6 +19,8 @@
 -- (fixed and sliding window keep their window index and TTL formatted there). Integers are
 -- formatted with %d, never tostring, so that values up to 2^53 survive exactly.
 local ALGO = {}
+-- redis.call, as every script calls it: a local is read for less than a global's field
+local rcall = redis.call
 -- REFUND.<code>(key, now, period, cost, extra) gives back `cost` units admitted at `now`
 -- (layered checks across shards, when another shard denied). Only the refund and release
 -- scripts have the table (`local REFUND = {}` comes before this prelude); in a check or

@@ -8,7 +8,7 @@
 local now = clock(ARGV[1]) + tonumber(ARGV[3] or '0')
 local window = tonumber(ARGV[2])
 if window == 0 then
-  return redis.call('DEL', KEYS[1])
+  return rcall('DEL', KEYS[1])
 end
 local idx = math.floor(now / window)
-return redis.call('DEL', KEYS[1] .. ':' .. int(idx), KEYS[1] .. ':' .. int(idx - 1))
+return rcall('DEL', KEYS[1] .. ':' .. int(idx), KEYS[1] .. ':' .. int(idx - 1))

@@ -18,17 +18,17 @@ local CHARGE, GIVE = {}, {}
 local SL_SHIFT = 256
 
 local function counter_charge(ckey, limit, cost, ttl_us)
-  local used = tonumber(redis.call('GET', ckey) or '0')
+  local used = tonumber(rcall('GET', ckey) or '0')
   local add = math.min(cost, 2 * limit - used)
   if add > 0 then
-    redis.call('INCRBY', ckey, add)
-    if used == 0 then redis.call('PEXPIRE', ckey, math.ceil(ttl_us / 1000)) end
+    rcall('INCRBY', ckey, add)
+    if used == 0 then rcall('PEXPIRE', ckey, math.ceil(ttl_us / 1000)) end
   end
 end
 
 local function counter_give(ckey, cost)
-  local used = tonumber(redis.call('GET', ckey) or '0')
-  if used > 0 then redis.call('DECRBY', ckey, math.min(cost, used)) end
+  local used = tonumber(rcall('GET', ckey) or '0')
+  if used > 0 then rcall('DECRBY', ckey, math.min(cost, used)) end
 end
 
 if ALGO.fw then -- each settle script holds one algorithm: define its functions only
@@ -66,8 +66,8 @@ if ALGO.sl then
 -- the sliding log's live units now: n, the newest entry (time, before, cost), its top;
 -- ok false when the key holds a state this script did not write
 local function sl_live(key, now, window)
-  local total = redis.call('ZCARD', key)
-  local expired = redis.call('ZCOUNT', key, '-inf', int(now - window))
+  local total = rcall('ZCARD', key)
+  local expired = rcall('ZCOUNT', key, '-inf', int(now - window))
   if total == 0 then return true, total, expired, 0, nil, 0, 0, 0 end
   local newest, nb, nc = sl_entry(key, -1)
   if newest == nil then return false end
@@ -86,19 +86,19 @@ end
 CHARGE.sl = function(key, now, limit, window, cost)
   local ok, total, expired, n, newest, nb, nc, top = sl_live(key, now, window)
   if not ok then
-    redis.call('UNLINK', key)
+    rcall('UNLINK', key)
     total, expired, n, newest, nb, top = 0, 0, 0, nil, 0, 0
   end
   local add = math.min(cost, 2 * limit - n)
   if add <= 0 then return end
   if expired > 0 then
-    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, SL_EXPIRE) - 1)
+    rcall('ZREMRANGEBYRANK', key, 0, math.min(expired, SL_EXPIRE) - 1)
   end
   local at = now
   if newest ~= nil and newest > at then at = newest end
   if newest ~= nil and top < nb and at == newest then at = at + 1 end
-  redis.call('ZADD', key, int(at), string.format('%016d:%d', top, add))
-  redis.call('PEXPIRE', key, math.ceil((at + window - now) / 1000))
+  rcall('ZADD', key, int(at), string.format('%016d:%d', top, add))
+  rcall('PEXPIRE', key, math.ceil((at + window - now) / 1000))
 end
 
 GIVE.sl = function(key, now, limit, window, cost, at, reserved)
@@ -112,9 +112,9 @@ GIVE.sl = function(key, now, limit, window, cost, at, reserved)
       local t, b, c = sl_entry(key, -1)
       if t == nil or t <= now - window then return end
       local m = string.format('%016d:%d', b, c)
-      redis.call('ZREM', key, m)
+      rcall('ZREM', key, m)
       if c > left then
-        redis.call('ZADD', key, int(t), string.format('%016d:%d', b, c - left))
+        rcall('ZADD', key, int(t), string.format('%016d:%d', b, c - left))
         return
       end
       left = left - c
@@ -126,7 +126,7 @@ GIVE.sl = function(key, now, limit, window, cost, at, reserved)
   -- recorded at `at` instead (entries of one instant expire together: which of them holds
   -- the units changes no decision)
   if at <= now - window then return end
-  local ms = redis.call('ZRANGEBYSCORE', key, int(at), int(at))
+  local ms = rcall('ZRANGEBYSCORE', key, int(at), int(at))
   if #ms == 0 then return end
   local cs = {}
   for k, m in ipairs(ms) do
@@ -146,12 +146,12 @@ GIVE.sl = function(key, now, limit, window, cost, at, reserved)
     end
   end
   if first == nil then return end
-  local rank = redis.call('ZRANK', key, ms[first])
+  local rank = rcall('ZRANK', key, ms[first])
   -- every later entry counts these units in its `before`: shift them down by the units
   -- given back, at most SL_SHIFT of them (beyond, the units stay counted until the
   -- entry expires: never more admitted than the limit)
   if total - rank - 1 > SL_SHIFT then return end
-  local later = redis.call('ZRANGE', key, rank, -1, 'WITHSCORES')
+  local later = rcall('ZRANGE', key, rank, -1, 'WITHSCORES')
   for i = 1, #later, 2 do
     if string.match(later[i], '^(%d+):(%d+)$') == nil then return end
   end
@@ -160,9 +160,9 @@ GIVE.sl = function(key, now, limit, window, cost, at, reserved)
     local g = gives[first + (i - 1) / 2] or 0
     if shift > 0 or g > 0 then
       local lb, lc = string.match(later[i], '^(%d+):(%d+)$')
-      redis.call('ZREM', key, later[i])
+      rcall('ZREM', key, later[i])
       if tonumber(lc) > g then
-        redis.call('ZADD', key, later[i + 1],
+        rcall('ZADD', key, later[i + 1],
           string.format('%016d:%d', (tonumber(lb) - shift) % SL_MOD, tonumber(lc) - g))
       end
     end
@@ -181,7 +181,7 @@ local function exact_div(a, b) -- floor(a / b) and a % b, exactly, as div() in A
 end
 
 local function exact_ahead(key, now, q)
-  local v = redis.call('GET', key)
+  local v = rcall('GET', key)
   if not v then return 0 end
   local t, f = string.match(v, '^(%d+):(%d+)$')
   t, f = tonumber(t), tonumber(f)
@@ -193,13 +193,13 @@ end
 -- writes the exact state `d` ticks ahead of now (none when d is 0)
 local function exact_set(key, now, q, d)
   if d <= 0 then
-    redis.call('DEL', key)
+    rcall('DEL', key)
     return
   end
   local t, f = exact_div(d, q)
   local us = t
   if f > 0 then us = us + 1 end
-  redis.call('SET', key, int(now + t) .. ':' .. int(f), 'PX', math.ceil(us / 1000))
+  rcall('SET', key, int(now + t) .. ':' .. int(f), 'PX', math.ceil(us / 1000))
 end
 
 local function tat_charge(key, now, limit, interval, cost, x)
@@ -211,11 +211,11 @@ local function tat_charge(key, now, limit, interval, cost, x)
     if nd > d then exact_set(key, now, q, nd) end
     return
   end
-  local tat = tonumber(redis.call('GET', key) or '0')
+  local tat = tonumber(rcall('GET', key) or '0')
   if tat < now then tat = now end
   local new = math.max(math.min(tat + cost * interval, now + 2 * limit * interval), tat)
   if new > now then
-    redis.call('SET', key, int(new), 'PX', math.ceil((new - now) / 1000))
+    rcall('SET', key, int(new), 'PX', math.ceil((new - now) / 1000))
   end
 end
 
@@ -227,12 +227,12 @@ local function tat_give(key, now, limit, interval, cost, at, reserved, x)
     if d > 0 then exact_set(key, now, q, d - cost * interval) end
     return
   end
-  local tat = tonumber(redis.call('GET', key) or '0')
+  local tat = tonumber(rcall('GET', key) or '0')
   local back = tat - cost * interval
   if back <= now then
-    redis.call('DEL', key)
+    rcall('DEL', key)
   else
-    redis.call('SET', key, int(back), 'PX', math.ceil((back - now) / 1000))
+    rcall('SET', key, int(back), 'PX', math.ceil((back - now) / 1000))
   end
 end
 

@@ -23,7 +23,7 @@ local function sl_parse(e)
 end
 
 local function sl_entry(key, rank)
-  return sl_parse(redis.call('ZRANGE', key, rank, rank, 'WITHSCORES'))
+  return sl_parse(rcall('ZRANGE', key, rank, rank, 'WITHSCORES'))
 end
 
 -- time until the entry recorded at `t` expires (0 for none): a function per script, not
@@ -40,14 +40,14 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
   -- the oldest entry first: when it is live, none expired, and it is the base (the common
   -- case reads two entries); only when it expired are the entries counted. `total` nil:
   -- not counted (some, none expired)
-  local oldest = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+  local oldest = rcall('ZRANGE', key, '0', '0', 'WITHSCORES')
   local total, expired = 0, 0
   local n, top, newest, nb, nc, base = 0, 0, nil, 0, 0, 0
   if oldest[1] ~= nil then
     total = nil
     if oldest[2] + 0 <= now - window then
-      total = redis.call('ZCARD', key)
-      expired = redis.call('ZCOUNT', key, '-inf', horizon)
+      total = rcall('ZCARD', key)
+      expired = rcall('ZCOUNT', key, '-inf', horizon)
     end
     newest, nb, nc = sl_entry(key, '-1')
     local ok = newest ~= nil
@@ -58,7 +58,7 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
     end
     if not ok then
       -- not a state this script wrote: start afresh (UNLINK frees a large one off-thread)
-      if not peek then redis.call('UNLINK', key) end
+      if not peek then rcall('UNLINK', key) end
       total, expired, newest = 0, 0, nil
     else
       top = (nb + nc) % SL_MOD
@@ -66,13 +66,13 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
     end
   end
   if cost > limit then
-    return {0, math.max(limit - n, 0), sl_reset_after(newest, window, now), -1, 0}
+    return 0, math.max(limit - n, 0), sl_reset_after(newest, window, now), -1, 0
   end
   if n + cost > limit then
     -- the k-th oldest live unit must expire first: the first live entry whose units
     -- bring the count from `base` to k (binary search over ranks; the newest qualifies)
     local k = n + cost - limit
-    if total == nil then total = redis.call('ZCARD', key) end
+    if total == nil then total = rcall('ZCARD', key) end
     local lo, hi = expired, total - 1
     while lo < hi do
       local mid = math.floor((lo + hi) / 2)
@@ -80,20 +80,20 @@ ALGO.sl = function(key, now, limit, window, cost, peek)
       if b ~= nil and (b + c - base) % SL_MOD >= k then hi = mid else lo = mid + 1 end
     end
     local t = sl_entry(key, lo) or newest
-    return {0, math.max(limit - n, 0), sl_reset_after(newest, window, now), t + window - now, 0}
+    return 0, math.max(limit - n, 0), sl_reset_after(newest, window, now), t + window - now, 0
   end
   if peek then
-    return {1, limit - n, sl_reset_after(newest, window, now), -1, 0}
+    return 1, limit - n, sl_reset_after(newest, window, now), -1, 0
   end
   if expired > 0 then
-    redis.call('ZREMRANGEBYRANK', key, 0, math.min(expired, SL_EXPIRE) - 1)
+    rcall('ZREMRANGEBYRANK', key, 0, math.min(expired, SL_EXPIRE) - 1)
   end
   local at = now
   if newest ~= nil and newest > at then at = newest end
   if newest ~= nil and top < nb and at == newest then at = at + 1 end
-  redis.call('ZADD', key, int(at), string.format('%016d:%d', top, cost))
-  redis.call('PEXPIRE', key, int(math.ceil((at + window - now) / 1000)))
-  return {1, limit - n - cost, at + window - now, -1, 0}
+  rcall('ZADD', key, int(at), string.format('%016d:%d', top, cost))
+  rcall('PEXPIRE', key, int(math.ceil((at + window - now) / 1000)))
+  return 1, limit - n - cost, at + window - now, -1, 0
 end
 
 if REFUND then -- only the refund scripts give units back
@@ -102,11 +102,11 @@ if REFUND then -- only the refund scripts give units back
   -- is exact; an entry with newer ones after it keeps being counted in theirs (`before`),
   -- so its units stay counted until the entry before it expires: never more admitted.
   REFUND.sl = function(key, now, window, cost)
-    local es = redis.call('ZREVRANGEBYSCORE', key, '+inf', int(now), 'LIMIT', 0, SL_EXPIRE)
+    local es = rcall('ZREVRANGEBYSCORE', key, '+inf', int(now), 'LIMIT', 0, SL_EXPIRE)
     for _, m in ipairs(es) do
       local c = string.match(m, '^%d+:(%d+)$')
       if c ~= nil and tonumber(c) == cost then
-        redis.call('ZREM', key, m)
+        rcall('ZREM', key, m)
         return
       end
     end

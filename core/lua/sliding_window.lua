@@ -35,7 +35,7 @@ ALGO.sw = function(key, now, limit, window, cost, peek, shift, st, m)
   if st and st[1] then
     cur, prev = st[1], st[2]
   else
-    local both = redis.call('MGET', ckey, key .. ':' .. (m and pkey or int(pkey)))
+    local both = rcall('MGET', ckey, key .. ':' .. (m and pkey or int(pkey)))
     -- (`+ 0`: as tonumber reads them, for half its instructions)
     cur = (both[1] or 0) + 0
     prev = (both[2] or 0) + 0
@@ -45,25 +45,25 @@ ALGO.sw = function(key, now, limit, window, cost, peek, shift, st, m)
   local reset
   if cur > 0 then reset = 2 * window - elapsed elseif prev > 0 then reset = window - elapsed else reset = 0 end
   if cost > limit then
-    return {0, sw_remaining(prev, cur, elapsed, window, limit), reset, -1, 0}
+    return 0, sw_remaining(prev, cur, elapsed, window, limit), reset, -1, 0
   end
   if sw_fits(prev, cur, elapsed, window, limit, cost) then
     if not peek then
-      if cost == 1 then redis.call('INCR', ckey) else redis.call('INCRBY', ckey, int(cost)) end
+      if cost == 1 then rcall('INCR', ckey) else rcall('INCRBY', ckey, int(cost)) end
       -- the counter expires at the end of the next window, set once when it is created
       if cur == 0 then
         local span = 2 * window - elapsed
         if m == nil then
-          redis.call('PEXPIRE', ckey, int(math.ceil(span / 1000)))
+          rcall('PEXPIRE', ckey, int(math.ceil(span / 1000)))
         else
           if m[8] ~= span then m[8], m[9] = span, int(math.ceil(span / 1000)) end
-          redis.call('PEXPIRE', ckey, m[9])
+          rcall('PEXPIRE', ckey, m[9])
         end
       end
       cur = cur + cost
       reset = 2 * window - elapsed
     end
-    return {1, sw_remaining(prev, cur, elapsed, window, limit), reset, -1, 0}
+    return 1, sw_remaining(prev, cur, elapsed, window, limit), reset, -1, 0
   end
   -- Denied: the earliest offset where the same cost fits with no other traffic. `fits` only
   -- grows with the offset (every operation in it is monotone, rounding too), so the first
@@ -85,16 +85,16 @@ ALGO.sw = function(key, now, limit, window, cost, peek, shift, st, m)
     -- in the next window, where this window's count becomes the previous one
     retry = window - elapsed + first_fit(cur, 0, 0, window)
   end
-  return {0, sw_remaining(prev, cur, elapsed, window, limit), reset, retry, 0}
+  return 0, sw_remaining(prev, cur, elapsed, window, limit), reset, retry, 0
 end
 
 if REFUND then -- only the refund scripts give units back
   REFUND.sw = function(key, now, window, cost, shift)
     if shift ~= '' then now = now + tonumber(shift) end
     local ckey = key .. ':' .. int(math.floor(now / window))
-    local cur = tonumber(redis.call('GET', ckey) or '0')
+    local cur = tonumber(rcall('GET', ckey) or '0')
     if cur > 0 then
-      redis.call('DECRBY', ckey, math.min(cost, cur))
+      rcall('DECRBY', ckey, math.min(cost, cur))
     end
   end
 end

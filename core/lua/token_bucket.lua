@@ -24,7 +24,7 @@ ALGO.tb = function(key, now, capacity, interval, cost, peek, q, st)
     if st and st[1] ~= nil then
       v = st[1]
     else
-      v = redis.call('GET', key)
+      v = rcall('GET', key)
       if st then st[1] = v end
     end
     if v then
@@ -37,19 +37,19 @@ ALGO.tb = function(key, now, capacity, interval, cost, peek, q, st)
     local burst = capacity * interval
     local available = 0
     if d < burst then available = div(burst - d, interval) end
-    if cost > capacity then return {0, available, up(d), -1, 0} end
+    if cost > capacity then return 0, available, up(d), -1, 0 end
     local nd = d + cost * interval
-    if nd > burst then return {0, available, up(d), up(nd - burst), 0} end
-    if peek then return {1, available, up(d), -1, 0} end
+    if nd > burst then return 0, available, up(d), up(nd - burst), 0 end
+    if peek then return 1, available, up(d), -1, 0 end
     local t, f = div(nd, q)
-    redis.call('SET', key, int(now + t) .. ':' .. int(f), 'PX', int(math.ceil(up(nd) / 1000)))
-    return {1, div(burst - nd, interval), up(nd), -1, 0}
+    rcall('SET', key, int(now + t) .. ':' .. int(f), 'PX', int(math.ceil(up(nd) / 1000)))
+    return 1, div(burst - nd, interval), up(nd), -1, 0
   end
   local tat
   if st and st[1] ~= nil then
     tat = st[1]
   else
-    tat = (redis.call('GET', key) or 0) + 0 -- (as tonumber, for half its instructions)
+    tat = (rcall('GET', key) or 0) + 0 -- (as tonumber, for half its instructions)
     if st then st[1] = tat end
   end
   if tat < now then tat = now end
@@ -57,17 +57,17 @@ ALGO.tb = function(key, now, capacity, interval, cost, peek, q, st)
   -- (a TAT more than `burst` ahead, after the clock went back: nothing is available)
   local available = math.max(math.floor((burst - (tat - now)) / interval), 0)
   if cost > capacity then
-    return {0, available, tat - now, -1, 0}
+    return 0, available, tat - now, -1, 0
   end
   local new_tat = tat + cost * interval
   if new_tat - now > burst then
-    return {0, available, tat - now, new_tat - burst - now, 0}
+    return 0, available, tat - now, new_tat - burst - now, 0
   end
   if peek then
-    return {1, available, tat - now, -1, 0}
+    return 1, available, tat - now, -1, 0
   end
-  redis.call('SET', key, int(new_tat), 'PX', int(math.ceil((new_tat - now) / 1000)))
-  return {1, math.floor((burst - (new_tat - now)) / interval), new_tat - now, -1, 0}
+  rcall('SET', key, int(new_tat), 'PX', int(math.ceil((new_tat - now) / 1000)))
+  return 1, math.floor((burst - (new_tat - now)) / interval), new_tat - now, -1, 0
 end
 
 -- Its refund is the buckets' one (bucket_refund.lua).

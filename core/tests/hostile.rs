@@ -39,6 +39,13 @@ enum Mode {
     Truncate,
     /// a batch's replies in the wrong order
     Swap,
+    /// a batch's replies without the last one (single calls answered honestly)
+    Short,
+    /// a batch's replies and one more (an inline admission with the first check's tag)
+    Long,
+    /// the check of key N answered with WRONGTYPE, in its batch or alone; honest replies
+    /// to the others
+    WrongType(u64),
     /// what a Redis at `maxclients` does: an error on connect, before any command (written
     /// twice here, so that one always arrives when nobody waits), and no answer after it
     Refuse,
@@ -61,6 +68,9 @@ fn scripts_by_sha() -> Vec<(String, &'static str)> {
         .map(|(name, _, sha)| (sha, name))
         .collect()
 }
+
+/// Batch calls in the compact layout (core/lua/main_batch.lua) the fakes were sent.
+static COMPACT_CALLS: AtomicUsize = AtomicUsize::new(0);
 
 /// The N of `who-N-who` in a key.
 fn who(key: &[u8]) -> Option<u64> {
@@ -161,7 +171,11 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                 let argv = &args[3 + nkeys..];
                 // each check's tag: the last argument of a single call; in a batch call
                 // (core/lua/main_batch.lua) after each check's shape, cost, and its flags
-                // and the values they name (n, x, g, o name one each)
+                // and the values they name (n, x, g, o name one each), or in the compact
+                // layout (the first argument "0") the arguments after the one shape
+                // a compact batch's reply starts with the call's tag (its last argument),
+                // and each check's carries its place in the call (1..=n) for a tag
+                let mut head = None;
                 let tags: Vec<String> = if script.contains("batch") {
                     let text = |i: usize| String::from_utf8_lossy(&argv[i]).to_string();
                     let s: usize = text(0).parse().unwrap_or(0);
@@ -170,6 +184,14 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                         i += 1 + text(i).parse::<usize>().unwrap_or(0);
                     }
                     let mut tags = Vec::new();
+                    if s == 0 {
+                        COMPACT_CALLS.fetch_add(1, Ordering::AcqRel);
+                        // the compact layout: one shape (its length, its values), then
+                        // the call's tag
+                        head = argv.last().map(|t| String::from_utf8_lossy(t).to_string());
+                        tags.extend((1..=whos.len()).map(|p| p.to_string()));
+                        i = argv.len();
+                    }
                     while i < argv.len() {
                         i += 2; // its shape and cost
                         let f = text(i);
@@ -195,6 +217,16 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                         .collect()
                 };
                 let mode = mode.lock().unwrap().clone();
+                // a batch reply of these replies
+                let batch = |items: Vec<String>| match &head {
+                    Some(h) => format!(
+                        "*{}\r\n${}\r\n{h}\r\n{}",
+                        items.len() + 1,
+                        h.len(),
+                        items.concat()
+                    ),
+                    None => format!("*{}\r\n{}", items.len(), items.concat()),
+                };
                 let honest = || {
                     if script.contains("layered") {
                         let mut out = format!("*{}\r\n:1\r\n:0\r\n:0\r\n", 3 + 5 * whos.len());
@@ -208,11 +240,12 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                         let n = whos.first().copied().unwrap_or(0);
                         format!("*8\r\n:1\r\n:{n}\r\n:1000000\r\n:-1\r\n:0\r\n:0\r\n:0\r\n:1800000000000000\r\n")
                     } else if script.contains("batch") {
-                        let mut out = format!("*{}\r\n", whos.len());
-                        for (n, tag) in whos.iter().zip(&tags) {
-                            out.push_str(&check_reply(*n, tag));
-                        }
-                        out
+                        batch(
+                            whos.iter()
+                                .zip(&tags)
+                                .map(|(n, tag)| check_reply(*n, tag))
+                                .collect(),
+                        )
                     } else {
                         check_reply(whos.first().copied().unwrap_or(0), &tags[0])
                     }
@@ -268,9 +301,42 @@ fn serve(s: TcpStream, mode: Arc<Mutex<Mode>>, sent: Arc<AtomicU64>, closed: Arc
                             .collect();
                         if script.contains("batch") && items.len() > 1 {
                             items.swap(0, 1);
-                            format!("*{}\r\n{}", items.len(), items.concat())
+                            batch(items)
                         } else {
                             honest()
+                        }
+                    }
+                    Mode::Short | Mode::Long if script.contains("batch") => {
+                        let mut items: Vec<String> = whos
+                            .iter()
+                            .zip(&tags)
+                            .map(|(n, t)| check_reply(*n, t))
+                            .collect();
+                        if matches!(mode, Mode::Short) {
+                            items.pop();
+                        } else {
+                            items.push(format!(":7\r\n:1000\r\n:{}\r\n", tags[0]));
+                        }
+                        batch(items)
+                    }
+                    Mode::Short | Mode::Long => honest(),
+                    Mode::WrongType(bad) => {
+                        let wrong = "-WRONGTYPE Operation against a key holding the wrong kind of value\r\n";
+                        let items: Vec<String> = whos
+                            .iter()
+                            .zip(&tags)
+                            .map(|(n, t)| {
+                                if *n == bad {
+                                    wrong.to_string()
+                                } else {
+                                    check_reply(*n, t)
+                                }
+                            })
+                            .collect();
+                        if script.contains("batch") {
+                            batch(items)
+                        } else {
+                            items.concat()
                         }
                     }
                     Mode::Truncate => {
@@ -746,6 +812,68 @@ fn a_reply_carrying_another_calls_tag_is_never_taken() {
     assert!(e.to_string().contains("another call's tag"), "{e}");
     let e = rt.block_on(l.check(&key(1), &p, 1)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
+}
+
+/// A compact batch (plain checks of one policy, cost 1: their tags alone) answered with one
+/// reply too few or too many gives each of its checks an error, never a decision; one
+/// check's error reply in it is that check's alone, the others' decisions stand.
+#[test]
+fn a_compact_batch_reply_of_the_wrong_length_or_with_an_error_is_checked() {
+    let before = COMPACT_CALLS.load(Ordering::Acquire);
+    let fake = Fake::start(Mode::Short);
+    let l = fake.limiter("error", 300);
+    let p = l.policy("p").unwrap();
+    let rt = rt();
+    let burst = |keys: std::ops::Range<u64>| {
+        rt.block_on(async {
+            let calls: Vec<_> = keys
+                .map(|n| {
+                    let (l, p) = (l.clone(), p.clone());
+                    tokio::spawn(async move { (n, l.check(&key(n), &p, 1).await) })
+                })
+                .collect();
+            let mut out = Vec::new();
+            for c in calls {
+                out.push(c.await.unwrap());
+            }
+            out
+        })
+    };
+    for mode in [Mode::Short, Mode::Long] {
+        fake.set(mode.clone());
+        let mut failed = 0;
+        for _ in 0..3 {
+            for (n, r) in burst(0..16) {
+                if !own_or_backend_error(n, r) {
+                    failed += 1;
+                }
+            }
+        }
+        assert!(
+            failed >= 2,
+            "{mode:?}: the checks of a batch must fail ({failed} did)"
+        );
+        fake.set(Mode::Honest);
+        recovered(&l, &p);
+    }
+    fake.set(Mode::WrongType(3));
+    for _ in 0..3 {
+        for (n, r) in burst(0..16) {
+            if n == 3 {
+                let e = r.unwrap_err();
+                assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+            } else {
+                assert!(
+                    own_or_backend_error(n, r),
+                    "key {n} failed beside key 3's error"
+                );
+            }
+        }
+    }
+    assert!(
+        COMPACT_CALLS.load(Ordering::Acquire) > before,
+        "no batch came in the compact layout"
+    );
 }
 
 /// A shadow check (`main_check.lua` built in shadow mode, its own script call) is read by the same checks as

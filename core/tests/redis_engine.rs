@@ -345,6 +345,68 @@ fn a_burst_of_checks_runs_as_batch_calls_with_answers_of_their_own() {
     exact(&out);
 }
 
+/// A burst of two policies' checks (the general batch layout: each check its policy's index,
+/// cost and tag) in which one key holds the wrong type: that key's checks get their
+/// WRONGTYPE error, the checks after it in the same batch call their own exact decisions.
+#[test]
+fn one_checks_error_in_a_batch_of_two_policies_is_its_own() {
+    let server = RedisServer::start();
+    let limiter = redis_limiter(&server);
+    let s = Duration::from_secs;
+    let p3 = Policy::new("esl3", Limit::sliding_log(3, s(3600)))
+        .unwrap()
+        .with_on_error(shardlimit::OnError::Error);
+    let p5 = Policy::new("esl5", Limit::sliding_log(5, s(3600)))
+        .unwrap()
+        .with_on_error(shardlimit::OnError::Error);
+    rt().block_on(limiter.check("wrong", &p3, 1)).unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*esl3*wrong*")
+        .query(&mut server.conn())
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    redis::cmd("SET")
+        .arg(&keys[0])
+        .arg("not a sorted set")
+        .exec(&mut server.conn())
+        .unwrap();
+    let spawner = limiter.spawner().unwrap().expect("a runtime");
+    let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+    spawner.spawn(async move {
+        let _ = hold_rx.recv();
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    for i in 0..30 {
+        let (p, key) = match i % 3 {
+            0 => (p3.clone(), "a"),
+            1 => (p5.clone(), "b"),
+            _ => (p3.clone(), "wrong"),
+        };
+        let (l, tx) = (limiter.clone(), tx.clone());
+        spawner.spawn(async move {
+            let _ = tx.send((key, l.check(key, &p, 1).await));
+        });
+    }
+    let before = server.script_calls();
+    hold_tx.send(()).unwrap();
+    let out: Vec<_> = (0..30).map(|_| rx.recv().unwrap()).collect();
+    let calls = server.script_calls() - before;
+    assert!(calls <= 4, "{calls} script calls for a burst of 30 checks");
+    let allowed = |key: &str| {
+        out.iter()
+            .filter(|(k, r)| *k == key && r.as_ref().unwrap().allowed)
+            .count()
+    };
+    for (key, r) in &out {
+        if *key == "wrong" {
+            let e = r.as_ref().unwrap_err();
+            assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+        }
+    }
+    assert_eq!(allowed("a"), 3, "key a: 10 checks, limit 3");
+    assert_eq!(allowed("b"), 5, "key b: 10 checks, limit 5");
+}
+
 /// A batch call of plain checks reads the block list once for all of them (one EXISTS of
 /// their entries) and each entry only when one exists: a blocked key in a burst is still
 /// denied by the script, whether blocked for a time, for good, or automatically by a check

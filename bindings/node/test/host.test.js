@@ -197,7 +197,14 @@ async function fakeRedis(answer) {
           sock.write('+PONG\r\n')
           continue
         }
-        sock.write(answer(checkTags(args)))
+        const tags = checkTags(args)
+        let reply = answer(tags)
+        if (tags.head !== undefined && reply.startsWith('*')) {
+          // a compact batch's reply: the call's tag first
+          const end = reply.indexOf('\r\n')
+          reply = `*${Number(reply.slice(1, end)) + 1}\r\n:${tags.head}\r\n` + reply.slice(end + 2)
+        }
+        sock.write(reply)
       }
     })
   })
@@ -214,12 +221,20 @@ async function fakeRedis(answer) {
 /**
  * The tag of each check of an EVALSHA: a single call (2 keys, core/lua/main_check.lua)
  * has it last; a batch (core/lua/main_batch.lua) sends its shapes first, then per check
- * its shape, its cost, its flags and the values they name (n, x, g, o one each), its tag.
+ * its shape, its cost, its flags and the values they name (n, x, g, o one each), its tag;
+ * in the compact layout (plain checks of one shape, cost 1) "0", the shape, the call's tag.
  */
 function checkTags(args) {
   const nkeys = Number(args[2])
   const argv = args.slice(3 + nkeys)
   if (nkeys === 2) return [argv[argv.length - 1]]
+  // the compact layout: "0", one shape (its length, its values), the call's tag; the
+  // reply starts with the call's tag, and each check's carries its place (1..n) for a tag
+  if (argv[0] === '0') {
+    const tags = Array.from({ length: nkeys / 2 }, (_, i) => String(i + 1))
+    tags.head = argv[argv.length - 1]
+    return tags
+  }
   let i = 1
   for (let s = 0; s < Number(argv[0]); s++) i += 1 + Number(argv[i])
   const tags = []

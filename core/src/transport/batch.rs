@@ -72,19 +72,25 @@ pub(crate) const NOT_THEIRS: &str = "a reply carrying another call's tag";
 /// the caller's checks of the reply to reject.
 pub(crate) fn untag(reply: Reply, tag: u64) -> Result<Reply, Reply> {
     match reply {
-        Reply::Array(mut items) => match items.last() {
-            Some(Reply::Int(t)) if *t as u64 == tag && *t >= 0 => {
+        Reply::Array(mut items) => match items.last().and_then(|t| is_tag(t, tag)) {
+            Some(true) => {
                 items.pop();
                 Ok(Reply::Array(items))
             }
-            Some(Reply::Str(t)) if t.as_slice() == itoa::Buffer::new().format(tag).as_bytes() => {
-                items.pop();
-                Ok(Reply::Array(items))
-            }
-            Some(Reply::Int(_) | Reply::Str(_)) => Err(Reply::Array(items)),
-            _ => Ok(Reply::Array(items)),
+            Some(false) => Err(Reply::Array(items)),
+            None => Ok(Reply::Array(items)),
         },
         other => Ok(other),
+    }
+}
+
+/// Whether a value where a tag goes is `tag` (an integer, or its decimal string); `None`:
+/// not an integer or a string, so no tag at all.
+fn is_tag(value: &Reply, tag: u64) -> Option<bool> {
+    match value {
+        Reply::Int(t) => Some(*t >= 0 && *t as u64 == tag),
+        Reply::Str(t) => Some(t.as_slice() == itoa::Buffer::new().format(tag).as_bytes()),
+        _ => None,
     }
 }
 
@@ -97,6 +103,8 @@ pub(crate) struct CheckCall {
     /// packed (`$<len>\r\n<arg>\r\n` each): the keys, the check's own arguments from
     /// `item_at`, its policy's from `shape_at`, its tag from `tag_at`
     packed: Vec<u8>,
+    /// where the first key ends (the state's; the block entry's follows)
+    key_at: usize,
     item_at: usize,
     shape_at: usize,
     tag_at: usize,
@@ -123,6 +131,7 @@ impl CheckCall {
             scripts,
             eval,
             packed: Vec::with_capacity(192),
+            key_at: 0,
             item_at: 0,
             shape_at: 0,
             tag_at: 0,
@@ -139,12 +148,26 @@ impl CheckCall {
     fn shape(&self) -> &[u8] {
         &self.packed[self.shape_at..self.tag_at]
     }
+
+    /// Whether this call fits the compact batch layout with `first`: a plain check (its
+    /// state and block entry as keys, cost 1, no flags) of a policy whose values are
+    /// `first`'s limit and period alone.
+    fn fits_compact(&self, first: &CheckCall) -> bool {
+        self.keys == 2
+            && self.args - self.before_tag == 1
+            && self.before_tag - self.before_shape == 2
+            && &self.packed[self.item_at..self.shape_at] == b"$1\r\n1\r\n"
+            && self.shape() == first.shape()
+    }
 }
 
 impl CheckSink for CheckCall {
     fn arg(&mut self, a: &[u8]) {
         bulk(&mut self.packed, a);
         self.args += 1;
+        if self.args == 1 {
+            self.key_at = self.packed.len();
+        }
     }
     fn mark(&mut self, part: CheckPart) {
         let at = self.packed.len();
@@ -156,17 +179,49 @@ impl CheckSink for CheckCall {
     }
 }
 
+/// Whether the batch call of `calls` (more than one) is in the compact layout: every one
+/// a plain check with cost 1 of the first one's policy values ([`pack_calls`]).
+pub(crate) fn is_compact<'a>(calls: impl IntoIterator<Item = &'a CheckCall>) -> bool {
+    let mut calls = calls.into_iter();
+    match calls.next() {
+        Some(first) => first.fits_compact(first) && calls.all(|c| c.fits_compact(first)),
+        None => false,
+    }
+}
+
 /// The reply of one batch call, split into the replies of its checks (whose tags are
 /// `tags`, in order): each element is untagged, and only if every one is its check's are
 /// they handed out (`Err`: the stream is in doubt). A check's reply is an element (an
 /// array, or an error reply), or, where an integer starts one, the three values of a short
 /// admission inline (`remaining`, `reset_after`, the tag: core/lua/main_batch.lua). A reply
 /// that is not an array of one reply per check (NOSCRIPT, OOM, anything else) becomes each
-/// check's error reply.
+/// check's error reply. A `compact` call's reply ([`is_compact`]) starts with the call's
+/// tag (the first check's), and each check's reply carries its place in the call (1..=n)
+/// where its tag goes: a reply for another call, or replies out of order, are not taken.
 pub(crate) fn split_batch(
     reply: Reply,
-    tags: impl ExactSizeIterator<Item = u64>,
+    mut tags: impl ExactSizeIterator<Item = u64>,
+    compact: bool,
 ) -> io::Result<Vec<Reply>> {
+    if !compact {
+        return split_replies(reply, tags);
+    }
+    let n = tags.len();
+    let call_tag = tags.next().unwrap_or(0);
+    match reply {
+        Reply::Array(mut items) if !items.is_empty() => match is_tag(&items[0], call_tag) {
+            Some(true) => {
+                items.remove(0);
+                split_replies(Reply::Array(items), (1..n + 1).map(|p| p as u64))
+            }
+            Some(false) => Err(crate::transport::resp::protocol(NOT_THEIRS)),
+            None => split_replies(Reply::Array(items), (1..n + 1).map(|p| p as u64)),
+        },
+        other => split_replies(other, (1..n + 1).map(|p| p as u64)),
+    }
+}
+
+fn split_replies(reply: Reply, tags: impl ExactSizeIterator<Item = u64>) -> io::Result<Vec<Reply>> {
     let not_theirs = || crate::transport::resp::protocol(NOT_THEIRS);
     let n = tags.len();
     Ok(match reply {
@@ -262,6 +317,28 @@ pub(crate) fn pack_calls(
         out.extend_from_slice(&first.packed);
         return;
     }
+    if is_compact(calls) {
+        // the compact layout: one shape, every check plain with cost 1, so per check its
+        // keys alone (every state, then every block entry), then the call's tag (the first
+        // check's; core/lua/main_batch.lua)
+        let keys = calls.len() * 2;
+        let shape_args = first.before_tag - first.before_shape;
+        header(out, 3 + keys + 2 + shape_args + 1);
+        bulk(out, op);
+        bulk(out, script.as_bytes());
+        bulk(out, itoa::Buffer::new().format(keys).as_bytes());
+        for c in calls {
+            out.extend_from_slice(&c.packed[..c.key_at]);
+        }
+        for c in calls {
+            out.extend_from_slice(&c.packed[c.key_at..c.item_at]);
+        }
+        bulk(out, b"0");
+        bulk(out, itoa::Buffer::new().format(shape_args).as_bytes());
+        out.extend_from_slice(first.shape());
+        out.extend_from_slice(&first.packed[first.tag_at..]);
+        return;
+    }
     // the first call of each distinct policy argument set, and each call's set (1..=S)
     let (firsts, shapes) = scratch;
     firsts.clear();
@@ -314,6 +391,89 @@ pub(crate) fn pack_calls(
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
+
+    /// The arguments of the one command `calls` are packed into.
+    fn packed(calls: &[CheckCall]) -> Vec<String> {
+        let mut out = Vec::new();
+        pack_calls(&mut out, calls, (&mut Vec::new(), &mut Vec::new()));
+        let text = String::from_utf8(out).unwrap();
+        let mut lines = text.split("\r\n");
+        let n: usize = lines.next().unwrap()[1..].parse().unwrap();
+        let mut args = Vec::new();
+        while let Some(l) = lines.next() {
+            if l.starts_with('$') {
+                args.push(lines.next().unwrap().to_string());
+            }
+        }
+        assert_eq!(args.len(), n, "the header counts the arguments");
+        args
+    }
+
+    #[test]
+    fn plain_checks_of_one_shape_and_cost_1_go_compact_the_others_in_full() {
+        use crate::policy::Algorithm;
+        let scripts = crate::wire::scripts::check_scripts(Algorithm::FixedWindow);
+        let call = |key: &str, cost: u64, limit: u64, tag: u64| {
+            CheckCall::new(scripts, false, tag, |c| {
+                c.arg(format!("s{key}").as_bytes());
+                c.arg(format!("b{key}").as_bytes());
+                c.mark(CheckPart::Item);
+                c.int(cost);
+                c.mark(CheckPart::Shape);
+                c.int(limit);
+                c.int(60);
+                c.mark(CheckPart::Tag);
+                c.int(tag);
+            })
+        };
+        let head = |keys: [&str; 4]| {
+            let mut v = vec![
+                "EVALSHA".to_string(),
+                scripts.batch_sha.to_string(),
+                "4".into(),
+            ];
+            v.extend(keys.map(String::from));
+            v
+        };
+        let want = |rest: &[&str]| {
+            let mut v = head(["s1", "b1", "s2", "b2"]);
+            v.extend(rest.iter().map(|s| s.to_string()));
+            v
+        };
+        // one shape, cost 1: the states, then the block entries; "0", the shape's length
+        // and values, the first check's tag
+        let mut compact = head(["s1", "s2", "b1", "b2"]);
+        compact.extend(["0", "2", "10", "60", "7"].map(String::from));
+        assert_eq!(packed(&[call("1", 1, 10, 7), call("2", 1, 10, 8)]), compact);
+        // a cost of 2: every check its shape, cost and tag
+        assert_eq!(
+            packed(&[call("1", 1, 10, 7), call("2", 2, 10, 8)]),
+            want(&["1", "2", "10", "60", "1", "1", "7", "1", "2", "8"])
+        );
+        // two shapes
+        assert_eq!(
+            packed(&[call("1", 1, 10, 7), call("2", 1, 11, 8)]),
+            want(&["2", "2", "10", "60", "2", "11", "60", "1", "1", "7", "2", "1", "8"])
+        );
+        // a check with flags (a lease: "x" and its id) is never compact
+        let lease = CheckCall::new(scripts, false, 8, |c| {
+            c.arg(b"s2");
+            c.arg(b"b2");
+            c.mark(CheckPart::Item);
+            c.int(1);
+            c.arg(b"x");
+            c.arg(b"l");
+            c.mark(CheckPart::Shape);
+            c.int(10);
+            c.int(60);
+            c.mark(CheckPart::Tag);
+            c.int(8);
+        });
+        assert_eq!(
+            packed(&[call("1", 1, 10, 7), lease]),
+            want(&["1", "2", "10", "60", "1", "1", "7", "1", "1", "x", "l", "8"])
+        );
+    }
 
     /// The tags a forked child takes next, read back through a pipe.
     fn child_tags(n: usize) -> Vec<u64> {
@@ -375,7 +535,7 @@ mod tests {
             i(999),
             i(10),
         ]);
-        let got = split_batch(reply, [7, 8, 9, 10].into_iter()).unwrap();
+        let got = split_batch(reply, [7, 8, 9, 10].into_iter(), false).unwrap();
         assert_eq!(
             got,
             vec![
@@ -387,7 +547,7 @@ mod tests {
         );
         // an inline admission carrying another call's tag: the stream is in doubt
         let swapped = Reply::Array(vec![i(4), i(1000), tag("8"), i(4), i(1000), tag("7")]);
-        assert!(split_batch(swapped, [7, 8].into_iter()).is_err());
+        assert!(split_batch(swapped, [7, 8].into_iter(), false).is_err());
         // values that do not make one reply per check: every check gets an error
         for bad in [
             vec![i(4), i(1000)],
@@ -395,7 +555,75 @@ mod tests {
             vec![i(4), tag("7"), i(1000)],
             vec![i(4), i(1000), tag("7"), long.clone(), long],
         ] {
-            let got = split_batch(Reply::Array(bad.clone()), [7, 8].into_iter()).unwrap();
+            let got = split_batch(Reply::Array(bad.clone()), [7, 8].into_iter(), false).unwrap();
+            assert!(
+                got.iter().all(|r| matches!(r, Reply::Error(_))),
+                "{bad:?}: {got:?}"
+            );
+            assert_eq!(got.len(), 2);
+        }
+    }
+
+    #[test]
+    fn a_compact_batch_reply_is_the_calls_by_its_head_and_each_checks_by_its_place() {
+        let i = Reply::Int;
+        let tag = |t: &str| Reply::Str(t.as_bytes().to_vec());
+        let long = Reply::Array(vec![i(0), i(5), i(9), i(9), i(0), i(0), i(0), i(2)]);
+        let wrong = Reply::Error("WRONGTYPE".into());
+        // the call's tag (its first check's, 7), then each check's reply with its place
+        let reply = |head: Reply, rest: Vec<Reply>| Reply::Array([vec![head], rest].concat());
+        let good = vec![
+            i(4),
+            i(1000),
+            i(1),
+            long.clone(),
+            wrong.clone(),
+            i(3),
+            i(999),
+            i(4),
+        ];
+        let got = split_batch(
+            reply(tag("7"), good.clone()),
+            [7, 8, 9, 10].into_iter(),
+            true,
+        );
+        assert_eq!(
+            got.unwrap(),
+            vec![
+                Reply::Array(vec![i(4), i(1000)]),
+                Reply::Array(vec![i(0), i(5), i(9), i(9), i(0), i(0), i(0)]),
+                wrong.clone(),
+                Reply::Array(vec![i(3), i(999)]),
+            ]
+        );
+        // another call's reply: the stream is in doubt
+        let other = split_batch(
+            reply(tag("8"), good.clone()),
+            [7, 8, 9, 10].into_iter(),
+            true,
+        );
+        assert!(other.is_err());
+        let other = split_batch(reply(i(8), good), [7, 8, 9, 10].into_iter(), true);
+        assert!(other.is_err());
+        // replies out of order: each says its place
+        let swapped = vec![long.clone(), i(4), i(1000), i(1)];
+        assert!(split_batch(reply(i(7), swapped), [7, 8].into_iter(), true).is_err());
+        // a head that is not this call's tag: not this call's reply
+        let headless = Reply::Array(vec![i(4), i(1000), i(1), long.clone()]);
+        assert!(split_batch(headless, [7, 8].into_iter(), true).is_err());
+        let headless = Reply::Array(vec![long.clone(), long.clone()]);
+        assert!(split_batch(headless, [7, 8].into_iter(), true).is_err());
+        // too few or too many, or no head: every check gets an error
+        for bad in [
+            reply(i(7), vec![i(4), i(1000), i(1)]),
+            reply(
+                i(7),
+                vec![i(4), i(1000), i(1), long.clone(), i(4), i(1000), i(3)],
+            ),
+            Reply::Array(vec![]),
+            wrong.clone(),
+        ] {
+            let got = split_batch(bad.clone(), [7, 8].into_iter(), true).unwrap();
             assert!(
                 got.iter().all(|r| matches!(r, Reply::Error(_))),
                 "{bad:?}: {got:?}"

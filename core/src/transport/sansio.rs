@@ -48,7 +48,9 @@
 //! that knows its socket holds bytes it cannot read yet says so with [`SansIo::heard`]
 //! instead.
 
-use crate::transport::batch::{pack_calls, split_batch, untag, CheckCall, MAX_BATCH, NOT_THEIRS};
+use crate::transport::batch::{
+    is_compact, pack_calls, split_batch, untag, CheckCall, MAX_BATCH, NOT_THEIRS,
+};
 use crate::transport::resp::{parse_frame, protocol, Framer, Reply, MAX_CHECK_REPLY, MAX_REPLY};
 use crate::transport::{expect_ok, Overloaded};
 use std::collections::VecDeque;
@@ -496,7 +498,9 @@ impl SansIo {
                 }
             }
             Expect::Batch(calls) => {
-                let split = reply.and_then(|r| split_batch(r, calls.iter().map(|c| c.call.tag)));
+                let compact = is_compact(calls.iter().map(|c| &c.call));
+                let split =
+                    reply.and_then(|r| split_batch(r, calls.iter().map(|c| c.call.tag), compact));
                 match split {
                     Ok(replies) => {
                         let again: Vec<Call> = calls

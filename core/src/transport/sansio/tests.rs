@@ -44,6 +44,16 @@ fn reply(values: &[i64], tag: u64) -> Vec<u8> {
     out
 }
 
+/// A compact batch's reply (plain checks of one policy, cost 1: transport/batch.rs): the
+/// call's tag (its first check's), then each check's values with its place in the call.
+fn compact_reply(call_tag: u64, replies: &[&[i64]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n:{call_tag}\r\n", replies.len() + 1).into_bytes();
+    for (p, values) in replies.iter().enumerate() {
+        out.extend(reply(values, p as u64 + 1));
+    }
+    out
+}
+
 /// The timeout, and the queue's bound, of the machines here.
 const T: Duration = Duration::from_millis(50);
 const Q: usize = 65_536;
@@ -136,10 +146,14 @@ fn a_burst_is_one_batch_call_and_each_check_gets_its_own_element() {
         "one command"
     );
     // the three replies in one array, cut in two anywhere
-    let mut full = b"*3\r\n".to_vec();
-    for i in 1..=3u64 {
-        full.extend(reply(&[1, 10 - i as i64, 5, -1, 0, 0, 1], 100 + i));
-    }
+    let full = compact_reply(
+        101,
+        &[
+            &[1, 9, 5, -1, 0, 0, 1],
+            &[1, 8, 5, -1, 0, 0, 1],
+            &[1, 7, 5, -1, 0, 0, 1],
+        ],
+    );
     for cut in [1, 5, full.len() / 2, full.len() - 1] {
         let mut c2 = ready(Vec::new());
         for i in 1..=3 {
@@ -176,9 +190,10 @@ fn a_reply_with_another_calls_tag_fails_every_call_and_closes() {
     c.poll_transmit(Instant::now()).unwrap();
     c.submit(3, call(&p, "c", 13)).unwrap(); // queued, not sent
                                              // the batch's elements swapped: neither may take the other's decision
-    let mut swapped = b"*2\r\n".to_vec();
-    swapped.extend(reply(&[1, 1, 5, -1, 0, 0, 1], 12));
-    swapped.extend(reply(&[1, 2, 5, -1, 0, 0, 1], 11));
+                                             // (a compact batch: each check's reply carries its place in the call)
+    let mut swapped = b"*3\r\n:11\r\n".to_vec();
+    swapped.extend(reply(&[1, 1, 5, -1, 0, 0, 1], 2));
+    swapped.extend(reply(&[1, 2, 5, -1, 0, 0, 1], 1));
     let mut done = Vec::new();
     c.handle_input(Instant::now(), &swapped, &mut done);
     assert!(c.is_down());
@@ -243,9 +258,7 @@ fn noscript_sends_the_source_and_the_check_completes() {
     assert!(contains(&wire, b"$4\r\nEVAL\r\n"), "EVAL of the source");
     let src = check_scripts(p.0.compiled.algorithm).batch_src;
     assert!(contains(&wire, src.as_bytes()));
-    let mut full = b"*2\r\n".to_vec();
-    full.extend(reply(&[1, 9, 5, -1, 0, 0, 1], 21));
-    full.extend(reply(&[1, 8, 5, -1, 0, 0, 1], 22));
+    let full = compact_reply(21, &[&[1, 9, 5, -1, 0, 0, 1], &[1, 8, 5, -1, 0, 0, 1]]);
     c.handle_input(Instant::now(), &full, &mut done);
     assert_eq!(done.len(), 2);
     assert!(done.iter().all(|d| d.reply.is_ok()));
@@ -408,9 +421,7 @@ fn a_full_queue_refuses_a_check_as_overloaded_and_takes_it_again_once_answered()
     // written and waiting still count
     c.poll_transmit(Instant::now()).unwrap();
     assert!(c.submit(3, call(&p, "c", 53)).is_err());
-    let mut full = b"*2\r\n".to_vec();
-    full.extend(reply(&[1, 9, 5, -1, 0, 0, 1], 51));
-    full.extend(reply(&[1, 8, 5, -1, 0, 0, 1], 52));
+    let full = compact_reply(51, &[&[1, 9, 5, -1, 0, 0, 1], &[1, 8, 5, -1, 0, 0, 1]]);
     let mut done = Vec::new();
     c.handle_input(Instant::now(), &full, &mut done);
     assert_eq!(done.len(), 2);
