@@ -30,7 +30,7 @@ ensure_redis
 N=${1:-20000}
 ROUNDS=${2:-3}
 NCG=${3:-300}
-KEYS=1000
+KEYS=${BENCH_KEYS:-1000} # (BENCH_KEYS: fewer keys, more hits per key and window)
 # SHARDLIMIT_BIN: another build of the CLI (its scripts are embedded), to compare two
 if [ -z "${SHARDLIMIT_BIN:-}" ]; then cargo build --quiet -p shardlimit-cli; fi
 SL=${SHARDLIMIT_BIN:-$(target_dir)/debug/shardlimit}
