@@ -414,7 +414,8 @@ pub unsafe extern "C" fn shardlimit_host_transmit(
         if buf.is_null() && cap > 0 {
             return Err(invalid("buf", format!("is NULL with capacity {cap}")));
         }
-        let mut s = h.state.lock();
+        let mut guard = h.state.lock();
+        let s = &mut *guard;
         let n = s.shard(shard)?;
         if s.unsent[n].1 >= s.unsent[n].0.len() {
             let bytes = s.inner.poll_transmit(n).unwrap_or_default();
@@ -427,8 +428,13 @@ pub unsafe extern "C" fn shardlimit_host_transmit(
             *at += take;
         }
         if *at >= bytes.len() {
-            *bytes = Vec::new();
+            // every byte copied out: the buffer goes back to the machine, whose next
+            // hand-out reuses it (no allocation per write)
+            let done = std::mem::take(bytes);
             *at = 0;
+            if done.capacity() > 0 {
+                s.inner.recycle(n, done);
+            }
         }
         out_len.write(take);
         Ok(())
