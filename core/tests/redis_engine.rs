@@ -244,17 +244,7 @@ fn a_burst_of_checks_runs_as_batch_calls_with_answers_of_their_own() {
         .unwrap()
         .with_on_error(shardlimit::OnError::Error);
     // a key whose sliding-log state is a plain string: its checks fail with WRONGTYPE
-    rt().block_on(limiter.check("wrong", &sl, 1)).unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*bsl*wrong*")
-        .query(&mut server.conn())
-        .unwrap();
-    assert_eq!(keys.len(), 1, "{keys:?}");
-    redis::cmd("SET")
-        .arg(&keys[0])
-        .arg("not a sorted set")
-        .exec(&mut server.conn())
-        .unwrap();
+    let wrong_state = make_wrong_type(&server, &limiter, &sl, "wrong");
     let spawner = limiter
         .spawner()
         .unwrap()
@@ -310,7 +300,7 @@ fn a_burst_of_checks_runs_as_batch_calls_with_answers_of_their_own() {
     let fresh = || {
         redis::cmd("FLUSHALL").exec(&mut server.conn()).unwrap();
         redis::cmd("SET")
-            .arg(&keys[0])
+            .arg(&wrong_state)
             .arg("not a sorted set")
             .exec(&mut server.conn())
             .unwrap();
@@ -345,6 +335,23 @@ fn a_burst_of_checks_runs_as_batch_calls_with_answers_of_their_own() {
     exact(&out);
 }
 
+/// Checks `key` once on sliding-log `policy`, then overwrites its state with a plain string:
+/// every later check of it fails with WRONGTYPE. Returns the state's Redis key.
+fn make_wrong_type(server: &RedisServer, limiter: &Limiter, policy: &Policy, key: &str) -> String {
+    rt().block_on(limiter.check(key, policy, 1)).unwrap();
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{}*{key}*", policy.name()))
+        .query(&mut server.conn())
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    redis::cmd("SET")
+        .arg(&keys[0])
+        .arg("not a sorted set")
+        .exec(&mut server.conn())
+        .unwrap();
+    keys.swap_remove(0)
+}
+
 /// A burst of two policies' checks (the general batch layout: each check its policy's index,
 /// cost and tag) in which one key holds the wrong type: that key's checks get their
 /// WRONGTYPE error, the checks after it in the same batch call their own exact decisions.
@@ -359,17 +366,7 @@ fn one_checks_error_in_a_batch_of_two_policies_is_its_own() {
     let p5 = Policy::new("esl5", Limit::sliding_log(5, s(3600)))
         .unwrap()
         .with_on_error(shardlimit::OnError::Error);
-    rt().block_on(limiter.check("wrong", &p3, 1)).unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*esl3*wrong*")
-        .query(&mut server.conn())
-        .unwrap();
-    assert_eq!(keys.len(), 1, "{keys:?}");
-    redis::cmd("SET")
-        .arg(&keys[0])
-        .arg("not a sorted set")
-        .exec(&mut server.conn())
-        .unwrap();
+    make_wrong_type(&server, &limiter, &p3, "wrong");
     let spawner = limiter.spawner().unwrap().expect("a runtime");
     let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
     spawner.spawn(async move {
